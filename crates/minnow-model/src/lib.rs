@@ -1,0 +1,16 @@
+//! minnow-model is the LLaDA2.x network (2.0, 2.1 and 2.2; mini and flash): the parsed
+//! `config.json`, the validated weight set, and the forward pass with the block-causal mask,
+//! partial RoPE, GQA attention, the dense MLP and the MoE layers (group-limited router for
+//! 2.0/2.1, block router for 2.2), plus the K/V cache of committed blocks.
+//!
+//! Decoding code talks to a model only through [`ModelRunner`], so the CPU reference path and the
+//! CUDA path are interchangeable, and a later batching or prefix-cache layer can own sequences
+//! without knowing which device holds them.
+
+pub mod config;
+pub mod error;
+pub mod runner;
+
+pub use config::{Config, Family};
+pub use error::{ModelError, Result};
+pub use runner::{LogitsRows, ModelRunner, SeqId};

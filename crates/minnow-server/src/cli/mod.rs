@@ -1,0 +1,69 @@
+//! Argument parsing and dispatch. Each subcommand lives in its own module with its own `Args`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use minnow_runtime::device::DeviceRequest;
+
+mod forward;
+mod generate;
+mod inspect;
+mod serve;
+
+/// Options shared by every subcommand.
+#[derive(Parser, Debug)]
+#[command(name = "minnow", version, about = "Fast inference for LLaDA2.x block-diffusion models")]
+pub struct Cli {
+    /// Checkpoint directory (Hugging Face layout). `generate` and `serve` fall back to the bundled
+    /// tiny fixture when omitted.
+    #[arg(long, global = true, env = "MINNOW_MODEL")]
+    pub model: Option<PathBuf>,
+    /// auto (a CUDA GPU when usable, else the CPU), cpu, cuda or cuda:N.
+    #[arg(long, global = true, default_value = "auto")]
+    pub device: DeviceRequest,
+    /// CPU worker threads (default: all cores).
+    #[arg(long, global = true)]
+    pub threads: Option<usize>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the checkpoint's family, shapes, parameter count and special tokens.
+    Inspect(inspect::Args),
+    /// Run one block-causal forward over given ids and save the logits.
+    Forward(forward::Args),
+    /// Generate text from a prompt, streaming each finished block.
+    Generate(generate::Args),
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(serve::Args),
+}
+
+pub fn run() -> Result<(), String> {
+    let cli = Cli::parse();
+    if let Some(threads) = cli.threads {
+        if threads == 0 {
+            return Err("--threads must be at least 1".into());
+        }
+        rayon_threads(threads)?;
+    }
+    match &cli.command {
+        Command::Inspect(args) => inspect::run(&cli, args),
+        Command::Forward(args) => forward::run(&cli, args),
+        Command::Generate(args) => generate::run(&cli, args),
+        Command::Serve(args) => serve::run(&cli, args),
+    }
+}
+
+fn rayon_threads(n: usize) -> Result<(), String> {
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    Ok(())
+}
+
+/// The checkpoint path a subcommand that needs one must have.
+pub fn required_model(cli: &Cli) -> Result<&PathBuf, String> {
+    cli.model
+        .as_ref()
+        .ok_or_else(|| "--model PATH is required for this command".to_string())
+}
