@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod engine;
+pub mod tokenizer;
 
 pub use api::*;
 pub use engine::{
