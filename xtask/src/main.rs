@@ -1,7 +1,19 @@
 //! `cargo xtask <task>`: kernels (CUDA C to committed PTX), make-checkpoint (random weights at real
 //! LLaDA2 shapes), bench (the numbers in docs/performance.md).
 
+mod kernels;
+
 fn main() {
-    eprintln!("xtask: no tasks yet");
-    std::process::exit(2);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("kernels") => kernels::run(&args[1..]),
+        _ => {
+            eprintln!("usage: cargo xtask <kernels [--check]>");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = result {
+        eprintln!("xtask: {e}");
+        std::process::exit(1);
+    }
 }

@@ -3,4 +3,9 @@
 //! softmax, SiLU; parallel with rayon), and the CUDA backend (raw `cudarc`, loaded dynamically
 //! so that one binary runs with or without a GPU). Nothing here knows what a LLaDA2 layer is.
 
+pub mod cpu;
 pub mod device;
+pub mod dtype;
+
+pub use dtype::{DType, MatRef};
+pub mod cuda;

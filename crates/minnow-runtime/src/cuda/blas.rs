@@ -1,0 +1,107 @@
+//! cuBLAS GEMMs in the row-major convention of the model: `Y[M, N] = X[M, K] . W[N, K]^T`
+//! (PyTorch `[out, in]` weights). cuBLAS is column-major, so this is the column-major product
+//! `Y^T = W . X^T`, i.e. `gemm(op_A = T on W, op_B = N on X)`.
+
+use std::ffi::c_void;
+
+use cudarc::cublas::{result, sys};
+
+use super::buffer::DeviceBuffer;
+use super::error::{Context, CudaResult};
+use super::gpu::Gpu;
+
+/// Workspace given to cuBLAS up front so it never allocates during graph capture.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+pub struct Blas {
+    handle: sys::cublasHandle_t,
+    _workspace: DeviceBuffer<u8>,
+}
+
+// SAFETY: used only with the owning Gpu's context bound and on its stream.
+unsafe impl Send for Blas {}
+unsafe impl Sync for Blas {}
+
+impl Blas {
+    pub(crate) fn new(gpu: &Gpu) -> CudaResult<Self> {
+        gpu.bind()?;
+        let handle = result::create_handle().ctx(|| "creating the cuBLAS handle".into())?;
+        let workspace = gpu.alloc::<u8>(WORKSPACE_BYTES)?;
+        // SAFETY: valid handle, stream and workspace.
+        unsafe {
+            result::set_stream(handle, gpu.stream() as _).ctx(|| "setting the cuBLAS stream".into())?;
+            sys::cublasSetWorkspace_v2(handle, workspace.ptr() as *mut c_void, WORKSPACE_BYTES)
+                .result()
+                .ctx(|| "setting the cuBLAS workspace".into())?;
+            // Plain F32 math for the F32 router GEMM (no TF32 shortcut).
+            sys::cublasSetMathMode(handle, sys::cublasMath_t::CUBLAS_DEFAULT_MATH)
+                .result()
+                .ctx(|| "setting the cuBLAS math mode".into())?;
+        }
+        Ok(Self { handle, _workspace: workspace })
+    }
+
+    /// BF16 `Y[M, N] = X[M, K] . W[N, K]^T` with F32 accumulation, BF16 output. Pointers are
+    /// device addresses of row-major matrices with row pitches K (X, W) and `ldy` (Y).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_bf16(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize, ldy: usize) -> CudaResult<()> {
+        self.gemm_ex(x, w, y, m, n, k, ldy, sys::cudaDataType::CUDA_R_16BF, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F)
+    }
+
+    /// F32 `Y[M, N] = X[M, K] . W[N, K]^T` in full F32 (the router's logits).
+    pub fn gemm_f32(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize) -> CudaResult<()> {
+        self.gemm_ex(x, w, y, m, n, k, n, sys::cudaDataType::CUDA_R_32F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_ex(
+        &self,
+        x: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        ldy: usize,
+        dtype: sys::cudaDataType,
+        compute: sys::cublasComputeType_t,
+    ) -> CudaResult<()> {
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let alpha = 1.0f32;
+        let beta = 0.0f32;
+        // SAFETY: the caller's buffers hold the stated shapes; alpha/beta are host scalars.
+        unsafe {
+            result::gemm_ex(
+                self.handle,
+                sys::cublasOperation_t::CUBLAS_OP_T,
+                sys::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                m as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                w as *const c_void,
+                dtype,
+                k as i32,
+                x as *const c_void,
+                dtype,
+                k as i32,
+                &beta as *const f32 as *const c_void,
+                y as *mut c_void,
+                dtype,
+                ldy as i32,
+                compute,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .ctx(|| format!("GEMM {m}x{n}x{k} ({dtype:?})"))
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: created once in new().
+        let _ = unsafe { result::destroy_handle(self.handle) };
+    }
+}

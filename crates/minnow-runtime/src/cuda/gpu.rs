@@ -1,0 +1,344 @@
+//! One CUDA device: its primary context, one stream on which all work is queued in order, the
+//! loaded kernel modules, cuBLAS, copies and events.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys};
+
+use super::blas::Blas;
+use super::buffer::DeviceBuffer;
+use super::error::{Context, CudaError, CudaResult};
+use super::ptx;
+
+/// The device's primary context. Bound to the calling thread before every driver call, so a
+/// runner may move between threads.
+pub struct GpuContext {
+    ctx: sys::CUcontext,
+    device: sys::CUdevice,
+}
+
+// SAFETY: a CUcontext may be made current on any thread.
+unsafe impl Send for GpuContext {}
+unsafe impl Sync for GpuContext {}
+
+impl GpuContext {
+    pub(crate) fn bind(&self) -> CudaResult<()> {
+        // SAFETY: ctx is a retained primary context.
+        unsafe { result::ctx::set_current(self.ctx) }.ctx(|| "binding the CUDA context".into())
+    }
+}
+
+impl Drop for GpuContext {
+    fn drop(&mut self) {
+        // SAFETY: retained once in Gpu::new.
+        let _ = unsafe { result::primary_ctx::release(self.device) };
+    }
+}
+
+/// Grid, block and dynamic shared memory of one launch.
+#[derive(Clone, Copy, Debug)]
+pub struct LaunchConfig {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_bytes: u32,
+}
+
+impl LaunchConfig {
+    pub fn new(grid: (u32, u32, u32), block: u32, shared_bytes: u32) -> Self {
+        Self { grid, block: (block, 1, 1), shared_bytes }
+    }
+}
+
+/// A kernel argument as the 8 bytes the driver reads from (little-endian: 4-byte arguments are
+/// the low half). Device pointers are `u64`.
+pub trait KernelArg {
+    fn to_bits(self) -> u64;
+}
+impl KernelArg for u64 {
+    fn to_bits(self) -> u64 {
+        self
+    }
+}
+impl KernelArg for i64 {
+    fn to_bits(self) -> u64 {
+        self as u64
+    }
+}
+impl KernelArg for i32 {
+    fn to_bits(self) -> u64 {
+        self as u32 as u64
+    }
+}
+impl KernelArg for u32 {
+    fn to_bits(self) -> u64 {
+        self as u64
+    }
+}
+impl KernelArg for f32 {
+    fn to_bits(self) -> u64 {
+        self.to_bits() as u64
+    }
+}
+
+/// Launches `func` on the gpu's stream: `launch!(gpu, "name", cfg, arg, ...)`.
+#[macro_export]
+macro_rules! cuda_launch {
+    ($gpu:expr, $name:expr, $cfg:expr $(, $arg:expr)* $(,)?) => {{
+        let mut bits: Vec<u64> = vec![$($crate::cuda::KernelArg::to_bits($arg)),*];
+        $gpu.launch_bits($name, $cfg, &mut bits)
+    }};
+}
+
+/// A CUDA device ready to run minnow's kernels.
+pub struct Gpu {
+    ctx: Arc<GpuContext>,
+    stream: sys::CUstream,
+    functions: HashMap<&'static str, sys::CUfunction>,
+    modules: Vec<sys::CUmodule>,
+    blas: Option<Blas>,
+    name: String,
+    ordinal: usize,
+    sm_count: u32,
+}
+
+// SAFETY: all handles are used with the context bound; the stream orders the work.
+unsafe impl Send for Gpu {}
+unsafe impl Sync for Gpu {}
+
+impl Gpu {
+    /// Opens device `ordinal`, loads every kernel module and creates the cuBLAS handle.
+    pub fn new(ordinal: usize) -> CudaResult<Self> {
+        let count = super::device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::Unavailable(format!(
+                "device cuda:{ordinal} requested but {count} device(s) found"
+            )));
+        }
+        let device = result::device::get(ordinal as i32).ctx(|| format!("opening device {ordinal}"))?;
+        // SAFETY: device is valid; the context is released when GpuContext drops.
+        let ctx = unsafe { result::primary_ctx::retain(device) }.ctx(|| "retaining the primary context".into())?;
+        let ctx = Arc::new(GpuContext { ctx, device });
+        ctx.bind()?;
+        let name = result::device::get_name(device).ctx(|| "reading the device name".into())?;
+        // SAFETY: valid device and attribute.
+        let sm_count = unsafe {
+            result::device::get_attribute(
+                device,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+        }
+        .ctx(|| "reading the multiprocessor count".into())? as u32;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .ctx(|| "creating a stream".into())?;
+        let mut gpu = Self {
+            ctx,
+            stream,
+            functions: HashMap::new(),
+            modules: Vec::new(),
+            blas: None,
+            name,
+            ordinal,
+            sm_count,
+        };
+        for module in ptx::MODULES {
+            gpu.load_module(module)?;
+        }
+        gpu.blas = Some(Blas::new(&gpu)?);
+        Ok(gpu)
+    }
+
+    fn load_module(&mut self, module: &ptx::PtxModule) -> CudaResult<()> {
+        let image = CString::new(module.ptx).map_err(|_| {
+            CudaError::Unsupported(format!("PTX of {} contains a NUL byte", module.name))
+        })?;
+        // SAFETY: image is a NUL-terminated PTX text.
+        let handle = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .ctx(|| format!("loading the PTX of kernels/{}.cu", module.name))?;
+        self.modules.push(handle);
+        for &func in module.functions {
+            // SAFETY: the module is loaded.
+            let f = unsafe { result::module::get_function(handle, CString::new(func).unwrap()) }
+                .ctx(|| format!("finding kernel {func} in kernels/{}.cu", module.name))?;
+            // Kernels that take more than 48 KiB of dynamic shared memory must opt in.
+            if module.max_dynamic_shared > 0 {
+            // SAFETY: f is a valid function.
+            unsafe {
+                result::function::set_function_attribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    module.max_dynamic_shared as i32,
+                )
+            }
+            .ctx(|| format!("raising the shared-memory limit of {func}"))?;
+            }
+            self.functions.insert(func, f);
+        }
+        Ok(())
+    }
+
+    pub fn bind(&self) -> CudaResult<()> {
+        self.ctx.bind()
+    }
+
+    pub fn stream(&self) -> sys::CUstream {
+        self.stream
+    }
+
+    pub fn blas(&self) -> &Blas {
+        self.blas.as_ref().expect("cuBLAS is created in Gpu::new")
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn memory_info(&self) -> CudaResult<(usize, usize)> {
+        self.bind()?;
+        result::mem_get_info().ctx(|| "reading free memory".into())
+    }
+
+    /// An uninitialised device buffer of `len` elements.
+    pub fn alloc<T: Copy>(&self, len: usize) -> CudaResult<DeviceBuffer<T>> {
+        DeviceBuffer::alloc(&self.ctx, len)
+    }
+
+    /// A device buffer holding a copy of `data` (synchronous).
+    pub fn upload<T: Copy>(&self, data: &[T]) -> CudaResult<DeviceBuffer<T>> {
+        let buf = self.alloc(data.len())?;
+        self.write(&buf, 0, data)?;
+        Ok(buf)
+    }
+
+    /// Copies `data` into `buf` at element `offset`, in stream order (the call returns once the
+    /// host data has been consumed, so `data` may be reused at once).
+    pub fn write<T: Copy>(&self, buf: &DeviceBuffer<T>, offset: usize, data: &[T]) -> CudaResult<()> {
+        if offset + data.len() > buf.len() {
+            return Err(CudaError::Unsupported(format!(
+                "write of {} elements at {offset} into a buffer of {}",
+                data.len(),
+                buf.len()
+            )));
+        }
+        self.bind()?;
+        // SAFETY: bounds checked; pageable host memory makes the async copy synchronous with
+        // respect to `data` (staged before return).
+        unsafe { result::memcpy_htod_async(buf.ptr_at(offset), data, self.stream) }
+            .ctx(|| format!("copying {} bytes to the device", std::mem::size_of_val(data)))
+    }
+
+    /// Copies `out.len()` elements from `buf` at `offset` to the host and waits for them.
+    pub fn read<T: Copy>(&self, buf: &DeviceBuffer<T>, offset: usize, out: &mut [T]) -> CudaResult<()> {
+        self.read_raw(buf.ptr_at(offset), offset + out.len() <= buf.len(), out)
+    }
+
+    pub(crate) fn read_raw<T: Copy>(&self, src: u64, in_bounds: bool, out: &mut [T]) -> CudaResult<()> {
+        if !in_bounds {
+            return Err(CudaError::Unsupported("read past the end of a device buffer".into()));
+        }
+        self.bind()?;
+        // SAFETY: in bounds; we synchronise before `out` is used.
+        unsafe { result::memcpy_dtoh_async(out, src, self.stream) }
+            .ctx(|| format!("copying {} bytes to the host", std::mem::size_of_val(out)))?;
+        self.synchronize()
+    }
+
+    /// Device-to-device copy of `bytes` bytes, in stream order.
+    pub fn copy_bytes(&self, dst: u64, src: u64, bytes: usize) -> CudaResult<()> {
+        self.bind()?;
+        // SAFETY: callers pass ranges inside live buffers.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream) }
+            .ctx(|| format!("copying {bytes} bytes on the device"))
+    }
+
+    /// Waits for everything queued so far; reports asynchronous kernel faults.
+    pub fn synchronize(&self) -> CudaResult<()> {
+        self.bind()?;
+        // SAFETY: valid stream.
+        unsafe { result::stream::synchronize(self.stream) }.ctx(|| "waiting for the GPU stream".into())
+    }
+
+    /// Launches kernel `name` with raw argument bits (use [`cuda_launch!`]).
+    pub fn launch_bits(&self, name: &str, cfg: LaunchConfig, bits: &mut [u64]) -> CudaResult<()> {
+        let f = *self
+            .functions
+            .get(name)
+            .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {name}")))?;
+        let mut params: Vec<*mut c_void> = bits.iter_mut().map(|b| b as *mut u64 as *mut c_void).collect();
+        // SAFETY: the argument list matches the kernel's signature (the ops module is the only
+        // caller and mirrors kernels/*.cu); all pointers are live device buffers.
+        unsafe {
+            result::launch_kernel(f, cfg.grid, cfg.block, cfg.shared_bytes, self.stream, &mut params)
+        }
+        .ctx(|| format!("launching {name} with {cfg:?}"))
+    }
+
+    /// A pair of events around a region of the stream, for timing.
+    pub fn timer(&self) -> CudaResult<Timer> {
+        self.bind()?;
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let start = result::event::create(flags).ctx(|| "creating an event".into())?;
+        let stop = result::event::create(flags).ctx(|| "creating an event".into())?;
+        Ok(Timer { start, stop, stream: self.stream })
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            self.blas = None;
+            // SAFETY: handles created in new(), destroyed once.
+            unsafe {
+                let _ = result::stream::synchronize(self.stream);
+                for m in self.modules.drain(..) {
+                    let _ = result::module::unload(m);
+                }
+                let _ = result::stream::destroy(self.stream);
+            }
+        }
+    }
+}
+
+/// Device-side timing of a stream region.
+pub struct Timer {
+    start: sys::CUevent,
+    stop: sys::CUevent,
+    stream: sys::CUstream,
+}
+
+impl Timer {
+    pub fn start(&self) -> CudaResult<()> {
+        // SAFETY: valid event and stream.
+        unsafe { result::event::record(self.start, self.stream) }.ctx(|| "recording an event".into())
+    }
+
+    /// Records the stop event, waits for it and returns the elapsed milliseconds.
+    pub fn stop_ms(&self) -> CudaResult<f32> {
+        // SAFETY: valid events and stream.
+        unsafe {
+            result::event::record(self.stop, self.stream).ctx(|| "recording an event".into())?;
+            result::event::synchronize(self.stop).ctx(|| "waiting for an event".into())?;
+            result::event::elapsed(self.start, self.stop).ctx(|| "reading an event timer".into())
+        }
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        // SAFETY: created in Gpu::timer.
+        unsafe {
+            let _ = result::event::destroy(self.start);
+            let _ = result::event::destroy(self.stop);
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! The CUDA backend: a device context with one stream, plain device allocations, the kernels of
+//! `kernels/*.cu` (embedded as PTX, see [`ptx`]), cuBLAS BF16/F32 GEMMs and CUDA graphs.
+//!
+//! Everything goes through cudarc's thin `result`/`sys` layers with the driver and cuBLAS loaded
+//! at run time, so a binary built without CUDA still runs (on the CPU) where there is no GPU:
+//! call [`is_available`] first. No managed memory is ever used.
+
+mod blas;
+mod buffer;
+mod error;
+mod gpu;
+mod graph;
+pub mod ops;
+pub mod ptx;
+
+pub use blas::Blas;
+pub use buffer::DeviceBuffer;
+pub use error::{CudaError, CudaResult};
+pub use gpu::{Gpu, KernelArg, LaunchConfig, Timer};
+pub use graph::Graph;
+
+use std::sync::OnceLock;
+
+/// True when the CUDA driver library loads and reports at least one device. Cheap after the first
+/// call (the answer is cached); never panics.
+pub fn is_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| device_count().map(|n| n > 0).unwrap_or(false))
+}
+
+/// Number of CUDA devices, or why there are none.
+pub fn device_count() -> CudaResult<usize> {
+    use cudarc::driver::{result, sys};
+    // SAFETY: only probes whether the shared library can be opened.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::Unavailable("libcuda could not be loaded".into()));
+    }
+    result::init().map_err(|e| CudaError::Unavailable(format!("cuInit failed: {e:?}")))?;
+    let n = result::device::get_count()
+        .map_err(|e| CudaError::Unavailable(format!("cuDeviceGetCount failed: {e:?}")))?;
+    Ok(n.max(0) as usize)
+}

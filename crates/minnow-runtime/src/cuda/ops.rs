@@ -1,0 +1,362 @@
+//! Typed launchers, one per kernel of `kernels/*.cu`: they check the shapes each kernel supports
+//! (returning `CudaError::Unsupported` instead of launching something wrong) and pick grid sizes.
+//! Buffers are passed as device addresses so that callers can address sub-ranges.
+
+use super::error::{CudaError, CudaResult};
+use super::gpu::{Gpu, LaunchConfig};
+use crate::cuda_launch;
+
+fn unsupported<T>(msg: String) -> CudaResult<T> {
+    Err(CudaError::Unsupported(msg))
+}
+
+fn row_threads(width: usize) -> u32 {
+    (width.div_ceil(32) * 32).clamp(32, 256) as u32
+}
+
+/// `out[t] = table[ids[t]]` for `rows` ids (u32) in device memory; `d % 8 == 0`.
+pub fn embed_rows(gpu: &Gpu, ids: u64, table: u64, out: u64, rows: usize, d: usize) -> CudaResult<()> {
+    if d % 8 != 0 {
+        return unsupported(format!("embedding width {d} is not a multiple of 8"));
+    }
+    let cfg = LaunchConfig::new((rows as u32, 1, 1), row_threads(d / 8), 0);
+    cuda_launch!(gpu, "embed_rows", cfg, ids, table, out, d as i32)
+}
+
+/// `h = BF16(h + delta)` (when `delta` is non-zero) then `out = RMSNorm(h) * weight`, per row.
+#[allow(clippy::too_many_arguments)]
+pub fn add_rmsnorm(gpu: &Gpu, h: u64, delta: u64, weight: u64, out: u64, rows: usize, d: usize, eps: f32) -> CudaResult<()> {
+    let cfg = LaunchConfig::new((rows as u32, 1, 1), row_threads(d), 0);
+    cuda_launch!(gpu, "add_rmsnorm", cfg, h, delta, weight, out, d as i32, eps)
+}
+
+/// `out[r] = BF16(BF16(silu(gate)) * up)` where `gu[r] = [gate | up]` of `width` each.
+pub fn silu_mul(gpu: &Gpu, gu: u64, out: u64, rows: usize, width: usize) -> CudaResult<()> {
+    let cfg = LaunchConfig::new((rows as u32, width.div_ceil(256) as u32, 1), 256, 0);
+    cuda_launch!(gpu, "silu_mul", cfg, gu, out, width as i32)
+}
+
+/// MoE mix: `out[t] = BF16(BF16(sum_j w[t,j] y[slot_pos[t,j]]) + shared[t])`.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_combine(gpu: &Gpu, y: u64, slot_pos: u64, w: u64, shared: u64, out: u64, tokens: usize, k: usize, d: usize) -> CudaResult<()> {
+    let cfg = LaunchConfig::new((tokens as u32, 1, 1), row_threads(d), 0);
+    cuda_launch!(gpu, "moe_combine", cfg, y, slot_pos, w, shared, out, k as i32, d as i32)
+}
+
+pub fn bf16_to_f32(gpu: &Gpu, x: u64, y: u64, n: usize) -> CudaResult<()> {
+    let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
+    cuda_launch!(gpu, "bf16_to_f32", LaunchConfig::new((blocks, 1, 1), 256, 0), x, y, n as i64)
+}
+
+/// Per row of BF16 logits: argmax (lowest index on ties) and its softmax probability.
+pub fn top1_softmax(gpu: &Gpu, logits: u64, token: u64, confidence: u64, rows: usize, vocab: usize) -> CudaResult<()> {
+    let cfg = LaunchConfig::new((rows as u32, 1, 1), 1024, 0);
+    cuda_launch!(gpu, "top1_softmax", cfg, logits, token, confidence, vocab as i32)
+}
+
+/// Reproducible uniform random BF16 values in `[-scale, scale)`.
+pub fn fill_random_bf16(gpu: &Gpu, x: u64, n: usize, seed: u64, scale: f32) -> CudaResult<()> {
+    let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
+    cuda_launch!(gpu, "fill_random_bf16", LaunchConfig::new((blocks, 1, 1), 256, 0), x, n as i64, seed, scale)
+}
+
+/// Shapes of the attention part of one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rotary_dim: usize,
+    pub block: usize,
+}
+
+impl AttentionShape {
+    pub fn check(&self) -> CudaResult<()> {
+        let s = self;
+        if s.kv_heads == 0 || s.heads % s.kv_heads != 0 {
+            return unsupported(format!("{} query heads over {} KV heads", s.heads, s.kv_heads));
+        }
+        let group = s.heads / s.kv_heads;
+        if 64 % group != 0 {
+            return unsupported(format!("GQA group of {group} query heads does not divide 64"));
+        }
+        if ![16, 32, 64, 128, 256].contains(&s.head_dim) {
+            return unsupported(format!("head_dim {}", s.head_dim));
+        }
+        if s.rotary_dim % 2 != 0 || s.rotary_dim > s.head_dim {
+            return unsupported(format!("rotary dim {} of head dim {}", s.rotary_dim, s.head_dim));
+        }
+        if s.block == 0 {
+            return unsupported("block size 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// QK-norm + partial RoPE of `tokens` rows of fused QKV at positions `pos0[0]..`; writes Q and
+/// the layer's K/V cache rows.
+#[allow(clippy::too_many_arguments)]
+pub fn qk_norm_rope(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    qkv: u64,
+    q_weight: u64,
+    k_weight: u64,
+    q_out: u64,
+    k_cache: u64,
+    v_cache: u64,
+    pos0: u64,
+    tokens: usize,
+    theta: f32,
+    eps: f32,
+) -> CudaResult<()> {
+    shape.check()?;
+    let heads = shape.heads + 2 * shape.kv_heads;
+    let cfg = LaunchConfig::new((tokens as u32, heads as u32, 1), 32, 0);
+    cuda_launch!(
+        gpu,
+        "qk_norm_rope",
+        cfg,
+        qkv,
+        q_weight,
+        k_weight,
+        q_out,
+        k_cache,
+        v_cache,
+        pos0,
+        shape.heads as i32,
+        shape.kv_heads as i32,
+        shape.head_dim as i32,
+        shape.rotary_dim as i32,
+        theta,
+        eps
+    )
+}
+
+/// Dynamic shared memory of `attention_d{D}`; mirrors `Smem<D>` in kernels/attention.cu.
+pub fn attention_smem_bytes(d: usize) -> usize {
+    let (rows, kt) = (64, 64);
+    let ldq = d + 8;
+    let lds = kt + 4;
+    let ldp = kt + 8;
+    let ldo = d + 4;
+    2 * rows * ldq + 2 * 2 * kt * ldq + 4 * rows * lds + 2 * rows * ldp + 4 * rows * ldo + 4 * rows * 4
+}
+
+/// Scratch floats the attention needs for `splits` key splits over `tokens` query tokens:
+/// (partial outputs, partial (max, sum) pairs).
+pub fn attention_scratch_len(shape: &AttentionShape, tokens: usize, splits: usize) -> (usize, usize) {
+    (splits * tokens * shape.heads * shape.head_dim, splits * tokens * shape.heads * 2)
+}
+
+/// Block-causal attention of `tokens` queries (positions `pos0[0]..`) over the layer's K/V
+/// cache rows `0..pos0 + tokens`, the key range split over `splits` CTAs, merged into
+/// `out [tokens, H, d]` (BF16).
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    q: u64,
+    k_cache: u64,
+    v_cache: u64,
+    part_o: u64,
+    part_ml: u64,
+    out: u64,
+    pos0: u64,
+    tokens: usize,
+    splits: usize,
+) -> CudaResult<()> {
+    shape.check()?;
+    let group = shape.heads / shape.kv_heads;
+    let tq = 64 / group;
+    let d = shape.head_dim;
+    let cfg = LaunchConfig {
+        grid: (tokens.div_ceil(tq) as u32, shape.kv_heads as u32, splits.max(1) as u32),
+        block: (128, 1, 1),
+        shared_bytes: attention_smem_bytes(d) as u32,
+    };
+    let scale = 1.0 / (d as f32).sqrt();
+    let name = format!("attention_d{d}");
+    cuda_launch!(
+        gpu,
+        &name,
+        cfg,
+        q,
+        k_cache,
+        v_cache,
+        part_o,
+        part_ml,
+        pos0,
+        tokens as i32,
+        shape.heads as i32,
+        shape.kv_heads as i32,
+        shape.block as i32,
+        scale
+    )?;
+    let cfg = LaunchConfig::new((tokens as u32, shape.heads as u32, 1), d.min(256) as u32, 0);
+    cuda_launch!(
+        gpu,
+        "attention_combine",
+        cfg,
+        part_o,
+        part_ml,
+        out,
+        tokens as i32,
+        shape.heads as i32,
+        d as i32,
+        splits.max(1) as i32
+    )
+}
+
+/// Router parameters of one MoE layer.
+#[derive(Clone, Copy, Debug)]
+pub struct RouterShape {
+    pub experts: usize,
+    pub top_k: usize,
+    /// 2.0/2.1 group-limited routing: (n_group, topk_group).
+    pub groups: Option<(usize, usize)>,
+    /// 2.2 block routing: experts admitted per block.
+    pub capacity: Option<usize>,
+    pub block: usize,
+    pub scale: f32,
+}
+
+impl RouterShape {
+    pub fn check(&self) -> CudaResult<()> {
+        let s = self;
+        if s.experts == 0 || s.experts > 1024 {
+            return unsupported(format!("{} experts (1..=1024 supported)", s.experts));
+        }
+        if s.top_k == 0 || s.top_k > s.experts {
+            return unsupported(format!("top-{} of {} experts", s.top_k, s.experts));
+        }
+        match (s.capacity, s.groups) {
+            (Some(c), _) if c < s.top_k || c > s.experts => unsupported(format!("expert capacity {c}")),
+            (Some(_), _) => Ok(()),
+            (None, Some((g, kg))) if g == 0 || g > 64 || s.experts % g != 0 || kg == 0 || kg > g => {
+                unsupported(format!("{g} expert groups (keep {kg}) over {} experts", s.experts))
+            }
+            (None, Some(_)) => Ok(()),
+            (None, None) => unsupported("router needs groups or an expert capacity".into()),
+        }
+    }
+}
+
+/// Routes `tokens` rows of F32 router logits: writes `topk_idx [tokens, k]` (i32) and
+/// `topk_w [tokens, k]` (F32). `admitted` is scratch of `ceil(tokens / block) * E` bytes (2.2).
+#[allow(clippy::too_many_arguments)]
+pub fn route(
+    gpu: &Gpu,
+    shape: &RouterShape,
+    logits: u64,
+    bias: u64,
+    admitted: u64,
+    topk_idx: u64,
+    topk_w: u64,
+    tokens: usize,
+) -> CudaResult<()> {
+    shape.check()?;
+    let e = shape.experts;
+    let threads = (e.div_ceil(32) * 32) as u32;
+    let mut mask = 0u64;
+    if let Some(capacity) = shape.capacity {
+        let blocks = tokens.div_ceil(shape.block) as u32;
+        let cfg = LaunchConfig::new((blocks, 1, 1), threads, (4 * e) as u32);
+        cuda_launch!(
+            gpu,
+            "route_block_admit",
+            cfg,
+            logits,
+            bias,
+            admitted,
+            tokens as i32,
+            e as i32,
+            shape.block as i32,
+            capacity as i32
+        )?;
+        mask = admitted;
+    }
+    let (n_group, topk_group) = shape.groups.unwrap_or((1, 1));
+    let shared = 4 * (2 * e + 64 + shape.top_k);
+    let cfg = LaunchConfig::new((tokens as u32, 1, 1), threads, shared as u32);
+    cuda_launch!(
+        gpu,
+        "route_topk",
+        cfg,
+        logits,
+        bias,
+        mask,
+        shape.block as i32,
+        e as i32,
+        shape.top_k as i32,
+        n_group as i32,
+        topk_group as i32,
+        shape.scale,
+        topk_idx,
+        topk_w
+    )
+}
+
+/// Rows per tile of the grouped expert GEMM.
+pub const MOE_TILE_ROWS: usize = 64;
+
+/// Upper bound of the tiles `moe_dispatch` can produce for `assignments` rows over `experts`.
+pub fn moe_max_tiles(assignments: usize, experts: usize) -> usize {
+    assignments.div_ceil(MOE_TILE_ROWS) + experts.min(assignments)
+}
+
+/// Sorts the `tokens * k` assignments by expert: `slot_pos [A]`, `row_token [A]` (i32), the tile
+/// list `tiles [max_tiles, 4]` (i32) and `num_tiles [1]`.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_dispatch(
+    gpu: &Gpu,
+    topk_idx: u64,
+    tokens: usize,
+    k: usize,
+    experts: usize,
+    slot_pos: u64,
+    row_token: u64,
+    tiles: u64,
+    num_tiles: u64,
+) -> CudaResult<()> {
+    let cfg = LaunchConfig::new((1, 1, 1), 1024, (8 * experts) as u32);
+    cuda_launch!(
+        gpu,
+        "moe_dispatch",
+        cfg,
+        topk_idx,
+        (tokens * k) as i32,
+        k as i32,
+        experts as i32,
+        MOE_TILE_ROWS as i32,
+        slot_pos,
+        row_token,
+        tiles,
+        num_tiles
+    )
+}
+
+/// Grouped GEMM over the dispatched tiles: `Y[p] = X[row_token[p] or p] . W[e]^T` with
+/// `W [E, n, k]`. `row_token` 0 means rows are read in place.
+#[allow(clippy::too_many_arguments)]
+pub fn grouped_gemm(
+    gpu: &Gpu,
+    x: u64,
+    row_token: u64,
+    w: u64,
+    y: u64,
+    tiles: u64,
+    num_tiles: u64,
+    max_tiles: usize,
+    n: usize,
+    k: usize,
+) -> CudaResult<()> {
+    if n % 64 != 0 || k % 32 != 0 {
+        return unsupported(format!("expert GEMM of {n} outputs over {k} inputs (needs n % 64 == 0, k % 32 == 0)"));
+    }
+    if max_tiles == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig::new(((n / 64) as u32, max_tiles as u32, 1), 128, 0);
+    cuda_launch!(gpu, "grouped_gemm", cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32)
+}

@@ -1,0 +1,115 @@
+//! The kernels of `kernels/*.cu`, compiled by `cargo xtask kernels` (nvcc, sm_80 PTX that the
+//! driver JIT-compiles for the device at load) and committed, so users need no nvcc. Each PTX
+//! file starts with a line naming the BLAKE3 hash of its source (the `.cu` file followed by
+//! `kernels/common.cuh`); a test fails when a source changed without regenerating its PTX.
+
+/// One compiled kernel file.
+pub struct PtxModule {
+    /// File stem under `kernels/` and `ptx/`.
+    pub name: &'static str,
+    pub ptx: &'static str,
+    /// The `extern "C"` entry points the backend looks up.
+    pub functions: &'static [&'static str],
+    /// Dynamic shared memory the module's kernels may ask for beyond the 48 KiB default
+    /// (0: none do).
+    pub max_dynamic_shared: u32,
+}
+
+/// Prefix of the first line of every generated PTX file; the hex hash follows.
+pub const HASH_LINE_PREFIX: &str = "// minnow-kernel-source-blake3: ";
+
+pub const MODULES: &[PtxModule] = &[
+    PtxModule {
+        name: "elementwise",
+        ptx: include_str!("ptx/elementwise.ptx"),
+        functions: &[
+            "embed_rows",
+            "add_rmsnorm",
+            "silu_mul",
+            "moe_combine",
+            "bf16_to_f32",
+            "top1_softmax",
+            "fill_random_bf16",
+        ],
+        max_dynamic_shared: 0,
+    },
+    PtxModule {
+        name: "rope",
+        ptx: include_str!("ptx/rope.ptx"),
+        functions: &["qk_norm_rope"],
+        max_dynamic_shared: 0,
+    },
+    PtxModule {
+        name: "attention",
+        ptx: include_str!("ptx/attention.ptx"),
+        functions: &[
+            "attention_d16",
+            "attention_d32",
+            "attention_d64",
+            "attention_d128",
+            "attention_d256",
+            "attention_combine",
+        ],
+        max_dynamic_shared: 200 * 1024,
+    },
+    PtxModule {
+        name: "router",
+        ptx: include_str!("ptx/router.ptx"),
+        functions: &["route_block_admit", "route_topk", "moe_dispatch"],
+        max_dynamic_shared: 0,
+    },
+    PtxModule {
+        name: "moe",
+        ptx: include_str!("ptx/moe.ptx"),
+        functions: &["grouped_gemm"],
+        max_dynamic_shared: 0,
+    },
+];
+
+/// The hash recorded in a PTX file's first line, if it has one.
+pub fn recorded_hash(ptx: &str) -> Option<&str> {
+    ptx.lines().next()?.strip_prefix(HASH_LINE_PREFIX).map(str::trim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernels_dir() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels")
+    }
+
+    /// Runs in CI without a GPU: the committed PTX must have been generated from the committed
+    /// sources (`cargo xtask kernels` regenerates it).
+    #[test]
+    fn committed_ptx_matches_kernel_sources() {
+        let common = std::fs::read(kernels_dir().join("common.cuh")).expect("kernels/common.cuh");
+        for module in MODULES {
+            let source = std::fs::read(kernels_dir().join(format!("{}.cu", module.name)))
+                .unwrap_or_else(|e| panic!("kernels/{}.cu: {e}", module.name));
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(&source);
+            hasher.update(&common);
+            let expected = hasher.finalize().to_hex().to_string();
+            assert_eq!(
+                recorded_hash(module.ptx),
+                Some(expected.as_str()),
+                "ptx/{}.ptx is stale: run `cargo xtask kernels`",
+                module.name
+            );
+        }
+    }
+
+    #[test]
+    fn every_listed_function_is_in_its_ptx() {
+        for module in MODULES {
+            for f in module.functions {
+                assert!(
+                    module.ptx.contains(&format!(".entry {f}(")),
+                    "{f} missing from ptx/{}.ptx",
+                    module.name
+                );
+            }
+        }
+    }
+}

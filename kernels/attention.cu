@@ -1,0 +1,226 @@
+// Block-causal flash attention over the cached prefix plus the current forward's own keys
+// (docs/llada2-model.md §6, §7.4 step 6). Tiled with an online softmax: no [n, n] score matrix.
+//
+// One CTA owns 64 query rows: the `group = H / G` query heads that share KV head g, times
+// 64 / group consecutive tokens, so K/V tiles are loaded once for all heads of the group (GQA).
+// The key range can be split over gridDim.z CTAs ("split-K", for short forwards over long
+// prefixes); each split writes an unnormalised partial (O, m, l) and attn_combine merges them.
+//
+// Numerics: scores in F32 (tensor cores, BF16 inputs), softmax in F32, probabilities rounded to
+// BF16 before P.V (as the reference does), F32 accumulation. The reference's eager path rounds
+// the scaled scores to BF16 first; that differs at BF16 noise level (the fixture README accepts
+// SDPA-style kernels).
+#include "common.cuh"
+#include <mma.h>
+using namespace nvcuda;
+
+namespace {
+constexpr int ROWS = 64;  // query rows per CTA
+constexpr int KT = 64;    // keys per tile
+constexpr int THREADS = 128;
+
+template <int D>
+struct Smem {
+    static constexpr int LDQ = D + 8;   // bf16 rows of Q, K, V
+    static constexpr int LDS = KT + 4;  // f32 scores
+    static constexpr int LDP = KT + 8;  // bf16 probabilities
+    static constexpr int LDO = D + 4;   // f32 output accumulator
+    static constexpr size_t q = 0;
+    static constexpr size_t k = q + sizeof(bf16) * ROWS * LDQ;
+    static constexpr size_t v = k + sizeof(bf16) * KT * LDQ;
+    static constexpr size_t s = v + sizeof(bf16) * KT * LDQ;
+    static constexpr size_t p = s + sizeof(float) * ROWS * LDS;
+    static constexpr size_t o = p + sizeof(bf16) * ROWS * LDP;
+    static constexpr size_t stats = o + sizeof(float) * ROWS * LDO;  // m, l, alpha, limit
+    static constexpr size_t total = stats + sizeof(float) * ROWS * 4;
+};
+// The host raises the kernels' dynamic shared-memory limit to 200 KiB (ptx.rs).
+static_assert(Smem<256>::total <= 200 * 1024, "attention tile does not fit the shared-memory limit");
+
+__device__ __forceinline__ int key_limit(int pos, int block, int end) {
+    const int lim = (pos / block + 1) * block;  // floor(p_k / B) <= floor(p_q / B)
+    return lim < end ? lim : end;
+}
+
+template <int D>
+__device__ void attention_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+                               const bf16* __restrict__ v_cache, float* __restrict__ part_o,
+                               float* __restrict__ part_ml, const int* __restrict__ pos0_ptr, int T,
+                               int n_heads, int n_kv, int block, float scale) {
+    using L = Smem<D>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
+    bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
+    bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
+    float* sS = reinterpret_cast<float*>(smem + L::s);
+    bf16* sP = reinterpret_cast<bf16*>(smem + L::p);
+    float* sO = reinterpret_cast<float*>(smem + L::o);
+    float* sM = reinterpret_cast<float*>(smem + L::stats);
+    float* sL = sM + ROWS;
+    int* sLim = reinterpret_cast<int*>(sL + 2 * ROWS);
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int group = n_heads / n_kv, tq = ROWS / group;
+    const int g = blockIdx.y, tok0 = blockIdx.x * tq;
+    const int pos0 = pos0_ptr[0], end = pos0 + T;
+    constexpr int CH = D / 8;  // 16-byte chunks per row
+
+    for (int i = tid; i < ROWS * CH; i += THREADS) {
+        const int r = i / CH, c = i % CH;
+        const int tok = tok0 + r % tq, head = g * group + r / tq;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (tok < T) val = *reinterpret_cast<const uint4*>(q + ((size_t)tok * n_heads + head) * D + c * 8);
+        *reinterpret_cast<uint4*>(sQ + r * L::LDQ + c * 8) = val;
+    }
+    for (int i = tid; i < ROWS * L::LDO; i += THREADS) sO[i] = 0.f;
+    if (tid < ROWS) {
+        const int tok = tok0 + tid % tq;
+        sM[tid] = -INFINITY;
+        sL[tid] = 0.f;
+        sLim[tid] = tok < T ? key_limit(pos0 + tok, block, end) : 0;
+    }
+    const int last_tok = min(T - 1, tok0 + tq - 1);
+    const int tile_lim = key_limit(pos0 + last_tok, block, end);
+    // This split's key range, in whole key tiles.
+    const int n_tiles = (tile_lim + KT - 1) / KT;
+    const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
+    const int kbeg = blockIdx.z * per_split * KT;
+    const int kend = min(tile_lim, kbeg + per_split * KT);
+    __syncthreads();
+
+    for (int kb = kbeg; kb < kend; kb += KT) {
+        for (int i = tid; i < KT * CH; i += THREADS) {
+            const int r = i / CH, c = i % CH, key = kb + r;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (key < kend) {
+                const size_t off = ((size_t)key * n_kv + g) * D + c * 8;
+                kv = *reinterpret_cast<const uint4*>(k_cache + off);
+                vv = *reinterpret_cast<const uint4*>(v_cache + off);
+            }
+            *reinterpret_cast<uint4*>(sK + r * L::LDQ + c * 8) = kv;
+            *reinterpret_cast<uint4*>(sV + r * L::LDQ + c * 8) = vv;
+        }
+        __syncthreads();
+
+        // S = Q K^T for this warp's 16 rows.
+        {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[KT / 16];
+#pragma unroll
+            for (int n = 0; n < KT / 16; ++n) wmma::fill_fragment(acc[n], 0.f);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+                wmma::load_matrix_sync(a, sQ + warp * 16 * L::LDQ + kk * 16, L::LDQ);
+#pragma unroll
+                for (int n = 0; n < KT / 16; ++n) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b;
+                    wmma::load_matrix_sync(b, sK + n * 16 * L::LDQ + kk * 16, L::LDQ);
+                    wmma::mma_sync(acc[n], a, b, acc[n]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < KT / 16; ++n)
+                wmma::store_matrix_sync(sS + warp * 16 * L::LDS + n * 16, acc[n], L::LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        // Online softmax: two lanes per row, each over half of the tile's keys.
+        {
+            const int row = warp * 16 + lane / 2, half = lane & 1;
+            const int lim = min(sLim[row], kend);  // keys past kend belong to the next split
+            float mx = -INFINITY;
+            for (int c = half * (KT / 2); c < (half + 1) * (KT / 2); ++c) {
+                if (kb + c < lim) mx = fmaxf(mx, sS[row * L::LDS + c] * scale);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            const float m_old = sM[row];
+            const float m_new = fmaxf(m_old, mx);
+            float sum = 0.f;
+            for (int c = half * (KT / 2); c < (half + 1) * (KT / 2); ++c) {
+                bf16 p = to_bf16(0.f);
+                if (kb + c < lim && m_new != -INFINITY) p = to_bf16(expf(sS[row * L::LDS + c] * scale - m_new));
+                sP[row * L::LDP + c] = p;
+                sum += to_f32(p);
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            const float alpha = m_new == -INFINITY ? 1.f : expf(m_old - m_new);
+            for (int i = half * (D / 2); i < (half + 1) * (D / 2); ++i) sO[row * L::LDO + i] *= alpha;
+            __syncwarp();
+            if (half == 0) {
+                sM[row] = m_new;
+                sL[row] = sL[row] * alpha + sum;
+            }
+        }
+        __syncwarp();
+
+        // O += P V for this warp's 16 rows.
+#pragma unroll
+        for (int n = 0; n < D / 16; ++n) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, sO + warp * 16 * L::LDO + n * 16, L::LDO, wmma::mem_row_major);
+#pragma unroll
+            for (int kk = 0; kk < KT / 16; ++kk) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> b;
+                wmma::load_matrix_sync(a, sP + warp * 16 * L::LDP + kk * 16, L::LDP);
+                wmma::load_matrix_sync(b, sV + kk * 16 * L::LDQ + n * 16, L::LDQ);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(sO + warp * 16 * L::LDO + n * 16, acc, L::LDO, wmma::mem_row_major);
+        }
+        __syncthreads();
+    }
+
+    // Unnormalised partial results of this split: part_o [split, T, H, D], part_ml [split, T, H, 2].
+    for (int i = tid; i < ROWS * D; i += THREADS) {
+        const int r = i / D, c = i % D;
+        const int tok = tok0 + r % tq, head = g * group + r / tq;
+        if (tok < T) part_o[(((size_t)blockIdx.z * T + tok) * n_heads + head) * D + c] = sO[r * L::LDO + c];
+    }
+    if (tid < ROWS) {
+        const int tok = tok0 + tid % tq, head = g * group + tid / tq;
+        if (tok < T) {
+            float* ml = part_ml + (((size_t)blockIdx.z * T + tok) * n_heads + head) * 2;
+            ml[0] = sM[tid];
+            ml[1] = sL[tid];
+        }
+    }
+}
+}  // namespace
+
+// grid = (ceil(T / (64 / group)), G, splits), block = 128; dynamic shared memory = Smem<D>::total
+// (the host computes the same layout: attention_smem_bytes in crates/minnow-runtime/src/cuda/ops.rs).
+#define ATTENTION_ENTRY(D)                                                                              \
+    extern "C" __global__ void __launch_bounds__(THREADS) attention_d##D(                               \
+        const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,         \
+        const int* pos0, int T, int n_heads, int n_kv, int block, float scale) {                        \
+        attention_tile<D>(q, k_cache, v_cache, part_o, part_ml, pos0, T, n_heads, n_kv, block, scale); \
+    }
+
+ATTENTION_ENTRY(16)
+ATTENTION_ENTRY(32)
+ATTENTION_ENTRY(64)
+ATTENTION_ENTRY(128)
+ATTENTION_ENTRY(256)
+
+// Merges the splits: out[t, h, :] = BF16( sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M) ).
+// grid = (T, H), block = min(D, 256) threads.
+extern "C" __global__ void attention_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                             bf16* __restrict__ out, int T, int n_heads, int d, int splits) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    float m = -INFINITY;
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[(((size_t)s * T + t) * n_heads + h) * 2]);
+    float l = 0.f;
+    for (int s = 0; s < splits; ++s) {
+        const float* ml = part_ml + (((size_t)s * T + t) * n_heads + h) * 2;
+        if (ml[0] != -INFINITY) l += ml[1] * expf(ml[0] - m);
+    }
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < splits; ++s) {
+            const float* ml = part_ml + (((size_t)s * T + t) * n_heads + h) * 2;
+            if (ml[0] != -INFINITY) acc += part_o[(((size_t)s * T + t) * n_heads + h) * d + i] * expf(ml[0] - m);
+        }
+        out[((size_t)t * n_heads + h) * d + i] = to_bf16(acc / l);
+    }
+}

@@ -1,0 +1,46 @@
+// Shared helpers of minnow's CUDA kernels. Every kernel file includes this header, so its text is
+// part of each kernel's source hash (see crates/minnow-runtime/src/cuda/ptx.rs).
+#pragma once
+#include <cuda_bf16.h>
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+// Round-to-nearest-even, like PyTorch's BF16 casts.
+__device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16_rn(x); }
+// A BF16 x BF16 product as PyTorch computes it: exact in F32, rounded once.
+__device__ __forceinline__ bf16 mul_bf16(bf16 a, bf16 b) { return to_bf16(to_f32(a) * to_f32(b)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the whole CTA (blockDim.x a multiple of 32, at most 1024). `scratch` holds 32 floats.
+// Every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float total = lane < nwarps ? scratch[lane] : 0.f;
+    return warp_sum(total);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float total = lane < nwarps ? scratch[lane] : -INFINITY;
+    return warp_max(total);
+}

@@ -1,0 +1,136 @@
+// Row-wise kernels of the LLaDA2 forward: embedding gather, RMSNorm (with the fused residual add),
+// SiLU-multiply, the F32 MoE mix, conversions, and the argmax/softmax confidence of logits rows.
+// Numerics follow the reference order of docs/llada2-model.md §7 (RMSNorm rounds to BF16 before
+// the weight; SiLU in F32 rounded to BF16, then a BF16 product).
+#include "common.cuh"
+
+// out[t, :] = table[ids[t], :]. One CTA per row; `d` is a multiple of 8 (16-byte copies).
+extern "C" __global__ void embed_rows(const unsigned* __restrict__ ids, const bf16* __restrict__ table,
+                                      bf16* __restrict__ out, int d) {
+    const int t = blockIdx.x;
+    const uint4* src = reinterpret_cast<const uint4*>(table + (size_t)ids[t] * d);
+    uint4* dst = reinterpret_cast<uint4*>(out + (size_t)t * d);
+    for (int i = threadIdx.x; i < d / 8; i += blockDim.x) dst[i] = src[i];
+}
+
+// Fused residual add and RMSNorm over rows of length d (one CTA per row):
+//   if delta != null: h = BF16(h + delta)        (the residual stream, updated in place)
+//   out = BF16(weight * BF16(F32(h) * rsqrt(mean(F32(h)^2) + eps)))
+extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restrict__ delta,
+                                       const bf16* __restrict__ weight, bf16* __restrict__ out, int d,
+                                       float eps) {
+    __shared__ float scratch[32];
+    bf16* row = h + (size_t)blockIdx.x * d;
+    const bf16* drow = delta ? delta + (size_t)blockIdx.x * d : nullptr;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        bf16 v = row[i];
+        if (drow) {
+            v = to_bf16(to_f32(v) + to_f32(drow[i]));
+            row[i] = v;
+        }
+        const float u = to_f32(v);
+        ss += u * u;
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / (float)d + eps);
+    bf16* orow = out + (size_t)blockIdx.x * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        orow[i] = mul_bf16(weight[i], to_bf16(to_f32(row[i]) * inv));
+    }
+}
+
+// gu is [rows, 2*width] with the gate projection in columns [0, width) and up in [width, 2*width);
+// out[r, j] = BF16( BF16(silu(F32(gate))) * up ). grid = (rows, ceil(width / blockDim)).
+extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out, int width) {
+    const int r = blockIdx.x;
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= width) return;
+    const float g = to_f32(gu[(size_t)r * 2 * width + j]);
+    const bf16 act = to_bf16(g / (1.f + expf(-g)));
+    out[(size_t)r * width + j] = mul_bf16(act, gu[(size_t)r * 2 * width + width + j]);
+}
+
+// The MoE output of token t (one CTA per token):
+//   routed = BF16( sum_j w[t, j] * F32(y[slot_pos[t, j], :]) )    (F32 mix, one rounding)
+//   out[t] = BF16(routed + shared[t])                             (shared may be null)
+extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __restrict__ slot_pos,
+                                       const float* __restrict__ w, const bf16* __restrict__ shared,
+                                       bf16* __restrict__ out, int k, int d) {
+    const int t = blockIdx.x;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float acc = 0.f;
+        for (int j = 0; j < k; ++j) {
+            acc += w[t * k + j] * to_f32(y[(size_t)slot_pos[t * k + j] * d + i]);
+        }
+        bf16 routed = to_bf16(acc);
+        if (shared) routed = to_bf16(to_f32(routed) + to_f32(shared[(size_t)t * d + i]));
+        out[(size_t)t * d + i] = routed;
+    }
+}
+
+extern "C" __global__ void bf16_to_f32(const bf16* __restrict__ x, float* __restrict__ y, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        y[i] = to_f32(x[i]);
+    }
+}
+
+// Per logits row (one CTA per row): the argmax (lowest index on ties, like PyTorch) and its
+// softmax probability in F32, the decoder's "confidence".
+extern "C" __global__ void top1_softmax(const bf16* __restrict__ logits, unsigned* __restrict__ token,
+                                        float* __restrict__ confidence, int vocab) {
+    __shared__ float scratch[32];
+    __shared__ float sval[32];
+    __shared__ int sidx[32];
+    const bf16* row = logits + (size_t)blockIdx.x * vocab;
+    float best = -INFINITY;
+    int best_i = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float v = to_f32(row[i]);
+        if (v > best) { best = v; best_i = i; }  // i grows per thread: keeps the lowest on ties
+    }
+    // Warp then CTA reduction of (value, index): larger value wins, equal values keep the lower index.
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (ov > best || (ov == best && oi < best_i)) { best = ov; best_i = oi; }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    if (lane == 0) { sval[warp] = best; sidx[warp] = best_i; }
+    __syncthreads();
+    if (warp == 0) {
+        best = lane < nwarps ? sval[lane] : -INFINITY;
+        best_i = lane < nwarps ? sidx[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+            if (ov > best || (ov == best && oi < best_i)) { best = ov; best_i = oi; }
+        }
+        if (lane == 0) { sval[0] = best; sidx[0] = best_i; }
+    }
+    __syncthreads();
+    const float mx = sval[0];
+    float s = 0.f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) s += expf(to_f32(row[i]) - mx);
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) {
+        token[blockIdx.x] = (unsigned)sidx[0];
+        confidence[blockIdx.x] = 1.f / s;
+    }
+}
+
+// Fills x[0..n) with BF16(scale * u), u uniform in [-1, 1) from a counter-based hash of
+// (seed, index): reproducible random weights for benchmarks, made on the device.
+extern "C" __global__ void fill_random_bf16(bf16* __restrict__ x, long long n, unsigned long long seed, float scale) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        unsigned long long z = seed + 0x9E3779B97F4A7C15ull * (unsigned long long)(i + 1);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const float u = (float)(z >> 40) * (1.0f / 8388608.0f) - 1.0f;  // 24 bits -> [-1, 1)
+        x[i] = to_bf16(scale * u);
+    }
+}

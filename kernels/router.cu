@@ -1,0 +1,130 @@
+// MoE router on the GPU (docs/llada2-model.md §7.6-7.8), all in F32, plus the dispatch that groups
+// the (token, slot) assignments by expert for the grouped expert GEMM. Ties always go to the lower
+// expert (or group) index; selection uses exact comparisons (no perturbation).
+#include "common.cuh"
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
+
+// "a ranks before b": larger value first, lower index on ties.
+__device__ __forceinline__ bool ranks_before(float va, int a, float vb, int b) {
+    return va > vb || (va == vb && a < b);
+}
+
+// 2.2 block admission. grid = number of routing blocks (rows [b*block, b*block + block) of the
+// forward, clipped to T), blockDim = E (<= 1024). admitted[b, j] = 1 for the `capacity` experts
+// with the largest g_j = max over the block's rows of sigmoid(logit) + bias.
+extern "C" __global__ void route_block_admit(const float* __restrict__ logits, const float* __restrict__ bias,
+                                             unsigned char* __restrict__ admitted, int T, int E, int block,
+                                             int capacity) {
+    extern __shared__ float g[];
+    const int j = threadIdx.x, b = blockIdx.x;
+    if (j < E) {
+        float best = -INFINITY;
+        const int r1 = min(T, (b + 1) * block);
+        for (int r = b * block; r < r1; ++r) best = fmaxf(best, sigmoidf(logits[(size_t)r * E + j]) + bias[j]);
+        g[j] = best;
+    }
+    __syncthreads();
+    if (j < E) {
+        int rank = 0;
+        for (int i = 0; i < E; ++i) rank += ranks_before(g[i], i, g[j], j);
+        admitted[(size_t)b * E + j] = rank < capacity;
+    }
+}
+
+// Token top-k (one CTA per token, blockDim = E <= 1024). The candidates are either the experts
+// admitted to the token's block (`admitted` != null, 2.2) or those of the `topk_group` best groups
+// (2.0/2.1: group score = sum of the two largest biased scores of its E / n_group experts).
+// Writes the k chosen experts in rank order (biased score descending) and their weights
+// w = s / (sum s + 1e-20) * scale computed from the unbiased sigmoid scores s.
+extern "C" __global__ void route_topk(const float* __restrict__ logits, const float* __restrict__ bias,
+                                      const unsigned char* __restrict__ admitted, int block, int E, int k,
+                                      int n_group, int topk_group, float scale, int* __restrict__ topk_idx,
+                                      float* __restrict__ topk_w) {
+    extern __shared__ float sh[];
+    float* score = sh;             // E unbiased sigmoid scores
+    float* cand = sh + E;          // E candidate (biased or -inf) scores
+    float* group_score = sh + 2 * E;  // n_group
+    float* chosen = group_score + 64;  // k unbiased scores of the chosen experts, in rank order
+    __shared__ int group_keep[64];
+    const int t = blockIdx.x, j = threadIdx.x;
+    float biased = -INFINITY;
+    if (j < E) {
+        const float s = sigmoidf(logits[(size_t)t * E + j]);
+        score[j] = s;
+        biased = s + bias[j];
+        cand[j] = biased;
+    }
+    __syncthreads();
+    if (admitted) {
+        if (j < E && !admitted[(size_t)(t / block) * E + j]) cand[j] = -INFINITY;
+    } else {
+        const int gsize = E / n_group;
+        if (j < n_group) {
+            float a = -INFINITY, b = -INFINITY;  // two largest of the group
+            for (int i = j * gsize; i < (j + 1) * gsize; ++i) {
+                const float v = cand[i];
+                if (v > a) { b = a; a = v; } else if (v > b) { b = v; }
+            }
+            group_score[j] = gsize >= 2 ? a + b : a;
+        }
+        __syncthreads();
+        if (j < n_group) {
+            int rank = 0;
+            for (int i = 0; i < n_group; ++i) rank += ranks_before(group_score[i], i, group_score[j], j);
+            group_keep[j] = rank < topk_group;
+        }
+        __syncthreads();
+        if (j < E && !group_keep[j / gsize]) cand[j] = -INFINITY;
+    }
+    __syncthreads();
+    if (j < E) {
+        const float v = cand[j];
+        int rank = 0;
+        for (int i = 0; i < E; ++i) rank += ranks_before(cand[i], i, v, j);
+        if (rank < k) {
+            topk_idx[t * k + rank] = j;
+            chosen[rank] = score[j];
+        }
+    }
+    __syncthreads();
+    if (j == 0) {
+        float sum = 0.f;
+        for (int r = 0; r < k; ++r) sum += chosen[r];
+        for (int r = 0; r < k; ++r) topk_w[t * k + r] = k > 1 ? chosen[r] / (sum + 1e-20f) * scale : chosen[r] * scale;
+    }
+}
+
+// Groups the A = T * k assignments by expert (one CTA of 1024 threads). Outputs:
+//   slot_pos[a]      row of assignment a in the expert-sorted order
+//   row_token[p]     token whose activation row p reads
+//   tiles[i]         (expert, first row, end row) of the i-th tile of at most `tile_rows` rows
+//   num_tiles[0]     number of tiles (the grouped GEMM's grid has an upper bound of tiles and the
+//                    CTAs past num_tiles exit, so no host round trip is needed)
+// Rows of one expert are in no particular order (atomics); each row's result does not depend on it.
+extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows,
+                                        int* __restrict__ slot_pos, int* __restrict__ row_token,
+                                        int4* __restrict__ tiles, int* __restrict__ num_tiles) {
+    extern __shared__ int cnt[];  // E counts, then E cursors
+    int* cursor = cnt + E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int a = threadIdx.x; a < A; a += blockDim.x) atomicAdd(&cnt[topk_idx[a]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int off = 0, nt = 0;
+        for (int e = 0; e < E; ++e) {
+            const int c = cnt[e];
+            cursor[e] = off;
+            for (int r = 0; r < c; r += tile_rows) tiles[nt++] = make_int4(e, off + r, off + min(c, r + tile_rows), 0);
+            off += c;
+        }
+        num_tiles[0] = nt;
+    }
+    __syncthreads();
+    for (int a = threadIdx.x; a < A; a += blockDim.x) {
+        const int p = atomicAdd(&cursor[topk_idx[a]], 1);
+        slot_pos[a] = p;
+        row_token[p] = a / k;
+    }
+}

@@ -1,0 +1,91 @@
+//! `cargo xtask kernels`: compiles every `kernels/*.cu` with nvcc into PTX under
+//! `crates/minnow-runtime/src/cuda/ptx/`, each file headed by the BLAKE3 hash of its source
+//! (the `.cu` file, then `kernels/common.cuh`). The PTX is committed so users need no nvcc; a
+//! minnow-runtime test fails when a source and its PTX disagree.
+//!
+//! Environment: `NVCC` (default `nvcc`), `NVCC_FLAGS` (extra flags, whitespace separated, e.g.
+//! `-I/opt/cuda13/include/cccl` for a pip-installed nvcc). The target is sm_80 PTX: the driver
+//! JIT-compiles it for any newer GPU (the H200 included) when the module loads.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PTX_DIR: &str = "crates/minnow-runtime/src/cuda/ptx";
+const HASH_LINE_PREFIX: &str = "// minnow-kernel-source-blake3: ";
+const ARCH: &str = "sm_80";
+
+/// The workspace root: the nearest ancestor of the current directory holding `kernels/`.
+fn workspace_root() -> Result<PathBuf, String> {
+    let mut dir = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    loop {
+        if dir.join("kernels/common.cuh").is_file() {
+            return Ok(dir);
+        }
+        if !dir.pop() {
+            return Err("run from inside the minnow repository (no kernels/common.cuh found)".into());
+        }
+    }
+}
+
+fn source_hash(cu: &Path, common: &[u8]) -> Result<String, String> {
+    let source = std::fs::read(cu).map_err(|e| format!("{}: {e}", cu.display()))?;
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&source);
+    hasher.update(common);
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let check_only = args.iter().any(|a| a == "--check");
+    let root = workspace_root()?;
+    let common = std::fs::read(root.join("kernels/common.cuh")).map_err(|e| format!("kernels/common.cuh: {e}"))?;
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(root.join("kernels"))
+        .map_err(|e| format!("kernels/: {e}"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    sources.sort();
+    let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
+    let extra: Vec<String> = std::env::var("NVCC_FLAGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let mut stale = Vec::new();
+    for cu in &sources {
+        let stem = cu.file_stem().unwrap().to_string_lossy().to_string();
+        let hash = source_hash(cu, &common)?;
+        let out = root.join(PTX_DIR).join(format!("{stem}.ptx"));
+        if check_only {
+            let current = std::fs::read_to_string(&out).unwrap_or_default();
+            let recorded = current.lines().next().and_then(|l| l.strip_prefix(HASH_LINE_PREFIX));
+            if recorded.map(str::trim) != Some(hash.as_str()) {
+                stale.push(stem);
+            }
+            continue;
+        }
+        let tmp = std::env::temp_dir().join(format!("minnow-{stem}-{}.ptx", std::process::id()));
+        let status = Command::new(&nvcc)
+            .arg("-ptx")
+            .arg(format!("-arch={ARCH}"))
+            .arg("-std=c++17")
+            .args(&extra)
+            .arg(cu)
+            .arg("-o")
+            .arg(&tmp)
+            .status()
+            .map_err(|e| format!("running {nvcc}: {e} (set NVCC to the compiler's path)"))?;
+        if !status.success() {
+            return Err(format!("{nvcc} failed on {}", cu.display()));
+        }
+        let ptx = std::fs::read_to_string(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        let _ = std::fs::remove_file(&tmp);
+        std::fs::create_dir_all(out.parent().unwrap()).map_err(|e| format!("{PTX_DIR}: {e}"))?;
+        std::fs::write(&out, format!("{HASH_LINE_PREFIX}{hash}\n{ptx}")).map_err(|e| format!("{}: {e}", out.display()))?;
+        println!("kernels/{stem}.cu -> {PTX_DIR}/{stem}.ptx ({ARCH}, {} bytes)", ptx.len());
+    }
+    if !stale.is_empty() {
+        return Err(format!("stale PTX (run `cargo xtask kernels`): {}", stale.join(", ")));
+    }
+    Ok(())
+}
