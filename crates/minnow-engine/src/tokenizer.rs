@@ -323,16 +323,23 @@ fn resolve_special_tokens(
     })
 }
 
+/// Test helpers shared by the text modules' unit tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod tests_support {
     use std::path::PathBuf;
 
+    /// A path under the repository's `tests/fixtures`.
     pub(crate) fn fixture(name: &str) -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/fixtures")
             .join(name)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::fixture;
+    use super::*;
 
     #[test]
     fn resolves_fixture_special_ids() {
