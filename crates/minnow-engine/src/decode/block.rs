@@ -1,0 +1,305 @@
+//! The shared per-block loop (decoding doc §3) and the K/V commit rule (§8), one forward per call
+//! so the engine can interleave requests.
+//!
+//! The runner appends K/V on every forward. A denoising forward of the block at `start` therefore
+//! first truncates the sequence back to `start`; the K/V left in the cache always describe
+//! `last_input`, the ids of the latest forward. Committing a final block keeps that K/V when
+//! `last_input` equals the final ids, and otherwise truncates and runs one forward of the final
+//! ids without logits. Never is K/V of different ids committed.
+
+use std::time::{Duration, Instant};
+
+use minnow_model::{LogitsRows, ModelRunner, SeqId};
+use rand::rngs::StdRng;
+
+use super::{has_control_tokens, BlockAlgorithm, BlockLogits, ControlTokens, StepOutcome};
+
+/// Where a block run stands after [`BlockRun::advance`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    Refining,
+    Final,
+}
+
+/// How a final block's K/V reached the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Commit {
+    /// The last denoising forward saw exactly the final ids: kept as is.
+    Reused,
+    /// One extra forward of the final ids (no logits).
+    Refreshed,
+}
+
+/// One block being denoised.
+pub struct BlockRun {
+    start: usize,
+    prompt_in_block: usize,
+    block: Vec<u32>,
+    algorithm: Box<dyn BlockAlgorithm>,
+    control: ControlTokens,
+    /// Ids of the latest forward of this block, whose K/V sit in the cache at `start..`.
+    last_input: Option<Vec<u32>>,
+    forwards: usize,
+    /// The next forward is the forced final cleanup (forward limit reached, or the algorithm
+    /// stopped with control ids left).
+    cleanup_pending: bool,
+    forced_cleanup_ran: bool,
+    state: BlockState,
+    elapsed: Duration,
+}
+
+impl BlockRun {
+    /// `block` holds the prompt tail (its first `prompt_in_block` ids) followed by MASKs.
+    pub fn new(
+        start: usize,
+        block: Vec<u32>,
+        prompt_in_block: usize,
+        algorithm: Box<dyn BlockAlgorithm>,
+        control: ControlTokens,
+    ) -> Self {
+        Self {
+            start,
+            prompt_in_block,
+            block,
+            algorithm,
+            control,
+            last_input: None,
+            forwards: 0,
+            cleanup_pending: false,
+            forced_cleanup_ran: false,
+            state: BlockState::Refining,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        &self.block
+    }
+    pub fn start(&self) -> usize {
+        self.start
+    }
+    /// Denoising forwards so far.
+    pub fn forwards(&self) -> usize {
+        self.forwards
+    }
+    pub fn state(&self) -> BlockState {
+        self.state
+    }
+    /// Whether the block needed the forced cleanup round (logged; tests check it).
+    pub fn forced_cleanup_ran(&self) -> bool {
+        self.forced_cleanup_ran
+    }
+    /// Wall time spent in this block's forwards and steps (commit included once it ran).
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+
+    /// Runs at most one denoising forward. Returns the state afterwards; once `Final`, the block's
+    /// tokens are final and contain no MASK/DELETE/SPLIT at generated slots.
+    pub fn advance(
+        &mut self,
+        runner: &mut dyn ModelRunner,
+        seq: SeqId,
+        rng: &mut StdRng,
+    ) -> minnow_model::Result<BlockState> {
+        if self.state == BlockState::Final {
+            return Ok(BlockState::Final);
+        }
+        let began = Instant::now();
+        if !self.cleanup_pending {
+            if self.algorithm.exit_before_forward(&self.block) {
+                if self.is_clean() {
+                    self.state = BlockState::Final;
+                    self.elapsed += began.elapsed();
+                    return Ok(self.state);
+                }
+                self.cleanup_pending = true;
+            } else if self.forwards >= self.algorithm.forward_limit() {
+                tracing::warn!(
+                    block_start = self.start,
+                    forwards = self.forwards,
+                    "block did not converge within its forward limit; running a forced cleanup round"
+                );
+                self.cleanup_pending = true;
+            }
+        }
+
+        if runner.sequence_len(seq) > self.start {
+            runner.truncate_sequence(seq, self.start)?;
+        }
+        let data = runner.forward(seq, &self.block, LogitsRows::All)?;
+        let vocab = runner.config().vocab_size;
+        if data.len() != self.block.len() * vocab {
+            return Err(minnow_model::ModelError::InvalidInput(format!(
+                "forward returned {} logits for a block of {} × vocab {vocab}",
+                data.len(),
+                self.block.len()
+            )));
+        }
+        self.last_input = Some(self.block.clone());
+        self.forwards += 1;
+        let forced = self.cleanup_pending;
+        let outcome =
+            self.algorithm
+                .step(&mut self.block, BlockLogits::new(&data, vocab), rng, forced);
+        if forced {
+            self.forced_cleanup_ran = true;
+            self.cleanup_pending = false;
+            self.state = BlockState::Final;
+            debug_assert!(self.is_clean(), "forced cleanup left control ids");
+        } else if outcome == StepOutcome::Converged {
+            if self.is_clean() {
+                self.state = BlockState::Final;
+            } else {
+                self.cleanup_pending = true;
+            }
+        }
+        self.elapsed += began.elapsed();
+        Ok(self.state)
+    }
+
+    fn is_clean(&self) -> bool {
+        !has_control_tokens(&self.block, self.prompt_in_block, &self.control)
+    }
+
+    /// Commits the final block's K/V (§8): reuse the last forward if it saw exactly the final ids,
+    /// else truncate and forward the final ids once without logits.
+    pub fn commit(
+        &mut self,
+        runner: &mut dyn ModelRunner,
+        seq: SeqId,
+    ) -> minnow_model::Result<Commit> {
+        debug_assert_eq!(self.state, BlockState::Final);
+        let began = Instant::now();
+        let end = self.start + self.block.len();
+        if self.last_input.as_deref() == Some(self.block.as_slice())
+            && runner.sequence_len(seq) == end
+        {
+            return Ok(Commit::Reused);
+        }
+        if runner.sequence_len(seq) > self.start {
+            runner.truncate_sequence(seq, self.start)?;
+        }
+        runner.forward(seq, &self.block, LogitsRows::None)?;
+        self.last_input = Some(self.block.clone());
+        self.elapsed += began.elapsed();
+        Ok(Commit::Refreshed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::indel::{Indel, IndelSettings};
+    use crate::decode::joint::{Joint, JointSettings};
+    use crate::decode::testing::{logits_for, row, toy_config, ScriptedRunner, D, M, S};
+    use crate::sampling::SamplerSettings;
+    use minnow_model::Family;
+    use rand::SeedableRng;
+
+    const CONTROL: ControlTokens = ControlTokens {
+        mask: M,
+        delete: Some(D),
+        split: Some(S),
+    };
+
+    fn joint(max_post_steps: usize) -> Box<dyn BlockAlgorithm> {
+        Box::new(Joint::new(
+            0,
+            4,
+            JointSettings {
+                threshold: 0.5,
+                editing_threshold: 0.0,
+                max_post_steps,
+                num_to_transfer: 1,
+                sampler: SamplerSettings::GREEDY,
+            },
+            CONTROL,
+        ))
+    }
+
+    fn run_to_final(run: &mut BlockRun, runner: &mut ScriptedRunner, seq: SeqId) {
+        let mut rng = StdRng::seed_from_u64(0);
+        for _ in 0..100 {
+            if run.advance(runner, seq, &mut rng).unwrap() == BlockState::Final {
+                return;
+            }
+        }
+        panic!("block never became final");
+    }
+
+    /// A 4-slot model: the same fixed prediction for every input.
+    fn constant_runner(slots: Vec<(u32, f32)>) -> ScriptedRunner {
+        ScriptedRunner::new(toy_config(Family::V21, 4), move |_, ids| {
+            assert_eq!(ids.len(), 4);
+            logits_for(&slots)
+        })
+    }
+
+    #[test]
+    fn converged_block_reuses_the_last_forward() {
+        let mut runner = constant_runner(vec![(1, 0.9), (2, 0.9), (3, 0.9), (4, 0.9)]);
+        let seq = runner.create_sequence().unwrap();
+        runner.forward(seq, &[0; 4], LogitsRows::None).unwrap(); // committed prefix [0, 4)
+        let mut run = BlockRun::new(4, vec![M; 4], 0, joint(16), CONTROL);
+        run_to_final(&mut run, &mut runner, seq);
+        assert_eq!(run.tokens(), &[1, 2, 3, 4]);
+        assert_eq!(run.forwards(), 2, "fill, then a converged no-edit step");
+        let before = runner.calls.len();
+        assert_eq!(run.commit(&mut runner, seq).unwrap(), Commit::Reused);
+        assert_eq!(runner.calls.len(), before, "no refresh forward");
+        assert_eq!(runner.sequence_len(seq), 8);
+        // Every denoising forward started at the block start (the previous one was discarded).
+        assert!(runner.denoise_calls().iter().all(|c| c.start == 4));
+    }
+
+    #[test]
+    fn budget_exit_triggers_exactly_one_refresh() {
+        // Slot 0 flips 1 ↔ 5 forever; max_post_steps 2 ends the block with un-forwarded edits.
+        let mut flip = false;
+        let mut runner = ScriptedRunner::new(toy_config(Family::V21, 4), move |_, _| {
+            flip = !flip;
+            let first = if flip { 1 } else { 5 };
+            logits_for(&[(first, 0.9), (2, 0.9), (3, 0.9), (4, 0.9)])
+        });
+        let seq = runner.create_sequence().unwrap();
+        let mut run = BlockRun::new(0, vec![M; 4], 0, joint(2), CONTROL);
+        run_to_final(&mut run, &mut runner, seq);
+        assert_eq!(run.forwards(), 3);
+        let final_ids = run.tokens().to_vec();
+        assert_eq!(run.commit(&mut runner, seq).unwrap(), Commit::Refreshed);
+        let refresh = runner.calls.last().unwrap();
+        assert_eq!((refresh.start, &refresh.ids, &refresh.rows), (0, &final_ids, &LogitsRows::None));
+        assert_eq!(runner.calls.iter().filter(|c| c.rows == LogitsRows::None).count(), 1);
+        assert_eq!(runner.sequence_len(seq), 4);
+    }
+
+    #[test]
+    fn non_convergence_ends_in_a_forced_cleanup_round() {
+        // A model that fills every mask with 1 but wants every filled slot masked again: the
+        // T2T writes of MASK make original masks reappear, so the post counter keeps resetting
+        // (decoding doc §7.7 point 2) and only the forward limit ends the block.
+        let mut runner = ScriptedRunner::new(toy_config(Family::V22, 4), |_, ids| {
+            ids.iter()
+                .flat_map(|&t| if t == M { row(1, 0.99) } else { row(M, 0.99) })
+                .collect()
+        });
+        let seq = runner.create_sequence().unwrap();
+        let settings = IndelSettings {
+            threshold: 0.5,
+            editing_threshold: 0.0,
+            max_post_steps: 16,
+            steps: 32,
+            sampler: SamplerSettings::GREEDY,
+        };
+        let algorithm = Indel::new(&[M; 4], 0, settings, CONTROL).unwrap();
+        let limit = algorithm.forward_limit();
+        assert_eq!(limit, 4 + 16 + 32);
+        let mut run = BlockRun::new(0, vec![M; 4], 0, Box::new(algorithm), CONTROL);
+        run_to_final(&mut run, &mut runner, seq);
+        assert!(run.forced_cleanup_ran());
+        assert_eq!(run.forwards(), limit + 1);
+        assert!(run.tokens().iter().all(|t| ![M, D, S].contains(t)));
+        assert_eq!(run.commit(&mut runner, seq).unwrap(), Commit::Refreshed);
+    }
+}

@@ -1,0 +1,199 @@
+//! Test helpers: a toy vocabulary, scripted logits, and a scripted [`ModelRunner`] that records
+//! every forward and truncation (used to test the block loop, the K/V commit rule and requests
+//! without a model).
+
+use std::collections::HashMap;
+
+use minnow_model::{Config, Family, LogitsRows, ModelRunner, SeqId};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::{BlockAlgorithm, BlockLogits, StepOutcome};
+
+/// Toy vocabulary of decoding doc §12: MASK = 7, DELETE = 8, SPLIT = 9.
+pub const VOCAB: usize = 10;
+pub const M: u32 = 7;
+pub const D: u32 = 8;
+pub const S: u32 = 9;
+
+/// A logit row whose softmax gives `token` probability `p` and spreads the rest evenly.
+pub fn row(token: u32, p: f32) -> Vec<f32> {
+    let rest = ((1.0 - p) / (VOCAB as f32 - 1.0)).max(1e-12);
+    (0..VOCAB as u32)
+        .map(|t| if t == token { p.ln() } else { rest.ln() })
+        .collect()
+}
+
+/// Like [`row`], but `runner_up` takes 90% of the remaining mass (a clear second choice).
+pub fn row_with_runner_up(token: u32, p: f32, runner_up: u32) -> Vec<f32> {
+    let rest = 1.0 - p;
+    let others = (rest * 0.1 / (VOCAB as f32 - 2.0)).max(1e-12);
+    (0..VOCAB as u32)
+        .map(|t| {
+            if t == token {
+                p.ln()
+            } else if t == runner_up {
+                (rest * 0.9).ln()
+            } else {
+                others.ln()
+            }
+        })
+        .collect()
+}
+
+/// Block logits `[slots, VOCAB]`, one `(argmax token, probability)` per slot.
+pub fn logits_for(slots: &[(u32, f32)]) -> Vec<f32> {
+    slots.iter().flat_map(|&(t, p)| row(t, p)).collect()
+}
+
+/// Drives an algorithm like the block loop does (pre-forward check, step, convergence), feeding
+/// the scripted logits in order. Returns the final block and the number of forwards.
+pub fn run_block(
+    algorithm: &mut dyn BlockAlgorithm,
+    mut block: Vec<u32>,
+    script: &[Vec<f32>],
+) -> (Vec<u32>, usize) {
+    let mut rng = StdRng::seed_from_u64(0);
+    let mut forwards = 0;
+    loop {
+        if algorithm.exit_before_forward(&block) {
+            break;
+        }
+        let logits = script
+            .get(forwards)
+            .unwrap_or_else(|| panic!("the block wanted forward #{} beyond the script", forwards + 1));
+        forwards += 1;
+        if algorithm.step(&mut block, BlockLogits::new(logits, VOCAB), &mut rng, false)
+            == StepOutcome::Converged
+        {
+            break;
+        }
+    }
+    (block, forwards)
+}
+
+/// A config with the toy vocabulary; only `vocab_size`, `block_size` and the edit ids matter to
+/// the decoder.
+pub fn toy_config(family: Family, block_size: usize) -> Config {
+    Config {
+        family,
+        vocab_size: VOCAB,
+        hidden_size: 8,
+        intermediate_size: 8,
+        moe_intermediate_size: 8,
+        num_hidden_layers: 1,
+        num_attention_heads: 1,
+        num_key_value_heads: 1,
+        head_dim: 8,
+        rotary_dim: 4,
+        rope_theta: 10000.0,
+        rms_norm_eps: 1e-6,
+        max_position_embeddings: 256,
+        num_experts: 1,
+        num_experts_per_tok: 1,
+        num_shared_experts: 0,
+        first_k_dense_replace: 1,
+        routed_scaling_factor: 1.0,
+        n_group: None,
+        topk_group: None,
+        expert_capacity: None,
+        block_size,
+        delete_token_id: (family == Family::V22).then_some(D),
+        split_token_id: (family == Family::V22).then_some(S),
+        pad_token_id: None,
+        eos_token_id: None,
+    }
+}
+
+/// One recorded forward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    pub seq: SeqId,
+    pub start: usize,
+    pub ids: Vec<u32>,
+    pub rows: LogitsRows,
+}
+
+type LogitsFn = Box<dyn FnMut(usize, &[u32]) -> Vec<f32> + Send>;
+
+/// A [`ModelRunner`] whose logits come from a closure `(start position, ids) → [ids.len(), V]`.
+pub struct ScriptedRunner {
+    config: Config,
+    lens: HashMap<SeqId, usize>,
+    next_id: u64,
+    logits: LogitsFn,
+    pub calls: Vec<Call>,
+    pub truncations: Vec<(SeqId, usize)>,
+}
+
+impl ScriptedRunner {
+    pub fn new(config: Config, logits: impl FnMut(usize, &[u32]) -> Vec<f32> + Send + 'static) -> Self {
+        Self {
+            config,
+            lens: HashMap::new(),
+            next_id: 1,
+            logits: Box::new(logits),
+            calls: Vec::new(),
+            truncations: Vec::new(),
+        }
+    }
+
+    /// Forwards that asked for logits (denoising steps).
+    pub fn denoise_calls(&self) -> Vec<&Call> {
+        self.calls.iter().filter(|c| c.rows != LogitsRows::None).collect()
+    }
+}
+
+impl ModelRunner for ScriptedRunner {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+    fn device_name(&self) -> String {
+        "scripted".into()
+    }
+    fn create_sequence(&mut self) -> minnow_model::Result<SeqId> {
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        self.lens.insert(id, 0);
+        Ok(id)
+    }
+    fn release_sequence(&mut self, seq: SeqId) {
+        self.lens.remove(&seq);
+    }
+    fn sequence_len(&self, seq: SeqId) -> usize {
+        self.lens.get(&seq).copied().unwrap_or(0)
+    }
+    fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> minnow_model::Result<()> {
+        let cur = self.sequence_len(seq);
+        if len > cur {
+            return Err(minnow_model::ModelError::InvalidInput(format!(
+                "truncate to {len} beyond length {cur}"
+            )));
+        }
+        self.truncations.push((seq, len));
+        self.lens.insert(seq, len);
+        Ok(())
+    }
+    fn forward(
+        &mut self,
+        seq: SeqId,
+        ids: &[u32],
+        rows: LogitsRows,
+    ) -> minnow_model::Result<Vec<f32>> {
+        let start = self.sequence_len(seq);
+        self.calls.push(Call {
+            seq,
+            start,
+            ids: ids.to_vec(),
+            rows: rows.clone(),
+        });
+        self.lens.insert(seq, start + ids.len());
+        let range = rows.resolve(ids.len());
+        if range.is_empty() {
+            return Ok(Vec::new());
+        }
+        let all = (self.logits)(start, ids);
+        assert_eq!(all.len(), ids.len() * VOCAB, "scripted logits have the wrong shape");
+        Ok(all[range.start * VOCAB..range.end * VOCAB].to_vec())
+    }
+}

@@ -1,0 +1,393 @@
+//! Turning one row of F32 logits into a candidate token and its confidence (decoding doc §4).
+//!
+//! Three rules exist, and each algorithm uses the one its reference uses:
+//! - [`greedy`]: argmax (ties → lowest id) and its softmax probability over the full vocabulary,
+//!   in F32. Every implementation agrees on it; it is the default (temperature 0).
+//! - [`OfficialSampler`] (§4.2): the 2.0/2.1 `generate` sampler: temperature, top-k, top-p
+//!   (shifted drop mask), then the confidence is the probability under the tempered, filtered
+//!   distribution. Used by `low-confidence` and `joint`.
+//! - [`PortSampler`] (§4.4): the 2.2 reference port: the drawn token's confidence is its
+//!   *untempered* softmax probability; banned ids are removed from the candidates and the
+//!   normalizer. Used by `indel` for mask-to-token; its token-to-token edits stay greedy.
+//!
+//! Randomness comes from a seeded per-request [`rand::rngs::StdRng`], so a fixed seed reproduces
+//! a run (not PyTorch's random stream).
+
+use rand::rngs::StdRng;
+use rand::Rng;
+
+/// A position's proposed token and the confidence used to rank and threshold it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    pub token: u32,
+    pub confidence: f32,
+}
+
+/// Index of the largest logit, ties → lowest id, skipping `banned` ids. `None` when every id is
+/// banned (or the row is empty).
+pub fn argmax_excluding(logits: &[f32], banned: &[u32]) -> Option<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &z) in logits.iter().enumerate() {
+        if banned.contains(&(i as u32)) {
+            continue;
+        }
+        // Strict `>` keeps the lowest id on ties; NaN never wins.
+        if best.is_none_or(|(_, b)| z > b) {
+            best = Some((i, z));
+        }
+    }
+    best.map(|(i, _)| i as u32)
+}
+
+/// `Σ exp(z − max)` over the non-banned ids, with the max over the same ids.
+fn partition(logits: &[f32], banned: &[u32]) -> (f32, f32) {
+    let max = logits
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !banned.contains(&(*i as u32)))
+        .map(|(_, &z)| z)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum = logits
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !banned.contains(&(*i as u32)))
+        .map(|(_, &z)| (z - max).exp())
+        .sum();
+    (max, sum)
+}
+
+/// Softmax probability of `token` over the non-banned ids of the row, in F32.
+pub fn probability_excluding(logits: &[f32], token: u32, banned: &[u32]) -> f32 {
+    let (max, sum) = partition(logits, banned);
+    (logits[token as usize] - max).exp() / sum
+}
+
+/// Greedy candidate (§4.1): argmax, ties → lowest id; confidence = softmax over the full
+/// vocabulary in F32.
+pub fn greedy(logits: &[f32]) -> Candidate {
+    greedy_excluding(logits, &[])
+}
+
+/// Greedy candidate among the non-banned ids; the banned ids are also left out of the softmax
+/// normalizer (the 2.2 port's "resample with banned tokens", §4.4).
+pub fn greedy_excluding(logits: &[f32], banned: &[u32]) -> Candidate {
+    let token = argmax_excluding(logits, banned).unwrap_or(0);
+    Candidate {
+        token,
+        confidence: probability_excluding(logits, token, banned),
+    }
+}
+
+/// The best non-`banned` token with its probability under the *full* softmax (SGLang's
+/// replacement of a MASK argmax, decoding doc §7.8/§7.9 fix 2).
+pub fn best_allowed_full_softmax(logits: &[f32], banned: &[u32]) -> Candidate {
+    let token = argmax_excluding(logits, banned).unwrap_or(0);
+    Candidate {
+        token,
+        confidence: probability_excluding(logits, token, &[]),
+    }
+}
+
+/// Draws an index from unnormalized non-negative `weights` (their sum must be > 0).
+fn draw_index(weights: &[(u32, f64)], rng: &mut StdRng) -> u32 {
+    let total: f64 = weights.iter().map(|(_, w)| w).sum();
+    let mut u = rng.gen::<f64>() * total;
+    for &(id, w) in weights {
+        if u < w {
+            return id;
+        }
+        u -= w;
+    }
+    // Rounding left `u` at the very end: take the last id with weight.
+    weights
+        .iter()
+        .rev()
+        .find(|(_, w)| *w > 0.0)
+        .map(|(id, _)| *id)
+        .unwrap_or(0)
+}
+
+/// Sampler settings shared by both sampling rules. `top_k == 0` and `top_p >= 1` are "off".
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplerSettings {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+}
+
+impl SamplerSettings {
+    pub const GREEDY: SamplerSettings = SamplerSettings {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+    };
+
+    fn filters_off(&self) -> bool {
+        self.top_k == 0 && !(self.top_p > 0.0 && self.top_p < 1.0)
+    }
+}
+
+/// The official 2.0/2.1 sampler (decoding doc §4.2).
+///
+/// With temperature 0 the filters still shape the confidence (the official code filters, takes
+/// the softmax, then the argmax); without filters that is exactly [`greedy`].
+#[derive(Clone, Copy, Debug)]
+pub struct OfficialSampler(pub SamplerSettings);
+
+impl OfficialSampler {
+    pub fn candidate(&self, logits: &[f32], rng: &mut StdRng) -> Candidate {
+        let s = self.0;
+        if s.temperature <= 0.0 && s.filters_off() {
+            return greedy(logits);
+        }
+        let mut z: Vec<f32> = if s.temperature > 0.0 && s.temperature != 1.0 {
+            logits.iter().map(|&x| x / s.temperature).collect()
+        } else {
+            logits.to_vec()
+        };
+        if s.top_k > 0 {
+            let k = s.top_k.min(z.len());
+            let mut sorted = z.clone();
+            sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+            let kth = sorted[k - 1];
+            // Entries equal to the k-th value survive.
+            z.iter_mut()
+                .filter(|x| **x < kth)
+                .for_each(|x| *x = f32::NEG_INFINITY);
+        }
+        if s.top_p > 0.0 && s.top_p < 1.0 {
+            apply_official_top_p(&mut z, s.top_p);
+        }
+        let (max, sum) = partition(&z, &[]);
+        let token = if s.temperature > 0.0 {
+            let weights: Vec<(u32, f64)> = z
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| (i as u32, ((x - max).exp()) as f64))
+                .filter(|(_, w)| *w > 0.0)
+                .collect();
+            draw_index(&weights, rng)
+        } else {
+            argmax_excluding(&z, &[]).unwrap_or(0)
+        };
+        Candidate {
+            token,
+            confidence: (z[token as usize] - max).exp() / sum,
+        }
+    }
+}
+
+/// Official top-p: sort descending, cumulative softmax, drop entries whose cumulative mass is
+/// `> p` after shifting the drop mask one place right (the crossing token and the top token are
+/// always kept).
+fn apply_official_top_p(z: &mut [f32], p: f32) {
+    let mut order: Vec<usize> = (0..z.len()).collect();
+    // Stable sort keeps lower ids first among equal values, like a descending torch.sort would
+    // need some rule; ours is documented and deterministic.
+    order.sort_by(|&a, &b| z[b].total_cmp(&z[a]));
+    let max = z[order[0]];
+    let weights: Vec<f32> = order.iter().map(|&i| (z[i] - max).exp()).collect();
+    let total: f32 = weights.iter().sum();
+    let mut cumulative = 0.0f32;
+    let mut drop = vec![false; order.len()];
+    for (rank, w) in weights.iter().enumerate() {
+        cumulative += w / total;
+        if cumulative > p && rank + 1 < order.len() {
+            drop[rank + 1] = true;
+        }
+    }
+    for (rank, &i) in order.iter().enumerate() {
+        if drop[rank] {
+            z[i] = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// The 2.2 port's mask-to-token sampler (decoding doc §4.4).
+#[derive(Clone, Copy, Debug)]
+pub struct PortSampler(pub SamplerSettings);
+
+impl PortSampler {
+    /// Candidate for a masked slot, never one of `banned`. Temperature 0: greedy among the allowed
+    /// ids. Otherwise draw from the tempered, top-k/top-p filtered allowed ids; the confidence is
+    /// the drawn token's untempered softmax probability over the allowed ids.
+    pub fn candidate(&self, logits: &[f32], banned: &[u32], rng: &mut StdRng) -> Candidate {
+        let s = self.0;
+        if s.temperature <= 0.0 {
+            return greedy_excluding(logits, banned);
+        }
+        // Sorted by logit descending, ties → lower id.
+        let mut order: Vec<u32> = (0..logits.len() as u32)
+            .filter(|id| !banned.contains(id))
+            .collect();
+        if order.is_empty() {
+            return greedy(logits);
+        }
+        order.sort_by(|&a, &b| {
+            logits[b as usize]
+                .total_cmp(&logits[a as usize])
+                .then(a.cmp(&b))
+        });
+        if s.top_k > 0 && s.top_k < order.len() {
+            let kth = logits[order[s.top_k - 1] as usize];
+            order.retain(|&id| logits[id as usize] >= kth);
+        }
+        let z_max = logits[order[0] as usize];
+        let mut weights: Vec<(u32, f64)> = order
+            .iter()
+            .map(|&id| {
+                let w = (((logits[id as usize] - z_max) / s.temperature) as f64).exp();
+                (id, w)
+            })
+            .collect();
+        if s.top_p > 0.0 && s.top_p < 1.0 {
+            let total: f64 = weights.iter().map(|(_, w)| w).sum();
+            let mut cumulative = 0.0;
+            let mut keep = weights.len();
+            for (rank, (_, w)) in weights.iter().enumerate() {
+                cumulative += w / total;
+                if cumulative > s.top_p as f64 {
+                    keep = rank + 1;
+                    break;
+                }
+            }
+            weights.truncate(keep);
+        }
+        let token = draw_index(&weights, rng);
+        Candidate {
+            token,
+            confidence: probability_excluding(logits, token, banned),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn rng() -> StdRng {
+        StdRng::seed_from_u64(7)
+    }
+
+    #[test]
+    fn greedy_takes_lowest_id_on_ties_and_full_softmax() {
+        let c = greedy(&[1.0, 3.0, 3.0, 0.0]);
+        assert_eq!(c.token, 1);
+        let e = |x: f32| x.exp();
+        let expected = e(3.0) / (e(1.0) + 2.0 * e(3.0) + e(0.0));
+        assert!((c.confidence - expected).abs() < 1e-6);
+    }
+
+    #[test]
+    fn greedy_excluding_renormalizes_over_allowed_ids() {
+        let logits = [5.0, 1.0, 1.0];
+        let c = greedy_excluding(&logits, &[0]);
+        assert_eq!(c.token, 1);
+        assert!((c.confidence - 0.5).abs() < 1e-6);
+        let full = best_allowed_full_softmax(&logits, &[0]);
+        assert_eq!(full.token, 1);
+        assert!(full.confidence < 0.05);
+    }
+
+    #[test]
+    fn official_sampler_is_greedy_at_temperature_zero() {
+        let logits = [0.5, 2.0, -1.0];
+        let c = OfficialSampler(SamplerSettings::GREEDY).candidate(&logits, &mut rng());
+        assert_eq!(c, greedy(&logits));
+    }
+
+    #[test]
+    fn official_top_k_renormalizes_confidence_even_when_greedy() {
+        let logits = [0.0, 2.0, 1.0, 1.0];
+        let s = SamplerSettings {
+            temperature: 0.0,
+            top_k: 2,
+            top_p: 1.0,
+        };
+        // k-th (2nd) largest is 1.0; both entries equal to it survive.
+        let c = OfficialSampler(s).candidate(&logits, &mut rng());
+        assert_eq!(c.token, 1);
+        let e = |x: f32| x.exp();
+        assert!((c.confidence - e(2.0) / (e(2.0) + 2.0 * e(1.0))).abs() < 1e-6);
+    }
+
+    #[test]
+    fn official_top_p_keeps_the_crossing_token() {
+        // probabilities ≈ [0.6652, 0.2447, 0.0900]; p = 0.7 keeps ids 0 and 1.
+        let mut z = vec![2.0, 1.0, 0.0];
+        apply_official_top_p(&mut z, 0.7);
+        assert_eq!(z[..2], [2.0, 1.0]);
+        assert_eq!(z[2], f32::NEG_INFINITY);
+        // p smaller than the top mass still keeps the top token.
+        let mut z = vec![2.0, 1.0, 0.0];
+        apply_official_top_p(&mut z, 0.1);
+        assert_eq!(z[0], 2.0);
+        assert!(z[1..].iter().all(|x| *x == f32::NEG_INFINITY));
+    }
+
+    #[test]
+    fn official_sampling_is_seeded_and_confidence_is_filtered_probability() {
+        let logits = [1.0, 1.2, 0.9, -3.0];
+        let s = SamplerSettings {
+            temperature: 0.8,
+            top_k: 3,
+            top_p: 1.0,
+        };
+        let a: Vec<Candidate> = {
+            let mut r = rng();
+            (0..20)
+                .map(|_| OfficialSampler(s).candidate(&logits, &mut r))
+                .collect()
+        };
+        let b: Vec<Candidate> = {
+            let mut r = rng();
+            (0..20)
+                .map(|_| OfficialSampler(s).candidate(&logits, &mut r))
+                .collect()
+        };
+        assert_eq!(a, b);
+        assert!(a.iter().all(|c| c.token != 3), "top-k removed id 3");
+        let tokens: std::collections::BTreeSet<u32> = a.iter().map(|c| c.token).collect();
+        assert!(tokens.len() > 1, "sampling should not be constant: {tokens:?}");
+        for c in &a {
+            let z: Vec<f32> = logits[..3].iter().map(|x| x / 0.8).collect();
+            let expected = probability_excluding(&z, c.token, &[]);
+            assert!((c.confidence - expected).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn port_sampler_uses_untempered_confidence_and_bans() {
+        let logits = [3.0, 2.0, 1.0, 0.0];
+        let s = SamplerSettings {
+            temperature: 2.0,
+            top_k: 0,
+            top_p: 1.0,
+        };
+        let mut r = rng();
+        for _ in 0..50 {
+            let c = PortSampler(s).candidate(&logits, &[0], &mut r);
+            assert_ne!(c.token, 0);
+            let expected = probability_excluding(&logits, c.token, &[0]);
+            assert!((c.confidence - expected).abs() < 1e-6);
+        }
+        let greedy_port = PortSampler(SamplerSettings::GREEDY).candidate(&logits, &[0, 1], &mut r);
+        assert_eq!(greedy_port.token, 2);
+    }
+
+    #[test]
+    fn port_top_p_keeps_shortest_prefix_exceeding_p() {
+        let logits = [2.0, 1.0, 0.0, -5.0];
+        let s = SamplerSettings {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+        };
+        let mut r = rng();
+        // Top token alone holds ≈0.66 > 0.5: it is the only survivor.
+        for _ in 0..20 {
+            assert_eq!(PortSampler(s).candidate(&logits, &[], &mut r).token, 0);
+        }
+    }
+}
