@@ -2,6 +2,7 @@
 //! checkpoint. Every failure is printed as one line on stderr with a non-zero exit status.
 
 mod cli;
+mod server;
 
 fn main() {
     if let Err(message) = cli::run() {

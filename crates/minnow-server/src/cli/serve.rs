@@ -1,10 +1,195 @@
-//! `minnow serve` (not implemented yet).
+//! `minnow serve`: the OpenAI-compatible HTTP server (see `crate::server` and docs/api.md).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use minnow_engine::{DecodeParams, EngineOptions};
 
 use super::Cli;
+use crate::server::{self, ServerConfig, DEFAULT_BODY_LIMIT};
+
+/// The checkpoint served when no --model is given.
+const BUNDLED_FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/fixtures/llada2-tiny-v21"
+);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dtype {
+    /// BF16 on a GPU, F32 on the CPU.
+    Auto,
+    Bf16,
+    F32,
+}
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Address to listen on (port 0: any free port; the bound address is logged).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Require `Authorization: Bearer KEY` on every API route (/health stays open).
+    #[arg(long, env = "MINNOW_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Model id reported by the API (default: the checkpoint directory name).
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Context limit in tokens (default: the checkpoint's max_position_embeddings).
+    #[arg(long)]
+    pub max_context: Option<usize>,
+    /// Requests decoded at once.
+    #[arg(long, default_value_t = 1)]
+    pub parallel: usize,
+    /// Requests that may wait for a free slot; more get HTTP 429.
+    #[arg(long, default_value_t = 64)]
+    pub queue_capacity: usize,
+    /// Serve a built web UI (e.g. llama.cpp's) from this directory.
+    #[arg(long)]
+    pub ui_dir: Option<PathBuf>,
+    /// Weight/compute dtype.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub dtype: Dtype,
+    /// Largest accepted request body in bytes (larger: HTTP 413).
+    #[arg(long, default_value_t = DEFAULT_BODY_LIMIT)]
+    pub body_limit: usize,
+    /// Seconds between SSE keep-alive comments on an otherwise idle stream.
+    #[arg(long, default_value_t = 5.0)]
+    pub keep_alive: f64,
+    #[command(flatten)]
+    pub decode: DecodeArgs,
+}
 
-pub fn run(_cli: &Cli, _args: &Args) -> Result<(), String> {
-    Err("'serve' is not implemented yet".into())
+/// Server-wide decode defaults; requests override them field by field.
+#[derive(clap::Args, Debug)]
+pub struct DecodeArgs {
+    /// low-confidence (2.0), joint (2.1) or indel (2.2); default: the checkpoint family's.
+    #[arg(long)]
+    pub algorithm: Option<String>,
+    /// Confidence a masked position needs to be committed.
+    #[arg(long)]
+    pub threshold: Option<f32>,
+    /// Confidence an edit of a committed token needs (2.1/2.2).
+    #[arg(long)]
+    pub editing_threshold: Option<f32>,
+    /// Editing rounds after a block has no masks left (2.1/2.2).
+    #[arg(long)]
+    pub max_post_steps: Option<usize>,
+    /// Denoising steps per block schedule.
+    #[arg(long)]
+    pub steps: Option<usize>,
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Output cap for requests that set none (default: the rest of the context).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+}
+
+impl DecodeArgs {
+    fn params(&self) -> Result<DecodeParams, String> {
+        let unit = |name: &str, x: Option<f32>| match x {
+            Some(v) if !(0.0..=1.0).contains(&v) => Err(format!("--{name} must be between 0 and 1")),
+            _ => Ok(x),
+        };
+        if self.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
+            return Err("--temperature must be between 0 and 2".into());
+        }
+        if self.steps == Some(0) {
+            return Err("--steps must be at least 1".into());
+        }
+        if self.max_tokens == Some(0) {
+            return Err("--max-tokens must be at least 1".into());
+        }
+        Ok(DecodeParams {
+            algorithm: self
+                .algorithm
+                .as_deref()
+                .map(server::parse_algorithm)
+                .transpose()?,
+            threshold: unit("threshold", self.threshold)?,
+            editing_threshold: unit("editing-threshold", self.editing_threshold)?,
+            max_post_steps: self.max_post_steps,
+            steps: self.steps,
+            num_to_transfer: None,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: unit("top-p", self.top_p)?,
+            seed: self.seed,
+        })
+    }
+}
+
+pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
+    init_logging();
+    let config = build_config(cli, args)?;
+    server::run(config)
+}
+
+fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
+    if args.parallel == 0 {
+        return Err("--parallel must be at least 1".into());
+    }
+    if args.max_context == Some(0) {
+        return Err("--max-context must be at least 1".into());
+    }
+    if !(args.keep_alive.is_finite() && args.keep_alive > 0.0) {
+        return Err("--keep-alive must be a positive number of seconds".into());
+    }
+    // The engine has no dtype option yet: it always runs its device's native dtype (the
+    // documented `auto` behaviour). Asking for something else is refused rather than ignored.
+    match (args.dtype, cli.device) {
+        (Dtype::Auto, _) => {}
+        (Dtype::F32, minnow_runtime::device::DeviceRequest::Cpu) => {}
+        (dtype, device) => {
+            return Err(format!(
+                "--dtype {dtype:?} with --device {device} is not supported by this build yet; use --dtype auto"
+            )
+            .to_lowercase())
+        }
+    }
+    if let Some(dir) = &args.ui_dir {
+        if !dir.is_dir() {
+            return Err(format!("--ui-dir {} is not a directory", dir.display()));
+        }
+    }
+    let (model_path, model_is_fixture) = match &cli.model {
+        Some(path) => (path.clone(), false),
+        None => (PathBuf::from(BUNDLED_FIXTURE), true),
+    };
+    Ok(ServerConfig {
+        listen: args.listen.clone(),
+        model_path,
+        model_is_fixture,
+        api_key: args.api_key.clone().filter(|key| !key.is_empty()),
+        alias: args.alias.clone(),
+        ui_dir: args.ui_dir.clone(),
+        body_limit: args.body_limit,
+        max_tokens: args.decode.max_tokens,
+        keep_alive: Duration::from_secs_f64(args.keep_alive),
+        show_progress: std::io::stderr().is_terminal(),
+        engine: EngineOptions {
+            device: cli.device,
+            threads: cli.threads,
+            parallel: args.parallel,
+            queue_capacity: args.queue_capacity,
+            max_context: args.max_context,
+            defaults: args.decode.params()?,
+        },
+    })
+}
+
+/// One line per event on stderr; `RUST_LOG` overrides the default `info` level.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }

@@ -1,0 +1,217 @@
+//! From a validated OpenAI request to engine work: render and tokenize the prompt, build the
+//! `GenerateRequest`, submit it, and (for non-streaming requests) wait for the result. Streaming
+//! lives in `sse`.
+
+use std::sync::Arc;
+
+use hyper::{Response, StatusCode};
+use minnow_engine::{
+    ChatPrompt, Engine, EngineError, Event, GenerateRequest, RenderedPrompt, ToolCall,
+    ToolCallDelta,
+};
+use rand::Rng;
+
+use super::errors::ApiError;
+use super::http::{json_response, Body};
+use super::openai::{ChatRequest, CommonOptions, CompletionRequest, MaxTokens, PromptInput};
+use super::responses::{self, Endpoint, Outcome, ResponseMeta};
+use super::state::{unix_now, AppState, RequestLog};
+
+/// A request ready to submit.
+pub struct Job {
+    pub meta: ResponseMeta,
+    pub common: CommonOptions,
+    pub request: GenerateRequest,
+    /// `parallel_tool_calls: false`: only the first call is returned.
+    pub single_tool_call: bool,
+}
+
+impl Job {
+    /// Drops the fragments of every call after the first when only one call is allowed.
+    pub fn filter_deltas(&self, deltas: &[ToolCallDelta]) -> Vec<ToolCallDelta> {
+        deltas
+            .iter()
+            .filter(|d| !self.single_tool_call || d.index == 0)
+            .cloned()
+            .collect()
+    }
+
+    pub fn filter_calls(&self, calls: &[ToolCall]) -> Vec<ToolCall> {
+        let keep = if self.single_tool_call { 1 } else { calls.len() };
+        calls.iter().take(keep).cloned().collect()
+    }
+}
+
+/// Runs a synchronous engine call off the async workers (tokenizing a megabyte prompt or
+/// rendering a template is CPU work).
+async fn blocking<T: Send + 'static>(
+    engine: &Engine,
+    work: impl FnOnce(&Engine) -> Result<T, EngineError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let engine = engine.clone();
+    tokio::task::spawn_blocking(move || work(&engine))
+        .await
+        .map_err(|e| ApiError::internal(format!("engine task failed: {e}")))?
+        .map_err(ApiError::from)
+}
+
+/// 404 when the request names a model this server does not serve (absent is fine).
+pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        None => Ok(()),
+        Some(name) if name == state.model_id => Ok(()),
+        Some(name) if name == state.config.model_path.to_string_lossy() => Ok(()),
+        Some(name) => Err(ApiError::model_not_found(name)),
+    }
+}
+
+pub async fn render(state: &AppState, prompt: ChatPrompt) -> Result<RenderedPrompt, ApiError> {
+    let engine = state.engine()?;
+    blocking(engine, move |engine| engine.render_chat(&prompt)).await
+}
+
+pub async fn prepare_chat(state: &Arc<AppState>, chat: ChatRequest) -> Result<Job, ApiError> {
+    check_model(state, chat.common.model.as_deref())?;
+    let engine = state.engine()?;
+    let prompt = chat.prompt;
+    let (rendered, ids) = blocking(engine, move |engine| {
+        let rendered = engine.render_chat(&prompt)?;
+        let ids = engine.tokenize(&rendered.text)?;
+        Ok((rendered, ids))
+    })
+    .await?;
+    check_prompt_ids(engine, &ids, "messages")?;
+    Ok(Job {
+        meta: new_meta(state, Endpoint::Chat),
+        request: GenerateRequest {
+            prompt_ids: ids,
+            max_tokens: resolve_max_tokens(state, chat.common.max_tokens),
+            stop: chat.common.stop.clone(),
+            params: chat.common.params.clone(),
+            forced_prefix: rendered.forced_prefix,
+            tool_names: chat.tool_names,
+        },
+        common: chat.common,
+        single_tool_call: !chat.parallel_tool_calls,
+    })
+}
+
+pub async fn prepare_completion(
+    state: &Arc<AppState>,
+    completion: CompletionRequest,
+) -> Result<Job, ApiError> {
+    check_model(state, completion.common.model.as_deref())?;
+    let engine = state.engine()?;
+    let ids = match completion.prompt {
+        PromptInput::Ids(ids) => ids,
+        PromptInput::Text(text) => blocking(engine, move |engine| engine.tokenize(&text)).await?,
+    };
+    check_prompt_ids(engine, &ids, "prompt")?;
+    Ok(Job {
+        meta: new_meta(state, Endpoint::Completion),
+        request: GenerateRequest {
+            prompt_ids: ids,
+            max_tokens: resolve_max_tokens(state, completion.common.max_tokens),
+            stop: completion.common.stop.clone(),
+            params: completion.common.params.clone(),
+            forced_prefix: None,
+            tool_names: Vec::new(),
+        },
+        common: completion.common,
+        single_tool_call: false,
+    })
+}
+
+fn new_meta(state: &AppState, endpoint: Endpoint) -> ResponseMeta {
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completion => "cmpl",
+    };
+    let suffix: u64 = rand::thread_rng().gen();
+    ResponseMeta {
+        endpoint,
+        id: format!("{prefix}-{suffix:016x}"),
+        created: unix_now(),
+        model: state.model_id.clone(),
+    }
+}
+
+fn resolve_max_tokens(state: &AppState, requested: MaxTokens) -> Option<usize> {
+    match requested {
+        MaxTokens::ServerDefault => state.config.max_tokens,
+        MaxTokens::Unlimited => None,
+        MaxTokens::Limit(n) => Some(n),
+    }
+}
+
+/// Prompts must be non-empty, in the vocabulary, and free of the mask token (a mask in the
+/// prompt would be "denoised" like output). The engine also refuses edit tokens it knows about.
+fn check_prompt_ids(engine: &Engine, ids: &[u32], param: &str) -> Result<(), ApiError> {
+    let info = engine.info();
+    if ids.is_empty() {
+        return Err(ApiError::invalid(param, "the prompt is empty"));
+    }
+    if let Some(bad) = ids.iter().find(|&&id| id as usize >= info.vocab_size) {
+        return Err(ApiError::invalid(
+            param,
+            format!("token id {bad} is outside the vocabulary (size {})", info.vocab_size),
+        ));
+    }
+    if ids.contains(&info.mask_token_id) {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "the prompt contains the mask token (id {}), which only the decoder may place",
+                info.mask_token_id
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Non-streaming: submit, wait for `Done`, answer with one JSON object. If the client goes
+/// away, hyper drops this future, which drops the handle and cancels the request.
+pub async fn complete(
+    state: &Arc<AppState>,
+    mut job: Job,
+    log: &RequestLog,
+) -> Result<Response<Body>, ApiError> {
+    let engine = state.engine()?;
+    let mut handle = engine.submit(std::mem::take(&mut job.request))?;
+    loop {
+        match handle.next_event().await {
+            Some(Event::Done {
+                finish_reason,
+                text,
+                tool_calls,
+                stats,
+                ..
+            }) => {
+                state.metrics.record_generation(&stats);
+                log.set_tokens(stats.prompt_tokens, stats.completion_tokens);
+                log.set_outcome(responses::finish_reason(finish_reason));
+                let tool_calls = job.filter_calls(&tool_calls);
+                let body = responses::completion_response(
+                    &job.meta,
+                    &Outcome {
+                        text: &text,
+                        tool_calls: &tool_calls,
+                        finish: finish_reason,
+                        stats: &stats,
+                    },
+                );
+                return Ok(json_response(StatusCode::OK, &body));
+            }
+            Some(Event::Error(message)) => {
+                log.set_outcome(format!("error: {message}"));
+                return Err(ApiError::internal(message));
+            }
+            Some(_) => continue,
+            None => {
+                return Err(ApiError::internal(
+                    "the engine ended the request without a result",
+                ))
+            }
+        }
+    }
+}

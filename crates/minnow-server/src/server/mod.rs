@@ -1,0 +1,179 @@
+//! The OpenAI-compatible HTTP server behind `minnow serve`: hyper 1.x over tokio, a thin layer
+//! over `minnow_engine::Engine`.
+//!
+//! Startup binds the socket first and loads the model on a blocking thread, so `/health` answers
+//! 503 while loading and 200 after. SIGINT/SIGTERM stop accepting connections and let in-flight
+//! requests (streams included) finish before the process exits; a second signal exits at once.
+//!
+//! Map: `routes` (dispatch, auth, body limit) → `openai` + `fields` (request validation) →
+//! `generation` (prompt preparation, non-streaming) / `sse` (streaming) → `responses` (OpenAI
+//! JSON) ; `errors`, `metrics`, `static_files`, `auth`, `http`, `state`, `config` support them.
+
+mod auth;
+mod config;
+mod errors;
+mod fields;
+mod generation;
+mod http;
+mod metrics;
+mod openai;
+mod responses;
+mod routes;
+mod sse;
+mod state;
+mod static_files;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use minnow_engine::Engine;
+use tokio::net::TcpListener;
+
+pub use config::{ServerConfig, DEFAULT_BODY_LIMIT};
+pub use openai::parse_algorithm;
+use state::AppState;
+
+/// Runs the server until a shutdown signal; returns an error line if it cannot start or the model
+/// fails to load.
+pub fn run(config: ServerConfig) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: ServerConfig) -> Result<(), String> {
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the bound address: {e}"))?;
+    if config.model_is_fixture {
+        tracing::warn!(
+            "no --model given: serving the bundled tiny fixture {} (random weights, random text)",
+            config.model_path.display()
+        );
+    }
+    tracing::info!("listening on http://{address}");
+
+    let state = Arc::new(AppState::new(config));
+    let (load_failed_tx, mut load_failed) = tokio::sync::oneshot::channel::<String>();
+    tokio::spawn(load_model(state.clone(), load_failed_tx));
+
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = Box::pin(shutdown_signal());
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _peer)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors and the like: keep serving the others.
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let state = state.clone();
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let service = service_fn(move |request| routes::handle(state.clone(), request));
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let connection = builder.serve_connection(TokioIo::new(stream), service);
+                    if let Err(e) = watcher.watch(connection).await {
+                        tracing::debug!("connection ended with an error: {e}");
+                    }
+                });
+            }
+            message = &mut load_failed => {
+                if let Ok(message) = message {
+                    return Err(message);
+                }
+            }
+            () = &mut shutdown => break,
+        }
+    }
+
+    drop(listener);
+    tracing::info!(
+        "shutting down: draining {} open connection(s)",
+        graceful.count()
+    );
+    tokio::select! {
+        () = graceful.shutdown() => tracing::info!("all requests finished; bye"),
+        () = shutdown_signal() => tracing::warn!("second signal: exiting without draining"),
+    }
+    Ok(())
+}
+
+/// Loads the engine on a blocking thread; a failure ends the server with that message.
+async fn load_model(state: Arc<AppState>, failed: tokio::sync::oneshot::Sender<String>) {
+    let path = state.config.model_path.clone();
+    let options = state.config.engine.clone();
+    let spinner = state.config.show_progress.then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_message(format!("loading {}", path.display()));
+        bar.enable_steady_tick(Duration::from_millis(100));
+        bar
+    });
+    let started = std::time::Instant::now();
+    let loaded = tokio::task::spawn_blocking(move || Engine::load(&path, options)).await;
+    if let Some(bar) = spinner {
+        bar.finish_and_clear();
+    }
+    match loaded {
+        Ok(Ok(engine)) => {
+            let info = engine.info();
+            tracing::info!(
+                "model ready in {:.1}s: {} ({}), id '{}', context {} tokens, block {}, device {}",
+                started.elapsed().as_secs_f64(),
+                info.path.display(),
+                info.family,
+                state.model_id,
+                info.n_ctx,
+                info.block_size,
+                info.device
+            );
+            state.set_engine(engine);
+        }
+        Ok(Err(e)) => {
+            let _ = failed.send(format!(
+                "cannot load {}: {e}",
+                state.config.model_path.display()
+            ));
+        }
+        Err(e) => {
+            let _ = failed.send(format!("the model loader crashed: {e}"));
+        }
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown signal received");
+}

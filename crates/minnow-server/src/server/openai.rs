@@ -1,0 +1,899 @@
+//! Parsing and validating OpenAI (and llama-server) request bodies into engine types. Every field
+//! is either honoured, accepted at a value that changes nothing, or refused with a 400 naming it
+//! (`fields::Fields::finish` catches unknown fields).
+
+use minnow_engine::{Algorithm, ChatMessage, ChatPrompt, DecodeParams, ToolCall, ToolChoice};
+use serde_json::{Map, Value};
+
+use super::errors::ApiError;
+use super::fields::Fields;
+
+/// How many new tokens a request may produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaxTokens {
+    /// Not given: the server's `--max-tokens`, else the rest of the context.
+    ServerDefault,
+    /// `-1` (llama-server convention): the rest of the context.
+    Unlimited,
+    Limit(usize),
+}
+
+/// Options shared by chat and text completions.
+#[derive(Clone, Debug)]
+pub struct CommonOptions {
+    pub model: Option<String>,
+    pub max_tokens: MaxTokens,
+    pub stop: Vec<String>,
+    pub params: DecodeParams,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// llama-server `return_progress`: prompt-processing progress chunks while streaming.
+    pub return_progress: bool,
+    /// llama-server `timings_per_token`: `timings` on every streamed chunk, not only the last.
+    pub timings_per_token: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct ChatRequest {
+    pub common: CommonOptions,
+    pub prompt: ChatPrompt,
+    /// Names whose calls are parsed out of the output (empty: no tool-call parsing).
+    pub tool_names: Vec<String>,
+    pub parallel_tool_calls: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+#[derive(Clone, Debug)]
+pub struct CompletionRequest {
+    pub common: CommonOptions,
+    pub prompt: PromptInput,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenizeRequest {
+    pub content: String,
+    pub with_pieces: bool,
+}
+
+/// Instruction added for `response_format: {"type": "json_object"}`; diffusion decoding cannot be
+/// grammar-constrained here, so the request is steered by the prompt only (documented).
+pub const JSON_OBJECT_INSTRUCTION: &str = "Respond with a single valid JSON object and nothing else.";
+
+/// Parses a whole request body into JSON, refusing bodies that are not an object.
+pub fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("the request body must be a JSON object"));
+    }
+    Ok(value)
+}
+
+pub fn parse_chat(body: &Value) -> Result<ChatRequest, ApiError> {
+    let mut fields = Fields::new(body, "request body")?;
+    let common = parse_common(&mut fields)?;
+
+    let messages_value = fields
+        .value("messages")
+        .ok_or_else(|| ApiError::invalid("messages", "'messages' is required"))?;
+    let mut messages = parse_messages(messages_value)?;
+
+    let tools = match fields.value("tools") {
+        None => Vec::new(),
+        Some(value) => parse_tools(value)?,
+    };
+    let declared: Vec<String> = tools.iter().map(tool_name).collect();
+    let tool_choice = match fields.value("tool_choice") {
+        None => ToolChoice::Auto,
+        Some(value) => parse_tool_choice(value, &declared)?,
+    };
+    let parallel_tool_calls = fields.bool("parallel_tool_calls")?.unwrap_or(true);
+
+    if let Some(format) = fields.value("response_format") {
+        if parse_response_format(format)? {
+            add_json_instruction(&mut messages);
+        }
+    }
+    let template_kwargs = match fields.value("chat_template_kwargs") {
+        None => Map::new(),
+        Some(Value::Object(map)) => map.clone(),
+        Some(_) => return Err(fields.type_error("chat_template_kwargs", "an object")),
+    };
+    // The web UI sends `reasoning_format`; LLaDA2 templates hard-code "thinking off" and no
+    // reasoning is parsed out, so every value behaves like "none".
+    fields.string("reasoning_format")?;
+    fields.finish()?;
+
+    let tool_names = match &tool_choice {
+        ToolChoice::None => Vec::new(),
+        ToolChoice::Function(name) => vec![name.clone()],
+        ToolChoice::Auto | ToolChoice::Required => declared,
+    };
+    Ok(ChatRequest {
+        common,
+        prompt: ChatPrompt {
+            messages,
+            tools,
+            tool_choice,
+            add_generation_prompt: true,
+            template_kwargs,
+        },
+        tool_names,
+        parallel_tool_calls,
+    })
+}
+
+pub fn parse_completion(body: &Value) -> Result<CompletionRequest, ApiError> {
+    let mut fields = Fields::new(body, "request body")?;
+    let common = parse_common(&mut fields)?;
+    let prompt = match fields.value("prompt") {
+        None => return Err(ApiError::invalid("prompt", "'prompt' is required")),
+        Some(value) => parse_prompt(value)?,
+    };
+    fields.must_be_false("echo")?;
+    if let Some(best_of) = fields.integer("best_of", 1, i64::MAX)? {
+        if best_of != 1 {
+            return Err(ApiError::invalid("best_of", "only 'best_of': 1 is supported"));
+        }
+    }
+    fields.unsupported("suffix")?;
+    fields.finish()?;
+    Ok(CompletionRequest { common, prompt })
+}
+
+/// llama-server `/tokenize`: `{"content": "...", "add_special": bool, "with_pieces": bool}`.
+pub fn parse_tokenize(body: &Value) -> Result<TokenizeRequest, ApiError> {
+    let mut fields = Fields::new(body, "request body")?;
+    let content = fields
+        .string("content")?
+        .ok_or_else(|| ApiError::invalid("content", "'content' is required"))?;
+    // LLaDA2 tokenizers add no special tokens (no BOS), so `add_special` changes nothing.
+    fields.bool("add_special")?;
+    fields.bool("parse_special")?;
+    let with_pieces = fields.bool("with_pieces")?.unwrap_or(false);
+    fields.finish()?;
+    Ok(TokenizeRequest {
+        content,
+        with_pieces,
+    })
+}
+
+/// llama-server `/detokenize`: `{"tokens": [ids]}`.
+pub fn parse_detokenize(body: &Value) -> Result<Vec<u32>, ApiError> {
+    let mut fields = Fields::new(body, "request body")?;
+    let tokens = match fields.value("tokens") {
+        None => Vec::new(),
+        Some(value) => parse_ids(value, "tokens")?,
+    };
+    fields.finish()?;
+    Ok(tokens)
+}
+
+fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, ApiError> {
+    let model = fields.string("model")?;
+
+    let mut max_tokens = MaxTokens::ServerDefault;
+    // Later names win only if the earlier were absent: OpenAI's preferred name comes first.
+    for key in ["max_completion_tokens", "max_tokens", "n_predict"] {
+        if let Some(n) = fields.integer(key, -1, i64::MAX)? {
+            if max_tokens != MaxTokens::ServerDefault {
+                continue;
+            }
+            max_tokens = match n {
+                -1 => MaxTokens::Unlimited,
+                0 => {
+                    return Err(ApiError::invalid(
+                        key,
+                        format!("'{key}' must be at least 1 (or -1 for no limit)"),
+                    ))
+                }
+                n => MaxTokens::Limit(usize::try_from(n).unwrap_or(usize::MAX)),
+            };
+        }
+    }
+
+    let stop = match fields.value("stop") {
+        None => Vec::new(),
+        Some(value) => parse_stop(value)?,
+    };
+
+    let mut params = DecodeParams {
+        temperature: fields.number("temperature", 0.0, 2.0)?.map(|x| x as f32),
+        top_p: fields.number("top_p", 0.0, 1.0)?.map(|x| x as f32),
+        top_k: fields.integer("top_k", 0, 1 << 24)?.map(|k| k as usize),
+        ..DecodeParams::default()
+    };
+    // llama-server uses -1 for "a random seed".
+    params.seed = match fields.integer("seed", -1, i64::MAX)? {
+        None | Some(-1) => None,
+        Some(seed) => Some(seed as u64),
+    };
+    params.threshold = fields.number("threshold", 0.0, 1.0)?.map(|x| x as f32);
+    params.editing_threshold = fields.number("editing_threshold", 0.0, 1.0)?.map(|x| x as f32);
+    params.max_post_steps = fields
+        .integer("max_post_steps", 0, 4096)?
+        .map(|n| n as usize);
+    params.steps = fields.integer("steps", 1, 4096)?.map(|n| n as usize);
+    params.algorithm = match fields.string("algorithm")? {
+        None => None,
+        Some(name) => Some(parse_algorithm(&name).map_err(|m| ApiError::invalid("algorithm", m))?),
+    };
+
+    let stream = fields.bool("stream")?.unwrap_or(false);
+    let mut include_usage = false;
+    if let Some(options) = fields.value("stream_options") {
+        let mut sub = Fields::new(options, "stream_options")?;
+        include_usage = sub.bool("include_usage")?.unwrap_or(false);
+        // OpenAI's newer flag; obfuscation padding is never added here.
+        sub.bool("include_obfuscation")?;
+        sub.finish()?;
+    }
+    let return_progress = fields.bool("return_progress")?.unwrap_or(false);
+    let timings_per_token = fields.bool("timings_per_token")?.unwrap_or(false);
+
+    if let Some(n) = fields.integer("n", 1, i64::MAX)? {
+        if n != 1 {
+            return Err(ApiError::invalid("n", "only 'n': 1 is supported"));
+        }
+    }
+    fields.must_be_false("logprobs")?;
+    fields.unsupported("top_logprobs")?;
+    fields.unsupported("n_probs")?;
+    if let Some(bias) = fields.value("logit_bias") {
+        let empty = match bias {
+            Value::Object(map) => map.is_empty(),
+            Value::Array(list) => list.is_empty(),
+            _ => false,
+        };
+        if !empty {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                "'logit_bias' is not supported by this server",
+            ));
+        }
+    }
+    for key in ["grammar", "json_schema", "tools_ts_str"] {
+        fields.unsupported(key)?;
+    }
+
+    // Samplers and penalties this engine does not implement: accepted only at the value that
+    // disables them (the llama.cpp web UI sends all of them, at the values /props advertises).
+    for (key, neutral) in [
+        ("presence_penalty", 0.0),
+        ("frequency_penalty", 0.0),
+        ("repeat_penalty", 1.0),
+        ("min_p", 0.0),
+        ("typical_p", 1.0),
+        ("typ_p", 1.0),
+        ("dynatemp_range", 0.0),
+        ("xtc_probability", 0.0),
+        ("dry_multiplier", 0.0),
+        ("top_n_sigma", -1.0),
+        ("mirostat", 0.0),
+    ] {
+        fields.neutral_number(key, neutral)?;
+    }
+    // Settings of the disabled samplers above (inert while their switch is neutral), the sampler
+    // order (this engine's order is fixed), llama-server's prompt cache switch and slot pinning,
+    // and OpenAI's end-user tag: none of them can change the output here.
+    for key in [
+        "dynatemp_exponent",
+        "xtc_threshold",
+        "repeat_last_n",
+        "penalty_last_n",
+        "dry_base",
+        "dry_allowed_length",
+        "dry_penalty_last_n",
+        "dry_sequence_breakers",
+        "mirostat_tau",
+        "mirostat_eta",
+        "samplers",
+        "cache_prompt",
+        "id_slot",
+        "user",
+    ] {
+        fields.accept_any(key);
+    }
+
+    Ok(CommonOptions {
+        model,
+        max_tokens,
+        stop,
+        params,
+        stream,
+        include_usage,
+        return_progress,
+        timings_per_token,
+    })
+}
+
+pub fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
+    match name.replace('_', "-").to_ascii_lowercase().as_str() {
+        "low-confidence" => Ok(Algorithm::LowConfidence),
+        "joint" => Ok(Algorithm::Joint),
+        "indel" => Ok(Algorithm::Indel),
+        _ => Err(format!(
+            "unknown algorithm '{name}': expected low-confidence, joint or indel"
+        )),
+    }
+}
+
+fn parse_stop(value: &Value) -> Result<Vec<String>, ApiError> {
+    let list = match value {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(items) => {
+            if items.len() > 16 {
+                return Err(ApiError::invalid("stop", "'stop' holds at most 16 strings"));
+            }
+            items
+                .iter()
+                .map(|item| {
+                    item.as_str().map(str::to_string).ok_or_else(|| {
+                        ApiError::invalid("stop", "'stop' must be a string or a list of strings")
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "stop",
+                "'stop' must be a string or a list of strings",
+            ))
+        }
+    };
+    if list.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+    }
+    Ok(list)
+}
+
+fn parse_ids(value: &Value, param: &str) -> Result<Vec<u32>, ApiError> {
+    let items = value
+        .as_array()
+        .ok_or_else(|| ApiError::invalid(param, format!("'{param}' must be a list of token ids")))?;
+    items
+        .iter()
+        .map(|item| {
+            item.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        param,
+                        format!("'{param}' must hold non-negative integer token ids"),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// `prompt`: a string, a list of ids, or a one-element list of either (n = 1).
+fn parse_prompt(value: &Value) -> Result<PromptInput, ApiError> {
+    match value {
+        Value::String(s) => Ok(PromptInput::Text(s.clone())),
+        Value::Array(items) if items.iter().all(Value::is_number) && !items.is_empty() => {
+            Ok(PromptInput::Ids(parse_ids(value, "prompt")?))
+        }
+        Value::Array(items) if items.len() == 1 => match &items[0] {
+            Value::String(s) => Ok(PromptInput::Text(s.clone())),
+            inner @ Value::Array(_) => Ok(PromptInput::Ids(parse_ids(inner, "prompt")?)),
+            _ => Err(ApiError::invalid("prompt", "'prompt' must be a string or a list of token ids")),
+        },
+        Value::Array(items) if items.len() > 1 && !items.iter().all(Value::is_number) => Err(
+            ApiError::invalid("prompt", "only one prompt per request is supported (n = 1)"),
+        ),
+        _ => Err(ApiError::invalid(
+            "prompt",
+            "'prompt' must be a string or a list of token ids",
+        )),
+    }
+}
+
+/// Normalizes OpenAI messages (chat-format doc §1.3).
+fn parse_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
+    let items = value
+        .as_array()
+        .ok_or_else(|| ApiError::invalid("messages", "'messages' must be a list"))?;
+    if items.is_empty() {
+        return Err(ApiError::invalid("messages", "'messages' must not be empty"));
+    }
+    let mut messages = Vec::with_capacity(items.len());
+    let mut call_ids: Vec<String> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let path = format!("messages[{i}]");
+        let mut fields = Fields::new(item, &path)?;
+        let role = fields
+            .string("role")?
+            .ok_or_else(|| ApiError::invalid(fields.path("role"), format!("'{path}.role' is required")))?;
+        let role = match role.as_str() {
+            "developer" => "system".to_string(),
+            "system" | "user" | "assistant" | "tool" => role,
+            other => {
+                return Err(ApiError::invalid(
+                    fields.path("role"),
+                    format!("unknown role '{other}': expected system, developer, user, assistant or tool"),
+                ))
+            }
+        };
+        let content = match fields.value("content") {
+            None => String::new(),
+            Some(value) => parse_content(value, &fields.path("content"))?,
+        };
+        let name = fields.string("name")?;
+        let mut message = ChatMessage {
+            role: role.clone(),
+            content,
+            name,
+            ..ChatMessage::default()
+        };
+        if role == "assistant" {
+            message.reasoning_content = fields.string("reasoning_content")?;
+            // OpenAI's `refusal` is output-only; a client echoing it back as null is harmless.
+            if fields.value("refusal").is_some() {
+                return Err(ApiError::invalid(
+                    fields.path("refusal"),
+                    "'refusal' is not supported in request messages",
+                ));
+            }
+            if let Some(calls) = fields.value("tool_calls") {
+                message.tool_calls = parse_history_calls(calls, &fields.path("tool_calls"))?;
+                call_ids.extend(message.tool_calls.iter().map(|call| call.id.clone()));
+            }
+        }
+        if role == "tool" {
+            let id = fields.string("tool_call_id")?.ok_or_else(|| {
+                ApiError::invalid(
+                    fields.path("tool_call_id"),
+                    format!("'{path}.tool_call_id' is required for tool messages"),
+                )
+            })?;
+            if !call_ids.contains(&id) {
+                return Err(ApiError::invalid(
+                    fields.path("tool_call_id"),
+                    format!("tool_call_id '{id}' does not answer any earlier assistant tool call"),
+                ));
+            }
+            message.tool_call_id = Some(id);
+        }
+        fields.finish()?;
+        messages.push(message);
+    }
+    Ok(messages)
+}
+
+/// A string, or a list of text parts joined with "\n" (OpenAI does not define a separator; a
+/// newline keeps separate parts from running into each other).
+fn parse_content(value: &Value, path: &str) -> Result<String, ApiError> {
+    match value {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, part) in parts.iter().enumerate() {
+                let part_path = format!("{path}[{j}]");
+                let mut fields = Fields::new(part, &part_path)?;
+                match fields.string("type")?.as_deref() {
+                    Some("text") => {}
+                    Some(other) => {
+                        return Err(ApiError::invalid(
+                            fields.path("type"),
+                            format!("content part type '{other}' is not supported (text only)"),
+                        ))
+                    }
+                    None => {
+                        return Err(ApiError::invalid(
+                            fields.path("type"),
+                            format!("'{part_path}.type' is required"),
+                        ))
+                    }
+                }
+                let text = fields.string("text")?.ok_or_else(|| {
+                    ApiError::invalid(fields.path("text"), format!("'{part_path}.text' is required"))
+                })?;
+                fields.accept_any("cache_control");
+                fields.finish()?;
+                texts.push(text);
+            }
+            Ok(texts.join("\n"))
+        }
+        _ => Err(ApiError::invalid(
+            path,
+            format!("'{path}' must be a string or a list of text parts"),
+        )),
+    }
+}
+
+/// Assistant `tool_calls` in the history: `[{id, type, function: {name, arguments}}]`.
+fn parse_history_calls(value: &Value, path: &str) -> Result<Vec<ToolCall>, ApiError> {
+    let items = value
+        .as_array()
+        .ok_or_else(|| ApiError::invalid(path, format!("'{path}' must be a list")))?;
+    let mut calls = Vec::with_capacity(items.len());
+    for (k, item) in items.iter().enumerate() {
+        let call_path = format!("{path}[{k}]");
+        let mut fields = Fields::new(item, &call_path)?;
+        let id = fields.string("id")?.ok_or_else(|| {
+            ApiError::invalid(fields.path("id"), format!("'{call_path}.id' is required"))
+        })?;
+        if let Some(kind) = fields.string("type")? {
+            if kind != "function" {
+                return Err(ApiError::invalid(
+                    fields.path("type"),
+                    "only 'function' tool calls are supported",
+                ));
+            }
+        }
+        let function = fields.value("function").ok_or_else(|| {
+            ApiError::invalid(fields.path("function"), format!("'{call_path}.function' is required"))
+        })?;
+        fields.accept_any("index");
+        fields.finish()?;
+        let function_path = format!("{call_path}.function");
+        let mut function_fields = Fields::new(function, &function_path)?;
+        let name = function_fields.string("name")?.ok_or_else(|| {
+            ApiError::invalid(
+                function_fields.path("name"),
+                format!("'{function_path}.name' is required"),
+            )
+        })?;
+        // Arguments go to the template as a JSON string (OpenAI form); an object is serialized.
+        let arguments = match function_fields.value("arguments") {
+            None => "{}".to_string(),
+            Some(Value::String(s)) => s.clone(),
+            Some(object @ Value::Object(_)) => object.to_string(),
+            Some(_) => {
+                return Err(function_fields.type_error("arguments", "a JSON string or an object"))
+            }
+        };
+        function_fields.finish()?;
+        calls.push(ToolCall {
+            id,
+            name,
+            arguments,
+        });
+    }
+    Ok(calls)
+}
+
+/// Tool definitions, validated and passed to the template unchanged.
+fn parse_tools(value: &Value) -> Result<Vec<Value>, ApiError> {
+    let items = value
+        .as_array()
+        .ok_or_else(|| ApiError::invalid("tools", "'tools' must be a list"))?;
+    let mut names: Vec<String> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let path = format!("tools[{i}]");
+        let mut fields = Fields::new(item, &path)?;
+        match fields.string("type")?.as_deref() {
+            Some("function") => {}
+            _ => {
+                return Err(ApiError::invalid(
+                    fields.path("type"),
+                    format!("'{path}.type' must be \"function\""),
+                ))
+            }
+        }
+        let function = fields.value("function").ok_or_else(|| {
+            ApiError::invalid(fields.path("function"), format!("'{path}.function' is required"))
+        })?;
+        fields.finish()?;
+        let function_path = format!("{path}.function");
+        let mut function_fields = Fields::new(function, &function_path)?;
+        let name = function_fields.string("name")?.unwrap_or_default();
+        let valid_name = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+        if !valid_name {
+            return Err(ApiError::invalid(
+                function_fields.path("name"),
+                "a function name must be 1-64 characters of a-z, A-Z, 0-9, '_', '-' or '.'",
+            ));
+        }
+        if names.contains(&name) {
+            return Err(ApiError::invalid(
+                function_fields.path("name"),
+                format!("function '{name}' is declared twice"),
+            ));
+        }
+        function_fields.string("description")?;
+        if let Some(parameters) = function_fields.value("parameters") {
+            if !parameters.is_object() {
+                return Err(function_fields.type_error("parameters", "a JSON Schema object"));
+            }
+        }
+        // Schema-constrained decoding is not available, so `strict: true` cannot be honoured.
+        function_fields.must_be_false("strict")?;
+        function_fields.finish()?;
+        names.push(name);
+    }
+    Ok(items.clone())
+}
+
+fn tool_name(tool: &Value) -> String {
+    tool["function"]["name"].as_str().unwrap_or_default().to_string()
+}
+
+fn parse_tool_choice(value: &Value, declared: &[String]) -> Result<ToolChoice, ApiError> {
+    let choice = match value {
+        Value::String(s) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("unknown tool_choice '{other}': expected auto, none, required or a named function"),
+                ))
+            }
+        },
+        Value::Object(_) => {
+            let mut fields = Fields::new(value, "tool_choice")?;
+            if fields.string("type")?.as_deref() != Some("function") {
+                return Err(ApiError::invalid(
+                    "tool_choice.type",
+                    "'tool_choice.type' must be \"function\"",
+                ));
+            }
+            let function = fields.value("function").ok_or_else(|| {
+                ApiError::invalid("tool_choice.function", "'tool_choice.function' is required")
+            })?;
+            fields.finish()?;
+            let mut function_fields = Fields::new(function, "tool_choice.function")?;
+            let name = function_fields.string("name")?.ok_or_else(|| {
+                ApiError::invalid(
+                    "tool_choice.function.name",
+                    "'tool_choice.function.name' is required",
+                )
+            })?;
+            function_fields.finish()?;
+            ToolChoice::Function(name)
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "'tool_choice' must be a string or an object",
+            ))
+        }
+    };
+    match &choice {
+        ToolChoice::Required if declared.is_empty() => Err(ApiError::invalid(
+            "tool_choice",
+            "tool_choice 'required' needs at least one tool in 'tools'",
+        )),
+        ToolChoice::Function(name) if !declared.contains(name) => Err(ApiError::invalid(
+            "tool_choice",
+            format!("tool_choice names '{name}', which is not declared in 'tools'"),
+        )),
+        _ => Ok(choice),
+    }
+}
+
+/// `response_format`: true for `json_object`, false for `text`.
+fn parse_response_format(value: &Value) -> Result<bool, ApiError> {
+    let mut fields = Fields::new(value, "response_format")?;
+    let kind = fields.string("type")?;
+    let json = match kind.as_deref() {
+        Some("text") => false,
+        Some("json_object") => true,
+        Some("json_schema") => {
+            return Err(ApiError::invalid(
+                "response_format.type",
+                "'json_schema' response formats are not supported (no constrained decoding); use json_object",
+            ))
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "response_format.type",
+                "'response_format.type' must be \"text\" or \"json_object\"",
+            ))
+        }
+    };
+    fields.finish()?;
+    Ok(json)
+}
+
+/// Appends the JSON instruction to a leading system message, or adds one.
+fn add_json_instruction(messages: &mut Vec<ChatMessage>) {
+    match messages.first_mut() {
+        Some(first) if first.role == "system" => {
+            if !first.content.is_empty() {
+                first.content.push_str("\n\n");
+            }
+            first.content.push_str(JSON_OBJECT_INSTRUCTION);
+        }
+        _ => messages.insert(
+            0,
+            ChatMessage {
+                role: "system".into(),
+                content: JSON_OBJECT_INSTRUCTION.into(),
+                ..ChatMessage::default()
+            },
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chat(body: Value) -> Result<ChatRequest, ApiError> {
+        parse_chat(&body)
+    }
+
+    fn param_of(result: Result<ChatRequest, ApiError>) -> String {
+        result.unwrap_err().param.unwrap_or_default()
+    }
+
+    #[test]
+    fn minimal_chat_request() {
+        let request = chat(json!({"messages": [{"role": "user", "content": "hi"}]})).unwrap();
+        assert_eq!(request.prompt.messages.len(), 1);
+        assert_eq!(request.common.max_tokens, MaxTokens::ServerDefault);
+        assert!(!request.common.stream);
+        assert!(request.prompt.add_generation_prompt);
+        assert_eq!(request.prompt.tool_choice, ToolChoice::Auto);
+    }
+
+    #[test]
+    fn normalizes_messages() {
+        let request = chat(json!({"messages": [
+            {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "user", "content": null},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "42"}
+        ]}))
+        .unwrap();
+        let messages = &request.prompt.messages;
+        assert_eq!(messages[0].role, "system");
+        assert_eq!(messages[0].content, "a\nb");
+        assert_eq!(messages[1].content, "");
+        assert_eq!(messages[2].tool_calls[0].arguments, r#"{"x":1}"#);
+        assert_eq!(messages[3].tool_call_id.as_deref(), Some("call_1"));
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_honour() {
+        let base = |extra: Value| {
+            let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            body
+        };
+        assert_eq!(param_of(chat(base(json!({"n": 2})))), "n");
+        assert_eq!(param_of(chat(base(json!({"logprobs": true})))), "logprobs");
+        assert_eq!(param_of(chat(base(json!({"logit_bias": {"5": 1}})))), "logit_bias");
+        assert_eq!(param_of(chat(base(json!({"presence_penalty": 0.5})))), "presence_penalty");
+        assert_eq!(param_of(chat(base(json!({"frequency_penalty": 1})))), "frequency_penalty");
+        assert_eq!(param_of(chat(base(json!({"wat": 1})))), "wat");
+        assert_eq!(param_of(chat(base(json!({"temperature": 5})))), "temperature");
+        assert_eq!(param_of(chat(base(json!({"temperature": "hot"})))), "temperature");
+        assert_eq!(param_of(chat(base(json!({"max_tokens": 0})))), "max_tokens");
+        assert_eq!(param_of(chat(base(json!({"stream_options": {"x": 1}})))), "stream_options.x");
+        assert_eq!(
+            param_of(chat(base(json!({"response_format": {"type": "json_schema"}})))),
+            "response_format.type"
+        );
+        // Neutral values are fine.
+        assert!(chat(base(json!({"n": 1, "logprobs": false, "presence_penalty": 0,
+            "repeat_penalty": 1.0, "min_p": 0, "logit_bias": {}, "samplers": ["top_k"]})))
+        .is_ok());
+    }
+
+    #[test]
+    fn message_errors_name_the_path() {
+        assert_eq!(
+            param_of(chat(json!({"messages": [{"role": "robot", "content": "x"}]}))),
+            "messages[0].role"
+        );
+        assert_eq!(
+            param_of(chat(json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}))),
+            "messages[0].content[0].type"
+        );
+        assert_eq!(
+            param_of(chat(json!({"messages": [{"role": "tool", "tool_call_id": "nope", "content": "x"}]}))),
+            "messages[0].tool_call_id"
+        );
+        assert_eq!(param_of(chat(json!({"messages": []}))), "messages");
+        assert_eq!(param_of(chat(json!({}))), "messages");
+    }
+
+    #[test]
+    fn tool_choice_and_names() {
+        let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+        let named = chat(json!({"messages": [{"role": "user", "content": "x"}], "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}))
+        .unwrap();
+        assert_eq!(named.prompt.tool_choice, ToolChoice::Function("get_weather".into()));
+        assert_eq!(named.tool_names, vec!["get_weather".to_string()]);
+        let none = chat(json!({"messages": [{"role": "user", "content": "x"}], "tools": tools, "tool_choice": "none"})).unwrap();
+        assert!(none.tool_names.is_empty());
+        assert_eq!(
+            param_of(chat(json!({"messages": [{"role": "user", "content": "x"}], "tools": tools,
+                "tool_choice": {"type": "function", "function": {"name": "other"}}}))),
+            "tool_choice"
+        );
+        assert_eq!(
+            param_of(chat(json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}))),
+            "tool_choice"
+        );
+        assert_eq!(
+            param_of(chat(json!({"messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "bad name"}}]}))),
+            "tools[0].function.name"
+        );
+    }
+
+    #[test]
+    fn json_object_adds_instruction() {
+        let request = chat(json!({"messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_object"}}))
+        .unwrap();
+        assert_eq!(request.prompt.messages[0].role, "system");
+        assert_eq!(request.prompt.messages[0].content, JSON_OBJECT_INSTRUCTION);
+    }
+
+    #[test]
+    fn common_options() {
+        let request = chat(json!({"messages": [{"role": "user", "content": "x"}],
+            "max_completion_tokens": 7, "max_tokens": 99, "stop": "END", "seed": -1,
+            "threshold": 0.9, "algorithm": "low_confidence", "stream": true,
+            "stream_options": {"include_usage": true}, "return_progress": true}))
+        .unwrap();
+        let common = request.common;
+        assert_eq!(common.max_tokens, MaxTokens::Limit(7));
+        assert_eq!(common.stop, vec!["END".to_string()]);
+        assert_eq!(common.params.seed, None);
+        assert_eq!(common.params.threshold, Some(0.9));
+        assert_eq!(common.params.algorithm, Some(Algorithm::LowConfidence));
+        assert!(common.stream && common.include_usage && common.return_progress);
+        let unlimited = chat(json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1})).unwrap();
+        assert_eq!(unlimited.common.max_tokens, MaxTokens::Unlimited);
+    }
+
+    #[test]
+    fn completion_prompts() {
+        let text = parse_completion(&json!({"prompt": "hello"})).unwrap();
+        assert_eq!(text.prompt, PromptInput::Text("hello".into()));
+        let ids = parse_completion(&json!({"prompt": [1, 2, 3]})).unwrap();
+        assert_eq!(ids.prompt, PromptInput::Ids(vec![1, 2, 3]));
+        let nested = parse_completion(&json!({"prompt": [[4, 5]]})).unwrap();
+        assert_eq!(nested.prompt, PromptInput::Ids(vec![4, 5]));
+        assert_eq!(
+            parse_completion(&json!({"prompt": ["a", "b"]})).unwrap_err().param.as_deref(),
+            Some("prompt")
+        );
+        assert_eq!(
+            parse_completion(&json!({"prompt": [-1]})).unwrap_err().param.as_deref(),
+            Some("prompt")
+        );
+        assert_eq!(
+            parse_completion(&json!({"prompt": "x", "echo": true})).unwrap_err().param.as_deref(),
+            Some("echo")
+        );
+        assert!(parse_completion(&json!({})).is_err());
+    }
+
+    #[test]
+    fn tokenize_bodies() {
+        let request = parse_tokenize(&json!({"content": "hi", "with_pieces": true})).unwrap();
+        assert!(request.with_pieces);
+        assert!(parse_tokenize(&json!({})).is_err());
+        assert_eq!(parse_detokenize(&json!({"tokens": [1, 2]})).unwrap(), vec![1, 2]);
+        assert!(parse_detokenize(&json!({"tokens": "x"})).is_err());
+    }
+
+    #[test]
+    fn malformed_json() {
+        assert!(parse_json(b"{not json").is_err());
+        assert!(parse_json(b"[1]").is_err());
+        assert!(parse_json(b"{}").is_ok());
+    }
+}

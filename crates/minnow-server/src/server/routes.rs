@@ -1,0 +1,454 @@
+//! Request routing: method and path to handler, API-key check, body limit, CORS, and the
+//! conversion of every failure into an OpenAI-shaped error response. No handler error or bad
+//! input escapes as a panic or a dropped connection.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::{
+    HeaderValue, ACCEPT_ENCODING, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
+    ACCESS_CONTROL_ALLOW_ORIGIN, ALLOW, CONTENT_LENGTH,
+};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+
+use super::errors::ApiError;
+use super::generation;
+use super::http::{error_response, json_response, text_response, Body};
+use super::openai;
+use super::state::{AppState, RequestLog};
+use super::{auth, sse, static_files};
+
+/// The API routes. Anything else is a static UI file (with `--ui-dir`) or a 404.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    Health,
+    Models,
+    Model,
+    Props,
+    Metrics,
+    ChatCompletions,
+    Completions,
+    Tokenize,
+    Detokenize,
+    ApplyTemplate,
+}
+
+impl Route {
+    fn find(path: &str) -> Option<Route> {
+        Some(match path {
+            "/health" | "/v1/health" => Route::Health,
+            "/v1/models" | "/models" => Route::Models,
+            "/props" => Route::Props,
+            "/metrics" => Route::Metrics,
+            "/v1/chat/completions" | "/chat/completions" => Route::ChatCompletions,
+            "/v1/completions" | "/completions" => Route::Completions,
+            "/tokenize" => Route::Tokenize,
+            "/detokenize" => Route::Detokenize,
+            "/apply-template" => Route::ApplyTemplate,
+            _ if model_id_in_path(path).is_some() => Route::Model,
+            _ => return None,
+        })
+    }
+
+    fn method(self) -> Method {
+        match self {
+            Route::Health | Route::Models | Route::Model | Route::Props | Route::Metrics => {
+                Method::GET
+            }
+            _ => Method::POST,
+        }
+    }
+
+    /// Metrics label.
+    fn label(self) -> &'static str {
+        match self {
+            Route::Health => "/health",
+            Route::Models => "/v1/models",
+            Route::Model => "/v1/models/{id}",
+            Route::Props => "/props",
+            Route::Metrics => "/metrics",
+            Route::ChatCompletions => "/v1/chat/completions",
+            Route::Completions => "/v1/completions",
+            Route::Tokenize => "/tokenize",
+            Route::Detokenize => "/detokenize",
+            Route::ApplyTemplate => "/apply-template",
+        }
+    }
+}
+
+fn model_id_in_path(path: &str) -> Option<&str> {
+    path.strip_prefix("/v1/models/")
+        .or_else(|| path.strip_prefix("/models/"))
+        .filter(|id| !id.is_empty())
+}
+
+/// The hyper service function: never fails, every problem is a response.
+pub async fn handle(
+    state: Arc<AppState>,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let id = state.next_request_id();
+    let path = request.uri().path().to_string();
+    let route = Route::find(&path);
+    let label = route.map_or(if state.config.ui_dir.is_some() { "static" } else { "unknown" }, Route::label);
+    let log = Arc::new(RequestLog::new(
+        state.clone(),
+        id,
+        request.method().as_str(),
+        &path,
+        label,
+    ));
+    let mut response = match dispatch(&state, route, request, &log).await {
+        Ok(response) => response,
+        Err(error) => {
+            if error.status.is_server_error() {
+                log.set_outcome(error.message.clone());
+            }
+            error_response(&error)
+        }
+    };
+    log.set_status(response.status().as_u16());
+    allow_cross_origin(&mut response);
+    Ok(response)
+}
+
+/// Browser clients on other origins (chat UIs) may call the API; the key still protects it.
+fn allow_cross_origin(response: &mut Response<Body>) {
+    let headers = response.headers_mut();
+    headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+}
+
+async fn dispatch(
+    state: &Arc<AppState>,
+    route: Option<Route>,
+    request: Request<Incoming>,
+    log: &Arc<RequestLog>,
+) -> Result<Response<Body>, ApiError> {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+
+    if method == Method::OPTIONS {
+        return Ok(preflight());
+    }
+    let Some(route) = route else {
+        return serve_static(state, &request, &path).await;
+    };
+    let allowed = route.method();
+    let head_of_get = method == Method::HEAD && allowed == Method::GET;
+    if method != allowed && !head_of_get {
+        let mut response = error_response(&ApiError::method_not_allowed(method.as_str(), &path));
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static(if allowed == Method::GET { "GET, HEAD" } else { "POST" }));
+        return Ok(response);
+    }
+    if !auth::is_public(&path) && !auth::authorized(state.config.api_key.as_deref(), request.headers()) {
+        return Err(ApiError::unauthorized());
+    }
+
+    match route {
+        Route::Health => health(state),
+        Route::Metrics => Ok(text_response(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            state.metrics.render(&state.gauges()),
+        )),
+        Route::Models => models(state),
+        Route::Model => {
+            let id = percent_decoded(model_id_in_path(&path).unwrap_or_default());
+            model(state, &id)
+        }
+        Route::Props => props(state),
+        Route::ChatCompletions => {
+            let body = read_json(state, request).await?;
+            let chat = openai::parse_chat(&body)?;
+            let job = generation::prepare_chat(state, chat).await?;
+            run(state, job, log).await
+        }
+        Route::Completions => {
+            let body = read_json(state, request).await?;
+            let completion = openai::parse_completion(&body)?;
+            let job = generation::prepare_completion(state, completion).await?;
+            run(state, job, log).await
+        }
+        Route::Tokenize => {
+            let body = read_json(state, request).await?;
+            tokenize(state, openai::parse_tokenize(&body)?).await
+        }
+        Route::Detokenize => {
+            let body = read_json(state, request).await?;
+            let ids = openai::parse_detokenize(&body)?;
+            let engine = state.engine()?;
+            let vocab = engine.info().vocab_size;
+            if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+                return Err(ApiError::invalid(
+                    "tokens",
+                    format!("token id {bad} is outside the vocabulary (size {vocab})"),
+                ));
+            }
+            let content = engine.detokenize(&ids, true)?;
+            Ok(json_response(StatusCode::OK, &json!({ "content": content })))
+        }
+        Route::ApplyTemplate => {
+            let body = read_json(state, request).await?;
+            let chat = openai::parse_chat(&body)?;
+            generation::check_model(state, chat.common.model.as_deref())?;
+            let rendered = generation::render(state, chat.prompt).await?;
+            Ok(json_response(StatusCode::OK, &json!({ "prompt": rendered.text })))
+        }
+    }
+}
+
+async fn run(
+    state: &Arc<AppState>,
+    job: generation::Job,
+    log: &Arc<RequestLog>,
+) -> Result<Response<Body>, ApiError> {
+    if job.common.stream {
+        sse::start(state, job, log.clone())
+    } else {
+        generation::complete(state, job, log).await
+    }
+}
+
+fn preflight() -> Response<Body> {
+    let mut response = Response::new(super::http::full(Bytes::new()));
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    let headers = response.headers_mut();
+    headers.insert(ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+    headers.insert(
+        ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("authorization, content-type, x-api-key"),
+    );
+    response
+}
+
+/// Reads the body within `--body-limit` (413 beyond) and parses it as a JSON object.
+async fn read_json(state: &AppState, request: Request<Incoming>) -> Result<Value, ApiError> {
+    let limit = state.config.body_limit;
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::body_too_large(limit));
+    }
+    let body = Limited::new(request.into_body(), limit)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                ApiError::body_too_large(limit)
+            } else {
+                ApiError::bad_request(format!("could not read the request body: {e}"))
+            }
+        })?
+        .to_bytes();
+    openai::parse_json(&body)
+}
+
+fn health(state: &AppState) -> Result<Response<Body>, ApiError> {
+    if state.is_ready() {
+        Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
+    } else {
+        Err(ApiError::loading())
+    }
+}
+
+fn model_object(state: &AppState) -> Result<Value, ApiError> {
+    let info = state.engine()?.info();
+    Ok(json!({
+        "id": state.model_id,
+        "object": "model",
+        "created": state.started_unix,
+        "owned_by": "minnow",
+        "meta": {
+            "family": info.family,
+            "n_ctx": info.n_ctx,
+            "n_ctx_train": info.n_ctx,
+            "n_vocab": info.vocab_size,
+            "block_size": info.block_size,
+            "path": info.path.display().to_string(),
+        },
+    }))
+}
+
+fn models(state: &AppState) -> Result<Response<Body>, ApiError> {
+    let model = model_object(state)?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": [model]}),
+    ))
+}
+
+fn model(state: &AppState, id: &str) -> Result<Response<Body>, ApiError> {
+    if id != state.model_id {
+        return Err(ApiError::model_not_found(id));
+    }
+    Ok(json_response(StatusCode::OK, &model_object(state)?))
+}
+
+/// llama-server's `/props` shape (what its web UI reads), plus a `minnow` section. The sampler
+/// settings this engine lacks are advertised at their neutral values, which is what the web UI
+/// then sends back and what the request validator accepts.
+fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
+    let engine = state.engine()?;
+    let info = engine.info();
+    let d = &info.default_params;
+    let n_predict = state.config.max_tokens.map_or(-1, |n| n as i64);
+    let eos_token = engine
+        .detokenize(&[info.eos_token_id], true)
+        .unwrap_or_default();
+    let algorithm = d.algorithm.map(|a| serde_json::to_value(a).unwrap_or(Value::Null));
+    let params = json!({
+        "n_predict": n_predict,
+        "max_tokens": n_predict,
+        "seed": d.seed.map_or(-1, |s| s as i64),
+        "temperature": d.temperature,
+        "top_k": d.top_k,
+        "top_p": d.top_p,
+        "min_p": 0.0,
+        "typical_p": 1.0,
+        "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0,
+        "xtc_probability": 0.0,
+        "xtc_threshold": 0.1,
+        "top_n_sigma": -1.0,
+        "repeat_last_n": 64,
+        "repeat_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "dry_multiplier": 0.0,
+        "dry_base": 1.75,
+        "dry_allowed_length": 2,
+        "dry_penalty_last_n": -1,
+        "mirostat": 0,
+        "stop": [],
+        "samplers": ["top_k", "top_p", "temperature"],
+        "stream": true,
+        "threshold": d.threshold,
+        "editing_threshold": d.editing_threshold,
+        "max_post_steps": d.max_post_steps,
+        "steps": d.steps,
+        "algorithm": algorithm,
+    });
+    let body = json!({
+        "default_generation_settings": {
+            "id": 0,
+            "id_task": -1,
+            "n_ctx": info.n_ctx,
+            "speculative": false,
+            "is_processing": engine.busy_slots() > 0,
+            "params": params,
+        },
+        "total_slots": state.config.engine.parallel,
+        "model_alias": state.model_id,
+        "model_path": info.path.display().to_string(),
+        "modalities": {"vision": false, "audio": false},
+        "chat_template": info.chat_template,
+        "bos_token": "",
+        "eos_token": eos_token,
+        "build_info": concat!("minnow ", env!("CARGO_PKG_VERSION")),
+        "webui": state.config.ui_dir.is_some(),
+        "is_sleeping": false,
+        "minnow": {
+            "family": info.family,
+            "block_size": info.block_size,
+            "algorithm": algorithm,
+            "vocab_size": info.vocab_size,
+            "device": info.device,
+            "mask_token_id": info.mask_token_id,
+            "eos_token_id": info.eos_token_id,
+            "role_end_token_id": info.role_end_token_id,
+            "queue_capacity": state.config.engine.queue_capacity,
+            "queue_depth": engine.queue_depth(),
+            "busy_slots": engine.busy_slots(),
+            "cache": {
+                "type": "block-causal kv cache, one per slot",
+                "n_ctx": info.n_ctx,
+                "granularity_tokens": info.block_size,
+            },
+            "generation_settings": info.default_params,
+        },
+    });
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+async fn tokenize(
+    state: &AppState,
+    request: openai::TokenizeRequest,
+) -> Result<Response<Body>, ApiError> {
+    let engine = state.engine()?;
+    let content = request.content;
+    let ids = {
+        let engine = engine.clone();
+        tokio::task::spawn_blocking(move || engine.tokenize(&content))
+            .await
+            .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))??
+    };
+    let tokens: Vec<Value> = if request.with_pieces {
+        ids.iter()
+            .map(|&id| {
+                let piece = engine.detokenize(&[id], true).unwrap_or_default();
+                json!({"id": id, "piece": piece})
+            })
+            .collect()
+    } else {
+        ids.iter().map(|&id| json!(id)).collect()
+    };
+    Ok(json_response(StatusCode::OK, &json!({ "tokens": tokens })))
+}
+
+async fn serve_static(
+    state: &AppState,
+    request: &Request<Incoming>,
+    path: &str,
+) -> Result<Response<Body>, ApiError> {
+    let Some(root) = &state.config.ui_dir else {
+        return Err(ApiError::route_not_found(path));
+    };
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return Err(ApiError::route_not_found(path));
+    }
+    let accepts_gzip = request
+        .headers()
+        .get(ACCEPT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("gzip"));
+    match static_files::serve(root, path, accepts_gzip).await {
+        Ok(Some(response)) => Ok(response),
+        Ok(None) => Err(ApiError::route_not_found(path)),
+        Err(error) if error.status == StatusCode::BAD_REQUEST => {
+            // A traversal attempt: answer like a missing file, revealing nothing.
+            Err(ApiError::route_not_found(path))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+fn percent_decoded(segment: &str) -> String {
+    static_files::percent_decode(segment).unwrap_or_else(|| segment.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_match() {
+        assert_eq!(Route::find("/v1/chat/completions"), Some(Route::ChatCompletions));
+        assert_eq!(Route::find("/chat/completions"), Some(Route::ChatCompletions));
+        assert_eq!(Route::find("/completions"), Some(Route::Completions));
+        assert_eq!(Route::find("/v1/models/abc"), Some(Route::Model));
+        assert_eq!(Route::find("/v1/models/"), None);
+        assert_eq!(Route::find("/v1/health"), Some(Route::Health));
+        assert_eq!(Route::find("/index.html"), None);
+        assert_eq!(Route::Props.method(), Method::GET);
+        assert_eq!(Route::Tokenize.method(), Method::POST);
+    }
+}

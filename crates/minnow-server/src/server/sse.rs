@@ -1,0 +1,204 @@
+//! Server-sent events for `stream: true`, framed like OpenAI: a role chunk (chat), one chunk per
+//! finished block with its text/tool-call deltas and a `minnow` field of block statistics, a final
+//! chunk with `finish_reason`, llama-server `timings` and the request totals, an optional usage
+//! chunk with empty `choices`, then `data: [DONE]`. While nothing else is sent (queued, long
+//! prefill) the stream carries keep-alive comments and, with `return_progress`, llama-server
+//! `prompt_progress` chunks. A client that disconnects closes the body channel; the task notices
+//! at once, drops the engine handle, and the engine frees the slot.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::{Response, StatusCode};
+use minnow_engine::{BlockStats, Event, GenerationStats, RequestHandle};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio::time::{interval_at, Instant, MissedTickBehavior};
+
+use super::errors::ApiError;
+use super::generation::Job;
+use super::http::{Body, ChannelBody};
+use super::responses::{self, ChunkContent, Endpoint};
+use super::state::{AppState, RequestLog};
+
+/// Submits the job and answers with an event stream. Submission errors (queue full, context
+/// exceeded) are still ordinary JSON errors, because no header has been sent yet.
+pub fn start(
+    state: &Arc<AppState>,
+    mut job: Job,
+    log: Arc<RequestLog>,
+) -> Result<Response<Body>, ApiError> {
+    let engine = state.engine()?;
+    let handle = engine.submit(std::mem::take(&mut job.request))?;
+    let (tx, body) = ChannelBody::channel();
+    let stream = Stream {
+        state: state.clone(),
+        job,
+        tx,
+        log,
+    };
+    tokio::spawn(stream.run(handle));
+
+    let mut response = Response::new(body);
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Reverse proxies (nginx) must not buffer the stream.
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+/// Timings so far, for `timings_per_token` (the engine's totals arrive only with `Done`).
+#[derive(Default)]
+struct RunningTimings {
+    stats: GenerationStats,
+}
+
+impl RunningTimings {
+    fn prompt(&mut self, total: usize, cached: usize, elapsed_ms: u64) {
+        self.stats.prompt_tokens = total;
+        self.stats.cached_tokens = cached;
+        self.stats.prefill_seconds = elapsed_ms as f64 / 1000.0;
+    }
+
+    fn block(&mut self, block: &BlockStats) {
+        self.stats.completion_tokens += block.tokens;
+        self.stats.decode_seconds += block.seconds;
+        self.stats.blocks += 1;
+    }
+}
+
+/// The client is gone; stop work.
+struct Disconnected;
+
+struct Stream {
+    state: Arc<AppState>,
+    job: Job,
+    tx: mpsc::Sender<Bytes>,
+    log: Arc<RequestLog>,
+}
+
+impl Stream {
+    async fn run(self, mut handle: RequestHandle) {
+        match self.pump(&mut handle).await {
+            Ok(()) => {}
+            Err(Disconnected) => {
+                // Dropping the handle (end of this function) cancels the request in the engine.
+                handle.cancel();
+                self.state.metrics.record_cancelled();
+                self.log.set_outcome("client disconnected");
+            }
+        }
+    }
+
+    async fn send_raw(&self, frame: Bytes) -> Result<(), Disconnected> {
+        self.tx.send(frame).await.map_err(|_| Disconnected)
+    }
+
+    async fn send(&self, value: &Value) -> Result<(), Disconnected> {
+        self.send_raw(Bytes::from(format!("data: {value}\n\n"))).await
+    }
+
+    async fn pump(&self, handle: &mut RequestHandle) -> Result<(), Disconnected> {
+        let meta = &self.job.meta;
+        if meta.endpoint == Endpoint::Chat {
+            self.send(&responses::chunk(meta, ChunkContent::Role)).await?;
+        }
+        let period = self.state.config.keep_alive;
+        let mut keep_alive = interval_at(Instant::now() + period, period);
+        keep_alive.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut running = RunningTimings::default();
+
+        loop {
+            let event = tokio::select! {
+                // Checked first so a vanished client is noticed even while the engine is busy.
+                biased;
+                _ = self.tx.closed() => return Err(Disconnected),
+                event = handle.next_event() => event,
+                _ = keep_alive.tick() => {
+                    self.send_raw(Bytes::from_static(b": keep-alive\n\n")).await?;
+                    continue;
+                }
+            };
+            keep_alive.reset();
+            match event {
+                Some(Event::PrefillProgress {
+                    total,
+                    cached,
+                    processed,
+                    elapsed_ms,
+                }) => {
+                    running.prompt(total, cached, elapsed_ms);
+                    if self.job.common.return_progress {
+                        let mut chunk = responses::empty_chunk(meta);
+                        chunk["prompt_progress"] = json!({
+                            "total": total,
+                            "cache": cached,
+                            "processed": processed,
+                            "time_ms": elapsed_ms,
+                        });
+                        self.send(&chunk).await?;
+                    }
+                }
+                Some(Event::Block {
+                    text_delta,
+                    tool_call_deltas,
+                    stats,
+                    ..
+                }) => {
+                    let deltas = self.job.filter_deltas(&tool_call_deltas);
+                    let mut chunk = responses::chunk(
+                        meta,
+                        ChunkContent::Delta {
+                            text: &text_delta,
+                            tool_calls: &deltas,
+                        },
+                    );
+                    chunk["minnow"] = responses::block_stats(&stats);
+                    running.block(&stats);
+                    if self.job.common.timings_per_token {
+                        chunk["timings"] = responses::timings(&running.stats);
+                    }
+                    self.send(&chunk).await?;
+                }
+                Some(Event::Done {
+                    finish_reason,
+                    stats,
+                    ..
+                }) => {
+                    self.state.metrics.record_generation(&stats);
+                    self.log
+                        .set_tokens(stats.prompt_tokens, stats.completion_tokens);
+                    self.log.set_outcome(responses::finish_reason(finish_reason));
+                    let mut last = responses::chunk(meta, ChunkContent::Finish(finish_reason));
+                    last["timings"] = responses::timings(&stats);
+                    last["minnow"] = responses::generation_stats(&stats);
+                    self.send(&last).await?;
+                    if self.job.common.include_usage {
+                        let mut usage = responses::empty_chunk(meta);
+                        usage["usage"] = responses::usage(&stats);
+                        self.send(&usage).await?;
+                    }
+                    return self.send_raw(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                }
+                Some(Event::Error(message)) => {
+                    return self.fail(&message).await;
+                }
+                None => {
+                    return self
+                        .fail("the engine ended the request without a result")
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// Headers are gone already, so an error becomes an error event followed by `[DONE]`.
+    async fn fail(&self, message: &str) -> Result<(), Disconnected> {
+        self.log.set_outcome(format!("error: {message}"));
+        self.send(&ApiError::internal(message).to_json()).await?;
+        self.send_raw(Bytes::from_static(b"data: [DONE]\n\n")).await
+    }
+}

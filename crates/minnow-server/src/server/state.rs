@@ -1,0 +1,161 @@
+//! Shared server state: the configuration, the engine once it has loaded, metrics, and the
+//! per-request access log that writes one line when the request is fully answered.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use minnow_engine::Engine;
+
+use super::config::ServerConfig;
+use super::errors::ApiError;
+use super::metrics::{Gauges, Metrics};
+
+pub struct AppState {
+    pub config: ServerConfig,
+    pub model_id: String,
+    engine: OnceLock<Engine>,
+    pub metrics: Metrics,
+    next_id: AtomicU64,
+    /// Unix time the server started; reported as the model's `created`.
+    pub started_unix: u64,
+}
+
+impl AppState {
+    pub fn new(config: ServerConfig) -> Self {
+        let model_id = config.model_id();
+        Self {
+            config,
+            model_id,
+            engine: OnceLock::new(),
+            metrics: Metrics::default(),
+            next_id: AtomicU64::new(1),
+            started_unix: unix_now(),
+        }
+    }
+
+    /// The engine, or 503 while the model is still loading.
+    pub fn engine(&self) -> Result<&Engine, ApiError> {
+        self.engine.get().ok_or_else(ApiError::loading)
+    }
+
+    pub fn set_engine(&self, engine: Engine) {
+        let _ = self.engine.set(engine);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.engine.get().is_some()
+    }
+
+    pub fn next_request_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn gauges(&self) -> Gauges {
+        let engine = self.engine.get();
+        Gauges {
+            queue_depth: engine.map_or(0, Engine::queue_depth),
+            busy_slots: engine.map_or(0, Engine::busy_slots),
+            total_slots: self.config.engine.parallel,
+            ready: engine.is_some(),
+        }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// What the access-log line of one request reports. Generation handlers fill in token counts;
+/// a streaming response keeps the log alive until its stream ends.
+#[derive(Default)]
+struct LogFields {
+    status: u16,
+    prompt_tokens: Option<usize>,
+    completion_tokens: Option<usize>,
+    outcome: Option<String>,
+}
+
+pub struct RequestLog {
+    pub id: u64,
+    method: String,
+    path: String,
+    /// Low-cardinality route label for metrics ("/v1/models/{id}", "static", ...).
+    route: &'static str,
+    start: Instant,
+    fields: Mutex<LogFields>,
+    state: std::sync::Arc<AppState>,
+}
+
+impl RequestLog {
+    pub fn new(
+        state: std::sync::Arc<AppState>,
+        id: u64,
+        method: &str,
+        path: &str,
+        route: &'static str,
+    ) -> Self {
+        Self {
+            id,
+            method: method.to_string(),
+            path: path.to_string(),
+            route,
+            start: Instant::now(),
+            fields: Mutex::new(LogFields::default()),
+            state,
+        }
+    }
+
+    pub fn set_status(&self, status: u16) {
+        if let Ok(mut fields) = self.fields.lock() {
+            fields.status = status;
+        }
+    }
+
+    pub fn set_tokens(&self, prompt: usize, completion: usize) {
+        if let Ok(mut fields) = self.fields.lock() {
+            fields.prompt_tokens = Some(prompt);
+            fields.completion_tokens = Some(completion);
+        }
+    }
+
+    /// How a generation ended ("stop", "client disconnected", an error message, ...).
+    pub fn set_outcome(&self, outcome: impl Into<String>) {
+        if let Ok(mut fields) = self.fields.lock() {
+            fields.outcome = Some(outcome.into());
+        }
+    }
+}
+
+impl Drop for RequestLog {
+    fn drop(&mut self) {
+        let elapsed = self.start.elapsed();
+        let fields = match self.fields.lock() {
+            Ok(mut fields) => std::mem::take(&mut *fields),
+            Err(_) => LogFields::default(),
+        };
+        self.state
+            .metrics
+            .record_request(self.route, fields.status, elapsed.as_secs_f64());
+        let tokens = match (fields.prompt_tokens, fields.completion_tokens) {
+            (Some(p), Some(c)) => format!(" prompt_tokens={p} completion_tokens={c}"),
+            _ => String::new(),
+        };
+        let outcome = fields
+            .outcome
+            .map(|o| format!(" outcome=\"{o}\""))
+            .unwrap_or_default();
+        tracing::info!(
+            "request id={} {} {} status={}{}{} ms={:.1}",
+            self.id,
+            self.method,
+            self.path,
+            fields.status,
+            tokens,
+            outcome,
+            elapsed.as_secs_f64() * 1000.0
+        );
+    }
+}

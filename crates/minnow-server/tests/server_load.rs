@@ -1,0 +1,180 @@
+//! Load and lifecycle over real TCP: 32 concurrent clients, a full queue (429), a client that
+//! disconnects mid-stream (its slot is freed), 503 while the model loads, and a SIGTERM that
+//! drains an in-flight stream before exiting.
+
+#[path = "server_harness.rs"]
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use harness::*;
+use serde_json::{json, Value};
+
+/// Slow decoding settings for the tiny model: nothing clears the threshold, so every block runs
+/// its whole step schedule plus editing rounds, and the output runs to the end of the context.
+fn slow_stream() -> Value {
+    json!({
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+        "stream": true,
+        "max_tokens": -1,
+        "threshold": 1.0,
+        "editing_threshold": 1.0,
+        "steps": 32,
+        "max_post_steps": 64,
+    })
+}
+
+async fn wait_for_metric(server: &Server, name: &str, wanted: f64, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let value = server.metric(name).await;
+        if value == wanted {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} stayed {value}, wanted {wanted}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn thirty_two_concurrent_clients_are_all_answered() {
+    let server = Server::start(None, &["--parallel", "4", "--queue-capacity", "64"]).await;
+    let client = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let client = client.clone();
+        let url = server.url(if i % 2 == 0 { "/v1/chat/completions" } else { "/v1/completions" });
+        let stream = i % 4 == 1;
+        tasks.push(tokio::spawn(async move {
+            let body = if i % 2 == 0 {
+                json!({"messages": [{"role": "user", "content": format!("Question {i}")}], "max_tokens": 40, "seed": i})
+            } else {
+                json!({"prompt": format!("Prompt {i}"), "max_tokens": 40, "stream": stream, "seed": i})
+            };
+            let response = client.post(url).json(&body).send().await.expect("send");
+            let status = response.status().as_u16();
+            let text = response.text().await.expect("body");
+            (status, stream, text)
+        }));
+    }
+    for task in tasks {
+        let (status, stream, text) = task.await.unwrap();
+        assert_eq!(status, 200, "{text}");
+        if stream {
+            let events = parse_sse(&text);
+            assert_eq!(events.last(), Some(&Sse::Done));
+        } else {
+            let body: Value = serde_json::from_str(&text).unwrap();
+            assert!(body["choices"][0]["finish_reason"].is_string());
+        }
+    }
+    wait_for_metric(&server, "minnow_busy_slots", 0.0, Duration::from_secs(5)).await;
+    assert_eq!(server.metric("minnow_queue_depth").await, 0.0);
+    let logged = server.logs().iter().filter(|l| l.contains("request id=") && l.contains("POST")).count();
+    assert_eq!(logged, 32, "one log line per request");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn full_queue_is_429() {
+    let server = Server::start(None, &["--parallel", "1", "--queue-capacity", "0"]).await;
+    // Occupy the only slot with a slow stream and keep it open.
+    let busy = post(&server, "/v1/chat/completions", slow_stream()).await;
+    assert_eq!(busy.status(), 200);
+    let mut busy_stream = busy.bytes_stream();
+    busy_stream.next().await.expect("first chunk");
+    let (status, body) = post_json(
+        &server,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+    )
+    .await;
+    let error = assert_error(status, &body, 429, "rate_limit_error");
+    assert_eq!(error["code"], "queue_full");
+    drop(busy_stream);
+    // Once the slot is free again, requests are served.
+    wait_for_metric(&server, "minnow_busy_slots", 0.0, Duration::from_secs(10)).await;
+    let (status, body) = post_json(
+        &server,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disconnect_mid_stream_frees_the_slot() {
+    let server = Server::start(None, &["--parallel", "1"]).await;
+    let response = post(&server, "/v1/chat/completions", slow_stream()).await;
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream();
+    // Wait for the first block so the request is decoding, then hang up.
+    let mut seen = String::new();
+    while !seen.contains("\"minnow\"") {
+        let chunk = stream.next().await.expect("stream ended before a block").unwrap();
+        seen.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert_eq!(server.metric("minnow_busy_slots").await, 1.0, "still generating");
+    let hung_up = Instant::now();
+    drop(stream);
+    wait_for_metric(&server, "minnow_busy_slots", 0.0, Duration::from_secs(10)).await;
+    wait_for_metric(&server, "minnow_requests_cancelled_total", 1.0, Duration::from_secs(5)).await;
+    eprintln!("slot freed {:?} after the disconnect", hung_up.elapsed());
+    assert!(server.logs().iter().any(|l| l.contains("client disconnected")));
+    // The freed slot serves the next client.
+    let (status, _) = post_json(&server, "/v1/completions", json!({"prompt": "hi", "max_tokens": 4})).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_in_flight_streams() {
+    let mut server = Server::start(None, &[]).await;
+    let mut body = slow_stream();
+    body["max_tokens"] = json!(96);
+    let response = post(&server, "/v1/chat/completions", body).await;
+    let mut stream = response.bytes_stream();
+    let first = stream.next().await.unwrap().unwrap();
+    let mut text = String::from_utf8(first.to_vec()).unwrap();
+    server.signal("TERM");
+    while let Some(chunk) = stream.next().await {
+        text.push_str(std::str::from_utf8(&chunk.expect("stream broken by shutdown")).unwrap());
+    }
+    let events = parse_sse(&text);
+    assert_eq!(events.last(), Some(&Sse::Done), "the in-flight stream completed");
+    let status = server.wait_exit(Duration::from_secs(20)).expect("server exits after draining");
+    assert!(status.success(), "{status:?}");
+    assert!(server.logs().iter().any(|l| l.contains("draining")));
+    assert!(std::net::TcpStream::connect(&server.addr).is_err(), "no longer listening");
+}
+
+/// Loading runs while the socket already answers: the checkpoint's config.json is a FIFO that
+/// nobody writes until the test has seen /health answer 503.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn health_is_503_while_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(FIXTURE_V21).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "config.json" {
+            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let fifo = dir.path().join("config.json");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let model = dir.path().to_str().unwrap().to_string();
+    let server = Server::spawn(Some(&model), &[]);
+
+    let (status, body) = get_json(&server, "/health").await;
+    let error = assert_error(status, &body, 503, "unavailable_error");
+    assert_eq!(error["code"], "model_loading");
+    let (status, body) = post_json(&server, "/v1/completions", json!({"prompt": "x"})).await;
+    assert_error(status, &body, 503, "unavailable_error");
+
+    let config = std::fs::read(format!("{FIXTURE_V21}/config.json")).unwrap();
+    std::thread::spawn(move || std::fs::write(fifo, config).unwrap());
+    server.wait_ready().await;
+    let (status, _) = post_json(&server, "/v1/completions", json!({"prompt": "x", "max_tokens": 4})).await;
+    assert_eq!(status, 200);
+}
