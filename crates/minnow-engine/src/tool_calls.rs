@@ -42,6 +42,7 @@ use serde_json::Value as Json;
 use crate::api::{FinishReason, ToolCall, ToolCallDelta};
 use crate::chat_template::python_json;
 use crate::engine::{EngineError, EngineResult};
+use crate::text_stream::partial_prefix_suffix;
 use crate::tokenizer::markers::{ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, SECTION_BEGIN, SECTION_END};
 use crate::tokenizer::{Tokenizer, EOS_TOKEN, ROLE_END_TOKEN};
 
@@ -317,7 +318,7 @@ impl Scan {
                 markers,
                 hold_whitespace,
             } => {
-                let run = &run[..run.len() - partial_marker_suffix(run, markers)];
+                let run = &run[..run.len() - partial_prefix_suffix(run, markers)];
                 if hold_whitespace || after_call {
                     run.trim_end()
                 } else {
@@ -327,26 +328,6 @@ impl Scan {
         };
         self.content.push_str(visible);
     }
-}
-
-/// Length of the longest suffix of `text` that is a proper prefix of one of `markers`.
-fn partial_marker_suffix(text: &str, markers: &[&str]) -> usize {
-    let mut best = 0;
-    for marker in markers {
-        for len in (1..marker.len()).rev() {
-            if len <= best {
-                break;
-            }
-            if text.len() >= len
-                && text.is_char_boundary(text.len() - len)
-                && marker.starts_with(&text[text.len() - len..])
-            {
-                best = len;
-                break;
-            }
-        }
-    }
-    best
 }
 
 fn find_from(text: &str, from: usize, pattern: &str) -> Option<usize> {
@@ -509,7 +490,7 @@ fn scan_native(text: &str, declared: &[String], is_final: bool, out: &mut Scan) 
                 pos = next;
                 continue;
             }
-            if !is_final && partial_marker_suffix(rest, &HELD_SECTION) == rest.len() {
+            if !is_final && partial_prefix_suffix(rest, &HELD_SECTION) == rest.len() {
                 return; // may still become a marker
             }
             // Stray text inside a section: content, up to the next call or section end.
@@ -970,12 +951,12 @@ mod tests {
     }
 
     #[test]
-    fn partial_marker_suffix_lengths() {
-        assert_eq!(partial_marker_suffix("abc<tool_", &[TAG_OPEN]), 6);
-        assert_eq!(partial_marker_suffix("abc<tool_call>", &[TAG_OPEN]), 0);
-        assert_eq!(partial_marker_suffix("abc<", &[TAG_OPEN, SECTION_BEGIN]), 1);
-        assert_eq!(partial_marker_suffix("<|tool_calls", &[TAG_OPEN, SECTION_BEGIN]), 12);
-        assert_eq!(partial_marker_suffix("日本", &[TAG_OPEN]), 0);
+    fn partial_marker_suffixes_are_held() {
+        assert_eq!(partial_prefix_suffix("abc<tool_", &[TAG_OPEN]), 6);
+        assert_eq!(partial_prefix_suffix("abc<tool_call>", &[TAG_OPEN]), 0);
+        assert_eq!(partial_prefix_suffix("abc<", &[TAG_OPEN, SECTION_BEGIN]), 1);
+        assert_eq!(partial_prefix_suffix("<|tool_calls", &[TAG_OPEN, SECTION_BEGIN]), 12);
+        assert_eq!(partial_prefix_suffix("日本", &[TAG_OPEN]), 0);
     }
 
     #[test]
