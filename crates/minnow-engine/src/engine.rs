@@ -1,17 +1,48 @@
 //! The embeddable engine: load a checkpoint, render prompts, submit requests, stream events,
 //! cancel. One worker thread owns the model runner; up to `parallel` requests are decoded at once
-//! (interleaved step by step), the rest wait in a bounded FIFO queue.
+//! (interleaved one forward at a time), the rest wait in a bounded FIFO queue.
+//!
+//! ```no_run
+//! use minnow_engine::{Engine, EngineOptions, Event, GenerateRequest};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::load("path/to/checkpoint".as_ref(), EngineOptions::default())?;
+//! let prompt_ids = engine.tokenize("Hello")?;
+//! let mut handle = engine.submit(GenerateRequest {
+//!     prompt_ids,
+//!     max_tokens: Some(64),
+//!     ..Default::default()
+//! })?;
+//! while let Some(event) = handle.blocking_next_event() {
+//!     match event {
+//!         Event::Block { text_delta, .. } => print!("{text_delta}"),
+//!         Event::Done { finish_reason, .. } => println!("\n[{finish_reason:?}]"),
+//!         Event::Error(message) => eprintln!("error: {message}"),
+//!         Event::PrefillProgress { .. } => {}
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
 //!
 //! CONTRACT: the signatures in this file are what minnow-server and the CLI are written against.
-//! [decode] implements the bodies.
+
+mod worker;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use minnow_model::{Family, ModelRunner};
 use minnow_runtime::device::DeviceRequest;
 
 use crate::api::{ChatPrompt, DecodeParams, Event, GenerateRequest, RenderedPrompt};
+use crate::chat_template::ChatTemplate;
+use crate::decode::layout::{Layout, LayoutError};
+use crate::decode::params::{family_defaults, overlay, resolve};
+use crate::decode::request::{check_algorithm, DecoderContext, TraceStep};
+use crate::decode::stop_tokens::StopTokens;
+use crate::decode::ControlTokens;
+use crate::tokenizer::Tokenizer;
+use crate::tool_calls::ToolCallFormat;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -75,66 +106,307 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     pub n_ctx: usize,
     pub device: String,
-    /// The template source that `render_chat` uses.
+    /// The template source that `render_chat` uses ("" when the checkpoint has none).
     pub chat_template: String,
-    /// The checkpoint family's defaults merged with `EngineOptions::defaults`, all fields set.
+    /// The checkpoint family's defaults merged with `EngineOptions::defaults`, all fields set
+    /// except `seed` (none: greedy requests then use a fixed seed, sampling ones fresh entropy).
     pub default_params: DecodeParams,
     pub mask_token_id: u32,
     pub eos_token_id: u32,
     pub role_end_token_id: Option<u32>,
 }
 
+/// The per-forward trace of one request ([`Engine::submit_traced`]): the block tokens after
+/// every denoising forward, filled in when the request ends (before `Done` is sent).
+#[derive(Clone, Debug, Default)]
+pub struct TraceLog(Arc<Mutex<Vec<TraceStep>>>);
+
+impl TraceLog {
+    /// The recorded steps (empty until the request has ended).
+    pub fn steps(&self) -> Vec<TraceStep> {
+        self.0.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub(crate) fn store(&self, steps: &[TraceStep]) {
+        if let Ok(mut s) = self.0.lock() {
+            *s = steps.to_vec();
+        }
+    }
+}
+
+/// Picks and loads the model runner for `options.device`.
+///
+/// This is the hook for device backends: today only the CPU runner exists in this engine, so
+/// `cpu` loads it, `auto` falls back to it (with one log line), and `cuda[:N]` is a clear error.
+/// When a CUDA [`ModelRunner`] is added, `auto` should try it first and fall back to the CPU.
+pub fn select_runner(path: &Path, options: &EngineOptions) -> EngineResult<Box<dyn ModelRunner>> {
+    match options.device {
+        DeviceRequest::Cpu => load_cpu_runner(path, options),
+        DeviceRequest::Auto => {
+            tracing::info!("device auto: no CUDA runner is available in this build; using the CPU");
+            load_cpu_runner(path, options)
+        }
+        DeviceRequest::Cuda(n) => Err(EngineError::Load(format!(
+            "device cuda:{n} was requested, but this engine has no CUDA runner yet; use --device cpu (or auto)"
+        ))),
+    }
+}
+
+fn load_cpu_runner(path: &Path, options: &EngineOptions) -> EngineResult<Box<dyn ModelRunner>> {
+    let _ = options.threads;
+    let _ = path;
+    Err(EngineError::Load(
+        "the CPU model runner is not available in this build yet".into(),
+    ))
+}
+
+/// Whether a checkpoint directory carries a chat template at all (the 2.2 fixture has none; the
+/// engine still generates from ids then).
+fn has_chat_template(dir: &Path) -> bool {
+    if dir.join("chat_template.jinja").exists() {
+        return true;
+    }
+    std::fs::read_to_string(dir.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .is_some_and(|config| config.get("chat_template").is_some())
+}
+
+fn family_name(family: Family) -> &'static str {
+    match family {
+        Family::V20 => "LLaDA2.0",
+        Family::V21 => "LLaDA2.1",
+        Family::V22 => "LLaDA2.2",
+    }
+}
+
+struct Inner {
+    info: ModelInfo,
+    family: Family,
+    /// Rows of the model's embedding table (may exceed the tokenizer's vocabulary).
+    model_vocab: usize,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    tool_format: ToolCallFormat,
+    decoder: DecoderContext,
+    defaults: DecodeParams,
+    queue: Arc<worker::Queue>,
+    next_id: AtomicU64,
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.queue.shut_down();
+        if let Ok(mut worker) = self.worker.lock() {
+            if let Some(handle) = worker.take() {
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
 /// A loaded model, cheap to clone and shareable across threads.
 #[derive(Clone)]
 pub struct Engine {
-    #[allow(dead_code)]
-    inner: Arc<()>,
+    inner: Arc<Inner>,
 }
 
 impl Engine {
-    /// Loads a checkpoint directory (config, weights, tokenizer, chat template).
+    /// Loads a checkpoint directory (config, weights, tokenizer, chat template) on the device that
+    /// `options.device` selects (see [`select_runner`]).
     pub fn load(path: &Path, options: EngineOptions) -> EngineResult<Engine> {
-        let _ = (path, options);
-        Err(EngineError::Internal("Engine::load is not implemented yet".into()))
+        let runner = select_runner(path, &options)?;
+        Self::with_runner(path, runner, options)
+    }
+
+    /// Builds an engine around an already loaded runner; tokenizer and chat template come from
+    /// `path`. Useful for custom runners and tests.
+    pub fn with_runner(
+        path: &Path,
+        runner: Box<dyn ModelRunner>,
+        options: EngineOptions,
+    ) -> EngineResult<Engine> {
+        if options.parallel == 0 {
+            return Err(EngineError::Load("parallel must be at least 1".into()));
+        }
+        let config = runner.config().clone();
+        let tokenizer = Tokenizer::from_dir(path)?;
+        let template = if has_chat_template(path) {
+            Some(ChatTemplate::from_dir(path)?)
+        } else {
+            tracing::warn!(path = %path.display(), "the checkpoint has no chat template; only raw prompts and token ids can be used");
+            None
+        };
+        let template_source = template.as_ref().map(|t| t.source().to_string()).unwrap_or_default();
+        let tool_format = ToolCallFormat::detect(&tokenizer, &template_source);
+        let special = tokenizer.special().clone();
+        // DELETE/SPLIT only mean something to 2.2 checkpoints (the 2.0/2.1 fixtures carry the
+        // tokens in their vocabulary, but their decoders treat them as ordinary ids).
+        let is_v22 = config.family == Family::V22;
+        let control = ControlTokens {
+            mask: special.mask,
+            delete: if is_v22 { special.delete } else { None },
+            split: if is_v22 { special.split } else { None },
+        };
+        let decoder = DecoderContext {
+            control,
+            stops: StopTokens::from_ids(tokenizer.stop_token_ids()),
+        };
+        let max_pos = config.max_position_embeddings;
+        let n_ctx = options.max_context.map_or(max_pos, |m| m.min(max_pos));
+        let default_params = overlay(&options.defaults, &family_defaults(config.family));
+        // Validate the engine-wide defaults once, so a bad CLI/server default fails at load.
+        let resolved = resolve(&DecodeParams::default(), &options.defaults, config.family)
+            .map_err(|e| EngineError::Load(format!("decode defaults: {e}")))?;
+        check_algorithm(&resolved, control)
+            .map_err(|e| EngineError::Load(format!("decode defaults: {e}")))?;
+        let info = ModelInfo {
+            path: path.to_path_buf(),
+            family: family_name(config.family).to_string(),
+            block_size: config.block_size,
+            vocab_size: config.vocab_size,
+            n_ctx,
+            device: runner.device_name(),
+            chat_template: template_source,
+            default_params,
+            mask_token_id: special.mask,
+            eos_token_id: special.eos,
+            role_end_token_id: special.role_end,
+        };
+        let tokenizer = Arc::new(tokenizer);
+        let queue = Arc::new(worker::Queue::new(options.parallel, options.queue_capacity));
+        let worker = worker::spawn(runner, Arc::clone(&queue), Arc::clone(&tokenizer))?;
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                info,
+                family: config.family,
+                model_vocab: config.vocab_size,
+                tokenizer,
+                template,
+                tool_format,
+                decoder,
+                defaults: options.defaults,
+                queue,
+                next_id: AtomicU64::new(1),
+                worker: Mutex::new(Some(worker)),
+            }),
+        })
     }
 
     pub fn info(&self) -> &ModelInfo {
-        unimplemented!("[decode]")
+        &self.inner.info
+    }
+
+    /// The checkpoint's tokenizer and special ids.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.tokenizer
     }
 
     /// Tokenizes text without adding special tokens; special-token strings map to their ids.
     pub fn tokenize(&self, text: &str) -> EngineResult<Vec<u32>> {
-        let _ = text;
-        unimplemented!("[decode]")
+        self.inner.tokenizer.encode(text)
     }
 
     /// Decodes ids to text; `keep_special` keeps special-token strings.
     pub fn detokenize(&self, ids: &[u32], keep_special: bool) -> EngineResult<String> {
-        let _ = (ids, keep_special);
-        unimplemented!("[decode]")
+        self.inner.tokenizer.decode(ids, keep_special)
     }
 
     /// Renders a conversation with the checkpoint's own chat template.
     pub fn render_chat(&self, prompt: &ChatPrompt) -> EngineResult<RenderedPrompt> {
-        let _ = prompt;
-        unimplemented!("[decode]")
+        let template = self.inner.template.as_ref().ok_or_else(|| {
+            EngineError::Template(format!(
+                "{} has no chat template; send a raw prompt instead",
+                self.inner.info.path.display()
+            ))
+        })?;
+        template.render(prompt, self.inner.tool_format)
     }
 
     /// Validates and queues a request. Errors here are the request's fault (or `QueueFull`);
     /// errors during generation arrive as `Event::Error`.
     pub fn submit(&self, request: GenerateRequest) -> EngineResult<RequestHandle> {
-        let _ = request;
-        unimplemented!("[decode]")
+        self.submit_inner(request, None)
+    }
+
+    /// Like [`Engine::submit`], and records the block tokens after every denoising forward (for
+    /// debugging against reference trajectories; `minnow generate --trace`).
+    pub fn submit_traced(&self, request: GenerateRequest) -> EngineResult<(RequestHandle, TraceLog)> {
+        let trace = TraceLog::default();
+        let handle = self.submit_inner(request, Some(trace.clone()))?;
+        Ok((handle, trace))
+    }
+
+    fn submit_inner(
+        &self,
+        request: GenerateRequest,
+        trace: Option<TraceLog>,
+    ) -> EngineResult<RequestHandle> {
+        let inner = &self.inner;
+        let prompt = &request.prompt_ids;
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        if let Some((pos, &id)) = prompt
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= inner.model_vocab)
+        {
+            return Err(EngineError::InvalidRequest(format!(
+                "prompt token id {id} at position {pos} is outside the vocabulary (size {})",
+                inner.model_vocab
+            )));
+        }
+        inner.tokenizer.check_prompt(prompt)?;
+        let params = resolve(&request.params, &inner.defaults, inner.family)
+            .map_err(EngineError::InvalidRequest)?;
+        check_algorithm(&params, inner.decoder.control).map_err(EngineError::InvalidRequest)?;
+        let n_ctx = inner.info.n_ctx;
+        let max_new = match request.max_tokens {
+            Some(n) => n,
+            None => n_ctx.saturating_sub(prompt.len()),
+        };
+        let context_exceeded = EngineError::ContextExceeded {
+            n_prompt_tokens: prompt.len(),
+            n_ctx,
+        };
+        if request.max_tokens.is_none() && max_new == 0 {
+            return Err(context_exceeded);
+        }
+        let layout = match Layout::new(prompt.len(), max_new, inner.info.block_size, n_ctx) {
+            Ok(layout) => layout,
+            Err(LayoutError::ContextExceeded { .. }) => return Err(context_exceeded),
+            Err(LayoutError::EmptyPrompt) => {
+                return Err(EngineError::InvalidRequest("the prompt is empty".into()))
+            }
+        };
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (sender, events) = tokio::sync::mpsc::unbounded_channel();
+        let cancel = CancelToken::default();
+        let job = worker::Job {
+            id,
+            request,
+            layout,
+            params,
+            decoder: inner.decoder.clone(),
+            tool_format: inner.tool_format,
+            events: sender,
+            cancel: cancel.clone(),
+            trace,
+        };
+        inner.queue.push(job)?;
+        Ok(RequestHandle { id, events, cancel })
     }
 
     /// Requests waiting for a slot.
     pub fn queue_depth(&self) -> usize {
-        unimplemented!("[decode]")
+        self.inner.queue.depth()
     }
 
     /// Requests being decoded now.
     pub fn busy_slots(&self) -> usize {
-        unimplemented!("[decode]")
+        self.inner.queue.busy()
     }
 }
 
@@ -184,3 +456,6 @@ impl Drop for RequestHandle {
         self.cancel.cancel();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -15,6 +15,17 @@ impl StopTokens {
         Self { ids }
     }
 
+    /// Any set of end ids (e.g. the tokenizer's `stop_token_ids`, which adds configured extras).
+    pub fn from_ids(ids: Vec<u32>) -> Self {
+        let mut unique = Vec::with_capacity(ids.len());
+        for id in ids {
+            if !unique.contains(&id) {
+                unique.push(id);
+            }
+        }
+        Self { ids: unique }
+    }
+
     pub fn ids(&self) -> &[u32] {
         &self.ids
     }

@@ -72,37 +72,39 @@ pub fn run_block(
     (block, forwards)
 }
 
-/// A config with the toy vocabulary; only `vocab_size`, `block_size` and the edit ids matter to
-/// the decoder.
+/// A config with the toy vocabulary: the tiny fixture's parsed config (so new config fields
+/// need no test changes) with the vocabulary, block size and edit ids the decoder tests use.
 pub fn toy_config(family: Family, block_size: usize) -> Config {
-    Config {
-        family,
-        vocab_size: VOCAB,
-        hidden_size: 8,
-        intermediate_size: 8,
-        moe_intermediate_size: 8,
-        num_hidden_layers: 1,
-        num_attention_heads: 1,
-        num_key_value_heads: 1,
-        head_dim: 8,
-        rotary_dim: 4,
-        rope_theta: 10000.0,
-        rms_norm_eps: 1e-6,
-        max_position_embeddings: 256,
-        num_experts: 1,
-        num_experts_per_tok: 1,
-        num_shared_experts: 0,
-        first_k_dense_replace: 1,
-        routed_scaling_factor: 1.0,
-        n_group: None,
-        topk_group: None,
-        expert_capacity: None,
-        block_size,
-        delete_token_id: (family == Family::V22).then_some(D),
-        split_token_id: (family == Family::V22).then_some(S),
-        pad_token_id: None,
-        eos_token_id: None,
+    let name = if family == Family::V22 {
+        "llada2-tiny-v22"
+    } else {
+        "llada2-tiny-v21"
+    };
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name);
+    let mut config = Config::from_dir(&dir).expect("fixture config parses");
+    config.family = family;
+    config.vocab_size = VOCAB;
+    config.block_size = block_size;
+    config.delete_token_id = (family == Family::V22).then_some(D);
+    config.split_token_id = (family == Family::V22).then_some(S);
+    config
+}
+
+/// Logits `[positions, vocab]` where each row makes `token_at(position)` the confident argmax
+/// (logit 20 against 0: probability ≈ 1 − vocab·2e-9).
+pub fn confident_rows(
+    start: usize,
+    n: usize,
+    vocab: usize,
+    token_at: impl Fn(usize) -> u32,
+) -> Vec<f32> {
+    let mut out = vec![0.0; n * vocab];
+    for i in 0..n {
+        out[i * vocab + token_at(start + i) as usize] = 20.0;
     }
+    out
 }
 
 /// One recorded forward.
@@ -116,7 +118,8 @@ pub struct Call {
 
 type LogitsFn = Box<dyn FnMut(usize, &[u32]) -> Vec<f32> + Send>;
 
-/// A [`ModelRunner`] whose logits come from a closure `(start position, ids) → [ids.len(), V]`.
+/// A [`ModelRunner`] whose logits come from a closure `(start position, ids) → [ids.len(), V]`
+/// with `V` = the config's `vocab_size`.
 pub struct ScriptedRunner {
     config: Config,
     lens: HashMap<SeqId, usize>,
@@ -192,8 +195,9 @@ impl ModelRunner for ScriptedRunner {
         if range.is_empty() {
             return Ok(Vec::new());
         }
+        let vocab = self.config.vocab_size;
         let all = (self.logits)(start, ids);
-        assert_eq!(all.len(), ids.len() * VOCAB, "scripted logits have the wrong shape");
-        Ok(all[range.start * VOCAB..range.end * VOCAB].to_vec())
+        assert_eq!(all.len(), ids.len() * vocab, "scripted logits have the wrong shape");
+        Ok(all[range.start * vocab..range.end * vocab].to_vec())
     }
 }

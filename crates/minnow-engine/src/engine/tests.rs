@@ -1,0 +1,362 @@
+//! Engine-level tests: the real fixture tokenizer and chat template, a scripted model whose
+//! "prediction" at every position is a fixed target text, and the worker thread.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use minnow_model::Family;
+
+use super::*;
+use crate::api::{Event, FinishReason};
+use crate::decode::testing::{confident_rows, toy_config, ScriptedRunner};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+const VOCAB: usize = 512;
+
+fn config() -> minnow_model::Config {
+    let mut config = toy_config(Family::V21, 32);
+    config.vocab_size = VOCAB;
+    config.max_position_embeddings = 512;
+    config
+}
+
+/// An engine on the v21 fixture tokenizer whose model writes `target[pos - prompt_len]` at every
+/// generated position (and token 0 elsewhere), `delay` per forward.
+fn engine_writing(
+    target: Vec<u32>,
+    prompt_len: usize,
+    delay: Duration,
+    options: EngineOptions,
+) -> Engine {
+    let runner = ScriptedRunner::new(config(), move |start, ids| {
+        std::thread::sleep(delay);
+        confident_rows(start, ids.len(), VOCAB, |pos| {
+            pos.checked_sub(prompt_len)
+                .and_then(|i| target.get(i).copied())
+                .unwrap_or(0)
+        })
+    });
+    Engine::with_runner(&fixture("llada2-tiny-v21"), Box::new(runner), options).unwrap()
+}
+
+fn collect(handle: &mut RequestHandle) -> Vec<Event> {
+    let mut events = Vec::new();
+    while let Some(event) = handle.blocking_next_event() {
+        let end = matches!(event, Event::Done { .. } | Event::Error(_));
+        events.push(event);
+        if end {
+            break;
+        }
+    }
+    events
+}
+
+fn prompt_ids(engine: &Engine, n: usize) -> Vec<u32> {
+    let ids = engine
+        .tokenize("The quick brown fox jumps over the lazy dog. ".repeat(8).as_str())
+        .unwrap();
+    assert!(ids.len() >= n);
+    ids[..n].to_vec()
+}
+
+fn done(events: &[Event]) -> (FinishReason, Vec<u32>, String, GenerationStatsView) {
+    match events.last() {
+        Some(Event::Done {
+            finish_reason,
+            output_ids,
+            text,
+            stats,
+            ..
+        }) => (
+            *finish_reason,
+            output_ids.clone(),
+            text.clone(),
+            GenerationStatsView {
+                completion_tokens: stats.completion_tokens,
+                blocks: stats.blocks,
+            },
+        ),
+        other => panic!("expected Done, got {other:?}"),
+    }
+}
+
+#[derive(Debug, PartialEq)]
+struct GenerationStatsView {
+    completion_tokens: usize,
+    blocks: usize,
+}
+
+fn streamed_text(events: &[Event]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Block { text_delta, .. } => Some(text_delta.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn generates_blocks_then_done_with_length() {
+    let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
+    let target = tok.encode(&"hello world, this is a test. ".repeat(10)).unwrap();
+    let engine = engine_writing(target.clone(), 40, Duration::ZERO, EngineOptions::default());
+    let mut handle = engine
+        .submit(GenerateRequest {
+            prompt_ids: prompt_ids(&engine, 40),
+            max_tokens: Some(64),
+            ..Default::default()
+        })
+        .unwrap();
+    let events = collect(&mut handle);
+    let blocks: Vec<&Event> = events.iter().filter(|e| matches!(e, Event::Block { .. })).collect();
+    assert_eq!(blocks.len(), 3, "blocks 1, 2, 3 of the canvas");
+    assert!(matches!(events[0], Event::PrefillProgress { processed: 32, total: 32, .. }));
+    let (reason, ids, text, stats) = done(&events);
+    assert_eq!(reason, FinishReason::Length);
+    assert_eq!(ids, target[..64].to_vec());
+    assert_eq!(text, tok.decode(&target[..64], false).unwrap());
+    assert_eq!(streamed_text(&events), text);
+    assert_eq!(stats, GenerationStatsView { completion_tokens: 64, blocks: 3 });
+}
+
+#[test]
+fn stop_string_split_across_blocks_is_held_back_and_cut() {
+    let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
+    let target = tok.encode(&"alpha beta gamma delta epsilon zeta eta theta ".repeat(6)).unwrap();
+    // Prompt 40 tokens: block 1 holds output tokens 0..24, block 2 tokens 24..56. A stop string
+    // made of output tokens 22..26 starts in block 1 and ends in block 2.
+    let before = tok.decode(&target[..22], false).unwrap();
+    let stop = tok.decode(&target[22..26], false).unwrap();
+    assert!(!before.contains(&stop), "the stop string must first occur at token 22");
+    let engine = engine_writing(target.clone(), 40, Duration::ZERO, EngineOptions::default());
+    let mut handle = engine
+        .submit(GenerateRequest {
+            prompt_ids: prompt_ids(&engine, 40),
+            max_tokens: Some(200),
+            stop: vec![stop.clone()],
+            ..Default::default()
+        })
+        .unwrap();
+    let events = collect(&mut handle);
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Block { text_delta, .. } => Some(text_delta.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deltas.len(), 2, "{events:?}");
+    // The first block must not show the start of the stop string yet.
+    let first_block = tok.decode(&target[..24], false).unwrap();
+    assert!(first_block.starts_with(deltas[0]));
+    assert!(deltas[0].len() <= before.len(), "held back: {:?}", deltas[0]);
+    let (reason, ids, text, _) = done(&events);
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(text, before);
+    assert_eq!(streamed_text(&events), before);
+    assert_eq!(ids, target[..26].to_vec(), "ids up to the token completing the stop string");
+}
+
+#[test]
+fn stop_token_ends_the_answer() {
+    let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
+    let mut target = tok.encode("short answer").unwrap();
+    let role_end = tok.special().role_end.unwrap();
+    target.push(role_end);
+    target.push(tok.special().eos);
+    let engine = engine_writing(target.clone(), 40, Duration::ZERO, EngineOptions::default());
+    let mut handle = engine
+        .submit(GenerateRequest {
+            prompt_ids: prompt_ids(&engine, 40),
+            max_tokens: Some(100),
+            ..Default::default()
+        })
+        .unwrap();
+    let events = collect(&mut handle);
+    let (reason, ids, text, stats) = done(&events);
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(ids, target[..target.len() - 1].to_vec(), "cut after <|role_end|>");
+    assert_eq!(text, "short answer");
+    assert_eq!(stats.blocks, 1);
+}
+
+#[test]
+fn zero_max_tokens_is_an_empty_completion() {
+    let engine = engine_writing(vec![], 40, Duration::ZERO, EngineOptions::default());
+    let mut handle = engine
+        .submit(GenerateRequest {
+            prompt_ids: prompt_ids(&engine, 40),
+            max_tokens: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
+    let events = collect(&mut handle);
+    assert_eq!(events.len(), 1);
+    let (reason, ids, text, _) = done(&events);
+    assert_eq!((reason, ids, text), (FinishReason::Length, vec![], String::new()));
+}
+
+#[test]
+fn invalid_requests_are_refused_at_submit() {
+    let engine = engine_writing(vec![], 40, Duration::ZERO, EngineOptions::default());
+    let submit = |prompt_ids: Vec<u32>, max_tokens: Option<usize>| {
+        engine
+            .submit(GenerateRequest {
+                prompt_ids,
+                max_tokens,
+                ..Default::default()
+            })
+            .err()
+            .unwrap()
+    };
+    assert!(matches!(submit(vec![], Some(4)), EngineError::InvalidRequest(_)));
+    assert!(matches!(submit(vec![1, 482, 2], Some(4)), EngineError::InvalidRequest(_)));
+    assert!(matches!(submit(vec![1, 600], Some(4)), EngineError::InvalidRequest(_)));
+    assert!(matches!(
+        submit(vec![1; 500], Some(20)),
+        EngineError::ContextExceeded { n_prompt_tokens: 500, n_ctx: 512 }
+    ));
+    let bad_params = engine
+        .submit(GenerateRequest {
+            prompt_ids: vec![1; 4],
+            max_tokens: Some(4),
+            params: crate::api::DecodeParams {
+                algorithm: Some(crate::api::Algorithm::Indel),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .err()
+        .unwrap();
+    assert!(bad_params.to_string().contains("indel"), "{bad_params}");
+}
+
+#[test]
+fn cancellation_ends_with_cancelled_and_frees_the_slot() {
+    let target: Vec<u32> = (0..400).map(|i| 100 + (i % 50)).collect();
+    let engine = engine_writing(target, 40, Duration::from_millis(2), EngineOptions::default());
+    let mut handle = engine
+        .submit(GenerateRequest {
+            prompt_ids: prompt_ids(&engine, 40),
+            max_tokens: Some(400),
+            ..Default::default()
+        })
+        .unwrap();
+    // Wait for the first finished block, then cancel.
+    loop {
+        match handle.blocking_next_event() {
+            Some(Event::Block { .. }) => break,
+            Some(Event::PrefillProgress { .. }) => continue,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    handle.cancel();
+    let events = collect(&mut handle);
+    let (reason, ids, _, _) = done(&events);
+    assert_eq!(reason, FinishReason::Cancelled);
+    assert!(ids.len() < 400);
+    wait_until(|| engine.busy_slots() == 0);
+}
+
+#[test]
+fn queue_is_bounded_and_dropping_a_handle_cancels() {
+    let target: Vec<u32> = (0..400).map(|i| 100 + (i % 50)).collect();
+    let options = EngineOptions {
+        parallel: 1,
+        queue_capacity: 1,
+        ..Default::default()
+    };
+    let engine = engine_writing(target, 40, Duration::from_millis(2), options);
+    let request = || GenerateRequest {
+        prompt_ids: prompt_ids(&engine, 40),
+        max_tokens: Some(400),
+        ..Default::default()
+    };
+    let running = engine.submit(request()).unwrap();
+    wait_until(|| engine.busy_slots() == 1 && engine.queue_depth() == 0);
+    let waiting = engine.submit(request()).unwrap();
+    assert_eq!(engine.queue_depth(), 1);
+    assert!(matches!(engine.submit(request()), Err(EngineError::QueueFull)));
+    drop(running);
+    drop(waiting);
+    wait_until(|| engine.busy_slots() == 0 && engine.queue_depth() == 0);
+}
+
+#[test]
+fn parallel_requests_interleave_and_match_a_lone_run() {
+    let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
+    let target = tok.encode(&"one two three four five six ".repeat(12)).unwrap();
+    let options = EngineOptions {
+        parallel: 2,
+        ..Default::default()
+    };
+    let engine = engine_writing(target.clone(), 40, Duration::ZERO, options);
+    let request = |max| GenerateRequest {
+        prompt_ids: prompt_ids(&engine, 40),
+        max_tokens: Some(max),
+        ..Default::default()
+    };
+    let mut a = engine.submit(request(70)).unwrap();
+    let mut b = engine.submit(request(30)).unwrap();
+    let (_, ids_a, _, _) = done(&collect(&mut a));
+    let (_, ids_b, _, _) = done(&collect(&mut b));
+    assert_eq!(ids_a, target[..70].to_vec());
+    assert_eq!(ids_b, target[..30].to_vec());
+}
+
+#[test]
+fn trace_records_every_denoising_forward() {
+    let target: Vec<u32> = (0..64).map(|i| 100 + i).collect();
+    let engine = engine_writing(target, 40, Duration::ZERO, EngineOptions::default());
+    let (mut handle, trace) = engine
+        .submit_traced(GenerateRequest {
+            prompt_ids: prompt_ids(&engine, 40),
+            max_tokens: Some(64),
+            ..Default::default()
+        })
+        .unwrap();
+    let events = collect(&mut handle);
+    let steps = trace.steps();
+    // The joint default fills a confident block in one step, then converges in a second one.
+    assert_eq!(steps.len(), 6, "{events:?}");
+    assert_eq!(steps[0].block, 1);
+    assert_eq!(steps[5].block, 3);
+}
+
+#[test]
+fn info_reports_family_defaults_and_template() {
+    let engine = engine_writing(vec![], 40, Duration::ZERO, EngineOptions::default());
+    let info = engine.info();
+    assert_eq!(info.family, "LLaDA2.1");
+    assert_eq!(info.default_params.algorithm, Some(crate::api::Algorithm::Joint));
+    assert_eq!((info.mask_token_id, info.eos_token_id), (482, 481));
+    assert!(!info.chat_template.is_empty());
+    let rendered = engine
+        .render_chat(&crate::api::ChatPrompt {
+            messages: vec![crate::api::ChatMessage {
+                role: "user".into(),
+                content: "hi".into(),
+                ..Default::default()
+            }],
+            add_generation_prompt: true,
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(rendered.text.contains("hi"));
+}
+
+fn wait_until(mut condition: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if condition() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("condition not reached within 10 s");
+}
