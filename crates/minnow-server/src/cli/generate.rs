@@ -1,10 +1,280 @@
-//! `minnow generate` (not implemented yet).
+//! `minnow generate`: one prompt through the engine, each finished block streamed to stdout as it
+//! completes, statistics on stderr at the end.
+//!
+//! The prompt is rendered with the checkpoint's chat template as a single user message (after an
+//! optional `--system` message); `--raw` tokenizes it as is; `--input-ids FILE.json`
+//! (`{"input_ids": [...]}`) feeds token ids directly. `--json` prints one object
+//! `{output_ids, text, finish_reason, stats}` instead of streaming (plus `trace` with `--trace`).
+//! Without `--model` the bundled tiny fixture is used (random weights: the text is noise).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use minnow_engine::{
+    Algorithm, ChatMessage, ChatPrompt, DecodeParams, Engine, EngineOptions, Event, FinishReason,
+    GenerateRequest, GenerationStats,
+};
+use serde_json::json;
 
 use super::Cli;
 
-#[derive(clap::Args, Debug)]
-pub struct Args {}
+/// The tiny LLaDA2.1 fixture in the source tree, used when no `--model` is given.
+const BUNDLED_FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/llada2-tiny-v21");
 
-pub fn run(_cli: &Cli, _args: &Args) -> Result<(), String> {
-    Err("'generate' is not implemented yet".into())
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum AlgorithmArg {
+    /// LLaDA2.0 threshold decoding.
+    LowConfidence,
+    /// LLaDA2.1 mask-to-token plus token-to-token editing.
+    Joint,
+    /// LLaDA2.2 editing with DELETE/SPLIT.
+    Indel,
+}
+
+impl From<AlgorithmArg> for Algorithm {
+    fn from(a: AlgorithmArg) -> Algorithm {
+        match a {
+            AlgorithmArg::LowConfidence => Algorithm::LowConfidence,
+            AlgorithmArg::Joint => Algorithm::Joint,
+            AlgorithmArg::Indel => Algorithm::Indel,
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The prompt: a single user message rendered with the chat template (unless --raw).
+    pub prompt: Option<String>,
+    /// A system message before the user message.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Tokenize the prompt as is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Feed token ids from a JSON file {"input_ids": [...]} (no template, no PROMPT).
+    #[arg(long, value_name = "FILE.json")]
+    pub input_ids: Option<PathBuf>,
+    /// Print one JSON object {output_ids, text, finish_reason, stats} at the end.
+    #[arg(long)]
+    pub json: bool,
+    /// Record the block tokens after every denoising forward ("trace" in --json, else stderr).
+    #[arg(long)]
+    pub trace: bool,
+    /// New tokens at most.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Decoding algorithm (default: the checkpoint family's).
+    #[arg(long, value_enum)]
+    pub algorithm: Option<AlgorithmArg>,
+    /// Mask-to-token confidence threshold (strictly greater commits).
+    #[arg(long)]
+    pub threshold: Option<f32>,
+    /// Token-to-token editing threshold (joint, indel).
+    #[arg(long)]
+    pub editing_threshold: Option<f32>,
+    /// Refinement steps after a block is mask-free (joint, indel).
+    #[arg(long)]
+    pub max_post_steps: Option<usize>,
+    /// Step schedule length (low-confidence, indel).
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Minimum mask-to-token transfers per step (joint).
+    #[arg(long)]
+    pub num_to_transfer: Option<usize>,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// RNG seed (sampling and the 2.2 anti-loop guard).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop string (repeatable); the answer ends before it.
+    #[arg(long)]
+    pub stop: Vec<String>,
+}
+
+impl Args {
+    fn decode_params(&self) -> DecodeParams {
+        DecodeParams {
+            algorithm: self.algorithm.map(Algorithm::from),
+            threshold: self.threshold,
+            editing_threshold: self.editing_threshold,
+            max_post_steps: self.max_post_steps,
+            steps: self.steps,
+            num_to_transfer: self.num_to_transfer,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+        }
+    }
+}
+
+fn model_path(cli: &Cli) -> PathBuf {
+    match &cli.model {
+        Some(path) => path.clone(),
+        None => {
+            eprintln!(
+                "minnow: no --model given; using the bundled tiny fixture {BUNDLED_FIXTURE} (random weights, the text is noise)"
+            );
+            PathBuf::from(BUNDLED_FIXTURE)
+        }
+    }
+}
+
+fn read_input_ids(path: &Path) -> Result<Vec<u32>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    #[derive(serde::Deserialize)]
+    struct InputIds {
+        input_ids: Vec<u32>,
+    }
+    serde_json::from_str::<InputIds>(&text)
+        .map(|f| f.input_ids)
+        .map_err(|e| {
+            format!(
+                "{}: expected {{\"input_ids\": [non-negative integers]}}: {e}",
+                path.display()
+            )
+        })
+}
+
+fn prompt_ids(engine: &Engine, args: &Args) -> Result<Vec<u32>, String> {
+    if let Some(path) = &args.input_ids {
+        if args.prompt.is_some() || args.system.is_some() {
+            return Err("--input-ids replaces PROMPT and --system; give one or the other".into());
+        }
+        return read_input_ids(path);
+    }
+    let prompt = args
+        .prompt
+        .as_deref()
+        .ok_or("give a PROMPT (or --input-ids FILE.json)")?;
+    if args.raw {
+        if args.system.is_some() {
+            return Err("--system needs the chat template; drop --raw".into());
+        }
+        return engine.tokenize(prompt).map_err(|e| e.to_string());
+    }
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(ChatMessage {
+            role: "system".into(),
+            content: system.clone(),
+            ..Default::default()
+        });
+    }
+    messages.push(ChatMessage {
+        role: "user".into(),
+        content: prompt.to_string(),
+        ..Default::default()
+    });
+    let rendered = engine
+        .render_chat(&ChatPrompt {
+            messages,
+            add_generation_prompt: true,
+            ..Default::default()
+        })
+        .map_err(|e| e.to_string())?;
+    engine.tokenize(&rendered.text).map_err(|e| e.to_string())
+}
+
+fn finish_reason_name(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::ToolCalls => "tool_calls",
+        FinishReason::Cancelled => "cancelled",
+    }
+}
+
+fn print_stats(stats: &GenerationStats, reason: FinishReason) {
+    eprintln!(
+        "[{}] prompt {} tokens, completion {} tokens in {} blocks; forwards: {} denoise + {} commit; \
+         prefill {:.3} s, decode {:.3} s ({:.1} tokens/s); steps per block {:?}",
+        finish_reason_name(reason),
+        stats.prompt_tokens,
+        stats.completion_tokens,
+        stats.blocks,
+        stats.denoise_forwards,
+        stats.commit_forwards,
+        stats.prefill_seconds,
+        stats.decode_seconds,
+        stats.tokens_per_second,
+        stats.steps_per_block,
+    );
+}
+
+pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
+    let path = model_path(cli);
+    let options = EngineOptions {
+        device: cli.device,
+        threads: cli.threads,
+        parallel: 1,
+        queue_capacity: 1,
+        ..Default::default()
+    };
+    let engine = Engine::load(&path, options).map_err(|e| e.to_string())?;
+    let prompt_ids = prompt_ids(&engine, args)?;
+    let request = GenerateRequest {
+        prompt_ids,
+        max_tokens: Some(args.max_tokens),
+        stop: args.stop.clone(),
+        params: args.decode_params(),
+        ..Default::default()
+    };
+    let (mut handle, trace) = if args.trace {
+        let (handle, trace) = engine.submit_traced(request).map_err(|e| e.to_string())?;
+        (handle, Some(trace))
+    } else {
+        (engine.submit(request).map_err(|e| e.to_string())?, None)
+    };
+
+    let mut stdout = std::io::stdout().lock();
+    while let Some(event) = handle.blocking_next_event() {
+        match event {
+            Event::PrefillProgress { .. } => {}
+            Event::Block { text_delta, .. } => {
+                if !args.json {
+                    let _ = stdout.write_all(text_delta.as_bytes());
+                    let _ = stdout.flush();
+                }
+            }
+            Event::Done {
+                finish_reason,
+                output_ids,
+                text,
+                stats,
+                ..
+            } => {
+                let steps = trace.as_ref().map(|t| t.steps());
+                if args.json {
+                    let mut object = json!({
+                        "output_ids": output_ids,
+                        "text": text,
+                        "finish_reason": finish_reason_name(finish_reason),
+                        "stats": stats,
+                    });
+                    if let Some(steps) = &steps {
+                        object["trace"] = json!(steps);
+                    }
+                    let _ = writeln!(stdout, "{object}");
+                } else {
+                    let _ = writeln!(stdout);
+                    if let Some(steps) = &steps {
+                        for step in steps {
+                            eprintln!("trace block {}: {:?}", step.block, step.block_tokens);
+                        }
+                    }
+                }
+                print_stats(&stats, finish_reason);
+                return Ok(());
+            }
+            Event::Error(message) => return Err(message),
+        }
+    }
+    Err("the engine stopped without finishing the request".into())
 }
