@@ -8,9 +8,16 @@
 //! without knowing which device holds them.
 
 pub mod config;
+pub mod cpu;
+pub mod cuda;
 pub mod error;
+pub mod router;
 pub mod runner;
+pub mod trace;
+pub mod weights;
 
 pub use config::{Config, Family};
+pub use cpu::{CpuModel, CpuRunner, KvCache};
 pub use error::{ModelError, Result};
 pub use runner::{LogitsRows, ModelRunner, SeqId};
+pub use trace::{RouterTrace, Trace};

@@ -151,8 +151,14 @@ pub fn matmul(
         return;
     }
     let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
-    assert!(k == 0 || last(m, k, a_rs, a_cs) < a.len(), "matmul: a too short");
-    assert!(k == 0 || last(k, n, b_rs, b_cs) < b.len(), "matmul: b too short");
+    assert!(
+        k == 0 || last(m, k, a_rs, a_cs) < a.len(),
+        "matmul: a too short"
+    );
+    assert!(
+        k == 0 || last(k, n, b_rs, b_cs) < b.len(),
+        "matmul: b too short"
+    );
     assert!(last(m, n, c_rs, 1) < c.len(), "matmul: c too short");
     if k == 0 {
         for r in 0..m {
@@ -250,7 +256,13 @@ mod tests {
     /// parallelism modes.
     #[test]
     fn linear_matches_f64_reference() {
-        for &(m, n, k) in &[(1, 1, 1), (3, 70, 37), (5, 1100, 48), (60, 130, 33), (49, 5, 64)] {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (3, 70, 37),
+            (5, 1100, 48),
+            (60, 130, 33),
+            (49, 5, 64),
+        ] {
             let x = pseudo(m * k, 1);
             let wv: Vec<f32> = pseudo(n * k, 2)
                 .into_iter()

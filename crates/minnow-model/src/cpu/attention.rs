@@ -1,0 +1,159 @@
+//! Self-attention of one layer (model doc §7.4): fused QKV, per-head QK-norm, partial
+//! rotate-half RoPE, then GQA attention under the block-causal mask over the cached prefix and
+//! the forward's own keys.
+
+use rayon::prelude::*;
+
+use minnow_runtime::cpu::{linear, matmul, rms_norm, rope_rotate_half, softmax_in_place, Par};
+
+use crate::config::Config;
+use crate::weights::Attention;
+
+/// `cos`/`sin` of the `r/2` RoPE angles for a run of absolute positions, computed exactly as
+/// the reference does in F32: `inv_freq[j] = 1 / θ^(2j/r)`, `angle = F32(p) · inv_freq[j]`.
+pub struct RopeTable {
+    pub half: usize,
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+}
+
+impl RopeTable {
+    pub fn new(c: &Config, start: usize, n: usize) -> Self {
+        let r = c.rotary_dim;
+        let half = r / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|j| 1.0 / c.rope_theta.powf((2 * j) as f32 / r as f32))
+            .collect();
+        let mut cos = Vec::with_capacity(n * half);
+        let mut sin = Vec::with_capacity(n * half);
+        for p in start..start + n {
+            for &f in &inv_freq {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        RopeTable { half, cos, sin }
+    }
+
+    fn at(&self, i: usize) -> (&[f32], &[f32]) {
+        let s = i * self.half;
+        (&self.cos[s..s + self.half], &self.sin[s..s + self.half])
+    }
+}
+
+/// Runs attention for `n` rows `a` (already input-normed) at positions `start..start+n`,
+/// appends their K/V to `cache_k`/`cache_v` and returns the output projection `[n, D]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    c: &Config,
+    w: &Attention,
+    a: &[f32],
+    n: usize,
+    start: usize,
+    rope: &RopeTable,
+    cache_k: &mut Vec<f32>,
+    cache_v: &mut Vec<f32>,
+) -> Vec<f32> {
+    let (h, g, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    let qkv_w = (h + 2 * g) * d;
+    let mut qkv = vec![0.0f32; n * qkv_w];
+    linear(a, n, w.qkv.view(), &mut qkv, Par::Rayon);
+
+    // QK-norm before RoPE, over the full head; V untouched.
+    qkv.par_chunks_mut(qkv_w).enumerate().for_each(|(i, row)| {
+        let (cos, sin) = rope.at(i);
+        let mut tmp = vec![0.0f32; d];
+        for (head, slot) in row[..(h + g) * d].chunks_exact_mut(d).enumerate() {
+            let norm = if head < h { &w.q_norm } else { &w.k_norm };
+            if let Some(weight) = norm {
+                rms_norm(slot, weight, c.rms_norm_eps, &mut tmp);
+                slot.copy_from_slice(&tmp);
+            }
+            rope_rotate_half(&mut slot[..2 * rope.half], cos, sin);
+        }
+    });
+
+    let kv_row = g * d;
+    cache_k.reserve(n * kv_row);
+    cache_v.reserve(n * kv_row);
+    for row in qkv.chunks_exact(qkv_w) {
+        cache_k.extend_from_slice(&row[h * d..(h + g) * d]);
+        cache_v.extend_from_slice(&row[(h + g) * d..]);
+    }
+    let total = start + n;
+
+    // Query rows grouped by absolute block: every row of a block sees the same keys,
+    // `0 .. min(end of its block, total)`.
+    let b = c.block_size;
+    let mut groups = Vec::new();
+    let mut i0 = 0;
+    while i0 < n {
+        let block_end = ((start + i0) / b + 1) * b;
+        let i1 = (block_end - start).min(n);
+        groups.push((i0, i1, block_end.min(total)));
+        i0 = i1;
+    }
+    let scale = 1.0 / (d as f32).sqrt();
+    let per_kv = h / g;
+    let (keys, values) = (&cache_k[..], &cache_v[..]);
+    let tasks: Vec<(usize, usize)> = (0..groups.len())
+        .flat_map(|gi| (0..h).map(move |head| (gi, head)))
+        .collect();
+    let outputs: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|&(gi, head)| {
+            let (i0, i1, keys_len) = groups[gi];
+            let rows = i1 - i0;
+            let kvh = head / per_kv;
+            // Scores [rows, keys_len] = Q_head · K_kvhᵀ.
+            let mut scores = vec![0.0f32; rows * keys_len];
+            matmul(
+                rows,
+                keys_len,
+                d,
+                &qkv[i0 * qkv_w + head * d..],
+                qkv_w,
+                1,
+                &keys[kvh * d..],
+                1,
+                kv_row,
+                &mut scores,
+                keys_len,
+            );
+            for row in scores.chunks_exact_mut(keys_len) {
+                for s in row.iter_mut() {
+                    *s *= scale;
+                }
+                softmax_in_place(row);
+            }
+            // Output [rows, d] = P · V_kvh.
+            let mut out = vec![0.0f32; rows * d];
+            matmul(
+                rows,
+                d,
+                keys_len,
+                &scores,
+                keys_len,
+                1,
+                &values[kvh * d..],
+                kv_row,
+                1,
+                &mut out,
+                d,
+            );
+            out
+        })
+        .collect();
+    let mut attn = vec![0.0f32; n * h * d];
+    for (&(gi, head), out) in tasks.iter().zip(&outputs) {
+        let (i0, i1, _) = groups[gi];
+        for (r, src) in (i0..i1).zip(out.chunks_exact(d)) {
+            attn[r * h * d + head * d..][..d].copy_from_slice(src);
+        }
+    }
+
+    let mut o = vec![0.0f32; n * c.hidden_size];
+    linear(&attn, n, w.dense.view(), &mut o, Par::Rayon);
+    o
+}

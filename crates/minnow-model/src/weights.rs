@@ -1,0 +1,278 @@
+//! The validated weight set of a checkpoint: every tensor the forward pass reads, checked for
+//! presence, element type and shape before any compute (model doc §4).
+//!
+//! Matrices are borrowed from the tensor source in their stored type (BF16/F16/F32 via mmap; a
+//! quantized `.mnw` source can hand out other encodings later) and widened where they are used,
+//! so a 16B checkpoint runs without an F32 copy. Small vectors (norm weights, `expert_bias`) and
+//! the F32 router matrix are widened once at load.
+
+use std::sync::Arc;
+
+use minnow_format::{TensorRef, TensorSource};
+use minnow_runtime::{dtype::widen, DType, MatRef};
+
+use crate::config::Config;
+use crate::error::{ModelError, Result};
+
+/// A stored matrix `[rows, cols]` borrowed from the source that [`Weights`] keeps alive.
+pub struct StoredMat {
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the bytes are immutable (read-only mmap or owned buffer) for the life of the source.
+unsafe impl Send for StoredMat {}
+unsafe impl Sync for StoredMat {}
+
+impl StoredMat {
+    /// The matrix, borrowed for as long as its owner is.
+    pub fn view(&self) -> MatRef<'_> {
+        // SAFETY: `ptr/len` come from a slice of the source held by the owning `Weights`;
+        // mapped bytes never move, and the returned borrow cannot outlive `self`.
+        let data = unsafe { std::slice::from_raw_parts(self.ptr, self.len) };
+        MatRef {
+            dtype: self.dtype,
+            rows: self.rows,
+            cols: self.cols,
+            data,
+        }
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+/// A SwiGLU MLP: `down(silu(gate(x)) ⊙ up(x))`.
+pub struct Mlp {
+    pub gate: StoredMat,
+    pub up: StoredMat,
+    pub down: StoredMat,
+}
+
+pub struct Attention {
+    /// Fused `[(H + 2G)·d, D]`, rows `[Q heads | K heads | V heads]`.
+    pub qkv: StoredMat,
+    /// Per-head norms `[d]` (absent when `use_qk_norm` is false).
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    /// Output projection `[D, H·d]`.
+    pub dense: StoredMat,
+}
+
+pub struct Moe {
+    /// Router `[E, D]` in F32 (router math stays F32 end to end).
+    pub router: Vec<f32>,
+    /// `[E]`, zeros when the router has no bias.
+    pub expert_bias: Vec<f32>,
+    pub experts: Vec<Mlp>,
+    pub shared: Option<Mlp>,
+}
+
+pub enum FeedForward {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+pub struct Layer {
+    pub input_norm: Vec<f32>,
+    pub attention: Attention,
+    pub post_attention_norm: Vec<f32>,
+    pub ffn: FeedForward,
+}
+
+/// Every weight of the model, validated against the config.
+pub struct Weights {
+    pub embed: StoredMat,
+    pub layers: Vec<Layer>,
+    pub final_norm: Vec<f32>,
+    pub lm_head: StoredMat,
+    /// Keeps the mapped bytes behind every [`StoredMat`] alive.
+    _source: Arc<dyn TensorSource>,
+}
+
+/// One tensor the model expects.
+struct Expected {
+    name: String,
+    shape: Vec<usize>,
+}
+
+/// Every tensor name and shape the config implies, in checkpoint order (model doc §4).
+fn expected_tensors(c: &Config) -> Vec<Expected> {
+    let (d_model, v) = (c.hidden_size, c.vocab_size);
+    let mut out = Vec::new();
+    let mut push = |name: String, shape: Vec<usize>| out.push(Expected { name, shape });
+    push("model.word_embeddings.weight".into(), vec![v, d_model]);
+    for i in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        push(format!("{p}.input_layernorm.weight"), vec![d_model]);
+        push(
+            format!("{p}.attention.query_key_value.weight"),
+            vec![c.qkv_rows(), d_model],
+        );
+        if c.use_qk_norm {
+            push(
+                format!("{p}.attention.query_layernorm.weight"),
+                vec![c.head_dim],
+            );
+            push(
+                format!("{p}.attention.key_layernorm.weight"),
+                vec![c.head_dim],
+            );
+        }
+        push(
+            format!("{p}.attention.dense.weight"),
+            vec![d_model, c.num_attention_heads * c.head_dim],
+        );
+        push(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![d_model],
+        );
+        let mlp = |push: &mut dyn FnMut(String, Vec<usize>), q: String, width: usize| {
+            push(format!("{q}.gate_proj.weight"), vec![width, d_model]);
+            push(format!("{q}.up_proj.weight"), vec![width, d_model]);
+            push(format!("{q}.down_proj.weight"), vec![d_model, width]);
+        };
+        if c.is_dense_layer(i) {
+            mlp(&mut push, format!("{p}.mlp"), c.intermediate_size);
+        } else {
+            push(format!("{p}.mlp.gate.weight"), vec![c.num_experts, d_model]);
+            if c.moe_router_enable_expert_bias {
+                push(format!("{p}.mlp.gate.expert_bias"), vec![c.num_experts]);
+            }
+            for e in 0..c.num_experts {
+                mlp(
+                    &mut push,
+                    format!("{p}.mlp.experts.{e}"),
+                    c.moe_intermediate_size,
+                );
+            }
+            if c.num_shared_experts > 0 {
+                mlp(
+                    &mut push,
+                    format!("{p}.mlp.shared_experts"),
+                    c.shared_intermediate_size(),
+                );
+            }
+        }
+    }
+    push("model.norm.weight".into(), vec![d_model]);
+    push("lm_head.weight".into(), vec![v, d_model]);
+    out
+}
+
+/// Checks presence, element type and shape of every expected tensor; the error names the first
+/// bad one.
+pub fn validate(c: &Config, source: &dyn TensorSource) -> Result<()> {
+    for e in expected_tensors(c) {
+        check(source, &e.name, &e.shape)?;
+    }
+    Ok(())
+}
+
+fn check<'a>(source: &'a dyn TensorSource, name: &str, shape: &[usize]) -> Result<TensorRef<'a>> {
+    let t = source.tensor(name).ok_or_else(|| {
+        ModelError::Weights(format!(
+            "tensor '{name}' is missing from {}",
+            source.describe()
+        ))
+    })?;
+    if t.dtype.is_none() {
+        return Err(ModelError::Weights(format!(
+            "tensor '{name}' has dtype {}; expected BF16, F16 or F32",
+            t.dtype_name
+        )));
+    }
+    if t.shape != shape {
+        return Err(ModelError::Weights(format!(
+            "tensor '{name}' has shape {:?}; the config implies {shape:?}",
+            t.shape
+        )));
+    }
+    Ok(t)
+}
+
+impl Weights {
+    /// Validates every tensor, then binds them. `source` stays alive as long as the weights.
+    pub fn load(c: &Config, source: Arc<dyn TensorSource>) -> Result<Weights> {
+        validate(c, source.as_ref())?;
+        let src = source.as_ref();
+        // Every lookup below was validated, so `get` cannot fail.
+        let get = |name: &str| src.tensor(name).expect("validated tensor");
+        let mat = |name: String| {
+            let t = get(&name);
+            StoredMat {
+                dtype: t.dtype.expect("validated dtype"),
+                rows: t.shape[0],
+                cols: t.shape[1],
+                ptr: t.data.as_ptr(),
+                len: t.data.len(),
+            }
+        };
+        let vector = |name: String| {
+            let t = get(&name);
+            widen(t.dtype.expect("validated dtype"), t.data)
+        };
+        let mlp = |p: &str| Mlp {
+            gate: mat(format!("{p}.gate_proj.weight")),
+            up: mat(format!("{p}.up_proj.weight")),
+            down: mat(format!("{p}.down_proj.weight")),
+        };
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let attention = Attention {
+                qkv: mat(format!("{p}.attention.query_key_value.weight")),
+                q_norm: c
+                    .use_qk_norm
+                    .then(|| vector(format!("{p}.attention.query_layernorm.weight"))),
+                k_norm: c
+                    .use_qk_norm
+                    .then(|| vector(format!("{p}.attention.key_layernorm.weight"))),
+                dense: mat(format!("{p}.attention.dense.weight")),
+            };
+            let ffn = if c.is_dense_layer(i) {
+                FeedForward::Dense(mlp(&format!("{p}.mlp")))
+            } else {
+                FeedForward::Moe(Moe {
+                    router: vector(format!("{p}.mlp.gate.weight")),
+                    expert_bias: if c.moe_router_enable_expert_bias {
+                        vector(format!("{p}.mlp.gate.expert_bias"))
+                    } else {
+                        vec![0.0; c.num_experts]
+                    },
+                    experts: (0..c.num_experts)
+                        .map(|e| mlp(&format!("{p}.mlp.experts.{e}")))
+                        .collect(),
+                    shared: (c.num_shared_experts > 0)
+                        .then(|| mlp(&format!("{p}.mlp.shared_experts"))),
+                })
+            };
+            layers.push(Layer {
+                input_norm: vector(format!("{p}.input_layernorm.weight")),
+                attention,
+                post_attention_norm: vector(format!("{p}.post_attention_layernorm.weight")),
+                ffn,
+            });
+        }
+        Ok(Weights {
+            embed: mat("model.word_embeddings.weight".into()),
+            layers,
+            final_norm: vector("model.norm.weight".into()),
+            lm_head: mat("lm_head.weight".into()),
+            _source: source,
+        })
+    }
+}
+
+/// The element type of the first MoE layer's `expert_bias`, which tells 2.0 from 2.1
+/// (see [`Config::refine_family`]).
+pub fn expert_bias_dtype(c: &Config, source: &dyn TensorSource) -> Option<DType> {
+    let layer = c.first_k_dense_replace;
+    source
+        .tensor(&format!("model.layers.{layer}.mlp.gate.expert_bias"))
+        .and_then(|t| t.dtype)
+}

@@ -1,0 +1,214 @@
+//! The CUDA runner on the tiny fixtures against the golden logits of the official code
+//! (ignored: needs a GPU; `cargo test -p minnow-model --test cuda_fixtures -- --ignored`).
+//!
+//! The GPU forward is BF16, so it is compared the way ../shared/fixtures/README.md advises for a
+//! BF16 engine: tokens whose router margin is above 0.01 within 0.5 of the BF16 reference logits,
+//! most argmaxes equal, no NaN. The K/V cache is checked by running the last block alone over
+//! the cached prefix, and replay (CUDA graphs, truncation) by repeating a forward exactly.
+
+use std::path::PathBuf;
+
+use minnow_model::cuda::CudaRunner;
+use minnow_model::{LogitsRows, ModelRunner};
+use safetensors::SafeTensors;
+
+fn fixture(name: &str) -> PathBuf {
+    // The manifest path when run where it was built; the working directory (the repository
+    // root) when the test binary was copied to a GPU machine.
+    let built =
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name);
+    if built.is_dir() {
+        built
+    } else {
+        std::env::current_dir()
+            .unwrap()
+            .join("tests/fixtures")
+            .join(name)
+    }
+}
+
+struct Golden {
+    ids: Vec<u32>,
+    logits_f32: Vec<f32>,
+    logits_bf16: Vec<f32>,
+    /// Smallest router margin of each token over the MoE layers.
+    margin: Vec<f32>,
+}
+
+fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
+    let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn golden(dir: &std::path::Path) -> Golden {
+    let bytes = std::fs::read(dir.join("golden.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let ids: Vec<u32> = st
+        .tensor("input_ids")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect();
+    let mut margin = vec![f32::INFINITY; ids.len()];
+    for name in st.names() {
+        if name.starts_with("router.") && name.ends_with(".margin") {
+            for (m, v) in margin.iter_mut().zip(f32s(&st, name)) {
+                *m = m.min(v);
+            }
+        }
+    }
+    Golden {
+        ids,
+        logits_f32: f32s(&st, "logits"),
+        logits_bf16: f32s(&st, "logits_bf16"),
+        margin,
+    }
+}
+
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Compares rows `rows` of `got` (which starts at row `rows.start`) with the goldens.
+fn compare(name: &str, g: &Golden, got: &[f32], rows: std::ops::Range<usize>, vocab: usize) {
+    assert!(
+        got.iter().all(|x| x.is_finite()),
+        "{name}: non-finite logits"
+    );
+    let (mut worst, mut worst_f32, mut compared, mut agree) = (0f32, 0f32, 0, 0);
+    for (k, t) in rows.clone().enumerate() {
+        let row = &got[k * vocab..(k + 1) * vocab];
+        let want = &g.logits_bf16[t * vocab..(t + 1) * vocab];
+        let want_f32 = &g.logits_f32[t * vocab..(t + 1) * vocab];
+        if argmax(row) == argmax(want) {
+            agree += 1;
+        }
+        if g.margin[t] > 0.01 {
+            compared += 1;
+            for c in 0..vocab {
+                worst = worst.max((row[c] - want[c]).abs());
+                worst_f32 = worst_f32.max((row[c] - want_f32[c]).abs());
+            }
+        }
+    }
+    let n = rows.len();
+    println!(
+        "{name}: {compared}/{n} tokens with router margin > 0.01: max |gpu - bf16 ref| {worst:.3}, max |gpu - f32 ref| {worst_f32:.3}; argmax agrees on {agree}/{n}"
+    );
+    assert!(
+        compared * 10 >= n * 8,
+        "{name}: too few tokens with a clear routing margin"
+    );
+    assert!(
+        worst <= 0.5,
+        "{name}: logits differ from the BF16 reference by {worst}"
+    );
+    assert!(
+        agree * 10 >= n * 9,
+        "{name}: argmax agrees on only {agree}/{n} tokens"
+    );
+}
+
+fn check_fixture(name: &str) {
+    let dir = fixture(name);
+    let g = golden(&dir);
+    let mut runner = CudaRunner::load(&dir, 0).expect("load the fixture onto the GPU");
+    let vocab = runner.config().vocab_size;
+    let n = g.ids.len();
+    println!("{name} on {}", runner.device_name());
+
+    // One forward over all 96 tokens.
+    let seq = runner.create_sequence().unwrap();
+    let full = runner.forward(seq, &g.ids, LogitsRows::All).unwrap();
+    compare(&format!("{name} full"), &g, &full, 0..n, vocab);
+
+    // The last block over the cached first two blocks.
+    let seq2 = runner.create_sequence().unwrap();
+    assert!(runner
+        .forward(seq2, &g.ids[..64], LogitsRows::None)
+        .unwrap()
+        .is_empty());
+    assert_eq!(runner.sequence_len(seq2), 64);
+    let last = runner.forward(seq2, &g.ids[64..], LogitsRows::All).unwrap();
+    compare(&format!("{name} cached"), &g, &last, 64..n, vocab);
+
+    // Denoising-style repetition: truncate and run the same block again (a graph replay): the
+    // result must be bit-identical.
+    for _ in 0..2 {
+        runner.truncate_sequence(seq2, 64).unwrap();
+        let again = runner.forward(seq2, &g.ids[64..], LogitsRows::All).unwrap();
+        assert_eq!(again, last, "{name}: repeated forward differs");
+    }
+    // The GPU argmax/confidence agrees with the logits of the same forward.
+    runner.truncate_sequence(seq2, 64).unwrap();
+    let top = runner
+        .forward_top1(seq2, &g.ids[64..], LogitsRows::All)
+        .unwrap();
+    for (k, (tok, conf)) in top.iter().enumerate() {
+        let row = &last[k * vocab..(k + 1) * vocab];
+        let best = argmax(row);
+        assert_eq!(*tok as usize, best, "{name}: GPU argmax of row {k}");
+        let s: f64 = row.iter().map(|&v| ((v - row[best]) as f64).exp()).sum();
+        assert!(
+            (*conf as f64 - 1.0 / s).abs() <= 1e-5,
+            "{name}: confidence of row {k}"
+        );
+    }
+    // Sub-range of rows.
+    runner.truncate_sequence(seq2, 64).unwrap();
+    let some = runner
+        .forward(seq2, &g.ids[64..], LogitsRows::Range(3..9))
+        .unwrap();
+    assert_eq!(some.len(), 6 * vocab);
+    compare(&format!("{name} rows 67..73"), &g, &some, 67..73, vocab);
+    runner.release_sequence(seq);
+    runner.release_sequence(seq2);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn v21_fixture_matches_golden() {
+    check_fixture("llada2-tiny-v21");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn v20_fixture_matches_golden() {
+    check_fixture("llada2-tiny-v20");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn v22_fixture_matches_golden() {
+    check_fixture("llada2-tiny-v22");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn rejects_bad_input() {
+    let dir = fixture("llada2-tiny-v22");
+    let mut runner = CudaRunner::load(&dir, 0).unwrap();
+    let seq = runner.create_sequence().unwrap();
+    assert!(
+        runner.forward(seq, &[100_000], LogitsRows::All).is_err(),
+        "id outside the vocabulary"
+    );
+    assert!(
+        runner.forward(seq, &[], LogitsRows::All).is_err(),
+        "empty forward"
+    );
+    runner.forward(seq, &[1, 2, 3], LogitsRows::None).unwrap();
+    // 2.2 block routing: a forward must start on a block boundary.
+    assert!(runner.forward(seq, &[4], LogitsRows::All).is_err());
+    assert!(runner.truncate_sequence(seq, 10).is_err());
+}
