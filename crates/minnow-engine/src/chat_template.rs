@@ -73,10 +73,7 @@ impl ChatTemplate {
                 )))
             }
         };
-        let special_vars = config
-            .as_ref()
-            .map(special_token_vars)
-            .unwrap_or_default();
+        let special_vars = config.as_ref().map(special_token_vars).unwrap_or_default();
 
         let jinja_path = dir.join("chat_template.jinja");
         if jinja_path.exists() {
@@ -159,7 +156,11 @@ impl ChatTemplate {
 
     /// Renders a chat request: normalizes and validates the messages, applies `tool_choice` and
     /// appends the steering prefix for `format` when a tool call is required.
-    pub fn render(&self, prompt: &ChatPrompt, format: ToolCallFormat) -> EngineResult<RenderedPrompt> {
+    pub fn render(
+        &self,
+        prompt: &ChatPrompt,
+        format: ToolCallFormat,
+    ) -> EngineResult<RenderedPrompt> {
         validate_tool_results(&prompt.messages)?;
         let messages: Vec<Json> = prompt
             .messages
@@ -238,7 +239,10 @@ impl ChatTemplate {
                 Json::Array(tools.to_vec())
             },
         );
-        vars.insert("add_generation_prompt".into(), Json::Bool(add_generation_prompt));
+        vars.insert(
+            "add_generation_prompt".into(),
+            Json::Bool(add_generation_prompt),
+        );
 
         let name = if !tools.is_empty() && self.names.iter().any(|n| n == TOOL_USE_TEMPLATE) {
             TOOL_USE_TEMPLATE
@@ -421,7 +425,9 @@ fn tojson_filter(value: Value, args: Rest<Value>) -> Result<String, Error> {
     let (ensure_ascii, indent, separators, sort_keys, kwargs): Args = from_args(&args)?;
     let pick = |positional: Option<Value>, key: &str| -> Result<Option<Value>, Error> {
         let keyword: Option<Value> = kwargs.get(key)?;
-        Ok(keyword.or(positional).filter(|v| !v.is_none() && !v.is_undefined()))
+        Ok(keyword
+            .or(positional)
+            .filter(|v| !v.is_none() && !v.is_undefined()))
     };
     let ensure_ascii = pick(ensure_ascii, "ensure_ascii")?.is_some_and(|v| v.is_true());
     let indent = match pick(indent, "indent")? {
@@ -429,7 +435,10 @@ fn tojson_filter(value: Value, args: Rest<Value>) -> Result<String, Error> {
         Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or("").to_string()),
         Some(v) => {
             let n = i64::try_from(v.clone()).map_err(|_| {
-                Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an integer or string")
+                Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: indent must be an integer or string",
+                )
             })?;
             Some(" ".repeat(n.max(0) as usize))
         }
@@ -517,7 +526,12 @@ pub mod python_json {
         }
     }
 
-    fn write_value(out: &mut String, value: &Value, style: &Style, depth: usize) -> Result<(), Error> {
+    fn write_value(
+        out: &mut String,
+        value: &Value,
+        style: &Style,
+        depth: usize,
+    ) -> Result<(), Error> {
         match value.kind() {
             // Python's json.dumps fails on Jinja's Undefined; writing null is the lenient choice.
             ValueKind::Undefined | ValueKind::None => out.push_str("null"),
@@ -802,8 +816,11 @@ mod tests {
             r#"{"b": 1, "a": [1.5, "é<&>'\"\n", null, true, {}], "z": []}"#
         );
         assert_eq!(
-            render_expr("{{ v | tojson(ensure_ascii=True, sort_keys=True) }}", ctx.clone())
-                .unwrap(),
+            render_expr(
+                "{{ v | tojson(ensure_ascii=True, sort_keys=True) }}",
+                ctx.clone()
+            )
+            .unwrap(),
             r#"{"a": [1.5, "\u00e9<&>'\"\n", null, true, {}], "b": 1, "z": []}"#
         );
         assert_eq!(
@@ -864,7 +881,10 @@ mod tests {
             json!({"msgs": ["a:x!!", "b:y", "c:z!"], "d": {"p": 1, "q": 2}}),
         )
         .unwrap();
-        assert_eq!(out, "zy|2|True|p=1;q=2;|none|c:z!|[]|yes", "booleans print like Python");
+        assert_eq!(
+            out, "zy|2|True|p=1;q=2;|none|c:z!|[]|yes",
+            "booleans print like Python"
+        );
     }
 
     #[test]
@@ -875,8 +895,8 @@ mod tests {
 
     #[test]
     fn raise_exception_aborts_with_message() {
-        let err = render_expr("{{ raise_exception('roles must alternate') }}", json!({}))
-            .unwrap_err();
+        let err =
+            render_expr("{{ raise_exception('roles must alternate') }}", json!({})).unwrap_err();
         assert!(err.to_string().contains("roles must alternate"), "{err}");
     }
 
@@ -889,8 +909,14 @@ mod tests {
             "26 Jul 2024 13:25:09 Friday 208 01PM %"
         );
         assert_eq!(strftime_utc("%Y-%m-%d", 0).unwrap(), "1970-01-01");
-        assert_eq!(strftime_utc("%F %T %a", 951_782_400).unwrap(), "2000-02-29 00:00:00 Tue");
-        assert_eq!(strftime_utc("%d %B %Y", 1_722_000_309).unwrap(), "26 July 2024");
+        assert_eq!(
+            strftime_utc("%F %T %a", 951_782_400).unwrap(),
+            "2000-02-29 00:00:00 Tue"
+        );
+        assert_eq!(
+            strftime_utc("%d %B %Y", 1_722_000_309).unwrap(),
+            "26 July 2024"
+        );
         assert_eq!(strftime_utc("%A %j", 1_722_000_309).unwrap(), "Friday 208");
         assert!(strftime_utc("%Q", 0).is_err());
         let out = render_expr("{{ strftime_now('%Y') }}", json!({})).unwrap();
@@ -937,7 +963,11 @@ mod tests {
             let rendered = template
                 .render_json(messages, &tools, add, &Map::new())
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert_eq!(rendered, entry["rendered"].as_str().unwrap(), "entry {name}");
+            assert_eq!(
+                rendered,
+                entry["rendered"].as_str().unwrap(),
+                "entry {name}"
+            );
         }
     }
 
@@ -962,11 +992,10 @@ mod tests {
                                     name: c["function"]["name"].as_str().unwrap().to_string(),
                                     arguments: match args {
                                         Json::String(s) => s.clone(),
-                                        other => dumps(
-                                            &Value::from_serialize(other),
-                                            &Style::default(),
-                                        )
-                                        .unwrap(),
+                                        other => {
+                                            dumps(&Value::from_serialize(other), &Style::default())
+                                                .unwrap()
+                                        }
                                     },
                                 }
                             })
@@ -1001,7 +1030,11 @@ mod tests {
             let rendered = template
                 .render(&prompt, ToolCallFormat::TaggedJson)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert_eq!(rendered.text, entry["rendered"].as_str().unwrap(), "entry {name}");
+            assert_eq!(
+                rendered.text,
+                entry["rendered"].as_str().unwrap(),
+                "entry {name}"
+            );
             assert_eq!(rendered.forced_prefix, None);
         }
     }
@@ -1027,13 +1060,19 @@ mod tests {
     fn tool_choice_steers_the_tagged_format() {
         let template = ling_template();
         let none = template
-            .render(&weather_prompt(ToolChoice::None), ToolCallFormat::TaggedJson)
+            .render(
+                &weather_prompt(ToolChoice::None),
+                ToolCallFormat::TaggedJson,
+            )
             .unwrap();
         assert!(!none.text.contains("# Tools"));
         assert_eq!(none.forced_prefix, None);
 
         let auto = template
-            .render(&weather_prompt(ToolChoice::Auto), ToolCallFormat::TaggedJson)
+            .render(
+                &weather_prompt(ToolChoice::Auto),
+                ToolCallFormat::TaggedJson,
+            )
             .unwrap();
         assert!(auto.text.contains("get_time"));
         assert!(auto.text.ends_with("<role>ASSISTANT</role>"));
@@ -1046,11 +1085,19 @@ mod tests {
             .unwrap();
         let prefix = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ";
         assert_eq!(named.forced_prefix.as_deref(), Some(prefix));
-        assert!(named.text.ends_with(&format!("<role>ASSISTANT</role>{prefix}")));
-        assert!(!named.text.contains("get_time"), "named choice keeps only that tool");
+        assert!(named
+            .text
+            .ends_with(&format!("<role>ASSISTANT</role>{prefix}")));
+        assert!(
+            !named.text.contains("get_time"),
+            "named choice keeps only that tool"
+        );
 
         let required = template
-            .render(&weather_prompt(ToolChoice::Required), ToolCallFormat::TaggedJson)
+            .render(
+                &weather_prompt(ToolChoice::Required),
+                ToolCallFormat::TaggedJson,
+            )
             .unwrap();
         assert_eq!(
             required.forced_prefix.as_deref(),
@@ -1067,7 +1114,9 @@ mod tests {
         assert!(matches!(err, EngineError::InvalidRequest(_)), "{err}");
         let mut no_tools = weather_prompt(ToolChoice::Required);
         no_tools.tools.clear();
-        assert!(template.render(&no_tools, ToolCallFormat::TaggedJson).is_err());
+        assert!(template
+            .render(&no_tools, ToolCallFormat::TaggedJson)
+            .is_err());
     }
 
     #[test]
@@ -1090,19 +1139,31 @@ mod tests {
             tool_call_id: Some("call_a".into()),
             ..Default::default()
         });
-        let ok = template.render(&prompt, ToolCallFormat::TaggedJson).unwrap();
-        assert!(ok.text.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}"));
-        assert!(ok.text.contains("<role>OBSERVATION</role>\n<tool_response>\nsunny\n</tool_response><|role_end|>"));
+        let ok = template
+            .render(&prompt, ToolCallFormat::TaggedJson)
+            .unwrap();
+        assert!(ok
+            .text
+            .contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}"));
+        assert!(ok.text.contains(
+            "<role>OBSERVATION</role>\n<tool_response>\nsunny\n</tool_response><|role_end|>"
+        ));
 
         prompt.messages[2].tool_call_id = Some("call_b".into());
-        let err = template.render(&prompt, ToolCallFormat::TaggedJson).unwrap_err();
+        let err = template
+            .render(&prompt, ToolCallFormat::TaggedJson)
+            .unwrap_err();
         assert!(err.to_string().contains("call_b"), "{err}");
         prompt.messages[2].tool_call_id = None;
-        assert!(template.render(&prompt, ToolCallFormat::TaggedJson).is_err());
+        assert!(template
+            .render(&prompt, ToolCallFormat::TaggedJson)
+            .is_err());
 
         let mut bad_role = weather_prompt(ToolChoice::Auto);
         bad_role.messages[0].role = "wizard".into();
-        let err = template.render(&bad_role, ToolCallFormat::TaggedJson).unwrap_err();
+        let err = template
+            .render(&bad_role, ToolCallFormat::TaggedJson)
+            .unwrap_err();
         assert!(err.to_string().contains("wizard"), "{err}");
     }
 
@@ -1125,12 +1186,14 @@ mod tests {
         prompt
             .template_kwargs
             .insert("flavour".into(), json!("mint"));
-        let out = template.render(&prompt, ToolCallFormat::TaggedJson).unwrap();
+        let out = template
+            .render(&prompt, ToolCallFormat::TaggedJson)
+            .unwrap();
         assert_eq!(out.text, "system:be brief;user:Weather?;<s>mint");
-        prompt
-            .template_kwargs
-            .insert("messages".into(), json!([]));
-        assert!(template.render(&prompt, ToolCallFormat::TaggedJson).is_err());
+        prompt.template_kwargs.insert("messages".into(), json!([]));
+        assert!(template
+            .render(&prompt, ToolCallFormat::TaggedJson)
+            .is_err());
     }
 
     #[test]
@@ -1150,21 +1213,33 @@ mod tests {
         .unwrap();
         let template = ChatTemplate::from_dir(dir.path()).unwrap();
         let tools = [json!({"type": "function", "function": {"name": "f"}})];
-        assert_eq!(template.render_json(&[], &[], true, &Map::new()).unwrap(), "plain</s>");
-        assert_eq!(template.render_json(&[], &tools, true, &Map::new()).unwrap(), "tools=1");
+        assert_eq!(
+            template.render_json(&[], &[], true, &Map::new()).unwrap(),
+            "plain</s>"
+        );
+        assert_eq!(
+            template
+                .render_json(&[], &tools, true, &Map::new())
+                .unwrap(),
+            "tools=1"
+        );
 
         // chat_template.jinja wins over tokenizer_config.json.
         std::fs::write(dir.path().join("chat_template.jinja"), "from file").unwrap();
         let template = ChatTemplate::from_dir(dir.path()).unwrap();
-        assert_eq!(template.render_json(&[], &tools, true, &Map::new()).unwrap(), "from file");
+        assert_eq!(
+            template
+                .render_json(&[], &tools, true, &Map::new())
+                .unwrap(),
+            "from file"
+        );
     }
 
     #[test]
     fn missing_template_is_a_load_error() {
-        let err = ChatTemplate::from_dir(&crate::tokenizer::tests_support::fixture(
-            "llada2-tiny-v22",
-        ))
-        .unwrap_err();
+        let err =
+            ChatTemplate::from_dir(&crate::tokenizer::tests_support::fixture("llada2-tiny-v22"))
+                .unwrap_err();
         assert!(err.to_string().contains("no chat template"), "{err}");
     }
 }

@@ -93,7 +93,11 @@ impl StopStrings {
         let earliest = self
             .stops
             .iter()
-            .filter_map(|stop| visible[from..].find(stop.as_str()).map(|i| (from + i, stop)))
+            .filter_map(|stop| {
+                visible[from..]
+                    .find(stop.as_str())
+                    .map(|i| (from + i, stop))
+            })
             .min_by_key(|(start, stop)| (*start, usize::MAX - stop.len()));
         if let Some((start, stop)) = earliest {
             return TextCheck {
@@ -168,7 +172,11 @@ impl OutputStream {
 
     /// Call after each committed block with all output ids so far (generated ids only, in
     /// order; a stop token may be included, the text is cut there).
-    pub fn push_block(&mut self, tokenizer: &Tokenizer, output_ids: &[u32]) -> EngineResult<BlockText> {
+    pub fn push_block(
+        &mut self,
+        tokenizer: &Tokenizer,
+        output_ids: &[u32],
+    ) -> EngineResult<BlockText> {
         if self.stopped.is_some() {
             return Ok(BlockText::default());
         }
@@ -205,7 +213,11 @@ impl OutputStream {
     ) -> EngineResult<FinalText> {
         let text = tokenizer.decode(output_ids, true)?;
         let (cut, end, kept_tokens) = match &self.stopped {
-            Some((found, keep)) => (found.start, FinishReason::Stop, (*keep).min(output_ids.len())),
+            Some((found, keep)) => (
+                found.start,
+                FinishReason::Stop,
+                (*keep).min(output_ids.len()),
+            ),
             None => {
                 let check = self.stops.check(&text, true);
                 match check.stop {
@@ -269,7 +281,11 @@ mod tests {
         assert_eq!(partial_prefix_suffix("abc<|ro", &["<|role_end|>"]), 4);
         assert_eq!(partial_prefix_suffix("xyz", &["zz", "yz!"]), 2);
         assert_eq!(partial_prefix_suffix("a日", &["日本"]), 3);
-        assert_eq!(partial_prefix_suffix("a日本", &["日本"]), 0, "a full match is not partial");
+        assert_eq!(
+            partial_prefix_suffix("a日本", &["日本"]),
+            0,
+            "a full match is not partial"
+        );
         assert_eq!(partial_prefix_suffix("", &["abc"]), 0);
     }
 
@@ -306,10 +322,17 @@ mod tests {
 
     /// Encodes `text`, feeds the ids in blocks of `block` tokens, and returns the concatenated
     /// text deltas, the block at which a stop was reported, and the final output.
-    fn run_blocks(text: &str, stops: &[&str], block: usize) -> (String, Option<usize>, FinalText, Vec<u32>) {
+    fn run_blocks(
+        text: &str,
+        stops: &[&str],
+        block: usize,
+    ) -> (String, Option<usize>, FinalText, Vec<u32>) {
         let tok = tokenizer();
         let ids = tok.encode(text).unwrap();
-        let mut out = OutputStream::new(stops.iter().map(|s| s.to_string()).collect(), plain_parser());
+        let mut out = OutputStream::new(
+            stops.iter().map(|s| s.to_string()).collect(),
+            plain_parser(),
+        );
         let mut streamed = String::new();
         let mut stopped_at = None;
         let mut committed = Vec::new();
@@ -345,7 +368,10 @@ mod tests {
             // The kept ids end with the token that completed the stop string.
             let tok = tokenizer();
             assert!(tok.decode(&kept, true).unwrap().contains("STOP"));
-            assert!(!tok.decode(&kept[..kept.len() - 1], true).unwrap().contains("STOP"));
+            assert!(!tok
+                .decode(&kept[..kept.len() - 1], true)
+                .unwrap()
+                .contains("STOP"));
             assert_eq!(done.kept_tokens, kept.len());
         }
     }
@@ -365,7 +391,10 @@ mod tests {
         let text = "naïve café 日本語 done";
         let tok = tokenizer();
         let ids = tok.encode(text).unwrap();
-        assert!(ids.len() > text.chars().count(), "some characters span several tokens");
+        assert!(
+            ids.len() > text.chars().count(),
+            "some characters span several tokens"
+        );
         let (streamed, _, done, _) = run_blocks(text, &[], 1);
         assert_eq!(streamed, text);
         assert_eq!(done.content, text);
@@ -387,7 +416,12 @@ mod tests {
         let tok = tokenizer();
         let text = "Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"x\": 1}<|tool_call_end|><|tool_calls_section_end|><|role_end|>";
         let ids = tok.encode(text).unwrap();
-        let parser = StreamParser::new(ToolCallFormat::NativeMarkers, vec!["f".into()], None, "call_9");
+        let parser = StreamParser::new(
+            ToolCallFormat::NativeMarkers,
+            vec!["f".into()],
+            None,
+            "call_9",
+        );
         let mut out = OutputStream::new(vec!["never".into()], parser);
         let mut streamed = String::new();
         let mut deltas = Vec::new();

@@ -366,8 +366,9 @@ mod tests {
 
     #[test]
     fn config_ids_take_precedence_and_mask_is_never_a_stop_token() {
-        let tok = tokenizers::Tokenizer::from_file(fixture("llada2-tiny-v21").join("tokenizer.json"))
-            .unwrap();
+        let tok =
+            tokenizers::Tokenizer::from_file(fixture("llada2-tiny-v21").join("tokenizer.json"))
+                .unwrap();
         let config = serde_json::json!({"delete_token_id": 10, "split_token_id": 11});
         // Ling-2.0 style: the mask id listed among the eos ids.
         let generation = serde_json::json!({"eos_token_id": [481, 482, 7], "mask_token_id": 482});
@@ -379,8 +380,9 @@ mod tests {
 
     #[test]
     fn out_of_vocab_config_id_fails() {
-        let tok = tokenizers::Tokenizer::from_file(fixture("llada2-tiny-v21").join("tokenizer.json"))
-            .unwrap();
+        let tok =
+            tokenizers::Tokenizer::from_file(fixture("llada2-tiny-v21").join("tokenizer.json"))
+                .unwrap();
         let generation = serde_json::json!({"mask_token_id": 156895});
         let err = Tokenizer::new(tok, None, Some(&generation)).unwrap_err();
         assert!(err.to_string().contains("not in the vocabulary"), "{err}");

@@ -203,12 +203,15 @@ impl StreamParser {
     /// Emits the difference between the new scan and what was emitted before. Committed text
     /// never changes, so anything but an extension is an internal error.
     fn advance(&mut self, scan: Scan) -> EngineResult<Deltas> {
-        let new_content = scan.content.strip_prefix(self.content.as_str()).ok_or_else(|| {
-            EngineError::Internal(format!(
-                "streamed content changed: had {:?}, now {:?}",
-                self.content, scan.content
-            ))
-        })?;
+        let new_content = scan
+            .content
+            .strip_prefix(self.content.as_str())
+            .ok_or_else(|| {
+                EngineError::Internal(format!(
+                    "streamed content changed: had {:?}, now {:?}",
+                    self.content, scan.content
+                ))
+            })?;
         let mut deltas = Deltas {
             content: new_content.to_string(),
             tool_calls: Vec::new(),
@@ -553,14 +556,22 @@ mod tests {
         cuts: &[usize],
         end: FinishReason,
     ) -> (String, Vec<(String, String)>, ParsedOutput) {
-        let mut parser = StreamParser::new(format, names(declared), prefix.map(str::to_string), "call_7");
+        let mut parser = StreamParser::new(
+            format,
+            names(declared),
+            prefix.map(str::to_string),
+            "call_7",
+        );
         let mut content = String::new();
         let mut calls: Vec<(String, String)> = Vec::new();
         let absorb = |d: Deltas, content: &mut String, calls: &mut Vec<(String, String)>| {
             content.push_str(&d.content);
             for delta in d.tool_calls {
                 if delta.index == calls.len() {
-                    assert_eq!(delta.id.as_deref(), Some(format!("call_7_{}", delta.index).as_str()));
+                    assert_eq!(
+                        delta.id.as_deref(),
+                        Some(format!("call_7_{}", delta.index).as_str())
+                    );
                     calls.push((delta.name.clone().unwrap(), String::new()));
                 }
                 calls[delta.index].1.push_str(&delta.arguments);
@@ -579,13 +590,17 @@ mod tests {
             .collect();
         assert_eq!(content, output.content, "streamed content == final content");
         assert_eq!(calls, final_calls, "streamed calls == final calls");
-        let one_shot = parse_response(format, &names(declared), prefix, text, end, "call_7").unwrap();
+        let one_shot =
+            parse_response(format, &names(declared), prefix, text, end, "call_7").unwrap();
         assert_eq!(one_shot, output, "one-shot parse == streamed parse");
         (content, calls, output)
     }
 
     fn char_cuts(text: &str) -> Vec<usize> {
-        text.char_indices().map(|(i, _)| i).chain([text.len()]).collect()
+        text.char_indices()
+            .map(|(i, _)| i)
+            .chain([text.len()])
+            .collect()
     }
 
     const NATIVE_EXAMPLE: &str = "Checking. <|tool_calls_section_begin|><|tool_call_begin|>functions.weather:0<|tool_call_argument_begin|>{\"city\":\"Montréal\"}<|tool_call_end|><|tool_call_begin|>functions.weather:1<|tool_call_argument_begin|>{\"city\":\"東京\"}<|tool_call_end|><|tool_calls_section_end|><|role_end|><|endoftext|>";
@@ -614,10 +629,19 @@ mod tests {
 
     #[test]
     fn native_streaming_never_shows_marker_text() {
-        let mut parser = StreamParser::new(ToolCallFormat::NativeMarkers, names(&["weather"]), None, "c");
+        let mut parser = StreamParser::new(
+            ToolCallFormat::NativeMarkers,
+            names(&["weather"]),
+            None,
+            "c",
+        );
         for cut in char_cuts(NATIVE_EXAMPLE) {
             let d = parser.push(&NATIVE_EXAMPLE[..cut]).unwrap();
-            assert!(!d.content.contains('<') && !d.content.contains('|'), "{:?}", d.content);
+            assert!(
+                !d.content.contains('<') && !d.content.contains('|'),
+                "{:?}",
+                d.content
+            );
         }
     }
 
@@ -629,7 +653,12 @@ mod tests {
             .take_while(|&c| c < NATIVE_EXAMPLE.len())
             .filter(|&c| NATIVE_EXAMPLE.is_char_boundary(c))
             .collect();
-        let mut parser = StreamParser::new(ToolCallFormat::NativeMarkers, names(&["weather"]), None, "c");
+        let mut parser = StreamParser::new(
+            ToolCallFormat::NativeMarkers,
+            names(&["weather"]),
+            None,
+            "c",
+        );
         let mut first_call_seen_at = None;
         for (i, &cut) in cuts.iter().enumerate() {
             let d = parser.push(&NATIVE_EXAMPLE[..cut]).unwrap();
@@ -656,7 +685,8 @@ mod tests {
     #[test]
     fn native_forced_prefix_is_parsed_with_the_output() {
         let prefix = ToolCallFormat::NativeMarkers.named_prefix("weather");
-        let generated = "{\"city\": \"Oslo\"}<|tool_call_end|><|tool_calls_section_end|><|role_end|>";
+        let generated =
+            "{\"city\": \"Oslo\"}<|tool_call_end|><|tool_calls_section_end|><|role_end|>";
         let (content, calls, output) = stream(
             ToolCallFormat::NativeMarkers,
             &["weather"],
@@ -666,7 +696,10 @@ mod tests {
             FinishReason::Stop,
         );
         assert_eq!(content, "");
-        assert_eq!(calls, vec![("weather".into(), "{\"city\": \"Oslo\"}".into())]);
+        assert_eq!(
+            calls,
+            vec![("weather".into(), "{\"city\": \"Oslo\"}".into())]
+        );
         assert_eq!(output.finish_reason, FinishReason::ToolCalls);
 
         let required = ToolCallFormat::NativeMarkers.required_prefix();
@@ -680,7 +713,11 @@ mod tests {
             "c",
         )
         .unwrap();
-        assert_eq!(out.tool_calls.len(), 1, "an open section at the end is allowed");
+        assert_eq!(
+            out.tool_calls.len(),
+            1,
+            "an open section at the end is allowed"
+        );
         assert_eq!(out.tool_calls[0].arguments, "{}");
     }
 
@@ -690,11 +727,11 @@ mod tests {
             format!("{CALL_BEGIN}{header}{ARGUMENT_BEGIN}{args}{CALL_END}")
         };
         let bad = [
-            call("functions.unknown:0", "{}"),           // undeclared
-            call("functions.weather:0", "[1, 2]"),       // not an object
-            call("functions.weather:0", "{\"city\": }"), // malformed
-            call("weather:0", "{}"),                     // header without functions.
-            call("functions.weather:x", "{}"),           // bad index
+            call("functions.unknown:0", "{}"),                    // undeclared
+            call("functions.weather:0", "[1, 2]"),                // not an object
+            call("functions.weather:0", "{\"city\": }"),          // malformed
+            call("weather:0", "{}"),                              // header without functions.
+            call("functions.weather:x", "{}"),                    // bad index
             format!("{CALL_BEGIN}functions.weather:0{CALL_END}"), // no argument marker
         ];
         for markup in bad {
@@ -768,7 +805,15 @@ mod tests {
         assert_eq!(output.finish_reason, FinishReason::ToolCalls);
         // A bare call marker outside a section is text.
         let text = format!("{CALL_BEGIN}functions.f:0{ARGUMENT_BEGIN}{{}}{CALL_END}");
-        let out = parse_response(ToolCallFormat::NativeMarkers, &names(&["f"]), None, &text, FinishReason::Stop, "c").unwrap();
+        let out = parse_response(
+            ToolCallFormat::NativeMarkers,
+            &names(&["f"]),
+            None,
+            &text,
+            FinishReason::Stop,
+            "c",
+        )
+        .unwrap();
         assert_eq!(out.content, text);
         assert!(out.tool_calls.is_empty());
     }
@@ -789,8 +834,14 @@ mod tests {
         assert_eq!(
             calls,
             vec![
-                ("get_weather".into(), "{\"city\": \"Paris\", \"unit\": \"c\"}".into()),
-                ("get_weather".into(), "{\"city\": \"東京\", \"n\": 1.5}".into()),
+                (
+                    "get_weather".into(),
+                    "{\"city\": \"Paris\", \"unit\": \"c\"}".into()
+                ),
+                (
+                    "get_weather".into(),
+                    "{\"city\": \"東京\", \"n\": 1.5}".into()
+                ),
             ]
         );
         assert_eq!(output.finish_reason, FinishReason::ToolCalls);
@@ -815,12 +866,12 @@ mod tests {
     #[test]
     fn tagged_invalid_calls_become_content() {
         for body in [
-            "{\"name\": \"other\", \"arguments\": {}}",     // undeclared
-            "{\"name\": \"f\", \"arguments\": [1]}",         // not an object
-            "{\"name\": \"f\", \"arguments\": \"[1]\"}",     // string, not an object
-            "{\"name\": \"f\", \"arguments\": {\"a\": }}",   // malformed
-            "[\"f\"]",                                       // not an object at all
-            "{\"arguments\": {}}",                           // no name
+            "{\"name\": \"other\", \"arguments\": {}}",  // undeclared
+            "{\"name\": \"f\", \"arguments\": [1]}",     // not an object
+            "{\"name\": \"f\", \"arguments\": \"[1]\"}", // string, not an object
+            "{\"name\": \"f\", \"arguments\": {\"a\": }}", // malformed
+            "[\"f\"]",                                   // not an object at all
+            "{\"arguments\": {}}",                       // no name
         ] {
             let text = format!("x\n<tool_call>\n{body}\n</tool_call>");
             let (content, calls, output) = stream(
@@ -837,7 +888,15 @@ mod tests {
         }
         // String arguments holding an object are accepted verbatim; missing arguments mean {}.
         let text = "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\":1}\"}</tool_call>\n<tool_call>{\"name\": \"f\"}</tool_call>";
-        let out = parse_response(ToolCallFormat::TaggedJson, &names(&["f"]), None, text, FinishReason::Stop, "c").unwrap();
+        let out = parse_response(
+            ToolCallFormat::TaggedJson,
+            &names(&["f"]),
+            None,
+            text,
+            FinishReason::Stop,
+            "c",
+        )
+        .unwrap();
         assert_eq!(out.content, "");
         assert_eq!(out.tool_calls[0].arguments, "{\"a\":1}");
         assert_eq!(out.tool_calls[1].arguments, "{}");
@@ -873,7 +932,10 @@ mod tests {
             FinishReason::Length,
         );
         assert_eq!(calls.len(), 1);
-        assert_eq!(content, "Let me check.\n<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":");
+        assert_eq!(
+            content,
+            "Let me check.\n<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":"
+        );
         assert_eq!(output.finish_reason, FinishReason::ToolCalls);
     }
 
@@ -912,9 +974,18 @@ mod tests {
     fn without_declared_tools_markup_is_content() {
         for format in [ToolCallFormat::TaggedJson, ToolCallFormat::NativeMarkers] {
             let text = "Plain <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call> text \n<|role_end|>junk";
-            let (content, calls, output) =
-                stream(format, &[], None, text, &char_cuts(text), FinishReason::Stop);
-            assert_eq!(content, "Plain <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call> text \n");
+            let (content, calls, output) = stream(
+                format,
+                &[],
+                None,
+                text,
+                &char_cuts(text),
+                FinishReason::Stop,
+            );
+            assert_eq!(
+                content,
+                "Plain <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call> text \n"
+            );
             assert!(calls.is_empty());
             assert_eq!(output.finish_reason, FinishReason::Stop);
         }
@@ -924,8 +995,13 @@ mod tests {
     fn end_markers_cut_content_and_partial_end_markers_are_held() {
         let mut parser = StreamParser::new(ToolCallFormat::TaggedJson, vec![], None, "c");
         assert_eq!(parser.push("Hi <|role_").unwrap().content, "Hi ");
-        assert_eq!(parser.push("Hi <|role_end|><|endoftext|>").unwrap().content, "");
-        let (_, out) = parser.finish("Hi <|role_end|><|endoftext|>", FinishReason::Stop).unwrap();
+        assert_eq!(
+            parser.push("Hi <|role_end|><|endoftext|>").unwrap().content,
+            ""
+        );
+        let (_, out) = parser
+            .finish("Hi <|role_end|><|endoftext|>", FinishReason::Stop)
+            .unwrap();
         assert_eq!(out.content, "Hi ");
         let mut parser = StreamParser::new(ToolCallFormat::TaggedJson, vec![], None, "c");
         assert_eq!(parser.push("a<|endo").unwrap().content, "a");
@@ -938,7 +1014,15 @@ mod tests {
     #[test]
     fn cancelled_stays_cancelled() {
         let text = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
-        let out = parse_response(ToolCallFormat::TaggedJson, &names(&["f"]), None, text, FinishReason::Cancelled, "c").unwrap();
+        let out = parse_response(
+            ToolCallFormat::TaggedJson,
+            &names(&["f"]),
+            None,
+            text,
+            FinishReason::Cancelled,
+            "c",
+        )
+        .unwrap();
         assert_eq!(out.tool_calls.len(), 1);
         assert_eq!(out.finish_reason, FinishReason::Cancelled);
     }
@@ -955,7 +1039,10 @@ mod tests {
         assert_eq!(partial_prefix_suffix("abc<tool_", &[TAG_OPEN]), 6);
         assert_eq!(partial_prefix_suffix("abc<tool_call>", &[TAG_OPEN]), 0);
         assert_eq!(partial_prefix_suffix("abc<", &[TAG_OPEN, SECTION_BEGIN]), 1);
-        assert_eq!(partial_prefix_suffix("<|tool_calls", &[TAG_OPEN, SECTION_BEGIN]), 12);
+        assert_eq!(
+            partial_prefix_suffix("<|tool_calls", &[TAG_OPEN, SECTION_BEGIN]),
+            12
+        );
         assert_eq!(partial_prefix_suffix("日本", &[TAG_OPEN]), 0);
     }
 
@@ -964,7 +1051,10 @@ mod tests {
         let dir = crate::tokenizer::tests_support::fixture("llada2-tiny-v21");
         let tok = Tokenizer::from_dir(&dir).unwrap();
         let ling = crate::chat_template::ChatTemplate::from_dir(&dir).unwrap();
-        assert_eq!(ToolCallFormat::detect(&tok, ling.source()), ToolCallFormat::TaggedJson);
+        assert_eq!(
+            ToolCallFormat::detect(&tok, ling.source()),
+            ToolCallFormat::TaggedJson
+        );
         assert_eq!(
             ToolCallFormat::detect(&tok, "{{ '<|tool_calls_section_begin|>' }}"),
             ToolCallFormat::NativeMarkers

@@ -25,8 +25,11 @@ fn checkpoint() -> tempfile::TempDir {
         "config.json",
         "generation_config.json",
     ] {
-        std::fs::copy(fixtures().join("llada2-tiny-v22").join(file), dir.path().join(file))
-            .unwrap();
+        std::fs::copy(
+            fixtures().join("llada2-tiny-v22").join(file),
+            dir.path().join(file),
+        )
+        .unwrap();
     }
     std::fs::copy(
         fixtures().join("templates/llada2.2-native-tools.test.jinja"),
@@ -130,17 +133,25 @@ fn native_tool_choice_prefixes() {
     let template = ChatTemplate::from_dir(dir.path()).unwrap();
     let mut prompt = conversation();
     prompt.messages.truncate(2);
-    prompt.tools.push(json!({"type": "function", "function": {"name": "get_time"}}));
+    prompt
+        .tools
+        .push(json!({"type": "function", "function": {"name": "get_time"}}));
 
     prompt.tool_choice = ToolChoice::Function("get_weather".into());
-    let named = template.render(&prompt, ToolCallFormat::NativeMarkers).unwrap();
+    let named = template
+        .render(&prompt, ToolCallFormat::NativeMarkers)
+        .unwrap();
     let prefix = "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>";
     assert_eq!(named.forced_prefix.as_deref(), Some(prefix));
-    assert!(named.text.ends_with(&format!("<role>ASSISTANT</role>{prefix}")));
+    assert!(named
+        .text
+        .ends_with(&format!("<role>ASSISTANT</role>{prefix}")));
     assert!(!named.text.contains("get_time"));
 
     prompt.tool_choice = ToolChoice::Required;
-    let required = template.render(&prompt, ToolCallFormat::NativeMarkers).unwrap();
+    let required = template
+        .render(&prompt, ToolCallFormat::NativeMarkers)
+        .unwrap();
     assert_eq!(
         required.forced_prefix.as_deref(),
         Some("<|tool_calls_section_begin|><|tool_call_begin|>functions.")
@@ -148,7 +159,9 @@ fn native_tool_choice_prefixes() {
     assert!(required.text.contains("get_time"));
 
     prompt.tool_choice = ToolChoice::None;
-    let none = template.render(&prompt, ToolCallFormat::NativeMarkers).unwrap();
+    let none = template
+        .render(&prompt, ToolCallFormat::NativeMarkers)
+        .unwrap();
     assert!(!none.text.contains("# Tools"));
 }
 
