@@ -86,6 +86,9 @@ impl Server {
         let deadline = Instant::now() + Duration::from_secs(120);
         let client = reqwest::Client::new();
         loop {
+            if let Some(error) = self.logs().iter().find(|l| l.starts_with("minnow: error:")) {
+                panic!("server failed: {error}");
+            }
             if let Ok(response) = client.get(self.url("/health")).send().await {
                 if response.status() == 200 {
                     return;

@@ -159,7 +159,10 @@ fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
     }
     let (model_path, model_is_fixture) = match &cli.model {
         Some(path) => (path.clone(), false),
-        None => (PathBuf::from(BUNDLED_FIXTURE), true),
+        None => {
+            let fixture = PathBuf::from(BUNDLED_FIXTURE);
+            (fixture.canonicalize().unwrap_or(fixture), true)
+        }
     };
     Ok(ServerConfig {
         listen: args.listen.clone(),
