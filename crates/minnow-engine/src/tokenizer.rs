@@ -411,6 +411,16 @@ mod tests {
     }
 
     #[test]
+    fn ids_without_a_token_decode_to_nothing() {
+        // The tiny model has rows 493..511 that the vocabulary does not name.
+        let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
+        let hello = tok.encode("hello").unwrap();
+        let mut ids = hello.clone();
+        ids.insert(1, 500);
+        assert_eq!(tok.decode(&ids, true).unwrap(), "hello");
+    }
+
+    #[test]
     fn unicode_round_trips() {
         let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
         let text = "naïve café 日本 <|tool_call_begin|>functions.f:0";
