@@ -134,30 +134,57 @@ impl TraceLog {
     }
 }
 
-/// Picks and loads the model runner for `options.device`.
+/// Picks and loads the model runner for `options.device`: the hook where device backends are
+/// chosen.
 ///
-/// This is the hook for device backends: today only the CPU runner exists in this engine, so
-/// `cpu` loads it, `auto` falls back to it (with one log line), and `cuda[:N]` is a clear error.
-/// When a CUDA [`ModelRunner`] is added, `auto` should try it first and fall back to the CPU.
+/// - `cpu`: the F32 CPU reference runner.
+/// - `cuda[:N]`: the BF16 CUDA runner on GPU `N`; an error when no usable GPU exists.
+/// - `auto`: the CUDA runner on GPU 0 when a GPU is usable, else (or when loading there fails)
+///   the CPU runner, with one log line saying which was picked.
 pub fn select_runner(path: &Path, options: &EngineOptions) -> EngineResult<Box<dyn ModelRunner>> {
+    let load_error = |e: minnow_model::ModelError| EngineError::Load(e.to_string());
     match options.device {
         DeviceRequest::Cpu => load_cpu_runner(path, options),
+        DeviceRequest::Cuda(n) => {
+            if !minnow_model::cuda::is_available() {
+                return Err(EngineError::Load(format!(
+                    "device cuda:{n} was requested, but no usable CUDA GPU was found; use --device cpu"
+                )));
+            }
+            let runner = minnow_model::cuda::CudaRunner::load(path, n).map_err(load_error)?;
+            Ok(Box::new(runner))
+        }
         DeviceRequest::Auto => {
-            tracing::info!("device auto: no CUDA runner is available in this build; using the CPU");
+            if minnow_model::cuda::is_available() {
+                match minnow_model::cuda::CudaRunner::load(path, 0) {
+                    Ok(runner) => {
+                        tracing::info!("device auto: using CUDA GPU 0");
+                        return Ok(Box::new(runner));
+                    }
+                    Err(e) => tracing::warn!("device auto: CUDA GPU 0 unusable ({e}); using the CPU"),
+                }
+            } else {
+                tracing::info!("device auto: no usable CUDA GPU; using the CPU");
+            }
             load_cpu_runner(path, options)
         }
-        DeviceRequest::Cuda(n) => Err(EngineError::Load(format!(
-            "device cuda:{n} was requested, but this engine has no CUDA runner yet; use --device cpu (or auto)"
-        ))),
     }
 }
 
 fn load_cpu_runner(path: &Path, options: &EngineOptions) -> EngineResult<Box<dyn ModelRunner>> {
-    let _ = options.threads;
-    let _ = path;
-    Err(EngineError::Load(
-        "the CPU model runner is not available in this build yet".into(),
-    ))
+    if let Some(threads) = options.threads {
+        // The CPU runner computes on rayon's global pool; it can be sized once per process.
+        if rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global()
+            .is_err()
+        {
+            tracing::debug!("the CPU thread pool already exists; threads = {threads} not applied");
+        }
+    }
+    let runner = minnow_model::cpu::CpuRunner::load(path)
+        .map_err(|e| EngineError::Load(e.to_string()))?;
+    Ok(Box::new(runner))
 }
 
 /// Whether a checkpoint directory carries a chat template at all (the 2.2 fixture has none; the
