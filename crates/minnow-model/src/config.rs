@@ -327,7 +327,7 @@ impl Parser<'_> {
 
         let (rope_theta, partial_rotary_factor) = self.rope()?;
         let rotary_dim = (head_dim as f64 * partial_rotary_factor) as usize;
-        if rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        if !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             return Err(self.err(format!(
                 "'partial_rotary_factor' = {partial_rotary_factor} gives {rotary_dim} rotary dims of head_dim {head_dim}; it must be even and at most head_dim"
             )));
@@ -492,7 +492,7 @@ impl Parser<'_> {
     }
 
     fn check_groups(&self, e: usize, k: usize, n_group: usize, topk_group: usize) -> Result<()> {
-        if n_group == 0 || e % n_group != 0 {
+        if n_group == 0 || !e.is_multiple_of(n_group) {
             return Err(self.err(format!(
                 "'n_group' = {n_group} must divide num_experts = {e}"
             )));

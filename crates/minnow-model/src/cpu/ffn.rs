@@ -109,7 +109,7 @@ pub fn moe(c: &Config, w: &Moe, m: &[f32], n: usize, trace: Option<&mut RouterTr
             }
         }
         for (o, r) in o.iter_mut().zip(&routed) {
-            *o = r + *o;
+            *o += r;
         }
     });
 

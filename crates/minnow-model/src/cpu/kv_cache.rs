@@ -48,6 +48,12 @@ impl KvCache {
             .all(|(k, v)| k.len() == self.len * self.row && v.len() == self.len * self.row));
     }
 
+    /// Layer `i`'s cached K and V, `[len, kv_heads · head_dim]` each.
+    pub fn layer(&self, i: usize) -> (&[f32], &[f32]) {
+        let (k, v) = &self.layers[i];
+        (k, v)
+    }
+
     /// Bytes held (capacity, not only length).
     pub fn bytes(&self) -> usize {
         self.layers
