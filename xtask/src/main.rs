@@ -1,14 +1,16 @@
 //! `cargo xtask <task>`: kernels (CUDA C to committed PTX), make-checkpoint (random weights at real
 //! LLaDA2 shapes), bench (the numbers in docs/performance.md).
 
+mod bench;
 mod kernels;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("kernels") => kernels::run(&args[1..]),
+        Some("bench") => bench::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <kernels [--check]>");
+            eprintln!("usage: cargo xtask <kernels [--check] | bench [--quick] [--commit SHA]>");
             std::process::exit(2);
         }
     };

@@ -16,7 +16,7 @@ fn row_threads(width: usize) -> u32 {
 
 /// `out[t] = table[ids[t]]` for `rows` ids (u32) in device memory; `d % 8 == 0`.
 pub fn embed_rows(gpu: &Gpu, ids: u64, table: u64, out: u64, rows: usize, d: usize) -> CudaResult<()> {
-    if d % 8 != 0 {
+    if !d.is_multiple_of(8) {
         return unsupported(format!("embedding width {d} is not a multiple of 8"));
     }
     let cfg = LaunchConfig::new((rows as u32, 1, 1), row_threads(d / 8), 0);
@@ -73,7 +73,7 @@ pub struct AttentionShape {
 impl AttentionShape {
     pub fn check(&self) -> CudaResult<()> {
         let s = self;
-        if s.kv_heads == 0 || s.heads % s.kv_heads != 0 {
+        if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
             return unsupported(format!("{} query heads over {} KV heads", s.heads, s.kv_heads));
         }
         let group = s.heads / s.kv_heads;
@@ -83,7 +83,7 @@ impl AttentionShape {
         if ![16, 32, 64, 128, 256].contains(&s.head_dim) {
             return unsupported(format!("head_dim {}", s.head_dim));
         }
-        if s.rotary_dim % 2 != 0 || s.rotary_dim > s.head_dim {
+        if !s.rotary_dim.is_multiple_of(2) || s.rotary_dim > s.head_dim {
             return unsupported(format!("rotary dim {} of head dim {}", s.rotary_dim, s.head_dim));
         }
         if s.block == 0 {
@@ -233,7 +233,7 @@ impl RouterShape {
         match (s.capacity, s.groups) {
             (Some(c), _) if c < s.top_k || c > s.experts => unsupported(format!("expert capacity {c}")),
             (Some(_), _) => Ok(()),
-            (None, Some((g, kg))) if g == 0 || g > 64 || s.experts % g != 0 || kg == 0 || kg > g => {
+            (None, Some((g, kg))) if g == 0 || g > 64 || !s.experts.is_multiple_of(g) || kg == 0 || kg > g => {
                 unsupported(format!("{g} expert groups (keep {kg}) over {} experts", s.experts))
             }
             (None, Some(_)) => Ok(()),
@@ -351,7 +351,7 @@ pub fn grouped_gemm(
     n: usize,
     k: usize,
 ) -> CudaResult<()> {
-    if n % 64 != 0 || k % 32 != 0 {
+    if !n.is_multiple_of(64) || !k.is_multiple_of(32) {
         return unsupported(format!("expert GEMM of {n} outputs over {k} inputs (needs n % 64 == 0, k % 32 == 0)"));
     }
     if max_tiles == 0 {

@@ -1,0 +1,422 @@
+//! The BF16 forward on the GPU (docs/llada2-model.md §7): every step is a kernel of
+//! `kernels/*.cu` or a cuBLAS GEMM queued on one stream. No step reads anything back, so a whole
+//! forward can be captured as a CUDA graph; the start position and the token ids are read from
+//! device memory for the same reason.
+
+use half::bf16;
+use minnow_runtime::cuda::ops::{self, AttentionShape, RouterShape};
+use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu};
+
+use super::weights::{DenseMlp, Mlp, Weights};
+use crate::config::Config;
+
+/// K/V cache of one sequence: per layer `[capacity, G, d]` BF16 for K (normed, rotated) and V.
+pub(crate) struct KvCache {
+    pub k: Vec<DeviceBuffer<bf16>>,
+    pub v: Vec<DeviceBuffer<bf16>>,
+    pub capacity: usize,
+    pub len: usize,
+}
+
+impl KvCache {
+    pub fn new(gpu: &Gpu, config: &Config, capacity: usize) -> CudaResult<Self> {
+        let row = config.num_key_value_heads * config.head_dim;
+        let mut k = Vec::with_capacity(config.num_hidden_layers);
+        let mut v = Vec::with_capacity(config.num_hidden_layers);
+        for _ in 0..config.num_hidden_layers {
+            k.push(gpu.alloc(capacity * row)?);
+            v.push(gpu.alloc(capacity * row)?);
+        }
+        Ok(Self {
+            k,
+            v,
+            capacity,
+            len: 0,
+        })
+    }
+
+    /// Makes room for `needed` positions, reallocating (and copying the cached rows) by doubling.
+    /// Returns true when the buffers moved (captured graphs that use them are stale).
+    pub fn reserve(&mut self, gpu: &Gpu, config: &Config, needed: usize) -> CudaResult<bool> {
+        if needed <= self.capacity {
+            return Ok(false);
+        }
+        let capacity = needed.next_power_of_two().max(1024);
+        let mut grown = KvCache::new(gpu, config, capacity)?;
+        let row_bytes = config.num_key_value_heads * config.head_dim * 2;
+        for l in 0..self.k.len() {
+            gpu.copy_bytes(grown.k[l].ptr(), self.k[l].ptr(), self.len * row_bytes)?;
+            gpu.copy_bytes(grown.v[l].ptr(), self.v[l].ptr(), self.len * row_bytes)?;
+        }
+        grown.len = self.len;
+        *self = grown;
+        Ok(true)
+    }
+}
+
+/// Scratch buffers for forwards of up to `tokens` tokens and `logit_rows` logits rows.
+pub(crate) struct Workspace {
+    pub tokens: usize,
+    pub logit_rows: usize,
+    /// Capacity of the attention partials in (token x split) rows.
+    attn_rows: usize,
+    pub ids: DeviceBuffer<u32>,
+    pub pos0: DeviceBuffer<i32>,
+    h: DeviceBuffer<bf16>,
+    a: DeviceBuffer<bf16>,
+    delta: DeviceBuffer<bf16>,
+    qkv: DeviceBuffer<bf16>,
+    q: DeviceBuffer<bf16>,
+    attn: DeviceBuffer<bf16>,
+    part_o: DeviceBuffer<f32>,
+    part_ml: DeviceBuffer<f32>,
+    gu: DeviceBuffer<bf16>,
+    act: DeviceBuffer<bf16>,
+    shared_out: DeviceBuffer<bf16>,
+    a_f32: DeviceBuffer<f32>,
+    router_logits: DeviceBuffer<f32>,
+    admitted: DeviceBuffer<u8>,
+    topk_idx: DeviceBuffer<i32>,
+    topk_w: DeviceBuffer<f32>,
+    slot_pos: DeviceBuffer<i32>,
+    row_token: DeviceBuffer<i32>,
+    tiles: DeviceBuffer<i32>,
+    num_tiles: DeviceBuffer<i32>,
+    expert_gu: DeviceBuffer<bf16>,
+    expert_act: DeviceBuffer<bf16>,
+    expert_out: DeviceBuffer<bf16>,
+    pub logits_bf16: DeviceBuffer<bf16>,
+    pub logits_f32: DeviceBuffer<f32>,
+    pub top_token: DeviceBuffer<u32>,
+    pub top_conf: DeviceBuffer<f32>,
+}
+
+/// Key splits of the attention for a forward of `tokens` tokens: enough CTAs to fill the GPU
+/// (about two per multiprocessor) when the forward itself is short. Depends on the token count
+/// only, so a captured graph stays valid as the prefix grows (the split length adapts in-kernel).
+pub(crate) fn attention_splits(config: &Config, tokens: usize, sm_count: u32) -> usize {
+    let group = config.num_attention_heads / config.num_key_value_heads.max(1);
+    let ctas = tokens.div_ceil((64 / group.max(1)).max(1)) * config.num_key_value_heads;
+    (2 * sm_count as usize).div_ceil(ctas.max(1)).clamp(1, 64)
+}
+
+impl Workspace {
+    pub fn new(gpu: &Gpu, c: &Config, tokens: usize, logit_rows: usize) -> CudaResult<Self> {
+        let t = tokens.max(1);
+        let r = logit_rows.max(1);
+        let d = c.hidden_size;
+        let heads = c.num_attention_heads;
+        let hd = c.head_dim;
+        let qkv = (heads + 2 * c.num_key_value_heads) * hd;
+        let e = c.num_experts.max(1);
+        let k = c.num_experts_per_tok.max(1);
+        let a = t * k;
+        let wide = (c.intermediate_size).max(c.moe_intermediate_size * c.num_shared_experts.max(1));
+        // Short forwards split their keys (attention_splits); t x splits stays under ~1100 rows.
+        let attn_rows = t.max(2048);
+        let shape = attention_shape(c);
+        let (po, pml) = ops::attention_scratch_len(&shape, attn_rows, 1);
+        let max_tiles = ops::moe_max_tiles(a, e);
+        Ok(Self {
+            tokens: t,
+            logit_rows: r,
+            attn_rows,
+            ids: gpu.alloc(t)?,
+            pos0: gpu.alloc(1)?,
+            h: gpu.alloc(t * d)?,
+            a: gpu.alloc(t * d)?,
+            delta: gpu.alloc(t * d)?,
+            qkv: gpu.alloc(t * qkv)?,
+            q: gpu.alloc(t * heads * hd)?,
+            attn: gpu.alloc(t * heads * hd)?,
+            part_o: gpu.alloc(po)?,
+            part_ml: gpu.alloc(pml)?,
+            gu: gpu.alloc(t * 2 * wide)?,
+            act: gpu.alloc(t * wide)?,
+            shared_out: gpu.alloc(t * d)?,
+            a_f32: gpu.alloc(t * d)?,
+            router_logits: gpu.alloc(t * e)?,
+            admitted: gpu.alloc(t.div_ceil(c.block_size.max(1)) * e)?,
+            topk_idx: gpu.alloc(a)?,
+            topk_w: gpu.alloc(a)?,
+            slot_pos: gpu.alloc(a)?,
+            row_token: gpu.alloc(a)?,
+            tiles: gpu.alloc(4 * max_tiles)?,
+            num_tiles: gpu.alloc(1)?,
+            expert_gu: gpu.alloc(a * 2 * c.moe_intermediate_size)?,
+            expert_act: gpu.alloc(a * c.moe_intermediate_size)?,
+            expert_out: gpu.alloc(a * d)?,
+            logits_bf16: gpu.alloc(r * c.vocab_size)?,
+            logits_f32: gpu.alloc(r * c.vocab_size)?,
+            top_token: gpu.alloc(r)?,
+            top_conf: gpu.alloc(r)?,
+        })
+    }
+}
+
+pub(crate) fn attention_shape(c: &Config) -> AttentionShape {
+    AttentionShape {
+        heads: c.num_attention_heads,
+        kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+        rotary_dim: c.rotary_dim,
+        block: c.block_size,
+    }
+}
+
+pub(crate) fn router_shape(c: &Config) -> RouterShape {
+    RouterShape {
+        experts: c.num_experts,
+        top_k: c.num_experts_per_tok,
+        groups: c.n_group.zip(c.topk_group),
+        capacity: c.expert_capacity,
+        block: c.block_size,
+        scale: c.routed_scaling_factor,
+    }
+}
+
+/// What a forward leaves in the workspace for the caller to read back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Output {
+    /// Nothing (prefill, commit refresh): the lm_head is skipped.
+    None,
+    /// F32 logits of rows `start..end` in `logits_f32`.
+    Logits { start: usize, end: usize },
+    /// Argmax token and its softmax probability of rows `start..end` in `top_token`/`top_conf`.
+    Top1 { start: usize, end: usize },
+}
+
+/// Queues one forward of `tokens` tokens (ids already in `ws.ids`, start position in `ws.pos0`)
+/// over `cache`, whose rows `pos0..pos0 + tokens` it writes.
+pub(crate) fn queue_forward(
+    gpu: &Gpu,
+    c: &Config,
+    w: &Weights,
+    cache: &KvCache,
+    ws: &Workspace,
+    tokens: usize,
+    output: Output,
+) -> CudaResult<()> {
+    let t = tokens;
+    let d = c.hidden_size;
+    let eps = c.rms_norm_eps;
+    let shape = attention_shape(c);
+    let hd = c.head_dim;
+    let qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd;
+    let attn_width = c.num_attention_heads * hd;
+    let blas = gpu.blas();
+    let splits = attention_splits(c, t, gpu.sm_count())
+        .min(ws.attn_rows / t)
+        .max(1);
+
+    ops::embed_rows(gpu, ws.ids.ptr(), w.embed.ptr(), ws.h.ptr(), t, d)?;
+    for (l, layer) in w.layers.iter().enumerate() {
+        // The previous layer's MLP output joins the residual stream here (none before layer 0).
+        let delta = if l == 0 { 0 } else { ws.delta.ptr() };
+        ops::add_rmsnorm(
+            gpu,
+            ws.h.ptr(),
+            delta,
+            layer.input_norm.ptr(),
+            ws.a.ptr(),
+            t,
+            d,
+            eps,
+        )?;
+        blas.gemm_bf16(
+            ws.a.ptr(),
+            layer.qkv.ptr(),
+            ws.qkv.ptr(),
+            t,
+            qkv_rows,
+            d,
+            qkv_rows,
+        )?;
+        ops::qk_norm_rope(
+            gpu,
+            &shape,
+            ws.qkv.ptr(),
+            layer.q_norm.ptr(),
+            layer.k_norm.ptr(),
+            ws.q.ptr(),
+            cache.k[l].ptr(),
+            cache.v[l].ptr(),
+            ws.pos0.ptr(),
+            t,
+            c.rope_theta,
+            eps,
+        )?;
+        ops::attention(
+            gpu,
+            &shape,
+            ws.q.ptr(),
+            cache.k[l].ptr(),
+            cache.v[l].ptr(),
+            ws.part_o.ptr(),
+            ws.part_ml.ptr(),
+            ws.attn.ptr(),
+            ws.pos0.ptr(),
+            t,
+            splits,
+        )?;
+        blas.gemm_bf16(
+            ws.attn.ptr(),
+            layer.dense.ptr(),
+            ws.delta.ptr(),
+            t,
+            d,
+            attn_width,
+            d,
+        )?;
+        ops::add_rmsnorm(
+            gpu,
+            ws.h.ptr(),
+            ws.delta.ptr(),
+            layer.post_norm.ptr(),
+            ws.a.ptr(),
+            t,
+            d,
+            eps,
+        )?;
+        match &layer.mlp {
+            Mlp::Dense(mlp) => queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.delta.ptr(), t, d)?,
+            Mlp::Moe(moe) => {
+                let router = router_shape(c);
+                let (e, k, iw) = (
+                    c.num_experts,
+                    c.num_experts_per_tok,
+                    c.moe_intermediate_size,
+                );
+                let a = t * k;
+                ops::bf16_to_f32(gpu, ws.a.ptr(), ws.a_f32.ptr(), t * d)?;
+                blas.gemm_f32(
+                    ws.a_f32.ptr(),
+                    moe.router.ptr(),
+                    ws.router_logits.ptr(),
+                    t,
+                    e,
+                    d,
+                )?;
+                ops::route(
+                    gpu,
+                    &router,
+                    ws.router_logits.ptr(),
+                    moe.bias.ptr(),
+                    ws.admitted.ptr(),
+                    ws.topk_idx.ptr(),
+                    ws.topk_w.ptr(),
+                    t,
+                )?;
+                ops::moe_dispatch(
+                    gpu,
+                    ws.topk_idx.ptr(),
+                    t,
+                    k,
+                    e,
+                    ws.slot_pos.ptr(),
+                    ws.row_token.ptr(),
+                    ws.tiles.ptr(),
+                    ws.num_tiles.ptr(),
+                )?;
+                let max_tiles = ops::moe_max_tiles(a, e);
+                ops::grouped_gemm(
+                    gpu,
+                    ws.a.ptr(),
+                    ws.row_token.ptr(),
+                    moe.experts_gate_up.ptr(),
+                    ws.expert_gu.ptr(),
+                    ws.tiles.ptr(),
+                    ws.num_tiles.ptr(),
+                    max_tiles,
+                    2 * iw,
+                    d,
+                )?;
+                ops::silu_mul(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), a, iw)?;
+                ops::grouped_gemm(
+                    gpu,
+                    ws.expert_act.ptr(),
+                    0,
+                    moe.experts_down.ptr(),
+                    ws.expert_out.ptr(),
+                    ws.tiles.ptr(),
+                    ws.num_tiles.ptr(),
+                    max_tiles,
+                    d,
+                    iw,
+                )?;
+                let shared = match &moe.shared {
+                    Some(mlp) => {
+                        queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.shared_out.ptr(), t, d)?;
+                        ws.shared_out.ptr()
+                    }
+                    None => 0,
+                };
+                ops::moe_combine(
+                    gpu,
+                    ws.expert_out.ptr(),
+                    ws.slot_pos.ptr(),
+                    ws.topk_w.ptr(),
+                    shared,
+                    ws.delta.ptr(),
+                    t,
+                    k,
+                    d,
+                )?;
+            }
+        }
+    }
+    let (start, end) = match output {
+        Output::None => return Ok(()),
+        Output::Logits { start, end } | Output::Top1 { start, end } => (start, end),
+    };
+    let rows = end - start;
+    // Final residual add and norm only for the rows that need logits, then the lm_head.
+    ops::add_rmsnorm(
+        gpu,
+        ws.h.ptr_at(start * d),
+        ws.delta.ptr_at(start * d),
+        w.final_norm.ptr(),
+        ws.a.ptr_at(start * d),
+        rows,
+        d,
+        eps,
+    )?;
+    let v = c.vocab_size;
+    blas.gemm_bf16(
+        ws.a.ptr_at(start * d),
+        w.lm_head.ptr(),
+        ws.logits_bf16.ptr(),
+        rows,
+        v,
+        d,
+        v,
+    )?;
+    match output {
+        Output::Top1 { .. } => ops::top1_softmax(
+            gpu,
+            ws.logits_bf16.ptr(),
+            ws.top_token.ptr(),
+            ws.top_conf.ptr(),
+            rows,
+            v,
+        ),
+        _ => ops::bf16_to_f32(gpu, ws.logits_bf16.ptr(), ws.logits_f32.ptr(), rows * v),
+    }
+}
+
+/// `out = down(BF16(silu(gate(x))) * up(x))` with gate and up stacked in one GEMM.
+fn queue_swiglu(
+    gpu: &Gpu,
+    ws: &Workspace,
+    mlp: &DenseMlp,
+    x: u64,
+    out: u64,
+    t: usize,
+    d: usize,
+) -> CudaResult<()> {
+    let blas = gpu.blas();
+    let w = mlp.width;
+    blas.gemm_bf16(x, mlp.gate_up.ptr(), ws.gu.ptr(), t, 2 * w, d, 2 * w)?;
+    ops::silu_mul(gpu, ws.gu.ptr(), ws.act.ptr(), t, w)?;
+    blas.gemm_bf16(ws.act.ptr(), mlp.down.ptr(), out, t, d, w, d)
+}

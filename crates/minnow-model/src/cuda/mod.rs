@@ -1,0 +1,14 @@
+//! The LLaDA2 forward on a CUDA GPU in BF16 ([`CudaRunner`]), built from the kernels and cuBLAS
+//! calls of `minnow_runtime::cuda`. Same contract as the CPU runner ([`crate::ModelRunner`]);
+//! numerics follow docs/llada2-model.md §7 in BF16 with the router and the MoE mix in F32.
+
+mod forward;
+mod runner;
+mod weights;
+
+pub use runner::CudaRunner;
+
+/// True when a CUDA GPU can be used (the driver loads and reports a device). Cheap; cached.
+pub fn is_available() -> bool {
+    minnow_runtime::cuda::is_available()
+}

@@ -1,0 +1,366 @@
+//! The model's weights in device memory, in the layouts the CUDA forward wants: BF16 matrices in
+//! PyTorch `[out, in]` order, gate and up projections stacked (`[2 I, D]`, gate first) so one GEMM
+//! computes both, routed experts packed per layer (`[E, 2 I, D]` and `[E, D, I]`) for the grouped
+//! GEMM, and the router in F32 (docs/llada2-model.md §4, §7.6).
+
+use half::bf16;
+use minnow_format::TensorSource;
+use minnow_runtime::cuda::{ops, DeviceBuffer, Gpu};
+use minnow_runtime::dtype::widen;
+
+use crate::config::Config;
+use crate::{ModelError, Result};
+
+pub(crate) fn device_err(e: minnow_runtime::cuda::CudaError) -> ModelError {
+    ModelError::Device(e.to_string())
+}
+
+pub(crate) struct DenseMlp {
+    pub gate_up: DeviceBuffer<bf16>,
+    pub down: DeviceBuffer<bf16>,
+    pub width: usize,
+}
+
+pub(crate) struct Moe {
+    pub router: DeviceBuffer<f32>,
+    pub bias: DeviceBuffer<f32>,
+    pub experts_gate_up: DeviceBuffer<bf16>,
+    pub experts_down: DeviceBuffer<bf16>,
+    pub shared: Option<DenseMlp>,
+}
+
+pub(crate) enum Mlp {
+    Dense(DenseMlp),
+    Moe(Moe),
+}
+
+pub(crate) struct Layer {
+    pub input_norm: DeviceBuffer<bf16>,
+    pub post_norm: DeviceBuffer<bf16>,
+    pub qkv: DeviceBuffer<bf16>,
+    pub q_norm: DeviceBuffer<bf16>,
+    pub k_norm: DeviceBuffer<bf16>,
+    pub dense: DeviceBuffer<bf16>,
+    pub mlp: Mlp,
+}
+
+pub(crate) struct Weights {
+    pub embed: DeviceBuffer<bf16>,
+    pub layers: Vec<Layer>,
+    pub final_norm: DeviceBuffer<bf16>,
+    pub lm_head: DeviceBuffer<bf16>,
+}
+
+/// Reads tensors from a checkpoint, checking each shape against the config.
+struct Reader<'a> {
+    source: &'a dyn TensorSource,
+}
+
+impl Reader<'_> {
+    fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let t = self.source.tensor(name).ok_or_else(|| {
+            ModelError::Weights(format!("{}: missing tensor {name}", self.source.describe()))
+        })?;
+        if t.shape != shape {
+            return Err(ModelError::Weights(format!(
+                "{name}: shape {:?}, expected {shape:?}",
+                t.shape
+            )));
+        }
+        let dtype = t.dtype.ok_or_else(|| {
+            ModelError::Weights(format!("{name}: unsupported element type {}", t.dtype_name))
+        })?;
+        Ok(widen(dtype, t.data))
+    }
+
+    fn bf16(&self, name: &str, shape: &[usize]) -> Result<Vec<bf16>> {
+        Ok(self
+            .values(name, shape)?
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect())
+    }
+}
+
+/// Where to put a tensor: a device buffer and an element offset.
+fn put<T: Copy>(gpu: &Gpu, buf: &DeviceBuffer<T>, offset: usize, data: &[T]) -> Result<()> {
+    gpu.write(buf, offset, data).map_err(device_err)
+}
+
+fn upload<T: Copy>(gpu: &Gpu, data: &[T]) -> Result<DeviceBuffer<T>> {
+    gpu.upload(data).map_err(device_err)
+}
+
+/// Shapes derived from the config, shared by loading and random initialisation.
+pub(crate) struct Dims {
+    pub d: usize,
+    pub qkv_rows: usize,
+    pub attn_width: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub dense_width: usize,
+    pub expert_width: usize,
+    pub shared_width: usize,
+    pub experts: usize,
+}
+
+impl Dims {
+    pub fn new(c: &Config) -> Self {
+        Self {
+            d: c.hidden_size,
+            qkv_rows: (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim,
+            attn_width: c.num_attention_heads * c.head_dim,
+            head_dim: c.head_dim,
+            vocab: c.vocab_size,
+            dense_width: c.intermediate_size,
+            expert_width: c.moe_intermediate_size,
+            shared_width: c.moe_intermediate_size * c.num_shared_experts,
+            experts: c.num_experts,
+        }
+    }
+}
+
+impl Weights {
+    /// Uploads every tensor of the checkpoint (converted to BF16; router and bias to F32).
+    pub fn load(gpu: &Gpu, config: &Config, source: &dyn TensorSource) -> Result<Self> {
+        let r = Reader { source };
+        let dims = Dims::new(config);
+        let d = dims.d;
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let swiglu = |prefix: &str, width: usize| -> Result<DenseMlp> {
+                let gate_up = gpu.alloc::<bf16>(2 * width * d).map_err(device_err)?;
+                put(
+                    gpu,
+                    &gate_up,
+                    0,
+                    &r.bf16(&format!("{prefix}.gate_proj.weight"), &[width, d])?,
+                )?;
+                put(
+                    gpu,
+                    &gate_up,
+                    width * d,
+                    &r.bf16(&format!("{prefix}.up_proj.weight"), &[width, d])?,
+                )?;
+                let down = upload(
+                    gpu,
+                    &r.bf16(&format!("{prefix}.down_proj.weight"), &[d, width])?,
+                )?;
+                Ok(DenseMlp {
+                    gate_up,
+                    down,
+                    width,
+                })
+            };
+            let mlp = if i < config.first_k_dense_replace {
+                Mlp::Dense(swiglu(&format!("{p}.mlp"), dims.dense_width)?)
+            } else {
+                let (e, w) = (dims.experts, dims.expert_width);
+                let router = upload(gpu, &r.values(&format!("{p}.mlp.gate.weight"), &[e, d])?)?;
+                let bias = if config.moe_router_enable_expert_bias {
+                    upload(gpu, &r.values(&format!("{p}.mlp.gate.expert_bias"), &[e])?)?
+                } else {
+                    upload(gpu, &vec![0f32; e])?
+                };
+                let experts_gate_up = gpu.alloc::<bf16>(e * 2 * w * d).map_err(device_err)?;
+                let experts_down = gpu.alloc::<bf16>(e * d * w).map_err(device_err)?;
+                for x in 0..e {
+                    let q = format!("{p}.mlp.experts.{x}");
+                    put(
+                        gpu,
+                        &experts_gate_up,
+                        x * 2 * w * d,
+                        &r.bf16(&format!("{q}.gate_proj.weight"), &[w, d])?,
+                    )?;
+                    put(
+                        gpu,
+                        &experts_gate_up,
+                        (x * 2 + 1) * w * d,
+                        &r.bf16(&format!("{q}.up_proj.weight"), &[w, d])?,
+                    )?;
+                    put(
+                        gpu,
+                        &experts_down,
+                        x * d * w,
+                        &r.bf16(&format!("{q}.down_proj.weight"), &[d, w])?,
+                    )?;
+                }
+                let shared = if config.num_shared_experts > 0 {
+                    Some(swiglu(
+                        &format!("{p}.mlp.shared_experts"),
+                        dims.shared_width,
+                    )?)
+                } else {
+                    None
+                };
+                Mlp::Moe(Moe {
+                    router,
+                    bias,
+                    experts_gate_up,
+                    experts_down,
+                    shared,
+                })
+            };
+            layers.push(Layer {
+                input_norm: upload(gpu, &r.bf16(&format!("{p}.input_layernorm.weight"), &[d])?)?,
+                post_norm: upload(
+                    gpu,
+                    &r.bf16(&format!("{p}.post_attention_layernorm.weight"), &[d])?,
+                )?,
+                qkv: upload(
+                    gpu,
+                    &r.bf16(
+                        &format!("{p}.attention.query_key_value.weight"),
+                        &[dims.qkv_rows, d],
+                    )?,
+                )?,
+                q_norm: upload(
+                    gpu,
+                    &r.bf16(
+                        &format!("{p}.attention.query_layernorm.weight"),
+                        &[dims.head_dim],
+                    )?,
+                )?,
+                k_norm: upload(
+                    gpu,
+                    &r.bf16(
+                        &format!("{p}.attention.key_layernorm.weight"),
+                        &[dims.head_dim],
+                    )?,
+                )?,
+                dense: upload(
+                    gpu,
+                    &r.bf16(
+                        &format!("{p}.attention.dense.weight"),
+                        &[d, dims.attn_width],
+                    )?,
+                )?,
+                mlp,
+            });
+        }
+        Ok(Self {
+            embed: upload(
+                gpu,
+                &r.bf16("model.word_embeddings.weight", &[dims.vocab, d])?,
+            )?,
+            layers,
+            final_norm: upload(gpu, &r.bf16("model.norm.weight", &[d])?)?,
+            lm_head: upload(gpu, &r.bf16("lm_head.weight", &[dims.vocab, d])?)?,
+        })
+    }
+
+    /// Random weights at the config's shapes, made on the device (benchmarks: no checkpoint file
+    /// of 32 GB has to exist). Matrices are uniform in ±sqrt(3/fan_in) (unit-variance outputs),
+    /// norms are 1, the embedding and lm_head uniform in ±1 and ±sqrt(3/D).
+    pub fn random(gpu: &Gpu, config: &Config, seed: u64) -> Result<Self> {
+        let dims = Dims::new(config);
+        let d = dims.d;
+        let mut counter = seed;
+        let mut rand = |len: usize, fan_in: usize| -> Result<DeviceBuffer<bf16>> {
+            let buf = gpu.alloc::<bf16>(len).map_err(device_err)?;
+            counter = counter.wrapping_add(0x9E37_79B9);
+            let scale = if fan_in == 0 {
+                1.0
+            } else {
+                (3.0 / fan_in as f32).sqrt()
+            };
+            ops::fill_random_bf16(gpu, buf.ptr(), len, counter, scale).map_err(device_err)?;
+            Ok(buf)
+        };
+        let ones = |len: usize| upload(gpu, &vec![bf16::ONE; len]);
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let mlp = if i < config.first_k_dense_replace {
+                let w = dims.dense_width;
+                Mlp::Dense(DenseMlp {
+                    gate_up: rand(2 * w * d, d)?,
+                    down: rand(d * w, w)?,
+                    width: w,
+                })
+            } else {
+                let (e, w) = (dims.experts, dims.expert_width);
+                // Router logits of unit scale spread the tokens over many experts; bias small.
+                let router: Vec<f32> = (0..e * d)
+                    .map(|j| hash_uniform(seed ^ (i as u64) << 32, j) * (3.0 / d as f32).sqrt())
+                    .collect();
+                let bias: Vec<f32> = (0..e)
+                    .map(|j| 0.01 * hash_uniform(seed ^ 0xB1A5 ^ (i as u64) << 40, j))
+                    .collect();
+                let shared = if config.num_shared_experts > 0 {
+                    let sw = dims.shared_width;
+                    Some(DenseMlp {
+                        gate_up: rand(2 * sw * d, d)?,
+                        down: rand(d * sw, sw)?,
+                        width: sw,
+                    })
+                } else {
+                    None
+                };
+                Mlp::Moe(Moe {
+                    router: upload(gpu, &router)?,
+                    bias: upload(gpu, &bias)?,
+                    experts_gate_up: rand(e * 2 * w * d, d)?,
+                    experts_down: rand(e * d * w, w)?,
+                    shared,
+                })
+            };
+            layers.push(Layer {
+                input_norm: ones(d)?,
+                post_norm: ones(d)?,
+                qkv: rand(dims.qkv_rows * d, d)?,
+                q_norm: ones(dims.head_dim)?,
+                k_norm: ones(dims.head_dim)?,
+                dense: rand(d * dims.attn_width, dims.attn_width)?,
+                mlp,
+            });
+        }
+        let w = Self {
+            embed: rand(dims.vocab * d, 0)?,
+            layers,
+            final_norm: ones(d)?,
+            lm_head: rand(dims.vocab * d, d)?,
+        };
+        gpu.synchronize().map_err(device_err)?;
+        Ok(w)
+    }
+
+    /// Bytes of all weights in device memory.
+    pub fn bytes(&self) -> usize {
+        let mlp = |m: &DenseMlp| m.gate_up.bytes() + m.down.bytes();
+        self.embed.bytes()
+            + self.final_norm.bytes()
+            + self.lm_head.bytes()
+            + self
+                .layers
+                .iter()
+                .map(|l| {
+                    l.input_norm.bytes()
+                        + l.post_norm.bytes()
+                        + l.qkv.bytes()
+                        + l.q_norm.bytes()
+                        + l.k_norm.bytes()
+                        + l.dense.bytes()
+                        + match &l.mlp {
+                            Mlp::Dense(m) => mlp(m),
+                            Mlp::Moe(m) => {
+                                m.router.bytes()
+                                    + m.bias.bytes()
+                                    + m.experts_gate_up.bytes()
+                                    + m.experts_down.bytes()
+                                    + m.shared.as_ref().map_or(0, mlp)
+                            }
+                        }
+                })
+                .sum::<usize>()
+    }
+}
+
+/// Uniform in [-1, 1) from a SplitMix64 hash of (seed, index).
+fn hash_uniform(seed: u64, i: usize) -> f32 {
+    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i as u64 + 1));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 40) as f32 / 8_388_608.0 - 1.0
+}

@@ -1,0 +1,738 @@
+//! Every CUDA kernel against a plain CPU reference on fresh random inputs (ignored: needs a GPU;
+//! run with `cargo test -p minnow-runtime --test cuda_kernels -- --ignored`).
+//!
+//! BF16 outputs must be within a relative error (‖gpu − ref‖ / ‖ref‖) of 1e-2, F32 outputs within
+//! 1e-5; discrete outputs (expert choices, argmax) must match exactly; NaN never passes. Outputs
+//! are poisoned (NaN) before each launch so that unwritten elements fail.
+
+use half::bf16;
+use minnow_runtime::cuda::ops::{self, AttentionShape, RouterShape};
+use minnow_runtime::cuda::{DeviceBuffer, Gpu, Graph};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("these tests need a CUDA GPU")
+}
+
+fn rng() -> StdRng {
+    // Fresh inputs every run; the seed is printed so a failure can be replayed.
+    let seed: u64 = rand::random();
+    println!("seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+fn randn(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| (rng.gen::<f32>() * 2.0 - 1.0) * scale * 1.7)
+        .collect()
+}
+
+fn to_bf16(x: &[f32]) -> Vec<bf16> {
+    x.iter().map(|&v| bf16::from_f32(v)).collect()
+}
+
+fn r(x: f32) -> f32 {
+    bf16::from_f32(x).to_f32()
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    assert!(got.iter().all(|x| x.is_finite()), "non-finite GPU output");
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn check_bf16(name: &str, got: &[f32], want: &[f32]) {
+    let e = rel_err(got, want);
+    println!("{name}: rel err {e:.2e}");
+    assert!(e <= 1e-2, "{name}: relative error {e} > 1e-2");
+}
+
+fn check_f32(name: &str, got: &[f32], want: &[f32]) {
+    let e = rel_err(got, want);
+    println!("{name}: rel err {e:.2e}");
+    assert!(e <= 1e-5, "{name}: relative error {e} > 1e-5");
+}
+
+fn poisoned_bf16(g: &Gpu, n: usize) -> DeviceBuffer<bf16> {
+    g.upload(&vec![bf16::NAN; n]).unwrap()
+}
+
+fn poisoned_f32(g: &Gpu, n: usize) -> DeviceBuffer<f32> {
+    g.upload(&vec![f32::NAN; n]).unwrap()
+}
+
+fn read_bf16(g: &Gpu, b: &DeviceBuffer<bf16>) -> Vec<f32> {
+    let mut v = vec![bf16::ZERO; b.len()];
+    g.read(b, 0, &mut v).unwrap();
+    v.iter().map(|x| x.to_f32()).collect()
+}
+
+fn read<T: Copy + Default>(g: &Gpu, b: &DeviceBuffer<T>) -> Vec<T> {
+    let mut v = vec![T::default(); b.len()];
+    g.read(b, 0, &mut v).unwrap();
+    v
+}
+
+/// Row-major `x [m, k] . w [n, k]^T` in F64 over the given values.
+fn matmul_t(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut y = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0f64;
+            for p in 0..k {
+                acc += x[i * k + p] as f64 * w[j * k + p] as f64;
+            }
+            y[i * n + j] = acc as f32;
+        }
+    }
+    y
+}
+
+fn rmsnorm_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (ms + eps).sqrt();
+    x.iter().zip(w).map(|(v, w)| r(w * r(v * inv))).collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn embed_rows_gathers() {
+    let g = gpu();
+    let mut rng = rng();
+    let (v, d, t) = (300, 64, 37);
+    let table = to_bf16(&randn(&mut rng, v * d, 1.0));
+    let ids: Vec<u32> = (0..t).map(|_| rng.gen_range(0..v as u32)).collect();
+    let (dt, di, out) = (
+        g.upload(&table).unwrap(),
+        g.upload(&ids).unwrap(),
+        poisoned_bf16(&g, t * d),
+    );
+    ops::embed_rows(&g, di.ptr(), dt.ptr(), out.ptr(), t, d).unwrap();
+    let got = read_bf16(&g, &out);
+    for (i, &id) in ids.iter().enumerate() {
+        for j in 0..d {
+            assert_eq!(got[i * d + j], table[id as usize * d + j].to_f32());
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn add_rmsnorm_matches_reference() {
+    let g = gpu();
+    let mut rng = rng();
+    for &(t, d) in &[(5usize, 64usize), (33, 2048), (3, 4096)] {
+        let h = to_bf16(&randn(&mut rng, t * d, 2.0));
+        let delta = to_bf16(&randn(&mut rng, t * d, 1.0));
+        let w = to_bf16(&randn(&mut rng, d, 1.0));
+        let (dh, dd, dw, out) = (
+            g.upload(&h).unwrap(),
+            g.upload(&delta).unwrap(),
+            g.upload(&w).unwrap(),
+            poisoned_bf16(&g, t * d),
+        );
+        ops::add_rmsnorm(&g, dh.ptr(), dd.ptr(), dw.ptr(), out.ptr(), t, d, 1e-6).unwrap();
+        let (mut want_h, mut want) = (vec![], vec![]);
+        let wf: Vec<f32> = w.iter().map(|x| x.to_f32()).collect();
+        for i in 0..t {
+            let row: Vec<f32> = (0..d)
+                .map(|j| r(h[i * d + j].to_f32() + delta[i * d + j].to_f32()))
+                .collect();
+            want.extend(rmsnorm_ref(&row, &wf, 1e-6));
+            want_h.extend(row);
+        }
+        check_bf16("add_rmsnorm h", &read_bf16(&g, &dh), &want_h);
+        check_bf16("add_rmsnorm out", &read_bf16(&g, &out), &want);
+        // Without a delta the stream is left alone.
+        ops::add_rmsnorm(&g, dh.ptr(), 0, dw.ptr(), out.ptr(), t, d, 1e-6).unwrap();
+        check_bf16("rmsnorm h unchanged", &read_bf16(&g, &dh), &want_h);
+        check_bf16("rmsnorm out", &read_bf16(&g, &out), &want);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn silu_mul_matches_reference() {
+    let g = gpu();
+    let mut rng = rng();
+    let (rows, w) = (19, 512);
+    let gu = to_bf16(&randn(&mut rng, rows * 2 * w, 4.0));
+    let (dgu, out) = (g.upload(&gu).unwrap(), poisoned_bf16(&g, rows * w));
+    ops::silu_mul(&g, dgu.ptr(), out.ptr(), rows, w).unwrap();
+    let mut want = vec![];
+    for i in 0..rows {
+        for j in 0..w {
+            let x = gu[i * 2 * w + j].to_f32();
+            want.push(r(r(x / (1.0 + (-x).exp())) * gu[i * 2 * w + w + j].to_f32()));
+        }
+    }
+    check_bf16("silu_mul", &read_bf16(&g, &out), &want);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cublas_gemms_match_reference() {
+    let g = gpu();
+    let mut rng = rng();
+    let (m, n, k) = (45, 192, 320);
+    let x = to_bf16(&randn(&mut rng, m * k, 1.0));
+    let w = to_bf16(&randn(&mut rng, n * k, 1.0));
+    let (dx, dw, dy) = (
+        g.upload(&x).unwrap(),
+        g.upload(&w).unwrap(),
+        poisoned_bf16(&g, m * n),
+    );
+    g.blas()
+        .gemm_bf16(dx.ptr(), dw.ptr(), dy.ptr(), m, n, k, n)
+        .unwrap();
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+    check_bf16(
+        "gemm_bf16",
+        &read_bf16(&g, &dy),
+        &matmul_t(&xf, &wf, m, n, k),
+    );
+    let xs = randn(&mut rng, m * k, 1.0);
+    let ws = randn(&mut rng, n * k, 1.0);
+    let (dx, dw, dy) = (
+        g.upload(&xs).unwrap(),
+        g.upload(&ws).unwrap(),
+        poisoned_f32(&g, m * n),
+    );
+    g.blas()
+        .gemm_f32(dx.ptr(), dw.ptr(), dy.ptr(), m, n, k)
+        .unwrap();
+    check_f32("gemm_f32", &read(&g, &dy), &matmul_t(&xs, &ws, m, n, k));
+}
+
+/// CPU reference of qk_norm_rope (the BF16 order of docs/llada2-model.md §7.4).
+#[allow(clippy::too_many_arguments)]
+fn rope_ref(x: &[f32], w: &[f32], pos: usize, rot: usize, theta: f32) -> Vec<f32> {
+    let n = rmsnorm_ref(x, w, 1e-6);
+    let half = rot / 2;
+    let mut y = n.clone();
+    for j in 0..half {
+        let inv = 1.0 / theta.powf((2 * j) as f32 / rot as f32);
+        let a = pos as f32 * inv;
+        let (c, s) = (r(a.cos()), r(a.sin()));
+        y[j] = r(r(n[j] * c) - r(n[j + half] * s));
+        y[j + half] = r(r(n[j + half] * c) + r(n[j] * s));
+    }
+    y
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn qk_norm_rope_matches_reference() {
+    let g = gpu();
+    let mut rng = rng();
+    for &(heads, kv, d, rot, pos0, t) in &[
+        (16usize, 4usize, 128usize, 64usize, 4000usize, 9usize),
+        (4, 2, 16, 8, 3, 5),
+    ] {
+        let shape = AttentionShape {
+            heads,
+            kv_heads: kv,
+            head_dim: d,
+            rotary_dim: rot,
+            block: 32,
+        };
+        let width = (heads + 2 * kv) * d;
+        let qkv = to_bf16(&randn(&mut rng, t * width, 1.0));
+        let qw = to_bf16(&randn(&mut rng, d, 1.0));
+        let kw = to_bf16(&randn(&mut rng, d, 1.0));
+        let cap = pos0 + t;
+        let (dqkv, dqw, dkw) = (
+            g.upload(&qkv).unwrap(),
+            g.upload(&qw).unwrap(),
+            g.upload(&kw).unwrap(),
+        );
+        let (q, kc, vc) = (
+            poisoned_bf16(&g, t * heads * d),
+            poisoned_bf16(&g, cap * kv * d),
+            poisoned_bf16(&g, cap * kv * d),
+        );
+        let dpos = g.upload(&[pos0 as i32]).unwrap();
+        let theta = 600000.0;
+        ops::qk_norm_rope(
+            &g,
+            &shape,
+            dqkv.ptr(),
+            dqw.ptr(),
+            dkw.ptr(),
+            q.ptr(),
+            kc.ptr(),
+            vc.ptr(),
+            dpos.ptr(),
+            t,
+            theta,
+            1e-6,
+        )
+        .unwrap();
+        let (gq, gk, gv) = (read_bf16(&g, &q), read_bf16(&g, &kc), read_bf16(&g, &vc));
+        let qwf: Vec<f32> = qw.iter().map(|v| v.to_f32()).collect();
+        let kwf: Vec<f32> = kw.iter().map(|v| v.to_f32()).collect();
+        let (mut wq, mut gotq, mut wk, mut gotk, mut wv, mut gotv) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        for i in 0..t {
+            let row: Vec<f32> = qkv[i * width..(i + 1) * width]
+                .iter()
+                .map(|v| v.to_f32())
+                .collect();
+            for h in 0..heads {
+                wq.extend(rope_ref(
+                    &row[h * d..(h + 1) * d],
+                    &qwf,
+                    pos0 + i,
+                    rot,
+                    theta,
+                ));
+                gotq.extend_from_slice(&gq[(i * heads + h) * d..(i * heads + h + 1) * d]);
+            }
+            for h in 0..kv {
+                let kr = &row[(heads + h) * d..(heads + h + 1) * d];
+                wk.extend(rope_ref(kr, &kwf, pos0 + i, rot, theta));
+                let off = ((pos0 + i) * kv + h) * d;
+                gotk.extend_from_slice(&gk[off..off + d]);
+                wv.extend_from_slice(&row[(heads + kv + h) * d..(heads + kv + h + 1) * d]);
+                gotv.extend_from_slice(&gv[off..off + d]);
+            }
+        }
+        check_bf16("rope q", &gotq, &wq);
+        check_bf16("rope k", &gotk, &wk);
+        assert_eq!(gotv, wv, "V must be cached unchanged");
+    }
+}
+
+/// Block-causal attention reference in F64: out[t, h] over keys 0..limit(pos0 + t).
+#[allow(clippy::too_many_arguments)]
+fn attention_ref(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    t: usize,
+    pos0: usize,
+    heads: usize,
+    kv: usize,
+    d: usize,
+    block: usize,
+) -> Vec<f32> {
+    let group = heads / kv;
+    let mut out = vec![0f32; t * heads * d];
+    let end = pos0 + t;
+    for i in 0..t {
+        let lim = (((pos0 + i) / block + 1) * block).min(end);
+        for h in 0..heads {
+            let g = h / group;
+            let qr = &q[(i * heads + h) * d..(i * heads + h + 1) * d];
+            let s: Vec<f64> = (0..lim)
+                .map(|j| {
+                    let kr = &k[(j * kv + g) * d..(j * kv + g + 1) * d];
+                    qr.iter()
+                        .zip(kr)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        / (d as f64).sqrt()
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let sum: f64 = p.iter().sum();
+            for c in 0..d {
+                let acc: f64 = (0..lim)
+                    .map(|j| p[j] * v[(j * kv + g) * d + c] as f64)
+                    .sum();
+                out[(i * heads + h) * d + c] = (acc / sum) as f32;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_matches_reference() {
+    let g = gpu();
+    let mut rng = rng();
+    // (heads, kv, d, prefix, tokens, splits): prefill-like, decode-like with splits, tiny shapes,
+    // a prefix that is not block aligned and a forward that straddles blocks.
+    let cases = [
+        (16usize, 4usize, 128usize, 0usize, 96usize, 1usize),
+        (16, 4, 128, 1024, 32, 33),
+        (16, 4, 128, 70, 45, 3),
+        (4, 2, 16, 32, 64, 1),
+        (4, 2, 16, 13, 40, 5),
+        (8, 8, 64, 200, 20, 2),
+    ];
+    for &(heads, kv, d, pos0, t, splits) in &cases {
+        let shape = AttentionShape {
+            heads,
+            kv_heads: kv,
+            head_dim: d,
+            rotary_dim: d / 2,
+            block: 32,
+        };
+        let end = pos0 + t;
+        let q = to_bf16(&randn(&mut rng, t * heads * d, 2.0));
+        let k = to_bf16(&randn(&mut rng, end * kv * d, 2.0));
+        let v = to_bf16(&randn(&mut rng, end * kv * d, 1.0));
+        let (dq, dk, dv) = (
+            g.upload(&q).unwrap(),
+            g.upload(&k).unwrap(),
+            g.upload(&v).unwrap(),
+        );
+        let (po, pml) = ops::attention_scratch_len(&shape, t, splits);
+        let (dpo, dpml, out) = (
+            poisoned_f32(&g, po),
+            poisoned_f32(&g, pml),
+            poisoned_bf16(&g, t * heads * d),
+        );
+        let dpos = g.upload(&[pos0 as i32]).unwrap();
+        ops::attention(
+            &g,
+            &shape,
+            dq.ptr(),
+            dk.ptr(),
+            dv.ptr(),
+            dpo.ptr(),
+            dpml.ptr(),
+            out.ptr(),
+            dpos.ptr(),
+            t,
+            splits,
+        )
+        .unwrap();
+        let f = |x: &[bf16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+        let want = attention_ref(&f(&q), &f(&k), &f(&v), t, pos0, heads, kv, d, 32);
+        check_bf16(
+            &format!("attention h{heads} g{kv} d{d} prefix {pos0} t {t} splits {splits}"),
+            &read_bf16(&g, &out),
+            &want,
+        );
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Top-k of `vals` over candidates (None = excluded), larger first, lower index on ties.
+fn topk(vals: &[Option<f32>], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..vals.len()).filter(|&j| vals[j].is_some()).collect();
+    idx.sort_by(|&a, &b| {
+        vals[b]
+            .unwrap()
+            .partial_cmp(&vals[a].unwrap())
+            .unwrap()
+            .then(a.cmp(&b))
+    });
+    idx.truncate(k);
+    idx
+}
+
+fn router_ref(logits: &[f32], bias: &[f32], t: usize, s: &RouterShape) -> (Vec<usize>, Vec<f32>) {
+    let e = s.experts;
+    let mut ids = vec![];
+    let mut ws = vec![];
+    let biased = |i: usize, j: usize| sigmoid(logits[i * e + j]) + bias[j];
+    for i in 0..t {
+        let cand: Vec<Option<f32>> = if let Some(c) = s.capacity {
+            let b0 = i / s.block * s.block;
+            let b1 = (b0 + s.block).min(t);
+            let gmax: Vec<Option<f32>> = (0..e)
+                .map(|j| {
+                    Some(
+                        (b0..b1)
+                            .map(|r| biased(r, j))
+                            .fold(f32::NEG_INFINITY, f32::max),
+                    )
+                })
+                .collect();
+            let pool = topk(&gmax, c);
+            (0..e)
+                .map(|j| pool.contains(&j).then(|| biased(i, j)))
+                .collect()
+        } else {
+            let (ng, kg) = s.groups.unwrap();
+            let gs = e / ng;
+            let scores: Vec<Option<f32>> = (0..ng)
+                .map(|gi| {
+                    let mut v: Vec<f32> = (gi * gs..(gi + 1) * gs).map(|j| biased(i, j)).collect();
+                    v.sort_by(|a, b| b.partial_cmp(a).unwrap());
+                    Some(v[0] + v[1])
+                })
+                .collect();
+            let keep = topk(&scores, kg);
+            (0..e)
+                .map(|j| keep.contains(&(j / gs)).then(|| biased(i, j)))
+                .collect()
+        };
+        let chosen = topk(&cand, s.top_k);
+        let sum: f32 = chosen.iter().map(|&j| sigmoid(logits[i * e + j])).sum();
+        for &j in &chosen {
+            ids.push(j);
+            ws.push(sigmoid(logits[i * e + j]) / (sum + 1e-20) * s.scale);
+        }
+    }
+    (ids, ws)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn router_matches_reference() {
+    let g = gpu();
+    let mut rng = rng();
+    let shapes = [
+        RouterShape {
+            experts: 256,
+            top_k: 8,
+            groups: Some((8, 4)),
+            capacity: None,
+            block: 32,
+            scale: 2.5,
+        },
+        RouterShape {
+            experts: 256,
+            top_k: 8,
+            groups: None,
+            capacity: Some(48),
+            block: 32,
+            scale: 2.5,
+        },
+        RouterShape {
+            experts: 16,
+            top_k: 4,
+            groups: Some((4, 2)),
+            capacity: None,
+            block: 32,
+            scale: 2.5,
+        },
+        RouterShape {
+            experts: 16,
+            top_k: 4,
+            groups: None,
+            capacity: Some(6),
+            block: 32,
+            scale: 2.5,
+        },
+    ];
+    for s in &shapes {
+        let t = 77;
+        let logits = randn(&mut rng, t * s.experts, 3.0);
+        let bias = randn(&mut rng, s.experts, 0.1);
+        let (dl, db) = (g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
+        let adm = g.alloc::<u8>(t.div_ceil(s.block) * s.experts).unwrap();
+        let idx = g.upload(&vec![-1i32; t * s.top_k]).unwrap();
+        let w = poisoned_f32(&g, t * s.top_k);
+        ops::route(&g, s, dl.ptr(), db.ptr(), adm.ptr(), idx.ptr(), w.ptr(), t).unwrap();
+        let (want_ids, want_w) = router_ref(&logits, &bias, t, s);
+        let got_ids: Vec<usize> = read(&g, &idx).iter().map(|&x| x as usize).collect();
+        assert_eq!(got_ids, want_ids, "expert choice differs for {s:?}");
+        check_f32(&format!("router weights {s:?}"), &read(&g, &w), &want_w);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
+    let g = gpu();
+    let mut rng = rng();
+    for &(t, k, e, n, kd) in &[
+        (32usize, 8usize, 256usize, 1024usize, 2048usize),
+        (300, 4, 16, 64, 64),
+        (5, 2, 4, 128, 96),
+    ] {
+        let x = to_bf16(&randn(&mut rng, t * kd, 1.0));
+        let w = to_bf16(&randn(&mut rng, e * n * kd, 0.05));
+        // Distinct experts per token, skewed so that some experts get more than one tile.
+        let mut idx = vec![];
+        for _ in 0..t {
+            let mut chosen: Vec<i32> = vec![];
+            while chosen.len() < k {
+                let c = if rng.gen::<f32>() < 0.5 {
+                    rng.gen_range(0..e.min(3))
+                } else {
+                    rng.gen_range(0..e)
+                } as i32;
+                if !chosen.contains(&c) {
+                    chosen.push(c);
+                }
+            }
+            idx.extend(chosen);
+        }
+        let a = t * k;
+        let max_tiles = ops::moe_max_tiles(a, e);
+        let (dx, dw, didx) = (
+            g.upload(&x).unwrap(),
+            g.upload(&w).unwrap(),
+            g.upload(&idx).unwrap(),
+        );
+        let slot = g.alloc::<i32>(a).unwrap();
+        let row_token = g.alloc::<i32>(a).unwrap();
+        let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
+        let nt = g.alloc::<i32>(1).unwrap();
+        let y = poisoned_bf16(&g, a * n);
+        ops::moe_dispatch(
+            &g,
+            didx.ptr(),
+            t,
+            k,
+            e,
+            slot.ptr(),
+            row_token.ptr(),
+            tiles.ptr(),
+            nt.ptr(),
+        )
+        .unwrap();
+        ops::grouped_gemm(
+            &g,
+            dx.ptr(),
+            row_token.ptr(),
+            dw.ptr(),
+            y.ptr(),
+            tiles.ptr(),
+            nt.ptr(),
+            max_tiles,
+            n,
+            kd,
+        )
+        .unwrap();
+        let gy = read_bf16(&g, &y);
+        let slots = read(&g, &slot);
+        let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+        let (mut got, mut want) = (vec![], vec![]);
+        for ti in 0..t {
+            for j in 0..k {
+                let ex = idx[ti * k + j] as usize;
+                let p = slots[ti * k + j] as usize;
+                got.extend_from_slice(&gy[p * n..(p + 1) * n]);
+                want.extend(matmul_t(
+                    &xf[ti * kd..(ti + 1) * kd],
+                    &wf[ex * n * kd..(ex + 1) * n * kd],
+                    1,
+                    n,
+                    kd,
+                ));
+            }
+        }
+        check_bf16(
+            &format!("grouped gemm t{t} k{k} e{e} n{n} k{kd}"),
+            &got,
+            &want,
+        );
+        // Combine with F32 weights and a shared-expert term.
+        let wts = randn(&mut rng, a, 1.0);
+        let shared = to_bf16(&randn(&mut rng, t * n, 1.0));
+        let (dwts, dsh, out) = (
+            g.upload(&wts).unwrap(),
+            g.upload(&shared).unwrap(),
+            poisoned_bf16(&g, t * n),
+        );
+        ops::moe_combine(
+            &g,
+            y.ptr(),
+            slot.ptr(),
+            dwts.ptr(),
+            dsh.ptr(),
+            out.ptr(),
+            t,
+            k,
+            n,
+        )
+        .unwrap();
+        let mut want = vec![];
+        for ti in 0..t {
+            for c in 0..n {
+                let acc: f32 = (0..k)
+                    .map(|j| wts[ti * k + j] * gy[slots[ti * k + j] as usize * n + c])
+                    .sum();
+                want.push(r(r(acc) + shared[ti * n + c].to_f32()));
+            }
+        }
+        check_bf16("moe_combine", &read_bf16(&g, &out), &want);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn top1_softmax_and_conversion() {
+    let g = gpu();
+    let mut rng = rng();
+    let (rows, v) = (7, 157184);
+    let mut x = randn(&mut rng, rows * v, 8.0);
+    // A tie at the maximum in row 0: the lower index must win.
+    x[10] = 40.0;
+    x[20] = 40.0;
+    let xb = to_bf16(&x);
+    let (dx, tok, conf, f) = (
+        g.upload(&xb).unwrap(),
+        g.alloc::<u32>(rows).unwrap(),
+        poisoned_f32(&g, rows),
+        poisoned_f32(&g, rows * v),
+    );
+    ops::top1_softmax(&g, dx.ptr(), tok.ptr(), conf.ptr(), rows, v).unwrap();
+    ops::bf16_to_f32(&g, dx.ptr(), f.ptr(), rows * v).unwrap();
+    let xf: Vec<f32> = xb.iter().map(|b| b.to_f32()).collect();
+    assert_eq!(read(&g, &f), xf);
+    let (gt, gc) = (read(&g, &tok), read(&g, &conf));
+    let mut want_c = vec![];
+    for i in 0..rows {
+        let row = &xf[i * v..(i + 1) * v];
+        let (mut bi, mut bv) = (0, f32::NEG_INFINITY);
+        for (j, &val) in row.iter().enumerate() {
+            if val > bv {
+                bv = val;
+                bi = j;
+            }
+        }
+        assert_eq!(gt[i] as usize, bi, "argmax of row {i}");
+        let s: f64 = row.iter().map(|&val| ((val - bv) as f64).exp()).sum();
+        want_c.push((1.0 / s) as f32);
+    }
+    check_f32("top1 confidence", &gc, &want_c);
+    assert_eq!(gt[0], 10);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_replay_reads_new_inputs() {
+    let g = gpu();
+    let mut rng = rng();
+    let (v, d, t) = (50, 64, 8);
+    let table = to_bf16(&randn(&mut rng, v * d, 1.0));
+    let w = to_bf16(&randn(&mut rng, d, 1.0));
+    let (dt, dw) = (g.upload(&table).unwrap(), g.upload(&w).unwrap());
+    let ids = g.alloc::<u32>(t).unwrap();
+    let (h, out) = (
+        g.alloc::<bf16>(t * d).unwrap(),
+        g.alloc::<bf16>(t * d).unwrap(),
+    );
+    let graph = Graph::capture(&g, || {
+        ops::embed_rows(&g, ids.ptr(), dt.ptr(), h.ptr(), t, d)?;
+        ops::add_rmsnorm(&g, h.ptr(), 0, dw.ptr(), out.ptr(), t, d, 1e-6)
+    })
+    .unwrap();
+    let wf: Vec<f32> = w.iter().map(|x| x.to_f32()).collect();
+    for _ in 0..3 {
+        let host: Vec<u32> = (0..t).map(|_| rng.gen_range(0..v as u32)).collect();
+        g.write(&ids, 0, &host).unwrap();
+        graph.launch(&g).unwrap();
+        let mut want = vec![];
+        for &id in &host {
+            let row: Vec<f32> = table[id as usize * d..(id as usize + 1) * d]
+                .iter()
+                .map(|x| x.to_f32())
+                .collect();
+            want.extend(rmsnorm_ref(&row, &wf, 1e-6));
+        }
+        check_bf16("graph replay", &read_bf16(&g, &out), &want);
+    }
+}

@@ -1,0 +1,241 @@
+//! `cargo xtask bench`: the GPU numbers of docs/performance.md. Builds a random-weight model at
+//! the real LLaDA2.2-mini shapes directly in device memory (no checkpoint file, no Python), then
+//! measures the device copy bandwidth, prefill throughput, one 32-token refinement forward over a
+//! cached prefix (with the bytes it must read and the resulting bandwidth floor), and the decode
+//! of 8 blocks with a fixed schedule. Prints a Markdown table with the device, commit and command.
+//!
+//! Options: `--commit SHA` (else `git rev-parse`), `--quick` (fewer repetitions),
+//! `--prefill 512,2048,...`, `--prefix 1024,8192`.
+
+use std::time::Instant;
+
+use minnow_model::cuda::CudaRunner;
+use minnow_model::{Config, LogitsRows, ModelRunner};
+use minnow_runtime::cuda::Gpu;
+
+/// LLaDA2.2-mini (docs/llada2-model.md §3.1).
+const MINI_22: &str = r#"{
+  "model_type": "llada2_moe", "architectures": ["LLaDA2MoeModelLM"],
+  "vocab_size": 157184, "hidden_size": 2048, "intermediate_size": 5120,
+  "num_hidden_layers": 20, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
+  "moe_intermediate_size": 512, "num_experts": 256, "num_experts_per_tok": 8, "num_shared_experts": 1,
+  "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1,
+  "moe_router_enable_expert_bias": true, "norm_topk_prob": true, "score_function": "sigmoid",
+  "router_dtype": "fp32", "rms_norm_eps": 1e-6, "rope_theta": 3000000,
+  "rope_parameters": {"rope_type": "default", "rope_theta": 3000000, "partial_rotary_factor": 0.5},
+  "partial_rotary_factor": 0.5, "rotary_dim": 64, "rope_scaling": null,
+  "max_position_embeddings": 131072, "use_qk_norm": true, "use_qkv_bias": false, "use_bias": false,
+  "norm_head": false, "tie_word_embeddings": false, "hidden_act": "silu", "pad_token_id": 156892,
+  "block_size": 32, "expert_capacity": 48, "delete_token_id": 156930, "split_token_id": 156931,
+  "use_sliding_window": false, "torch_dtype": "bfloat16"
+}"#;
+
+struct Opts {
+    commit: String,
+    reps: usize,
+    prefill: Vec<usize>,
+    prefixes: Vec<usize>,
+}
+
+fn parse_list(s: &str) -> Result<Vec<usize>, String> {
+    s.split(',').map(|x| x.trim().parse::<usize>().map_err(|e| format!("{x}: {e}"))).collect()
+}
+
+fn parse(args: &[String]) -> Result<Opts, String> {
+    let mut o = Opts { commit: String::new(), reps: 20, prefill: vec![512, 2048, 4096, 8192], prefixes: vec![1024, 8192] };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--commit" => o.commit = it.next().ok_or("--commit needs a value")?.clone(),
+            "--quick" => o.reps = 5,
+            "--prefill" => o.prefill = parse_list(it.next().ok_or("--prefill needs a list")?)?,
+            "--prefix" => o.prefixes = parse_list(it.next().ok_or("--prefix needs a list")?)?,
+            other => return Err(format!("unknown bench option {other}")),
+        }
+    }
+    if o.commit.is_empty() {
+        o.commit = std::process::Command::new("git")
+            .args(["rev-parse", "--short", "HEAD"])
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
+            .unwrap_or_else(|| "unknown".into());
+    }
+    Ok(o)
+}
+
+fn err<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Pseudo-random token ids (never special: below 150000).
+fn ids(n: usize, salt: u64) -> Vec<u32> {
+    (0..n as u64)
+        .map(|i| ((i.wrapping_add(salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % 150_000) as u32)
+        .collect()
+}
+
+/// Device-to-device copy bandwidth, counting bytes read plus bytes written.
+fn copy_bandwidth(gpu: &Gpu) -> Result<f64, String> {
+    let n = 1usize << 30; // 1 GiB each way
+    let a = gpu.alloc::<u8>(n).map_err(err)?;
+    let b = gpu.alloc::<u8>(n).map_err(err)?;
+    minnow_runtime::cuda::ops::fill_random_bf16(gpu, a.ptr(), n / 2, 1, 1.0).map_err(err)?;
+    let mut times = vec![];
+    for i in 0..12 {
+        let timer = gpu.timer().map_err(err)?;
+        timer.start().map_err(err)?;
+        gpu.copy_bytes(b.ptr(), a.ptr(), n).map_err(err)?;
+        let ms = timer.stop_ms().map_err(err)? as f64;
+        if i >= 2 {
+            times.push(ms);
+        }
+    }
+    Ok(2.0 * n as f64 / (median(times) * 1e-3))
+}
+
+/// Bytes one refinement forward of `t` tokens over `prefix` cached positions must read at least:
+/// attention and norms of every layer, the dense MLP, per MoE layer the router, the shared expert
+/// and at most `expert_capacity` admitted experts (all of them for 32 random tokens), the K/V of
+/// prefix + block, and the whole lm_head (every row of the block needs logits).
+fn refinement_bytes(c: &Config, prefix: usize, t: usize) -> f64 {
+    let d = c.hidden_size as f64;
+    let bf = 2.0;
+    let attn = (c.qkv_rows() as f64 * d + d * (c.num_attention_heads * c.head_dim) as f64) * bf;
+    let expert = 3.0 * c.moe_intermediate_size as f64 * d * bf;
+    let admitted = c.expert_capacity.unwrap_or(c.num_experts_per_tok * t).min(c.num_experts) as f64;
+    let moe_layers = (c.num_hidden_layers - c.first_k_dense_replace) as f64;
+    let dense = c.first_k_dense_replace as f64 * 3.0 * c.intermediate_size as f64 * d * bf;
+    let moe = moe_layers
+        * (c.num_experts as f64 * d * 4.0 + admitted * expert + c.shared_intermediate_size() as f64 * 3.0 * d * bf);
+    let kv = c.num_hidden_layers as f64 * (prefix + t) as f64 * (2 * c.num_key_value_heads * c.head_dim) as f64 * bf;
+    let lm_head = c.vocab_size as f64 * d * bf;
+    c.num_hidden_layers as f64 * attn + dense + moe + kv + lm_head
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let o = parse(args)?;
+    let config = Config::from_json_str(MINI_22, std::path::Path::new("<LLaDA2.2-mini shapes>")).map_err(err)?;
+    let t0 = Instant::now();
+    let mut runner = CudaRunner::random(config.clone(), 0, 2201).map_err(err)?;
+    let device = runner.gpu().name().to_string();
+    println!(
+        "random LLaDA2.2-mini weights on {device}: {:.2} GB in {:.1} s",
+        runner.weight_bytes() as f64 / 1e9,
+        t0.elapsed().as_secs_f64()
+    );
+    let bw = copy_bandwidth(runner.gpu())?;
+    println!("device copy bandwidth (read + write): {:.2} TB/s", bw / 1e12);
+    let mut rows: Vec<String> = vec![];
+
+    // Prefill: whole prompt in one forward, no logits.
+    for &n in &o.prefill {
+        let seq = runner.create_sequence().map_err(err)?;
+        let prompt = ids(n, n as u64);
+        let mut times = vec![];
+        for rep in 0..(o.reps / 4).max(2) + 1 {
+            runner.truncate_sequence(seq, 0).map_err(err)?;
+            let start = Instant::now();
+            runner.forward(seq, &prompt, LogitsRows::None).map_err(err)?;
+            runner.gpu().synchronize().map_err(err)?;
+            if rep > 0 {
+                times.push(start.elapsed().as_secs_f64());
+            }
+        }
+        let s = median(times);
+        println!("prefill {n}: {:.2} ms, {:.0} tok/s", s * 1e3, n as f64 / s);
+        rows.push(format!("| prefill {n} tokens | {:.2} ms | {:.0} tok/s | |", s * 1e3, n as f64 / s));
+        runner.release_sequence(seq);
+    }
+
+    // One refinement forward (32 tokens, every row's argmax + confidence) over a cached prefix.
+    for &prefix in &o.prefixes {
+        let seq = runner.create_sequence().map_err(err)?;
+        runner.forward(seq, &ids(prefix, 7), LogitsRows::None).map_err(err)?;
+        let block = ids(32, prefix as u64 + 1);
+        let bytes = refinement_bytes(&config, prefix, 32);
+        let floor = bytes / bw;
+        for (label, graphs, top1) in [("graph, top-1 on GPU", true, true), ("no graph, top-1 on GPU", false, true), ("graph, F32 logits to host", true, false)] {
+            runner.set_graphs(graphs);
+            let mut times = vec![];
+            for rep in 0..o.reps + 3 {
+                runner.truncate_sequence(seq, prefix).map_err(err)?;
+                let start = Instant::now();
+                if top1 {
+                    runner.forward_top1(seq, &block, LogitsRows::All).map_err(err)?;
+                } else {
+                    runner.forward(seq, &block, LogitsRows::All).map_err(err)?;
+                }
+                if rep >= 3 {
+                    times.push(start.elapsed().as_secs_f64());
+                }
+            }
+            let s = median(times);
+            println!(
+                "refinement 32 @ prefix {prefix} ({label}): {:.3} ms; reads >= {:.2} GB, floor {:.3} ms, ratio {:.2}",
+                s * 1e3,
+                bytes / 1e9,
+                floor * 1e3,
+                s / floor
+            );
+            rows.push(format!(
+                "| refinement 32 tokens @ {prefix} prefix ({label}) | {:.3} ms | floor {:.3} ms ({:.2} GB at {:.2} TB/s) | {:.2}x floor |",
+                s * 1e3,
+                floor * 1e3,
+                bytes / 1e9,
+                bw / 1e12,
+                s / floor
+            ));
+        }
+        runner.set_graphs(true);
+        runner.release_sequence(seq);
+    }
+
+    // Decode 8 blocks after a 1024-token prompt with a fixed schedule: 8 refinement forwards
+    // (top-1 readback) then one commit forward per block.
+    {
+        let seq = runner.create_sequence().map_err(err)?;
+        runner.forward(seq, &ids(1024, 3), LogitsRows::None).map_err(err)?;
+        runner.gpu().synchronize().map_err(err)?;
+        let start = Instant::now();
+        for b in 0..8 {
+            let pos = runner.sequence_len(seq);
+            let mut block = ids(32, 1000 + b);
+            for step in 0..8 {
+                runner.truncate_sequence(seq, pos).map_err(err)?;
+                let top = runner.forward_top1(seq, &block, LogitsRows::All).map_err(err)?;
+                // Fill 4 positions per step with the model's choice (fixed schedule).
+                for (i, (tok, _)) in top.iter().enumerate().skip(step * 4).take(4) {
+                    block[i] = (*tok).min(149_999);
+                }
+            }
+            runner.truncate_sequence(seq, pos).map_err(err)?;
+            runner.forward(seq, &block, LogitsRows::None).map_err(err)?;
+        }
+        runner.gpu().synchronize().map_err(err)?;
+        let s = start.elapsed().as_secs_f64();
+        println!("decode 8 blocks (8 steps + commit each) after 1024 prompt: {:.2} ms, {:.0} tok/s", s * 1e3, 256.0 / s);
+        rows.push(format!(
+            "| decode 8 blocks x (8 refinement steps + 1 commit), 1024 prompt | {:.2} ms | {:.0} generated tok/s | {:.3} ms per forward |",
+            s * 1e3,
+            256.0 / s,
+            s * 1e3 / 72.0
+        ));
+    }
+
+    println!();
+    println!("device: {device}; commit: {}; command: cargo xtask bench {}", o.commit, args.join(" "));
+    println!("| measurement | time | rate / floor | note |");
+    println!("| --- | --- | --- | --- |");
+    println!("| device copy bandwidth | | {:.2} TB/s | 1 GiB D2D copy, read + write |", bw / 1e12);
+    for r in rows {
+        println!("{r}");
+    }
+    Ok(())
+}
