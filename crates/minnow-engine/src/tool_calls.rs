@@ -24,7 +24,7 @@
 //!   up to 32 tokens at once, so the delay is small.
 //! - Content ends at the first `<|role_end|>` or `<|endoftext|>`; text after it is dropped.
 //! - 2.0/2.1: one `\n` before each call is removed (the template inserts it); whitespace-only text
-//!   between or after calls is dropped; other text after a call is appended to the content
+//!   before, between or after calls is dropped; other text after a call is appended to the content
 //!   verbatim. 2.2: text before a section is content verbatim; whitespace inside a section is
 //!   skipped; other text inside a section and text after it (unless whitespace-only) is content.
 //! - A marker that appears outside its place (e.g. `<|tool_call_begin|>` without a section) is
@@ -304,7 +304,10 @@ impl Scan {
                 } else {
                     run
                 };
-                if after_call && run.trim().is_empty() {
+                // 2.0/2.1 (`strip_newline`) hold whitespace back while streaming, so a
+                // whitespace-only run before a call can be dropped; 2.2 shows text before a
+                // section at once and must keep it.
+                if (after_call || strip_newline) && run.trim().is_empty() {
                     ""
                 } else {
                     run
@@ -953,6 +956,21 @@ mod tests {
         );
         assert_eq!(content, "");
         assert_eq!(calls, vec![("f".into(), "{\"q\": \"x\"}".into())]);
+    }
+
+    #[test]
+    fn whitespace_only_content_before_a_tagged_call_is_dropped() {
+        let text = " \n\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
+        let (content, calls, _) = stream(
+            ToolCallFormat::TaggedJson,
+            &["f"],
+            None,
+            text,
+            &char_cuts(text),
+            FinishReason::Stop,
+        );
+        assert_eq!(content, "");
+        assert_eq!(calls.len(), 1);
     }
 
     #[test]
