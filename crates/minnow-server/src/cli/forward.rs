@@ -1,10 +1,106 @@
-//! `minnow forward` (not implemented yet).
+//! `minnow forward`: one block-causal forward over given ids (positions 0..n-1), logits saved as
+//! `logits` F32 `[n, vocab]` in a safetensors file. The contract later checks use to compare
+//! minnow with the official implementation on arbitrary checkpoints.
 
-use super::Cli;
+use std::path::{Path, PathBuf};
+
+use minnow_model::{CpuRunner, LogitsRows, ModelRunner};
+use minnow_runtime::device::DeviceRequest;
+use safetensors::tensor::TensorView;
+
+use super::{required_model, Cli};
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// JSON file of the form {"input_ids": [..]}.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Safetensors file to write (tensor `logits`, F32 [n, vocab]).
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Overwrite OUTPUT if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
 
-pub fn run(_cli: &Cli, _args: &Args) -> Result<(), String> {
-    Err("'forward' is not implemented yet".into())
+pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
+    let model = required_model(cli)?;
+    if args.output.exists() && !args.force {
+        return Err(format!(
+            "{} already exists (pass --force to overwrite)",
+            args.output.display()
+        ));
+    }
+    let ids = read_input_ids(&args.input)?;
+    let mut runner = open_runner(cli.device, model)?;
+    let vocab = runner.config().vocab_size;
+    let seq = runner.create_sequence().map_err(|e| e.to_string())?;
+    let logits = runner
+        .forward(seq, &ids, LogitsRows::All)
+        .map_err(|e| e.to_string())?;
+    write_logits(&args.output, &logits, ids.len(), vocab)
+}
+
+/// The runner for `--device`. Only the CPU path is wired into this command; `auto` means CPU.
+fn open_runner(device: DeviceRequest, model: &Path) -> Result<Box<dyn ModelRunner>, String> {
+    match device {
+        DeviceRequest::Cuda(_) => Err("CUDA backend not available in this build".into()),
+        DeviceRequest::Auto | DeviceRequest::Cpu => {
+            Ok(Box::new(CpuRunner::load(model).map_err(|e| e.to_string())?))
+        }
+    }
+}
+
+/// Parses `{"input_ids": [..]}`: a non-empty list of non-negative integers.
+fn read_input_ids(path: &Path) -> Result<Vec<u32>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: not valid JSON: {e}", path.display()))?;
+    let list = json
+        .get("input_ids")
+        .and_then(|v| v.as_array())
+        .ok_or_else(|| {
+            format!(
+                "{}: expected an object with an array 'input_ids'",
+                path.display()
+            )
+        })?;
+    if list.is_empty() {
+        return Err(format!("{}: 'input_ids' is empty", path.display()));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .filter(|&n| n <= u32::MAX as u64)
+                .map(|n| n as u32)
+                .ok_or_else(|| {
+                    format!("{}: input_ids[{i}] = {v} is not a token id", path.display())
+                })
+        })
+        .collect()
+}
+
+/// Writes `logits` to a temporary file next to `output`, then renames it into place, so a
+/// crash never leaves a half-written output.
+fn write_logits(output: &Path, logits: &[f32], n: usize, vocab: usize) -> Result<(), String> {
+    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let view = TensorView::new(safetensors::Dtype::F32, vec![n, vocab], &bytes)
+        .map_err(|e| format!("building the logits tensor: {e}"))?;
+    let file_name = output
+        .file_name()
+        .ok_or_else(|| format!("{}: not a file path", output.display()))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(file_name);
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = output.with_file_name(tmp_name);
+    let result = safetensors::serialize_to_file([("logits", view)], None, &tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))
+        .and_then(|()| {
+            std::fs::rename(&tmp, output).map_err(|e| format!("{}: {e}", output.display()))
+        });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }

@@ -1,10 +1,157 @@
-//! `minnow inspect` (not implemented yet).
+//! `minnow inspect`: what a checkpoint is (family, shapes, parameter count, bytes per stored
+//! dtype, special token ids) and whether every tensor the forward pass needs is present with the
+//! right type and shape. Reads headers only; computes nothing.
 
-use super::Cli;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use minnow_format::{SafetensorsDir, TensorSource};
+use minnow_model::weights::{expert_bias_dtype, validate};
+use minnow_model::Config;
+
+use super::{required_model, Cli};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {}
 
-pub fn run(_cli: &Cli, _args: &Args) -> Result<(), String> {
-    Err("'inspect' is not implemented yet".into())
+pub fn run(cli: &Cli, _args: &Args) -> Result<(), String> {
+    let dir = required_model(cli)?;
+    let mut c = Config::from_dir(dir).map_err(|e| e.to_string())?;
+    let source = SafetensorsDir::open(dir).map_err(|e| e.to_string())?;
+    c.refine_family(expert_bias_dtype(&c, &source));
+    validate(&c, &source).map_err(|e| e.to_string())?;
+    print!("{}", report(dir, &c, &source));
+    Ok(())
+}
+
+fn report(dir: &Path, c: &Config, source: &SafetensorsDir) -> String {
+    let mut out = String::new();
+    let mut line = |s: String| {
+        out.push_str(&s);
+        out.push('\n');
+    };
+    line(format!("checkpoint     {}", source.describe()));
+    line(format!(
+        "family         LLaDA{} ({})",
+        c.family.version(),
+        if c.block_routing() {
+            format!(
+                "block routing, expert_capacity {}",
+                c.expert_capacity.unwrap_or(0)
+            )
+        } else {
+            format!(
+                "group-limited routing, n_group {} topk_group {}",
+                c.n_group.unwrap_or(0),
+                c.topk_group.unwrap_or(0)
+            )
+        }
+    ));
+    let moe_layers = c.num_hidden_layers - c.first_k_dense_replace;
+    line(format!(
+        "layers         {} ({} dense, {moe_layers} MoE)",
+        c.num_hidden_layers, c.first_k_dense_replace
+    ));
+    line(format!(
+        "hidden         {} (dense MLP {}, expert {}, shared experts {})",
+        c.hidden_size, c.intermediate_size, c.moe_intermediate_size, c.num_shared_experts
+    ));
+    line(format!(
+        "attention      {} query / {} kv heads, head_dim {}, rotary {} dims, rope_theta {}",
+        c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim, c.rope_theta
+    ));
+    line(format!(
+        "experts        {} routed, top-{}, routed_scaling_factor {}",
+        c.num_experts, c.num_experts_per_tok, c.routed_scaling_factor
+    ));
+    line(format!(
+        "vocab          {}; context {}; block size {}",
+        c.vocab_size, c.max_position_embeddings, c.block_size
+    ));
+
+    // Parameter counts from the stored tensors; routed experts are active k of E per token.
+    let mut total = 0usize;
+    let mut routed = 0usize;
+    let mut bytes: BTreeMap<String, usize> = BTreeMap::new();
+    for name in source.names() {
+        let t = source.tensor(name).expect("listed tensor");
+        total += t.numel();
+        if name.contains(".mlp.experts.") {
+            routed += t.numel();
+        }
+        *bytes.entry(t.dtype_name.to_string()).or_default() += t.data.len();
+    }
+    let active =
+        total - routed + routed / c.num_experts.max(1) * c.num_experts_per_tok.min(c.num_experts);
+    line(format!(
+        "parameters     {} total, {} active per token ({} in routed experts)",
+        human(total),
+        human(active),
+        human(routed)
+    ));
+    let per_dtype: Vec<String> = bytes
+        .iter()
+        .map(|(d, b)| format!("{d} {}", human_bytes(*b)))
+        .collect();
+    line(format!("stored bytes   {}", per_dtype.join(", ")));
+
+    let tokens = special_tokens(dir, c);
+    line(format!("special tokens {}", tokens.join(", ")));
+    line("tensors        all expected tensors present with the right dtype and shape".into());
+    out
+}
+
+/// Special token ids: MASK, end of text, end of turn and begin of text by content from
+/// tokenizer.json `added_tokens`; DELETE/SPLIT from config.json (model doc §8).
+fn special_tokens(dir: &Path, c: &Config) -> Vec<String> {
+    let added: BTreeMap<String, u64> = std::fs::read_to_string(dir.join("tokenizer.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|j| j.get("added_tokens").and_then(|a| a.as_array()).cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|t| {
+            Some((
+                t.get("content")?.as_str()?.to_string(),
+                t.get("id")?.as_u64()?,
+            ))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (label, content) in [
+        ("mask", "<|mask|>"),
+        ("eos", "<|endoftext|>"),
+        ("role_end", "<|role_end|>"),
+        ("bos", "<|startoftext|>"),
+    ] {
+        match added.get(content) {
+            Some(id) => out.push(format!("{label} {id} {content}")),
+            None => out.push(format!("{label} ? ({content} not in tokenizer.json)")),
+        }
+    }
+    if let Some(id) = c.delete_token_id {
+        out.push(format!("delete {id}"));
+    }
+    if let Some(id) = c.split_token_id {
+        out.push(format!("split {id}"));
+    }
+    out
+}
+
+fn human(n: usize) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.2}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.2}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1}K", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}
+
+fn human_bytes(n: usize) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.2} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.2} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
 }
