@@ -41,10 +41,21 @@ pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
     write_logits(&args.output, &logits, ids.len(), vocab)
 }
 
-/// The runner for `--device`. Only the CPU path is wired into this command; `auto` means CPU.
+/// The runner for `--device`. `forward` is the validation command, so `auto` means the F32 CPU
+/// reference (the numbers the official F32 implementation is compared with); the BF16 CUDA
+/// runner is used only when asked for by name.
 fn open_runner(device: DeviceRequest, model: &Path) -> Result<Box<dyn ModelRunner>, String> {
     match device {
-        DeviceRequest::Cuda(_) => Err("CUDA backend not available in this build".into()),
+        DeviceRequest::Cuda(n) => {
+            if !minnow_model::cuda::is_available() {
+                return Err(format!(
+                    "device cuda:{n} was requested, but no usable CUDA GPU was found; use --device cpu"
+                ));
+            }
+            let runner =
+                minnow_model::cuda::CudaRunner::load(model, n).map_err(|e| e.to_string())?;
+            Ok(Box::new(runner))
+        }
         DeviceRequest::Auto | DeviceRequest::Cpu => {
             Ok(Box::new(CpuRunner::load(model).map_err(|e| e.to_string())?))
         }
