@@ -29,18 +29,17 @@
 //!   skipped; other text inside a section and text after it (unless whitespace-only) is content.
 //! - A marker that appears outside its place (e.g. `<|tool_call_begin|>` without a section) is
 //!   content.
-//! - `arguments`: 2.2 keeps the generated JSON text verbatim (trimmed). 2.0/2.1 embed the
-//!   arguments in a JSON object, so they are re-serialized in the template's own `tojson` style
-//!   (Python `json.dumps`: `", "` / `": "` separators, key order kept), which is how the template
-//!   prints them back in the next turn; a string value that itself holds a JSON object is used
-//!   as is, and a missing `arguments` key means `{}`.
+//! - `arguments` is the JSON object text exactly as generated (trimmed): in 2.2 the text between
+//!   the markers, in 2.0/2.1 the `"arguments"` member's value inside the call object. It keeps
+//!   the model's key order, spacing and number spelling, and the 2.0/2.1 template prints it back
+//!   verbatim in the next turn. A 2.0/2.1 string value that itself holds a JSON object is used as
+//!   is; a missing `arguments` key means `{}`.
 //! - With no declared tools, nothing is parsed: markup is content.
 //! - Call ids are `{call_id_prefix}_{n}` (n = 0, 1, ... in order), e.g. `call_42_0`.
 
 use serde_json::Value as Json;
 
 use crate::api::{FinishReason, ToolCall, ToolCallDelta};
-use crate::chat_template::python_json;
 use crate::engine::{EngineError, EngineResult};
 use crate::text_stream::partial_prefix_suffix;
 use crate::tokenizer::markers::{ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, SECTION_BEGIN, SECTION_END};
@@ -424,11 +423,8 @@ fn parse_tagged_call(body: &str, declared: &[String]) -> Option<ParsedCall> {
     }
     let arguments = match object.get("arguments") {
         None => "{}".to_string(),
-        Some(value @ Json::Object(_)) => python_json::dumps(
-            &minijinja::Value::from_serialize(value),
-            &python_json::Style::default(),
-        )
-        .ok()?,
+        // The object exactly as generated (validated by the parse above).
+        Some(Json::Object(_)) => raw_member_value(body.trim(), "arguments")?.to_string(),
         Some(Json::String(text)) => match serde_json::from_str::<Json>(text) {
             Ok(Json::Object(_)) => text.trim().to_string(),
             _ => return None,
@@ -439,6 +435,95 @@ fn parse_tagged_call(body: &str, declared: &[String]) -> Option<ParsedCall> {
         name: name.to_string(),
         arguments,
     })
+}
+
+/// The exact text of the value of top-level member `key` (the last one, as serde_json keeps)
+/// in `object`, a JSON object that already parsed successfully.
+fn raw_member_value<'a>(object: &'a str, key: &str) -> Option<&'a str> {
+    let bytes = object.as_bytes();
+    let skip_ws = |mut i: usize| {
+        while bytes.get(i).is_some_and(|b| b.is_ascii_whitespace()) {
+            i += 1;
+        }
+        i
+    };
+    let mut i = skip_ws(0);
+    if bytes.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    let mut found = None;
+    loop {
+        i = skip_ws(i);
+        if bytes.get(i) != Some(&b'"') {
+            return found; // `}` of an empty object
+        }
+        let key_end = json_string_end(bytes, i)?;
+        let raw_key = &object[i + 1..key_end - 1];
+        i = skip_ws(key_end);
+        if bytes.get(i) != Some(&b':') {
+            return None;
+        }
+        let value_start = skip_ws(i + 1);
+        let value_end = json_value_end(bytes, value_start)?;
+        if raw_key == key {
+            found = Some(&object[value_start..value_end]);
+        }
+        i = skip_ws(value_end);
+        match bytes.get(i) {
+            Some(b',') => i += 1,
+            _ => return found,
+        }
+    }
+}
+
+/// Index just after the string starting at `start` (a `"`).
+fn json_string_end(bytes: &[u8], start: usize) -> Option<usize> {
+    let mut i = start + 1;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => i += 2,
+            b'"' => return Some(i + 1),
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+/// Index just after the JSON value starting at `start`.
+fn json_value_end(bytes: &[u8], start: usize) -> Option<usize> {
+    match bytes.get(start)? {
+        b'"' => json_string_end(bytes, start),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut i = start;
+            while i < bytes.len() {
+                match bytes[i] {
+                    b'"' => {
+                        i = json_string_end(bytes, i)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+            None
+        }
+        _ => {
+            let len = bytes[start..]
+                .iter()
+                .position(|b| matches!(b, b',' | b'}' | b']') || b.is_ascii_whitespace())
+                .unwrap_or(bytes.len() - start);
+            Some(start + len)
+        }
+    }
 }
 
 /// 2.2 (§4.2).
@@ -843,11 +928,34 @@ mod tests {
                 ),
                 (
                     "get_weather".into(),
-                    "{\"city\": \"東京\", \"n\": 1.5}".into()
+                    "{\"city\":\"東京\",\"n\":1.50}".into()
                 ),
             ]
         );
         assert_eq!(output.finish_reason, FinishReason::ToolCalls);
+    }
+
+    #[test]
+    fn raw_member_values() {
+        let object =
+            r#" { "name" : "f", "arguments" : { "a" : [1, "}\"]"], "b": {} } , "x": 1e5 } "#;
+        assert_eq!(
+            raw_member_value(object, "arguments"),
+            Some(r#"{ "a" : [1, "}\"]"], "b": {} }"#)
+        );
+        assert_eq!(raw_member_value(object, "x"), Some("1e5"));
+        assert_eq!(raw_member_value(object, "name"), Some("\"f\""));
+        assert_eq!(raw_member_value(object, "missing"), None);
+        assert_eq!(raw_member_value(r#"{"k": 1, "k": [2]}"#, "k"), Some("[2]"));
+        assert_eq!(raw_member_value("{}", "k"), None);
+        // Big integers and number spellings survive untouched.
+        let body =
+            r#"{"name": "f", "arguments": {"id": 123456789012345678901234567890, "r": 1.50}}"#;
+        let call = parse_tagged_call(body, &names(&["f"])).unwrap();
+        assert_eq!(
+            call.arguments,
+            r#"{"id": 123456789012345678901234567890, "r": 1.50}"#
+        );
     }
 
     #[test]
