@@ -1,0 +1,368 @@
+//! `cargo xtask make-checkpoint --out DIR --preset P [--family 2.0|2.1|2.2] [--layers N]
+//! [--seed S] [--shard-gib G]`: a random-weight LLaDA2 checkpoint at real shapes, in the
+//! Hugging Face layout (config.json, generation_config.json, sharded BF16 safetensors with
+//! model.safetensors.index.json). For benchmarks and loader tests at scale; the weights are
+//! random, so is any text.
+//!
+//! Presets: `mini-2layer` (the CPU benchmark model: real mini shapes, layer 0 dense, layer 1
+//! MoE; ≈1.5B parameters), `mini` (20 layers, ≈16B), `flash-2layer` (flash widths, 2 layers).
+//! Weights are uniform with the standard deviations of the tiny fixtures' generator scaled to
+//! the width (projections 1/√fan_in, embeddings 1, norms 1 ± 0.1, expert_bias 0.1); `expert_bias`
+//! is stored BF16 for 2.0 and F32 otherwise, like the real checkpoints.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(name = "make-checkpoint")]
+struct Args {
+    /// Output directory (created; must be empty or absent).
+    #[arg(long)]
+    out: PathBuf,
+    /// mini-2layer, mini or flash-2layer.
+    #[arg(long, default_value = "mini-2layer")]
+    preset: String,
+    /// 2.0, 2.1 or 2.2 (2.2: block routing with expert_capacity 48, rope_theta 3e6).
+    #[arg(long, default_value = "2.1")]
+    family: String,
+    /// Override the number of layers (layer 0 stays dense).
+    #[arg(long)]
+    layers: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Target shard size in GiB.
+    #[arg(long, default_value_t = 2.0)]
+    shard_gib: f64,
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let args = Args::try_parse_from(
+        std::iter::once("make-checkpoint".to_string()).chain(args.iter().cloned()),
+    )
+    .map_err(|e| e.to_string())?;
+    let config = config_for(&args)?;
+    if args.out.exists()
+        && std::fs::read_dir(&args.out)
+            .map_err(|e| format!("{}: {e}", args.out.display()))?
+            .next()
+            .is_some()
+    {
+        return Err(format!("{} exists and is not empty", args.out.display()));
+    }
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
+    write_json(&args.out.join("config.json"), &config)?;
+    write_json(
+        &args.out.join("generation_config.json"),
+        &serde_json::json!({"bos_token_id": 156891, "eos_token_id": 156892, "pad_token_id": 156892, "mask_token_id": 156895}),
+    )?;
+    let tensors = tensor_list(&config, &args.family);
+    let total: usize = tensors.iter().map(|t| t.bytes()).sum();
+    let shard_bytes = (args.shard_gib * (1u64 << 30) as f64) as usize;
+    let shards = split(&tensors, shard_bytes);
+    let mut weight_map = serde_json::Map::new();
+    let started = std::time::Instant::now();
+    for (i, shard) in shards.iter().enumerate() {
+        let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, shards.len());
+        write_shard(&args.out.join(&file), shard, args.seed)?;
+        for t in shard.iter() {
+            weight_map.insert(t.name.clone(), file.clone().into());
+        }
+        eprintln!("wrote {file} ({} tensors)", shard.len());
+    }
+    write_json(
+        &args.out.join("model.safetensors.index.json"),
+        &serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map}),
+    )?;
+    let params: usize = tensors.iter().map(|t| t.numel()).sum();
+    eprintln!(
+        "{}: {:.3}B parameters, {:.2} GiB in {} shards, {:.1} s",
+        args.out.display(),
+        params as f64 / 1e9,
+        total as f64 / (1u64 << 30) as f64,
+        shards.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn write_json(path: &Path, v: &serde_json::Value) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| e.to_string())?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// config.json for a preset and family, with the real checkpoints' keys and values.
+fn config_for(args: &Args) -> Result<serde_json::Value, String> {
+    let (hidden, inter, moe_inter, layers, heads) = match args.preset.as_str() {
+        "mini-2layer" => (2048, 5120, 512, 2, 16),
+        "mini" => (2048, 5120, 512, 20, 16),
+        "flash-2layer" => (4096, 9216, 1024, 2, 32),
+        p => {
+            return Err(format!(
+                "unknown preset '{p}' (mini-2layer, mini, flash-2layer)"
+            ))
+        }
+    };
+    let layers = args.layers.unwrap_or(layers);
+    if layers == 0 {
+        return Err("--layers must be at least 1".into());
+    }
+    let mut c = serde_json::json!({
+        "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe",
+        "vocab_size": 157184, "hidden_size": hidden, "intermediate_size": inter,
+        "moe_intermediate_size": moe_inter, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": 4, "head_dim": 128,
+        "hidden_act": "silu", "num_experts": 256, "num_experts_per_tok": 8,
+        "num_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 8, "topk_group": 4,
+        "routed_scaling_factor": 2.5, "score_function": "sigmoid", "norm_topk_prob": true,
+        "moe_router_enable_expert_bias": true, "router_dtype": "fp32", "use_qk_norm": true,
+        "use_qkv_bias": false, "use_bias": false, "use_rmsnorm": true, "norm_head": false,
+        "partial_rotary_factor": 0.5, "rotary_dim": 64, "rope_theta": 600000,
+        "rope_scaling": null, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": false, "use_sliding_window": false, "sliding_window": 4096,
+        "max_window_layers": 28, "pad_token_id": 156892, "eos_token_id": 156892,
+        "torch_dtype": "bfloat16", "use_cache": true
+    });
+    let o = c.as_object_mut().expect("object");
+    match args.family.as_str() {
+        "2.0" | "2.1" => {}
+        "2.2" => {
+            o.insert("rope_theta".into(), 3000000.into());
+            o.insert("max_position_embeddings".into(), 131072.into());
+            o.insert(
+                "rope_parameters".into(),
+                serde_json::json!({"rope_type": "default", "rope_theta": 3000000, "partial_rotary_factor": 0.5}),
+            );
+            o.insert("block_size".into(), 32.into());
+            o.insert("expert_capacity".into(), 48.into());
+            o.insert("delete_token_id".into(), 156930.into());
+            o.insert("split_token_id".into(), 156931.into());
+        }
+        f => return Err(format!("unknown family '{f}' (2.0, 2.1, 2.2)")),
+    }
+    Ok(c)
+}
+
+/// How a tensor's values are drawn.
+#[derive(Clone, Copy)]
+enum Init {
+    /// Uniform with this standard deviation.
+    Std(f32),
+    /// 1 + uniform with std 0.1 (RMSNorm weights).
+    Norm,
+}
+
+struct Spec {
+    name: String,
+    shape: Vec<usize>,
+    f32: bool,
+    init: Init,
+}
+
+impl Spec {
+    fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    fn bytes(&self) -> usize {
+        self.numel() * if self.f32 { 4 } else { 2 }
+    }
+}
+
+/// Every tensor of model doc §4, in checkpoint order.
+fn tensor_list(c: &serde_json::Value, family: &str) -> Vec<Spec> {
+    let u = |k: &str| c[k].as_u64().expect("numeric key") as usize;
+    let (v, d, layers) = (u("vocab_size"), u("hidden_size"), u("num_hidden_layers"));
+    let (h, g, hd) = (
+        u("num_attention_heads"),
+        u("num_key_value_heads"),
+        u("head_dim"),
+    );
+    let (inter, moe, e) = (
+        u("intermediate_size"),
+        u("moe_intermediate_size"),
+        u("num_experts"),
+    );
+    let mut out = Vec::new();
+    let mut push = |name: String, shape: Vec<usize>, f32: bool, init: Init| {
+        out.push(Spec {
+            name,
+            shape,
+            f32,
+            init,
+        })
+    };
+    let proj = |fan_in: usize| Init::Std(1.0 / (fan_in as f32).sqrt());
+    push(
+        "model.word_embeddings.weight".into(),
+        vec![v, d],
+        false,
+        Init::Std(1.0),
+    );
+    for i in 0..layers {
+        let p = format!("model.layers.{i}");
+        push(
+            format!("{p}.input_layernorm.weight"),
+            vec![d],
+            false,
+            Init::Norm,
+        );
+        push(
+            format!("{p}.attention.query_key_value.weight"),
+            vec![(h + 2 * g) * hd, d],
+            false,
+            proj(d),
+        );
+        push(
+            format!("{p}.attention.query_layernorm.weight"),
+            vec![hd],
+            false,
+            Init::Norm,
+        );
+        push(
+            format!("{p}.attention.key_layernorm.weight"),
+            vec![hd],
+            false,
+            Init::Norm,
+        );
+        push(
+            format!("{p}.attention.dense.weight"),
+            vec![d, h * hd],
+            false,
+            proj(h * hd),
+        );
+        push(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![d],
+            false,
+            Init::Norm,
+        );
+        let mlp =
+            |push: &mut dyn FnMut(String, Vec<usize>, bool, Init), q: String, width: usize| {
+                push(
+                    format!("{q}.gate_proj.weight"),
+                    vec![width, d],
+                    false,
+                    proj(d),
+                );
+                push(
+                    format!("{q}.up_proj.weight"),
+                    vec![width, d],
+                    false,
+                    proj(d),
+                );
+                push(
+                    format!("{q}.down_proj.weight"),
+                    vec![d, width],
+                    false,
+                    proj(width),
+                );
+            };
+        if i == 0 {
+            mlp(&mut push, format!("{p}.mlp"), inter);
+        } else {
+            push(format!("{p}.mlp.gate.weight"), vec![e, d], false, proj(d));
+            push(
+                format!("{p}.mlp.gate.expert_bias"),
+                vec![e],
+                family != "2.0",
+                Init::Std(0.1),
+            );
+            for x in 0..e {
+                mlp(&mut push, format!("{p}.mlp.experts.{x}"), moe);
+            }
+            mlp(&mut push, format!("{p}.mlp.shared_experts"), moe);
+        }
+    }
+    push("model.norm.weight".into(), vec![d], false, Init::Norm);
+    push("lm_head.weight".into(), vec![v, d], false, proj(d));
+    out
+}
+
+/// Consecutive groups of tensors of about `max_bytes` each.
+fn split(tensors: &[Spec], max_bytes: usize) -> Vec<&[Spec]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, t) in tensors.iter().enumerate() {
+        if bytes > 0 && bytes + t.bytes() > max_bytes {
+            out.push(&tensors[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += t.bytes();
+    }
+    out.push(&tensors[start..]);
+    out
+}
+
+/// Writes one safetensors file, streaming each tensor's random values after the header.
+fn write_shard(path: &Path, tensors: &[Spec], seed: u64) -> Result<(), String> {
+    let io = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for t in tensors {
+        header.insert(
+            t.name.clone(),
+            serde_json::json!({
+                "dtype": if t.f32 { "F32" } else { "BF16" },
+                "shape": t.shape,
+                "data_offsets": [offset, offset + t.bytes()],
+            }),
+        );
+        offset += t.bytes();
+    }
+    let mut text = serde_json::to_string(&header).map_err(|e| e.to_string())?;
+    // Pad the header so the data starts 8-byte aligned, as the reference writer does.
+    while (8 + text.len()) % 8 != 0 {
+        text.push(' ');
+    }
+    let mut w = BufWriter::with_capacity(1 << 22, std::fs::File::create(path).map_err(io)?);
+    w.write_all(&(text.len() as u64).to_le_bytes())
+        .map_err(io)?;
+    w.write_all(text.as_bytes()).map_err(io)?;
+    let mut buf = Vec::new();
+    for t in tensors {
+        // Each tensor has its own stream, so its values do not depend on the sharding.
+        let mut rng = SplitMix(seed ^ fnv1a(&t.name));
+        buf.clear();
+        let (std, base) = match t.init {
+            Init::Std(s) => (s, 0.0),
+            Init::Norm => (0.1, 1.0),
+        };
+        // Uniform on [-√3σ, √3σ] has standard deviation σ.
+        let half_width = std * 3f32.sqrt();
+        for _ in 0..t.numel() {
+            let v = base + half_width * rng.unit();
+            if t.f32 {
+                buf.extend_from_slice(&v.to_le_bytes());
+            } else {
+                buf.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+            }
+        }
+        w.write_all(&buf).map_err(io)?;
+    }
+    w.flush().map_err(io)
+}
+
+/// SplitMix64: small, fast and good enough for random weights.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
