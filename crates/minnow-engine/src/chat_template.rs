@@ -161,6 +161,11 @@ impl ChatTemplate {
         prompt: &ChatPrompt,
         format: ToolCallFormat,
     ) -> EngineResult<RenderedPrompt> {
+        if prompt.messages.is_empty() {
+            return Err(EngineError::InvalidRequest(
+                "a chat request needs at least one message".into(),
+            ));
+        }
         validate_tool_results(&prompt.messages)?;
         let messages: Vec<Json> = prompt
             .messages
@@ -1158,6 +1163,13 @@ mod tests {
         assert!(template
             .render(&prompt, ToolCallFormat::TaggedJson)
             .is_err());
+
+        let mut empty = weather_prompt(ToolChoice::Auto);
+        empty.messages.clear();
+        let err = template
+            .render(&empty, ToolCallFormat::TaggedJson)
+            .unwrap_err();
+        assert!(matches!(err, EngineError::InvalidRequest(_)), "{err}");
 
         let mut bad_role = weather_prompt(ToolChoice::Auto);
         bad_role.messages[0].role = "wizard".into();
