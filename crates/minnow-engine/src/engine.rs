@@ -54,7 +54,10 @@ pub enum EngineError {
     InvalidRequest(String),
     /// The prompt plus the requested output does not fit (HTTP 400 exceed_context_size_error).
     #[error("the request needs {n_prompt_tokens} prompt tokens plus output, but the context holds {n_ctx}")]
-    ContextExceeded { n_prompt_tokens: usize, n_ctx: usize },
+    ContextExceeded {
+        n_prompt_tokens: usize,
+        n_ctx: usize,
+    },
     /// The wait queue is full (HTTP 429).
     #[error("the request queue is full")]
     QueueFull,
@@ -161,7 +164,9 @@ pub fn select_runner(path: &Path, options: &EngineOptions) -> EngineResult<Box<d
                         tracing::info!("device auto: using CUDA GPU 0");
                         return Ok(Box::new(runner));
                     }
-                    Err(e) => tracing::warn!("device auto: CUDA GPU 0 unusable ({e}); using the CPU"),
+                    Err(e) => {
+                        tracing::warn!("device auto: CUDA GPU 0 unusable ({e}); using the CPU")
+                    }
                 }
             } else {
                 tracing::info!("device auto: no usable CUDA GPU; using the CPU");
@@ -182,8 +187,8 @@ fn load_cpu_runner(path: &Path, options: &EngineOptions) -> EngineResult<Box<dyn
             tracing::debug!("the CPU thread pool already exists; threads = {threads} not applied");
         }
     }
-    let runner = minnow_model::cpu::CpuRunner::load(path)
-        .map_err(|e| EngineError::Load(e.to_string()))?;
+    let runner =
+        minnow_model::cpu::CpuRunner::load(path).map_err(|e| EngineError::Load(e.to_string()))?;
     Ok(Box::new(runner))
 }
 
@@ -265,7 +270,10 @@ impl Engine {
             tracing::warn!(path = %path.display(), "the checkpoint has no chat template; only raw prompts and token ids can be used");
             None
         };
-        let template_source = template.as_ref().map(|t| t.source().to_string()).unwrap_or_default();
+        let template_source = template
+            .as_ref()
+            .map(|t| t.source().to_string())
+            .unwrap_or_default();
         let tool_format = ToolCallFormat::detect(&tokenizer, &template_source);
         let special = tokenizer.special().clone();
         // DELETE/SPLIT only mean something to 2.2 checkpoints (the 2.0/2.1 fixtures carry the
@@ -359,7 +367,10 @@ impl Engine {
 
     /// Like [`Engine::submit`], and records the block tokens after every denoising forward (for
     /// debugging against reference trajectories; `minnow generate --trace`).
-    pub fn submit_traced(&self, request: GenerateRequest) -> EngineResult<(RequestHandle, TraceLog)> {
+    pub fn submit_traced(
+        &self,
+        request: GenerateRequest,
+    ) -> EngineResult<(RequestHandle, TraceLog)> {
         let trace = TraceLog::default();
         let handle = self.submit_inner(request, Some(trace.clone()))?;
         Ok((handle, trace))

@@ -349,7 +349,10 @@ mod tests {
         assert_eq!(a, b);
         assert!(a.iter().all(|c| c.token != 3), "top-k removed id 3");
         let tokens: std::collections::BTreeSet<u32> = a.iter().map(|c| c.token).collect();
-        assert!(tokens.len() > 1, "sampling should not be constant: {tokens:?}");
+        assert!(
+            tokens.len() > 1,
+            "sampling should not be constant: {tokens:?}"
+        );
         for c in &a {
             let z: Vec<f32> = logits[..3].iter().map(|x| x / 0.8).collect();
             let expected = probability_excluding(&z, c.token, &[]);

@@ -22,7 +22,13 @@ fn minnow(args: &[&str]) -> Output {
 
 fn with_model(name: &str, args: &[&str]) -> Output {
     let dir = fixture(name);
-    let mut all = vec!["--model", dir.to_str().unwrap(), "--device", "cpu", "generate"];
+    let mut all = vec![
+        "--model",
+        dir.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "generate",
+    ];
     all.extend_from_slice(args);
     minnow(&all)
 }
@@ -51,7 +57,11 @@ fn golden_prompt_file(dir: &tempfile::TempDir) -> PathBuf {
     )
     .unwrap();
     let path = dir.path().join("prompt.json");
-    std::fs::write(&path, serde_json::json!({"input_ids": golden["prompt_ids"]}).to_string()).unwrap();
+    std::fs::write(
+        &path,
+        serde_json::json!({"input_ids": golden["prompt_ids"]}).to_string(),
+    )
+    .unwrap();
     path
 }
 
@@ -62,7 +72,13 @@ fn json_output_has_ids_text_reason_and_stats() {
     std::fs::write(&ids, r#"{"input_ids": [10, 20, 30, 40, 50]}"#).unwrap();
     let out = json_of(&with_model(
         "llada2-tiny-v21",
-        &["--input-ids", ids.to_str().unwrap(), "--max-tokens", "40", "--json"],
+        &[
+            "--input-ids",
+            ids.to_str().unwrap(),
+            "--max-tokens",
+            "40",
+            "--json",
+        ],
     ));
     assert_eq!(out["output_ids"].as_array().unwrap().len(), 40);
     assert_eq!(out["finish_reason"], "length");
@@ -80,27 +96,49 @@ fn json_output_has_ids_text_reason_and_stats() {
 fn streamed_text_equals_the_json_text() {
     let args = ["hello", "--system", "Be brief.", "--max-tokens", "70"];
     let streamed = with_model("llada2-tiny-v21", &args);
-    assert!(streamed.status.success(), "{}", String::from_utf8_lossy(&streamed.stderr));
+    assert!(
+        streamed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&streamed.stderr)
+    );
     let mut json_args = args.to_vec();
     json_args.push("--json");
     let out = json_of(&with_model("llada2-tiny-v21", &json_args));
     let stdout = String::from_utf8(streamed.stdout).unwrap();
-    assert_eq!(stdout.strip_suffix('\n').unwrap(), out["text"].as_str().unwrap());
+    assert_eq!(
+        stdout.strip_suffix('\n').unwrap(),
+        out["text"].as_str().unwrap()
+    );
     let stderr = String::from_utf8_lossy(&streamed.stderr);
     assert!(stderr.contains("completion 70 tokens"), "{stderr}");
 }
 
 #[test]
 fn stop_string_ends_the_text() {
-    let full = json_of(&with_model("llada2-tiny-v21", &["--raw", "hello", "--max-tokens", "60", "--json"]));
+    let full = json_of(&with_model(
+        "llada2-tiny-v21",
+        &["--raw", "hello", "--max-tokens", "60", "--json"],
+    ));
     let text = full["text"].as_str().unwrap();
     // Take a 3-character stop string from the middle of the greedy output.
-    let start = text.char_indices().map(|(i, _)| i).nth(text.chars().count() / 2).unwrap();
+    let start = text
+        .char_indices()
+        .map(|(i, _)| i)
+        .nth(text.chars().count() / 2)
+        .unwrap();
     let stop: String = text[start..].chars().take(3).collect();
     let cut = &text[..text.find(&stop).unwrap()];
     let out = json_of(&with_model(
         "llada2-tiny-v21",
-        &["--raw", "hello", "--max-tokens", "60", "--json", "--stop", &stop],
+        &[
+            "--raw",
+            "hello",
+            "--max-tokens",
+            "60",
+            "--json",
+            "--stop",
+            &stop,
+        ],
     ));
     assert_eq!(out["finish_reason"], "stop");
     assert_eq!(out["text"].as_str().unwrap(), cut);
@@ -113,14 +151,32 @@ fn indel_on_the_v22_fixture_terminates_with_clean_output() {
     let prompt = golden_prompt_file(&dir);
     let out = json_of(&with_model(
         "llada2-tiny-v22",
-        &["--input-ids", prompt.to_str().unwrap(), "--max-tokens", "64", "--json", "--trace"],
+        &[
+            "--input-ids",
+            prompt.to_str().unwrap(),
+            "--max-tokens",
+            "64",
+            "--json",
+            "--trace",
+        ],
     ));
-    let ids: Vec<u64> = out["output_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let ids: Vec<u64> = out["output_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
     assert!(!ids.is_empty());
     // No MASK (482), DELETE (486) or SPLIT (487) in the answer.
-    assert!(ids.iter().all(|id| ![482, 486, 487].contains(id)), "{ids:?}");
+    assert!(
+        ids.iter().all(|id| ![482, 486, 487].contains(id)),
+        "{ids:?}"
+    );
     let trace = out["trace"].as_array().unwrap();
-    assert_eq!(out["stats"]["denoise_forwards"].as_u64(), Some(trace.len() as u64));
+    assert_eq!(
+        out["stats"]["denoise_forwards"].as_u64(),
+        Some(trace.len() as u64)
+    );
     // Every block ends within the forward limit B + max_post_steps + steps (+1 forced round).
     for n in out["stats"]["steps_per_block"].as_array().unwrap() {
         assert!(n.as_u64().unwrap() <= 32 + 16 + 32 + 1);
@@ -130,14 +186,31 @@ fn indel_on_the_v22_fixture_terminates_with_clean_output() {
 #[test]
 fn seeded_sampling_is_reproducible() {
     let args = [
-        "--raw", "hello", "--max-tokens", "48", "--json", "--temperature", "0.9", "--top-k", "40",
-        "--top-p", "0.95", "--seed", "11",
+        "--raw",
+        "hello",
+        "--max-tokens",
+        "48",
+        "--json",
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "11",
     ];
     let a = json_of(&with_model("llada2-tiny-v21", &args));
     let b = json_of(&with_model("llada2-tiny-v21", &args));
     assert_eq!(a["output_ids"], b["output_ids"]);
-    let greedy = json_of(&with_model("llada2-tiny-v21", &["--raw", "hello", "--max-tokens", "48", "--json"]));
-    assert_ne!(a["output_ids"], greedy["output_ids"], "temperature 0.9 should leave the greedy path");
+    let greedy = json_of(&with_model(
+        "llada2-tiny-v21",
+        &["--raw", "hello", "--max-tokens", "48", "--json"],
+    ));
+    assert_ne!(
+        a["output_ids"], greedy["output_ids"],
+        "temperature 0.9 should leave the greedy path"
+    );
 }
 
 #[test]
@@ -145,11 +218,26 @@ fn every_algorithm_runs_on_a_v21_checkpoint_but_indel() {
     for algorithm in ["low-confidence", "joint"] {
         let out = json_of(&with_model(
             "llada2-tiny-v21",
-            &["--raw", "hi", "--max-tokens", "20", "--json", "--algorithm", algorithm],
+            &[
+                "--raw",
+                "hi",
+                "--max-tokens",
+                "20",
+                "--json",
+                "--algorithm",
+                algorithm,
+            ],
         ));
-        assert_eq!(out["output_ids"].as_array().unwrap().len(), 20, "{algorithm}");
+        assert_eq!(
+            out["output_ids"].as_array().unwrap().len(),
+            20,
+            "{algorithm}"
+        );
     }
-    let err = error_line(&with_model("llada2-tiny-v21", &["--raw", "hi", "--algorithm", "indel"]));
+    let err = error_line(&with_model(
+        "llada2-tiny-v21",
+        &["--raw", "hi", "--algorithm", "indel"],
+    ));
     assert!(err.contains("indel"), "{err}");
 }
 
@@ -158,22 +246,37 @@ fn bad_inputs_fail_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, "[1, 2, 3]").unwrap();
-    let err = error_line(&with_model("llada2-tiny-v21", &["--input-ids", bad.to_str().unwrap()]));
+    let err = error_line(&with_model(
+        "llada2-tiny-v21",
+        &["--input-ids", bad.to_str().unwrap()],
+    ));
     assert!(err.contains("input_ids"), "{err}");
 
     let masked = dir.path().join("masked.json");
     std::fs::write(&masked, r#"{"input_ids": [1, 482, 2]}"#).unwrap();
-    let err = error_line(&with_model("llada2-tiny-v21", &["--input-ids", masked.to_str().unwrap()]));
+    let err = error_line(&with_model(
+        "llada2-tiny-v21",
+        &["--input-ids", masked.to_str().unwrap()],
+    ));
     assert!(err.contains("mask"), "{err}");
 
     let ok = golden_prompt_file(&dir);
-    let err = error_line(&with_model("llada2-tiny-v21", &["hi", "--input-ids", ok.to_str().unwrap()]));
+    let err = error_line(&with_model(
+        "llada2-tiny-v21",
+        &["hi", "--input-ids", ok.to_str().unwrap()],
+    ));
     assert!(err.contains("--input-ids"), "{err}");
 
-    let err = error_line(&with_model("llada2-tiny-v21", &["--raw", "hi", "--max-tokens", "600"]));
+    let err = error_line(&with_model(
+        "llada2-tiny-v21",
+        &["--raw", "hi", "--max-tokens", "600"],
+    ));
     assert!(err.contains("context"), "{err}");
 
-    let err = error_line(&with_model("llada2-tiny-v21", &["--raw", "hi", "--threshold", "2"]));
+    let err = error_line(&with_model(
+        "llada2-tiny-v21",
+        &["--raw", "hi", "--threshold", "2"],
+    ));
     assert!(err.contains("threshold"), "{err}");
 
     let err = error_line(&with_model("llada2-tiny-v21", &[]));
@@ -182,7 +285,16 @@ fn bad_inputs_fail_with_one_line() {
 
 #[test]
 fn without_model_the_bundled_fixture_is_used_and_announced() {
-    let out = minnow(&["--device", "cpu", "generate", "--raw", "hi", "--max-tokens", "4", "--json"]);
+    let out = minnow(&[
+        "--device",
+        "cpu",
+        "generate",
+        "--raw",
+        "hi",
+        "--max-tokens",
+        "4",
+        "--json",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("bundled tiny fixture"), "{stderr}");

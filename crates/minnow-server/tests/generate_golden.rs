@@ -17,14 +17,28 @@ fn fixture(name: &str) -> PathBuf {
 fn flags_for(run: &Value) -> Vec<String> {
     let kwargs = &run["generate_kwargs"];
     let num = |key: &str| kwargs[key].to_string();
-    assert_eq!(kwargs["temperature"].as_f64(), Some(0.0), "golden runs are greedy");
+    assert_eq!(
+        kwargs["temperature"].as_f64(),
+        Some(0.0),
+        "golden runs are greedy"
+    );
     assert_eq!(kwargs["block_length"].as_u64(), Some(32));
     assert_eq!(kwargs["minimal_topk"].as_u64(), Some(1));
     assert_eq!(kwargs["eos_early_stop"], Value::Bool(false));
-    let mut flags = vec!["--max-tokens".to_string(), num("gen_length"), "--threshold".into(), num("threshold")];
+    let mut flags = vec![
+        "--max-tokens".to_string(),
+        num("gen_length"),
+        "--threshold".into(),
+        num("threshold"),
+    ];
     match run["algorithm"].as_str() {
         Some("LLaDA2.0") => {
-            flags.extend(["--algorithm".into(), "low-confidence".into(), "--steps".into(), num("steps")]);
+            flags.extend([
+                "--algorithm".into(),
+                "low-confidence".into(),
+                "--steps".into(),
+                num("steps"),
+            ]);
         }
         Some("LLaDA2.1") => {
             flags.extend([
@@ -60,15 +74,30 @@ fn check_fixture(name: &str) {
     for run in runs {
         let run_name = run["name"].as_str().unwrap();
         let output = Command::new(env!("CARGO_BIN_EXE_minnow"))
-            .args(["--model", dir.to_str().unwrap(), "--device", "cpu", "generate"])
-            .args(["--input-ids", ids_path.to_str().unwrap(), "--json", "--trace"])
+            .args([
+                "--model",
+                dir.to_str().unwrap(),
+                "--device",
+                "cpu",
+                "generate",
+            ])
+            .args([
+                "--input-ids",
+                ids_path.to_str().unwrap(),
+                "--json",
+                "--trace",
+            ])
             .args(flags_for(run))
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{run_name}: minnow failed: {stderr}");
-        let result: Value = serde_json::from_slice(&output.stdout)
-            .unwrap_or_else(|e| panic!("{run_name}: stdout is not one JSON object ({e}): {stderr}"));
+        assert!(
+            output.status.success(),
+            "{run_name}: minnow failed: {stderr}"
+        );
+        let result: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!("{run_name}: stdout is not one JSON object ({e}): {stderr}")
+        });
 
         let expected_steps = run["steps"].as_array().unwrap();
         let got_steps = result["trace"].as_array().unwrap();
@@ -79,12 +108,22 @@ fn check_fixture(name: &str) {
                 "{run_name}: forward {i} differs"
             );
         }
-        assert_eq!(got_steps.len(), expected_steps.len(), "{run_name}: number of forwards");
-        assert_eq!(result["output_ids"], run["output_ids"], "{run_name}: output ids");
+        assert_eq!(
+            got_steps.len(),
+            expected_steps.len(),
+            "{run_name}: number of forwards"
+        );
+        assert_eq!(
+            result["output_ids"], run["output_ids"],
+            "{run_name}: output ids"
+        );
         assert_eq!(result["finish_reason"], "length", "{run_name}");
         let stats = &result["stats"];
         assert_eq!(stats["completion_tokens"], 64, "{run_name}");
-        assert_eq!(stats["denoise_forwards"].as_u64(), Some(expected_steps.len() as u64));
+        assert_eq!(
+            stats["denoise_forwards"].as_u64(),
+            Some(expected_steps.len() as u64)
+        );
         assert_eq!(stats["blocks"], 3, "{run_name}");
     }
 }

@@ -269,8 +269,18 @@ mod tests {
         let final_ids = run.tokens().to_vec();
         assert_eq!(run.commit(&mut runner, seq).unwrap(), Commit::Refreshed);
         let refresh = runner.calls.last().unwrap();
-        assert_eq!((refresh.start, &refresh.ids, &refresh.rows), (0, &final_ids, &LogitsRows::None));
-        assert_eq!(runner.calls.iter().filter(|c| c.rows == LogitsRows::None).count(), 1);
+        assert_eq!(
+            (refresh.start, &refresh.ids, &refresh.rows),
+            (0, &final_ids, &LogitsRows::None)
+        );
+        assert_eq!(
+            runner
+                .calls
+                .iter()
+                .filter(|c| c.rows == LogitsRows::None)
+                .count(),
+            1
+        );
         assert_eq!(runner.sequence_len(seq), 4);
     }
 

@@ -12,8 +12,9 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::{select_transfers, BlockAlgorithm, BlockLogits, ControlTokens, StepOutcome};
-use crate::sampling::{greedy, greedy_excluding, probability_excluding, Candidate, PortSampler,
-    SamplerSettings};
+use crate::sampling::{
+    greedy, greedy_excluding, probability_excluding, Candidate, PortSampler, SamplerSettings,
+};
 
 /// Upper bound of the forward limit (the reference port's `max_steps_per_block`).
 pub const MAX_FORWARDS_PER_BLOCK: usize = 1000;
@@ -69,9 +70,16 @@ impl Indel {
         control: ControlTokens,
     ) -> Result<Self, String> {
         let (Some(delete), Some(split)) = (control.delete, control.split) else {
-            return Err("the indel algorithm needs a LLaDA2.2 checkpoint (DELETE and SPLIT token ids)".into());
+            return Err(
+                "the indel algorithm needs a LLaDA2.2 checkpoint (DELETE and SPLIT token ids)"
+                    .into(),
+            );
         };
-        let ids = EditIds { mask: control.mask, delete, split };
+        let ids = EditIds {
+            mask: control.mask,
+            delete,
+            split,
+        };
         let original: Vec<bool> = (0..block.len()).map(|p| p >= prompt_in_block).collect();
         let initial = (prompt_in_block..block.len())
             .filter(|&p| block[p] == ids.mask)
@@ -129,7 +137,11 @@ impl BlockAlgorithm for Indel {
         }
         let count = self.count_masks(block);
         // The post counter resets whenever an original mask reappears (reference semantics).
-        self.post = if count.original == 0 { self.post + 1 } else { 0 };
+        self.post = if count.original == 0 {
+            self.post + 1
+        } else {
+            0
+        };
         count.masks.is_empty() && self.post > self.settings.max_post_steps
     }
 
@@ -224,7 +236,8 @@ impl BlockAlgorithm for Indel {
         }
 
         // Anti-loop guard: a written block seen before gets up to 5 random re-samples.
-        if !is_final && !(m2t.is_empty() && t2t.is_empty()) && self.seen.contains(block.as_slice()) {
+        let wrote = !m2t.is_empty() || !t2t.is_empty();
+        if !is_final && wrote && self.seen.contains(block.as_slice()) {
             for _ in 0..ANTI_LOOP_TRIES {
                 let changed: Vec<usize> =
                     (0..block.len()).filter(|&p| block[p] != old[p]).collect();
@@ -310,7 +323,11 @@ mod tests {
         delete: Some(D),
         split: Some(S),
     };
-    const IDS: EditIds = EditIds { mask: M, delete: D, split: S };
+    const IDS: EditIds = EditIds {
+        mask: M,
+        delete: D,
+        split: S,
+    };
 
     fn settings(threshold: f32, max_post_steps: usize, steps: usize) -> IndelSettings {
         IndelSettings {
@@ -329,12 +346,20 @@ mod tests {
     #[test]
     fn apply_edits_matches_the_spec_examples() {
         let (a, b, c, d) = (1, 2, 3, 4);
-        let (out, flags) =
-            apply_edits(&[a, D, S, d], &[a, b, c, d], &[false, true, true, false], IDS);
+        let (out, flags) = apply_edits(
+            &[a, D, S, d],
+            &[a, b, c, d],
+            &[false, true, true, false],
+            IDS,
+        );
         assert_eq!(out, vec![a, M, c, d]);
         assert_eq!(flags, vec![false, false, true, false]);
-        let (out, flags) =
-            apply_edits(&[a, D, D, d], &[a, b, c, d], &[false, true, true, false], IDS);
+        let (out, flags) = apply_edits(
+            &[a, D, D, d],
+            &[a, b, c, d],
+            &[false, true, true, false],
+            IDS,
+        );
         assert_eq!(out, vec![a, d, M, M]);
         assert_eq!(flags, vec![false; 4]);
     }
@@ -425,8 +450,17 @@ mod tests {
             .flat_map(|&(t, p, r)| row_with_runner_up(t, p, r))
             .collect();
         a.exit_before_forward(&block);
-        a.step(&mut block, BlockLogits::new(&only_mask, VOCAB), &mut rng, false);
-        assert_eq!(block, vec![5, 2, 3, 4], "quota 1 transfers the lone original mask");
+        a.step(
+            &mut block,
+            BlockLogits::new(&only_mask, VOCAB),
+            &mut rng,
+            false,
+        );
+        assert_eq!(
+            block,
+            vec![5, 2, 3, 4],
+            "quota 1 transfers the lone original mask"
+        );
     }
 
     #[test]
@@ -501,7 +535,11 @@ mod tests {
 
     #[test]
     fn requires_delete_and_split_ids() {
-        let control = ControlTokens { mask: M, delete: None, split: None };
+        let control = ControlTokens {
+            mask: M,
+            delete: None,
+            split: None,
+        };
         assert!(Indel::new(&[M; 4], 0, settings(0.5, 16, 32), control).is_err());
     }
 }

@@ -159,7 +159,12 @@ mod tests {
         let l = logits_for(&[(1, 0.6), (2, 0.8), (3, 0.7), (4, 0.5)]);
         let mut block = vec![M, M, M, M];
         let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(0);
-        a.step(&mut block, BlockLogits::new(&l, crate::decode::testing::VOCAB), &mut rng, false);
+        a.step(
+            &mut block,
+            BlockLogits::new(&l, crate::decode::testing::VOCAB),
+            &mut rng,
+            false,
+        );
         assert_eq!(block, vec![M, 2, 3, M]);
     }
 
@@ -172,7 +177,10 @@ mod tests {
         let mut block = vec![5, 1, 2, M];
         let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(0);
         let v = crate::decode::testing::VOCAB;
-        assert_eq!(a.step(&mut block, BlockLogits::new(&l, v), &mut rng, false), StepOutcome::Continue);
+        assert_eq!(
+            a.step(&mut block, BlockLogits::new(&l, v), &mut rng, false),
+            StepOutcome::Continue
+        );
         assert_eq!(block, vec![5, 4, 2, 3]);
     }
 

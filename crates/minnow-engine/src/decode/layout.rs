@@ -6,7 +6,10 @@
 pub enum LayoutError {
     EmptyPrompt,
     /// `ceil((P + N) / B) · B` exceeds the context.
-    ContextExceeded { needed: usize, n_ctx: usize },
+    ContextExceeded {
+        needed: usize,
+        n_ctx: usize,
+    },
 }
 
 /// The block geometry of one request. All positions are absolute canvas positions.
@@ -122,7 +125,10 @@ mod tests {
         assert_eq!(Layout::new(0, 4, 32, 512), Err(LayoutError::EmptyPrompt));
         assert_eq!(
             Layout::new(500, 20, 32, 512),
-            Err(LayoutError::ContextExceeded { needed: 544, n_ctx: 512 })
+            Err(LayoutError::ContextExceeded {
+                needed: 544,
+                n_ctx: 512
+            })
         );
         assert!(Layout::new(500, 12, 32, 512).is_ok());
     }

@@ -80,7 +80,10 @@ impl BlockAlgorithm for LowConfidence {
             candidates.iter().map(|(p, c)| (*p, c.confidence)).collect();
         let quota = self.schedule[self.step];
         for p in select_transfers(&confidences, self.threshold, quota) {
-            let (_, c) = candidates.iter().find(|(q, _)| *q == p).expect("selected a masked slot");
+            let (_, c) = candidates
+                .iter()
+                .find(|(q, _)| *q == p)
+                .expect("selected a masked slot");
             block[p] = c.token;
         }
         self.step += 1;
@@ -106,7 +109,13 @@ mod tests {
     };
 
     fn algo(prompt: usize, threshold: f32, schedule: Vec<usize>) -> LowConfidence {
-        LowConfidence::new(prompt, threshold, schedule, SamplerSettings::GREEDY, CONTROL)
+        LowConfidence::new(
+            prompt,
+            threshold,
+            schedule,
+            SamplerSettings::GREEDY,
+            CONTROL,
+        )
     }
 
     #[test]

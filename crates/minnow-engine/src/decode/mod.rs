@@ -58,7 +58,7 @@ pub struct BlockLogits<'a> {
 
 impl<'a> BlockLogits<'a> {
     pub fn new(data: &'a [f32], vocab: usize) -> Self {
-        debug_assert!(vocab > 0 && data.len() % vocab == 0);
+        debug_assert!(vocab > 0 && data.len().is_multiple_of(vocab));
         Self { data, vocab }
     }
 
@@ -116,9 +116,9 @@ pub fn fill_control_slots(
     control: &ControlTokens,
 ) {
     let banned = control.all();
-    for p in prompt_in_block..block.len() {
-        if control.is_control(block[p]) {
-            block[p] = greedy_excluding(logits.row(p), &banned).token;
+    for (p, token) in block.iter_mut().enumerate().skip(prompt_in_block) {
+        if control.is_control(*token) {
+            *token = greedy_excluding(logits.row(p), &banned).token;
         }
     }
 }
@@ -164,6 +164,9 @@ mod tests {
 
     #[test]
     fn ties_in_confidence_prefer_the_lower_slot() {
-        assert_eq!(by_confidence_desc(vec![(4, 0.5), (2, 0.5), (9, 0.7)]), vec![9, 2, 4]);
+        assert_eq!(
+            by_confidence_desc(vec![(4, 0.5), (2, 0.5), (9, 0.7)]),
+            vec![9, 2, 4]
+        );
     }
 }

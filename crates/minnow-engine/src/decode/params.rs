@@ -137,7 +137,10 @@ fn validate(p: &ResolvedParams) -> Result<(), String> {
         return Err("steps must be at least 1 for the low-confidence algorithm".into());
     }
     if p.max_post_steps > 1000 {
-        return Err(format!("max_post_steps must be at most 1000, got {}", p.max_post_steps));
+        return Err(format!(
+            "max_post_steps must be at most 1000, got {}",
+            p.max_post_steps
+        ));
     }
     Ok(())
 }
@@ -154,7 +157,10 @@ mod tests {
         assert_eq!((v20.threshold, v20.steps), (0.95, 32));
         let v21 = resolve(&none, &none, Family::V21).unwrap();
         assert_eq!(v21.algorithm, Algorithm::Joint);
-        assert_eq!((v21.threshold, v21.editing_threshold, v21.max_post_steps), (0.5, 0.0, 16));
+        assert_eq!(
+            (v21.threshold, v21.editing_threshold, v21.max_post_steps),
+            (0.5, 0.0, 16)
+        );
         let v22 = resolve(&none, &none, Family::V22).unwrap();
         assert_eq!(v22.algorithm, Algorithm::Indel);
         assert_eq!(v22.sampler, SamplerSettings::GREEDY);
@@ -178,12 +184,31 @@ mod tests {
     #[test]
     fn invalid_values_are_named() {
         let bad = |d: DecodeParams| resolve(&d, &DecodeParams::default(), Family::V21).unwrap_err();
-        assert!(bad(DecodeParams { threshold: Some(1.5), ..Default::default() }).contains("threshold"));
-        assert!(bad(DecodeParams { temperature: Some(-1.0), ..Default::default() }).contains("temperature"));
-        assert!(bad(DecodeParams { top_p: Some(0.0), ..Default::default() }).contains("top_p"));
-        assert!(bad(DecodeParams { num_to_transfer: Some(0), ..Default::default() }).contains("num_to_transfer"));
+        assert!(bad(DecodeParams {
+            threshold: Some(1.5),
+            ..Default::default()
+        })
+        .contains("threshold"));
+        assert!(bad(DecodeParams {
+            temperature: Some(-1.0),
+            ..Default::default()
+        })
+        .contains("temperature"));
+        assert!(bad(DecodeParams {
+            top_p: Some(0.0),
+            ..Default::default()
+        })
+        .contains("top_p"));
+        assert!(bad(DecodeParams {
+            num_to_transfer: Some(0),
+            ..Default::default()
+        })
+        .contains("num_to_transfer"));
         let e = resolve(
-            &DecodeParams { steps: Some(0), ..Default::default() },
+            &DecodeParams {
+                steps: Some(0),
+                ..Default::default()
+            },
             &DecodeParams::default(),
             Family::V20,
         )
@@ -193,7 +218,12 @@ mod tests {
 
     #[test]
     fn greedy_without_seed_is_reproducible() {
-        let p = resolve(&DecodeParams::default(), &DecodeParams::default(), Family::V22).unwrap();
+        let p = resolve(
+            &DecodeParams::default(),
+            &DecodeParams::default(),
+            Family::V22,
+        )
+        .unwrap();
         assert_eq!(p.rng_seed(), GREEDY_DEFAULT_SEED);
     }
 }

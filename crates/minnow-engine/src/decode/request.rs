@@ -49,7 +49,10 @@ pub struct FinishedBlock {
 /// What one [`RequestDecoder::advance`] did.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Update {
-    Prefill { processed: usize, total: usize },
+    Prefill {
+        processed: usize,
+        total: usize,
+    },
     /// A denoising forward; the block is not final yet.
     Refining,
     Block(FinishedBlock),
@@ -115,7 +118,10 @@ fn make_algorithm(
 pub fn check_algorithm(params: &ResolvedParams, control: ControlTokens) -> Result<(), String> {
     if params.algorithm == Algorithm::Indel && (control.delete.is_none() || control.split.is_none())
     {
-        return Err("the indel algorithm needs a LLaDA2.2 checkpoint (it has no DELETE/SPLIT tokens)".into());
+        return Err(
+            "the indel algorithm needs a LLaDA2.2 checkpoint (it has no DELETE/SPLIT tokens)"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -231,10 +237,21 @@ impl RequestDecoder {
         let b = self.layout.block;
         let start = self.layout.block_start(index);
         let prompt_in_block = self.layout.prompt_in_block(index);
-        let mut block: Vec<u32> = self.prompt.iter().skip(start).take(prompt_in_block).copied().collect();
+        let mut block: Vec<u32> = self
+            .prompt
+            .iter()
+            .skip(start)
+            .take(prompt_in_block)
+            .copied()
+            .collect();
         block.resize(b, self.ctx.control.mask);
-        let algorithm =
-            make_algorithm(&self.params, &self.layout, &block, prompt_in_block, self.ctx.control)?;
+        let algorithm = make_algorithm(
+            &self.params,
+            &self.layout,
+            &block,
+            prompt_in_block,
+            self.ctx.control,
+        )?;
         let run = BlockRun::new(start, block, prompt_in_block, algorithm, self.ctx.control);
         Ok(Phase::Block { index, run })
     }
@@ -349,9 +366,9 @@ impl RequestDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::DecodeParams;
     use crate::decode::params::resolve;
     use crate::decode::testing::{logits_for, toy_config, ScriptedRunner, M};
-    use crate::api::DecodeParams;
     use minnow_model::Family;
 
     const EOS: u32 = 6;
@@ -374,8 +391,9 @@ mod tests {
     /// Every slot predicts `token_at(position)` with probability 0.99.
     fn positional_runner(token_at: fn(usize) -> u32) -> ScriptedRunner {
         ScriptedRunner::new(toy_config(Family::V21, 4), move |start, ids| {
-            let slots: Vec<(u32, f32)> =
-                (0..ids.len()).map(|i| (token_at(start + i), 0.99)).collect();
+            let slots: Vec<(u32, f32)> = (0..ids.len())
+                .map(|i| (token_at(start + i), 0.99))
+                .collect();
             logits_for(&slots)
         })
     }
@@ -394,11 +412,16 @@ mod tests {
         // then [12, 16); N = 5 keeps canvas[10, 15).
         let prompt: Vec<u32> = vec![1; 10];
         let layout = Layout::new(10, 5, 4, 64).unwrap();
-        let mut d =
-            RequestDecoder::new(prompt, layout, params(Family::V21), ctx(), true).unwrap();
+        let mut d = RequestDecoder::new(prompt, layout, params(Family::V21), ctx(), true).unwrap();
         let mut runner = positional_runner(|p| (p % 4) as u32);
         let updates = run(&mut d, &mut runner);
-        assert_eq!(updates[0], Update::Prefill { processed: 8, total: 8 });
+        assert_eq!(
+            updates[0],
+            Update::Prefill {
+                processed: 8,
+                total: 8
+            }
+        );
         assert_eq!(runner.calls[0].ids, vec![1; 8]);
         assert_eq!(runner.calls[0].rows, LogitsRows::None);
         // First decode forward: prompt tail [1, 1] + 2 masks at position 8.
@@ -407,7 +430,10 @@ mod tests {
         assert_eq!(d.output(), &[2, 3, 0, 1, 2]);
         assert_eq!(d.finish_reason(), Some(FinishReason::Length));
         let stats = d.stats();
-        assert_eq!((stats.prompt_tokens, stats.completion_tokens, stats.blocks), (10, 5, 2));
+        assert_eq!(
+            (stats.prompt_tokens, stats.completion_tokens, stats.blocks),
+            (10, 5, 2)
+        );
         // Converged blocks (fill, then no-edit step) reuse their K/V: no refresh forward.
         assert_eq!(stats.commit_forwards, 0);
         assert_eq!(stats.denoise_forwards, 4);
@@ -420,8 +446,7 @@ mod tests {
         // EOS predicted at position 13: the second block stops there.
         let prompt = vec![1; 8];
         let layout = Layout::new(8, 16, 4, 64).unwrap();
-        let mut d =
-            RequestDecoder::new(prompt, layout, params(Family::V20), ctx(), false).unwrap();
+        let mut d = RequestDecoder::new(prompt, layout, params(Family::V20), ctx(), false).unwrap();
         let mut runner = positional_runner(|p| if p == 13 { EOS } else { 2 });
         let updates = run(&mut d, &mut runner);
         assert_eq!(d.output(), &[2, 2, 2, 2, 2, EOS]);
@@ -473,8 +498,10 @@ mod tests {
             RequestDecoder::new(vec![1; n], layout, params(Family::V21), ctx(), false).unwrap();
         let mut runner = positional_runner(|_| 2);
         let updates = run(&mut d, &mut runner);
-        let prefills: Vec<&Update> =
-            updates.iter().filter(|u| matches!(u, Update::Prefill { .. })).collect();
+        let prefills: Vec<&Update> = updates
+            .iter()
+            .filter(|u| matches!(u, Update::Prefill { .. }))
+            .collect();
         assert_eq!(prefills.len(), 3);
         assert!(runner.calls[..3].iter().all(|c| c.ids.len() % 4 == 0));
         assert_eq!(runner.calls[3].start, n);

@@ -59,9 +59,12 @@ pub fn run_block(
         if algorithm.exit_before_forward(&block) {
             break;
         }
-        let logits = script
-            .get(forwards)
-            .unwrap_or_else(|| panic!("the block wanted forward #{} beyond the script", forwards + 1));
+        let logits = script.get(forwards).unwrap_or_else(|| {
+            panic!(
+                "the block wanted forward #{} beyond the script",
+                forwards + 1
+            )
+        });
         forwards += 1;
         if algorithm.step(&mut block, BlockLogits::new(logits, VOCAB), &mut rng, false)
             == StepOutcome::Converged
@@ -130,7 +133,10 @@ pub struct ScriptedRunner {
 }
 
 impl ScriptedRunner {
-    pub fn new(config: Config, logits: impl FnMut(usize, &[u32]) -> Vec<f32> + Send + 'static) -> Self {
+    pub fn new(
+        config: Config,
+        logits: impl FnMut(usize, &[u32]) -> Vec<f32> + Send + 'static,
+    ) -> Self {
         Self {
             config,
             lens: HashMap::new(),
@@ -143,7 +149,10 @@ impl ScriptedRunner {
 
     /// Forwards that asked for logits (denoising steps).
     pub fn denoise_calls(&self) -> Vec<&Call> {
-        self.calls.iter().filter(|c| c.rows != LogitsRows::None).collect()
+        self.calls
+            .iter()
+            .filter(|c| c.rows != LogitsRows::None)
+            .collect()
     }
 }
 
@@ -197,7 +206,11 @@ impl ModelRunner for ScriptedRunner {
         }
         let vocab = self.config.vocab_size;
         let all = (self.logits)(start, ids);
-        assert_eq!(all.len(), ids.len() * vocab, "scripted logits have the wrong shape");
+        assert_eq!(
+            all.len(),
+            ids.len() * vocab,
+            "scripted logits have the wrong shape"
+        );
         Ok(all[range.start * vocab..range.end * vocab].to_vec())
     }
 }

@@ -58,7 +58,11 @@ fn collect(handle: &mut RequestHandle) -> Vec<Event> {
 
 fn prompt_ids(engine: &Engine, n: usize) -> Vec<u32> {
     let ids = engine
-        .tokenize("The quick brown fox jumps over the lazy dog. ".repeat(8).as_str())
+        .tokenize(
+            "The quick brown fox jumps over the lazy dog. "
+                .repeat(8)
+                .as_str(),
+        )
         .unwrap();
     assert!(ids.len() >= n);
     ids[..n].to_vec()
@@ -104,7 +108,9 @@ fn streamed_text(events: &[Event]) -> String {
 #[test]
 fn generates_blocks_then_done_with_length() {
     let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
-    let target = tok.encode(&"hello world, this is a test. ".repeat(10)).unwrap();
+    let target = tok
+        .encode(&"hello world, this is a test. ".repeat(10))
+        .unwrap();
     let engine = engine_writing(target.clone(), 40, Duration::ZERO, EngineOptions::default());
     let mut handle = engine
         .submit(GenerateRequest {
@@ -114,26 +120,47 @@ fn generates_blocks_then_done_with_length() {
         })
         .unwrap();
     let events = collect(&mut handle);
-    let blocks: Vec<&Event> = events.iter().filter(|e| matches!(e, Event::Block { .. })).collect();
+    let blocks: Vec<&Event> = events
+        .iter()
+        .filter(|e| matches!(e, Event::Block { .. }))
+        .collect();
     assert_eq!(blocks.len(), 3, "blocks 1, 2, 3 of the canvas");
-    assert!(matches!(events[0], Event::PrefillProgress { processed: 32, total: 32, .. }));
+    assert!(matches!(
+        events[0],
+        Event::PrefillProgress {
+            processed: 32,
+            total: 32,
+            ..
+        }
+    ));
     let (reason, ids, text, stats) = done(&events);
     assert_eq!(reason, FinishReason::Length);
     assert_eq!(ids, target[..64].to_vec());
     assert_eq!(text, tok.decode(&target[..64], false).unwrap());
     assert_eq!(streamed_text(&events), text);
-    assert_eq!(stats, GenerationStatsView { completion_tokens: 64, blocks: 3 });
+    assert_eq!(
+        stats,
+        GenerationStatsView {
+            completion_tokens: 64,
+            blocks: 3
+        }
+    );
 }
 
 #[test]
 fn stop_string_split_across_blocks_is_held_back_and_cut() {
     let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
-    let target = tok.encode(&"alpha beta gamma delta epsilon zeta eta theta ".repeat(6)).unwrap();
+    let target = tok
+        .encode(&"alpha beta gamma delta epsilon zeta eta theta ".repeat(6))
+        .unwrap();
     // Prompt 40 tokens: block 1 holds output tokens 0..24, block 2 tokens 24..56. A stop string
     // made of output tokens 22..26 starts in block 1 and ends in block 2.
     let before = tok.decode(&target[..22], false).unwrap();
     let stop = tok.decode(&target[22..26], false).unwrap();
-    assert!(!before.contains(&stop), "the stop string must first occur at token 22");
+    assert!(
+        !before.contains(&stop),
+        "the stop string must first occur at token 22"
+    );
     let engine = engine_writing(target.clone(), 40, Duration::ZERO, EngineOptions::default());
     let mut handle = engine
         .submit(GenerateRequest {
@@ -155,12 +182,20 @@ fn stop_string_split_across_blocks_is_held_back_and_cut() {
     // The first block must not show the start of the stop string yet.
     let first_block = tok.decode(&target[..24], false).unwrap();
     assert!(first_block.starts_with(deltas[0]));
-    assert!(deltas[0].len() <= before.len(), "held back: {:?}", deltas[0]);
+    assert!(
+        deltas[0].len() <= before.len(),
+        "held back: {:?}",
+        deltas[0]
+    );
     let (reason, ids, text, _) = done(&events);
     assert_eq!(reason, FinishReason::Stop);
     assert_eq!(text, before);
     assert_eq!(streamed_text(&events), before);
-    assert_eq!(ids, target[..26].to_vec(), "ids up to the token completing the stop string");
+    assert_eq!(
+        ids,
+        target[..26].to_vec(),
+        "ids up to the token completing the stop string"
+    );
 }
 
 #[test]
@@ -181,7 +216,11 @@ fn stop_token_ends_the_answer() {
     let events = collect(&mut handle);
     let (reason, ids, text, stats) = done(&events);
     assert_eq!(reason, FinishReason::Stop);
-    assert_eq!(ids, target[..target.len() - 1].to_vec(), "cut after <|role_end|>");
+    assert_eq!(
+        ids,
+        target[..target.len() - 1].to_vec(),
+        "cut after <|role_end|>"
+    );
     assert_eq!(text, "short answer");
     assert_eq!(stats.blocks, 1);
 }
@@ -199,7 +238,10 @@ fn zero_max_tokens_is_an_empty_completion() {
     let events = collect(&mut handle);
     assert_eq!(events.len(), 1);
     let (reason, ids, text, _) = done(&events);
-    assert_eq!((reason, ids, text), (FinishReason::Length, vec![], String::new()));
+    assert_eq!(
+        (reason, ids, text),
+        (FinishReason::Length, vec![], String::new())
+    );
 }
 
 #[test]
@@ -215,12 +257,24 @@ fn invalid_requests_are_refused_at_submit() {
             .err()
             .unwrap()
     };
-    assert!(matches!(submit(vec![], Some(4)), EngineError::InvalidRequest(_)));
-    assert!(matches!(submit(vec![1, 482, 2], Some(4)), EngineError::InvalidRequest(_)));
-    assert!(matches!(submit(vec![1, 600], Some(4)), EngineError::InvalidRequest(_)));
+    assert!(matches!(
+        submit(vec![], Some(4)),
+        EngineError::InvalidRequest(_)
+    ));
+    assert!(matches!(
+        submit(vec![1, 482, 2], Some(4)),
+        EngineError::InvalidRequest(_)
+    ));
+    assert!(matches!(
+        submit(vec![1, 600], Some(4)),
+        EngineError::InvalidRequest(_)
+    ));
     assert!(matches!(
         submit(vec![1; 500], Some(20)),
-        EngineError::ContextExceeded { n_prompt_tokens: 500, n_ctx: 512 }
+        EngineError::ContextExceeded {
+            n_prompt_tokens: 500,
+            n_ctx: 512
+        }
     ));
     let bad_params = engine
         .submit(GenerateRequest {
@@ -240,7 +294,12 @@ fn invalid_requests_are_refused_at_submit() {
 #[test]
 fn cancellation_ends_with_cancelled_and_frees_the_slot() {
     let target: Vec<u32> = (0..400).map(|i| 100 + (i % 50)).collect();
-    let engine = engine_writing(target, 40, Duration::from_millis(2), EngineOptions::default());
+    let engine = engine_writing(
+        target,
+        40,
+        Duration::from_millis(2),
+        EngineOptions::default(),
+    );
     let mut handle = engine
         .submit(GenerateRequest {
             prompt_ids: prompt_ids(&engine, 40),
@@ -282,7 +341,10 @@ fn queue_is_bounded_and_dropping_a_handle_cancels() {
     wait_until(|| engine.busy_slots() == 1 && engine.queue_depth() == 0);
     let waiting = engine.submit(request()).unwrap();
     assert_eq!(engine.queue_depth(), 1);
-    assert!(matches!(engine.submit(request()), Err(EngineError::QueueFull)));
+    assert!(matches!(
+        engine.submit(request()),
+        Err(EngineError::QueueFull)
+    ));
     drop(running);
     drop(waiting);
     wait_until(|| engine.busy_slots() == 0 && engine.queue_depth() == 0);
@@ -291,7 +353,9 @@ fn queue_is_bounded_and_dropping_a_handle_cancels() {
 #[test]
 fn parallel_requests_interleave_and_match_a_lone_run() {
     let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
-    let target = tok.encode(&"one two three four five six ".repeat(12)).unwrap();
+    let target = tok
+        .encode(&"one two three four five six ".repeat(12))
+        .unwrap();
     let options = EngineOptions {
         parallel: 2,
         ..Default::default()
@@ -334,7 +398,10 @@ fn info_reports_family_defaults_and_template() {
     let engine = engine_writing(vec![], 40, Duration::ZERO, EngineOptions::default());
     let info = engine.info();
     assert_eq!(info.family, "LLaDA2.1");
-    assert_eq!(info.default_params.algorithm, Some(crate::api::Algorithm::Joint));
+    assert_eq!(
+        info.default_params.algorithm,
+        Some(crate::api::Algorithm::Joint)
+    );
     assert_eq!((info.mask_token_id, info.eos_token_id), (482, 481));
     assert!(!info.chat_template.is_empty());
     let rendered = engine

@@ -19,7 +19,10 @@ use serde_json::json;
 use super::Cli;
 
 /// The tiny LLaDA2.1 fixture in the source tree, used when no `--model` is given.
-const BUNDLED_FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/llada2-tiny-v21");
+const BUNDLED_FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/fixtures/llada2-tiny-v21"
+);
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum AlgorithmArg {
