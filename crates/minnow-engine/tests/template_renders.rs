@@ -105,3 +105,28 @@ fn tojson_keyword_arguments_match_python() {
         assert_eq!(out, entry["rendered"].as_str().unwrap(), "{source}");
     }
 }
+
+#[test]
+fn jinja_features_match_python() {
+    let data = extra_renders();
+    let probes = data["probes"].as_array().unwrap();
+    assert!(probes.len() >= 10);
+    let mut failures = Vec::new();
+    for probe in probes {
+        let source = probe["template"].as_str().unwrap();
+        let template = ChatTemplate::from_source(source, Map::new()).unwrap();
+        let context = probe["context"].as_object().unwrap();
+        let messages = context["messages"].as_array().unwrap();
+        let mut kwargs = context.clone();
+        kwargs.remove("messages");
+        let out = template.render_json(messages, &[], false, &kwargs);
+        let expected = probe["rendered"].as_str().unwrap();
+        match out {
+            Ok(text) if text == expected => {}
+            other => failures.push(format!(
+                "{source}\n  expected {expected:?}\n  got      {other:?}"
+            )),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
