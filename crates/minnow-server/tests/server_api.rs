@@ -14,7 +14,10 @@ const MODEL_ID: &str = "llada2-tiny-v21";
 async fn informational_routes() {
     let server = Server::start(None, &["--parallel", "2"]).await;
     assert!(
-        server.logs().iter().any(|l| l.contains("bundled tiny fixture")),
+        server
+            .logs()
+            .iter()
+            .any(|l| l.contains("bundled tiny fixture")),
         "the fallback to the fixture is announced"
     );
     for path in ["/health", "/v1/health"] {
@@ -39,8 +42,14 @@ async fn informational_routes() {
     assert_eq!(props["total_slots"], 2);
     assert_eq!(props["default_generation_settings"]["n_ctx"], 512);
     assert!(props["default_generation_settings"]["params"]["temperature"].is_number());
-    assert!(props["chat_template"].as_str().unwrap().contains("<role>SYSTEM</role>"));
-    assert!(props["model_path"].as_str().unwrap().ends_with("llada2-tiny-v21"));
+    assert!(props["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<role>SYSTEM</role>"));
+    assert!(props["model_path"]
+        .as_str()
+        .unwrap()
+        .ends_with("llada2-tiny-v21"));
     assert!(props["build_info"].as_str().unwrap().starts_with("minnow"));
     assert_eq!(props["minnow"]["block_size"], 32);
     assert_eq!(props["minnow"]["family"], "LLaDA2.1");
@@ -49,7 +58,10 @@ async fn informational_routes() {
 
     let metrics = reqwest::get(server.url("/metrics")).await.unwrap();
     assert_eq!(metrics.status(), 200);
-    assert!(metrics.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
+    assert!(metrics.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
     let text = metrics.text().await.unwrap();
     for name in [
         "minnow_requests_total{route=\"/health\",status=\"200\"}",
@@ -83,14 +95,33 @@ async fn alias_names_the_model() {
 #[tokio::test(flavor = "multi_thread")]
 async fn text_utilities() {
     let server = Server::start(None, &[]).await;
-    let (status, body) = post_json(&server, "/tokenize", json!({"content": "Hello world<|role_end|>"})).await;
+    let (status, body) = post_json(
+        &server,
+        "/tokenize",
+        json!({"content": "Hello world<|role_end|>"}),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
-    let ids: Vec<u64> = body["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-    assert_eq!(*ids.last().unwrap(), 485, "special-token strings map to their id");
+    let ids: Vec<u64> = body["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        *ids.last().unwrap(),
+        485,
+        "special-token strings map to their id"
+    );
     let (status, body) = post_json(&server, "/detokenize", json!({"tokens": ids})).await;
     assert_eq!(status, 200);
     assert_eq!(body["content"], "Hello world<|role_end|>");
-    let (_, pieces) = post_json(&server, "/tokenize", json!({"content": "Hi<|role_end|>", "with_pieces": true})).await;
+    let (_, pieces) = post_json(
+        &server,
+        "/tokenize",
+        json!({"content": "Hi<|role_end|>", "with_pieces": true}),
+    )
+    .await;
     let last = pieces["tokens"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last, json!({"id": 485, "piece": "<|role_end|>"}));
     let (status, body) = post_json(&server, "/detokenize", json!({"tokens": [99999]})).await;
@@ -129,14 +160,22 @@ async fn tool_history_goes_through_the_template() {
     .await;
     assert_eq!(status, 200, "{body}");
     let prompt = body["prompt"].as_str().unwrap();
-    assert!(prompt.starts_with("<role>SYSTEM</role>Be brief.\n"), "{prompt}");
+    assert!(
+        prompt.starts_with("<role>SYSTEM</role>Be brief.\n"),
+        "{prompt}"
+    );
     assert!(prompt.contains("<tools>"), "{prompt}");
     assert!(prompt.contains("\"name\": \"get_weather\""), "{prompt}");
     assert!(
         prompt.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"),
         "{prompt}"
     );
-    assert!(prompt.contains("<role>OBSERVATION</role>\n<tool_response>\n18C\n</tool_response><|role_end|>"), "{prompt}");
+    assert!(
+        prompt.contains(
+            "<role>OBSERVATION</role>\n<tool_response>\n18C\n</tool_response><|role_end|>"
+        ),
+        "{prompt}"
+    );
     assert!(prompt.ends_with("<role>ASSISTANT</role>"));
 }
 
@@ -145,17 +184,29 @@ fn check_usage_and_timings(usage: &Value, timings: &Value) {
     let completion = usage["completion_tokens"].as_u64().unwrap();
     assert_eq!(usage["total_tokens"].as_u64().unwrap(), prompt + completion);
     assert!(prompt > 0);
-    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
-    assert_eq!(timings["prompt_n"].as_u64().unwrap() + timings["cache_n"].as_u64().unwrap(), prompt);
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        timings["prompt_n"].as_u64().unwrap() + timings["cache_n"].as_u64().unwrap(),
+        prompt
+    );
     assert_eq!(timings["cache_n"].as_u64().unwrap(), cached);
     assert_eq!(timings["predicted_n"].as_u64().unwrap(), completion);
-    for key in ["prompt_ms", "prompt_per_second", "predicted_ms", "predicted_per_second"] {
+    for key in [
+        "prompt_ms",
+        "prompt_per_second",
+        "predicted_ms",
+        "predicted_per_second",
+    ] {
         assert!(timings[key].as_f64().unwrap() >= 0.0, "{key}: {timings}");
     }
     let predicted_ms = timings["predicted_ms"].as_f64().unwrap();
     if predicted_ms > 0.0 {
         let rate = completion as f64 * 1000.0 / predicted_ms;
-        assert!((timings["predicted_per_second"].as_f64().unwrap() - rate).abs() < 1e-6 * rate.max(1.0));
+        assert!(
+            (timings["predicted_per_second"].as_f64().unwrap() - rate).abs() < 1e-6 * rate.max(1.0)
+        );
     }
 }
 
@@ -217,7 +268,9 @@ async fn chat_completion_streamed_matches_plain() {
     assert_eq!(usage_chunk["choices"], json!([]));
     // The finish chunk just before it.
     let finish_chunk = &chunks[chunks.len() - 2];
-    let finish = finish_chunk["choices"][0]["finish_reason"].as_str().unwrap();
+    let finish = finish_chunk["choices"][0]["finish_reason"]
+        .as_str()
+        .unwrap();
     assert_eq!(finish_chunk["choices"][0]["delta"], json!({}));
     check_usage_and_timings(&usage_chunk["usage"], &finish_chunk["timings"]);
     assert!(finish_chunk["minnow"]["blocks"].as_u64().unwrap() >= 1);
@@ -234,14 +287,23 @@ async fn chat_completion_streamed_matches_plain() {
         }
         let stats = &chunk["minnow"];
         let block = stats["block"].as_u64().unwrap();
-        assert!(previous_block.is_none_or(|p| block > p), "block indices increase: {stats}");
+        assert!(
+            previous_block.is_none_or(|p| block > p),
+            "block indices increase: {stats}"
+        );
         previous_block = Some(block);
         assert!(stats["steps"].as_u64().unwrap() >= 1, "{stats}");
         assert!(stats["forwards"].as_u64().unwrap() >= stats["steps"].as_u64().unwrap());
     }
     // Greedy decoding is deterministic: streaming changes nothing.
-    assert_eq!(streamed, plain["choices"][0]["message"]["content"].as_str().unwrap());
-    assert_eq!(finish, plain["choices"][0]["finish_reason"].as_str().unwrap());
+    assert_eq!(
+        streamed,
+        plain["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    assert_eq!(
+        finish,
+        plain["choices"][0]["finish_reason"].as_str().unwrap()
+    );
     assert_eq!(usage_chunk["usage"], plain["usage"]);
 }
 
@@ -254,11 +316,20 @@ async fn stream_without_usage_and_with_progress() {
     body["max_tokens"] = json!(8);
     let events = read_sse(post(&server, "/v1/chat/completions", body).await).await;
     let chunks = data_events(&events);
-    assert!(chunks.iter().all(|c| c.get("usage").is_none()), "no usage chunk unless asked");
+    assert!(
+        chunks.iter().all(|c| c.get("usage").is_none()),
+        "no usage chunk unless asked"
+    );
     let last = chunks.last().unwrap();
     assert!(last["choices"][0]["finish_reason"].is_string());
-    let progress: Vec<&Value> = chunks.iter().filter(|c| c.get("prompt_progress").is_some()).collect();
-    assert!(!progress.is_empty(), "return_progress reports prompt processing");
+    let progress: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c.get("prompt_progress").is_some())
+        .collect();
+    assert!(
+        !progress.is_empty(),
+        "return_progress reports prompt processing"
+    );
     for p in &progress {
         assert_eq!(p["choices"], json!([]));
         let pp = &p["prompt_progress"];
@@ -271,7 +342,12 @@ async fn stream_without_usage_and_with_progress() {
 async fn text_completions() {
     let server = Server::start(None, &[]).await;
     for path in ["/v1/completions", "/completions"] {
-        let (status, body) = post_json(&server, path, json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0})).await;
+        let (status, body) = post_json(
+            &server,
+            path,
+            json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0}),
+        )
+        .await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["object"], "text_completion");
         assert!(body["id"].as_str().unwrap().starts_with("cmpl-"));
@@ -282,11 +358,24 @@ async fn text_completions() {
     }
     // Token-id prompts: the same ids as the text give the same greedy answer.
     let (_, tokens) = post_json(&server, "/tokenize", json!({"content": "Once upon a time"})).await;
-    let (_, by_text) = post_json(&server, "/v1/completions", json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0})).await;
-    let (status, by_ids) = post_json(&server, "/v1/completions", json!({"prompt": tokens["tokens"], "max_tokens": 16, "temperature": 0})).await;
+    let (_, by_text) = post_json(
+        &server,
+        "/v1/completions",
+        json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0}),
+    )
+    .await;
+    let (status, by_ids) = post_json(
+        &server,
+        "/v1/completions",
+        json!({"prompt": tokens["tokens"], "max_tokens": 16, "temperature": 0}),
+    )
+    .await;
     assert_eq!(status, 200);
     assert_eq!(by_ids["choices"][0]["text"], by_text["choices"][0]["text"]);
-    assert_eq!(by_ids["usage"]["prompt_tokens"], by_text["usage"]["prompt_tokens"]);
+    assert_eq!(
+        by_ids["usage"]["prompt_tokens"],
+        by_text["usage"]["prompt_tokens"]
+    );
 
     let events = read_sse(post(&server, "/v1/completions", json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "stream": true})).await).await;
     assert_eq!(events.last(), Some(&Sse::Done));
@@ -298,24 +387,48 @@ async fn text_completions() {
     }
     assert_eq!(text, by_text["choices"][0]["text"].as_str().unwrap());
     let last = chunks.last().unwrap();
-    assert_eq!(last["choices"][0]["finish_reason"], by_text["choices"][0]["finish_reason"]);
+    assert_eq!(
+        last["choices"][0]["finish_reason"],
+        by_text["choices"][0]["finish_reason"]
+    );
     assert!(last["timings"].is_object());
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stop_strings_and_server_max_tokens() {
     let server = Server::start(None, &["--max-tokens", "8"]).await;
-    let (status, body) = post_json(&server, "/v1/completions", json!({"prompt": "abc", "temperature": 0})).await;
+    let (status, body) = post_json(
+        &server,
+        "/v1/completions",
+        json!({"prompt": "abc", "temperature": 0}),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
-    assert!(body["usage"]["completion_tokens"].as_u64().unwrap() <= 8, "--max-tokens caps requests without a limit");
+    assert!(
+        body["usage"]["completion_tokens"].as_u64().unwrap() <= 8,
+        "--max-tokens caps requests without a limit"
+    );
     // Whatever the model wrote, cutting at its first character must stop there.
-    let (_, free) = post_json(&server, "/v1/completions", json!({"prompt": "abc", "temperature": 0, "max_tokens": 40})).await;
+    let (_, free) = post_json(
+        &server,
+        "/v1/completions",
+        json!({"prompt": "abc", "temperature": 0, "max_tokens": 40}),
+    )
+    .await;
     let text = free["choices"][0]["text"].as_str().unwrap().to_string();
     if let Some(at) = text.char_indices().nth(3).map(|(i, _)| i) {
         let stop = &text[at..at + text[at..].chars().next().unwrap().len_utf8()];
-        let (_, cut) = post_json(&server, "/v1/completions", json!({"prompt": "abc", "temperature": 0, "max_tokens": 40, "stop": [stop]})).await;
+        let (_, cut) = post_json(
+            &server,
+            "/v1/completions",
+            json!({"prompt": "abc", "temperature": 0, "max_tokens": 40, "stop": [stop]}),
+        )
+        .await;
         let cut_text = cut["choices"][0]["text"].as_str().unwrap();
-        assert!(!cut_text.contains(stop), "stop string removed: {cut_text:?} vs {stop:?}");
+        assert!(
+            !cut_text.contains(stop),
+            "stop string removed: {cut_text:?} vs {stop:?}"
+        );
         assert!(text.starts_with(cut_text));
         assert_eq!(cut["choices"][0]["finish_reason"], "stop");
     }
@@ -350,17 +463,24 @@ async fn named_tool_choice_steers_and_parses() {
     assert_eq!(status, 200, "{plain}");
     let message = &plain["choices"][0]["message"];
     let finish = plain["choices"][0]["finish_reason"].as_str().unwrap();
-    let calls = message["tool_calls"].as_array().cloned().unwrap_or_default();
+    let calls = message["tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     for call in &calls {
         assert_eq!(call["type"], "function");
-        assert_eq!(call["function"]["name"], "get_weather", "only the declared tool");
+        assert_eq!(
+            call["function"]["name"], "get_weather",
+            "only the declared tool"
+        );
         assert!(call["id"].as_str().unwrap().len() > 3);
         assert!(call["function"]["arguments"].is_string());
     }
     if finish == "tool_calls" {
         assert!(!calls.is_empty());
         for call in &calls {
-            let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+            let args: Value =
+                serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
             assert!(args.is_object(), "complete calls carry a JSON object");
         }
     }
@@ -378,7 +498,10 @@ async fn named_tool_choice_steers_and_parses() {
         for fragment in delta["tool_calls"].as_array().into_iter().flatten() {
             let index = fragment["index"].as_u64().unwrap() as usize;
             if index == rebuilt.len() {
-                assert!(fragment["id"].is_string(), "first fragment carries the id: {fragment}");
+                assert!(
+                    fragment["id"].is_string(),
+                    "first fragment carries the id: {fragment}"
+                );
                 assert_eq!(fragment["type"], "function");
                 rebuilt.push((
                     fragment["id"].as_str().unwrap().into(),
@@ -386,14 +509,27 @@ async fn named_tool_choice_steers_and_parses() {
                     String::new(),
                 ));
             } else {
-                assert!(fragment.get("id").is_none(), "later fragments only carry arguments");
+                assert!(
+                    fragment.get("id").is_none(),
+                    "later fragments only carry arguments"
+                );
             }
-            rebuilt[index].2.push_str(fragment["function"]["arguments"].as_str().unwrap_or(""));
+            rebuilt[index]
+                .2
+                .push_str(fragment["function"]["arguments"].as_str().unwrap_or(""));
         }
     }
-    let stream_finish = chunks.iter().rev().find_map(|c| c["choices"][0]["finish_reason"].as_str()).unwrap();
+    let stream_finish = chunks
+        .iter()
+        .rev()
+        .find_map(|c| c["choices"][0]["finish_reason"].as_str())
+        .unwrap();
     assert_eq!(stream_finish, finish);
-    assert_eq!(rebuilt.len(), calls.len(), "stream {rebuilt:?} vs plain {calls:?}");
+    assert_eq!(
+        rebuilt.len(),
+        calls.len(),
+        "stream {rebuilt:?} vs plain {calls:?}"
+    );
     for ((_, name, arguments), call) in rebuilt.iter().zip(&calls) {
         assert_eq!(name, call["function"]["name"].as_str().unwrap());
         assert_eq!(arguments, call["function"]["arguments"].as_str().unwrap());
@@ -411,7 +547,10 @@ async fn tool_choice_none_and_required() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert!(body["choices"][0]["message"].get("tool_calls").is_none(), "none: no calls are parsed");
+    assert!(
+        body["choices"][0]["message"].get("tool_calls").is_none(),
+        "none: no calls are parsed"
+    );
     assert_ne!(body["choices"][0]["finish_reason"], "tool_calls");
 
     let (status, body) = post_json(
@@ -421,7 +560,10 @@ async fn tool_choice_none_and_required() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let calls = body["choices"][0]["message"]["tool_calls"].as_array().cloned().unwrap_or_default();
+    let calls = body["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert!(calls.len() <= 1, "parallel_tool_calls false keeps one call");
     for call in calls {
         assert_eq!(call["function"]["name"], "get_weather");
@@ -433,7 +575,12 @@ async fn v20_checkpoint_serves_too() {
     let server = Server::start(Some(FIXTURE_V20), &[]).await;
     let (_, props) = get_json(&server, "/props").await;
     assert_eq!(props["minnow"]["family"], "LLaDA2.0");
-    let (status, body) = post_json(&server, "/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})).await;
+    let (status, body) = post_json(
+        &server,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["model"], "llada2-tiny-v20");
 }
@@ -452,10 +599,26 @@ async fn llama_web_ui_request_is_accepted() {
         "timings_per_token": false,
         "max_tokens": 8,
     });
-    for key in ["temperature", "dynatemp_range", "dynatemp_exponent", "top_k", "top_p", "min_p",
-        "xtc_probability", "xtc_threshold", "typical_p", "repeat_last_n", "repeat_penalty",
-        "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length",
-        "dry_penalty_last_n", "samplers"] {
+    for key in [
+        "temperature",
+        "dynatemp_range",
+        "dynatemp_exponent",
+        "top_k",
+        "top_p",
+        "min_p",
+        "xtc_probability",
+        "xtc_threshold",
+        "typical_p",
+        "repeat_last_n",
+        "repeat_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "dry_multiplier",
+        "dry_base",
+        "dry_allowed_length",
+        "dry_penalty_last_n",
+        "samplers",
+    ] {
         let value = params[key].clone();
         assert!(!value.is_null(), "/props advertises {key}");
         body[if key == "typical_p" { "typ_p" } else { key }] = value;

@@ -33,15 +33,28 @@ async fn invalid_requests_are_400_naming_the_field() {
         (json!({"threshold": 2}), "threshold"),
         (json!({"algorithm": "beam"}), "algorithm"),
         (json!({"stop": 5}), "stop"),
-        (json!({"stream_options": {"include_usage": "yes"}}), "stream_options.include_usage"),
-        (json!({"response_format": {"type": "json_schema"}}), "response_format.type"),
+        (
+            json!({"stream_options": {"include_usage": "yes"}}),
+            "stream_options.include_usage",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema"}}),
+            "response_format.type",
+        ),
         (json!({"tool_choice": "required"}), "tool_choice"),
-        (json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}), "messages[0].content[0].type"),
-        (json!({"messages": [{"role": "tool", "tool_call_id": "call_x", "content": "1"}]}), "messages[0].tool_call_id"),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
+            "messages[0].content[0].type",
+        ),
+        (
+            json!({"messages": [{"role": "tool", "tool_call_id": "call_x", "content": "1"}]}),
+            "messages[0].tool_call_id",
+        ),
         (json!({"messages": "hi"}), "messages"),
     ];
     for (extra, param) in cases {
-        let (status, body) = post_json(&server, "/v1/chat/completions", chat_body(extra.clone())).await;
+        let (status, body) =
+            post_json(&server, "/v1/chat/completions", chat_body(extra.clone())).await;
         let error = assert_error(status, &body, 400, "invalid_request_error");
         assert_eq!(error["param"], param, "request extra {extra}: {body}");
     }
@@ -94,7 +107,12 @@ async fn special_tokens_in_prompts_are_refused() {
     let server = Server::start(None, &[]).await;
     // 482 is the fixture's <|mask|>, 486/487 its <|delete|>/<|split|>.
     for ids in [json!([100, 482, 101]), json!([100, 486]), json!([100, 487])] {
-        let (status, body) = post_json(&server, "/v1/completions", json!({"prompt": ids, "max_tokens": 4})).await;
+        let (status, body) = post_json(
+            &server,
+            "/v1/completions",
+            json!({"prompt": ids, "max_tokens": 4}),
+        )
+        .await;
         assert_error(status, &body, 400, "invalid_request_error");
     }
     let (status, body) = post_json(
@@ -110,12 +128,22 @@ async fn special_tokens_in_prompts_are_refused() {
 async fn context_overflow_reports_counts() {
     let server = Server::start(None, &[]).await;
     let long_prompt = "the river runs ".repeat(400);
-    let (status, body) = post_json(&server, "/v1/completions", json!({"prompt": long_prompt, "max_tokens": 8})).await;
+    let (status, body) = post_json(
+        &server,
+        "/v1/completions",
+        json!({"prompt": long_prompt, "max_tokens": 8}),
+    )
+    .await;
     let error = assert_error(status, &body, 400, "exceed_context_size_error");
     assert_eq!(error["n_ctx"], 512, "{body}");
     assert!(error["n_prompt_tokens"].as_u64().unwrap() > 512, "{body}");
     // A short prompt asking for more output than fits is refused the same way.
-    let (status, body) = post_json(&server, "/v1/completions", json!({"prompt": "hi", "max_tokens": 100000})).await;
+    let (status, body) = post_json(
+        &server,
+        "/v1/completions",
+        json!({"prompt": "hi", "max_tokens": 100000}),
+    )
+    .await;
     let error = assert_error(status, &body, 400, "exceed_context_size_error");
     assert_eq!(error["n_ctx"], 512);
 }
@@ -126,7 +154,9 @@ async fn unknown_routes_methods_and_models() {
     let (status, body) = get_json(&server, "/v1/nothing").await;
     assert_error(status, &body, 404, "not_found_error");
 
-    let response = reqwest::get(server.url("/v1/chat/completions")).await.unwrap();
+    let response = reqwest::get(server.url("/v1/chat/completions"))
+        .await
+        .unwrap();
     assert_eq!(response.status(), 405);
     assert_eq!(response.headers()["allow"], "POST");
     let value: Value = response.json().await.unwrap();
@@ -137,7 +167,12 @@ async fn unknown_routes_methods_and_models() {
     let (status, body) = get_json(&server, "/v1/models/not-a-model").await;
     let error = assert_error(status, &body, 404, "not_found_error");
     assert_eq!(error["code"], "model_not_found");
-    let (status, body) = post_json(&server, "/v1/chat/completions", chat_body(json!({"model": "gpt-4o"}))).await;
+    let (status, body) = post_json(
+        &server,
+        "/v1/chat/completions",
+        chat_body(json!({"model": "gpt-4o"})),
+    )
+    .await;
     let error = assert_error(status, &body, 404, "not_found_error");
     assert_eq!(error["param"], "model");
 }
@@ -150,10 +185,13 @@ async fn oversized_bodies_are_413() {
     let error = assert_error(status, &body, 413, "invalid_request_error");
     assert_eq!(error["code"], "request_too_large");
     // Chunked upload without a Content-Length is cut off at the limit too.
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = (0..10).map(|_| Ok(vec![b' '; 1000])).collect();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..10).map(|_| Ok(vec![b' '; 1000])).collect();
     let response = reqwest::Client::new()
         .post(server.url("/v1/completions"))
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(chunks)))
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
         .send()
         .await;
     if let Ok(response) = response {
@@ -174,16 +212,34 @@ async fn api_key_is_enforced() {
     let server = Server::start(None, &["--api-key", "sekrit"]).await;
     let client = reqwest::Client::new();
     // Health stays open (the harness already polled it without a key).
-    assert_eq!(client.get(server.url("/health")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        client
+            .get(server.url("/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     for path in ["/v1/models", "/props", "/metrics"] {
         let response = client.get(server.url(path)).send().await.unwrap();
         let status = response.status().as_u16();
         let body: Value = response.json().await.unwrap();
         let error = assert_error(status, &body, 401, "authentication_error");
         assert_eq!(error["code"], "invalid_api_key");
-        let wrong = client.get(server.url(path)).bearer_auth("sekri").send().await.unwrap();
+        let wrong = client
+            .get(server.url(path))
+            .bearer_auth("sekri")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(wrong.status(), 401);
-        let right = client.get(server.url(path)).bearer_auth("sekrit").send().await.unwrap();
+        let right = client
+            .get(server.url(path))
+            .bearer_auth("sekrit")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(right.status(), 200, "{path}");
     }
     let response = client
@@ -225,10 +281,21 @@ async fn ui_dir_serves_files_and_refuses_traversal() {
     };
     // The UI is public even with a key (the browser loads it before the user types the key).
     assert_eq!(text("/").await, (200, "<html>minnow ui</html>".to_string()));
-    assert_eq!(text("/assets/app.js").await, (200, "console.log(1)".to_string()));
-    assert_eq!(text("/c/some-conversation").await.0, 200, "client routes fall back to index.html");
+    assert_eq!(
+        text("/assets/app.js").await,
+        (200, "console.log(1)".to_string())
+    );
+    assert_eq!(
+        text("/c/some-conversation").await.0,
+        200,
+        "client routes fall back to index.html"
+    );
     assert_eq!(text("/assets/missing.js").await.0, 404);
-    assert_eq!(text("/link.txt").await.0, 404, "a symlink out of the directory is refused");
+    assert_eq!(
+        text("/link.txt").await.0,
+        404,
+        "a symlink out of the directory is refused"
+    );
 
     for attack in [
         "/../secret.txt",
@@ -246,5 +313,11 @@ async fn ui_dir_serves_files_and_refuses_traversal() {
         assert!(status == 404 || status == 400, "{attack}: {status}");
     }
     // API routes still need the key.
-    assert_eq!(reqwest::get(server.url("/v1/models")).await.unwrap().status(), 401);
+    assert_eq!(
+        reqwest::get(server.url("/v1/models"))
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
 }

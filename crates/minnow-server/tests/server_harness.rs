@@ -12,8 +12,14 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde_json::Value;
 
-pub const FIXTURE_V21: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/llada2-tiny-v21");
-pub const FIXTURE_V20: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/llada2-tiny-v20");
+pub const FIXTURE_V21: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/fixtures/llada2-tiny-v21"
+);
+pub const FIXTURE_V20: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/fixtures/llada2-tiny-v20"
+);
 
 pub struct Server {
     child: Child,
@@ -64,7 +70,10 @@ impl Server {
             Ok(addr) => addr,
             Err(_) => {
                 let _ = child.kill();
-                panic!("server did not start; log:\n{}", logs.lock().unwrap().join("\n"));
+                panic!(
+                    "server did not start; log:\n{}",
+                    logs.lock().unwrap().join("\n")
+                );
             }
         };
         Server {
@@ -138,7 +147,9 @@ impl Server {
     /// status code and the whole response text.
     pub fn raw(&self, request: &str) -> (u16, String) {
         let mut stream = TcpStream::connect(&self.addr).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
         stream.write_all(request.as_bytes()).unwrap();
         let mut text = String::new();
         let _ = stream.read_to_string(&mut text);
@@ -152,7 +163,12 @@ impl Server {
 
     /// A metric value from `/metrics` (first sample whose line starts with `name`).
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = reqwest::get(self.url("/metrics")).await.unwrap().text().await.unwrap();
+        let text = reqwest::get(self.url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         text.lines()
             .find(|line| line.starts_with(name) && line[name.len()..].starts_with([' ', '{']))
             .and_then(|line| line.rsplit(' ').next())
@@ -179,7 +195,10 @@ pub enum Sse {
 /// Splits an SSE body into events, checking the framing: every event is `data: JSON`,
 /// `data: [DONE]` or a `:` comment, each terminated by a blank line.
 pub fn parse_sse(body: &str) -> Vec<Sse> {
-    assert!(body.ends_with("\n\n"), "stream does not end with a blank line: {body:?}");
+    assert!(
+        body.ends_with("\n\n"),
+        "stream does not end with a blank line: {body:?}"
+    );
     body.trim_end_matches('\n')
         .split("\n\n")
         .map(|event| {
@@ -192,7 +211,9 @@ pub fn parse_sse(body: &str) -> Vec<Sse> {
                 let json = event
                     .strip_prefix("data: ")
                     .unwrap_or_else(|| panic!("not a data event: {event:?}"));
-                Sse::Data(serde_json::from_str(json).unwrap_or_else(|e| panic!("bad JSON {json:?}: {e}")))
+                Sse::Data(
+                    serde_json::from_str(json).unwrap_or_else(|e| panic!("bad JSON {json:?}: {e}")),
+                )
             }
         })
         .collect()

@@ -32,7 +32,10 @@ async fn wait_for_metric(server: &Server, name: &str, wanted: f64, timeout: Dura
         if value == wanted {
             return;
         }
-        assert!(Instant::now() < deadline, "{name} stayed {value}, wanted {wanted}");
+        assert!(
+            Instant::now() < deadline,
+            "{name} stayed {value}, wanted {wanted}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -44,7 +47,11 @@ async fn thirty_two_concurrent_clients_are_all_answered() {
     let mut tasks = Vec::new();
     for i in 0..32 {
         let client = client.clone();
-        let url = server.url(if i % 2 == 0 { "/v1/chat/completions" } else { "/v1/completions" });
+        let url = server.url(if i % 2 == 0 {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        });
         let stream = i % 4 == 1;
         tasks.push(tokio::spawn(async move {
             let body = if i % 2 == 0 {
@@ -71,7 +78,11 @@ async fn thirty_two_concurrent_clients_are_all_answered() {
     }
     wait_for_metric(&server, "minnow_busy_slots", 0.0, Duration::from_secs(5)).await;
     assert_eq!(server.metric("minnow_queue_depth").await, 0.0);
-    let logged = server.logs().iter().filter(|l| l.contains("request id=") && l.contains("POST")).count();
+    let logged = server
+        .logs()
+        .iter()
+        .filter(|l| l.contains("request id=") && l.contains("POST"))
+        .count();
     assert_eq!(logged, 32, "one log line per request");
 }
 
@@ -112,18 +123,40 @@ async fn disconnect_mid_stream_frees_the_slot() {
     // Wait for the first block so the request is decoding, then hang up.
     let mut seen = String::new();
     while !seen.contains("\"minnow\"") {
-        let chunk = stream.next().await.expect("stream ended before a block").unwrap();
+        let chunk = stream
+            .next()
+            .await
+            .expect("stream ended before a block")
+            .unwrap();
         seen.push_str(std::str::from_utf8(&chunk).unwrap());
     }
-    assert_eq!(server.metric("minnow_busy_slots").await, 1.0, "still generating");
+    assert_eq!(
+        server.metric("minnow_busy_slots").await,
+        1.0,
+        "still generating"
+    );
     let hung_up = Instant::now();
     drop(stream);
     wait_for_metric(&server, "minnow_busy_slots", 0.0, Duration::from_secs(10)).await;
-    wait_for_metric(&server, "minnow_requests_cancelled_total", 1.0, Duration::from_secs(5)).await;
+    wait_for_metric(
+        &server,
+        "minnow_requests_cancelled_total",
+        1.0,
+        Duration::from_secs(5),
+    )
+    .await;
     eprintln!("slot freed {:?} after the disconnect", hung_up.elapsed());
-    assert!(server.logs().iter().any(|l| l.contains("client disconnected")));
+    assert!(server
+        .logs()
+        .iter()
+        .any(|l| l.contains("client disconnected")));
     // The freed slot serves the next client.
-    let (status, _) = post_json(&server, "/v1/completions", json!({"prompt": "hi", "max_tokens": 4})).await;
+    let (status, _) = post_json(
+        &server,
+        "/v1/completions",
+        json!({"prompt": "hi", "max_tokens": 4}),
+    )
+    .await;
     assert_eq!(status, 200);
 }
 
@@ -141,11 +174,20 @@ async fn sigterm_drains_in_flight_streams() {
         text.push_str(std::str::from_utf8(&chunk.expect("stream broken by shutdown")).unwrap());
     }
     let events = parse_sse(&text);
-    assert_eq!(events.last(), Some(&Sse::Done), "the in-flight stream completed");
-    let status = server.wait_exit(Duration::from_secs(20)).expect("server exits after draining");
+    assert_eq!(
+        events.last(),
+        Some(&Sse::Done),
+        "the in-flight stream completed"
+    );
+    let status = server
+        .wait_exit(Duration::from_secs(20))
+        .expect("server exits after draining");
     assert!(status.success(), "{status:?}");
     assert!(server.logs().iter().any(|l| l.contains("draining")));
-    assert!(std::net::TcpStream::connect(&server.addr).is_err(), "no longer listening");
+    assert!(
+        std::net::TcpStream::connect(&server.addr).is_err(),
+        "no longer listening"
+    );
 }
 
 /// Loading runs while the socket already answers: the checkpoint's config.json is a FIFO that
@@ -161,7 +203,10 @@ async fn health_is_503_while_loading() {
         }
     }
     let fifo = dir.path().join("config.json");
-    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
     assert!(made.success());
     let model = dir.path().to_str().unwrap().to_string();
     let server = Server::spawn(Some(&model), &[]);
@@ -172,9 +217,21 @@ async fn health_is_503_while_loading() {
     let (status, body) = post_json(&server, "/v1/completions", json!({"prompt": "x"})).await;
     assert_error(status, &body, 503, "unavailable_error");
 
+    // The loader may open config.json more than once: feed the FIFO once per reader (opening
+    // it for writing waits for the next reader; the pause lets the last reader see its EOF).
     let config = std::fs::read(format!("{FIXTURE_V21}/config.json")).unwrap();
-    std::thread::spawn(move || std::fs::write(fifo, config).unwrap());
+    std::thread::spawn(move || loop {
+        if std::fs::write(&fifo, &config).is_err() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    });
     server.wait_ready().await;
-    let (status, _) = post_json(&server, "/v1/completions", json!({"prompt": "x", "max_tokens": 4})).await;
+    let (status, _) = post_json(
+        &server,
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 4}),
+    )
+    .await;
     assert_eq!(status, 200);
 }

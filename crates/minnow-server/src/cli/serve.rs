@@ -93,7 +93,9 @@ pub struct DecodeArgs {
 impl DecodeArgs {
     fn params(&self) -> Result<DecodeParams, String> {
         let unit = |name: &str, x: Option<f32>| match x {
-            Some(v) if !(0.0..=1.0).contains(&v) => Err(format!("--{name} must be between 0 and 1")),
+            Some(v) if !(0.0..=1.0).contains(&v) => {
+                Err(format!("--{name} must be between 0 and 1"))
+            }
             _ => Ok(x),
         };
         if self.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {

@@ -24,8 +24,12 @@ pub fn authorized(expected: Option<&str>, headers: &HeaderMap) -> bool {
                 .or_else(|| value.strip_prefix("bearer "))
         })
         .map(str::trim);
-    let header_key = headers.get("x-api-key").and_then(|value| value.to_str().ok());
-    bearer.or(header_key).is_some_and(|given| same_secret(given, expected))
+    let header_key = headers
+        .get("x-api-key")
+        .and_then(|value| value.to_str().ok());
+    bearer
+        .or(header_key)
+        .is_some_and(|given| same_secret(given, expected))
 }
 
 /// Compares without an early exit, so the time taken does not reveal how much of a guess matched.

@@ -65,7 +65,10 @@ mod tests {
     #[test]
     fn model_id_prefers_alias() {
         assert_eq!(config("/m/LLaDA2.1-mini", None).model_id(), "LLaDA2.1-mini");
-        assert_eq!(config("/m/LLaDA2.1-mini/", None).model_id(), "LLaDA2.1-mini");
+        assert_eq!(
+            config("/m/LLaDA2.1-mini/", None).model_id(),
+            "LLaDA2.1-mini"
+        );
         assert_eq!(config("/m/x", Some("mini")).model_id(), "mini");
     }
 }

@@ -151,7 +151,11 @@ impl<'a> Fields<'a> {
 
     /// Fails on the first field nobody asked for.
     pub fn finish(self) -> Result<(), ApiError> {
-        match self.map.keys().find(|key| !self.known.contains(&key.as_str())) {
+        match self
+            .map
+            .keys()
+            .find(|key| !self.known.contains(&key.as_str()))
+        {
             Some(key) => Err(ApiError::invalid(
                 self.path(key),
                 format!("unknown field '{}'", self.path(key)),
@@ -208,7 +212,11 @@ mod tests {
         assert_eq!(fields.integer("k", 0, 10).unwrap(), Some(2));
         assert!(fields.neutral_number("p", 1.0).is_ok());
         assert_eq!(
-            fields.neutral_number("q", 1.0).unwrap_err().param.as_deref(),
+            fields
+                .neutral_number("q", 1.0)
+                .unwrap_err()
+                .param
+                .as_deref(),
             Some("q")
         );
         assert!(fields.finish().is_ok());

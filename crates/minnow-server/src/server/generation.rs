@@ -37,7 +37,11 @@ impl Job {
     }
 
     pub fn filter_calls(&self, calls: &[ToolCall]) -> Vec<ToolCall> {
-        let keep = if self.single_tool_call { 1 } else { calls.len() };
+        let keep = if self.single_tool_call {
+            1
+        } else {
+            calls.len()
+        };
         calls.iter().take(keep).cloned().collect()
     }
 }
@@ -154,7 +158,10 @@ fn check_prompt_ids(engine: &Engine, ids: &[u32], param: &str) -> Result<(), Api
     if let Some(bad) = ids.iter().find(|&&id| id as usize >= info.vocab_size) {
         return Err(ApiError::invalid(
             param,
-            format!("token id {bad} is outside the vocabulary (size {})", info.vocab_size),
+            format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                info.vocab_size
+            ),
         ));
     }
     if ids.contains(&info.mask_token_id) {

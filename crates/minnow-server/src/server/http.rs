@@ -32,7 +32,11 @@ pub fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
     response
 }
 
-pub fn text_response(status: StatusCode, content_type: &'static str, text: String) -> Response<Body> {
+pub fn text_response(
+    status: StatusCode,
+    content_type: &'static str,
+    text: String,
+) -> Response<Body> {
     let mut response = Response::new(full(text));
     *response.status_mut() = status;
     response

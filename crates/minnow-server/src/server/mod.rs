@@ -66,6 +66,8 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
     let (load_failed_tx, mut load_failed) = tokio::sync::oneshot::channel::<String>();
     tokio::spawn(load_model(state.clone(), load_failed_tx));
 
+    // Set once the loader has finished (its channel closes on success).
+    let mut loader_done = false;
     let graceful = GracefulShutdown::new();
     let mut shutdown = Box::pin(shutdown_signal());
     loop {
@@ -92,10 +94,11 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
                     }
                 });
             }
-            message = &mut load_failed => {
+            message = &mut load_failed, if !loader_done => {
                 if let Ok(message) = message {
                     return Err(message);
                 }
+                loader_done = true;
             }
             () = &mut shutdown => break,
         }

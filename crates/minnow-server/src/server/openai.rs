@@ -62,14 +62,17 @@ pub struct TokenizeRequest {
 
 /// Instruction added for `response_format: {"type": "json_object"}`; diffusion decoding cannot be
 /// grammar-constrained here, so the request is steered by the prompt only (documented).
-pub const JSON_OBJECT_INSTRUCTION: &str = "Respond with a single valid JSON object and nothing else.";
+pub const JSON_OBJECT_INSTRUCTION: &str =
+    "Respond with a single valid JSON object and nothing else.";
 
 /// Parses a whole request body into JSON, refusing bodies that are not an object.
 pub fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
     if !value.is_object() {
-        return Err(ApiError::bad_request("the request body must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
     }
     Ok(value)
 }
@@ -138,7 +141,10 @@ pub fn parse_completion(body: &Value) -> Result<CompletionRequest, ApiError> {
     fields.must_be_false("echo")?;
     if let Some(best_of) = fields.integer("best_of", 1, i64::MAX)? {
         if best_of != 1 {
-            return Err(ApiError::invalid("best_of", "only 'best_of': 1 is supported"));
+            return Err(ApiError::invalid(
+                "best_of",
+                "only 'best_of': 1 is supported",
+            ));
         }
     }
     fields.unsupported("suffix")?;
@@ -214,7 +220,9 @@ fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, ApiError> {
         Some(seed) => Some(seed as u64),
     };
     params.threshold = fields.number("threshold", 0.0, 1.0)?.map(|x| x as f32);
-    params.editing_threshold = fields.number("editing_threshold", 0.0, 1.0)?.map(|x| x as f32);
+    params.editing_threshold = fields
+        .number("editing_threshold", 0.0, 1.0)?
+        .map(|x| x as f32);
     params.max_post_steps = fields
         .integer("max_post_steps", 0, 4096)?
         .map(|n| n as usize);
@@ -353,9 +361,9 @@ fn parse_stop(value: &Value) -> Result<Vec<String>, ApiError> {
 }
 
 fn parse_ids(value: &Value, param: &str) -> Result<Vec<u32>, ApiError> {
-    let items = value
-        .as_array()
-        .ok_or_else(|| ApiError::invalid(param, format!("'{param}' must be a list of token ids")))?;
+    let items = value.as_array().ok_or_else(|| {
+        ApiError::invalid(param, format!("'{param}' must be a list of token ids"))
+    })?;
     items
         .iter()
         .map(|item| {
@@ -381,7 +389,10 @@ fn parse_prompt(value: &Value) -> Result<PromptInput, ApiError> {
         Value::Array(items) if items.len() == 1 => match &items[0] {
             Value::String(s) => Ok(PromptInput::Text(s.clone())),
             inner @ Value::Array(_) => Ok(PromptInput::Ids(parse_ids(inner, "prompt")?)),
-            _ => Err(ApiError::invalid("prompt", "'prompt' must be a string or a list of token ids")),
+            _ => Err(ApiError::invalid(
+                "prompt",
+                "'prompt' must be a string or a list of token ids",
+            )),
         },
         Value::Array(items) if items.len() > 1 && !items.iter().all(Value::is_number) => Err(
             ApiError::invalid("prompt", "only one prompt per request is supported (n = 1)"),
@@ -399,25 +410,28 @@ fn parse_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
         .as_array()
         .ok_or_else(|| ApiError::invalid("messages", "'messages' must be a list"))?;
     if items.is_empty() {
-        return Err(ApiError::invalid("messages", "'messages' must not be empty"));
+        return Err(ApiError::invalid(
+            "messages",
+            "'messages' must not be empty",
+        ));
     }
     let mut messages = Vec::with_capacity(items.len());
     let mut call_ids: Vec<String> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let path = format!("messages[{i}]");
         let mut fields = Fields::new(item, &path)?;
-        let role = fields
-            .string("role")?
-            .ok_or_else(|| ApiError::invalid(fields.path("role"), format!("'{path}.role' is required")))?;
+        let role = fields.string("role")?.ok_or_else(|| {
+            ApiError::invalid(fields.path("role"), format!("'{path}.role' is required"))
+        })?;
         let role = match role.as_str() {
             "developer" => "system".to_string(),
             "system" | "user" | "assistant" | "tool" => role,
-            other => {
-                return Err(ApiError::invalid(
-                    fields.path("role"),
-                    format!("unknown role '{other}': expected system, developer, user, assistant or tool"),
-                ))
-            }
+            other => return Err(ApiError::invalid(
+                fields.path("role"),
+                format!(
+                    "unknown role '{other}': expected system, developer, user, assistant or tool"
+                ),
+            )),
         };
         let content = match fields.value("content") {
             None => String::new(),
@@ -491,7 +505,10 @@ fn parse_content(value: &Value, path: &str) -> Result<String, ApiError> {
                     }
                 }
                 let text = fields.string("text")?.ok_or_else(|| {
-                    ApiError::invalid(fields.path("text"), format!("'{part_path}.text' is required"))
+                    ApiError::invalid(
+                        fields.path("text"),
+                        format!("'{part_path}.text' is required"),
+                    )
                 })?;
                 fields.accept_any("cache_control");
                 fields.finish()?;
@@ -527,7 +544,10 @@ fn parse_history_calls(value: &Value, path: &str) -> Result<Vec<ToolCall>, ApiEr
             }
         }
         let function = fields.value("function").ok_or_else(|| {
-            ApiError::invalid(fields.path("function"), format!("'{call_path}.function' is required"))
+            ApiError::invalid(
+                fields.path("function"),
+                format!("'{call_path}.function' is required"),
+            )
         })?;
         fields.accept_any("index");
         fields.finish()?;
@@ -577,7 +597,10 @@ fn parse_tools(value: &Value) -> Result<Vec<Value>, ApiError> {
             }
         }
         let function = fields.value("function").ok_or_else(|| {
-            ApiError::invalid(fields.path("function"), format!("'{path}.function' is required"))
+            ApiError::invalid(
+                fields.path("function"),
+                format!("'{path}.function' is required"),
+            )
         })?;
         fields.finish()?;
         let function_path = format!("{path}.function");
@@ -615,7 +638,10 @@ fn parse_tools(value: &Value) -> Result<Vec<Value>, ApiError> {
 }
 
 fn tool_name(tool: &Value) -> String {
-    tool["function"]["name"].as_str().unwrap_or_default().to_string()
+    tool["function"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn parse_tool_choice(value: &Value, declared: &[String]) -> Result<ToolChoice, ApiError> {
@@ -769,36 +795,64 @@ mod tests {
         };
         assert_eq!(param_of(chat(base(json!({"n": 2})))), "n");
         assert_eq!(param_of(chat(base(json!({"logprobs": true})))), "logprobs");
-        assert_eq!(param_of(chat(base(json!({"logit_bias": {"5": 1}})))), "logit_bias");
-        assert_eq!(param_of(chat(base(json!({"presence_penalty": 0.5})))), "presence_penalty");
-        assert_eq!(param_of(chat(base(json!({"frequency_penalty": 1})))), "frequency_penalty");
-        assert_eq!(param_of(chat(base(json!({"wat": 1})))), "wat");
-        assert_eq!(param_of(chat(base(json!({"temperature": 5})))), "temperature");
-        assert_eq!(param_of(chat(base(json!({"temperature": "hot"})))), "temperature");
-        assert_eq!(param_of(chat(base(json!({"max_tokens": 0})))), "max_tokens");
-        assert_eq!(param_of(chat(base(json!({"stream_options": {"x": 1}})))), "stream_options.x");
         assert_eq!(
-            param_of(chat(base(json!({"response_format": {"type": "json_schema"}})))),
+            param_of(chat(base(json!({"logit_bias": {"5": 1}})))),
+            "logit_bias"
+        );
+        assert_eq!(
+            param_of(chat(base(json!({"presence_penalty": 0.5})))),
+            "presence_penalty"
+        );
+        assert_eq!(
+            param_of(chat(base(json!({"frequency_penalty": 1})))),
+            "frequency_penalty"
+        );
+        assert_eq!(param_of(chat(base(json!({"wat": 1})))), "wat");
+        assert_eq!(
+            param_of(chat(base(json!({"temperature": 5})))),
+            "temperature"
+        );
+        assert_eq!(
+            param_of(chat(base(json!({"temperature": "hot"})))),
+            "temperature"
+        );
+        assert_eq!(param_of(chat(base(json!({"max_tokens": 0})))), "max_tokens");
+        assert_eq!(
+            param_of(chat(base(json!({"stream_options": {"x": 1}})))),
+            "stream_options.x"
+        );
+        assert_eq!(
+            param_of(chat(base(
+                json!({"response_format": {"type": "json_schema"}})
+            ))),
             "response_format.type"
         );
         // Neutral values are fine.
-        assert!(chat(base(json!({"n": 1, "logprobs": false, "presence_penalty": 0,
-            "repeat_penalty": 1.0, "min_p": 0, "logit_bias": {}, "samplers": ["top_k"]})))
+        assert!(chat(base(
+            json!({"n": 1, "logprobs": false, "presence_penalty": 0,
+            "repeat_penalty": 1.0, "min_p": 0, "logit_bias": {}, "samplers": ["top_k"]})
+        ))
         .is_ok());
     }
 
     #[test]
     fn message_errors_name_the_path() {
         assert_eq!(
-            param_of(chat(json!({"messages": [{"role": "robot", "content": "x"}]}))),
+            param_of(chat(
+                json!({"messages": [{"role": "robot", "content": "x"}]})
+            )),
             "messages[0].role"
         );
         assert_eq!(
-            param_of(chat(json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}))),
+            param_of(chat(
+                json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})
+            )),
             "messages[0].content[0].type"
         );
         assert_eq!(
-            param_of(chat(json!({"messages": [{"role": "tool", "tool_call_id": "nope", "content": "x"}]}))),
+            param_of(chat(
+                json!({"messages": [{"role": "tool", "tool_call_id": "nope", "content": "x"}]})
+            )),
             "messages[0].tool_call_id"
         );
         assert_eq!(param_of(chat(json!({"messages": []}))), "messages");
@@ -808,20 +862,29 @@ mod tests {
     #[test]
     fn tool_choice_and_names() {
         let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
-        let named = chat(json!({"messages": [{"role": "user", "content": "x"}], "tools": tools,
-            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}))
+        let named = chat(
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+        )
         .unwrap();
-        assert_eq!(named.prompt.tool_choice, ToolChoice::Function("get_weather".into()));
+        assert_eq!(
+            named.prompt.tool_choice,
+            ToolChoice::Function("get_weather".into())
+        );
         assert_eq!(named.tool_names, vec!["get_weather".to_string()]);
         let none = chat(json!({"messages": [{"role": "user", "content": "x"}], "tools": tools, "tool_choice": "none"})).unwrap();
         assert!(none.tool_names.is_empty());
         assert_eq!(
-            param_of(chat(json!({"messages": [{"role": "user", "content": "x"}], "tools": tools,
-                "tool_choice": {"type": "function", "function": {"name": "other"}}}))),
+            param_of(chat(
+                json!({"messages": [{"role": "user", "content": "x"}], "tools": tools,
+                "tool_choice": {"type": "function", "function": {"name": "other"}}})
+            )),
             "tool_choice"
         );
         assert_eq!(
-            param_of(chat(json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}))),
+            param_of(chat(
+                json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})
+            )),
             "tool_choice"
         );
         assert_eq!(
@@ -854,7 +917,9 @@ mod tests {
         assert_eq!(common.params.threshold, Some(0.9));
         assert_eq!(common.params.algorithm, Some(Algorithm::LowConfidence));
         assert!(common.stream && common.include_usage && common.return_progress);
-        let unlimited = chat(json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1})).unwrap();
+        let unlimited =
+            chat(json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}))
+                .unwrap();
         assert_eq!(unlimited.common.max_tokens, MaxTokens::Unlimited);
     }
 
@@ -867,15 +932,24 @@ mod tests {
         let nested = parse_completion(&json!({"prompt": [[4, 5]]})).unwrap();
         assert_eq!(nested.prompt, PromptInput::Ids(vec![4, 5]));
         assert_eq!(
-            parse_completion(&json!({"prompt": ["a", "b"]})).unwrap_err().param.as_deref(),
+            parse_completion(&json!({"prompt": ["a", "b"]}))
+                .unwrap_err()
+                .param
+                .as_deref(),
             Some("prompt")
         );
         assert_eq!(
-            parse_completion(&json!({"prompt": [-1]})).unwrap_err().param.as_deref(),
+            parse_completion(&json!({"prompt": [-1]}))
+                .unwrap_err()
+                .param
+                .as_deref(),
             Some("prompt")
         );
         assert_eq!(
-            parse_completion(&json!({"prompt": "x", "echo": true})).unwrap_err().param.as_deref(),
+            parse_completion(&json!({"prompt": "x", "echo": true}))
+                .unwrap_err()
+                .param
+                .as_deref(),
             Some("echo")
         );
         assert!(parse_completion(&json!({})).is_err());
@@ -886,7 +960,10 @@ mod tests {
         let request = parse_tokenize(&json!({"content": "hi", "with_pieces": true})).unwrap();
         assert!(request.with_pieces);
         assert!(parse_tokenize(&json!({})).is_err());
-        assert_eq!(parse_detokenize(&json!({"tokens": [1, 2]})).unwrap(), vec![1, 2]);
+        assert_eq!(
+            parse_detokenize(&json!({"tokens": [1, 2]})).unwrap(),
+            vec![1, 2]
+        );
         assert!(parse_detokenize(&json!({"tokens": "x"})).is_err());
     }
 

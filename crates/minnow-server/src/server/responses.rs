@@ -308,15 +308,33 @@ mod tests {
             name: Some("f".into()),
             arguments: String::new(),
         }];
-        let delta = chunk(&m, ChunkContent::Delta { text: "hi", tool_calls: &deltas });
+        let delta = chunk(
+            &m,
+            ChunkContent::Delta {
+                text: "hi",
+                tool_calls: &deltas,
+            },
+        );
         assert_eq!(delta["choices"][0]["delta"]["content"], "hi");
         assert!(delta["choices"][0]["delta"].get("role").is_none());
-        assert_eq!(delta["choices"][0]["delta"]["tool_calls"][0]["id"], "call_1");
-        assert_eq!(delta["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "f");
+        assert_eq!(
+            delta["choices"][0]["delta"]["tool_calls"][0]["id"],
+            "call_1"
+        );
+        assert_eq!(
+            delta["choices"][0]["delta"]["tool_calls"][0]["function"]["name"],
+            "f"
+        );
         let finish = chunk(&m, ChunkContent::Finish(FinishReason::Length));
         assert_eq!(finish["choices"][0]["finish_reason"], "length");
         assert_eq!(finish["choices"][0]["delta"], json!({}));
-        let text = chunk(&meta(Endpoint::Completion), ChunkContent::Delta { text: "x", tool_calls: &[] });
+        let text = chunk(
+            &meta(Endpoint::Completion),
+            ChunkContent::Delta {
+                text: "x",
+                tool_calls: &[],
+            },
+        );
         assert_eq!(text["choices"][0]["text"], "x");
         assert_eq!(text["object"], "text_completion");
     }
@@ -329,6 +347,9 @@ mod tests {
             name: None,
             arguments: "{\"a\"".into(),
         });
-        assert_eq!(value, json!({"index": 1, "function": {"arguments": "{\"a\""}}));
+        assert_eq!(
+            value,
+            json!({"index": 1, "function": {"arguments": "{\"a\""}})
+        );
     }
 }

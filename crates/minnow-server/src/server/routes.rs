@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{
     HeaderValue, ACCEPT_ENCODING, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
@@ -94,7 +94,14 @@ pub async fn handle(
     let id = state.next_request_id();
     let path = request.uri().path().to_string();
     let route = Route::find(&path);
-    let label = route.map_or(if state.config.ui_dir.is_some() { "static" } else { "unknown" }, Route::label);
+    let label = route.map_or(
+        if state.config.ui_dir.is_some() {
+            "static"
+        } else {
+            "unknown"
+        },
+        Route::label,
+    );
     let log = Arc::new(RequestLog::new(
         state.clone(),
         id,
@@ -141,12 +148,19 @@ async fn dispatch(
     let head_of_get = method == Method::HEAD && allowed == Method::GET;
     if method != allowed && !head_of_get {
         let mut response = error_response(&ApiError::method_not_allowed(method.as_str(), &path));
-        response
-            .headers_mut()
-            .insert(ALLOW, HeaderValue::from_static(if allowed == Method::GET { "GET, HEAD" } else { "POST" }));
+        response.headers_mut().insert(
+            ALLOW,
+            HeaderValue::from_static(if allowed == Method::GET {
+                "GET, HEAD"
+            } else {
+                "POST"
+            }),
+        );
         return Ok(response);
     }
-    if !auth::is_public(&path) && !auth::authorized(state.config.api_key.as_deref(), request.headers()) {
+    if !auth::is_public(&path)
+        && !auth::authorized(state.config.api_key.as_deref(), request.headers())
+    {
         return Err(ApiError::unauthorized());
     }
 
@@ -191,14 +205,20 @@ async fn dispatch(
                 ));
             }
             let content = engine.detokenize(&ids, true)?;
-            Ok(json_response(StatusCode::OK, &json!({ "content": content })))
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({ "content": content }),
+            ))
         }
         Route::ApplyTemplate => {
             let body = read_json(state, request).await?;
             let chat = openai::parse_chat(&body)?;
             generation::check_model(state, chat.common.model.as_deref())?;
             let rendered = generation::render(state, chat.prompt).await?;
-            Ok(json_response(StatusCode::OK, &json!({ "prompt": rendered.text })))
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({ "prompt": rendered.text }),
+            ))
         }
     }
 }
@@ -219,7 +239,10 @@ fn preflight() -> Response<Body> {
     let mut response = Response::new(super::http::full(Bytes::new()));
     *response.status_mut() = StatusCode::NO_CONTENT;
     let headers = response.headers_mut();
-    headers.insert(ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+    headers.insert(
+        ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, OPTIONS"),
+    );
     headers.insert(
         ACCESS_CONTROL_ALLOW_HEADERS,
         HeaderValue::from_static("authorization, content-type, x-api-key"),
@@ -227,29 +250,42 @@ fn preflight() -> Response<Body> {
     response
 }
 
+/// Bodies over the limit are still read (and discarded) up to this many bytes, so that a client
+/// still uploading gets the 413 instead of a broken pipe; beyond it the connection is dropped.
+const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
+
 /// Reads the body within `--body-limit` (413 beyond) and parses it as a JSON object.
 async fn read_json(state: &AppState, request: Request<Incoming>) -> Result<Value, ApiError> {
     let limit = state.config.body_limit;
+    let too_large = ApiError::body_too_large(limit);
     let declared = request
         .headers()
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::body_too_large(limit));
+    if declared.is_some_and(|n| n > DRAIN_LIMIT) {
+        return Err(too_large);
     }
-    let body = Limited::new(request.into_body(), limit)
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                ApiError::body_too_large(limit)
-            } else {
-                ApiError::bad_request(format!("could not read the request body: {e}"))
-            }
-        })?
-        .to_bytes();
-    openai::parse_json(&body)
+    let mut body = request.into_body();
+    let mut buffer = Vec::new();
+    let mut seen: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len() as u64;
+        if seen <= limit as u64 {
+            buffer.extend_from_slice(&data);
+        } else if seen > DRAIN_LIMIT {
+            break;
+        }
+    }
+    if seen > limit as u64 {
+        return Err(too_large);
+    }
+    openai::parse_json(&buffer)
 }
 
 fn health(state: &AppState) -> Result<Response<Body>, ApiError> {
@@ -304,7 +340,9 @@ fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
     let eos_token = engine
         .detokenize(&[info.eos_token_id], true)
         .unwrap_or_default();
-    let algorithm = d.algorithm.map(|a| serde_json::to_value(a).unwrap_or(Value::Null));
+    let algorithm = d
+        .algorithm
+        .map(|a| serde_json::to_value(a).unwrap_or(Value::Null));
     let params = json!({
         "n_predict": n_predict,
         "max_tokens": n_predict,
@@ -441,8 +479,14 @@ mod tests {
 
     #[test]
     fn routes_match() {
-        assert_eq!(Route::find("/v1/chat/completions"), Some(Route::ChatCompletions));
-        assert_eq!(Route::find("/chat/completions"), Some(Route::ChatCompletions));
+        assert_eq!(
+            Route::find("/v1/chat/completions"),
+            Some(Route::ChatCompletions)
+        );
+        assert_eq!(
+            Route::find("/chat/completions"),
+            Some(Route::ChatCompletions)
+        );
         assert_eq!(Route::find("/completions"), Some(Route::Completions));
         assert_eq!(Route::find("/v1/models/abc"), Some(Route::Model));
         assert_eq!(Route::find("/v1/models/"), None);

@@ -98,13 +98,15 @@ impl Stream {
     }
 
     async fn send(&self, value: &Value) -> Result<(), Disconnected> {
-        self.send_raw(Bytes::from(format!("data: {value}\n\n"))).await
+        self.send_raw(Bytes::from(format!("data: {value}\n\n")))
+            .await
     }
 
     async fn pump(&self, handle: &mut RequestHandle) -> Result<(), Disconnected> {
         let meta = &self.job.meta;
         if meta.endpoint == Endpoint::Chat {
-            self.send(&responses::chunk(meta, ChunkContent::Role)).await?;
+            self.send(&responses::chunk(meta, ChunkContent::Role))
+                .await?;
         }
         let period = self.state.config.keep_alive;
         let mut keep_alive = interval_at(Instant::now() + period, period);
@@ -171,7 +173,8 @@ impl Stream {
                     self.state.metrics.record_generation(&stats);
                     self.log
                         .set_tokens(stats.prompt_tokens, stats.completion_tokens);
-                    self.log.set_outcome(responses::finish_reason(finish_reason));
+                    self.log
+                        .set_outcome(responses::finish_reason(finish_reason));
                     let mut last = responses::chunk(meta, ChunkContent::Finish(finish_reason));
                     last["timings"] = responses::timings(&stats);
                     last["minnow"] = responses::generation_stats(&stats);

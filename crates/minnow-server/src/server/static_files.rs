@@ -13,7 +13,11 @@ use super::errors::ApiError;
 use super::http::{full, Body};
 
 /// A static-file answer, or `None` when the directory has nothing for this path.
-pub async fn serve(root: &Path, url_path: &str, accepts_gzip: bool) -> Result<Option<Response<Body>>, ApiError> {
+pub async fn serve(
+    root: &Path,
+    url_path: &str,
+    accepts_gzip: bool,
+) -> Result<Option<Response<Body>>, ApiError> {
     let relative = match safe_relative_path(url_path) {
         Some(path) => path,
         None => {
@@ -89,7 +93,11 @@ pub fn safe_relative_path(url_path: &str) -> Option<PathBuf> {
         if segment.is_empty() || segment == "." {
             continue;
         }
-        if segment == ".." || segment.contains('\\') || segment.contains('\0') || segment.contains(':') {
+        if segment == ".."
+            || segment.contains('\\')
+            || segment.contains('\0')
+            || segment.contains(':')
+        {
             return None;
         }
         let mut components = Path::new(segment).components();
@@ -167,7 +175,10 @@ mod tests {
         assert_eq!(ok.headers()[CONTENT_TYPE], "text/javascript; charset=utf-8");
         let route = serve(dir.path(), "/chat/42", false).await.unwrap().unwrap();
         assert_eq!(route.headers()[CONTENT_TYPE], "text/html; charset=utf-8");
-        assert!(serve(dir.path(), "/missing.js", false).await.unwrap().is_none());
+        assert!(serve(dir.path(), "/missing.js", false)
+            .await
+            .unwrap()
+            .is_none());
         assert!(serve(dir.path(), "/../x", false).await.is_err());
     }
 
