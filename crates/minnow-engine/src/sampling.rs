@@ -107,7 +107,8 @@ fn draw_index(weights: &[(u32, f64)], rng: &mut StdRng) -> u32 {
         .unwrap_or(0)
 }
 
-/// Sampler settings shared by both sampling rules. `top_k == 0` and `top_p >= 1` are "off".
+/// Sampler settings shared by both sampling rules. `top_k == 0` and `top_p >= 1` are "off";
+/// `top_p == 0` keeps only the most likely token (both top-p rules always keep it).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplerSettings {
     pub temperature: f32,
@@ -122,8 +123,12 @@ impl SamplerSettings {
         top_p: 1.0,
     };
 
+    fn top_p_active(&self) -> bool {
+        self.top_p >= 0.0 && self.top_p < 1.0
+    }
+
     fn filters_off(&self) -> bool {
-        self.top_k == 0 && !(self.top_p > 0.0 && self.top_p < 1.0)
+        self.top_k == 0 && !self.top_p_active()
     }
 }
 
@@ -155,7 +160,7 @@ impl OfficialSampler {
                 .filter(|x| **x < kth)
                 .for_each(|x| *x = f32::NEG_INFINITY);
         }
-        if s.top_p > 0.0 && s.top_p < 1.0 {
+        if s.top_p_active() {
             apply_official_top_p(&mut z, s.top_p);
         }
         let (max, sum) = partition(&z, &[]);
@@ -240,7 +245,7 @@ impl PortSampler {
                 (id, w)
             })
             .collect();
-        if s.top_p > 0.0 && s.top_p < 1.0 {
+        if s.top_p_active() {
             let total: f64 = weights.iter().map(|(_, w)| w).sum();
             let mut cumulative = 0.0;
             let mut keep = weights.len();
@@ -319,11 +324,13 @@ mod tests {
         apply_official_top_p(&mut z, 0.7);
         assert_eq!(z[..2], [2.0, 1.0]);
         assert_eq!(z[2], f32::NEG_INFINITY);
-        // p smaller than the top mass still keeps the top token.
-        let mut z = vec![2.0, 1.0, 0.0];
-        apply_official_top_p(&mut z, 0.1);
-        assert_eq!(z[0], 2.0);
-        assert!(z[1..].iter().all(|x| *x == f32::NEG_INFINITY));
+        // p smaller than the top mass (even 0) still keeps the top token.
+        for p in [0.1, 0.0] {
+            let mut z = vec![2.0, 1.0, 0.0];
+            apply_official_top_p(&mut z, p);
+            assert_eq!(z[0], 2.0);
+            assert!(z[1..].iter().all(|x| *x == f32::NEG_INFINITY));
+        }
     }
 
     #[test]

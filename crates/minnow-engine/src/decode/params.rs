@@ -127,8 +127,8 @@ fn validate(p: &ResolvedParams) -> Result<(), String> {
         return Err(format!("temperature must be a finite number >= 0, got {t}"));
     }
     let top_p = p.sampler.top_p;
-    if !top_p.is_finite() || top_p <= 0.0 || top_p > 1.0 {
-        return Err(format!("top_p must be in (0, 1], got {top_p}"));
+    if !top_p.is_finite() || !(0.0..=1.0).contains(&top_p) {
+        return Err(format!("top_p must be between 0 and 1, got {top_p}"));
     }
     if p.num_to_transfer == 0 {
         return Err("num_to_transfer must be at least 1".into());
@@ -195,7 +195,7 @@ mod tests {
         })
         .contains("temperature"));
         assert!(bad(DecodeParams {
-            top_p: Some(0.0),
+            top_p: Some(1.5),
             ..Default::default()
         })
         .contains("top_p"));

@@ -211,7 +211,22 @@ fn print_stats(stats: &GenerationStats, reason: FinishReason) {
     );
 }
 
+/// Engine warnings (forced cleanups, device fallback) and the engine's device choice go to
+/// stderr; `RUST_LOG` overrides the filter.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,minnow_engine=info"));
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .with_target(false)
+        .without_time()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
+    init_logging();
     let path = model_path(cli);
     let options = EngineOptions {
         device: cli.device,
