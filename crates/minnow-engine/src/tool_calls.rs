@@ -1172,6 +1172,83 @@ mod tests {
         assert_eq!(partial_prefix_suffix("日本", &[TAG_OPEN]), 0);
     }
 
+    /// Random mixes of text, markers and JSON pieces, cut at random points: streaming never
+    /// errors, never shows a marker it later takes back, and always adds up to the final parse
+    /// (`stream` checks that).
+    #[test]
+    fn random_markup_streams_consistently() {
+        let tagged_call =
+            format!("{TAG_OPEN}\n{{\"name\": \"f\", \"arguments\": {{\"a\": 1}}}}\n{TAG_CLOSE}");
+        let native_call =
+            format!("{CALL_BEGIN}functions.f:0{ARGUMENT_BEGIN}{{\"a\": [1]}}{CALL_END}");
+        let native_section = format!("{SECTION_BEGIN}{native_call}{SECTION_END}");
+        let pieces: Vec<&str> = vec![
+            "Hi",
+            " ",
+            "\n",
+            "日本",
+            "<",
+            "|",
+            "tool",
+            TAG_OPEN,
+            TAG_CLOSE,
+            "{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
+            "{\"name\": \"g\", \"arguments\": {}}",
+            "{\"name\": \"f\", \"arguments\": ",
+            "{",
+            "}",
+            SECTION_BEGIN,
+            SECTION_END,
+            CALL_BEGIN,
+            ARGUMENT_BEGIN,
+            CALL_END,
+            "functions.f:0",
+            "functions.x:1",
+            "{\"k\": [1]}",
+            ROLE_END_TOKEN,
+            "<|tool_c",
+            &tagged_call,
+            &tagged_call,
+            &native_call,
+            &native_section,
+            &native_section,
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: usize| {
+            // xorshift64*: deterministic, no dependency.
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+        };
+        let mut with_calls = 0;
+        for case in 0..400 {
+            let text: String = (0..1 + next(14))
+                .map(|_| pieces[next(pieces.len())])
+                .collect();
+            let mut cuts: Vec<usize> = (0..next(6))
+                .map(|_| next(text.len() + 1))
+                .filter(|&c| text.is_char_boundary(c))
+                .collect();
+            cuts.sort_unstable();
+            let format = if case % 2 == 0 {
+                ToolCallFormat::TaggedJson
+            } else {
+                ToolCallFormat::NativeMarkers
+            };
+            let end = if case % 3 == 0 {
+                FinishReason::Length
+            } else {
+                FinishReason::Stop
+            };
+            let declared: &[&str] = if case % 7 == 0 { &[] } else { &["f"] };
+            stream(format, declared, None, &text, &cuts, end);
+            let (_, calls, _) = stream(format, declared, None, &text, &char_cuts(&text), end);
+            with_calls += usize::from(!calls.is_empty());
+        }
+        assert!(with_calls > 50, "only {with_calls} cases had calls");
+    }
+
     #[test]
     fn detects_the_format_from_tokenizer_and_template() {
         let dir = crate::tokenizer::tests_support::fixture("llada2-tiny-v21");
