@@ -403,7 +403,10 @@ impl Engine {
         let n_ctx = inner.info.n_ctx;
         let max_new = match request.max_tokens {
             Some(n) => n,
-            None => n_ctx.saturating_sub(prompt.len()),
+            // The rest of the context, in whole blocks (the canvas ends on a block boundary).
+            None => {
+                (n_ctx / inner.info.block_size * inner.info.block_size).saturating_sub(prompt.len())
+            }
         };
         let context_exceeded = EngineError::ContextExceeded {
             n_prompt_tokens: prompt.len(),

@@ -263,8 +263,13 @@ impl RequestDecoder {
         match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Finished => Err("the request is already finished".into()),
             Phase::Prefill { done } => {
-                let began = Instant::now();
                 let total = self.layout.prefill_len;
+                if total == 0 {
+                    // No complete prompt block: nothing to prefill, start decoding at once.
+                    self.phase = self.start_block(0)?;
+                    return self.advance(runner);
+                }
+                let began = Instant::now();
                 let chunk = (PREFILL_CHUNK_TOKENS / self.layout.block).max(1) * self.layout.block;
                 let end = (done + chunk).min(total);
                 if end > done {
@@ -488,6 +493,18 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.contains("indel"));
+    }
+
+    #[test]
+    fn short_prompt_skips_prefill() {
+        let layout = Layout::new(3, 4, 4, 64).unwrap();
+        let mut d =
+            RequestDecoder::new(vec![1; 3], layout, params(Family::V21), ctx(), false).unwrap();
+        let mut runner = positional_runner(|_| 2);
+        let updates = run(&mut d, &mut runner);
+        assert!(!updates.iter().any(|u| matches!(u, Update::Prefill { .. })));
+        assert_eq!(runner.calls[0].ids, vec![1, 1, 1, M]);
+        assert_eq!(d.output(), &[2, 2, 2, 2]);
     }
 
     #[test]

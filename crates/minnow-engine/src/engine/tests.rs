@@ -427,3 +427,20 @@ fn wait_until(mut condition: impl FnMut() -> bool) {
     }
     panic!("condition not reached within 10 s");
 }
+
+#[test]
+fn no_max_tokens_means_the_rest_of_the_context() {
+    let target: Vec<u32> = (0..600).map(|i| 100 + (i % 50)).collect();
+    let engine = engine_writing(target, 40, Duration::ZERO, EngineOptions::default());
+    let mut handle = engine
+        .submit(GenerateRequest {
+            prompt_ids: prompt_ids(&engine, 40),
+            max_tokens: None,
+            ..Default::default()
+        })
+        .unwrap();
+    let (reason, ids, _, stats) = done(&collect(&mut handle));
+    assert_eq!(reason, FinishReason::Length);
+    assert_eq!(ids.len(), 512 - 40);
+    assert_eq!(stats.blocks, 15);
+}
