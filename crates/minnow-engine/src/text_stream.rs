@@ -313,6 +313,56 @@ mod tests {
         assert_eq!(stops.check("xabcd", false).stop.unwrap().stop, "abc");
     }
 
+    /// Random texts and stop strings, checked at every growing prefix: the stable text only
+    /// grows, never contains a stop string, and the stop found is the earliest complete one.
+    #[test]
+    fn random_stop_checks_agree_with_a_plain_search() {
+        let alphabet = ["a", "b", "ab", "日", "\u{FFFD}", " "];
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: usize| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+        };
+        for _ in 0..500 {
+            let text: String = (0..next(20))
+                .map(|_| alphabet[next(alphabet.len())])
+                .collect();
+            let stops: Vec<String> = (0..1 + next(2))
+                .map(|_| (0..1 + next(3)).map(|_| alphabet[next(4)]).collect())
+                .collect();
+            // A stop ends the text as soon as one is complete; among those complete at that
+            // check, the earliest start wins.
+            let earliest = |t: &str| stops.iter().filter_map(|s| t.find(s.as_str())).min();
+            let mut matcher = StopStrings::new(stops.clone());
+            let mut stable = 0;
+            let mut found = None;
+            let mut expected = None;
+            let cuts = text.char_indices().map(|(i, _)| i).chain([text.len()]);
+            for cut in cuts {
+                let check = matcher.check(&text[..cut], false);
+                if let Some(stop) = &check.stop {
+                    assert!(stop.start >= stable, "a stop never cuts text already shown");
+                }
+                assert!(check.stable_len >= stable, "stable text only grows");
+                stable = check.stable_len;
+                let shown = &text[..stable];
+                if let Some(stop) = check.stop {
+                    found = Some(stop.start);
+                    expected = earliest(text[..cut].trim_end_matches('\u{FFFD}'));
+                    break;
+                }
+                assert!(stops.iter().all(|s| !shown.contains(s.as_str())));
+            }
+            if found.is_none() {
+                found = matcher.check(&text, true).stop.map(|s| s.start);
+                expected = earliest(&text);
+            }
+            assert_eq!(found, expected, "text {text:?} stops {stops:?}");
+        }
+    }
+
     #[test]
     fn incomplete_characters_are_held_until_finished() {
         let mut stops = StopStrings::new(vec![]);
