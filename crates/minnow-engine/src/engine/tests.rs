@@ -261,10 +261,13 @@ fn invalid_requests_are_refused_at_submit() {
         submit(vec![], Some(4)),
         EngineError::InvalidRequest(_)
     ));
-    assert!(matches!(
-        submit(vec![1, 482, 2], Some(4)),
-        EngineError::InvalidRequest(_)
-    ));
+    // MASK, DELETE and SPLIT ids are decoder-internal (decoding doc §12.6).
+    for internal in [482, 486, 487] {
+        assert!(matches!(
+            submit(vec![1, internal, 2], Some(4)),
+            EngineError::InvalidRequest(_)
+        ));
+    }
     assert!(matches!(
         submit(vec![1, 600], Some(4)),
         EngineError::InvalidRequest(_)
