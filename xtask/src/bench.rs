@@ -119,6 +119,13 @@ fn refinement_bytes(c: &Config, prefix: usize, t: usize) -> f64 {
     c.num_hidden_layers as f64 * attn + dense + moe + kv + lm_head
 }
 
+/// Prints a per-stage device-time breakdown (events between stages; a few µs of overhead each).
+fn print_profile(what: &str, stages: Vec<(&'static str, f32)>) {
+    let total: f32 = stages.iter().map(|s| s.1).sum();
+    let parts: Vec<String> = stages.iter().map(|(l, ms)| format!("{l} {ms:.3}")).collect();
+    println!("profile {what}: total {total:.3} ms = {}", parts.join(", "));
+}
+
 pub fn run(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
     let config = Config::from_json_str(MINI_22, std::path::Path::new("<LLaDA2.2-mini shapes>")).map_err(err)?;
@@ -151,6 +158,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let s = median(times);
         println!("prefill {n}: {:.2} ms, {:.0} tok/s", s * 1e3, n as f64 / s);
         rows.push(format!("| prefill {n} tokens | {:.2} ms | {:.0} tok/s | |", s * 1e3, n as f64 / s));
+        runner.truncate_sequence(seq, 0).map_err(err)?;
+        print_profile(&format!("prefill {n}"), runner.profile_forward(seq, &prompt, LogitsRows::None, false).map_err(err)?);
         runner.release_sequence(seq);
     }
 
@@ -193,6 +202,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 s / floor
             ));
         }
+        runner.truncate_sequence(seq, prefix).map_err(err)?;
+        print_profile(&format!("refinement 32 @ prefix {prefix}"), runner.profile_forward(seq, &block, LogitsRows::All, true).map_err(err)?);
         runner.set_graphs(true);
         runner.release_sequence(seq);
     }

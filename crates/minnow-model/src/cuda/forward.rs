@@ -5,7 +5,7 @@
 
 use half::bf16;
 use minnow_runtime::cuda::ops::{self, AttentionShape, RouterShape};
-use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu};
+use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu, Profile};
 
 use super::weights::{DenseMlp, Mlp, Weights};
 use crate::config::Config;
@@ -196,8 +196,15 @@ pub(crate) fn queue_forward(
     ws: &Workspace,
     tokens: usize,
     output: Output,
+    mut prof: Option<&mut Profile>,
 ) -> CudaResult<()> {
     let t = tokens;
+    let mut mark = |label: &'static str| -> CudaResult<()> {
+        match prof.as_deref_mut() {
+            Some(p) => p.mark(label),
+            None => Ok(()),
+        }
+    };
     let d = c.hidden_size;
     let eps = c.rms_norm_eps;
     let shape = attention_shape(c);
@@ -210,6 +217,7 @@ pub(crate) fn queue_forward(
         .max(1);
 
     ops::embed_rows(gpu, ws.ids.ptr(), w.embed.ptr(), ws.h.ptr(), t, d)?;
+    mark("embed")?;
     for (l, layer) in w.layers.iter().enumerate() {
         // The previous layer's MLP output joins the residual stream here (none before layer 0).
         let delta = if l == 0 { 0 } else { ws.delta.ptr() };
@@ -223,6 +231,7 @@ pub(crate) fn queue_forward(
             d,
             eps,
         )?;
+        mark("norms")?;
         blas.gemm_bf16(
             ws.a.ptr(),
             layer.qkv.ptr(),
@@ -232,6 +241,7 @@ pub(crate) fn queue_forward(
             d,
             qkv_rows,
         )?;
+        mark("qkv gemm")?;
         ops::qk_norm_rope(
             gpu,
             &shape,
@@ -246,6 +256,7 @@ pub(crate) fn queue_forward(
             c.rope_theta,
             eps,
         )?;
+        mark("qk-norm + rope")?;
         ops::attention(
             gpu,
             &shape,
@@ -259,6 +270,7 @@ pub(crate) fn queue_forward(
             t,
             splits,
         )?;
+        mark("attention")?;
         blas.gemm_bf16(
             ws.attn.ptr(),
             layer.dense.ptr(),
@@ -268,6 +280,7 @@ pub(crate) fn queue_forward(
             attn_width,
             d,
         )?;
+        mark("o gemm")?;
         ops::add_rmsnorm(
             gpu,
             ws.h.ptr(),
@@ -278,8 +291,12 @@ pub(crate) fn queue_forward(
             d,
             eps,
         )?;
+        mark("norms")?;
         match &layer.mlp {
-            Mlp::Dense(mlp) => queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.delta.ptr(), t, d)?,
+            Mlp::Dense(mlp) => {
+                queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.delta.ptr(), t, d)?;
+                mark("dense mlp")?;
+            }
             Mlp::Moe(moe) => {
                 let router = router_shape(c);
                 let (e, k, iw) = (
@@ -307,6 +324,7 @@ pub(crate) fn queue_forward(
                     ws.topk_w.ptr(),
                     t,
                 )?;
+                mark("router")?;
                 ops::moe_dispatch(
                     gpu,
                     ws.topk_idx.ptr(),
@@ -318,6 +336,7 @@ pub(crate) fn queue_forward(
                     ws.tiles.ptr(),
                     ws.num_tiles.ptr(),
                 )?;
+                mark("dispatch")?;
                 let max_tiles = ops::moe_max_tiles(a, e);
                 ops::grouped_gemm(
                     gpu,
@@ -331,7 +350,9 @@ pub(crate) fn queue_forward(
                     2 * iw,
                     d,
                 )?;
+                mark("experts gate/up")?;
                 ops::silu_mul(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), a, iw)?;
+                mark("experts silu")?;
                 ops::grouped_gemm(
                     gpu,
                     ws.expert_act.ptr(),
@@ -344,9 +365,11 @@ pub(crate) fn queue_forward(
                     d,
                     iw,
                 )?;
+                mark("experts down")?;
                 let shared = match &moe.shared {
                     Some(mlp) => {
                         queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.shared_out.ptr(), t, d)?;
+                        mark("shared expert")?;
                         ws.shared_out.ptr()
                     }
                     None => 0,
@@ -362,6 +385,7 @@ pub(crate) fn queue_forward(
                     k,
                     d,
                 )?;
+                mark("combine")?;
             }
         }
     }
@@ -381,6 +405,7 @@ pub(crate) fn queue_forward(
         d,
         eps,
     )?;
+    mark("final norm")?;
     let v = c.vocab_size;
     blas.gemm_bf16(
         ws.a.ptr_at(start * d),
@@ -391,6 +416,7 @@ pub(crate) fn queue_forward(
         d,
         v,
     )?;
+    mark("lm_head")?;
     match output {
         Output::Top1 { .. } => ops::top1_softmax(
             gpu,
@@ -399,9 +425,10 @@ pub(crate) fn queue_forward(
             ws.top_conf.ptr(),
             rows,
             v,
-        ),
-        _ => ops::bf16_to_f32(gpu, ws.logits_bf16.ptr(), ws.logits_f32.ptr(), rows * v),
+        )?,
+        _ => ops::bf16_to_f32(gpu, ws.logits_bf16.ptr(), ws.logits_f32.ptr(), rows * v)?,
     }
+    mark("top-1 / logits")
 }
 
 /// `out = down(BF16(silu(gate(x))) * up(x))` with gate and up stacked in one GEMM.

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use minnow_format::TensorSource;
-use minnow_runtime::cuda::{Gpu, Graph};
+use minnow_runtime::cuda::{Gpu, Graph, Profile};
 
 use super::forward::{queue_forward, KvCache, Output, Workspace};
 use super::weights::{device_err, Weights};
@@ -139,6 +139,36 @@ impl CudaRunner {
 
     /// Queues and runs one forward and advances the sequence; outputs stay in the workspace.
     fn run(&mut self, seq: SeqId, ids: &[u32], output: Output) -> Result<()> {
+        self.run_profiled(seq, ids, output, None)
+    }
+
+    /// One forward without graph replay, timed stage by stage on the device: (stage, total ms).
+    /// With `top1` the logits rows end in the GPU argmax, else in F32 logits (not read back).
+    pub fn profile_forward(
+        &mut self,
+        seq: SeqId,
+        ids: &[u32],
+        rows: LogitsRows,
+        top1: bool,
+    ) -> Result<Vec<(&'static str, f32)>> {
+        let r = rows.resolve(ids.len());
+        let output = match (r.is_empty(), top1) {
+            (true, _) => Output::None,
+            (false, true) => Output::Top1 { start: r.start, end: r.end },
+            (false, false) => Output::Logits { start: r.start, end: r.end },
+        };
+        let mut prof = self.gpu.profile().map_err(device_err)?;
+        self.run_profiled(seq, ids, output, Some(&mut prof))?;
+        prof.report().map_err(device_err)
+    }
+
+    fn run_profiled(
+        &mut self,
+        seq: SeqId,
+        ids: &[u32],
+        output: Output,
+        prof: Option<&mut Profile>,
+    ) -> Result<()> {
         let t = ids.len();
         if t == 0 {
             return Err(ModelError::InvalidInput("forward of zero tokens".into()));
@@ -205,18 +235,18 @@ impl CudaRunner {
             tokens: t,
             output,
         };
-        if self.use_graphs && t <= GRAPH_MAX_TOKENS {
+        if self.use_graphs && t <= GRAPH_MAX_TOKENS && prof.is_none() {
             if !self.graphs.contains_key(&key) {
                 let (config, weights) = (&self.config, &self.weights);
                 let graph = Graph::capture(gpu, || {
-                    queue_forward(gpu, config, weights, cache, ws, t, output)
+                    queue_forward(gpu, config, weights, cache, ws, t, output, None)
                 })
                 .map_err(device_err)?;
                 self.graphs.insert(key, graph);
             }
             self.graphs[&key].launch(gpu).map_err(device_err)?;
         } else {
-            queue_forward(gpu, &self.config, &self.weights, cache, ws, t, output)
+            queue_forward(gpu, &self.config, &self.weights, cache, ws, t, output, prof)
                 .map_err(device_err)?;
         }
         self.sequences.get_mut(&seq).expect("checked above").len = pos0 + t;

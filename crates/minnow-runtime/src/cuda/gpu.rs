@@ -283,6 +283,15 @@ impl Gpu {
         .ctx(|| format!("launching {name} with {cfg:?}"))
     }
 
+    /// Starts a per-stage profile of the work queued from now on.
+    pub fn profile(&self) -> CudaResult<Profile> {
+        self.bind()?;
+        let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).ctx(|| "creating an event".into())?;
+        // SAFETY: valid event and stream.
+        unsafe { result::event::record(start, self.stream) }.ctx(|| "recording an event".into())?;
+        Ok(Profile { start, marks: Vec::new(), stream: self.stream })
+    }
+
     /// A pair of events around a region of the stream, for timing.
     pub fn timer(&self) -> CudaResult<Timer> {
         self.bind()?;
@@ -304,6 +313,57 @@ impl Drop for Gpu {
                     let _ = result::module::unload(m);
                 }
                 let _ = result::stream::destroy(self.stream);
+            }
+        }
+    }
+}
+
+/// Per-stage device timing of queued work: an event after each stage, read once at the end.
+/// Events between kernels cost a few microseconds each, so use it to find where time goes, not
+/// for the headline numbers.
+pub struct Profile {
+    start: sys::CUevent,
+    marks: Vec<(&'static str, sys::CUevent)>,
+    stream: sys::CUstream,
+}
+
+impl Profile {
+    /// Records the end of a stage called `label` (stages of the same label add up).
+    pub fn mark(&mut self, label: &'static str) -> CudaResult<()> {
+        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).ctx(|| "creating an event".into())?;
+        // SAFETY: valid event and stream.
+        unsafe { result::event::record(e, self.stream) }.ctx(|| "recording an event".into())?;
+        self.marks.push((label, e));
+        Ok(())
+    }
+
+    /// Waits for the last stage and returns (label, total milliseconds) in first-seen order.
+    pub fn report(&self) -> CudaResult<Vec<(&'static str, f32)>> {
+        let mut out: Vec<(&'static str, f32)> = Vec::new();
+        let mut prev = self.start;
+        for &(label, e) in &self.marks {
+            // SAFETY: events recorded on our stream.
+            let ms = unsafe {
+                result::event::synchronize(e).ctx(|| "waiting for an event".into())?;
+                result::event::elapsed(prev, e).ctx(|| "reading an event timer".into())?
+            };
+            match out.iter_mut().find(|(l, _)| *l == label) {
+                Some(entry) => entry.1 += ms,
+                None => out.push((label, ms)),
+            }
+            prev = e;
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Profile {
+    fn drop(&mut self) {
+        // SAFETY: created by Gpu::profile / Profile::mark.
+        unsafe {
+            let _ = result::event::destroy(self.start);
+            for (_, e) in self.marks.drain(..) {
+                let _ = result::event::destroy(e);
             }
         }
     }

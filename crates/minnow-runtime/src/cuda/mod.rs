@@ -16,7 +16,7 @@ pub mod ptx;
 pub use blas::Blas;
 pub use buffer::DeviceBuffer;
 pub use error::{CudaError, CudaResult};
-pub use gpu::{Gpu, KernelArg, LaunchConfig, Timer};
+pub use gpu::{Gpu, KernelArg, LaunchConfig, Profile, Timer};
 pub use graph::Graph;
 
 use std::sync::OnceLock;
