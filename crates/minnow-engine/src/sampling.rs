@@ -152,9 +152,9 @@ impl OfficialSampler {
         };
         if s.top_k > 0 {
             let k = s.top_k.min(z.len());
-            let mut sorted = z.clone();
-            sorted.sort_unstable_by(|a, b| b.total_cmp(a));
-            let kth = sorted[k - 1];
+            let mut values = z.clone();
+            let (_, kth, _) = values.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+            let kth = *kth;
             // Entries equal to the k-th value survive.
             z.iter_mut()
                 .filter(|x| **x < kth)
