@@ -626,3 +626,82 @@ async fn llama_web_ui_request_is_accepted() {
     let events = read_sse(post(&server, "/v1/chat/completions", body).await).await;
     assert_eq!(events.last(), Some(&Sse::Done));
 }
+
+/// A 2.2 checkpoint: the tiny v22 fixture plus the repository's 2.2 test template. A named
+/// `tool_choice` puts the whole call header (`functions.NAME:0`) into the prompt.
+fn v22_checkpoint() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/llada2-tiny-v22"
+    );
+    for entry in std::fs::read_dir(fixture).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+    }
+    std::fs::copy(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/templates/llada2.2-native-tools.test.jinja"
+        ),
+        dir.path().join("chat_template.jinja"),
+    )
+    .unwrap();
+    dir
+}
+
+fn v22_named_call(stream: bool) -> Value {
+    json!({
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": weather_tools(),
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "max_tokens": 64,
+        "temperature": 0,
+        "stream": stream,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn v22_named_tool_choice_streams_like_plain() {
+    let dir = v22_checkpoint();
+    let server = Server::start(Some(dir.path().to_str().unwrap()), &[]).await;
+    let (_, rendered) = post_json(&server, "/apply-template", v22_named_call(false)).await;
+    assert!(
+        rendered["prompt"].as_str().unwrap().ends_with(
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+        ),
+        "{rendered}"
+    );
+    let (status, plain) = post_json(&server, "/v1/chat/completions", v22_named_call(false)).await;
+    assert_eq!(status, 200, "{plain}");
+    let events = read_sse(post(&server, "/v1/chat/completions", v22_named_call(true)).await).await;
+    let chunks = data_events(&events);
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let plain_message = &plain["choices"][0]["message"];
+    assert_eq!(content, plain_message["content"].as_str().unwrap_or(""));
+    let streamed_calls = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .filter(|fragment| fragment.get("id").is_some())
+        .count();
+    let plain_calls = plain_message["tool_calls"].as_array().map_or(0, Vec::len);
+    assert_eq!(streamed_calls, plain_calls);
+}
+
+/// The random model never closes the forced call, so it ends by length with an unterminated
+/// call. Chat-format doc §4.3: marker text must never be returned as content.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "engine: an unterminated 2.2 call comes back as content with marker text (tool_calls.rs); reported"]
+async fn v22_unterminated_call_leaks_no_markers() {
+    let dir = v22_checkpoint();
+    let server = Server::start(Some(dir.path().to_str().unwrap()), &[]).await;
+    let (_, plain) = post_json(&server, "/v1/chat/completions", v22_named_call(false)).await;
+    let content = plain["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or("");
+    assert!(!content.contains("<|tool_call"), "{content}");
+}

@@ -93,7 +93,7 @@ async fn full_queue_is_429() {
     let busy = post(&server, "/v1/chat/completions", slow_stream()).await;
     assert_eq!(busy.status(), 200);
     let mut busy_stream = busy.bytes_stream();
-    busy_stream.next().await.expect("first chunk");
+    busy_stream.next().await.expect("first chunk").unwrap();
     let (status, body) = post_json(
         &server,
         "/v1/chat/completions",
@@ -234,4 +234,61 @@ async fn health_is_503_while_loading() {
     )
     .await;
     assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disconnect_before_a_plain_response_cancels_it() {
+    let server = Server::start(None, &["--parallel", "1"]).await;
+    let mut body = slow_stream();
+    body["stream"] = json!(false);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(250))
+        .build()
+        .unwrap();
+    let result = client
+        .post(server.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await;
+    assert!(
+        result.is_err(),
+        "the slow request outlives the client's timeout"
+    );
+    wait_for_metric(&server, "minnow_busy_slots", 0.0, Duration::from_secs(10)).await;
+    wait_for_metric(
+        &server,
+        "minnow_requests_cancelled_total",
+        1.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    let text = reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("route=\"/v1/chat/completions\",status=\"499\""),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn queued_streams_get_keep_alive_comments() {
+    let server = Server::start(None, &["--parallel", "1", "--keep-alive", "0.05"]).await;
+    let busy = post(&server, "/v1/chat/completions", slow_stream()).await;
+    let mut busy_stream = busy.bytes_stream();
+    busy_stream.next().await.expect("first chunk").unwrap();
+    // This one waits in the queue behind the slow stream, then runs.
+    let mut queued = slow_stream();
+    queued["max_tokens"] = json!(8);
+    let events = read_sse(post(&server, "/v1/chat/completions", queued).await).await;
+    drop(busy_stream);
+    let comments = events
+        .iter()
+        .filter(|e| matches!(e, Sse::Comment(c) if c == "keep-alive"))
+        .count();
+    assert!(comments >= 1, "no keep-alive while queued: {events:?}");
+    assert_eq!(events.last(), Some(&Sse::Done));
 }

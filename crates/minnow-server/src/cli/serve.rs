@@ -77,6 +77,9 @@ pub struct DecodeArgs {
     /// Denoising steps per block schedule.
     #[arg(long)]
     pub steps: Option<usize>,
+    /// Masked positions committed per step at least (2.1/2.2).
+    #[arg(long)]
+    pub num_to_transfer: Option<usize>,
     #[arg(long)]
     pub temperature: Option<f32>,
     #[arg(long)]
@@ -104,6 +107,9 @@ impl DecodeArgs {
         if self.steps == Some(0) {
             return Err("--steps must be at least 1".into());
         }
+        if self.num_to_transfer == Some(0) {
+            return Err("--num-to-transfer must be at least 1".into());
+        }
         if self.max_tokens == Some(0) {
             return Err("--max-tokens must be at least 1".into());
         }
@@ -117,7 +123,7 @@ impl DecodeArgs {
             editing_threshold: unit("editing-threshold", self.editing_threshold)?,
             max_post_steps: self.max_post_steps,
             steps: self.steps,
-            num_to_transfer: None,
+            num_to_transfer: self.num_to_transfer,
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: unit("top-p", self.top_p)?,

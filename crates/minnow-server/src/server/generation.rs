@@ -185,6 +185,10 @@ pub async fn complete(
 ) -> Result<Response<Body>, ApiError> {
     let engine = state.engine()?;
     let mut handle = engine.submit(std::mem::take(&mut job.request))?;
+    let mut watch = CancelCounter {
+        state,
+        finished: false,
+    };
     loop {
         match handle.next_event().await {
             Some(Event::Done {
@@ -194,6 +198,7 @@ pub async fn complete(
                 stats,
                 ..
             }) => {
+                watch.finished = true;
                 state.metrics.record_generation(&stats);
                 log.set_tokens(stats.prompt_tokens, stats.completion_tokens);
                 log.set_outcome(responses::finish_reason(finish_reason));
@@ -210,15 +215,32 @@ pub async fn complete(
                 return Ok(json_response(StatusCode::OK, &body));
             }
             Some(Event::Error(message)) => {
+                watch.finished = true;
                 log.set_outcome(format!("error: {message}"));
                 return Err(ApiError::internal(message));
             }
             Some(_) => continue,
             None => {
+                watch.finished = true;
                 return Err(ApiError::internal(
                     "the engine ended the request without a result",
-                ))
+                ));
             }
+        }
+    }
+}
+
+/// Counts a non-streaming generation whose handler hyper dropped (client gone) as cancelled; the
+/// `RequestHandle` dropped alongside it cancels the work in the engine.
+struct CancelCounter<'a> {
+    state: &'a AppState,
+    finished: bool,
+}
+
+impl Drop for CancelCounter<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.state.metrics.record_cancelled();
         }
     }
 }

@@ -227,6 +227,9 @@ fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, ApiError> {
         .integer("max_post_steps", 0, 4096)?
         .map(|n| n as usize);
     params.steps = fields.integer("steps", 1, 4096)?.map(|n| n as usize);
+    params.num_to_transfer = fields
+        .integer("num_to_transfer", 1, 4096)?
+        .map(|n| n as usize);
     params.algorithm = match fields.string("algorithm")? {
         None => None,
         Some(name) => Some(parse_algorithm(&name).map_err(|m| ApiError::invalid("algorithm", m))?),
@@ -426,12 +429,14 @@ fn parse_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
         let role = match role.as_str() {
             "developer" => "system".to_string(),
             "system" | "user" | "assistant" | "tool" => role,
-            other => return Err(ApiError::invalid(
-                fields.path("role"),
-                format!(
+            other => {
+                return Err(ApiError::invalid(
+                    fields.path("role"),
+                    format!(
                     "unknown role '{other}': expected system, developer, user, assistant or tool"
                 ),
-            )),
+                ))
+            }
         };
         let content = match fields.value("content") {
             None => String::new(),

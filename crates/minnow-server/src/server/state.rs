@@ -132,10 +132,16 @@ impl RequestLog {
 impl Drop for RequestLog {
     fn drop(&mut self) {
         let elapsed = self.start.elapsed();
-        let fields = match self.fields.lock() {
+        let mut fields = match self.fields.lock() {
             Ok(mut fields) => std::mem::take(&mut *fields),
             Err(_) => LogFields::default(),
         };
+        if fields.status == 0 {
+            // hyper dropped the handler: the client closed the connection before the response
+            // (nginx's 499 convention, so metrics and logs show it).
+            fields.status = 499;
+            fields.outcome = Some("client disconnected".into());
+        }
         self.state
             .metrics
             .record_request(self.route, fields.status, elapsed.as_secs_f64());
