@@ -221,24 +221,24 @@ impl PortSampler {
         if s.temperature <= 0.0 {
             return greedy_excluding(logits, banned);
         }
-        // Sorted by logit descending, ties → lower id.
-        let mut order: Vec<u32> = (0..logits.len() as u32)
+        let mut ids: Vec<u32> = (0..logits.len() as u32)
             .filter(|id| !banned.contains(id))
             .collect();
-        if order.is_empty() {
+        if ids.is_empty() {
             return greedy(logits);
         }
-        order.sort_by(|&a, &b| {
-            logits[b as usize]
-                .total_cmp(&logits[a as usize])
-                .then(a.cmp(&b))
-        });
-        if s.top_k > 0 && s.top_k < order.len() {
-            let kth = logits[order[s.top_k - 1] as usize];
-            order.retain(|&id| logits[id as usize] >= kth);
+        if s.top_k > 0 && s.top_k < ids.len() {
+            // Keep every id whose logit is >= the k-th largest (ties at the k-th survive).
+            let mut values: Vec<f32> = ids.iter().map(|&id| logits[id as usize]).collect();
+            let (_, kth, _) = values.select_nth_unstable_by(s.top_k - 1, |a, b| b.total_cmp(a));
+            let kth = *kth;
+            ids.retain(|&id| logits[id as usize] >= kth);
         }
-        let z_max = logits[order[0] as usize];
-        let mut weights: Vec<(u32, f64)> = order
+        let z_max = ids
+            .iter()
+            .map(|&id| logits[id as usize])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let mut weights: Vec<(u32, f64)> = ids
             .iter()
             .map(|&id| {
                 let w = (((logits[id as usize] - z_max) / s.temperature) as f64).exp();
@@ -246,17 +246,7 @@ impl PortSampler {
             })
             .collect();
         if s.top_p_active() {
-            let total: f64 = weights.iter().map(|(_, w)| w).sum();
-            let mut cumulative = 0.0;
-            let mut keep = weights.len();
-            for (rank, (_, w)) in weights.iter().enumerate() {
-                cumulative += w / total;
-                if cumulative > s.top_p as f64 {
-                    keep = rank + 1;
-                    break;
-                }
-            }
-            weights.truncate(keep);
+            weights = nucleus(weights, s.top_p as f64);
         }
         let token = draw_index(&weights, rng);
         Candidate {
@@ -264,6 +254,29 @@ impl PortSampler {
             confidence: probability_excluding(logits, token, banned),
         }
     }
+}
+
+/// The port's top-p: the shortest prefix of the ids sorted by weight (= logit) descending, ties
+/// → lower id, whose normalized cumulative weight exceeds `p` (the crossing id included).
+///
+/// Only ids with a non-negligible weight (≥ 1e-12 of the total) are sorted: the others cannot
+/// reach the crossing unless `p > 1 − V·1e-12`, in which case every id is kept anyway. This keeps
+/// a full-vocabulary sort (150k ids per masked slot) out of every sampling step.
+fn nucleus(weights: Vec<(u32, f64)>, p: f64) -> Vec<(u32, f64)> {
+    let total: f64 = weights.iter().map(|(_, w)| w).sum();
+    let (mut heavy, light): (Vec<_>, Vec<_>) =
+        weights.into_iter().partition(|(_, w)| *w >= total * 1e-12);
+    heavy.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut cumulative = 0.0;
+    for rank in 0..heavy.len() {
+        cumulative += heavy[rank].1 / total;
+        if cumulative > p {
+            heavy.truncate(rank + 1);
+            return heavy;
+        }
+    }
+    heavy.extend(light);
+    heavy
 }
 
 #[cfg(test)]
@@ -399,5 +412,27 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(PortSampler(s).candidate(&logits, &[], &mut r).token, 0);
         }
+    }
+
+    #[test]
+    fn port_top_k_keeps_ties_and_nucleus_orders_by_weight() {
+        let logits = [0.0, 2.0, 1.0, 1.0, -1.0];
+        let s = SamplerSettings {
+            temperature: 1.0,
+            top_k: 2,
+            top_p: 1.0,
+        };
+        let mut r = rng();
+        let seen: std::collections::BTreeSet<u32> = (0..200)
+            .map(|_| PortSampler(s).candidate(&logits, &[], &mut r).token)
+            .collect();
+        assert_eq!(seen, [1, 2, 3].into_iter().collect());
+        let kept = nucleus(vec![(0, 1.0), (1, 4.0), (2, 2.0), (3, 2.0)], 0.5);
+        // 4/9 ≈ 0.44 ≤ 0.5, then 6/9 > 0.5: ids 1 and 2 (tie 2 vs 3 → lower id first).
+        assert_eq!(
+            kept.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(nucleus(vec![(0, 1.0), (1, 1.0)], 1.0).len(), 2);
     }
 }
