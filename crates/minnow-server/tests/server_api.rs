@@ -56,6 +56,12 @@ async fn informational_routes() {
     assert!(props["minnow"]["algorithm"].is_string());
     assert!(props["minnow"]["cache"].is_object());
 
+    let (status, slots) = get_json(&server, "/slots").await;
+    assert_eq!(status, 200);
+    assert_eq!(slots.as_array().unwrap().len(), 2);
+    assert_eq!(slots[0]["n_ctx"], 512);
+    assert_eq!(slots[0]["is_processing"], false);
+
     let metrics = reqwest::get(server.url("/metrics")).await.unwrap();
     assert_eq!(metrics.status(), 200);
     assert!(metrics.headers()["content-type"]
@@ -330,6 +336,15 @@ async fn stream_without_usage_and_with_progress() {
         !progress.is_empty(),
         "return_progress reports prompt processing"
     );
+    for chunk in chunks
+        .iter()
+        .filter(|c| c.get("minnow").is_some() && c["choices"][0]["finish_reason"].is_null())
+    {
+        assert!(
+            chunk["timings"]["predicted_n"].is_u64(),
+            "running timings with return_progress: {chunk}"
+        );
+    }
     for p in &progress {
         assert_eq!(p["choices"], json!([]));
         let pp = &p["prompt_progress"];

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use minnow_engine::Engine;
@@ -36,6 +36,9 @@ use tokio::net::TcpListener;
 pub use config::{ServerConfig, DEFAULT_BODY_LIMIT};
 pub use openai::parse_algorithm;
 use state::AppState;
+
+/// How long a connection may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Runs the server until a shutdown signal; returns an error line if it cannot start or the model
 /// fails to load.
@@ -87,7 +90,12 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
                     let service = service_fn(move |request| routes::handle(state.clone(), request));
-                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let mut builder = auto::Builder::new(TokioExecutor::new());
+                    // A client that never finishes sending its headers is dropped.
+                    builder
+                        .http1()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(HEADER_READ_TIMEOUT);
                     let connection = builder.serve_connection(TokioIo::new(stream), service);
                     if let Err(e) = watcher.watch(connection).await {
                         tracing::debug!("connection ended with an error: {e}");

@@ -29,6 +29,7 @@ enum Route {
     Models,
     Model,
     Props,
+    Slots,
     Metrics,
     ChatCompletions,
     Completions,
@@ -43,6 +44,7 @@ impl Route {
             "/health" | "/v1/health" => Route::Health,
             "/v1/models" | "/models" => Route::Models,
             "/props" => Route::Props,
+            "/slots" => Route::Slots,
             "/metrics" => Route::Metrics,
             "/v1/chat/completions" | "/chat/completions" => Route::ChatCompletions,
             "/v1/completions" | "/completions" => Route::Completions,
@@ -56,9 +58,12 @@ impl Route {
 
     fn method(self) -> Method {
         match self {
-            Route::Health | Route::Models | Route::Model | Route::Props | Route::Metrics => {
-                Method::GET
-            }
+            Route::Health
+            | Route::Models
+            | Route::Model
+            | Route::Props
+            | Route::Slots
+            | Route::Metrics => Method::GET,
             _ => Method::POST,
         }
     }
@@ -70,6 +75,7 @@ impl Route {
             Route::Models => "/v1/models",
             Route::Model => "/v1/models/{id}",
             Route::Props => "/props",
+            Route::Slots => "/slots",
             Route::Metrics => "/metrics",
             Route::ChatCompletions => "/v1/chat/completions",
             Route::Completions => "/v1/completions",
@@ -177,6 +183,7 @@ async fn dispatch(
             model(state, &id)
         }
         Route::Props => props(state),
+        Route::Slots => slots(state),
         Route::ChatCompletions => {
             let body = read_json(state, request).await?;
             let chat = openai::parse_chat(&body)?;
@@ -415,6 +422,26 @@ fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
         },
     });
     Ok(json_response(StatusCode::OK, &body))
+}
+
+/// llama-server `/slots` (the web UI reads `n_ctx` from it): one entry per decoding slot. The
+/// engine reports how many slots are busy, not which, so the first `busy_slots` are shown busy.
+fn slots(state: &AppState) -> Result<Response<Body>, ApiError> {
+    let engine = state.engine()?;
+    let n_ctx = engine.info().n_ctx;
+    let busy = engine.busy_slots();
+    let slots: Vec<Value> = (0..state.config.engine.parallel)
+        .map(|id| {
+            json!({
+                "id": id,
+                "id_task": -1,
+                "n_ctx": n_ctx,
+                "speculative": false,
+                "is_processing": id < busy,
+            })
+        })
+        .collect();
+    Ok(json_response(StatusCode::OK, &Value::Array(slots)))
 }
 
 async fn tokenize(

@@ -160,7 +160,9 @@ impl Stream {
                     );
                     chunk["minnow"] = responses::block_stats(&stats);
                     running.block(&stats);
-                    if self.job.common.timings_per_token {
+                    // The llama.cpp web UI leaves its "preparing" state only when it sees
+                    // timings, so progress-following clients get them with every block too.
+                    if self.job.common.timings_per_token || self.job.common.return_progress {
                         chunk["timings"] = responses::timings(&running.stats);
                     }
                     self.send(&chunk).await?;
