@@ -4,7 +4,8 @@
 
 use rayon::prelude::*;
 
-use minnow_runtime::cpu::{linear, matmul, rms_norm, rope_rotate_half, softmax_in_place, Par};
+use minnow_runtime::cpu::{linear, matmul_nn, rms_norm, rope_rotate_half, scaled_softmax, Par};
+use minnow_runtime::MatRef;
 
 use crate::config::Config;
 use crate::weights::Attention;
@@ -52,8 +53,8 @@ pub fn attention(
     n: usize,
     start: usize,
     rope: &RopeTable,
-    cache_k: &mut Vec<f32>,
-    cache_v: &mut Vec<f32>,
+    cache_k: &mut [Vec<f32>],
+    cache_v: &mut [Vec<f32>],
 ) -> Vec<f32> {
     let (h, g, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
     let qkv_w = (h + 2 * g) * d;
@@ -74,12 +75,11 @@ pub fn attention(
         }
     });
 
-    let kv_row = g * d;
-    cache_k.reserve(n * kv_row);
-    cache_v.reserve(n * kv_row);
     for row in qkv.chunks_exact(qkv_w) {
-        cache_k.extend_from_slice(&row[h * d..(h + g) * d]);
-        cache_v.extend_from_slice(&row[(h + g) * d..]);
+        for kvh in 0..g {
+            cache_k[kvh].extend_from_slice(&row[(h + kvh) * d..(h + kvh + 1) * d]);
+            cache_v[kvh].extend_from_slice(&row[(h + g + kvh) * d..(h + g + kvh + 1) * d]);
+        }
     }
     let total = start + n;
 
@@ -97,48 +97,40 @@ pub fn attention(
     let scale = 1.0 / (d as f32).sqrt();
     let per_kv = h / g;
     let (keys, values) = (&cache_k[..], &cache_v[..]);
+    // One task per (row group, KV head): the `per_kv` query heads sharing a KV head are stacked
+    // into one matrix so each key row is read once for all of them.
     let tasks: Vec<(usize, usize)> = (0..groups.len())
-        .flat_map(|gi| (0..h).map(move |head| (gi, head)))
+        .flat_map(|gi| (0..g).map(move |kvh| (gi, kvh)))
         .collect();
     let outputs: Vec<Vec<f32>> = tasks
         .par_iter()
-        .map(|&(gi, head)| {
+        .map(|&(gi, kvh)| {
             let (i0, i1, keys_len) = groups[gi];
             let rows = i1 - i0;
-            let kvh = head / per_kv;
-            // Scores [rows, keys_len] = Q_head · K_kvhᵀ.
-            let mut scores = vec![0.0f32; rows * keys_len];
-            matmul(
-                rows,
-                keys_len,
-                d,
-                &qkv[i0 * qkv_w + head * d..],
-                qkv_w,
-                1,
-                &keys[kvh * d..],
-                1,
-                kv_row,
-                &mut scores,
-                keys_len,
-            );
-            for row in scores.chunks_exact_mut(keys_len) {
-                for s in row.iter_mut() {
-                    *s *= scale;
+            let mq = per_kv * rows;
+            // Q rows ordered (query head, row).
+            let mut q = Vec::with_capacity(mq * d);
+            for head in kvh * per_kv..(kvh + 1) * per_kv {
+                for r in i0..i1 {
+                    q.extend_from_slice(&qkv[r * qkv_w + head * d..][..d]);
                 }
-                softmax_in_place(row);
             }
-            // Output [rows, d] = P · V_kvh.
-            let mut out = vec![0.0f32; rows * d];
-            matmul(
-                rows,
+            // Scores [mq, keys_len] = Q · Kᵀ, scaled, softmaxed per row.
+            let mut scores = vec![0.0f32; mq * keys_len];
+            let k_mat = MatRef::from_f32(keys_len, d, &keys[kvh][..keys_len * d]);
+            linear(&q, mq, k_mat, &mut scores, Par::Seq);
+            for row in scores.chunks_exact_mut(keys_len) {
+                scaled_softmax(row, scale);
+            }
+            // Output [mq, d] = P · V.
+            let mut out = vec![0.0f32; mq * d];
+            matmul_nn(
+                mq,
                 d,
                 keys_len,
                 &scores,
                 keys_len,
-                1,
-                &values[kvh * d..],
-                kv_row,
-                1,
+                &values[kvh][..keys_len * d],
                 &mut out,
                 d,
             );
@@ -146,9 +138,12 @@ pub fn attention(
         })
         .collect();
     let mut attn = vec![0.0f32; n * h * d];
-    for (&(gi, head), out) in tasks.iter().zip(&outputs) {
+    for (&(gi, kvh), out) in tasks.iter().zip(&outputs) {
         let (i0, i1, _) = groups[gi];
-        for (r, src) in (i0..i1).zip(out.chunks_exact(d)) {
+        let rows = i1 - i0;
+        for (qi, src) in out.chunks_exact(d).enumerate() {
+            let head = kvh * per_kv + qi / rows;
+            let r = i0 + qi % rows;
             attn[r * h * d + head * d..][..d].copy_from_slice(src);
         }
     }

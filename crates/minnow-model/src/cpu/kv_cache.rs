@@ -1,21 +1,21 @@
-//! Per-sequence K/V cache: for every layer, K (after QK-norm and RoPE) and V of each cached
-//! position, laid out `[position, kv_head, head_dim]` so a forward appends by extending and a
-//! truncation is a `Vec::truncate`.
+//! Per-sequence K/V cache: for every layer and KV head, K (after QK-norm and RoPE) and V of each
+//! cached position as a contiguous `[position, head_dim]` run, so attention reads one head's keys
+//! as a plain matrix, a forward appends by extending and a truncation is a `Vec::truncate`.
 
 #[derive(Debug, Default)]
 pub struct KvCache {
-    /// One `(k, v)` pair per layer.
-    pub(crate) layers: Vec<(Vec<f32>, Vec<f32>)>,
-    /// Values per position in one layer's K (= `G · d`).
-    pub(crate) row: usize,
+    /// `layers[i].0[g]` / `layers[i].1[g]`: K / V of layer `i`, KV head `g`.
+    pub(crate) layers: Vec<(Vec<Vec<f32>>, Vec<Vec<f32>>)>,
+    head_dim: usize,
     len: usize,
 }
 
 impl KvCache {
-    pub fn new(layers: usize, row: usize) -> Self {
+    pub fn new(layers: usize, kv_heads: usize, head_dim: usize) -> Self {
+        let heads = || (0..kv_heads).map(|_| Vec::new()).collect::<Vec<_>>();
         KvCache {
-            layers: (0..layers).map(|_| (Vec::new(), Vec::new())).collect(),
-            row,
+            layers: (0..layers).map(|_| (heads(), heads())).collect(),
+            head_dim,
             len: 0,
         }
     }
@@ -33,23 +33,24 @@ impl KvCache {
     pub fn truncate(&mut self, len: usize) {
         debug_assert!(len <= self.len);
         for (k, v) in &mut self.layers {
-            k.truncate(len * self.row);
-            v.truncate(len * self.row);
+            for head in k.iter_mut().chain(v.iter_mut()) {
+                head.truncate(len * self.head_dim);
+            }
         }
         self.len = len;
     }
 
-    /// Records that a forward appended `n` positions to every layer.
+    /// Records that a forward appended `n` positions to every layer and head.
     pub(crate) fn commit_appended(&mut self, n: usize) {
         self.len += n;
-        debug_assert!(self
-            .layers
+        debug_assert!(self.layers.iter().all(|(k, v)| k
             .iter()
-            .all(|(k, v)| k.len() == self.len * self.row && v.len() == self.len * self.row));
+            .chain(v)
+            .all(|h| h.len() == self.len * self.head_dim)));
     }
 
-    /// Layer `i`'s cached K and V, `[len, kv_heads · head_dim]` each.
-    pub fn layer(&self, i: usize) -> (&[f32], &[f32]) {
+    /// Layer `i`'s cached K and V, one `[len, head_dim]` matrix per KV head.
+    pub fn layer(&self, i: usize) -> (&[Vec<f32>], &[Vec<f32>]) {
         let (k, v) = &self.layers[i];
         (k, v)
     }
@@ -58,7 +59,8 @@ impl KvCache {
     pub fn bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|(k, v)| (k.capacity() + v.capacity()) * 4)
+            .flat_map(|(k, v)| k.iter().chain(v))
+            .map(|h| h.capacity() * 4)
             .sum()
     }
 }

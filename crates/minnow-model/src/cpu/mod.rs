@@ -5,6 +5,7 @@
 mod attention;
 mod ffn;
 mod kv_cache;
+mod profile;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -50,7 +51,7 @@ impl CpuModel {
     /// An empty cache sized for this model.
     pub fn new_cache(&self) -> KvCache {
         let c = &self.config;
-        KvCache::new(c.num_hidden_layers, c.num_key_value_heads * c.head_dim)
+        KvCache::new(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
     }
 
     /// Runs `ids` at positions `cache.len()..`, appends their K/V to `cache` and returns F32
@@ -83,6 +84,7 @@ impl CpuModel {
             t.embed = h.clone();
         }
 
+        let mut profile = profile::StageTimes::start(n, start);
         let rope = attention::RopeTable::new(c, start, n);
         for (i, layer) in w.layers.iter().enumerate() {
             let mut a = h.clone();
@@ -91,6 +93,7 @@ impl CpuModel {
             let o =
                 attention::attention(c, &layer.attention, &a, n, start, &rope, k_cache, v_cache);
             add_in_place(&mut h, &o);
+            profile.lap("attention");
 
             let mut m = h.clone();
             rms_norm_rows(&mut m, &layer.post_attention_norm, c.rms_norm_eps);
@@ -106,6 +109,7 @@ impl CpuModel {
                 }
             };
             add_in_place(&mut h, &f);
+            profile.lap(if c.is_dense_layer(i) { "mlp" } else { "moe" });
             if let Some(t) = trace.as_deref_mut() {
                 t.layers.push(h.clone());
             }
@@ -122,6 +126,8 @@ impl CpuModel {
         let hf = &hf[(rows.start - norm_rows.start) * dm..(rows.end - norm_rows.start) * dm];
         let mut logits = vec![0.0f32; rows.len() * c.vocab_size];
         linear(hf, rows.len(), w.lm_head.view(), &mut logits, Par::Rayon);
+        profile.lap("lm_head");
+        profile.finish();
         Ok(logits)
     }
 

@@ -7,5 +7,7 @@ mod ops;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use linear::{linear, matmul, Par};
-pub use ops::{rms_norm, rms_norm_rows, rope_rotate_half, sigmoid, silu, softmax_in_place};
+pub use linear::{linear, matmul, matmul_nn, widen, Par};
+pub use ops::{
+    rms_norm, rms_norm_rows, rope_rotate_half, scaled_softmax, sigmoid, silu, softmax_in_place,
+};

@@ -140,3 +140,184 @@ unsafe fn widen_rows(dtype: DType, src: &[u8], dst: &mut [f32]) {
     }
     crate::dtype::widen_into(dtype, &src[2 * i..], &mut dst[i..]);
 }
+
+/// Rows per register tile of [`matmul_nn`]; with 4 column vectors that is 24 accumulators.
+const NN_ROWS: usize = 6;
+/// Column vectors (of 16) per register tile of [`matmul_nn`].
+const NN_COLS: usize = 4;
+
+/// `out[m, n] = a[m, k] · b[k, n]` with `b` row-major (each of its rows a contiguous run of `n`
+/// values), `n` a multiple of 16. Attention's `P · V` has this shape (V rows per position).
+///
+/// # Safety
+/// AVX-512F required; `a` holds `m` rows of `k` at stride `a_rs`, `b` holds `k · n` values,
+/// `out` holds `m` rows of `n` at stride `out_rs`, and `n % 16 == 0`.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn matmul_nn(
+    a: &[f32],
+    a_rs: usize,
+    m: usize,
+    k: usize,
+    b: &[f32],
+    n: usize,
+    out: &mut [f32],
+    out_rs: usize,
+) {
+    debug_assert_eq!(n % 16, 0);
+    let (ap, bp, op) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
+    let mut c0 = 0;
+    while c0 < n {
+        let cols = ((n - c0) / 16).min(NN_COLS);
+        let mut r0 = 0;
+        while r0 < m {
+            let rows = (m - r0).min(NN_ROWS);
+            let (a0, b0, o0) = (ap.add(r0 * a_rs), bp.add(c0), op.add(r0 * out_rs + c0));
+            match (rows, cols) {
+                (NN_ROWS, NN_COLS) => nn_tile::<NN_ROWS, NN_COLS>(a0, a_rs, k, b0, n, o0, out_rs),
+                (_, NN_COLS) => {
+                    for r in 0..rows {
+                        nn_tile::<1, NN_COLS>(
+                            a0.add(r * a_rs),
+                            a_rs,
+                            k,
+                            b0,
+                            n,
+                            o0.add(r * out_rs),
+                            out_rs,
+                        )
+                    }
+                }
+                _ => {
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            nn_tile::<1, 1>(
+                                a0.add(r * a_rs),
+                                a_rs,
+                                k,
+                                b0.add(16 * c),
+                                n,
+                                o0.add(r * out_rs + 16 * c),
+                                out_rs,
+                            )
+                        }
+                    }
+                }
+            }
+            r0 += rows;
+        }
+        c0 += 16 * cols;
+    }
+}
+
+/// One `RR × (16·CC)` tile of [`matmul_nn`]: broadcast `a[r, j]`, multiply by row `j` of `b`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn nn_tile<const RR: usize, const CC: usize>(
+    a: *const f32,
+    a_rs: usize,
+    k: usize,
+    b: *const f32,
+    b_rs: usize,
+    out: *mut f32,
+    out_rs: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); CC]; RR];
+    for j in 0..k {
+        let mut bv = [_mm512_setzero_ps(); CC];
+        for (c, v) in bv.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(b.add(j * b_rs + 16 * c));
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let av = _mm512_set1_ps(*a.add(r * a_rs + j));
+            for (x, bc) in row.iter_mut().zip(&bv) {
+                *x = _mm512_fmadd_ps(av, *bc, *x);
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate() {
+        for (c, x) in row.iter().enumerate() {
+            _mm512_storeu_ps(out.add(r * out_rs + 16 * c), *x);
+        }
+    }
+}
+
+/// [`crate::dtype::widen_into`] with 16-lane conversions (BF16/F16; F32 is a copy).
+///
+/// # Safety
+/// AVX-512F required.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn widen_fast(dtype: DType, src: &[u8], dst: &mut [f32]) {
+    match dtype {
+        DType::F32 => crate::dtype::widen_into(dtype, src, dst),
+        dt => widen_rows(dt, src, dst),
+    }
+}
+
+/// `e^x` for 16 lanes, Cephes `expf` (range reduction by ln 2, degree-6 polynomial, exponent
+/// rebuilt with `scalef`): within ~1 ulp of libm for x in [-87, 88]; smaller inputs give
+/// ≈ 1e-38 instead of 0, which is below F32 noise for probabilities that get summed.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn exp16(x: __m512) -> __m512 {
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(-87.336_54)),
+        _mm512_set1_ps(88.376_26),
+    );
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm512_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        5.000_000_1e-1,
+    ] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let r2 = _mm512_mul_ps(r, r);
+    let p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0)));
+    _mm512_scalef_ps(p, n)
+}
+
+/// Softmax of one row in place (scaled by `scale` first): max, exp and sum, normalize.
+///
+/// # Safety
+/// AVX-512F required; `row` must hold no NaN and at least one finite value.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn scaled_softmax(row: &mut [f32], scale: f32) {
+    let n = row.len();
+    let p = row.as_mut_ptr();
+    let tail_mask = |i: usize| -> __mmask16 { ((1u32 << (n - i).min(16)) - 1) as u16 };
+    let vscale = _mm512_set1_ps(scale);
+    let mut vmax = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut i = 0;
+    while i < n {
+        let m = tail_mask(i);
+        let v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p.add(i)), vscale);
+        _mm512_mask_storeu_ps(p.add(i), m, v);
+        vmax = _mm512_mask_max_ps(vmax, m, vmax, v);
+        i += 16;
+    }
+    let max = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+    let mut vsum = _mm512_setzero_ps();
+    i = 0;
+    while i < n {
+        let m = tail_mask(i);
+        let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p.add(i)), max));
+        _mm512_mask_storeu_ps(p.add(i), m, e);
+        vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
+        i += 16;
+    }
+    let inv = _mm512_set1_ps(1.0 / _mm512_reduce_add_ps(vsum));
+    i = 0;
+    while i < n {
+        let m = tail_mask(i);
+        let v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p.add(i)), inv);
+        _mm512_mask_storeu_ps(p.add(i), m, v);
+        i += 16;
+    }
+}
