@@ -2,10 +2,13 @@
 //! cached position as a contiguous `[position, head_dim]` run, so attention reads one head's keys
 //! as a plain matrix, a forward appends by extending and a truncation is a `Vec::truncate`.
 
+/// One layer's cache: `(K, V)`, each one `[len · head_dim]` vector per KV head.
+pub(crate) type LayerKv = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
 #[derive(Debug, Default)]
 pub struct KvCache {
     /// `layers[i].0[g]` / `layers[i].1[g]`: K / V of layer `i`, KV head `g`.
-    pub(crate) layers: Vec<(Vec<Vec<f32>>, Vec<Vec<f32>>)>,
+    pub(crate) layers: Vec<LayerKv>,
     head_dim: usize,
     len: usize,
 }

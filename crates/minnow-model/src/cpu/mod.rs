@@ -120,7 +120,7 @@ impl CpuModel {
         let norm_rows = if trace.is_some() { 0..n } else { rows.clone() };
         let mut hf = h[norm_rows.start * dm..norm_rows.end * dm].to_vec();
         rms_norm_rows(&mut hf, &w.final_norm, c.rms_norm_eps);
-        if let Some(t) = trace.as_deref_mut() {
+        if let Some(t) = trace {
             t.final_norm = hf.clone();
         }
         let hf = &hf[(rows.start - norm_rows.start) * dm..(rows.end - norm_rows.start) * dm];
@@ -143,7 +143,7 @@ impl CpuModel {
                 c.vocab_size
             )));
         }
-        if c.block_routing() && start % c.block_size != 0 && !ids.is_empty() {
+        if c.block_routing() && !start.is_multiple_of(c.block_size) && !ids.is_empty() {
             return Err(ModelError::InvalidInput(format!(
                 "a forward must start at a multiple of the block size {} with 2.2 block routing (start {start})",
                 c.block_size

@@ -229,7 +229,7 @@ pub fn matmul_nn(
         "matmul_nn: out too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if n % 16 == 0 && super::x86::has_avx512() {
+    if n.is_multiple_of(16) && super::x86::has_avx512() {
         // SAFETY: AVX-512F checked; bounds asserted above.
         unsafe { super::x86::matmul_nn(a, a_rs, m, k, b, n, out, out_rs) };
         return;

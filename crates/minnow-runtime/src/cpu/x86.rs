@@ -153,6 +153,7 @@ const NN_COLS: usize = 4;
 /// AVX-512F required; `a` holds `m` rows of `k` at stride `a_rs`, `b` holds `k · n` values,
 /// `out` holds `m` rows of `n` at stride `out_rs`, and `n % 16 == 0`.
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn matmul_nn(
     a: &[f32],
     a_rs: usize,
@@ -274,7 +275,7 @@ unsafe fn exp16(x: __m512) -> __m512 {
         8.333_452e-3,
         4.166_579_6e-2,
         1.666_666_5e-1,
-        5.000_000_1e-1,
+        0.5,
     ] {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
     }
