@@ -447,3 +447,32 @@ fn no_max_tokens_means_the_rest_of_the_context() {
     assert_eq!(ids.len(), 512 - 40);
     assert_eq!(stats.blocks, 15);
 }
+
+#[test]
+fn a_panicking_runner_fails_the_request_but_not_the_engine() {
+    let mut calls = 0;
+    let runner = ScriptedRunner::new(config(), move |start, ids| {
+        calls += 1;
+        assert!(calls != 2, "scripted runner failure");
+        confident_rows(start, ids.len(), VOCAB, |_| 100)
+    });
+    let engine = Engine::with_runner(
+        &fixture("llada2-tiny-v21"),
+        Box::new(runner),
+        EngineOptions::default(),
+    )
+    .unwrap();
+    let request = || GenerateRequest {
+        prompt_ids: prompt_ids(&engine, 40),
+        max_tokens: Some(8),
+        ..Default::default()
+    };
+    let mut first = engine.submit(request()).unwrap();
+    match collect(&mut first).last() {
+        Some(Event::Error(message)) => assert!(message.contains("scripted runner failure")),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    let mut second = engine.submit(request()).unwrap();
+    let (reason, ids, _, _) = done(&collect(&mut second));
+    assert_eq!((reason, ids), (FinishReason::Length, vec![100; 8]));
+}

@@ -138,7 +138,20 @@ fn run(mut runner: Box<dyn ModelRunner>, queue: &Queue, tokenizer: &Tokenizer) {
             }
         }
         for request in active.iter_mut() {
-            request.step(runner.as_mut(), tokenizer);
+            // A bug in a runner or decoder must fail its request, not the engine thread (which
+            // would leave every queued request waiting forever).
+            let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                request.step(runner.as_mut(), tokenizer)
+            }));
+            if let Err(panic) = stepped {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!(request = request.id, "internal error: {message}");
+                request.fail(runner.as_mut(), format!("internal error: {message}"));
+            }
         }
         active.retain(|request| !request.done);
         queue.lock().busy = active.len();
