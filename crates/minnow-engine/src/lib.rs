@@ -6,10 +6,10 @@
 //! programs use.
 
 pub mod api;
+pub mod chat_template;
 pub mod decode;
 pub mod engine;
 pub mod sampling;
-pub mod chat_template;
 pub mod text_stream;
 pub mod tokenizer;
 pub mod tool_calls;
