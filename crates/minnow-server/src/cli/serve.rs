@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use minnow_engine::{DecodeParams, EngineOptions};
+use minnow_runtime::device::DeviceRequest;
 
 use super::Cli;
 use crate::server::{self, ServerConfig, DEFAULT_BODY_LIMIT};
@@ -148,18 +149,7 @@ fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
     if !(args.keep_alive.is_finite() && args.keep_alive > 0.0) {
         return Err("--keep-alive must be a positive number of seconds".into());
     }
-    // The engine has no dtype option yet: it always runs its device's native dtype (the
-    // documented `auto` behaviour). Asking for something else is refused rather than ignored.
-    match (args.dtype, cli.device) {
-        (Dtype::Auto, _) => {}
-        (Dtype::F32, minnow_runtime::device::DeviceRequest::Cpu) => {}
-        (dtype, device) => {
-            return Err(format!(
-                "--dtype {dtype:?} with --device {device} is not supported by this build yet; use --dtype auto"
-            )
-            .to_lowercase())
-        }
-    }
+    check_dtype(args.dtype, cli.device)?;
     if let Some(dir) = &args.ui_dir {
         if !dir.is_dir() {
             return Err(format!("--ui-dir {} is not a directory", dir.display()));
@@ -194,6 +184,21 @@ fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
     })
 }
 
+/// The engine has no dtype option (yet): the CPU runner computes in F32 and the CUDA runner in
+/// BF16, which is exactly `auto`. An explicit dtype is accepted where it names what the device
+/// will use anyway, and refused (not ignored) where it would need a conversion the engine lacks.
+fn check_dtype(dtype: Dtype, device: DeviceRequest) -> Result<(), String> {
+    match (dtype, device) {
+        (Dtype::Auto, _) | (Dtype::F32, DeviceRequest::Cpu) | (Dtype::Bf16, DeviceRequest::Cuda(_)) => Ok(()),
+        (Dtype::F32, _) => Err(format!(
+            "--dtype f32 needs --device cpu (the GPU path computes in BF16); got --device {device}"
+        )),
+        (Dtype::Bf16, _) => Err(format!(
+            "--dtype bf16 needs --device cuda[:N] (the CPU path computes in F32); got --device {device}"
+        )),
+    }
+}
+
 /// One line per event on stderr; `RUST_LOG` overrides the default `info` level.
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -203,4 +208,44 @@ fn init_logging() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_must_match_the_device() {
+        assert!(check_dtype(Dtype::Auto, DeviceRequest::Auto).is_ok());
+        assert!(check_dtype(Dtype::F32, DeviceRequest::Cpu).is_ok());
+        assert!(check_dtype(Dtype::Bf16, DeviceRequest::Cuda(1)).is_ok());
+        assert!(check_dtype(Dtype::F32, DeviceRequest::Cuda(0)).is_err());
+        assert!(check_dtype(Dtype::Bf16, DeviceRequest::Cpu).is_err());
+        assert!(check_dtype(Dtype::Bf16, DeviceRequest::Auto).is_err());
+    }
+
+    #[test]
+    fn decode_flags_are_range_checked() {
+        let mut args = DecodeArgs {
+            algorithm: Some("joint".into()),
+            threshold: Some(0.9),
+            editing_threshold: None,
+            max_post_steps: None,
+            steps: None,
+            num_to_transfer: None,
+            temperature: None,
+            top_k: None,
+            top_p: None,
+            seed: Some(3),
+            max_tokens: None,
+        };
+        let params = args.params().unwrap();
+        assert_eq!(params.threshold, Some(0.9));
+        assert_eq!(params.seed, Some(3));
+        args.threshold = Some(1.5);
+        assert!(args.params().unwrap_err().contains("--threshold"));
+        args.threshold = None;
+        args.algorithm = Some("beam".into());
+        assert!(args.params().is_err());
+    }
 }

@@ -200,7 +200,7 @@ pub async fn complete(
             }) => {
                 watch.finished = true;
                 state.metrics.record_generation(&stats);
-                log.set_tokens(stats.prompt_tokens, stats.completion_tokens);
+                log.set_generation(&stats);
                 log.set_outcome(responses::finish_reason(finish_reason));
                 let tool_calls = job.filter_calls(&tool_calls);
                 let body = responses::completion_response(

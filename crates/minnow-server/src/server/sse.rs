@@ -173,8 +173,7 @@ impl Stream {
                     ..
                 }) => {
                     self.state.metrics.record_generation(&stats);
-                    self.log
-                        .set_tokens(stats.prompt_tokens, stats.completion_tokens);
+                    self.log.set_generation(&stats);
                     self.log
                         .set_outcome(responses::finish_reason(finish_reason));
                     let mut last = responses::chunk(meta, ChunkContent::Finish(finish_reason));

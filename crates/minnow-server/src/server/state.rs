@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use minnow_engine::Engine;
+use minnow_engine::{Engine, GenerationStats};
 
 use super::config::ServerConfig;
 use super::errors::ApiError;
@@ -73,8 +73,7 @@ pub fn unix_now() -> u64 {
 #[derive(Default)]
 struct LogFields {
     status: u16,
-    prompt_tokens: Option<usize>,
-    completion_tokens: Option<usize>,
+    generation: Option<GenerationStats>,
     outcome: Option<String>,
 }
 
@@ -114,10 +113,10 @@ impl RequestLog {
         }
     }
 
-    pub fn set_tokens(&self, prompt: usize, completion: usize) {
+    /// Token counts and timings of the finished generation, for the log line.
+    pub fn set_generation(&self, stats: &GenerationStats) {
         if let Ok(mut fields) = self.fields.lock() {
-            fields.prompt_tokens = Some(prompt);
-            fields.completion_tokens = Some(completion);
+            fields.generation = Some(stats.clone());
         }
     }
 
@@ -145,9 +144,16 @@ impl Drop for RequestLog {
         self.state
             .metrics
             .record_request(self.route, fields.status, elapsed.as_secs_f64());
-        let tokens = match (fields.prompt_tokens, fields.completion_tokens) {
-            (Some(p), Some(c)) => format!(" prompt_tokens={p} completion_tokens={c}"),
-            _ => String::new(),
+        let tokens = match &fields.generation {
+            Some(g) => format!(
+                " prompt_tokens={} cached_tokens={} completion_tokens={} prefill_ms={:.1} decode_ms={:.1}",
+                g.prompt_tokens,
+                g.cached_tokens,
+                g.completion_tokens,
+                g.prefill_seconds * 1000.0,
+                g.decode_seconds * 1000.0
+            ),
+            None => String::new(),
         };
         let outcome = fields
             .outcome
