@@ -101,12 +101,14 @@ fn report(dir: &Path, c: &Config, source: &SafetensorsDir) -> String {
     out
 }
 
-/// Special token ids: MASK, end of text, end of turn and begin of text by content from
-/// tokenizer.json `added_tokens`; DELETE/SPLIT from config.json (model doc §8).
+/// Special token ids (model doc §8): by content from tokenizer.json `added_tokens`, else from
+/// generation_config.json / config.json, else the documented LLaDA2 constant (marked as such).
+/// DELETE/SPLIT come from config.json (2.2).
 fn special_tokens(dir: &Path, c: &Config) -> Vec<String> {
-    let added: BTreeMap<String, u64> = std::fs::read_to_string(dir.join("tokenizer.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+    let read_json = |file: &str| -> Option<serde_json::Value> {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(file)).ok()?).ok()
+    };
+    let added: BTreeMap<String, u64> = read_json("tokenizer.json")
         .and_then(|j| j.get("added_tokens").and_then(|a| a.as_array()).cloned())
         .unwrap_or_default()
         .iter()
@@ -117,17 +119,46 @@ fn special_tokens(dir: &Path, c: &Config) -> Vec<String> {
             ))
         })
         .collect();
+    let generation = read_json("generation_config.json");
+    let from_generation = |key: &str| {
+        generation
+            .as_ref()
+            .and_then(|g| g.get(key))
+            .and_then(|v| v.as_u64().or_else(|| v.as_array()?.first()?.as_u64()))
+    };
     let mut out = Vec::new();
-    for (label, content) in [
-        ("mask", "<|mask|>"),
-        ("eos", "<|endoftext|>"),
-        ("role_end", "<|role_end|>"),
-        ("bos", "<|startoftext|>"),
+    for (label, content, fallback, constant) in [
+        (
+            "mask",
+            "<|mask|>",
+            from_generation("mask_token_id"),
+            Some(156895),
+        ),
+        (
+            "eos",
+            "<|endoftext|>",
+            c.eos_token_id
+                .map(u64::from)
+                .or(from_generation("eos_token_id")),
+            Some(156892),
+        ),
+        ("role_end", "<|role_end|>", None, None),
+        (
+            "bos",
+            "<|startoftext|>",
+            from_generation("bos_token_id"),
+            Some(156891),
+        ),
     ] {
-        match added.get(content) {
-            Some(id) => out.push(format!("{label} {id} {content}")),
-            None => out.push(format!("{label} ? ({content} not in tokenizer.json)")),
-        }
+        let text = match (added.get(content), fallback, constant) {
+            (Some(id), _, _) => format!("{label} {id} {content}"),
+            (None, Some(id), _) => format!("{label} {id} (from the config files)"),
+            (None, None, Some(id)) => {
+                format!("{label} {id} (LLaDA2 default; not named by the checkpoint)")
+            }
+            (None, None, None) => format!("{label} unknown ({content} not in tokenizer.json)"),
+        };
+        out.push(text);
     }
     if let Some(id) = c.delete_token_id {
         out.push(format!("delete {id}"));
