@@ -300,3 +300,21 @@ fn without_model_the_bundled_fixture_is_used_and_announced() {
     assert!(stderr.contains("bundled tiny fixture"), "{stderr}");
     assert_eq!(json_of(&out)["output_ids"].as_array().unwrap().len(), 4);
 }
+
+#[test]
+fn greedy_indel_is_deterministic_despite_its_random_anti_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = golden_prompt_file(&dir);
+    let args = [
+        "--input-ids",
+        prompt.to_str().unwrap(),
+        "--max-tokens",
+        "64",
+        "--json",
+        "--trace",
+    ];
+    let a = json_of(&with_model("llada2-tiny-v22", &args));
+    let b = json_of(&with_model("llada2-tiny-v22", &args));
+    assert_eq!(a["trace"], b["trace"]);
+    assert_eq!(a["output_ids"], b["output_ids"]);
+}
