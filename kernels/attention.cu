@@ -14,7 +14,7 @@
 #include <mma.h>
 using namespace nvcuda;
 
-namespace {
+namespace minnow_attention {
 constexpr int ROWS = 64;  // query rows per CTA
 constexpr int KT = 64;    // keys per tile
 constexpr int THREADS = 128;
@@ -186,7 +186,8 @@ __device__ void attention_tile(const bf16* __restrict__ q, const bf16* __restric
         }
     }
 }
-}  // namespace
+}  // namespace minnow_attention
+using namespace minnow_attention;
 
 // grid = (ceil(T / (64 / group)), G, splits), block = 128; dynamic shared memory = Smem<D>::total
 // (the host computes the same layout: attention_smem_bytes in crates/minnow-runtime/src/cuda/ops.rs).
@@ -202,6 +203,238 @@ ATTENTION_ENTRY(32)
 ATTENTION_ENTRY(64)
 ATTENTION_ENTRY(128)
 ATTENTION_ENTRY(256)
+
+// ---------------------------------------------------------------------------------------------
+// The same attention for head_dim 64 / 128 written for the tensor cores' register layouts
+// (mma.sync m16n8k16, FlashAttention-2 style): Q fragments, scores, probabilities and the
+// output accumulator stay in registers; K/V tiles stream through shared memory with cp.async,
+// double-buffered. Same grid, rows, masking and partial outputs as attention_d{D}.
+namespace minnow_fa {
+constexpr int THREADS = 128, ROWS = 64, KT = 64;
+
+template <int D>
+struct FaSmem {
+    static constexpr int LD = D + 8;  // bf16 row pitch: 16 bytes of padding spreads the banks
+    static constexpr int q = 0;
+    static constexpr int k = q + ROWS * LD * 2;
+    static constexpr int v = k + 2 * KT * LD * 2;
+    static constexpr int total = v + 2 * KT * LD * 2;
+};
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const bf16* p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+
+template <int D>
+__device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                        float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos0_ptr,
+                        int T, int n_heads, int n_kv, int block, float scale) {
+    using L = FaSmem<D>;
+    constexpr int LD = L::LD, CH = D / 8, KS = D / 16, ND = D / 8;
+    extern __shared__ __align__(128) unsigned char smem[];
+    bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
+    bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
+    bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int group = n_heads / n_kv, tq = ROWS / group;
+    const int kvh = blockIdx.y, tok0 = blockIdx.x * tq;
+    const int pos0 = pos0_ptr[0], end = pos0 + T;
+
+    for (int i = tid; i < ROWS * CH; i += THREADS) {
+        const int r = i / CH, c = i % CH;
+        const int tok = tok0 + r % tq, head = kvh * group + r / tq;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (tok < T) val = *reinterpret_cast<const uint4*>(q + ((size_t)tok * n_heads + head) * D + c * 8);
+        *reinterpret_cast<uint4*>(sQ + r * LD + c * 8) = val;
+    }
+    // This thread's two rows (g and g + 8 of the warp's 16) and their key limits.
+    const int ra = warp * 16 + g, rb = ra + 8;
+    const int toka = tok0 + ra % tq, tokb = tok0 + rb % tq;
+    const int lima = toka < T ? key_limit(pos0 + toka, block, end) : 0;
+    const int limb = tokb < T ? key_limit(pos0 + tokb, block, end) : 0;
+    const int last_tok = min(T - 1, tok0 + tq - 1);
+    const int tile_lim = key_limit(pos0 + last_tok, block, end);
+    const int n_tiles = (tile_lim + KT - 1) / KT;
+    const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
+    const int kbeg = blockIdx.z * per_split * KT;
+    const int kend = min(tile_lim, kbeg + per_split * KT);
+    __syncthreads();
+
+    unsigned qa[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+        const bf16* base = sQ + kk * 16 + 2 * t4;
+        qa[kk][0] = *reinterpret_cast<const unsigned*>(base + ra * LD);
+        qa[kk][1] = *reinterpret_cast<const unsigned*>(base + rb * LD);
+        qa[kk][2] = *reinterpret_cast<const unsigned*>(base + ra * LD + 8);
+        qa[kk][3] = *reinterpret_cast<const unsigned*>(base + rb * LD + 8);
+    }
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
+
+    auto load_tile = [&](int stage, int kb) {
+        bf16* dk = sK + stage * KT * LD;
+        bf16* dv = sV + stage * KT * LD;
+#pragma unroll
+        for (int i = 0; i < KT * CH / THREADS; ++i) {
+            const int c = tid + i * THREADS, r = c / CH, col = (c % CH) * 8, key = kb + r;
+            const bool ok = key < kend;
+            const size_t off = ((size_t)(ok ? key : 0) * n_kv + kvh) * D + col;
+            cp_async16(dk + r * LD + col, k_cache + off, ok);
+            cp_async16(dv + r * LD + col, v_cache + off, ok);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+
+    if (kbeg < kend) load_tile(0, kbeg);
+    int stage = 0;
+    for (int kb = kbeg; kb < kend; kb += KT, stage ^= 1) {
+        if (kb + KT < kend) {
+            load_tile(stage ^ 1, kb + KT);
+            asm volatile("cp.async.wait_group 1;\n" ::);
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::);
+        }
+        __syncthreads();
+        const bf16* tk = sK + stage * KT * LD;
+        const bf16* tv = sV + stage * KT * LD;
+
+        // Scores of this warp's 16 rows against the tile's 64 keys: 8 blocks of 8 keys.
+        float s[KT / 8][4];
+#pragma unroll
+        for (int nb = 0; nb < KT / 8; ++nb) {
+            s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+            const bf16* krow = tk + (nb * 8 + g) * LD + 2 * t4;
+#pragma unroll
+            for (int kk = 0; kk < KS; ++kk) {
+                const unsigned b0 = *reinterpret_cast<const unsigned*>(krow + kk * 16);
+                const unsigned b1 = *reinterpret_cast<const unsigned*>(krow + kk * 16 + 8);
+                mma16816(s[nb], qa[kk], b0, b1);
+            }
+        }
+        // Online softmax over rows ra (elements 0, 1) and rb (elements 2, 3).
+        float mxa = -INFINITY, mxb = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < KT / 8; ++nb) {
+            const int key = kb + nb * 8 + 2 * t4;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                s[nb][e] = key + e < lima ? s[nb][e] * scale : -INFINITY;
+                s[nb][2 + e] = key + e < limb ? s[nb][2 + e] * scale : -INFINITY;
+                mxa = fmaxf(mxa, s[nb][e]);
+                mxb = fmaxf(mxb, s[nb][2 + e]);
+            }
+        }
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, off));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, off));
+        }
+        const float na = fmaxf(ma, mxa), nbm = fmaxf(mb, mxb);
+        const float alpha_a = na == -INFINITY ? 1.f : expf(ma - na);
+        const float alpha_b = nbm == -INFINITY ? 1.f : expf(mb - nbm);
+        ma = na;
+        mb = nbm;
+        unsigned pa[KT / 16][4];
+        float suma = 0.f, sumb = 0.f;
+#pragma unroll
+        for (int nb = 0; nb < KT / 8; ++nb) {
+            // Probabilities rounded to BF16 (as the reference does before P.V); the sums use the
+            // rounded values so that the normalisation matches what P.V accumulates.
+            const float p0 = na == -INFINITY ? 0.f : __bfloat162float(__float2bfloat16_rn(expf(s[nb][0] - na)));
+            const float p1 = na == -INFINITY ? 0.f : __bfloat162float(__float2bfloat16_rn(expf(s[nb][1] - na)));
+            const float p2 = nbm == -INFINITY ? 0.f : __bfloat162float(__float2bfloat16_rn(expf(s[nb][2] - nbm)));
+            const float p3 = nbm == -INFINITY ? 0.f : __bfloat162float(__float2bfloat16_rn(expf(s[nb][3] - nbm)));
+            suma += p0 + p1;
+            sumb += p2 + p3;
+            pa[nb / 2][(nb & 1) * 2 + 0] = pack_bf16(p0, p1);
+            pa[nb / 2][(nb & 1) * 2 + 1] = pack_bf16(p2, p3);
+        }
+        la = la * alpha_a + suma;
+        lb = lb * alpha_b + sumb;
+#pragma unroll
+        for (int n = 0; n < ND; ++n) {
+            o[n][0] *= alpha_a;
+            o[n][1] *= alpha_a;
+            o[n][2] *= alpha_b;
+            o[n][3] *= alpha_b;
+        }
+        // O += P V: V fragments through ldmatrix.trans, two 8-wide dim blocks per load.
+        const int mi = lane >> 3, ri = lane & 7;
+#pragma unroll
+        for (int j = 0; j < KT / 16; ++j) {
+#pragma unroll
+            for (int n = 0; n < ND; n += 2) {
+                unsigned vb[4];
+                ldmatrix_x4_trans(vb, tv + (j * 16 + (mi & 1) * 8 + ri) * LD + (n + (mi >> 1)) * 8);
+                mma16816(o[n], pa[j], vb[0], vb[1]);
+                mma16816(o[n + 1], pa[j], vb[2], vb[3]);
+            }
+        }
+        __syncthreads();  // the next iteration's copy overwrites the other stage
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, off);
+        lb += __shfl_xor_sync(0xffffffffu, lb, off);
+    }
+    const int heada = kvh * group + ra / tq, headb = kvh * group + rb / tq;
+    float* oa = part_o + (((size_t)blockIdx.z * T + toka) * n_heads + heada) * D;
+    float* ob = part_o + (((size_t)blockIdx.z * T + tokb) * n_heads + headb) * D;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+        if (toka < T) *reinterpret_cast<float2*>(oa + n * 8 + 2 * t4) = make_float2(o[n][0], o[n][1]);
+        if (tokb < T) *reinterpret_cast<float2*>(ob + n * 8 + 2 * t4) = make_float2(o[n][2], o[n][3]);
+    }
+    if (t4 == 0) {
+        if (toka < T) {
+            float* ml = part_ml + (((size_t)blockIdx.z * T + toka) * n_heads + heada) * 2;
+            ml[0] = ma;
+            ml[1] = la;
+        }
+        if (tokb < T) {
+            float* ml = part_ml + (((size_t)blockIdx.z * T + tokb) * n_heads + headb) * 2;
+            ml[0] = mb;
+            ml[1] = lb;
+        }
+    }
+}
+}  // namespace minnow_fa
+
+// grid = (ceil(T / (64 / group)), G, splits), block = 128; dynamic shared memory =
+// FaSmem<D>::total (mirrored by attention_smem_bytes in ops.rs).
+#define FA_ENTRY(D)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(minnow_fa::THREADS) attention_fa_d##D(                   \
+        const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,            \
+        const int* pos0, int T, int n_heads, int n_kv, int block, float scale) {                           \
+        minnow_fa::fa_tile<D>(q, k_cache, v_cache, part_o, part_ml, pos0, T, n_heads, n_kv, block, scale); \
+    }
+FA_ENTRY(64)
+FA_ENTRY(128)
+static_assert(minnow_fa::FaSmem<128>::total == 64 * 136 * 2 * 5, "host mirror");
 
 // Merges the splits: out[t, h, :] = BF16( sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M) ).
 // grid = (T, H), block = min(D, 256) threads.

@@ -54,11 +54,13 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restric
 // The MoE output of token t (one CTA per token):
 //   routed = BF16( sum_j w[t, j] * F32(y[slot_pos[t, j], :]) )    (F32 mix, one rounding)
 //   out[t] = BF16(routed + shared[t])                             (shared may be null)
+// grid = (T, ceil(d / blockDim)).
 extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __restrict__ slot_pos,
                                        const float* __restrict__ w, const bf16* __restrict__ shared,
                                        bf16* __restrict__ out, int k, int d) {
     const int t = blockIdx.x;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < d) {
         float acc = 0.f;
         for (int j = 0; j < k; ++j) {
             acc += w[t * k + j] * to_f32(y[(size_t)slot_pos[t * k + j] * d + i]);

@@ -78,7 +78,7 @@ extern "C" __global__ void route_topk(const float* __restrict__ logits, const fl
         if (j < E && !group_keep[j / gsize]) cand[j] = -INFINITY;
     }
     __syncthreads();
-    if (j < E) {
+    if (j < E && cand[j] != -INFINITY) {  // excluded experts never rank among the first k
         const float v = cand[j];
         int rank = 0;
         for (int i = 0; i < E; ++i) rank += ranks_before(cand[i], i, v, j);
@@ -95,7 +95,34 @@ extern "C" __global__ void route_topk(const float* __restrict__ logits, const fl
     }
 }
 
-// Groups the A = T * k assignments by expert (one CTA of 1024 threads). Outputs:
+// Exclusive prefix sum over the CTA (blockDim.x a multiple of 32); `total` gets the sum.
+__device__ int block_exclusive_scan(int v, int* scratch, int* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    int incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += n;
+    }
+    __syncthreads();
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < nwarps ? scratch[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int n = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += n;
+        }
+        scratch[lane] = w;  // inclusive sums of the warps
+    }
+    __syncthreads();
+    const int before = warp == 0 ? 0 : scratch[warp - 1];
+    *total = scratch[nwarps - 1];
+    return before + incl - v;
+}
+
+// Groups the A = T * k assignments by expert (one CTA of 1024 threads, E <= 1024). Outputs:
 //   slot_pos[a]      row of assignment a in the expert-sorted order
 //   row_token[p]     token whose activation row p reads
 //   tiles[i]         (expert, first row, end row) of the i-th tile of at most `tile_rows` rows
@@ -107,20 +134,23 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
                                         int4* __restrict__ tiles, int* __restrict__ num_tiles) {
     extern __shared__ int cnt[];  // E counts, then E cursors
     int* cursor = cnt + E;
+    __shared__ int scratch[32];
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
     for (int a = threadIdx.x; a < A; a += blockDim.x) atomicAdd(&cnt[topk_idx[a]], 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int off = 0, nt = 0;
-        for (int e = 0; e < E; ++e) {
-            const int c = cnt[e];
-            cursor[e] = off;
-            for (int r = 0; r < c; r += tile_rows) tiles[nt++] = make_int4(e, off + r, off + min(c, r + tile_rows), 0);
-            off += c;
-        }
-        num_tiles[0] = nt;
+    const int e = threadIdx.x;
+    const int c = e < E ? cnt[e] : 0;
+    const int nt = (c + tile_rows - 1) / tile_rows;
+    int total;
+    const int off = block_exclusive_scan(c, scratch, &total);
+    const int toff = block_exclusive_scan(nt, scratch, &total);
+    if (e < E) {
+        cursor[e] = off;
+        for (int r = 0; r < nt; ++r)
+            tiles[toff + r] = make_int4(e, off + r * tile_rows, off + min(c, (r + 1) * tile_rows), 0);
     }
+    if (threadIdx.x == 0) num_tiles[0] = total;
     __syncthreads();
     for (int a = threadIdx.x; a < A; a += blockDim.x) {
         const int p = atomicAdd(&cursor[topk_idx[a]], 1);

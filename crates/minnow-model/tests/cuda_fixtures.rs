@@ -83,8 +83,17 @@ fn argmax(row: &[f32]) -> usize {
 /// the fixture README advises for a BF16 engine: on tokens whose router margin is above 0.01,
 /// every logit within 0.5 of the BF16 reference, and the same argmax wherever the reference's
 /// top-1/top-2 gap exceeds 1.0 (far beyond BF16 noise). Returns how many tokens were compared.
-fn compare(name: &str, g: &Golden, got: &[f32], rows: std::ops::Range<usize>, vocab: usize) -> usize {
-    assert!(got.iter().all(|x| x.is_finite()), "{name}: non-finite logits");
+fn compare(
+    name: &str,
+    g: &Golden,
+    got: &[f32],
+    rows: std::ops::Range<usize>,
+    vocab: usize,
+) -> usize {
+    assert!(
+        got.iter().all(|x| x.is_finite()),
+        "{name}: non-finite logits"
+    );
     let (mut worst, mut worst_f32, mut compared, mut agree) = (0f32, 0f32, 0, 0);
     for (k, t) in rows.clone().enumerate() {
         let row = &got[k * vocab..(k + 1) * vocab];
@@ -100,9 +109,16 @@ fn compare(name: &str, g: &Golden, got: &[f32], rows: std::ops::Range<usize>, vo
                 worst = worst.max((row[c] - want[c]).abs());
                 worst_f32 = worst_f32.max((row[c] - want_f32[c]).abs());
             }
-            let second = (0..vocab).filter(|&c| c != best).map(|c| want[c]).fold(f32::NEG_INFINITY, f32::max);
+            let second = (0..vocab)
+                .filter(|&c| c != best)
+                .map(|c| want[c])
+                .fold(f32::NEG_INFINITY, f32::max);
             if want[best] - second > 1.0 {
-                assert_eq!(argmax(row), best, "{name}: token {t} has a clear reference argmax");
+                assert_eq!(
+                    argmax(row),
+                    best,
+                    "{name}: token {t} has a clear reference argmax"
+                );
             }
         }
     }
@@ -110,7 +126,10 @@ fn compare(name: &str, g: &Golden, got: &[f32], rows: std::ops::Range<usize>, vo
     println!(
         "{name}: {compared}/{n} tokens with router margin > 0.01: max |gpu - bf16 ref| {worst:.3}, max |gpu - f32 ref| {worst_f32:.3}; argmax agrees on {agree}/{n}"
     );
-    assert!(worst <= 0.5, "{name}: logits differ from the BF16 reference by {worst}");
+    assert!(
+        worst <= 0.5,
+        "{name}: logits differ from the BF16 reference by {worst}"
+    );
     compared
 }
 

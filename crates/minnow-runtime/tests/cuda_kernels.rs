@@ -210,6 +210,11 @@ fn cublas_gemms_match_reference() {
         .gemm_f32(dx.ptr(), dw.ptr(), dy.ptr(), m, n, k)
         .unwrap();
     check_f32("gemm_f32", &read(&g, &dy), &matmul_t(&xs, &ws, m, n, k));
+    // BF16 operands with an F32 result (the router): F32-exact products, F32 sums.
+    let dy = poisoned_f32(&g, m * n);
+    let (dx, dw) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
+    g.blas().gemm_bf16_f32out(dx.ptr(), dw.ptr(), dy.ptr(), m, n, k).unwrap();
+    check_f32("gemm_bf16_f32out", &read(&g, &dy), &matmul_t(&xf, &wf, m, n, k));
 }
 
 /// CPU reference of qk_norm_rope (the BF16 order of docs/llada2-model.md §7.4).
@@ -544,11 +549,14 @@ fn router_matches_reference() {
 fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
     let g = gpu();
     let mut rng = rng();
-    for &(t, k, e, n, kd) in &[
-        (32usize, 8usize, 256usize, 1024usize, 2048usize),
-        (300, 4, 16, 64, 64),
-        (5, 2, 4, 128, 96),
-    ] {
+    let cases = [
+        (32usize, 8usize, 256usize, 1024usize, 2048usize, 16usize),
+        (32, 8, 256, 2048, 512, 16),
+        (300, 4, 16, 64, 64, 64),
+        (300, 4, 16, 64, 32, 16),
+        (5, 2, 4, 128, 96, 64),
+    ];
+    for &(t, k, e, n, kd, tile_rows) in &cases {
         let x = to_bf16(&randn(&mut rng, t * kd, 1.0));
         let w = to_bf16(&randn(&mut rng, e * n * kd, 0.05));
         // Distinct experts per token, skewed so that some experts get more than one tile.
@@ -568,7 +576,7 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
             idx.extend(chosen);
         }
         let a = t * k;
-        let max_tiles = ops::moe_max_tiles(a, e);
+        let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
         let (dx, dw, didx) = (
             g.upload(&x).unwrap(),
             g.upload(&w).unwrap(),
@@ -585,6 +593,7 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
             t,
             k,
             e,
+            tile_rows,
             slot.ptr(),
             row_token.ptr(),
             tiles.ptr(),
@@ -600,6 +609,7 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
             tiles.ptr(),
             nt.ptr(),
             max_tiles,
+            tile_rows,
             n,
             kd,
         )
@@ -624,10 +634,16 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
             }
         }
         check_bf16(
-            &format!("grouped gemm t{t} k{k} e{e} n{n} k{kd}"),
+            &format!("grouped gemm t{t} k{k} e{e} n{n} k{kd} tiles of {tile_rows}"),
             &got,
             &want,
         );
+        // The tile list covers every row exactly once, in tiles of at most tile_rows rows.
+        let ntiles = read(&g, &nt)[0] as usize;
+        let tl = read(&g, &tiles);
+        let covered: usize = (0..ntiles).map(|i| (tl[4 * i + 2] - tl[4 * i + 1]) as usize).sum();
+        assert_eq!(covered, a);
+        assert!((0..ntiles).all(|i| (tl[4 * i + 2] - tl[4 * i + 1]) as usize <= tile_rows));
         // Combine with F32 weights and a shared-expert term.
         let wts = randn(&mut rng, a, 1.0);
         let shared = to_bf16(&randn(&mut rng, t * n, 1.0));

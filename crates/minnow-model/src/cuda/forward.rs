@@ -7,7 +7,7 @@ use half::bf16;
 use minnow_runtime::cuda::ops::{self, AttentionShape, RouterShape};
 use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu, Profile};
 
-use super::weights::{DenseMlp, Mlp, Weights};
+use super::weights::{DenseMlp, Mlp, RouterWeights, Weights};
 use crate::config::Config;
 
 /// K/V cache of one sequence: per layer `[capacity, G, d]` BF16 for K (normed, rotated) and V.
@@ -116,7 +116,7 @@ impl Workspace {
         let attn_rows = t.max(2048);
         let shape = attention_shape(c);
         let (po, pml) = ops::attention_scratch_len(&shape, attn_rows, 1);
-        let max_tiles = ops::moe_max_tiles(a, e);
+        let max_tiles = ops::moe_max_tiles(a, e, 16);
         Ok(Self {
             tokens: t,
             logit_rows: r,
@@ -305,15 +305,16 @@ pub(crate) fn queue_forward(
                     c.moe_intermediate_size,
                 );
                 let a = t * k;
-                ops::bf16_to_f32(gpu, ws.a.ptr(), ws.a_f32.ptr(), t * d)?;
-                blas.gemm_f32(
-                    ws.a_f32.ptr(),
-                    moe.router.ptr(),
-                    ws.router_logits.ptr(),
-                    t,
-                    e,
-                    d,
-                )?;
+                let tile_rows = ops::moe_tile_rows(a, e);
+                match &moe.router {
+                    RouterWeights::Bf16(w) => {
+                        blas.gemm_bf16_f32out(ws.a.ptr(), w.ptr(), ws.router_logits.ptr(), t, e, d)?
+                    }
+                    RouterWeights::F32(w) => {
+                        ops::bf16_to_f32(gpu, ws.a.ptr(), ws.a_f32.ptr(), t * d)?;
+                        blas.gemm_f32(ws.a_f32.ptr(), w.ptr(), ws.router_logits.ptr(), t, e, d)?;
+                    }
+                }
                 ops::route(
                     gpu,
                     &router,
@@ -331,13 +332,14 @@ pub(crate) fn queue_forward(
                     t,
                     k,
                     e,
+                    tile_rows,
                     ws.slot_pos.ptr(),
                     ws.row_token.ptr(),
                     ws.tiles.ptr(),
                     ws.num_tiles.ptr(),
                 )?;
                 mark("dispatch")?;
-                let max_tiles = ops::moe_max_tiles(a, e);
+                let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
                 ops::grouped_gemm(
                     gpu,
                     ws.a.ptr(),
@@ -347,6 +349,7 @@ pub(crate) fn queue_forward(
                     ws.tiles.ptr(),
                     ws.num_tiles.ptr(),
                     max_tiles,
+                    tile_rows,
                     2 * iw,
                     d,
                 )?;
@@ -362,6 +365,7 @@ pub(crate) fn queue_forward(
                     ws.tiles.ptr(),
                     ws.num_tiles.ptr(),
                     max_tiles,
+                    tile_rows,
                     d,
                     iw,
                 )?;

@@ -7,6 +7,7 @@ use half::bf16;
 use minnow_format::TensorSource;
 use minnow_runtime::cuda::{ops, DeviceBuffer, Gpu};
 use minnow_runtime::dtype::widen;
+use minnow_runtime::DType;
 
 use crate::config::Config;
 use crate::{ModelError, Result};
@@ -21,8 +22,25 @@ pub(crate) struct DenseMlp {
     pub width: usize,
 }
 
+/// The router matrix `[E, D]`. BF16 when the checkpoint stores it in BF16 (every released one):
+/// the BF16 GEMM with F32 output computes exactly the promoted F32 products, on tensor cores.
+/// Any other stored type is kept in F32 and multiplied in full F32.
+pub(crate) enum RouterWeights {
+    Bf16(DeviceBuffer<bf16>),
+    F32(DeviceBuffer<f32>),
+}
+
+impl RouterWeights {
+    fn bytes(&self) -> usize {
+        match self {
+            RouterWeights::Bf16(b) => b.bytes(),
+            RouterWeights::F32(b) => b.bytes(),
+        }
+    }
+}
+
 pub(crate) struct Moe {
-    pub router: DeviceBuffer<f32>,
+    pub router: RouterWeights,
     pub bias: DeviceBuffer<f32>,
     pub experts_gate_up: DeviceBuffer<bf16>,
     pub experts_down: DeviceBuffer<bf16>,
@@ -157,7 +175,13 @@ impl Weights {
                 Mlp::Dense(swiglu(&format!("{p}.mlp"), dims.dense_width)?)
             } else {
                 let (e, w) = (dims.experts, dims.expert_width);
-                let router = upload(gpu, &r.values(&format!("{p}.mlp.gate.weight"), &[e, d])?)?;
+                let name = format!("{p}.mlp.gate.weight");
+                let values = r.values(&name, &[e, d])?;
+                let router = if source.tensor(&name).and_then(|t| t.dtype) == Some(DType::BF16) {
+                    RouterWeights::Bf16(upload(gpu, &values.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>())?)
+                } else {
+                    RouterWeights::F32(upload(gpu, &values)?)
+                };
                 let bias = if config.moe_router_enable_expert_bias {
                     upload(gpu, &r.values(&format!("{p}.mlp.gate.expert_bias"), &[e])?)?
                 } else {
@@ -281,8 +305,8 @@ impl Weights {
             } else {
                 let (e, w) = (dims.experts, dims.expert_width);
                 // Router logits of unit scale spread the tokens over many experts; bias small.
-                let router: Vec<f32> = (0..e * d)
-                    .map(|j| hash_uniform(seed ^ (i as u64) << 32, j) * (3.0 / d as f32).sqrt())
+                let router: Vec<bf16> = (0..e * d)
+                    .map(|j| bf16::from_f32(hash_uniform(seed ^ (i as u64) << 32, j) * (3.0 / d as f32).sqrt()))
                     .collect();
                 let bias: Vec<f32> = (0..e)
                     .map(|j| 0.01 * hash_uniform(seed ^ 0xB1A5 ^ (i as u64) << 40, j))
@@ -298,7 +322,7 @@ impl Weights {
                     None
                 };
                 Mlp::Moe(Moe {
-                    router: upload(gpu, &router)?,
+                    router: RouterWeights::Bf16(upload(gpu, &router)?),
                     bias: upload(gpu, &bias)?,
                     experts_gate_up: rand(e * 2 * w * d, d)?,
                     experts_down: rand(e * d * w, w)?,

@@ -45,12 +45,22 @@ impl Blas {
     /// device addresses of row-major matrices with row pitches K (X, W) and `ldy` (Y).
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_bf16(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize, ldy: usize) -> CudaResult<()> {
-        self.gemm_ex(x, w, y, m, n, k, ldy, sys::cudaDataType::CUDA_R_16BF, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F)
+        let bf = sys::cudaDataType::CUDA_R_16BF;
+        self.gemm_ex(x, w, y, m, n, k, ldy, bf, bf, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F)
+    }
+
+    /// BF16 inputs, F32 output: `Y[M, N] = X[M, K] . W[N, K]^T` with F32 accumulation. Used for
+    /// the router when its weights are BF16-exact: the products of two BF16 values are exact in
+    /// F32, so this equals the F32 GEMM of the promoted operands up to summation order.
+    pub fn gemm_bf16_f32out(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize) -> CudaResult<()> {
+        let (bf, f) = (sys::cudaDataType::CUDA_R_16BF, sys::cudaDataType::CUDA_R_32F);
+        self.gemm_ex(x, w, y, m, n, k, n, bf, f, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F)
     }
 
     /// F32 `Y[M, N] = X[M, K] . W[N, K]^T` in full F32 (the router's logits).
     pub fn gemm_f32(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize) -> CudaResult<()> {
-        self.gemm_ex(x, w, y, m, n, k, n, sys::cudaDataType::CUDA_R_32F, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC)
+        let f = sys::cudaDataType::CUDA_R_32F;
+        self.gemm_ex(x, w, y, m, n, k, n, f, f, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -63,7 +73,8 @@ impl Blas {
         n: usize,
         k: usize,
         ldy: usize,
-        dtype: sys::cudaDataType,
+        in_type: sys::cudaDataType,
+        out_type: sys::cudaDataType,
         compute: sys::cublasComputeType_t,
     ) -> CudaResult<()> {
         if m == 0 || n == 0 {
@@ -82,20 +93,20 @@ impl Blas {
                 k as i32,
                 &alpha as *const f32 as *const c_void,
                 w as *const c_void,
-                dtype,
+                in_type,
                 k as i32,
                 x as *const c_void,
-                dtype,
+                in_type,
                 k as i32,
                 &beta as *const f32 as *const c_void,
                 y as *mut c_void,
-                dtype,
+                out_type,
                 ldy as i32,
                 compute,
                 sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .ctx(|| format!("GEMM {m}x{n}x{k} ({dtype:?})"))
+        .ctx(|| format!("GEMM {m}x{n}x{k} ({in_type:?} -> {out_type:?})"))
     }
 }
 

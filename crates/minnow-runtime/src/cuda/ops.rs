@@ -39,7 +39,7 @@ pub fn silu_mul(gpu: &Gpu, gu: u64, out: u64, rows: usize, width: usize) -> Cuda
 /// MoE mix: `out[t] = BF16(BF16(sum_j w[t,j] y[slot_pos[t,j]]) + shared[t])`.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_combine(gpu: &Gpu, y: u64, slot_pos: u64, w: u64, shared: u64, out: u64, tokens: usize, k: usize, d: usize) -> CudaResult<()> {
-    let cfg = LaunchConfig::new((tokens as u32, 1, 1), row_threads(d), 0);
+    let cfg = LaunchConfig::new((tokens as u32, d.div_ceil(256) as u32, 1), 256, 0);
     cuda_launch!(gpu, "moe_combine", cfg, y, slot_pos, w, shared, out, k as i32, d as i32)
 }
 
@@ -133,10 +133,20 @@ pub fn qk_norm_rope(
     )
 }
 
-/// Dynamic shared memory of `attention_d{D}`; mirrors `Smem<D>` in kernels/attention.cu.
+/// Whether head dim `d` runs the register-resident tensor-core kernel (`attention_fa_d{D}`)
+/// rather than the general WMMA one (`attention_d{D}`).
+pub fn attention_uses_fa(d: usize) -> bool {
+    d == 64 || d == 128
+}
+
+/// Dynamic shared memory of the attention kernel for head dim `d`; mirrors `Smem<D>` and
+/// `FaSmem<D>` in kernels/attention.cu.
 pub fn attention_smem_bytes(d: usize) -> usize {
     let (rows, kt) = (64, 64);
     let ldq = d + 8;
+    if attention_uses_fa(d) {
+        return 2 * (rows * ldq + 4 * kt * ldq);
+    }
     let lds = kt + 4;
     let ldp = kt + 8;
     let ldo = d + 4;
@@ -176,7 +186,7 @@ pub fn attention(
         shared_bytes: attention_smem_bytes(d) as u32,
     };
     let scale = 1.0 / (d as f32).sqrt();
-    let name = format!("attention_d{d}");
+    let name = if attention_uses_fa(d) { format!("attention_fa_d{d}") } else { format!("attention_d{d}") };
     cuda_launch!(
         gpu,
         &name,
@@ -233,7 +243,9 @@ impl RouterShape {
         match (s.capacity, s.groups) {
             (Some(c), _) if c < s.top_k || c > s.experts => unsupported(format!("expert capacity {c}")),
             (Some(_), _) => Ok(()),
-            (None, Some((g, kg))) if g == 0 || g > 64 || !s.experts.is_multiple_of(g) || kg == 0 || kg > g => {
+            (None, Some((g, kg)))
+                if g == 0 || g > 64 || !s.experts.is_multiple_of(g) || kg == 0 || kg > g || kg * (s.experts / g) < s.top_k =>
+            {
                 unsupported(format!("{g} expert groups (keep {kg}) over {} experts", s.experts))
             }
             (None, Some(_)) => Ok(()),
@@ -297,16 +309,24 @@ pub fn route(
     )
 }
 
-/// Rows per tile of the grouped expert GEMM.
-pub const MOE_TILE_ROWS: usize = 64;
+/// Rows per tile of the grouped expert GEMM: 16 when experts get few rows each (decoding; the
+/// kernel then streams weights), 64 when they get many (prefill; weights are reused).
+pub fn moe_tile_rows(assignments: usize, experts: usize) -> usize {
+    let busy = experts.min(assignments).max(1);
+    if assignments / busy >= 48 {
+        64
+    } else {
+        16
+    }
+}
 
 /// Upper bound of the tiles `moe_dispatch` can produce for `assignments` rows over `experts`.
-pub fn moe_max_tiles(assignments: usize, experts: usize) -> usize {
-    assignments.div_ceil(MOE_TILE_ROWS) + experts.min(assignments)
+pub fn moe_max_tiles(assignments: usize, experts: usize, tile_rows: usize) -> usize {
+    assignments.div_ceil(tile_rows) + experts.min(assignments)
 }
 
 /// Sorts the `tokens * k` assignments by expert: `slot_pos [A]`, `row_token [A]` (i32), the tile
-/// list `tiles [max_tiles, 4]` (i32) and `num_tiles [1]`.
+/// list `tiles [max_tiles, 4]` (i32) cut at `tile_rows` rows, and `num_tiles [1]`.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_dispatch(
     gpu: &Gpu,
@@ -314,11 +334,15 @@ pub fn moe_dispatch(
     tokens: usize,
     k: usize,
     experts: usize,
+    tile_rows: usize,
     slot_pos: u64,
     row_token: u64,
     tiles: u64,
     num_tiles: u64,
 ) -> CudaResult<()> {
+    if experts > 1024 {
+        return unsupported(format!("{experts} experts (at most 1024)"));
+    }
     let cfg = LaunchConfig::new((1, 1, 1), 1024, (8 * experts) as u32);
     cuda_launch!(
         gpu,
@@ -328,7 +352,7 @@ pub fn moe_dispatch(
         (tokens * k) as i32,
         k as i32,
         experts as i32,
-        MOE_TILE_ROWS as i32,
+        tile_rows as i32,
         slot_pos,
         row_token,
         tiles,
@@ -336,8 +360,14 @@ pub fn moe_dispatch(
     )
 }
 
-/// Grouped GEMM over the dispatched tiles: `Y[p] = X[row_token[p] or p] . W[e]^T` with
-/// `W [E, n, k]`. `row_token` 0 means rows are read in place.
+/// Dynamic shared memory of `grouped_gemm_m{16,64}`; mirrors `Tile<BM, STAGES>` in kernels/moe.cu.
+fn grouped_gemm_smem_bytes(tile_rows: usize) -> usize {
+    let (stages, ldt) = if tile_rows == 16 { (4, 72) } else { (3, 72) };
+    stages * (tile_rows + 64) * ldt * 2
+}
+
+/// Grouped GEMM over the dispatched tiles (cut at `tile_rows`, 16 or 64): `Y[p] =
+/// X[row_token[p] or p] . W[e]^T` with `W [E, n, k]`. `row_token` 0 means rows are read in place.
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm(
     gpu: &Gpu,
@@ -348,15 +378,20 @@ pub fn grouped_gemm(
     tiles: u64,
     num_tiles: u64,
     max_tiles: usize,
+    tile_rows: usize,
     n: usize,
     k: usize,
 ) -> CudaResult<()> {
     if !n.is_multiple_of(64) || !k.is_multiple_of(32) {
         return unsupported(format!("expert GEMM of {n} outputs over {k} inputs (needs n % 64 == 0, k % 32 == 0)"));
     }
+    if tile_rows != 16 && tile_rows != 64 {
+        return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
+    }
     if max_tiles == 0 {
         return Ok(());
     }
-    let cfg = LaunchConfig::new(((n / 64) as u32, max_tiles as u32, 1), 128, 0);
-    cuda_launch!(gpu, "grouped_gemm", cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32)
+    let cfg = LaunchConfig::new(((n / 64) as u32, max_tiles as u32, 1), 128, grouped_gemm_smem_bytes(tile_rows) as u32);
+    let name = if tile_rows == 16 { "grouped_gemm_m16" } else { "grouped_gemm_m64" };
+    cuda_launch!(gpu, name, cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32)
 }

@@ -48,6 +48,8 @@ pub const MODULES: &[PtxModule] = &[
             "attention_d64",
             "attention_d128",
             "attention_d256",
+            "attention_fa_d64",
+            "attention_fa_d128",
             "attention_combine",
         ],
         max_dynamic_shared: 200 * 1024,
@@ -61,8 +63,8 @@ pub const MODULES: &[PtxModule] = &[
     PtxModule {
         name: "moe",
         ptx: include_str!("ptx/moe.ptx"),
-        functions: &["grouped_gemm"],
-        max_dynamic_shared: 0,
+        functions: &["grouped_gemm_m16", "grouped_gemm_m64"],
+        max_dynamic_shared: 64 * 1024,
     },
 ];
 
