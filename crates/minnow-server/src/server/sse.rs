@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
-use minnow_engine::{BlockStats, Event, GenerationStats, RequestHandle};
+use minnow_engine::{BlockStats, Event, FinishReason, GenerationStats, RequestHandle};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
@@ -176,16 +176,10 @@ impl Stream {
                     self.log.set_generation(&stats);
                     self.log
                         .set_outcome(responses::finish_reason(finish_reason));
-                    let mut last = responses::chunk(meta, ChunkContent::Finish(finish_reason));
-                    last["timings"] = responses::timings(&stats);
-                    last["minnow"] = responses::generation_stats(&stats);
-                    self.send(&last).await?;
-                    if self.job.common.include_usage {
-                        let mut usage = responses::empty_chunk(meta);
-                        usage["usage"] = responses::usage(&stats);
-                        self.send(&usage).await?;
-                    }
-                    return self.send_raw(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                    // The generation is complete: a client leaving during these last frames
+                    // cancelled nothing, so send errors are ignored.
+                    let _ = self.send_tail(finish_reason, &stats).await;
+                    return Ok(());
                 }
                 Some(Event::Error(message)) => {
                     return self.fail(&message).await;
@@ -197,6 +191,25 @@ impl Stream {
                 }
             }
         }
+    }
+
+    /// The finish chunk, the optional usage chunk and `[DONE]`.
+    async fn send_tail(
+        &self,
+        finish_reason: FinishReason,
+        stats: &GenerationStats,
+    ) -> Result<(), Disconnected> {
+        let meta = &self.job.meta;
+        let mut last = responses::chunk(meta, ChunkContent::Finish(finish_reason));
+        last["timings"] = responses::timings(stats);
+        last["minnow"] = responses::generation_stats(stats);
+        self.send(&last).await?;
+        if self.job.common.include_usage {
+            let mut usage = responses::empty_chunk(meta);
+            usage["usage"] = responses::usage(stats);
+            self.send(&usage).await?;
+        }
+        self.send_raw(Bytes::from_static(b"data: [DONE]\n\n")).await
     }
 
     /// Headers are gone already, so an error becomes an error event followed by `[DONE]`.
