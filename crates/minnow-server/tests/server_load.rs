@@ -94,12 +94,15 @@ async fn full_queue_is_429() {
     assert_eq!(busy.status(), 200);
     let mut busy_stream = busy.bytes_stream();
     busy_stream.next().await.expect("first chunk").unwrap();
-    let (status, body) = post_json(
+    let refused = post(
         &server,
         "/v1/chat/completions",
         json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
     )
     .await;
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let status = refused.status().as_u16();
+    let body: Value = refused.json().await.unwrap();
     let error = assert_error(status, &body, 429, "rate_limit_error");
     assert_eq!(error["code"], "queue_full");
     drop(busy_stream);

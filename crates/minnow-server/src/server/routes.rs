@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{
     HeaderValue, ACCEPT_ENCODING, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
-    ACCESS_CONTROL_ALLOW_ORIGIN, ALLOW, CONTENT_LENGTH,
+    ACCESS_CONTROL_ALLOW_ORIGIN, ALLOW, CONTENT_LENGTH, RETRY_AFTER,
 };
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
@@ -126,6 +126,19 @@ pub async fn handle(
     };
     log.set_status(response.status().as_u16());
     allow_cross_origin(&mut response);
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
+        headers.insert("x-request-id", value);
+    }
+    // Busy or loading: OpenAI SDKs back off and retry on these statuses; tell them when.
+    if matches!(
+        response.status(),
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+    ) {
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    }
     Ok(response)
 }
 
