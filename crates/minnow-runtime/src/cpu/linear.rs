@@ -2,8 +2,9 @@
 //!
 //! Two regimes, chosen by the number of input rows `m`:
 //! - few rows (denoising a 32-token block, routed experts with a handful of tokens): the product
-//!   is bound by reading `W` from memory, so a register-tiled kernel reads BF16/F16/F32 rows
-//!   directly and widens them on the fly (x86-64 with AVX-512; elsewhere the second regime);
+//!   is bound by reading `W` from memory, so register-tiled kernels read BF16/F16/F32 rows
+//!   directly and widen them on the fly (x86-64 with AVX-512; elsewhere the second regime):
+//!   outer products when `m` is a multiple of 16, dot products otherwise;
 //! - many rows (prefill, full forwards): compute-bound, so `W` is widened in row panels of
 //!   [`PANEL_ROWS`] into a scratch buffer and multiplied with the `gemm` crate, whose packing
 //!   and micro-kernels run near peak. The widening cost is amortized over `m` rows.
@@ -39,6 +40,8 @@ pub enum Par {
 const PANEL_ROWS: usize = 1024;
 /// Weight rows per parallel task in the few-rows regime.
 const SMALL_TASK_ROWS: usize = 64;
+/// Same for the outer-product kernel (a multiple of its 16/12/8/6-row register tiles).
+const BCAST_TASK_ROWS: usize = 48;
 /// Largest `m` handled by the direct kernel; above it `gemm` wins. Measured on Zen 5 with
 /// `[512, 2048]` BF16 weights: direct ≈ 95–115 GFLOP/s for m = 32..256, `gemm` (panel widening
 /// included) 25 / 46 / 66 / 101 GFLOP/s for m = 32 / 64 / 128 / 256.
@@ -54,6 +57,23 @@ pub fn linear(x: &[f32], m: usize, w: MatRef<'_>, out: &mut [f32], par: Par) {
     }
     if k == 0 {
         out.fill(0.0);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if m <= SMALL_M_MAX && m.is_multiple_of(16) && super::x86::has_avx512() {
+        let packed = super::x86::PackedRows::new(x, m, k);
+        let out_ptr = SendPtr(out.as_mut_ptr());
+        let task = |r0: usize| {
+            let r1 = (r0 + BCAST_TASK_ROWS).min(n);
+            // SAFETY: AVX-512 presence was checked; each task writes columns r0..r1 only.
+            unsafe { super::x86::linear_bcast(&packed, w, r0, r1, out_ptr.get(), n) }
+        };
+        match par {
+            Par::Seq => (0..n).step_by(BCAST_TASK_ROWS).for_each(task),
+            Par::Rayon => (0..n.div_ceil(BCAST_TASK_ROWS))
+                .into_par_iter()
+                .for_each(|t| task(t * BCAST_TASK_ROWS)),
+        }
         return;
     }
     #[cfg(target_arch = "x86_64")]

@@ -322,3 +322,127 @@ pub unsafe fn scaled_softmax(row: &mut [f32], scale: f32) {
         i += 16;
     }
 }
+
+/// Input rows packed for [`linear_bcast`]: `x` transposed in groups of 16 rows,
+/// `packed[(v · k + q) · 16 + l] = x[16v + l, q]` (zero past `m`).
+pub struct PackedRows {
+    pub m: usize,
+    pub k: usize,
+    data: Vec<f32>,
+}
+
+impl PackedRows {
+    pub fn new(x: &[f32], m: usize, k: usize) -> Self {
+        let groups = m.div_ceil(16);
+        let mut data = vec![0.0f32; groups * k * 16];
+        for t in 0..m {
+            let (v, l) = (t / 16, t % 16);
+            let base = v * k * 16 + l;
+            for (q, &val) in x[t * k..(t + 1) * k].iter().enumerate() {
+                data[base + q * 16] = val;
+            }
+        }
+        PackedRows { m, k, data }
+    }
+}
+
+/// Columns `r0..r1` of `out[m, n] = x · Wᵀ` as outer products: each weight value is broadcast
+/// and multiplied with 16 input rows at once, so there are no horizontal reductions. Used when
+/// `m` is a multiple of 16 (no idle lanes): ~10–15% faster than [`linear_small_m`] for the
+/// 32-row lm_head of a denoising step and the 128-row attention score products.
+///
+/// # Safety
+/// AVX-512F required; `out` is `[m, n]` row-major and no other thread writes its columns
+/// `r0..r1`; `x` was packed from `m` rows of `w.cols` values; `r1 <= w.rows == n`.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn linear_bcast(
+    x: &PackedRows,
+    w: MatRef<'_>,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+    n: usize,
+) {
+    let k = w.cols;
+    let groups = x.m.div_ceil(16);
+    // At most 4 row groups (64 rows) per pass keeps ≤ 24 accumulators.
+    let mut v0 = 0;
+    let mut wbuf = vec![0.0f32; 16 * k];
+    while v0 < groups {
+        let mv = (groups - v0).min(4);
+        let rr = match mv {
+            1 => 16,
+            2 => 12,
+            3 => 8,
+            _ => 6,
+        };
+        let xp = x.data.as_ptr().add(v0 * k * 16);
+        let mut r = r0;
+        while r < r1 {
+            let rows = rr.min(r1 - r);
+            let wp: *const f32 = match w.dtype {
+                DType::F32 => w.row_bytes(r, r + rows).as_ptr() as *const f32,
+                dt => {
+                    widen_rows(dt, w.row_bytes(r, r + rows), &mut wbuf[..rows * k]);
+                    wbuf.as_ptr()
+                }
+            };
+            let mut acc = [[0.0f32; 64]; 16];
+            match (mv, rows) {
+                (1, 16) => bcast_tile::<16, 1>(xp, wp, k, &mut acc),
+                (2, 12) => bcast_tile::<12, 2>(xp, wp, k, &mut acc),
+                (3, 8) => bcast_tile::<8, 3>(xp, wp, k, &mut acc),
+                (4, 6) => bcast_tile::<6, 4>(xp, wp, k, &mut acc),
+                (1, _) => {
+                    (0..rows).for_each(|j| bcast_tile::<1, 1>(xp, wp.add(j * k), k, &mut acc[j..]))
+                }
+                (2, _) => {
+                    (0..rows).for_each(|j| bcast_tile::<1, 2>(xp, wp.add(j * k), k, &mut acc[j..]))
+                }
+                (3, _) => {
+                    (0..rows).for_each(|j| bcast_tile::<1, 3>(xp, wp.add(j * k), k, &mut acc[j..]))
+                }
+                _ => {
+                    (0..rows).for_each(|j| bcast_tile::<1, 4>(xp, wp.add(j * k), k, &mut acc[j..]))
+                }
+            }
+            let t_end = (x.m - v0 * 16).min(mv * 16);
+            for (j, row) in acc.iter().enumerate().take(rows) {
+                for (t, &val) in row.iter().enumerate().take(t_end) {
+                    *out.add((v0 * 16 + t) * n + r + j) = val;
+                }
+            }
+            r += rows;
+        }
+        v0 += mv;
+    }
+}
+
+/// `acc[j][16v + l] = Σ_q w[j, q] · packed[v][q][l]` for an `RR × (16·MV)` tile.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn bcast_tile<const RR: usize, const MV: usize>(
+    xp: *const f32,
+    wp: *const f32,
+    k: usize,
+    acc_out: &mut [[f32; 64]],
+) {
+    let mut acc = [[_mm512_setzero_ps(); MV]; RR];
+    for q in 0..k {
+        let mut xv = [_mm512_setzero_ps(); MV];
+        for (v, slot) in xv.iter_mut().enumerate() {
+            *slot = _mm512_loadu_ps(xp.add((v * k + q) * 16));
+        }
+        for (j, row) in acc.iter_mut().enumerate() {
+            let b = _mm512_set1_ps(*wp.add(j * k + q));
+            for (a, xs) in row.iter_mut().zip(&xv) {
+                *a = _mm512_fmadd_ps(b, *xs, *a);
+            }
+        }
+    }
+    for (j, row) in acc.iter().enumerate() {
+        for (v, a) in row.iter().enumerate() {
+            _mm512_storeu_ps(acc_out[j].as_mut_ptr().add(16 * v), *a);
+        }
+    }
+}
