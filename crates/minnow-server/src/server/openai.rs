@@ -289,6 +289,25 @@ fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, ApiError> {
     ] {
         fields.neutral_number(key, neutral)?;
     }
+    // OpenAI request metadata that cannot change the output: stored completions are not kept
+    // (so `store` must be false and `metadata` is inert), and there is one service tier.
+    fields.must_be_false("store")?;
+    for key in [
+        "metadata",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+    ] {
+        fields.accept_any(key);
+    }
+    if let Some(modalities) = fields.value("modalities") {
+        if modalities != &Value::Array(vec![Value::String("text".into())]) {
+            return Err(ApiError::invalid(
+                "modalities",
+                "only 'modalities': [\"text\"] is supported",
+            ));
+        }
+    }
     // Settings of the disabled samplers above (inert while their switch is neutral), the sampler
     // order (this engine's order is fixed), llama-server's prompt cache switch and slot pinning,
     // and OpenAI's end-user tag: none of them can change the output here.
@@ -832,6 +851,14 @@ mod tests {
             ))),
             "response_format.type"
         );
+        assert_eq!(param_of(chat(base(json!({"store": true})))), "store");
+        assert_eq!(
+            param_of(chat(base(json!({"modalities": ["text", "audio"]})))),
+            "modalities"
+        );
+        assert!(chat(base(json!({"store": false, "metadata": {"a": "b"},
+            "modalities": ["text"], "service_tier": "auto", "user": "u1"})))
+        .is_ok());
         // Neutral values are fine.
         assert!(chat(base(
             json!({"n": 1, "logprobs": false, "presence_penalty": 0,
