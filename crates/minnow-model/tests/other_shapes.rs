@@ -1,0 +1,496 @@
+//! The CPU forward on random checkpoints of shapes the fixtures do not have (MHA, other GQA
+//! ratios, expert counts, groups, top-k, shared-expert widths, several or no dense layers,
+//! partial rotary factors, block sizes, BF16 or F32 `expert_bias`), against a naive
+//! transcription of model doc §7 written for this test: scalar loops, f64 sums, no cache, no
+//! kernels. The naive reference is itself checked against the official goldens first.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use minnow_model::{Config, CpuModel, LogitsRows};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+
+/// All tensors of a checkpoint, widened to f64, by name.
+struct Tensors(std::collections::HashMap<String, (Vec<usize>, Vec<f64>)>);
+
+impl Tensors {
+    fn load(dir: &Path) -> Tensors {
+        let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let mut map = std::collections::HashMap::new();
+        for (name, v) in st.tensors() {
+            let vals: Vec<f64> = match v.dtype() {
+                Dtype::BF16 => v
+                    .data()
+                    .chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64())
+                    .collect(),
+                Dtype::F32 => v
+                    .data()
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+                    .collect(),
+                d => panic!("{name}: {d:?}"),
+            };
+            map.insert(name, (v.shape().to_vec(), vals));
+        }
+        Tensors(map)
+    }
+
+    fn get(&self, name: &str) -> &[f64] {
+        &self.0.get(name).unwrap_or_else(|| panic!("{name}")).1
+    }
+}
+
+fn rms_norm(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
+    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let inv = 1.0 / (ms + eps).sqrt();
+    x.iter().zip(w).map(|(v, w)| v * inv * w).collect()
+}
+
+/// `y = x · Wᵀ` for one row, W `[out, in]`.
+fn matvec(w: &[f64], x: &[f64]) -> Vec<f64> {
+    w.chunks_exact(x.len())
+        .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
+}
+
+fn silu(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
+}
+
+fn mlp(t: &Tensors, p: &str, x: &[f64]) -> Vec<f64> {
+    let g = matvec(t.get(&format!("{p}.gate_proj.weight")), x);
+    let u = matvec(t.get(&format!("{p}.up_proj.weight")), x);
+    let a: Vec<f64> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
+    matvec(t.get(&format!("{p}.down_proj.weight")), &a)
+}
+
+/// Indices of the `k` largest values among `cand`, largest first, ties to the lower index.
+fn top_k(v: &[f64], cand: &[usize], k: usize) -> Vec<usize> {
+    let mut c = cand.to_vec();
+    c.sort_by(|&a, &b| v[b].partial_cmp(&v[a]).unwrap().then(a.cmp(&b)));
+    c.truncate(k);
+    c
+}
+
+/// The naive forward: logits `[n, vocab]` for `ids` at positions 0..n.
+fn naive_forward(c: &Config, t: &Tensors, ids: &[u32]) -> Vec<f64> {
+    let (n, dm, h, g, d) = (
+        ids.len(),
+        c.hidden_size,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.head_dim,
+    );
+    let eps = c.rms_norm_eps as f64;
+    let emb = t.get("model.word_embeddings.weight");
+    let mut hs: Vec<Vec<f64>> = ids
+        .iter()
+        .map(|&i| emb[i as usize * dm..(i as usize + 1) * dm].to_vec())
+        .collect();
+    let r = c.rotary_dim;
+    for layer in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{layer}");
+        // Attention.
+        let mut q = vec![vec![vec![0.0; d]; h]; n];
+        let mut k = vec![vec![vec![0.0; d]; g]; n];
+        let mut v = vec![vec![vec![0.0; d]; g]; n];
+        for i in 0..n {
+            let a = rms_norm(&hs[i], t.get(&format!("{p}.input_layernorm.weight")), eps);
+            let qkv = matvec(t.get(&format!("{p}.attention.query_key_value.weight")), &a);
+            for head in 0..h + 2 * g {
+                let mut x = qkv[head * d..(head + 1) * d].to_vec();
+                if head < h + g {
+                    let which = if head < h { "query" } else { "key" };
+                    x = rms_norm(
+                        &x,
+                        t.get(&format!("{p}.attention.{which}_layernorm.weight")),
+                        eps,
+                    );
+                    let x0 = x.clone();
+                    for j in 0..r / 2 {
+                        let inv = 1.0 / (c.rope_theta as f64).powf(2.0 * j as f64 / r as f64);
+                        let (s, co) = (i as f64 * inv).sin_cos();
+                        x[j] = x0[j] * co - x0[j + r / 2] * s;
+                        x[j + r / 2] = x0[j + r / 2] * co + x0[j] * s;
+                    }
+                }
+                match head {
+                    hh if hh < h => q[i][hh] = x,
+                    hh if hh < h + g => k[i][hh - h] = x,
+                    hh => v[i][hh - h - g] = x,
+                }
+            }
+        }
+        for i in 0..n {
+            let mut out = Vec::with_capacity(h * d);
+            for head in 0..h {
+                let kv = head / (h / g);
+                let allowed: Vec<usize> = (0..n)
+                    .filter(|&j| j / c.block_size <= i / c.block_size)
+                    .collect();
+                let scores: Vec<f64> = allowed
+                    .iter()
+                    .map(|&j| {
+                        q[i][head]
+                            .iter()
+                            .zip(&k[j][kv])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            / (d as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for dd in 0..d {
+                    out.push(
+                        allowed
+                            .iter()
+                            .zip(&e)
+                            .map(|(&j, w)| w / sum * v[j][kv][dd])
+                            .sum(),
+                    );
+                }
+            }
+            let o = matvec(t.get(&format!("{p}.attention.dense.weight")), &out);
+            for (a, b) in hs[i].iter_mut().zip(o) {
+                *a += b;
+            }
+        }
+        // Feed-forward.
+        let ms: Vec<Vec<f64>> = hs
+            .iter()
+            .map(|x| {
+                rms_norm(
+                    x,
+                    t.get(&format!("{p}.post_attention_layernorm.weight")),
+                    eps,
+                )
+            })
+            .collect();
+        let ffn: Vec<Vec<f64>> = if layer < c.first_k_dense_replace {
+            ms.iter().map(|m| mlp(t, &format!("{p}.mlp"), m)).collect()
+        } else {
+            let e = c.num_experts;
+            let bias = t.get(&format!("{p}.mlp.gate.expert_bias"));
+            let scores: Vec<Vec<f64>> = ms
+                .iter()
+                .map(|m| {
+                    matvec(t.get(&format!("{p}.mlp.gate.weight")), m)
+                        .iter()
+                        .map(|l| 1.0 / (1.0 + (-l).exp()))
+                        .collect()
+                })
+                .collect();
+            let biased: Vec<Vec<f64>> = scores
+                .iter()
+                .map(|s| s.iter().zip(bias).map(|(a, b)| a + b).collect())
+                .collect();
+            let all: Vec<usize> = (0..e).collect();
+            let chosen: Vec<Vec<usize>> = match c.expert_capacity {
+                Some(cap) => (0..n)
+                    .map(|i| {
+                        let blk = i / c.block_size;
+                        let rows = (blk * c.block_size..((blk + 1) * c.block_size).min(n))
+                            .collect::<Vec<_>>();
+                        let gmax: Vec<f64> = (0..e)
+                            .map(|j| rows.iter().map(|&r| biased[r][j]).fold(f64::MIN, f64::max))
+                            .collect();
+                        let pool = top_k(&gmax, &all, cap);
+                        top_k(&biased[i], &pool, c.num_experts_per_tok)
+                    })
+                    .collect(),
+                None => {
+                    let (ng, tg) = (c.n_group.unwrap(), c.topk_group.unwrap());
+                    let gs = e / ng;
+                    (0..n)
+                        .map(|i| {
+                            let b = &biased[i];
+                            let group_scores: Vec<f64> = (0..ng)
+                                .map(|gi| {
+                                    let members: Vec<usize> = (gi * gs..(gi + 1) * gs).collect();
+                                    top_k(b, &members, 2).iter().map(|&j| b[j]).sum()
+                                })
+                                .collect();
+                            let groups = top_k(&group_scores, &(0..ng).collect::<Vec<_>>(), tg);
+                            let cand: Vec<usize> = groups
+                                .iter()
+                                .flat_map(|&gi| gi * gs..(gi + 1) * gs)
+                                .collect();
+                            top_k(b, &cand, c.num_experts_per_tok)
+                        })
+                        .collect()
+                }
+            };
+            (0..n)
+                .map(|i| {
+                    let gsum: f64 = chosen[i].iter().map(|&j| scores[i][j]).sum();
+                    let mut out = vec![0.0; dm];
+                    for &j in &chosen[i] {
+                        let w = scores[i][j] / (gsum + 1e-20) * c.routed_scaling_factor as f64;
+                        let y = mlp(t, &format!("{p}.mlp.experts.{j}"), &ms[i]);
+                        for (o, y) in out.iter_mut().zip(y) {
+                            *o += w * y;
+                        }
+                    }
+                    if c.num_shared_experts > 0 {
+                        let s = mlp(t, &format!("{p}.mlp.shared_experts"), &ms[i]);
+                        for (o, s) in out.iter_mut().zip(s) {
+                            *o += s;
+                        }
+                    }
+                    out
+                })
+                .collect()
+        };
+        for (hrow, f) in hs.iter_mut().zip(ffn) {
+            for (a, b) in hrow.iter_mut().zip(f) {
+                *a += b;
+            }
+        }
+    }
+    let mut logits = Vec::with_capacity(n * c.vocab_size);
+    for x in &hs {
+        let hf = rms_norm(x, t.get("model.norm.weight"), eps);
+        logits.extend(matvec(t.get("lm_head.weight"), &hf));
+    }
+    logits
+}
+
+fn compare(dir: &Path, ids: &[u32], what: &str) {
+    let model = CpuModel::load(dir).unwrap();
+    let mut cache = model.new_cache();
+    let got = model
+        .forward(&mut cache, ids, LogitsRows::All, None)
+        .unwrap();
+    let want: Vec<f32> = naive_forward(model.config(), &Tensors::load(dir), ids)
+        .into_iter()
+        .map(|v| v as f32)
+        .collect();
+    assert_close(what, &got, &want, 1e-3);
+}
+
+/// The naive reference reproduces the official goldens, so it can judge other shapes.
+#[test]
+fn naive_reference_matches_the_goldens() {
+    for name in ALL {
+        let g = Golden::load(name);
+        let c = CpuModel::load(&fixture(name)).unwrap().config().clone();
+        let want = g.f32("logits");
+        let got: Vec<f32> = naive_forward(&c, &Tensors::load(&fixture(name)), &g.input_ids())
+            .into_iter()
+            .map(|v| v as f32)
+            .collect();
+        assert_close(&format!("{name} naive vs golden"), &got, &want, 1e-3);
+    }
+}
+
+/// Deterministic pseudo-random numbers (xorshift64*), uniform in [-1, 1).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let v = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (v >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Writes a random checkpoint for `config` (BF16 weights; `expert_bias` in `bias_dtype`).
+fn random_checkpoint(config: serde_json::Value, bias_dtype: Dtype, seed: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let c = Config::from_dir(dir.path()).unwrap();
+    let (v, dm, d) = (c.vocab_size, c.hidden_size, c.head_dim);
+    let mut shapes: Vec<(String, Vec<usize>, f32)> = vec![
+        ("model.word_embeddings.weight".into(), vec![v, dm], 1.0),
+        ("model.norm.weight".into(), vec![dm], -1.0),
+        ("lm_head.weight".into(), vec![v, dm], 0.5),
+    ];
+    for i in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        shapes.push((format!("{p}.input_layernorm.weight"), vec![dm], -1.0));
+        shapes.push((
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![dm],
+            -1.0,
+        ));
+        shapes.push((
+            format!("{p}.attention.query_key_value.weight"),
+            vec![c.qkv_rows(), dm],
+            0.3,
+        ));
+        shapes.push((
+            format!("{p}.attention.query_layernorm.weight"),
+            vec![d],
+            -1.0,
+        ));
+        shapes.push((format!("{p}.attention.key_layernorm.weight"), vec![d], -1.0));
+        shapes.push((
+            format!("{p}.attention.dense.weight"),
+            vec![dm, c.num_attention_heads * d],
+            0.3,
+        ));
+        let mut mlp = |q: String, width: usize| {
+            shapes.push((format!("{q}.gate_proj.weight"), vec![width, dm], 0.3));
+            shapes.push((format!("{q}.up_proj.weight"), vec![width, dm], 0.3));
+            shapes.push((format!("{q}.down_proj.weight"), vec![dm, width], 0.3));
+        };
+        if c.is_dense_layer(i) {
+            mlp(format!("{p}.mlp"), c.intermediate_size);
+        } else {
+            for e in 0..c.num_experts {
+                mlp(format!("{p}.mlp.experts.{e}"), c.moe_intermediate_size);
+            }
+            if c.num_shared_experts > 0 {
+                mlp(
+                    format!("{p}.mlp.shared_experts"),
+                    c.shared_intermediate_size(),
+                );
+            }
+            shapes.push((format!("{p}.mlp.gate.weight"), vec![c.num_experts, dm], 0.5));
+            shapes.push((
+                format!("{p}.mlp.gate.expert_bias"),
+                vec![c.num_experts],
+                0.1,
+            ));
+        }
+    }
+    let mut rng = Rng(seed | 1);
+    let data: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = shapes
+        .into_iter()
+        .map(|(name, shape, scale)| {
+            let count: usize = shape.iter().product();
+            // scale < 0 marks norm weights: 1 + 0.1·u.
+            let vals: Vec<f32> = (0..count)
+                .map(|_| {
+                    if scale < 0.0 {
+                        1.0 + 0.1 * rng.next()
+                    } else {
+                        scale * rng.next()
+                    }
+                })
+                .collect();
+            let dtype = if name.ends_with("expert_bias") {
+                bias_dtype
+            } else {
+                Dtype::BF16
+            };
+            let bytes: Vec<u8> = match dtype {
+                Dtype::F32 => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                _ => vals
+                    .iter()
+                    .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                    .collect(),
+            };
+            (name, shape, dtype, bytes)
+        })
+        .collect();
+    let views: Vec<(String, TensorView)> = data
+        .iter()
+        .map(|(n, s, dt, b)| (n.clone(), TensorView::new(*dt, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    dir
+}
+
+fn base_config() -> serde_json::Value {
+    serde_json::json!({
+        "model_type": "llada2_moe", "architectures": ["LLaDA2MoeModelLM"],
+        "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48,
+        "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "num_experts": 8, "num_experts_per_tok": 2,
+        "num_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2,
+        "routed_scaling_factor": 2.5, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5, "max_position_embeddings": 256, "hidden_act": "silu",
+        "score_function": "sigmoid", "use_qk_norm": true, "use_qkv_bias": false,
+        "use_bias": false, "norm_head": false, "tie_word_embeddings": false,
+        "use_sliding_window": false, "rope_scaling": null, "moe_router_enable_expert_bias": true
+    })
+}
+
+fn with(mut v: serde_json::Value, pairs: &[(&str, serde_json::Value)]) -> serde_json::Value {
+    for (k, val) in pairs {
+        if val.is_null() {
+            v.as_object_mut().unwrap().remove(*k);
+        } else {
+            v[*k] = val.clone();
+        }
+    }
+    v
+}
+
+fn ids(n: usize, vocab: u32, seed: u64) -> Vec<u32> {
+    let mut rng = Rng(seed);
+    (0..n)
+        .map(|_| ((rng.next() + 1.0) * 0.5 * vocab as f32) as u32 % vocab)
+        .collect()
+}
+
+#[test]
+fn mha_several_dense_layers_bf16_bias() {
+    // H == G, three layers of which two dense, a quarter of each head rotated, wide groups.
+    let cfg = with(
+        base_config(),
+        &[
+            ("num_key_value_heads", 4.into()),
+            ("num_hidden_layers", 3.into()),
+            ("first_k_dense_replace", 2.into()),
+            ("partial_rotary_factor", 0.25.into()),
+            ("n_group", 2.into()),
+            ("topk_group", 1.into()),
+            ("num_experts_per_tok", 3.into()),
+        ],
+    );
+    let dir = random_checkpoint(cfg, Dtype::BF16, 11);
+    compare(dir.path(), &ids(70, 96, 1), "MHA, 2 dense layers");
+}
+
+#[test]
+fn gqa_4_to_1_all_moe_f32_bias_wide_shared_expert() {
+    // GQA 8:2, head_dim derived from hidden/heads (64/8), every layer MoE, 12 experts in 4
+    // groups of 3, top-3, two shared experts, full rotary.
+    let cfg = with(
+        base_config(),
+        &[
+            ("hidden_size", 64.into()),
+            ("num_attention_heads", 8.into()),
+            ("num_key_value_heads", 2.into()),
+            ("head_dim", serde_json::Value::Null),
+            ("first_k_dense_replace", 0.into()),
+            ("num_experts", 12.into()),
+            ("num_experts_per_tok", 3.into()),
+            ("n_group", 4.into()),
+            ("topk_group", 2.into()),
+            ("num_shared_experts", 2.into()),
+            ("partial_rotary_factor", 1.0.into()),
+        ],
+    );
+    let dir = random_checkpoint(cfg, Dtype::F32, 22);
+    compare(dir.path(), &ids(64, 96, 2), "GQA 4:1, all MoE");
+}
+
+#[test]
+fn block_routing_with_block_size_16_and_a_partial_block() {
+    let cfg = with(
+        base_config(),
+        &[
+            ("n_group", serde_json::Value::Null),
+            ("topk_group", serde_json::Value::Null),
+            ("expert_capacity", 3.into()),
+            ("block_size", 16.into()),
+            ("num_experts", 8.into()),
+            ("num_experts_per_tok", 2.into()),
+            ("num_shared_experts", 0.into()),
+        ],
+    );
+    let dir = random_checkpoint(cfg, Dtype::F32, 33);
+    compare(dir.path(), &ids(57, 96, 3), "2.2 block size 16");
+}
