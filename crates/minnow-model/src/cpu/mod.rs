@@ -70,6 +70,8 @@ impl CpuModel {
         let start = cache.len();
         self.check_input(start, ids)?;
         let rows = rows.resolve(n);
+        // An inverted range asks for no rows (rather than slicing out of order).
+        let rows = rows.start.min(rows.end)..rows.end;
         if n == 0 {
             return Ok(Vec::new());
         }
