@@ -127,5 +127,19 @@ fn logits_rows_subset_matches_all_rows() {
         .forward(seq, &ids, LogitsRows::None)
         .unwrap()
         .is_empty());
+    // Out-of-range and inverted ranges are clamped, never a panic.
+    runner.truncate_sequence(seq, 0).unwrap();
+    let tail = runner
+        .forward(seq, &ids, LogitsRows::Range(90..200))
+        .unwrap();
+    assert_eq!(tail.len(), 6 * vocab);
+    runner.truncate_sequence(seq, 0).unwrap();
+    #[allow(clippy::reversed_empty_ranges)]
+    let inverted = LogitsRows::Range(50..10);
+    assert!(runner.forward(seq, &ids, inverted).unwrap().is_empty());
+    assert!(runner.truncate_sequence(seq, 97).is_err());
+    assert!(runner
+        .forward(minnow_model::SeqId(999), &ids, LogitsRows::None)
+        .is_err());
     assert_eq!(runner.sequence_len(seq), 96);
 }
