@@ -78,49 +78,85 @@ extern "C" __global__ void bf16_to_f32(const bf16* __restrict__ x, float* __rest
     }
 }
 
-// Per logits row (one CTA per row): the argmax (lowest index on ties, like PyTorch) and its
-// softmax probability in F32, the decoder's "confidence".
-extern "C" __global__ void top1_softmax(const bf16* __restrict__ logits, unsigned* __restrict__ token,
-                                        float* __restrict__ confidence, int vocab) {
-    __shared__ float scratch[32];
-    __shared__ float sval[32];
-    __shared__ int sidx[32];
+// Running (max, index of the max, sum of exp(x - max)) of a stream of logits. Merging keeps the
+// larger max (the lower index on equal maxima, like PyTorch's argmax) and rescales the sums.
+struct Top1 {
+    float m;
+    int i;
+    float s;
+};
+
+__device__ __forceinline__ Top1 top1_merge(Top1 a, Top1 b) {
+    if (b.m > a.m || (b.m == a.m && b.i < a.i)) {
+        const Top1 t = a;
+        a = b;
+        b = t;
+    }
+    // a has the larger max (or the same max and the lower index).
+    if (b.m != -INFINITY) a.s += b.s * expf(b.m - a.m);
+    return a;
+}
+
+__device__ __forceinline__ Top1 top1_shfl(Top1 v, int o) {
+    Top1 r;
+    r.m = __shfl_xor_sync(0xffffffffu, v.m, o);
+    r.i = __shfl_xor_sync(0xffffffffu, v.i, o);
+    r.s = __shfl_xor_sync(0xffffffffu, v.s, o);
+    return r;
+}
+
+// Pass 1 of the argmax/softmax confidence of logits rows: CTA (row, slice) reduces its slice of
+// the row to (max, argmax, sum of exp) in scratch[row, slice, 0..3]. grid = (rows, slices).
+extern "C" __global__ void top1_partial(const bf16* __restrict__ logits, float* __restrict__ scratch, int vocab) {
+    __shared__ Top1 warps[32];
+    const int slices = gridDim.y;
+    const int per = (vocab + slices - 1) / slices;
+    const int c0 = blockIdx.y * per, c1 = min(vocab, c0 + per);
     const bf16* row = logits + (size_t)blockIdx.x * vocab;
-    float best = -INFINITY;
-    int best_i = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float v = to_f32(row[i]);
-        if (v > best) { best = v; best_i = i; }  // i grows per thread: keeps the lowest on ties
+    Top1 acc = {-INFINITY, 0x7fffffff, 0.f};
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+        const float x = to_f32(row[c]);
+        if (x > acc.m) {  // c grows per thread: equal values keep the lower index
+            acc.s = acc.m == -INFINITY ? 1.f : acc.s * expf(acc.m - x) + 1.f;
+            acc.m = x;
+            acc.i = c;
+        } else {
+            acc.s += expf(x - acc.m);
+        }
     }
-    // Warp then CTA reduction of (value, index): larger value wins, equal values keep the lower index.
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-        if (ov > best || (ov == best && oi < best_i)) { best = ov; best_i = oi; }
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    if (lane == 0) { sval[warp] = best; sidx[warp] = best_i; }
+    for (int o = 16; o > 0; o >>= 1) acc = top1_merge(acc, top1_shfl(acc, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) warps[warp] = acc;
     __syncthreads();
     if (warp == 0) {
-        best = lane < nwarps ? sval[lane] : -INFINITY;
-        best_i = lane < nwarps ? sidx[lane] : 0x7fffffff;
+        acc = lane < (int)(blockDim.x >> 5) ? warps[lane] : Top1{-INFINITY, 0x7fffffff, 0.f};
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-            if (ov > best || (ov == best && oi < best_i)) { best = ov; best_i = oi; }
+        for (int o = 16; o > 0; o >>= 1) acc = top1_merge(acc, top1_shfl(acc, o));
+        if (lane == 0) {
+            float* out = scratch + ((size_t)blockIdx.x * slices + blockIdx.y) * 3;
+            out[0] = acc.m;
+            out[1] = __int_as_float(acc.i);
+            out[2] = acc.s;
         }
-        if (lane == 0) { sval[0] = best; sidx[0] = best_i; }
     }
-    __syncthreads();
-    const float mx = sval[0];
-    float s = 0.f;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) s += expf(to_f32(row[i]) - mx);
-    s = block_sum(s, scratch);
-    if (threadIdx.x == 0) {
-        token[blockIdx.x] = (unsigned)sidx[0];
-        confidence[blockIdx.x] = 1.f / s;
+}
+
+// Pass 2: merges the slices of each row (one warp per row, slices <= 32): the argmax token and
+// its softmax probability 1 / sum(exp(x - max)).
+extern "C" __global__ void top1_finish(const float* __restrict__ scratch, unsigned* __restrict__ token,
+                                       float* __restrict__ confidence, int slices) {
+    const int lane = threadIdx.x;
+    Top1 acc = {-INFINITY, 0x7fffffff, 0.f};
+    if (lane < slices) {
+        const float* in = scratch + ((size_t)blockIdx.x * slices + lane) * 3;
+        acc = Top1{in[0], __float_as_int(in[1]), in[2]};
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc = top1_merge(acc, top1_shfl(acc, o));
+    if (lane == 0) {
+        token[blockIdx.x] = (unsigned)acc.i;
+        confidence[blockIdx.x] = 1.f / acc.s;
     }
 }
 

@@ -158,3 +158,62 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
         row_token[p] = a / k;
     }
 }
+
+// 2.2 block routing in one kernel: admission and every token's top-k for one routing block per
+// CTA (blockDim = 1024). The block's sigmoid scores sit in shared memory (2 * rows * E floats),
+// so the logits are read once and the whole router is one launch. Same rules as
+// route_block_admit + route_topk (ties to the lower expert index).
+extern "C" __global__ void __launch_bounds__(1024)
+    route_block_fused(const float* __restrict__ logits, const float* __restrict__ bias, int T, int E, int block,
+                      int capacity, int k, float scale, int* __restrict__ topk_idx, float* __restrict__ topk_w) {
+    extern __shared__ float sh[];
+    float* biased = sh;                // rows x E
+    float* score = sh + block * E;     // rows x E
+    __shared__ float g[1024];
+    __shared__ int pool[1024];
+    __shared__ float chosen[1024];     // rows x k unbiased scores in rank order
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const int r0 = blockIdx.x * block, rows = min(block, T - r0);
+    for (int i = tid; i < rows * E; i += nt) {
+        const float s = sigmoidf(logits[(size_t)r0 * E + i]);
+        score[i] = s;
+        biased[i] = s + bias[i % E];
+    }
+    __syncthreads();
+    if (tid < E) {
+        float best = -INFINITY;
+        for (int r = 0; r < rows; ++r) best = fmaxf(best, biased[r * E + tid]);
+        g[tid] = best;
+    }
+    __syncthreads();
+    if (tid < E) {
+        const float v = g[tid];
+        int rank = 0;
+        for (int i = 0; i < E; ++i) rank += ranks_before(g[i], i, v, tid);
+        if (rank < capacity) pool[rank] = tid;
+    }
+    __syncthreads();
+    for (int p = tid; p < rows * capacity; p += nt) {
+        const int r = p / capacity, j = pool[p % capacity];
+        const float* row = biased + r * E;
+        const float v = row[j];
+        int rank = 0;
+        for (int q = 0; q < capacity; ++q) {
+            const int jj = pool[q];
+            rank += ranks_before(row[jj], jj, v, j);
+        }
+        if (rank < k) {
+            topk_idx[(r0 + r) * k + rank] = j;
+            chosen[r * k + rank] = score[r * E + j];
+        }
+    }
+    __syncthreads();
+    if (tid < rows) {
+        float sum = 0.f;
+        for (int i = 0; i < k; ++i) sum += chosen[tid * k + i];
+        for (int i = 0; i < k; ++i) {
+            const float c = chosen[tid * k + i];
+            topk_w[(r0 + tid) * k + i] = k > 1 ? c / (sum + 1e-20f) * scale : c * scale;
+        }
+    }
+}

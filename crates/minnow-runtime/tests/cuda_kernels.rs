@@ -687,6 +687,9 @@ fn top1_softmax_and_conversion() {
     // A tie at the maximum in row 0: the lower index must win.
     x[10] = 40.0;
     x[20] = 40.0;
+    // ... and in row 1 across two slices of the row.
+    x[v + 3] = 40.0;
+    x[v + 150_000] = 40.0;
     let xb = to_bf16(&x);
     let (dx, tok, conf, f) = (
         g.upload(&xb).unwrap(),
@@ -694,7 +697,8 @@ fn top1_softmax_and_conversion() {
         poisoned_f32(&g, rows),
         poisoned_f32(&g, rows * v),
     );
-    ops::top1_softmax(&g, dx.ptr(), tok.ptr(), conf.ptr(), rows, v).unwrap();
+    let scratch = poisoned_f32(&g, rows * ops::TOP1_SLICES * 3);
+    ops::top1_softmax(&g, dx.ptr(), scratch.ptr(), tok.ptr(), conf.ptr(), rows, v).unwrap();
     ops::bf16_to_f32(&g, dx.ptr(), f.ptr(), rows * v).unwrap();
     let xf: Vec<f32> = xb.iter().map(|b| b.to_f32()).collect();
     assert_eq!(read(&g, &f), xf);
@@ -715,6 +719,7 @@ fn top1_softmax_and_conversion() {
     }
     check_f32("top1 confidence", &gc, &want_c);
     assert_eq!(gt[0], 10);
+    assert_eq!(gt[1], 3);
 }
 
 #[test]
@@ -752,3 +757,4 @@ fn graph_replay_reads_new_inputs() {
         check_bf16("graph replay", &read_bf16(&g, &out), &want);
     }
 }
+

@@ -89,6 +89,7 @@ pub(crate) struct Workspace {
     pub logits_f32: DeviceBuffer<f32>,
     pub top_token: DeviceBuffer<u32>,
     pub top_conf: DeviceBuffer<f32>,
+    top_scratch: DeviceBuffer<f32>,
 }
 
 /// Key splits of the attention for a forward of `tokens` tokens: enough CTAs to fill the GPU
@@ -97,7 +98,7 @@ pub(crate) struct Workspace {
 pub(crate) fn attention_splits(config: &Config, tokens: usize, sm_count: u32) -> usize {
     let group = config.num_attention_heads / config.num_key_value_heads.max(1);
     let ctas = tokens.div_ceil((64 / group.max(1)).max(1)) * config.num_key_value_heads;
-    (2 * sm_count as usize).div_ceil(ctas.max(1)).clamp(1, 64)
+    (2 * sm_count as usize).div_ceil(ctas.max(1)).clamp(1, 16)
 }
 
 impl Workspace {
@@ -150,6 +151,7 @@ impl Workspace {
             logits_f32: gpu.alloc(r * c.vocab_size)?,
             top_token: gpu.alloc(r)?,
             top_conf: gpu.alloc(r)?,
+            top_scratch: gpu.alloc(r * ops::TOP1_SLICES * 3)?,
         })
     }
 }
@@ -232,15 +234,7 @@ pub(crate) fn queue_forward(
             eps,
         )?;
         mark("norms")?;
-        blas.gemm_bf16(
-            ws.a.ptr(),
-            layer.qkv.ptr(),
-            ws.qkv.ptr(),
-            t,
-            qkv_rows,
-            d,
-            qkv_rows,
-        )?;
+        dense_gemm(gpu, ws.a.ptr(), layer.qkv.ptr(), ws.qkv.ptr(), t, qkv_rows, d)?;
         mark("qkv gemm")?;
         ops::qk_norm_rope(
             gpu,
@@ -271,15 +265,7 @@ pub(crate) fn queue_forward(
             splits,
         )?;
         mark("attention")?;
-        blas.gemm_bf16(
-            ws.attn.ptr(),
-            layer.dense.ptr(),
-            ws.delta.ptr(),
-            t,
-            d,
-            attn_width,
-            d,
-        )?;
+        dense_gemm(gpu, ws.attn.ptr(), layer.dense.ptr(), ws.delta.ptr(), t, d, attn_width)?;
         mark("o gemm")?;
         ops::add_rmsnorm(
             gpu,
@@ -425,6 +411,7 @@ pub(crate) fn queue_forward(
         Output::Top1 { .. } => ops::top1_softmax(
             gpu,
             ws.logits_bf16.ptr(),
+            ws.top_scratch.ptr(),
             ws.top_token.ptr(),
             ws.top_conf.ptr(),
             rows,
@@ -433,6 +420,11 @@ pub(crate) fn queue_forward(
         _ => ops::bf16_to_f32(gpu, ws.logits_bf16.ptr(), ws.logits_f32.ptr(), rows * v)?,
     }
     mark("top-1 / logits")
+}
+
+/// `Y[m, n] = X[m, k] . W[n, k]^T` (row pitch n) through cuBLAS.
+fn dense_gemm(gpu: &Gpu, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize) -> CudaResult<()> {
+    gpu.blas().gemm_bf16(x, w, y, m, n, k, n)
 }
 
 /// `out = down(BF16(silu(gate(x))) * up(x))` with gate and up stacked in one GEMM.
@@ -445,9 +437,8 @@ fn queue_swiglu(
     t: usize,
     d: usize,
 ) -> CudaResult<()> {
-    let blas = gpu.blas();
     let w = mlp.width;
-    blas.gemm_bf16(x, mlp.gate_up.ptr(), ws.gu.ptr(), t, 2 * w, d, 2 * w)?;
+    dense_gemm(gpu, x, mlp.gate_up.ptr(), ws.gu.ptr(), t, 2 * w, d)?;
     ops::silu_mul(gpu, ws.gu.ptr(), ws.act.ptr(), t, w)?;
-    blas.gemm_bf16(ws.act.ptr(), mlp.down.ptr(), out, t, d, w, d)
+    dense_gemm(gpu, ws.act.ptr(), mlp.down.ptr(), out, t, d, w)
 }

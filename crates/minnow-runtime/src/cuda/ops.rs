@@ -48,10 +48,25 @@ pub fn bf16_to_f32(gpu: &Gpu, x: u64, y: u64, n: usize) -> CudaResult<()> {
     cuda_launch!(gpu, "bf16_to_f32", LaunchConfig::new((blocks, 1, 1), 256, 0), x, y, n as i64)
 }
 
-/// Per row of BF16 logits: argmax (lowest index on ties) and its softmax probability.
-pub fn top1_softmax(gpu: &Gpu, logits: u64, token: u64, confidence: u64, rows: usize, vocab: usize) -> CudaResult<()> {
-    let cfg = LaunchConfig::new((rows as u32, 1, 1), 1024, 0);
-    cuda_launch!(gpu, "top1_softmax", cfg, logits, token, confidence, vocab as i32)
+/// Slices each logits row is split into by [`top1_softmax`].
+pub const TOP1_SLICES: usize = 16;
+
+/// Per row of BF16 logits: argmax (lowest index on ties) and its softmax probability. Each row is
+/// read once, in `TOP1_SLICES` slices by separate CTAs (one CTA per row cannot pull a 300 KB row
+/// at full bandwidth); `scratch` holds `rows * TOP1_SLICES * 3` floats.
+pub fn top1_softmax(
+    gpu: &Gpu,
+    logits: u64,
+    scratch: u64,
+    token: u64,
+    confidence: u64,
+    rows: usize,
+    vocab: usize,
+) -> CudaResult<()> {
+    let cfg = LaunchConfig::new((rows as u32, TOP1_SLICES as u32, 1), 256, 0);
+    cuda_launch!(gpu, "top1_partial", cfg, logits, scratch, vocab as i32)?;
+    let cfg = LaunchConfig::new((rows as u32, 1, 1), 32, 0);
+    cuda_launch!(gpu, "top1_finish", cfg, scratch, token, confidence, TOP1_SLICES as i32)
 }
 
 /// Reproducible uniform random BF16 values in `[-scale, scale)`.
@@ -272,6 +287,26 @@ pub fn route(
     let threads = (e.div_ceil(32) * 32) as u32;
     let mut mask = 0u64;
     if let Some(capacity) = shape.capacity {
+        let shared = 2 * shape.block * e * 4;
+        if shape.block * shape.top_k <= 1024 && shared <= super::ptx::ROUTER_MAX_SHARED as usize {
+            // Admission and top-k in one launch per routing block.
+            let cfg = LaunchConfig::new((tokens.div_ceil(shape.block) as u32, 1, 1), 1024, shared as u32);
+            return cuda_launch!(
+                gpu,
+                "route_block_fused",
+                cfg,
+                logits,
+                bias,
+                tokens as i32,
+                e as i32,
+                shape.block as i32,
+                capacity as i32,
+                shape.top_k as i32,
+                shape.scale,
+                topk_idx,
+                topk_w
+            );
+        }
         let blocks = tokens.div_ceil(shape.block) as u32;
         let cfg = LaunchConfig::new((blocks, 1, 1), threads, (4 * e) as u32);
         cuda_launch!(

@@ -15,6 +15,9 @@ pub struct PtxModule {
     pub max_dynamic_shared: u32,
 }
 
+/// Dynamic shared memory the fused block router may use (its static part is 12 KiB).
+pub const ROUTER_MAX_SHARED: u32 = 192 * 1024;
+
 /// Prefix of the first line of every generated PTX file; the hex hash follows.
 pub const HASH_LINE_PREFIX: &str = "// minnow-kernel-source-blake3: ";
 
@@ -28,7 +31,8 @@ pub const MODULES: &[PtxModule] = &[
             "silu_mul",
             "moe_combine",
             "bf16_to_f32",
-            "top1_softmax",
+            "top1_partial",
+            "top1_finish",
             "fill_random_bf16",
         ],
         max_dynamic_shared: 0,
@@ -57,8 +61,8 @@ pub const MODULES: &[PtxModule] = &[
     PtxModule {
         name: "router",
         ptx: include_str!("ptx/router.ptx"),
-        functions: &["route_block_admit", "route_topk", "moe_dispatch"],
-        max_dynamic_shared: 0,
+        functions: &["route_block_admit", "route_topk", "route_block_fused", "moe_dispatch"],
+        max_dynamic_shared: ROUTER_MAX_SHARED,
     },
     PtxModule {
         name: "moe",
