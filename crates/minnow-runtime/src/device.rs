@@ -48,7 +48,10 @@ mod tests {
         assert_eq!("auto".parse::<DeviceRequest>(), Ok(DeviceRequest::Auto));
         assert_eq!("cpu".parse::<DeviceRequest>(), Ok(DeviceRequest::Cpu));
         assert_eq!("cuda".parse::<DeviceRequest>(), Ok(DeviceRequest::Cuda(0)));
-        assert_eq!("cuda:3".parse::<DeviceRequest>(), Ok(DeviceRequest::Cuda(3)));
+        assert_eq!(
+            "cuda:3".parse::<DeviceRequest>(),
+            Ok(DeviceRequest::Cuda(3))
+        );
         assert!("gpu".parse::<DeviceRequest>().is_err());
         assert!("cuda:x".parse::<DeviceRequest>().is_err());
     }

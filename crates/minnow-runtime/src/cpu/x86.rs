@@ -364,6 +364,10 @@ pub unsafe fn linear_bcast(
     n: usize,
 ) {
     let k = w.cols;
+    assert_eq!(
+        x.k, k,
+        "linear_bcast: packed rows do not match the weight width"
+    );
     let groups = x.m.div_ceil(16);
     // At most 4 row groups (64 rows) per pass keeps ≤ 24 accumulators.
     let mut v0 = 0;
