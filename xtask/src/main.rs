@@ -1,25 +1,51 @@
 //! `cargo xtask <task>`: kernels (CUDA C to committed PTX), make-checkpoint (random weights at real
-//! LLaDA2 shapes), bench (the numbers in docs/performance.md).
+//! LLaDA2 shapes), bench and bench-cpu (the numbers in docs/performance.md).
+//!
+//! One module per task; each parses its own options, this file only dispatches.
 
 mod bench;
 mod bench_cpu;
 mod kernels;
 mod make_checkpoint;
 
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "minnow project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Compile kernels/*.cu to the committed PTX (`--check`: verify it is up to date).
+    #[command(disable_help_flag = true)]
+    Kernels(Rest),
+    /// GPU benchmark (`--quick`, `--commit SHA`, ...).
+    #[command(disable_help_flag = true)]
+    Bench(Rest),
+    /// CPU benchmark on a checkpoint (`--model DIR [--reps N]`).
+    #[command(disable_help_flag = true)]
+    BenchCpu(Rest),
+    /// Random-weight checkpoint at real shapes (`--out DIR [--preset P] [--family F] ...`).
+    #[command(disable_help_flag = true)]
+    MakeCheckpoint(Rest),
+}
+
+/// The task's own options, passed through unparsed.
+#[derive(clap::Args)]
+struct Rest {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("kernels") => kernels::run(&args[1..]),
-        Some("bench") => bench::run(&args[1..]),
-        Some("bench-cpu") => bench_cpu::run(&args[1..]),
-        Some("make-checkpoint") => make_checkpoint::run(&args[1..]),
-        _ => {
-            eprintln!(
-                "usage: cargo xtask <kernels [--check] | bench [--quick] [--commit SHA] | \
-                 make-checkpoint --out DIR [--preset P] [--family F] | bench-cpu --model DIR>"
-            );
-            std::process::exit(2);
-        }
+    let result = match Cli::parse().task {
+        Task::Kernels(r) => kernels::run(&r.args),
+        Task::Bench(r) => bench::run(&r.args),
+        Task::BenchCpu(r) => bench_cpu::run(&r.args),
+        Task::MakeCheckpoint(r) => make_checkpoint::run(&r.args),
     };
     if let Err(e) = result {
         eprintln!("xtask: {e}");
