@@ -366,3 +366,81 @@ fn fnv1a(s: &str) -> u64 {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minnow_format::{TensorRef, TensorSource};
+    use minnow_runtime::DType;
+
+    /// Headers only: what `tensor_list` would write, without data.
+    struct Specs(Vec<Spec>);
+
+    impl TensorSource for Specs {
+        fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
+            let s = self.0.iter().find(|s| s.name == name)?;
+            Some(TensorRef {
+                dtype: Some(if s.f32 { DType::F32 } else { DType::BF16 }),
+                dtype_name: if s.f32 { "F32" } else { "BF16" },
+                shape: &s.shape,
+                data: &[],
+            })
+        }
+        fn names(&self) -> Vec<&str> {
+            self.0.iter().map(|s| s.name.as_str()).collect()
+        }
+        fn describe(&self) -> String {
+            "specs".into()
+        }
+    }
+
+    /// Every preset and family yields a config minnow parses and exactly the tensors it expects,
+    /// with the right family detected (2.0 from its BF16 expert_bias).
+    #[test]
+    fn presets_match_what_the_loader_expects() {
+        for preset in ["mini-2layer", "mini", "flash-2layer"] {
+            for (family, want) in [("2.0", "2.0"), ("2.1", "2.1"), ("2.2", "2.2")] {
+                let args = Args::try_parse_from([
+                    "make-checkpoint",
+                    "--out",
+                    "/unused",
+                    "--preset",
+                    preset,
+                    "--family",
+                    family,
+                ])
+                .unwrap();
+                let json = config_for(&args).unwrap();
+                let mut c = minnow_model::Config::from_json_str(
+                    &json.to_string(),
+                    Path::new("config.json"),
+                )
+                .unwrap();
+                let specs = Specs(tensor_list(&json, family));
+                minnow_model::weights::validate(&c, &specs).unwrap();
+                c.refine_family(minnow_model::weights::expert_bias_dtype(&c, &specs));
+                assert_eq!(c.family.version(), want, "{preset} {family}");
+            }
+        }
+        let args = Args::try_parse_from(["m", "--out", "/x", "--preset", "huge"]).unwrap();
+        assert!(config_for(&args).is_err());
+    }
+
+    #[test]
+    fn shards_split_by_size_and_keep_order() {
+        let specs: Vec<Spec> = (0..5)
+            .map(|i| Spec {
+                name: format!("t{i}"),
+                shape: vec![10],
+                f32: false,
+                init: Init::Norm,
+            })
+            .collect();
+        let shards = split(&specs, 45);
+        let names: Vec<Vec<&str>> = shards
+            .iter()
+            .map(|s| s.iter().map(|t| t.name.as_str()).collect())
+            .collect();
+        assert_eq!(names, vec![vec!["t0", "t1"], vec!["t2", "t3"], vec!["t4"]]);
+    }
+}
