@@ -197,3 +197,33 @@ fn bad_input_ids_are_errors() {
         .forward(&mut cache, &too_long, LogitsRows::None, None)
         .is_err());
 }
+
+/// Every output element is computed by one thread in a fixed order, so the thread count does
+/// not change a single bit (what makes CPU decoding reproducible across machines).
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    for name in ALL {
+        let m = model(name);
+        // 288 rows: above the direct kernels' 192-row limit, so the `gemm` paths run too.
+        let ids = Golden::load(name).input_ids().repeat(3);
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| {
+                    let mut cache = m.new_cache();
+                    m.forward(&mut cache, &ids, LogitsRows::All, None).unwrap()
+                })
+        };
+        let one = run(1);
+        for threads in [2, 3] {
+            let many = run(threads);
+            let same = one
+                .iter()
+                .zip(&many)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{name}: 1 vs {threads} threads differ");
+        }
+    }
+}
