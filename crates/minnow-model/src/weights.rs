@@ -14,24 +14,27 @@ use minnow_runtime::{dtype::widen, DType, MatRef};
 use crate::config::Config;
 use crate::error::{ModelError, Result};
 
-/// A stored matrix `[rows, cols]` borrowed from the source that [`Weights`] keeps alive.
+/// A stored matrix `[rows, cols]`: a slice of a tensor source, which it keeps alive.
 pub struct StoredMat {
     dtype: DType,
     rows: usize,
     cols: usize,
     ptr: *const u8,
     len: usize,
+    /// Owner of the bytes at `ptr` (a memory map, which never moves while it lives).
+    _source: Arc<dyn TensorSource>,
 }
 
-// SAFETY: the bytes are immutable (read-only mmap or owned buffer) for the life of the source.
+// SAFETY: the bytes are immutable (read-only mmap or owned buffer) and owned by `_source`,
+// which is `Send + Sync`.
 unsafe impl Send for StoredMat {}
 unsafe impl Sync for StoredMat {}
 
 impl StoredMat {
-    /// The matrix, borrowed for as long as its owner is.
+    /// The matrix, borrowed for as long as `self` is.
     pub fn view(&self) -> MatRef<'_> {
-        // SAFETY: `ptr/len` come from a slice of the source held by the owning `Weights`;
-        // mapped bytes never move, and the returned borrow cannot outlive `self`.
+        // SAFETY: `ptr/len` describe a slice of `_source`'s data, alive as long as `self`
+        // holds it; the returned borrow cannot outlive `self`.
         let data = unsafe { std::slice::from_raw_parts(self.ptr, self.len) };
         MatRef {
             dtype: self.dtype,
@@ -90,8 +93,6 @@ pub struct Weights {
     pub layers: Vec<Layer>,
     pub final_norm: Vec<f32>,
     pub lm_head: StoredMat,
-    /// Keeps the mapped bytes behind every [`StoredMat`] alive.
-    _source: Arc<dyn TensorSource>,
 }
 
 /// One tensor the model expects.
@@ -196,7 +197,7 @@ fn check<'a>(source: &'a dyn TensorSource, name: &str, shape: &[usize]) -> Resul
 }
 
 impl Weights {
-    /// Validates every tensor, then binds them. `source` stays alive as long as the weights.
+    /// Validates every tensor, then binds them. `source` stays alive as long as any matrix.
     pub fn load(c: &Config, source: Arc<dyn TensorSource>) -> Result<Weights> {
         validate(c, source.as_ref())?;
         let src = source.as_ref();
@@ -210,6 +211,7 @@ impl Weights {
                 cols: t.shape[1],
                 ptr: t.data.as_ptr(),
                 len: t.data.len(),
+                _source: Arc::clone(&source),
             }
         };
         let vector = |name: String| {
@@ -263,7 +265,6 @@ impl Weights {
             layers,
             final_norm: vector("model.norm.weight".into()),
             lm_head: mat("lm_head.weight".into()),
-            _source: source,
         })
     }
 }
