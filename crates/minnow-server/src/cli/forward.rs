@@ -24,6 +24,7 @@ pub struct Args {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
+    show_warnings();
     let model = required_model(cli)?;
     if args.output.exists() && !args.force {
         return Err(format!(
@@ -60,6 +61,17 @@ fn open_runner(device: DeviceRequest, model: &Path) -> Result<Box<dyn ModelRunne
             Ok(Box::new(CpuRunner::load(model).map_err(|e| e.to_string())?))
         }
     }
+}
+
+/// Sends warnings (e.g. config flags that fell back to checkpoint values) to stderr; `RUST_LOG`
+/// overrides the level.
+pub(super) fn show_warnings() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// Parses `{"input_ids": [..]}`: a non-empty list of non-negative integers.

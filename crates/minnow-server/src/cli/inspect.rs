@@ -15,6 +15,7 @@ use super::{required_model, Cli};
 pub struct Args {}
 
 pub fn run(cli: &Cli, _args: &Args) -> Result<(), String> {
+    super::forward::show_warnings();
     let dir = required_model(cli)?;
     let mut c = Config::from_dir(dir).map_err(|e| e.to_string())?;
     let source = SafetensorsDir::open(dir).map_err(|e| e.to_string())?;
