@@ -38,11 +38,18 @@ struct Opts {
 }
 
 fn parse_list(s: &str) -> Result<Vec<usize>, String> {
-    s.split(',').map(|x| x.trim().parse::<usize>().map_err(|e| format!("{x}: {e}"))).collect()
+    s.split(',')
+        .map(|x| x.trim().parse::<usize>().map_err(|e| format!("{x}: {e}")))
+        .collect()
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
-    let mut o = Opts { commit: String::new(), reps: 20, prefill: vec![512, 2048, 4096, 8192], prefixes: vec![1024, 8192] };
+    let mut o = Opts {
+        commit: String::new(),
+        reps: 20,
+        prefill: vec![512, 2048, 4096, 8192],
+        prefixes: vec![1024, 8192],
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -77,7 +84,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Pseudo-random token ids (never special: below 150000).
 fn ids(n: usize, salt: u64) -> Vec<u32> {
     (0..n as u64)
-        .map(|i| ((i.wrapping_add(salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % 150_000) as u32)
+        .map(|i| {
+            ((i.wrapping_add(salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % 150_000) as u32
+        })
         .collect()
 }
 
@@ -101,7 +110,8 @@ fn copy_bandwidth(gpu: &Gpu) -> Result<f64, String> {
 }
 
 /// Bytes one refinement forward of `t` tokens over `prefix` cached positions must read at least:
-/// attention and norms of every layer, the dense MLP, per MoE layer the router, the shared expert
+/// attention and norms of every layer, the dense MLP, per MoE layer the router (BF16, as loaded
+/// from BF16 checkpoints), the shared expert
 /// and at most `expert_capacity` admitted experts (all of them for 32 random tokens), the K/V of
 /// prefix + block, and the whole lm_head (every row of the block needs logits).
 fn refinement_bytes(c: &Config, prefix: usize, t: usize) -> f64 {
@@ -109,12 +119,20 @@ fn refinement_bytes(c: &Config, prefix: usize, t: usize) -> f64 {
     let bf = 2.0;
     let attn = (c.qkv_rows() as f64 * d + d * (c.num_attention_heads * c.head_dim) as f64) * bf;
     let expert = 3.0 * c.moe_intermediate_size as f64 * d * bf;
-    let admitted = c.expert_capacity.unwrap_or(c.num_experts_per_tok * t).min(c.num_experts) as f64;
+    let admitted = c
+        .expert_capacity
+        .unwrap_or(c.num_experts_per_tok * t)
+        .min(c.num_experts) as f64;
     let moe_layers = (c.num_hidden_layers - c.first_k_dense_replace) as f64;
     let dense = c.first_k_dense_replace as f64 * 3.0 * c.intermediate_size as f64 * d * bf;
     let moe = moe_layers
-        * (c.num_experts as f64 * d * 4.0 + admitted * expert + c.shared_intermediate_size() as f64 * 3.0 * d * bf);
-    let kv = c.num_hidden_layers as f64 * (prefix + t) as f64 * (2 * c.num_key_value_heads * c.head_dim) as f64 * bf;
+        * (c.num_experts as f64 * d * bf
+            + admitted * expert
+            + c.shared_intermediate_size() as f64 * 3.0 * d * bf);
+    let kv = c.num_hidden_layers as f64
+        * (prefix + t) as f64
+        * (2 * c.num_key_value_heads * c.head_dim) as f64
+        * bf;
     let lm_head = c.vocab_size as f64 * d * bf;
     c.num_hidden_layers as f64 * attn + dense + moe + kv + lm_head
 }
@@ -122,13 +140,17 @@ fn refinement_bytes(c: &Config, prefix: usize, t: usize) -> f64 {
 /// Prints a per-stage device-time breakdown (events between stages; a few µs of overhead each).
 fn print_profile(what: &str, stages: Vec<(&'static str, f32)>) {
     let total: f32 = stages.iter().map(|s| s.1).sum();
-    let parts: Vec<String> = stages.iter().map(|(l, ms)| format!("{l} {ms:.3}")).collect();
+    let parts: Vec<String> = stages
+        .iter()
+        .map(|(l, ms)| format!("{l} {ms:.3}"))
+        .collect();
     println!("profile {what}: total {total:.3} ms = {}", parts.join(", "));
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
-    let config = Config::from_json_str(MINI_22, std::path::Path::new("<LLaDA2.2-mini shapes>")).map_err(err)?;
+    let config = Config::from_json_str(MINI_22, std::path::Path::new("<LLaDA2.2-mini shapes>"))
+        .map_err(err)?;
     let t0 = Instant::now();
     let mut runner = CudaRunner::random(config.clone(), 0, 2201).map_err(err)?;
     let device = runner.gpu().name().to_string();
@@ -138,7 +160,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         t0.elapsed().as_secs_f64()
     );
     let bw = copy_bandwidth(runner.gpu())?;
-    println!("device copy bandwidth (read + write): {:.2} TB/s", bw / 1e12);
+    println!(
+        "device copy bandwidth (read + write): {:.2} TB/s",
+        bw / 1e12
+    );
     let mut rows: Vec<String> = vec![];
 
     // Prefill: whole prompt in one forward, no logits.
@@ -149,7 +174,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         for rep in 0..(o.reps / 4).max(2) + 1 {
             runner.truncate_sequence(seq, 0).map_err(err)?;
             let start = Instant::now();
-            runner.forward(seq, &prompt, LogitsRows::None).map_err(err)?;
+            runner
+                .forward(seq, &prompt, LogitsRows::None)
+                .map_err(err)?;
             runner.gpu().synchronize().map_err(err)?;
             if rep > 0 {
                 times.push(start.elapsed().as_secs_f64());
@@ -157,27 +184,44 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
         let s = median(times);
         println!("prefill {n}: {:.2} ms, {:.0} tok/s", s * 1e3, n as f64 / s);
-        rows.push(format!("| prefill {n} tokens | {:.2} ms | {:.0} tok/s | |", s * 1e3, n as f64 / s));
+        rows.push(format!(
+            "| prefill {n} tokens | {:.2} ms | {:.0} tok/s | |",
+            s * 1e3,
+            n as f64 / s
+        ));
         runner.truncate_sequence(seq, 0).map_err(err)?;
-        print_profile(&format!("prefill {n}"), runner.profile_forward(seq, &prompt, LogitsRows::None, false).map_err(err)?);
+        print_profile(
+            &format!("prefill {n}"),
+            runner
+                .profile_forward(seq, &prompt, LogitsRows::None, false)
+                .map_err(err)?,
+        );
         runner.release_sequence(seq);
     }
 
     // One refinement forward (32 tokens, every row's argmax + confidence) over a cached prefix.
     for &prefix in &o.prefixes {
         let seq = runner.create_sequence().map_err(err)?;
-        runner.forward(seq, &ids(prefix, 7), LogitsRows::None).map_err(err)?;
+        runner
+            .forward(seq, &ids(prefix, 7), LogitsRows::None)
+            .map_err(err)?;
         let block = ids(32, prefix as u64 + 1);
         let bytes = refinement_bytes(&config, prefix, 32);
         let floor = bytes / bw;
-        for (label, graphs, top1) in [("graph, top-1 on GPU", true, true), ("no graph, top-1 on GPU", false, true), ("graph, F32 logits to host", true, false)] {
+        for (label, graphs, top1) in [
+            ("graph, top-1 on GPU", true, true),
+            ("no graph, top-1 on GPU", false, true),
+            ("graph, F32 logits to host", true, false),
+        ] {
             runner.set_graphs(graphs);
             let mut times = vec![];
             for rep in 0..o.reps + 3 {
                 runner.truncate_sequence(seq, prefix).map_err(err)?;
                 let start = Instant::now();
                 if top1 {
-                    runner.forward_top1(seq, &block, LogitsRows::All).map_err(err)?;
+                    runner
+                        .forward_top1(seq, &block, LogitsRows::All)
+                        .map_err(err)?;
                 } else {
                     runner.forward(seq, &block, LogitsRows::All).map_err(err)?;
                 }
@@ -203,7 +247,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ));
         }
         runner.truncate_sequence(seq, prefix).map_err(err)?;
-        print_profile(&format!("refinement 32 @ prefix {prefix}"), runner.profile_forward(seq, &block, LogitsRows::All, true).map_err(err)?);
+        print_profile(
+            &format!("refinement 32 @ prefix {prefix}"),
+            runner
+                .profile_forward(seq, &block, LogitsRows::All, true)
+                .map_err(err)?,
+        );
         runner.set_graphs(true);
         runner.release_sequence(seq);
     }
@@ -212,7 +261,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // (top-1 readback) then one commit forward per block.
     {
         let seq = runner.create_sequence().map_err(err)?;
-        runner.forward(seq, &ids(1024, 3), LogitsRows::None).map_err(err)?;
+        runner
+            .forward(seq, &ids(1024, 3), LogitsRows::None)
+            .map_err(err)?;
         runner.gpu().synchronize().map_err(err)?;
         let start = Instant::now();
         for b in 0..8 {
@@ -220,7 +271,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
             let mut block = ids(32, 1000 + b);
             for step in 0..8 {
                 runner.truncate_sequence(seq, pos).map_err(err)?;
-                let top = runner.forward_top1(seq, &block, LogitsRows::All).map_err(err)?;
+                let top = runner
+                    .forward_top1(seq, &block, LogitsRows::All)
+                    .map_err(err)?;
                 // Fill 4 positions per step with the model's choice (fixed schedule).
                 for (i, (tok, _)) in top.iter().enumerate().skip(step * 4).take(4) {
                     block[i] = (*tok).min(149_999);
@@ -231,7 +284,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
         runner.gpu().synchronize().map_err(err)?;
         let s = start.elapsed().as_secs_f64();
-        println!("decode 8 blocks (8 steps + commit each) after 1024 prompt: {:.2} ms, {:.0} tok/s", s * 1e3, 256.0 / s);
+        println!(
+            "decode 8 blocks (8 steps + commit each) after 1024 prompt: {:.2} ms, {:.0} tok/s",
+            s * 1e3,
+            256.0 / s
+        );
         rows.push(format!(
             "| decode 8 blocks x (8 refinement steps + 1 commit), 1024 prompt | {:.2} ms | {:.0} generated tok/s | {:.3} ms per forward |",
             s * 1e3,
@@ -241,10 +298,17 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 
     println!();
-    println!("device: {device}; commit: {}; command: cargo xtask bench {}", o.commit, args.join(" "));
+    println!(
+        "device: {device}; commit: {}; command: cargo xtask bench {}",
+        o.commit,
+        args.join(" ")
+    );
     println!("| measurement | time | rate / floor | note |");
     println!("| --- | --- | --- | --- |");
-    println!("| device copy bandwidth | | {:.2} TB/s | 1 GiB D2D copy, read + write |", bw / 1e12);
+    println!(
+        "| device copy bandwidth | | {:.2} TB/s | 1 GiB D2D copy, read + write |",
+        bw / 1e12
+    );
     for r in rows {
         println!("{r}");
     }

@@ -22,7 +22,9 @@ fn workspace_root() -> Result<PathBuf, String> {
             return Ok(dir);
         }
         if !dir.pop() {
-            return Err("run from inside the minnow repository (no kernels/common.cuh found)".into());
+            return Err(
+                "run from inside the minnow repository (no kernels/common.cuh found)".into(),
+            );
         }
     }
 }
@@ -38,7 +40,8 @@ fn source_hash(cu: &Path, common: &[u8]) -> Result<String, String> {
 pub fn run(args: &[String]) -> Result<(), String> {
     let check_only = args.iter().any(|a| a == "--check");
     let root = workspace_root()?;
-    let common = std::fs::read(root.join("kernels/common.cuh")).map_err(|e| format!("kernels/common.cuh: {e}"))?;
+    let common = std::fs::read(root.join("kernels/common.cuh"))
+        .map_err(|e| format!("kernels/common.cuh: {e}"))?;
     let mut sources: Vec<PathBuf> = std::fs::read_dir(root.join("kernels"))
         .map_err(|e| format!("kernels/: {e}"))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -58,7 +61,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let out = root.join(PTX_DIR).join(format!("{stem}.ptx"));
         if check_only {
             let current = std::fs::read_to_string(&out).unwrap_or_default();
-            let recorded = current.lines().next().and_then(|l| l.strip_prefix(HASH_LINE_PREFIX));
+            let recorded = current
+                .lines()
+                .next()
+                .and_then(|l| l.strip_prefix(HASH_LINE_PREFIX));
             if recorded.map(str::trim) != Some(hash.as_str()) {
                 stale.push(stem);
             }
@@ -81,11 +87,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let ptx = std::fs::read_to_string(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
         let _ = std::fs::remove_file(&tmp);
         std::fs::create_dir_all(out.parent().unwrap()).map_err(|e| format!("{PTX_DIR}: {e}"))?;
-        std::fs::write(&out, format!("{HASH_LINE_PREFIX}{hash}\n{ptx}")).map_err(|e| format!("{}: {e}", out.display()))?;
-        println!("kernels/{stem}.cu -> {PTX_DIR}/{stem}.ptx ({ARCH}, {} bytes)", ptx.len());
+        std::fs::write(&out, format!("{HASH_LINE_PREFIX}{hash}\n{ptx}"))
+            .map_err(|e| format!("{}: {e}", out.display()))?;
+        println!(
+            "kernels/{stem}.cu -> {PTX_DIR}/{stem}.ptx ({ARCH}, {} bytes)",
+            ptx.len()
+        );
     }
     if !stale.is_empty() {
-        return Err(format!("stale PTX (run `cargo xtask kernels`): {}", stale.join(", ")));
+        return Err(format!(
+            "stale PTX (run `cargo xtask kernels`): {}",
+            stale.join(", ")
+        ));
     }
     Ok(())
 }

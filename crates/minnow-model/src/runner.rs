@@ -51,11 +51,34 @@ pub trait ModelRunner: Send {
     /// cached prefix and to themselves, appends their K/V to the cache, and returns row-major F32
     /// logits `[rows.len(), vocab]` for the requested rows. With 2.2 block routing the start
     /// position must be a multiple of the block size.
-    fn forward(
+    fn forward(&mut self, seq: SeqId, ids: &[u32], rows: LogitsRows) -> crate::Result<Vec<f32>>;
+
+    /// Like [`ModelRunner::forward`], but returns for each requested row only its argmax token
+    /// (lowest id on ties) and that token's softmax probability: all a greedy (temperature 0)
+    /// denoising step needs. The default derives them from `forward`'s logits; the CUDA runner
+    /// computes them on the GPU and reads back only these pairs instead of `rows × vocab` floats.
+    fn forward_top1(
         &mut self,
         seq: SeqId,
         ids: &[u32],
         rows: LogitsRows,
-    ) -> crate::Result<Vec<f32>>;
+    ) -> crate::Result<Vec<(u32, f32)>> {
+        let vocab = self.config().vocab_size;
+        let logits = self.forward(seq, ids, rows)?;
+        Ok(logits.chunks_exact(vocab).map(top1).collect())
+    }
 }
 
+/// Argmax (lowest index on ties) of a logits row and its softmax probability
+/// `1 / sum_j exp(x_j - max)`, in F32 like the reference's softmax.
+pub fn top1(row: &[f32]) -> (u32, f32) {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    let max = row[best];
+    let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
+    (best as u32, 1.0 / sum)
+}

@@ -213,8 +213,14 @@ fn cublas_gemms_match_reference() {
     // BF16 operands with an F32 result (the router): F32-exact products, F32 sums.
     let dy = poisoned_f32(&g, m * n);
     let (dx, dw) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
-    g.blas().gemm_bf16_f32out(dx.ptr(), dw.ptr(), dy.ptr(), m, n, k).unwrap();
-    check_f32("gemm_bf16_f32out", &read(&g, &dy), &matmul_t(&xf, &wf, m, n, k));
+    g.blas()
+        .gemm_bf16_f32out(dx.ptr(), dw.ptr(), dy.ptr(), m, n, k)
+        .unwrap();
+    check_f32(
+        "gemm_bf16_f32out",
+        &read(&g, &dy),
+        &matmul_t(&xf, &wf, m, n, k),
+    );
 }
 
 /// CPU reference of qk_norm_rope (the BF16 order of docs/llada2-model.md §7.4).
@@ -641,7 +647,9 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
         // The tile list covers every row exactly once, in tiles of at most tile_rows rows.
         let ntiles = read(&g, &nt)[0] as usize;
         let tl = read(&g, &tiles);
-        let covered: usize = (0..ntiles).map(|i| (tl[4 * i + 2] - tl[4 * i + 1]) as usize).sum();
+        let covered: usize = (0..ntiles)
+            .map(|i| (tl[4 * i + 2] - tl[4 * i + 1]) as usize)
+            .sum();
         assert_eq!(covered, a);
         assert!((0..ntiles).all(|i| (tl[4 * i + 2] - tl[4 * i + 1]) as usize <= tile_rows));
         // Combine with F32 weights and a shared-expert term.
@@ -757,4 +765,3 @@ fn graph_replay_reads_new_inputs() {
         check_bf16("graph replay", &read_bf16(&g, &out), &want);
     }
 }
-

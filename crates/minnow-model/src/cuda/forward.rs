@@ -190,6 +190,7 @@ pub(crate) enum Output {
 
 /// Queues one forward of `tokens` tokens (ids already in `ws.ids`, start position in `ws.pos0`)
 /// over `cache`, whose rows `pos0..pos0 + tokens` it writes.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn queue_forward(
     gpu: &Gpu,
     c: &Config,
@@ -234,7 +235,15 @@ pub(crate) fn queue_forward(
             eps,
         )?;
         mark("norms")?;
-        dense_gemm(gpu, ws.a.ptr(), layer.qkv.ptr(), ws.qkv.ptr(), t, qkv_rows, d)?;
+        dense_gemm(
+            gpu,
+            ws.a.ptr(),
+            layer.qkv.ptr(),
+            ws.qkv.ptr(),
+            t,
+            qkv_rows,
+            d,
+        )?;
         mark("qkv gemm")?;
         ops::qk_norm_rope(
             gpu,
@@ -265,7 +274,15 @@ pub(crate) fn queue_forward(
             splits,
         )?;
         mark("attention")?;
-        dense_gemm(gpu, ws.attn.ptr(), layer.dense.ptr(), ws.delta.ptr(), t, d, attn_width)?;
+        dense_gemm(
+            gpu,
+            ws.attn.ptr(),
+            layer.dense.ptr(),
+            ws.delta.ptr(),
+            t,
+            d,
+            attn_width,
+        )?;
         mark("o gemm")?;
         ops::add_rmsnorm(
             gpu,

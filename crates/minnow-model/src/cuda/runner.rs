@@ -98,45 +98,6 @@ impl CudaRunner {
         }
     }
 
-    /// Like [`ModelRunner::forward`], but reads back only each requested row's argmax token
-    /// (lowest id on ties) and its softmax probability, computed on the GPU.
-    pub fn forward_top1(
-        &mut self,
-        seq: SeqId,
-        ids: &[u32],
-        rows: LogitsRows,
-    ) -> Result<Vec<(u32, f32)>> {
-        let r = rows.resolve(ids.len());
-        let n = r.len();
-        self.run(
-            seq,
-            ids,
-            if n == 0 {
-                Output::None
-            } else {
-                Output::Top1 {
-                    start: r.start,
-                    end: r.end,
-                }
-            },
-        )?;
-        let ws = self
-            .workspace
-            .as_ref()
-            .expect("run() creates the workspace");
-        let mut tokens = vec![0u32; n];
-        let mut conf = vec![0f32; n];
-        if n > 0 {
-            self.gpu
-                .read(&ws.top_token, 0, &mut tokens)
-                .map_err(device_err)?;
-            self.gpu
-                .read(&ws.top_conf, 0, &mut conf)
-                .map_err(device_err)?;
-        }
-        Ok(tokens.into_iter().zip(conf).collect())
-    }
-
     /// Queues and runs one forward and advances the sequence; outputs stay in the workspace.
     fn run(&mut self, seq: SeqId, ids: &[u32], output: Output) -> Result<()> {
         self.run_profiled(seq, ids, output, None)
@@ -154,8 +115,14 @@ impl CudaRunner {
         let r = rows.resolve(ids.len());
         let output = match (r.is_empty(), top1) {
             (true, _) => Output::None,
-            (false, true) => Output::Top1 { start: r.start, end: r.end },
-            (false, false) => Output::Logits { start: r.start, end: r.end },
+            (false, true) => Output::Top1 {
+                start: r.start,
+                end: r.end,
+            },
+            (false, false) => Output::Logits {
+                start: r.start,
+                end: r.end,
+            },
         };
         let mut prof = self.gpu.profile().map_err(device_err)?;
         self.run_profiled(seq, ids, output, Some(&mut prof))?;
@@ -356,5 +323,43 @@ impl ModelRunner for CudaRunner {
             }
         }
         Ok(out)
+    }
+
+    /// The argmax and its probability computed on the GPU; only these pairs are read back.
+    fn forward_top1(
+        &mut self,
+        seq: SeqId,
+        ids: &[u32],
+        rows: LogitsRows,
+    ) -> Result<Vec<(u32, f32)>> {
+        let r = rows.resolve(ids.len());
+        let n = r.len();
+        self.run(
+            seq,
+            ids,
+            if n == 0 {
+                Output::None
+            } else {
+                Output::Top1 {
+                    start: r.start,
+                    end: r.end,
+                }
+            },
+        )?;
+        let ws = self
+            .workspace
+            .as_ref()
+            .expect("run() creates the workspace");
+        let mut tokens = vec![0u32; n];
+        let mut conf = vec![0f32; n];
+        if n > 0 {
+            self.gpu
+                .read(&ws.top_token, 0, &mut tokens)
+                .map_err(device_err)?;
+            self.gpu
+                .read(&ws.top_conf, 0, &mut conf)
+                .map_err(device_err)?;
+        }
+        Ok(tokens.into_iter().zip(conf).collect())
     }
 }

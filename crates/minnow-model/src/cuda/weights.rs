@@ -178,7 +178,13 @@ impl Weights {
                 let name = format!("{p}.mlp.gate.weight");
                 let values = r.values(&name, &[e, d])?;
                 let router = if source.tensor(&name).and_then(|t| t.dtype) == Some(DType::BF16) {
-                    RouterWeights::Bf16(upload(gpu, &values.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>())?)
+                    RouterWeights::Bf16(upload(
+                        gpu,
+                        &values
+                            .iter()
+                            .map(|&v| bf16::from_f32(v))
+                            .collect::<Vec<_>>(),
+                    )?)
                 } else {
                     RouterWeights::F32(upload(gpu, &values)?)
                 };
@@ -306,7 +312,11 @@ impl Weights {
                 let (e, w) = (dims.experts, dims.expert_width);
                 // Router logits of unit scale spread the tokens over many experts; bias small.
                 let router: Vec<bf16> = (0..e * d)
-                    .map(|j| bf16::from_f32(hash_uniform(seed ^ (i as u64) << 32, j) * (3.0 / d as f32).sqrt()))
+                    .map(|j| {
+                        bf16::from_f32(
+                            hash_uniform(seed ^ (i as u64) << 32, j) * (3.0 / d as f32).sqrt(),
+                        )
+                    })
                     .collect();
                 let bias: Vec<f32> = (0..e)
                     .map(|j| 0.01 * hash_uniform(seed ^ 0xB1A5 ^ (i as u64) << 40, j))

@@ -29,7 +29,8 @@ impl Blas {
         let workspace = gpu.alloc::<u8>(WORKSPACE_BYTES)?;
         // SAFETY: valid handle, stream and workspace.
         unsafe {
-            result::set_stream(handle, gpu.stream() as _).ctx(|| "setting the cuBLAS stream".into())?;
+            result::set_stream(handle, gpu.stream() as _)
+                .ctx(|| "setting the cuBLAS stream".into())?;
             sys::cublasSetWorkspace_v2(handle, workspace.ptr() as *mut c_void, WORKSPACE_BYTES)
                 .result()
                 .ctx(|| "setting the cuBLAS workspace".into())?;
@@ -38,29 +39,85 @@ impl Blas {
                 .result()
                 .ctx(|| "setting the cuBLAS math mode".into())?;
         }
-        Ok(Self { handle, _workspace: workspace })
+        Ok(Self {
+            handle,
+            _workspace: workspace,
+        })
     }
 
     /// BF16 `Y[M, N] = X[M, K] . W[N, K]^T` with F32 accumulation, BF16 output. Pointers are
     /// device addresses of row-major matrices with row pitches K (X, W) and `ldy` (Y).
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_bf16(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize, ldy: usize) -> CudaResult<()> {
+    pub fn gemm_bf16(
+        &self,
+        x: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        ldy: usize,
+    ) -> CudaResult<()> {
         let bf = sys::cudaDataType::CUDA_R_16BF;
-        self.gemm_ex(x, w, y, m, n, k, ldy, bf, bf, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F)
+        self.gemm_ex(
+            x,
+            w,
+            y,
+            m,
+            n,
+            k,
+            ldy,
+            bf,
+            bf,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        )
     }
 
     /// BF16 inputs, F32 output: `Y[M, N] = X[M, K] . W[N, K]^T` with F32 accumulation. Used for
     /// the router when its weights are BF16-exact: the products of two BF16 values are exact in
     /// F32, so this equals the F32 GEMM of the promoted operands up to summation order.
-    pub fn gemm_bf16_f32out(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize) -> CudaResult<()> {
-        let (bf, f) = (sys::cudaDataType::CUDA_R_16BF, sys::cudaDataType::CUDA_R_32F);
-        self.gemm_ex(x, w, y, m, n, k, n, bf, f, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F)
+    pub fn gemm_bf16_f32out(
+        &self,
+        x: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> CudaResult<()> {
+        let (bf, f) = (
+            sys::cudaDataType::CUDA_R_16BF,
+            sys::cudaDataType::CUDA_R_32F,
+        );
+        self.gemm_ex(
+            x,
+            w,
+            y,
+            m,
+            n,
+            k,
+            n,
+            bf,
+            f,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        )
     }
 
     /// F32 `Y[M, N] = X[M, K] . W[N, K]^T` in full F32 (the router's logits).
     pub fn gemm_f32(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize) -> CudaResult<()> {
         let f = sys::cudaDataType::CUDA_R_32F;
-        self.gemm_ex(x, w, y, m, n, k, n, f, f, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC)
+        self.gemm_ex(
+            x,
+            w,
+            y,
+            m,
+            n,
+            k,
+            n,
+            f,
+            f,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]

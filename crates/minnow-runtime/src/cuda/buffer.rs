@@ -26,8 +26,14 @@ impl<T: Copy> DeviceBuffer<T> {
         ctx.bind()?;
         let bytes = (len.max(1)) * std::mem::size_of::<T>();
         // SAFETY: a plain allocation in the bound context.
-        let ptr = unsafe { result::malloc_sync(bytes) }.ctx(|| format!("allocating {bytes} bytes"))?;
-        Ok(Self { ptr, len, ctx: ctx.clone(), _t: PhantomData })
+        let ptr =
+            unsafe { result::malloc_sync(bytes) }.ctx(|| format!("allocating {bytes} bytes"))?;
+        Ok(Self {
+            ptr,
+            len,
+            ctx: ctx.clone(),
+            _t: PhantomData,
+        })
     }
 
     pub fn len(&self) -> usize {

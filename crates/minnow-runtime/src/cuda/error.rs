@@ -34,12 +34,18 @@ pub(crate) trait Context<T> {
 
 impl<T> Context<T> for std::result::Result<T, DriverError> {
     fn ctx(self, context: impl FnOnce() -> String) -> CudaResult<T> {
-        self.map_err(|source| CudaError::Driver { context: context(), source })
+        self.map_err(|source| CudaError::Driver {
+            context: context(),
+            source,
+        })
     }
 }
 
 impl<T> Context<T> for std::result::Result<T, CublasError> {
     fn ctx(self, context: impl FnOnce() -> String) -> CudaResult<T> {
-        self.map_err(|source| CudaError::Cublas { context: context(), source })
+        self.map_err(|source| CudaError::Cublas {
+            context: context(),
+            source,
+        })
     }
 }

@@ -47,7 +47,11 @@ pub struct LaunchConfig {
 
 impl LaunchConfig {
     pub fn new(grid: (u32, u32, u32), block: u32, shared_bytes: u32) -> Self {
-        Self { grid, block: (block, 1, 1), shared_bytes }
+        Self {
+            grid,
+            block: (block, 1, 1),
+            shared_bytes,
+        }
     }
 }
 
@@ -116,9 +120,11 @@ impl Gpu {
                 "device cuda:{ordinal} requested but {count} device(s) found"
             )));
         }
-        let device = result::device::get(ordinal as i32).ctx(|| format!("opening device {ordinal}"))?;
+        let device =
+            result::device::get(ordinal as i32).ctx(|| format!("opening device {ordinal}"))?;
         // SAFETY: device is valid; the context is released when GpuContext drops.
-        let ctx = unsafe { result::primary_ctx::retain(device) }.ctx(|| "retaining the primary context".into())?;
+        let ctx = unsafe { result::primary_ctx::retain(device) }
+            .ctx(|| "retaining the primary context".into())?;
         let ctx = Arc::new(GpuContext { ctx, device });
         ctx.bind()?;
         let name = result::device::get_name(device).ctx(|| "reading the device name".into())?;
@@ -163,15 +169,15 @@ impl Gpu {
                 .ctx(|| format!("finding kernel {func} in kernels/{}.cu", module.name))?;
             // Kernels that take more than 48 KiB of dynamic shared memory must opt in.
             if module.max_dynamic_shared > 0 {
-            // SAFETY: f is a valid function.
-            unsafe {
-                result::function::set_function_attribute(
-                    f,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    module.max_dynamic_shared as i32,
-                )
-            }
-            .ctx(|| format!("raising the shared-memory limit of {func}"))?;
+                // SAFETY: f is a valid function.
+                unsafe {
+                    result::function::set_function_attribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        module.max_dynamic_shared as i32,
+                    )
+                }
+                .ctx(|| format!("raising the shared-memory limit of {func}"))?;
             }
             self.functions.insert(func, f);
         }
@@ -222,7 +228,12 @@ impl Gpu {
 
     /// Copies `data` into `buf` at element `offset`, in stream order (the call returns once the
     /// host data has been consumed, so `data` may be reused at once).
-    pub fn write<T: Copy>(&self, buf: &DeviceBuffer<T>, offset: usize, data: &[T]) -> CudaResult<()> {
+    pub fn write<T: Copy>(
+        &self,
+        buf: &DeviceBuffer<T>,
+        offset: usize,
+        data: &[T],
+    ) -> CudaResult<()> {
         if offset + data.len() > buf.len() {
             return Err(CudaError::Unsupported(format!(
                 "write of {} elements at {offset} into a buffer of {}",
@@ -233,18 +244,34 @@ impl Gpu {
         self.bind()?;
         // SAFETY: bounds checked; pageable host memory makes the async copy synchronous with
         // respect to `data` (staged before return).
-        unsafe { result::memcpy_htod_async(buf.ptr_at(offset), data, self.stream) }
-            .ctx(|| format!("copying {} bytes to the device", std::mem::size_of_val(data)))
+        unsafe { result::memcpy_htod_async(buf.ptr_at(offset), data, self.stream) }.ctx(|| {
+            format!(
+                "copying {} bytes to the device",
+                std::mem::size_of_val(data)
+            )
+        })
     }
 
     /// Copies `out.len()` elements from `buf` at `offset` to the host and waits for them.
-    pub fn read<T: Copy>(&self, buf: &DeviceBuffer<T>, offset: usize, out: &mut [T]) -> CudaResult<()> {
+    pub fn read<T: Copy>(
+        &self,
+        buf: &DeviceBuffer<T>,
+        offset: usize,
+        out: &mut [T],
+    ) -> CudaResult<()> {
         self.read_raw(buf.ptr_at(offset), offset + out.len() <= buf.len(), out)
     }
 
-    pub(crate) fn read_raw<T: Copy>(&self, src: u64, in_bounds: bool, out: &mut [T]) -> CudaResult<()> {
+    pub(crate) fn read_raw<T: Copy>(
+        &self,
+        src: u64,
+        in_bounds: bool,
+        out: &mut [T],
+    ) -> CudaResult<()> {
         if !in_bounds {
-            return Err(CudaError::Unsupported("read past the end of a device buffer".into()));
+            return Err(CudaError::Unsupported(
+                "read past the end of a device buffer".into(),
+            ));
         }
         self.bind()?;
         // SAFETY: in bounds; we synchronise before `out` is used.
@@ -265,7 +292,8 @@ impl Gpu {
     pub fn synchronize(&self) -> CudaResult<()> {
         self.bind()?;
         // SAFETY: valid stream.
-        unsafe { result::stream::synchronize(self.stream) }.ctx(|| "waiting for the GPU stream".into())
+        unsafe { result::stream::synchronize(self.stream) }
+            .ctx(|| "waiting for the GPU stream".into())
     }
 
     /// Launches kernel `name` with raw argument bits (use [`cuda_launch!`]).
@@ -274,11 +302,21 @@ impl Gpu {
             .functions
             .get(name)
             .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {name}")))?;
-        let mut params: Vec<*mut c_void> = bits.iter_mut().map(|b| b as *mut u64 as *mut c_void).collect();
+        let mut params: Vec<*mut c_void> = bits
+            .iter_mut()
+            .map(|b| b as *mut u64 as *mut c_void)
+            .collect();
         // SAFETY: the argument list matches the kernel's signature (the ops module is the only
         // caller and mirrors kernels/*.cu); all pointers are live device buffers.
         unsafe {
-            result::launch_kernel(f, cfg.grid, cfg.block, cfg.shared_bytes, self.stream, &mut params)
+            result::launch_kernel(
+                f,
+                cfg.grid,
+                cfg.block,
+                cfg.shared_bytes,
+                self.stream,
+                &mut params,
+            )
         }
         .ctx(|| format!("launching {name} with {cfg:?}"))
     }
@@ -286,10 +324,15 @@ impl Gpu {
     /// Starts a per-stage profile of the work queued from now on.
     pub fn profile(&self) -> CudaResult<Profile> {
         self.bind()?;
-        let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).ctx(|| "creating an event".into())?;
+        let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .ctx(|| "creating an event".into())?;
         // SAFETY: valid event and stream.
         unsafe { result::event::record(start, self.stream) }.ctx(|| "recording an event".into())?;
-        Ok(Profile { start, marks: Vec::new(), stream: self.stream })
+        Ok(Profile {
+            start,
+            marks: Vec::new(),
+            stream: self.stream,
+        })
     }
 
     /// A pair of events around a region of the stream, for timing.
@@ -298,7 +341,11 @@ impl Gpu {
         let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
         let start = result::event::create(flags).ctx(|| "creating an event".into())?;
         let stop = result::event::create(flags).ctx(|| "creating an event".into())?;
-        Ok(Timer { start, stop, stream: self.stream })
+        Ok(Timer {
+            start,
+            stop,
+            stream: self.stream,
+        })
     }
 }
 
@@ -330,7 +377,8 @@ pub struct Profile {
 impl Profile {
     /// Records the end of a stage called `label` (stages of the same label add up).
     pub fn mark(&mut self, label: &'static str) -> CudaResult<()> {
-        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).ctx(|| "creating an event".into())?;
+        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .ctx(|| "creating an event".into())?;
         // SAFETY: valid event and stream.
         unsafe { result::event::record(e, self.stream) }.ctx(|| "recording an event".into())?;
         self.marks.push((label, e));
@@ -379,7 +427,8 @@ pub struct Timer {
 impl Timer {
     pub fn start(&self) -> CudaResult<()> {
         // SAFETY: valid event and stream.
-        unsafe { result::event::record(self.start, self.stream) }.ctx(|| "recording an event".into())
+        unsafe { result::event::record(self.start, self.stream) }
+            .ctx(|| "recording an event".into())
     }
 
     /// Records the stop event, waits for it and returns the elapsed milliseconds.

@@ -22,13 +22,17 @@ impl Graph {
         gpu.bind()?;
         // SAFETY: valid stream; relaxed mode lets cuBLAS query its state during capture.
         unsafe {
-            result::stream::begin_capture(gpu.stream(), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            result::stream::begin_capture(
+                gpu.stream(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
         }
         .ctx(|| "beginning graph capture".into())?;
         let queued = body();
         // Always end the capture, even when the body failed, so the stream is usable again.
         // SAFETY: capture was begun on this stream.
-        let graph = unsafe { result::stream::end_capture(gpu.stream()) }.ctx(|| "ending graph capture".into());
+        let graph = unsafe { result::stream::end_capture(gpu.stream()) }
+            .ctx(|| "ending graph capture".into());
         queued?;
         let graph = graph?;
         // SAFETY: graph is a valid captured graph.
@@ -41,7 +45,8 @@ impl Graph {
     pub fn launch(&self, gpu: &Gpu) -> CudaResult<()> {
         gpu.bind()?;
         // SAFETY: exec is instantiated and the buffers it uses are owned by the caller.
-        unsafe { result::graph::launch(self.exec, gpu.stream()) }.ctx(|| "replaying a CUDA graph".into())
+        unsafe { result::graph::launch(self.exec, gpu.stream()) }
+            .ctx(|| "replaying a CUDA graph".into())
     }
 }
 

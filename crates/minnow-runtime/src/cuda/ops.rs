@@ -15,7 +15,14 @@ fn row_threads(width: usize) -> u32 {
 }
 
 /// `out[t] = table[ids[t]]` for `rows` ids (u32) in device memory; `d % 8 == 0`.
-pub fn embed_rows(gpu: &Gpu, ids: u64, table: u64, out: u64, rows: usize, d: usize) -> CudaResult<()> {
+pub fn embed_rows(
+    gpu: &Gpu,
+    ids: u64,
+    table: u64,
+    out: u64,
+    rows: usize,
+    d: usize,
+) -> CudaResult<()> {
     if !d.is_multiple_of(8) {
         return unsupported(format!("embedding width {d} is not a multiple of 8"));
     }
@@ -25,9 +32,28 @@ pub fn embed_rows(gpu: &Gpu, ids: u64, table: u64, out: u64, rows: usize, d: usi
 
 /// `h = BF16(h + delta)` (when `delta` is non-zero) then `out = RMSNorm(h) * weight`, per row.
 #[allow(clippy::too_many_arguments)]
-pub fn add_rmsnorm(gpu: &Gpu, h: u64, delta: u64, weight: u64, out: u64, rows: usize, d: usize, eps: f32) -> CudaResult<()> {
+pub fn add_rmsnorm(
+    gpu: &Gpu,
+    h: u64,
+    delta: u64,
+    weight: u64,
+    out: u64,
+    rows: usize,
+    d: usize,
+    eps: f32,
+) -> CudaResult<()> {
     let cfg = LaunchConfig::new((rows as u32, 1, 1), row_threads(d), 0);
-    cuda_launch!(gpu, "add_rmsnorm", cfg, h, delta, weight, out, d as i32, eps)
+    cuda_launch!(
+        gpu,
+        "add_rmsnorm",
+        cfg,
+        h,
+        delta,
+        weight,
+        out,
+        d as i32,
+        eps
+    )
 }
 
 /// `out[r] = BF16(BF16(silu(gate)) * up)` where `gu[r] = [gate | up]` of `width` each.
@@ -38,14 +64,42 @@ pub fn silu_mul(gpu: &Gpu, gu: u64, out: u64, rows: usize, width: usize) -> Cuda
 
 /// MoE mix: `out[t] = BF16(BF16(sum_j w[t,j] y[slot_pos[t,j]]) + shared[t])`.
 #[allow(clippy::too_many_arguments)]
-pub fn moe_combine(gpu: &Gpu, y: u64, slot_pos: u64, w: u64, shared: u64, out: u64, tokens: usize, k: usize, d: usize) -> CudaResult<()> {
+pub fn moe_combine(
+    gpu: &Gpu,
+    y: u64,
+    slot_pos: u64,
+    w: u64,
+    shared: u64,
+    out: u64,
+    tokens: usize,
+    k: usize,
+    d: usize,
+) -> CudaResult<()> {
     let cfg = LaunchConfig::new((tokens as u32, d.div_ceil(256) as u32, 1), 256, 0);
-    cuda_launch!(gpu, "moe_combine", cfg, y, slot_pos, w, shared, out, k as i32, d as i32)
+    cuda_launch!(
+        gpu,
+        "moe_combine",
+        cfg,
+        y,
+        slot_pos,
+        w,
+        shared,
+        out,
+        k as i32,
+        d as i32
+    )
 }
 
 pub fn bf16_to_f32(gpu: &Gpu, x: u64, y: u64, n: usize) -> CudaResult<()> {
     let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
-    cuda_launch!(gpu, "bf16_to_f32", LaunchConfig::new((blocks, 1, 1), 256, 0), x, y, n as i64)
+    cuda_launch!(
+        gpu,
+        "bf16_to_f32",
+        LaunchConfig::new((blocks, 1, 1), 256, 0),
+        x,
+        y,
+        n as i64
+    )
 }
 
 /// Slices each logits row is split into by [`top1_softmax`].
@@ -66,13 +120,29 @@ pub fn top1_softmax(
     let cfg = LaunchConfig::new((rows as u32, TOP1_SLICES as u32, 1), 256, 0);
     cuda_launch!(gpu, "top1_partial", cfg, logits, scratch, vocab as i32)?;
     let cfg = LaunchConfig::new((rows as u32, 1, 1), 32, 0);
-    cuda_launch!(gpu, "top1_finish", cfg, scratch, token, confidence, TOP1_SLICES as i32)
+    cuda_launch!(
+        gpu,
+        "top1_finish",
+        cfg,
+        scratch,
+        token,
+        confidence,
+        TOP1_SLICES as i32
+    )
 }
 
 /// Reproducible uniform random BF16 values in `[-scale, scale)`.
 pub fn fill_random_bf16(gpu: &Gpu, x: u64, n: usize, seed: u64, scale: f32) -> CudaResult<()> {
     let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
-    cuda_launch!(gpu, "fill_random_bf16", LaunchConfig::new((blocks, 1, 1), 256, 0), x, n as i64, seed, scale)
+    cuda_launch!(
+        gpu,
+        "fill_random_bf16",
+        LaunchConfig::new((blocks, 1, 1), 256, 0),
+        x,
+        n as i64,
+        seed,
+        scale
+    )
 }
 
 /// Shapes of the attention part of one layer.
@@ -89,17 +159,25 @@ impl AttentionShape {
     pub fn check(&self) -> CudaResult<()> {
         let s = self;
         if s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) {
-            return unsupported(format!("{} query heads over {} KV heads", s.heads, s.kv_heads));
+            return unsupported(format!(
+                "{} query heads over {} KV heads",
+                s.heads, s.kv_heads
+            ));
         }
         let group = s.heads / s.kv_heads;
         if 64 % group != 0 {
-            return unsupported(format!("GQA group of {group} query heads does not divide 64"));
+            return unsupported(format!(
+                "GQA group of {group} query heads does not divide 64"
+            ));
         }
         if ![16, 32, 64, 128, 256].contains(&s.head_dim) {
             return unsupported(format!("head_dim {}", s.head_dim));
         }
         if !s.rotary_dim.is_multiple_of(2) || s.rotary_dim > s.head_dim {
-            return unsupported(format!("rotary dim {} of head dim {}", s.rotary_dim, s.head_dim));
+            return unsupported(format!(
+                "rotary dim {} of head dim {}",
+                s.rotary_dim, s.head_dim
+            ));
         }
         if s.block == 0 {
             return unsupported("block size 0".into());
@@ -165,13 +243,25 @@ pub fn attention_smem_bytes(d: usize) -> usize {
     let lds = kt + 4;
     let ldp = kt + 8;
     let ldo = d + 4;
-    2 * rows * ldq + 2 * 2 * kt * ldq + 4 * rows * lds + 2 * rows * ldp + 4 * rows * ldo + 4 * rows * 4
+    2 * rows * ldq
+        + 2 * 2 * kt * ldq
+        + 4 * rows * lds
+        + 2 * rows * ldp
+        + 4 * rows * ldo
+        + 4 * rows * 4
 }
 
 /// Scratch floats the attention needs for `splits` key splits over `tokens` query tokens:
 /// (partial outputs, partial (max, sum) pairs).
-pub fn attention_scratch_len(shape: &AttentionShape, tokens: usize, splits: usize) -> (usize, usize) {
-    (splits * tokens * shape.heads * shape.head_dim, splits * tokens * shape.heads * 2)
+pub fn attention_scratch_len(
+    shape: &AttentionShape,
+    tokens: usize,
+    splits: usize,
+) -> (usize, usize) {
+    (
+        splits * tokens * shape.heads * shape.head_dim,
+        splits * tokens * shape.heads * 2,
+    )
 }
 
 /// Block-causal attention of `tokens` queries (positions `pos0[0]..`) over the layer's K/V
@@ -196,12 +286,20 @@ pub fn attention(
     let tq = 64 / group;
     let d = shape.head_dim;
     let cfg = LaunchConfig {
-        grid: (tokens.div_ceil(tq) as u32, shape.kv_heads as u32, splits.max(1) as u32),
+        grid: (
+            tokens.div_ceil(tq) as u32,
+            shape.kv_heads as u32,
+            splits.max(1) as u32,
+        ),
         block: (128, 1, 1),
         shared_bytes: attention_smem_bytes(d) as u32,
     };
     let scale = 1.0 / (d as f32).sqrt();
-    let name = if attention_uses_fa(d) { format!("attention_fa_d{d}") } else { format!("attention_d{d}") };
+    let name = if attention_uses_fa(d) {
+        format!("attention_fa_d{d}")
+    } else {
+        format!("attention_d{d}")
+    };
     cuda_launch!(
         gpu,
         &name,
@@ -256,12 +354,22 @@ impl RouterShape {
             return unsupported(format!("top-{} of {} experts", s.top_k, s.experts));
         }
         match (s.capacity, s.groups) {
-            (Some(c), _) if c < s.top_k || c > s.experts => unsupported(format!("expert capacity {c}")),
+            (Some(c), _) if c < s.top_k || c > s.experts => {
+                unsupported(format!("expert capacity {c}"))
+            }
             (Some(_), _) => Ok(()),
             (None, Some((g, kg)))
-                if g == 0 || g > 64 || !s.experts.is_multiple_of(g) || kg == 0 || kg > g || kg * (s.experts / g) < s.top_k =>
+                if g == 0
+                    || g > 64
+                    || !s.experts.is_multiple_of(g)
+                    || kg == 0
+                    || kg > g
+                    || kg * (s.experts / g) < s.top_k =>
             {
-                unsupported(format!("{g} expert groups (keep {kg}) over {} experts", s.experts))
+                unsupported(format!(
+                    "{g} expert groups (keep {kg}) over {} experts",
+                    s.experts
+                ))
             }
             (None, Some(_)) => Ok(()),
             (None, None) => unsupported("router needs groups or an expert capacity".into()),
@@ -290,7 +398,11 @@ pub fn route(
         let shared = 2 * shape.block * e * 4;
         if shape.block * shape.top_k <= 1024 && shared <= super::ptx::ROUTER_MAX_SHARED as usize {
             // Admission and top-k in one launch per routing block.
-            let cfg = LaunchConfig::new((tokens.div_ceil(shape.block) as u32, 1, 1), 1024, shared as u32);
+            let cfg = LaunchConfig::new(
+                (tokens.div_ceil(shape.block) as u32, 1, 1),
+                1024,
+                shared as u32,
+            );
             return cuda_launch!(
                 gpu,
                 "route_block_fused",
@@ -418,7 +530,9 @@ pub fn grouped_gemm(
     k: usize,
 ) -> CudaResult<()> {
     if !n.is_multiple_of(64) || !k.is_multiple_of(32) {
-        return unsupported(format!("expert GEMM of {n} outputs over {k} inputs (needs n % 64 == 0, k % 32 == 0)"));
+        return unsupported(format!(
+            "expert GEMM of {n} outputs over {k} inputs (needs n % 64 == 0, k % 32 == 0)"
+        ));
     }
     if tile_rows != 16 && tile_rows != 64 {
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
@@ -426,7 +540,15 @@ pub fn grouped_gemm(
     if max_tiles == 0 {
         return Ok(());
     }
-    let cfg = LaunchConfig::new(((n / 64) as u32, max_tiles as u32, 1), 128, grouped_gemm_smem_bytes(tile_rows) as u32);
-    let name = if tile_rows == 16 { "grouped_gemm_m16" } else { "grouped_gemm_m64" };
+    let cfg = LaunchConfig::new(
+        ((n / 64) as u32, max_tiles as u32, 1),
+        128,
+        grouped_gemm_smem_bytes(tile_rows) as u32,
+    );
+    let name = if tile_rows == 16 {
+        "grouped_gemm_m16"
+    } else {
+        "grouped_gemm_m64"
+    };
     cuda_launch!(gpu, name, cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32)
 }

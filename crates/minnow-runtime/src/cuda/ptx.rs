@@ -61,7 +61,12 @@ pub const MODULES: &[PtxModule] = &[
     PtxModule {
         name: "router",
         ptx: include_str!("ptx/router.ptx"),
-        functions: &["route_block_admit", "route_topk", "route_block_fused", "moe_dispatch"],
+        functions: &[
+            "route_block_admit",
+            "route_topk",
+            "route_block_fused",
+            "moe_dispatch",
+        ],
         max_dynamic_shared: ROUTER_MAX_SHARED,
     },
     PtxModule {
@@ -74,7 +79,10 @@ pub const MODULES: &[PtxModule] = &[
 
 /// The hash recorded in a PTX file's first line, if it has one.
 pub fn recorded_hash(ptx: &str) -> Option<&str> {
-    ptx.lines().next()?.strip_prefix(HASH_LINE_PREFIX).map(str::trim)
+    ptx.lines()
+        .next()?
+        .strip_prefix(HASH_LINE_PREFIX)
+        .map(str::trim)
 }
 
 #[cfg(test)]
