@@ -4,6 +4,9 @@
 //! transcription of model doc §7 written for this test: scalar loops, f64 sums, no cache, no
 //! kernels. The naive reference is itself checked against the official goldens first.
 
+// The naive reference indexes positions, heads and dims like the formulas it transcribes.
+#![allow(clippy::needless_range_loop)]
+
 mod common;
 
 use std::path::Path;
