@@ -364,6 +364,18 @@ mod tests {
             for (g, e) in out.iter().zip(&want) {
                 assert!((g - e).abs() <= 1e-4);
             }
+            // F32 weights at an odd byte offset, as in a file whose header is not padded.
+            let mut shifted = vec![0u8];
+            shifted.extend(wv.iter().flat_map(|v| v.to_le_bytes()));
+            let w = MatRef::new(DType::F32, n, k, &shifted[1..]).unwrap();
+            let mut out = vec![0.0; m * n];
+            linear(&x, m, w, &mut out, Par::Seq);
+            for (g, e) in out.iter().zip(&want) {
+                assert!(
+                    (g - e).abs() <= 1e-4,
+                    "unaligned F32 m{m} n{n} k{k}: {g} vs {e}"
+                );
+            }
         }
     }
 

@@ -438,7 +438,8 @@ unsafe fn bcast_tile<const RR: usize, const MV: usize>(
             *slot = _mm512_loadu_ps(xp.add((v * k + q) * 16));
         }
         for (j, row) in acc.iter_mut().enumerate() {
-            let b = _mm512_set1_ps(*wp.add(j * k + q));
+            // Unaligned read: F32 weights are read in place from the file, at any byte offset.
+            let b = _mm512_set1_ps(std::ptr::read_unaligned(wp.add(j * k + q)));
             for (a, xs) in row.iter_mut().zip(&xv) {
                 *a = _mm512_fmadd_ps(b, *xs, *a);
             }
