@@ -104,10 +104,27 @@ fn read_input_ids(path: &Path) -> Result<Vec<u32>, String> {
         .collect()
 }
 
+/// The little-endian bytes of `values`: borrowed on little-endian machines (logits of a long
+/// input are gigabytes), copied elsewhere.
+fn le_bytes(values: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: f32 has no padding and any byte pattern is a valid u8; the slice covers
+        // exactly the memory of `values` and borrows it.
+        std::borrow::Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values))
+        })
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        std::borrow::Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+}
+
 /// Writes `logits` to a temporary file next to `output`, then renames it into place, so a
 /// crash never leaves a half-written output.
 fn write_logits(output: &Path, logits: &[f32], n: usize, vocab: usize) -> Result<(), String> {
-    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let bytes = le_bytes(logits);
     let view = TensorView::new(safetensors::Dtype::F32, vec![n, vocab], &bytes)
         .map_err(|e| format!("building the logits tensor: {e}"))?;
     let file_name = output
