@@ -98,7 +98,9 @@ pub(crate) struct Workspace {
 pub(crate) fn attention_splits(config: &Config, tokens: usize, sm_count: u32) -> usize {
     let group = config.num_attention_heads / config.num_key_value_heads.max(1);
     let ctas = tokens.div_ceil((64 / group.max(1)).max(1)) * config.num_key_value_heads;
-    (2 * sm_count as usize).div_ceil(ctas.max(1)).clamp(1, 16)
+    (2 * sm_count as usize)
+        .div_ceil(ctas.max(1))
+        .clamp(1, minnow_runtime::cuda::tuning::tuning().attn_max_splits)
 }
 
 impl Workspace {

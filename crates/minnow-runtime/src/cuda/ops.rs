@@ -508,9 +508,8 @@ pub fn moe_dispatch(
 }
 
 /// Dynamic shared memory of `grouped_gemm_m{16,64}`; mirrors `Tile<BM, STAGES>` in kernels/moe.cu.
-fn grouped_gemm_smem_bytes(tile_rows: usize) -> usize {
-    let (stages, ldt) = if tile_rows == 16 { (4, 72) } else { (3, 72) };
-    stages * (tile_rows + 64) * ldt * 2
+fn grouped_gemm_smem_bytes(tile_rows: usize, stages: usize) -> usize {
+    stages * (tile_rows + 64) * 72 * 2
 }
 
 /// Grouped GEMM over the dispatched tiles (cut at `tile_rows`, 16 or 64): `Y[p] =
@@ -540,15 +539,15 @@ pub fn grouped_gemm(
     if max_tiles == 0 {
         return Ok(());
     }
+    let (name, stages) = match (tile_rows, super::tuning::tuning().moe16_stages) {
+        (16, 3) => ("grouped_gemm_m16s3", 3),
+        (16, _) => ("grouped_gemm_m16", 4),
+        _ => ("grouped_gemm_m64", 3),
+    };
     let cfg = LaunchConfig::new(
         ((n / 64) as u32, max_tiles as u32, 1),
         128,
-        grouped_gemm_smem_bytes(tile_rows) as u32,
+        grouped_gemm_smem_bytes(tile_rows, stages) as u32,
     );
-    let name = if tile_rows == 16 {
-        "grouped_gemm_m16"
-    } else {
-        "grouped_gemm_m64"
-    };
     cuda_launch!(gpu, name, cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32)
 }

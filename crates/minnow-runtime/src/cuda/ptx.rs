@@ -72,7 +72,7 @@ pub const MODULES: &[PtxModule] = &[
     PtxModule {
         name: "moe",
         ptx: include_str!("ptx/moe.ptx"),
-        functions: &["grouped_gemm_m16", "grouped_gemm_m64"],
+        functions: &["grouped_gemm_m16", "grouped_gemm_m16s3", "grouped_gemm_m64"],
         max_dynamic_shared: 64 * 1024,
     },
 ];

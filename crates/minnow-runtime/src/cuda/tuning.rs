@@ -1,0 +1,47 @@
+//! Launch-shape knobs that only change speed, read once from the environment so that one bench
+//! run can compare variants on the same binary (docs/performance.md records which won):
+//! `MINNOW_MOE16_STAGES` (3 or 4: pipeline depth of the 16-row expert GEMM; 3 measured 3 % faster
+//! per refinement step on the H200) and `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
+//! short forward's attention; 16 beat 8 and 32).
+
+use std::sync::OnceLock;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Tuning {
+    pub moe16_stages: usize,
+    pub attn_max_splits: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            moe16_stages: 3,
+            attn_max_splits: 16,
+        }
+    }
+}
+
+fn env_usize(name: &str, allowed: impl Fn(usize) -> bool) -> Option<usize> {
+    let value = std::env::var(name).ok()?;
+    match value.parse::<usize>() {
+        Ok(v) if allowed(v) => Some(v),
+        _ => {
+            tracing::warn!("ignoring {name}={value}: not an allowed value");
+            None
+        }
+    }
+}
+
+/// The knobs in force (defaults unless overridden by the environment).
+pub fn tuning() -> &'static Tuning {
+    static TUNING: OnceLock<Tuning> = OnceLock::new();
+    TUNING.get_or_init(|| {
+        let d = Tuning::default();
+        Tuning {
+            moe16_stages: env_usize("MINNOW_MOE16_STAGES", |v| v == 3 || v == 4)
+                .unwrap_or(d.moe16_stages),
+            attn_max_splits: env_usize("MINNOW_ATTN_MAX_SPLITS", |v| (1..=64).contains(&v))
+                .unwrap_or(d.attn_max_splits),
+        }
+    })
+}
