@@ -127,7 +127,9 @@ impl SafetensorsDir {
     /// Every tensor the index names must be in the shard it names.
     fn check_index(&self, index_path: &Path, files: &[PathBuf]) -> Result<()> {
         for (name, file) in read_weight_map(index_path)? {
-            let want = files.iter().position(|f| f.file_name() == Some(file.as_ref()));
+            let want = files
+                .iter()
+                .position(|f| f.file_name() == Some(file.as_ref()));
             let found = self.tensors.get(&name).map(|e| e.file);
             if found.is_none() || found != want {
                 return Err(FormatError::invalid(
@@ -240,7 +242,13 @@ mod tests {
     fn write_file(path: &Path, tensors: &[(&str, Vec<usize>)]) {
         let bufs: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
             .iter()
-            .map(|(n, s)| (n.to_string(), vec![0u8; s.iter().product::<usize>() * 2], s.clone()))
+            .map(|(n, s)| {
+                (
+                    n.to_string(),
+                    vec![0u8; s.iter().product::<usize>() * 2],
+                    s.clone(),
+                )
+            })
             .collect();
         let views: Vec<(String, safetensors::tensor::TensorView)> = bufs
             .iter()
@@ -258,7 +266,10 @@ mod tests {
     #[test]
     fn opens_single_file() {
         let dir = tempfile::tempdir().unwrap();
-        write_file(&dir.path().join(SINGLE_FILE), &[("a", vec![2, 3]), ("b", vec![4])]);
+        write_file(
+            &dir.path().join(SINGLE_FILE),
+            &[("a", vec![2, 3]), ("b", vec![4])],
+        );
         let st = SafetensorsDir::open(dir.path()).unwrap();
         let a = st.tensor("a").unwrap();
         assert_eq!(a.shape, &[2, 3]);
