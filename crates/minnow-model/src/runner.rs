@@ -82,3 +82,17 @@ pub fn top1(row: &[f32]) -> (u32, f32) {
     let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
     (best as u32, 1.0 / sum)
 }
+
+#[cfg(test)]
+mod top1_tests {
+    use super::top1;
+
+    #[test]
+    fn top1_takes_the_lowest_index_on_ties_and_the_softmax_probability() {
+        let (tok, p) = top1(&[1.0, 3.0, 3.0, -2.0]);
+        assert_eq!(tok, 1);
+        let z = (1.0f32 - 3.0).exp() + 2.0 + (-5.0f32).exp();
+        assert!((p - 1.0 / z).abs() < 1e-7);
+        assert_eq!(top1(&[0.5]), (0, 1.0));
+    }
+}

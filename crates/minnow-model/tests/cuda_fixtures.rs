@@ -228,3 +228,15 @@ fn rejects_bad_input() {
     assert!(runner.forward(seq, &[4], LogitsRows::All).is_err());
     assert!(runner.truncate_sequence(seq, 10).is_err());
 }
+
+/// Runs in CI (no GPU): asking for the GPU runner there is a clear error, not a panic.
+#[test]
+fn without_a_gpu_loading_is_an_error() {
+    if minnow_model::cuda::is_available() {
+        return; // covered by the fixture tests above
+    }
+    let err = CudaRunner::load(&fixture("llada2-tiny-v21"), 0)
+        .err()
+        .expect("loading onto a missing GPU must fail");
+    assert!(err.to_string().contains("CUDA"), "{err}");
+}

@@ -41,3 +41,20 @@ pub fn device_count() -> CudaResult<usize> {
         .map_err(|e| CudaError::Unavailable(format!("cuDeviceGetCount failed: {e:?}")))?;
     Ok(n.max(0) as usize)
 }
+
+#[cfg(test)]
+mod tests {
+    /// Runs everywhere: without a driver the probe must answer false (or an error), never panic,
+    /// and opening a device must fail with a typed error.
+    #[test]
+    fn probing_never_panics() {
+        let available = super::is_available();
+        assert_eq!(available, super::is_available(), "the answer is cached");
+        if !available {
+            assert!(matches!(
+                super::Gpu::new(0),
+                Err(super::CudaError::Unavailable(_))
+            ));
+        }
+    }
+}

@@ -551,3 +551,117 @@ pub fn grouped_gemm(
     );
     cuda_launch!(gpu, name, cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attention(
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        rotary_dim: usize,
+    ) -> AttentionShape {
+        AttentionShape {
+            heads,
+            kv_heads,
+            head_dim,
+            rotary_dim,
+            block: 32,
+        }
+    }
+
+    #[test]
+    fn attention_shapes_of_the_family_are_supported() {
+        // mini / flash (16 or 32 query heads over 4 KV heads of 128) and the tiny fixtures.
+        assert!(attention(16, 4, 128, 64).check().is_ok());
+        assert!(attention(32, 4, 128, 64).check().is_ok());
+        assert!(attention(4, 2, 16, 8).check().is_ok());
+    }
+
+    #[test]
+    fn unsupported_attention_shapes_are_errors_not_launches() {
+        assert!(
+            attention(16, 3, 128, 64).check().is_err(),
+            "heads not a multiple of KV heads"
+        );
+        assert!(
+            attention(48, 2, 128, 64).check().is_err(),
+            "group of 24 does not divide 64"
+        );
+        assert!(
+            attention(16, 4, 96, 48).check().is_err(),
+            "head dim without a kernel"
+        );
+        assert!(attention(16, 4, 128, 65).check().is_err(), "odd rotary dim");
+        assert!(attention(16, 0, 128, 64).check().is_err());
+    }
+
+    #[test]
+    fn attention_shared_memory_mirrors_the_kernels() {
+        // FaSmem<128>::total and Smem<16>::total in kernels/attention.cu (static_asserts there).
+        assert_eq!(attention_smem_bytes(128), 64 * 136 * 2 * 5);
+        assert!(attention_uses_fa(128) && attention_uses_fa(64) && !attention_uses_fa(16));
+        assert!(attention_smem_bytes(256) <= 200 * 1024);
+    }
+
+    fn router(
+        experts: usize,
+        top_k: usize,
+        groups: Option<(usize, usize)>,
+        capacity: Option<usize>,
+    ) -> RouterShape {
+        RouterShape {
+            experts,
+            top_k,
+            groups,
+            capacity,
+            block: 32,
+            scale: 2.5,
+        }
+    }
+
+    #[test]
+    fn router_shapes() {
+        assert!(router(256, 8, Some((8, 4)), None).check().is_ok());
+        assert!(
+            router(256, 8, Some((8, 4)), Some(48)).check().is_ok(),
+            "2.2 ignores the groups"
+        );
+        assert!(router(16, 4, Some((4, 2)), None).check().is_ok());
+        assert!(
+            router(256, 8, None, None).check().is_err(),
+            "no routing rule"
+        );
+        assert!(
+            router(256, 8, None, Some(4)).check().is_err(),
+            "capacity below top-k"
+        );
+        assert!(router(256, 8, Some((8, 0)), None).check().is_err());
+        assert!(
+            router(256, 8, Some((7, 4)), None).check().is_err(),
+            "groups must divide the experts"
+        );
+        assert!(
+            router(16, 4, Some((8, 1)), None).check().is_err(),
+            "kept groups hold fewer than k experts"
+        );
+        assert!(
+            router(2048, 8, None, Some(48)).check().is_err(),
+            "too many experts for one CTA"
+        );
+    }
+
+    #[test]
+    fn expert_tiles_follow_rows_per_expert() {
+        // A denoising step: 32 tokens x 8 picks over 256 experts -> few rows per expert.
+        assert_eq!(moe_tile_rows(256, 256), 16);
+        // A 4K prefill: 32,768 picks -> 128 rows per expert on average.
+        assert_eq!(moe_tile_rows(32_768, 256), 64);
+        // The bound covers the worst case: every expert gets a partial tile.
+        assert_eq!(moe_max_tiles(256, 256, 16), 16 + 256);
+        assert_eq!(moe_max_tiles(4, 256, 16), 1 + 4);
+        assert_eq!(grouped_gemm_smem_bytes(16, 3), 3 * 80 * 72 * 2);
+        assert_eq!(grouped_gemm_smem_bytes(64, 3), 3 * 128 * 72 * 2);
+    }
+}
