@@ -295,3 +295,31 @@ async fn queued_streams_get_keep_alive_comments() {
     assert!(comments >= 1, "no keep-alive while queued: {events:?}");
     assert_eq!(events.last(), Some(&Sse::Done));
 }
+
+/// With nothing to write (queued behind another request, keep-alive far away), a hang-up is
+/// still noticed at once: hyper drops the body on EOF and the stream task cancels.
+#[tokio::test(flavor = "multi_thread")]
+async fn disconnect_while_queued_is_noticed_at_once() {
+    let server = Server::start(None, &["--parallel", "1", "--keep-alive", "60"]).await;
+    let busy = post(&server, "/v1/chat/completions", slow_stream()).await;
+    let mut busy_stream = busy.bytes_stream();
+    busy_stream.next().await.expect("first chunk").unwrap();
+
+    let queued = post(&server, "/v1/chat/completions", slow_stream()).await;
+    let mut queued_stream = queued.bytes_stream();
+    queued_stream.next().await.expect("role chunk").unwrap();
+    drop(queued_stream);
+    wait_for_metric(
+        &server,
+        "minnow_requests_cancelled_total",
+        1.0,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(
+        server.metric("minnow_busy_slots").await,
+        1.0,
+        "noticed while the other request still runs"
+    );
+    drop(busy_stream);
+}
