@@ -706,3 +706,24 @@ async fn v22_named_tool_choice_streams_like_plain() {
     let plain_calls = plain_message["tool_calls"].as_array().map_or(0, Vec::len);
     assert_eq!(streamed_calls, plain_calls);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http2_cleartext_works_too() {
+    let server = Server::start(None, &[]).await;
+    let client = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let response = client.get(server.url("/health")).send().await.unwrap();
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    assert_eq!(response.status(), 200);
+    let response = client
+        .post(server.url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    let events = read_sse(response).await;
+    assert_eq!(events.last(), Some(&Sse::Done));
+}
