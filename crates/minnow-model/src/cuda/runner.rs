@@ -37,7 +37,7 @@ pub struct CudaRunner {
 }
 
 impl CudaRunner {
-    /// Opens GPU `ordinal` and uploads the checkpoint's weights (BF16; router in F32).
+    /// Opens GPU `ordinal` and uploads the checkpoint's weights (BF16; the router kept exact).
     pub fn new(config: Config, source: &dyn TensorSource, ordinal: usize) -> Result<Self> {
         let gpu = Gpu::new(ordinal).map_err(device_err)?;
         check_supported(&config)?;
@@ -136,6 +136,8 @@ impl CudaRunner {
         output: Output,
         prof: Option<&mut Profile>,
     ) -> Result<()> {
+        // The runner may have moved to another thread since its last call.
+        self.gpu.bind().map_err(device_err)?;
         let t = ids.len();
         if t == 0 {
             return Err(ModelError::InvalidInput("forward of zero tokens".into()));

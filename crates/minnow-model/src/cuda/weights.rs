@@ -1,7 +1,8 @@
 //! The model's weights in device memory, in the layouts the CUDA forward wants: BF16 matrices in
 //! PyTorch `[out, in]` order, gate and up projections stacked (`[2 I, D]`, gate first) so one GEMM
 //! computes both, routed experts packed per layer (`[E, 2 I, D]` and `[E, D, I]`) for the grouped
-//! GEMM, and the router in F32 (docs/llada2-model.md §4, §7.6).
+//! GEMM, and the router kept exact: BF16 when stored BF16, else F32; its bias in F32
+//! (docs/llada2-model.md §4, §7.6).
 
 use half::bf16;
 use minnow_format::TensorSource;
@@ -139,7 +140,8 @@ impl Dims {
 }
 
 impl Weights {
-    /// Uploads every tensor of the checkpoint (converted to BF16; router and bias to F32).
+    /// Uploads every tensor of the checkpoint (BF16; see [`RouterWeights`] for the router; the
+    /// expert bias in F32).
     pub fn load(gpu: &Gpu, config: &Config, source: &dyn TensorSource) -> Result<Self> {
         let r = Reader { source };
         let dims = Dims::new(config);
