@@ -12,7 +12,11 @@ mod serve;
 
 /// Options shared by every subcommand.
 #[derive(Parser, Debug)]
-#[command(name = "minnow", version, about = "Fast inference for LLaDA2.x block-diffusion models")]
+#[command(
+    name = "minnow",
+    version,
+    about = "Fast inference for LLaDA2.x block-diffusion models"
+)]
 pub struct Cli {
     /// Checkpoint directory (Hugging Face layout). `generate` and `serve` fall back to the bundled
     /// tiny fixture when omitted.
