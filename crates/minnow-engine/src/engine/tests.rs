@@ -354,6 +354,34 @@ fn queue_is_bounded_and_dropping_a_handle_cancels() {
 }
 
 #[test]
+fn a_queued_request_whose_handle_is_dropped_frees_its_queue_place() {
+    let target: Vec<u32> = (0..400).map(|i| 100 + (i % 50)).collect();
+    let options = EngineOptions {
+        parallel: 1,
+        queue_capacity: 1,
+        ..Default::default()
+    };
+    let engine = engine_writing(target, 40, Duration::from_millis(2), options);
+    let request = || GenerateRequest {
+        prompt_ids: prompt_ids(&engine, 40),
+        max_tokens: Some(400),
+        ..Default::default()
+    };
+    let running = engine.submit(request()).unwrap();
+    wait_until(|| engine.busy_slots() == 1 && engine.queue_depth() == 0);
+    let waiting = engine.submit(request()).unwrap();
+    assert_eq!(engine.queue_depth(), 1);
+    // The waiting client goes away while the slot is still busy: its place is free at once.
+    drop(waiting);
+    assert_eq!(engine.queue_depth(), 0);
+    let replacement = engine.submit(request()).unwrap();
+    assert_eq!(engine.busy_slots(), 1);
+    drop(running);
+    drop(replacement);
+    wait_until(|| engine.busy_slots() == 0 && engine.queue_depth() == 0);
+}
+
+#[test]
 fn parallel_requests_interleave_and_match_a_lone_run() {
     let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
     let target = tok

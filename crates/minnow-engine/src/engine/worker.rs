@@ -38,6 +38,14 @@ struct QueueState {
     shutdown: bool,
 }
 
+impl QueueState {
+    /// Forgets waiting jobs whose handle was dropped (the client went away while queued), so
+    /// they neither hold queue capacity nor count in the queue depth until a slot frees up.
+    fn drop_abandoned(&mut self) {
+        self.waiting.retain(|job| !job.events.is_closed());
+    }
+}
+
 /// The bounded FIFO between `Engine::submit` and the worker.
 pub(crate) struct Queue {
     state: Mutex<QueueState>,
@@ -72,6 +80,7 @@ impl Queue {
         if state.shutdown {
             return Err(EngineError::Internal("the engine is shutting down".into()));
         }
+        state.drop_abandoned();
         let free_slots = self.parallel.saturating_sub(state.busy);
         if state.waiting.len() >= self.capacity + free_slots {
             return Err(EngineError::QueueFull);
@@ -82,7 +91,8 @@ impl Queue {
     }
 
     pub fn depth(&self) -> usize {
-        let state = self.lock();
+        let mut state = self.lock();
+        state.drop_abandoned();
         state
             .waiting
             .len()
@@ -124,6 +134,7 @@ fn run(mut runner: Box<dyn ModelRunner>, queue: &Queue, tokenizer: &Tokenizer) {
                     }
                     return;
                 }
+                state.drop_abandoned();
                 while active.len() < queue.parallel {
                     let Some(job) = state.waiting.pop_front() else {
                         break;
