@@ -488,9 +488,13 @@ mod tests {
         assert_eq!(streamed, "Sure.");
         assert_eq!(done.content, "Sure.");
         assert_eq!(done.finish_reason, FinishReason::ToolCalls);
-        assert_eq!(deltas.len(), 1);
+        // Header first (id and name, no arguments), then the arguments.
+        assert_eq!(deltas.len(), 2);
         assert_eq!(deltas[0].id.as_deref(), Some("call_9_0"));
-        assert_eq!(deltas[0].arguments, "{\"x\": 1}");
+        assert_eq!(deltas[0].name.as_deref(), Some("f"));
+        assert_eq!(deltas[0].arguments, "");
+        assert_eq!((deltas[1].index, deltas[1].id.as_deref()), (0, None));
+        assert_eq!(deltas[1].arguments, "{\"x\": 1}");
         assert_eq!(done.tool_calls[0].name, "f");
     }
 }

@@ -18,10 +18,10 @@
 //!   token budget, a stop string, or the end of the answer) is returned as plain text content,
 //!   exactly as generated, never as a tool call. The server issue requires this for undeclared
 //!   names and non-object arguments; the rest follows the same rule so that nothing is lost.
-//! - **A call is streamed once it is complete and valid**, as one [`ToolCallDelta`] carrying
-//!   `index`, `id`, `name` and the whole `arguments` string. Streaming argument fragments earlier
-//!   would make it impossible to turn a call that later proves invalid into text. Blocks commit
-//!   up to 32 tokens at once, so the delay is small.
+//! - **A call is streamed once it is complete and valid**, as two [`ToolCallDelta`]s: the header
+//!   (`index`, `id`, `name`, empty arguments), then the whole `arguments` string. Streaming
+//!   argument fragments earlier would make it impossible to turn a call that later proves invalid
+//!   into text. Blocks commit up to 32 tokens at once, so the delay is small.
 //! - Content ends at the first `<|role_end|>` or `<|endoftext|>`; text after it is dropped.
 //! - 2.0/2.1: one `\n` before each call is removed (the template inserts it); whitespace-only text
 //!   before, between or after calls is dropped; other text after a call is appended to the content
@@ -229,10 +229,17 @@ impl StreamParser {
         for call in &scan.calls[self.calls.len()..] {
             let index = self.calls.len();
             let id = format!("{}_{index}", self.call_id_prefix);
+            // OpenAI's shape: the header (index, id, name) first, then the argument text.
             deltas.tool_calls.push(ToolCallDelta {
                 index,
                 id: Some(id.clone()),
                 name: Some(call.name.clone()),
+                arguments: String::new(),
+            });
+            deltas.tool_calls.push(ToolCallDelta {
+                index,
+                id: None,
+                name: None,
                 arguments: call.arguments.clone(),
             });
             self.calls.push(ToolCall {
@@ -753,8 +760,9 @@ mod tests {
             if !d.tool_calls.is_empty() && first_call_seen_at.is_none() {
                 first_call_seen_at = Some(i);
                 // The first call is complete before the second one is.
-                assert_eq!(d.tool_calls.len(), 1);
-                assert_eq!(d.tool_calls[0].arguments, "{\"city\":\"Montréal\"}");
+                assert_eq!(d.tool_calls.len(), 2, "header and arguments of one call");
+                assert_eq!(d.tool_calls[0].name.as_deref(), Some("weather"));
+                assert_eq!(d.tool_calls[1].arguments, "{\"city\":\"Montréal\"}");
             }
         }
         assert!(first_call_seen_at.is_some());
@@ -967,8 +975,9 @@ mod tests {
         let text = "Hello\n<tool_x <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call> \n";
         let d = parser.push(text).unwrap();
         assert_eq!(d.content, " ");
-        assert_eq!(d.tool_calls.len(), 1);
-        assert_eq!(d.tool_calls[0].arguments, "{}");
+        assert_eq!(d.tool_calls.len(), 2);
+        assert_eq!(d.tool_calls[0].name.as_deref(), Some("f"));
+        assert_eq!(d.tool_calls[1].arguments, "{}");
         let (d, out) = parser.finish(text, FinishReason::Stop).unwrap();
         assert!(d.is_empty(), "trailing whitespace after a call is dropped");
         assert_eq!(out.content, "Hello\n<tool_x ");

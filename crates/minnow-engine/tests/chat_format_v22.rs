@@ -208,8 +208,17 @@ fn native_answer_streams_back_in_blocks() {
     assert_eq!(content, "Checking. ");
     assert_eq!(done.content, "Checking. ");
     assert_eq!(done.finish_reason, FinishReason::ToolCalls);
+    // Per call: a header delta (id and name, empty arguments), then the arguments.
     let args: Vec<&str> = deltas.iter().map(|d| d.arguments.as_str()).collect();
-    assert_eq!(args, ["{\"city\":\"Montréal\"}", "{\"city\":\"東京\"}"]);
+    assert_eq!(
+        args,
+        ["", "{\"city\":\"Montréal\"}", "", "{\"city\":\"東京\"}"]
+    );
+    let names: Vec<Option<&str>> = deltas.iter().map(|d| d.name.as_deref()).collect();
+    assert_eq!(
+        names,
+        [Some("get_weather"), None, Some("get_weather"), None]
+    );
     assert_eq!(done.tool_calls[0].id, "call_5_0");
     assert_eq!(done.tool_calls[1].id, "call_5_1");
 }
