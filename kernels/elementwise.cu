@@ -53,11 +53,12 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restric
 
 // The MoE output of token t (one CTA per token):
 //   routed = BF16( sum_j w[t, j] * F32(y[slot_pos[t, j], :]) )    (F32 mix, one rounding)
-//   out[t] = BF16(routed + shared[t])                             (shared may be null)
-// grid = (T, ceil(d / blockDim)).
+//   out[t] = BF16(routed + shared[t])                             (no shared expert: routed)
+// The shared expert's output row is y[shared_rows[t]] when it ran inside the grouped GEMM, else
+// shared[t] (both may be null). grid = (T, ceil(d / blockDim)).
 extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __restrict__ slot_pos,
                                        const float* __restrict__ w, const bf16* __restrict__ shared,
-                                       bf16* __restrict__ out, int k, int d) {
+                                       const int* __restrict__ shared_rows, bf16* __restrict__ out, int k, int d) {
     const int t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i < d) {
@@ -66,7 +67,11 @@ extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __
             acc += w[t * k + j] * to_f32(y[(size_t)slot_pos[t * k + j] * d + i]);
         }
         bf16 routed = to_bf16(acc);
-        if (shared) routed = to_bf16(to_f32(routed) + to_f32(shared[(size_t)t * d + i]));
+        if (shared_rows) {
+            routed = to_bf16(to_f32(routed) + to_f32(y[(size_t)shared_rows[t] * d + i]));
+        } else if (shared) {
+            routed = to_bf16(to_f32(routed) + to_f32(shared[(size_t)t * d + i]));
+        }
         out[(size_t)t * d + i] = routed;
     }
 }

@@ -122,7 +122,10 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total) {
     return before + incl - v;
 }
 
-// Groups the A = T * k assignments by expert (one CTA of 1024 threads, E <= 1024). Outputs:
+// Groups the A = T * k assignments by expert (one CTA of 1024 threads, E <= 1024). With
+// `shared_expert` >= 0 every token also gets an assignment to that expert (the shared expert packed
+// after the routed ones, so the grouped GEMM computes it too): assignment A + t is token t's.
+// Outputs:
 //   slot_pos[a]      row of assignment a in the expert-sorted order
 //   row_token[p]     token whose activation row p reads
 //   tiles[i]         (expert, first row, end row) of the i-th tile of at most `tile_rows` rows
@@ -130,14 +133,15 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total) {
 //                    CTAs past num_tiles exit, so no host round trip is needed)
 // Rows of one expert are in no particular order (atomics); each row's result does not depend on it.
 extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows,
-                                        int* __restrict__ slot_pos, int* __restrict__ row_token,
+                                        int shared_expert, int* __restrict__ slot_pos, int* __restrict__ row_token,
                                         int4* __restrict__ tiles, int* __restrict__ num_tiles) {
     extern __shared__ int cnt[];  // E counts, then E cursors
     int* cursor = cnt + E;
     __shared__ int scratch[32];
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
-    for (int a = threadIdx.x; a < A; a += blockDim.x) atomicAdd(&cnt[topk_idx[a]], 1);
+    const int total_a = shared_expert >= 0 ? A + A / k : A;
+    for (int a = threadIdx.x; a < total_a; a += blockDim.x) atomicAdd(&cnt[a < A ? topk_idx[a] : shared_expert], 1);
     __syncthreads();
     const int e = threadIdx.x;
     const int c = e < E ? cnt[e] : 0;
@@ -152,10 +156,10 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
     }
     if (threadIdx.x == 0) num_tiles[0] = total;
     __syncthreads();
-    for (int a = threadIdx.x; a < A; a += blockDim.x) {
-        const int p = atomicAdd(&cursor[topk_idx[a]], 1);
+    for (int a = threadIdx.x; a < total_a; a += blockDim.x) {
+        const int p = atomicAdd(&cursor[a < A ? topk_idx[a] : shared_expert], 1);
         slot_pos[a] = p;
-        row_token[p] = a / k;
+        row_token[p] = a < A ? a / k : a - A;
     }
 }
 

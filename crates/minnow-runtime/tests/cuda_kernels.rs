@@ -555,25 +555,29 @@ fn router_matches_reference() {
 fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
     let g = gpu();
     let mut rng = rng();
+    // (tokens, k, experts incl. a packed shared one, n, k dim, tile rows, packed shared expert)
     let cases = [
-        (32usize, 8usize, 256usize, 1024usize, 2048usize, 16usize),
-        (32, 8, 256, 2048, 512, 16),
-        (300, 4, 16, 64, 64, 64),
-        (300, 4, 16, 64, 32, 16),
-        (5, 2, 4, 128, 96, 64),
+        (
+            32usize, 8usize, 257usize, 1024usize, 2048usize, 16usize, true,
+        ),
+        (32, 8, 256, 2048, 512, 16, false),
+        (300, 4, 17, 64, 64, 64, true),
+        (300, 4, 16, 64, 32, 16, false),
+        (5, 2, 4, 128, 96, 64, false),
     ];
-    for &(t, k, e, n, kd, tile_rows) in &cases {
+    for &(t, k, e, n, kd, tile_rows, packed) in &cases {
+        let routed = if packed { e - 1 } else { e };
         let x = to_bf16(&randn(&mut rng, t * kd, 1.0));
         let w = to_bf16(&randn(&mut rng, e * n * kd, 0.05));
-        // Distinct experts per token, skewed so that some experts get more than one tile.
+        // Distinct routed experts per token, skewed so that some experts get more than one tile.
         let mut idx = vec![];
         for _ in 0..t {
             let mut chosen: Vec<i32> = vec![];
             while chosen.len() < k {
                 let c = if rng.gen::<f32>() < 0.5 {
-                    rng.gen_range(0..e.min(3))
+                    rng.gen_range(0..routed.min(3))
                 } else {
-                    rng.gen_range(0..e)
+                    rng.gen_range(0..routed)
                 } as i32;
                 if !chosen.contains(&c) {
                     chosen.push(c);
@@ -581,7 +585,10 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
             }
             idx.extend(chosen);
         }
-        let a = t * k;
+        // With a packed shared expert every token has one more assignment, to expert e - 1.
+        let a = if packed { t * (k + 1) } else { t * k };
+        let expert_of = |i: usize| if i < t * k { idx[i] as usize } else { e - 1 };
+        let token_of = |i: usize| if i < t * k { i / k } else { i - t * k };
         let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
         let (dx, dw, didx) = (
             g.upload(&x).unwrap(),
@@ -600,6 +607,7 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
             k,
             e,
             tile_rows,
+            packed.then_some(e - 1),
             slot.ptr(),
             row_token.ptr(),
             tiles.ptr(),
@@ -625,22 +633,19 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
         let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
         let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
         let (mut got, mut want) = (vec![], vec![]);
-        for ti in 0..t {
-            for j in 0..k {
-                let ex = idx[ti * k + j] as usize;
-                let p = slots[ti * k + j] as usize;
-                got.extend_from_slice(&gy[p * n..(p + 1) * n]);
-                want.extend(matmul_t(
-                    &xf[ti * kd..(ti + 1) * kd],
-                    &wf[ex * n * kd..(ex + 1) * n * kd],
-                    1,
-                    n,
-                    kd,
-                ));
-            }
+        for (i, &p) in slots.iter().enumerate() {
+            let (ex, ti, p) = (expert_of(i), token_of(i), p as usize);
+            got.extend_from_slice(&gy[p * n..(p + 1) * n]);
+            want.extend(matmul_t(
+                &xf[ti * kd..(ti + 1) * kd],
+                &wf[ex * n * kd..(ex + 1) * n * kd],
+                1,
+                n,
+                kd,
+            ));
         }
         check_bf16(
-            &format!("grouped gemm t{t} k{k} e{e} n{n} k{kd} tiles of {tile_rows}"),
+            &format!("grouped gemm t{t} k{k} e{e} n{n} k{kd} tiles of {tile_rows} packed {packed}"),
             &got,
             &want,
         );
@@ -652,20 +657,27 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
             .sum();
         assert_eq!(covered, a);
         assert!((0..ntiles).all(|i| (tl[4 * i + 2] - tl[4 * i + 1]) as usize <= tile_rows));
-        // Combine with F32 weights and a shared-expert term.
-        let wts = randn(&mut rng, a, 1.0);
+        // Combine with F32 weights and a shared-expert term: its rows from the grouped output when
+        // packed, else a separate dense input.
+        let wts = randn(&mut rng, t * k, 1.0);
         let shared = to_bf16(&randn(&mut rng, t * n, 1.0));
         let (dwts, dsh, out) = (
             g.upload(&wts).unwrap(),
             g.upload(&shared).unwrap(),
             poisoned_bf16(&g, t * n),
         );
+        let (sh, sh_rows) = if packed {
+            (0, slot.ptr_at(t * k))
+        } else {
+            (dsh.ptr(), 0)
+        };
         ops::moe_combine(
             &g,
             y.ptr(),
             slot.ptr(),
             dwts.ptr(),
-            dsh.ptr(),
+            sh,
+            sh_rows,
             out.ptr(),
             t,
             k,
@@ -678,10 +690,19 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
                 let acc: f32 = (0..k)
                     .map(|j| wts[ti * k + j] * gy[slots[ti * k + j] as usize * n + c])
                     .sum();
-                want.push(r(r(acc) + shared[ti * n + c].to_f32()));
+                let sv = if packed {
+                    gy[slots[t * k + ti] as usize * n + c]
+                } else {
+                    shared[ti * n + c].to_f32()
+                };
+                want.push(r(r(acc) + sv));
             }
         }
-        check_bf16("moe_combine", &read_bf16(&g, &out), &want);
+        check_bf16(
+            &format!("moe_combine packed {packed}"),
+            &read_bf16(&g, &out),
+            &want,
+        );
     }
 }
 

@@ -7,7 +7,7 @@ use half::bf16;
 use minnow_runtime::cuda::ops::{self, AttentionShape, RouterShape};
 use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu, Profile};
 
-use super::weights::{DenseMlp, Mlp, RouterWeights, Weights};
+use super::weights::{DenseMlp, Mlp, RouterWeights, SharedExpert, Weights};
 use crate::config::Config;
 
 /// K/V cache of one sequence: per layer `[capacity, G, d]` BF16 for K (normed, rotated) and V.
@@ -111,9 +111,10 @@ impl Workspace {
         let heads = c.num_attention_heads;
         let hd = c.head_dim;
         let qkv = (heads + 2 * c.num_key_value_heads) * hd;
-        let e = c.num_experts.max(1);
+        // Room for the packed shared expert: one more expert and one more assignment per token.
+        let e = c.num_experts.max(1) + 1;
         let k = c.num_experts_per_tok.max(1);
-        let a = t * k;
+        let a = t * (k + 1);
         let wide = (c.intermediate_size).max(c.moe_intermediate_size * c.num_shared_experts.max(1));
         // Short forwards split their keys (attention_splits); t x splits stays under ~1100 rows.
         let attn_rows = t.max(2048);
@@ -309,8 +310,18 @@ pub(crate) fn queue_forward(
                     c.num_experts_per_tok,
                     c.moe_intermediate_size,
                 );
-                let a = t * k;
-                let tile_rows = ops::moe_tile_rows(a, e);
+                // A packed shared expert is expert `e` with one extra assignment per token.
+                // A packed shared expert joins the grouped GEMM when experts get few rows each
+                // (decoding: it then streams at the grouped kernel's bandwidth, with no extra
+                // launches); for prefill cuBLAS multiplies its slice of the packed buffers faster.
+                let packed = matches!(moe.shared, SharedExpert::Packed)
+                    && ops::moe_tile_rows(t * k, e) == 16;
+                let (slots, a) = if packed {
+                    (e + 1, t * (k + 1))
+                } else {
+                    (e, t * k)
+                };
+                let tile_rows = ops::moe_tile_rows(a, slots);
                 match &moe.router {
                     RouterWeights::Bf16(w) => {
                         blas.gemm_bf16_f32out(ws.a.ptr(), w.ptr(), ws.router_logits.ptr(), t, e, d)?
@@ -336,15 +347,16 @@ pub(crate) fn queue_forward(
                     ws.topk_idx.ptr(),
                     t,
                     k,
-                    e,
+                    slots,
                     tile_rows,
+                    packed.then_some(e),
                     ws.slot_pos.ptr(),
                     ws.row_token.ptr(),
                     ws.tiles.ptr(),
                     ws.num_tiles.ptr(),
                 )?;
                 mark("dispatch")?;
-                let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
+                let max_tiles = ops::moe_max_tiles(a, slots, tile_rows);
                 ops::grouped_gemm(
                     gpu,
                     ws.a.ptr(),
@@ -375,13 +387,30 @@ pub(crate) fn queue_forward(
                     iw,
                 )?;
                 mark("experts down")?;
-                let shared = match &moe.shared {
-                    Some(mlp) => {
+                let (shared, shared_rows) = match &moe.shared {
+                    SharedExpert::Separate(mlp) => {
                         queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.shared_out.ptr(), t, d)?;
                         mark("shared expert")?;
-                        ws.shared_out.ptr()
+                        (ws.shared_out.ptr(), 0)
                     }
-                    None => 0,
+                    // Its rows are where the dispatch put assignments t * k + t'.
+                    SharedExpert::Packed if packed => (0, ws.slot_pos.ptr_at(t * k)),
+                    SharedExpert::Packed => {
+                        queue_swiglu_at(
+                            gpu,
+                            ws,
+                            moe.experts_gate_up.ptr_at(e * 2 * iw * d),
+                            moe.experts_down.ptr_at(e * d * iw),
+                            iw,
+                            ws.a.ptr(),
+                            ws.shared_out.ptr(),
+                            t,
+                            d,
+                        )?;
+                        mark("shared expert")?;
+                        (ws.shared_out.ptr(), 0)
+                    }
+                    SharedExpert::None => (0, 0),
                 };
                 ops::moe_combine(
                     gpu,
@@ -389,6 +418,7 @@ pub(crate) fn queue_forward(
                     ws.slot_pos.ptr(),
                     ws.topk_w.ptr(),
                     shared,
+                    shared_rows,
                     ws.delta.ptr(),
                     t,
                     k,
@@ -456,8 +486,33 @@ fn queue_swiglu(
     t: usize,
     d: usize,
 ) -> CudaResult<()> {
-    let w = mlp.width;
-    dense_gemm(gpu, x, mlp.gate_up.ptr(), ws.gu.ptr(), t, 2 * w, d)?;
+    queue_swiglu_at(
+        gpu,
+        ws,
+        mlp.gate_up.ptr(),
+        mlp.down.ptr(),
+        mlp.width,
+        x,
+        out,
+        t,
+        d,
+    )
+}
+
+/// [`queue_swiglu`] over weights given by address (`gate_up [2 w, d]`, `down [d, w]`).
+#[allow(clippy::too_many_arguments)]
+fn queue_swiglu_at(
+    gpu: &Gpu,
+    ws: &Workspace,
+    gate_up: u64,
+    down: u64,
+    w: usize,
+    x: u64,
+    out: u64,
+    t: usize,
+    d: usize,
+) -> CudaResult<()> {
+    dense_gemm(gpu, x, gate_up, ws.gu.ptr(), t, 2 * w, d)?;
     ops::silu_mul(gpu, ws.gu.ptr(), ws.act.ptr(), t, w)?;
-    dense_gemm(gpu, ws.act.ptr(), mlp.down.ptr(), out, t, d, w)
+    dense_gemm(gpu, ws.act.ptr(), down, out, t, d, w)
 }

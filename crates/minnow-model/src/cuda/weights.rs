@@ -40,12 +40,28 @@ impl RouterWeights {
     }
 }
 
+/// Where a MoE layer's shared expert lives.
+pub(crate) enum SharedExpert {
+    None,
+    /// Own matrices, run through cuBLAS (widths other than one routed expert's).
+    Separate(DenseMlp),
+    /// Packed as expert `E` after the routed ones (one shared expert of the routed width, as in
+    /// every released checkpoint): the grouped GEMM computes it along with the routed experts.
+    Packed,
+}
+
 pub(crate) struct Moe {
     pub router: RouterWeights,
     pub bias: DeviceBuffer<f32>,
+    /// `[E (+1 packed shared), 2 I, D]` and `[E (+1), D, I]`.
     pub experts_gate_up: DeviceBuffer<bf16>,
     pub experts_down: DeviceBuffer<bf16>,
-    pub shared: Option<DenseMlp>,
+    pub shared: SharedExpert,
+}
+
+/// Whether the shared expert can ride in the grouped GEMM as one more expert.
+pub(crate) fn shared_packs(c: &Config) -> bool {
+    c.num_shared_experts == 1
 }
 
 pub(crate) enum Mlp {
@@ -195,10 +211,16 @@ impl Weights {
                 } else {
                     upload(gpu, &vec![0f32; e])?
                 };
-                let experts_gate_up = gpu.alloc::<bf16>(e * 2 * w * d).map_err(device_err)?;
-                let experts_down = gpu.alloc::<bf16>(e * d * w).map_err(device_err)?;
-                for x in 0..e {
-                    let q = format!("{p}.mlp.experts.{x}");
+                let packed = shared_packs(config);
+                let slots = e + usize::from(packed);
+                let experts_gate_up = gpu.alloc::<bf16>(slots * 2 * w * d).map_err(device_err)?;
+                let experts_down = gpu.alloc::<bf16>(slots * d * w).map_err(device_err)?;
+                for x in 0..slots {
+                    let q = if x < e {
+                        format!("{p}.mlp.experts.{x}")
+                    } else {
+                        format!("{p}.mlp.shared_experts")
+                    };
                     put(
                         gpu,
                         &experts_gate_up,
@@ -218,13 +240,15 @@ impl Weights {
                         &r.bf16(&format!("{q}.down_proj.weight"), &[d, w])?,
                     )?;
                 }
-                let shared = if config.num_shared_experts > 0 {
-                    Some(swiglu(
+                let shared = if packed {
+                    SharedExpert::Packed
+                } else if config.num_shared_experts > 0 {
+                    SharedExpert::Separate(swiglu(
                         &format!("{p}.mlp.shared_experts"),
                         dims.shared_width,
                     )?)
                 } else {
-                    None
+                    SharedExpert::None
                 };
                 Mlp::Moe(Moe {
                     router,
@@ -323,21 +347,25 @@ impl Weights {
                 let bias: Vec<f32> = (0..e)
                     .map(|j| 0.01 * hash_uniform(seed ^ 0xB1A5 ^ (i as u64) << 40, j))
                     .collect();
-                let shared = if config.num_shared_experts > 0 {
+                let packed = shared_packs(config);
+                let shared = if packed {
+                    SharedExpert::Packed
+                } else if config.num_shared_experts > 0 {
                     let sw = dims.shared_width;
-                    Some(DenseMlp {
+                    SharedExpert::Separate(DenseMlp {
                         gate_up: rand(2 * sw * d, d)?,
                         down: rand(d * sw, sw)?,
                         width: sw,
                     })
                 } else {
-                    None
+                    SharedExpert::None
                 };
+                let slots = e + usize::from(packed);
                 Mlp::Moe(Moe {
                     router: RouterWeights::Bf16(upload(gpu, &router)?),
                     bias: upload(gpu, &bias)?,
-                    experts_gate_up: rand(e * 2 * w * d, d)?,
-                    experts_down: rand(e * d * w, w)?,
+                    experts_gate_up: rand(slots * 2 * w * d, d)?,
+                    experts_down: rand(slots * d * w, w)?,
                     shared,
                 })
             };
@@ -384,7 +412,10 @@ impl Weights {
                                     + m.bias.bytes()
                                     + m.experts_gate_up.bytes()
                                     + m.experts_down.bytes()
-                                    + m.shared.as_ref().map_or(0, mlp)
+                                    + match &m.shared {
+                                        SharedExpert::Separate(s) => mlp(s),
+                                        _ => 0,
+                                    }
                             }
                         }
                 })

@@ -62,7 +62,9 @@ pub fn silu_mul(gpu: &Gpu, gu: u64, out: u64, rows: usize, width: usize) -> Cuda
     cuda_launch!(gpu, "silu_mul", cfg, gu, out, width as i32)
 }
 
-/// MoE mix: `out[t] = BF16(BF16(sum_j w[t,j] y[slot_pos[t,j]]) + shared[t])`.
+/// MoE mix: `out[t] = BF16(BF16(sum_j w[t,j] y[slot_pos[t,j]]) + shared[t])`, where the shared
+/// expert's row is `y[shared_rows[t]]` when `shared_rows` is non-zero (it ran inside the grouped
+/// GEMM), else `shared[t]` (0: no shared expert).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_combine(
     gpu: &Gpu,
@@ -70,6 +72,7 @@ pub fn moe_combine(
     slot_pos: u64,
     w: u64,
     shared: u64,
+    shared_rows: u64,
     out: u64,
     tokens: usize,
     k: usize,
@@ -84,6 +87,7 @@ pub fn moe_combine(
         slot_pos,
         w,
         shared,
+        shared_rows,
         out,
         k as i32,
         d as i32
@@ -472,8 +476,10 @@ pub fn moe_max_tiles(assignments: usize, experts: usize, tile_rows: usize) -> us
     assignments.div_ceil(tile_rows) + experts.min(assignments)
 }
 
-/// Sorts the `tokens * k` assignments by expert: `slot_pos [A]`, `row_token [A]` (i32), the tile
-/// list `tiles [max_tiles, 4]` (i32) cut at `tile_rows` rows, and `num_tiles [1]`.
+/// Sorts the `tokens * k` assignments by expert — plus, with `shared_expert`, one more per token to
+/// that expert (assignment `tokens * k + t`) — into `slot_pos [A]`, `row_token [A]` (i32), the
+/// tile list `tiles [max_tiles, 4]` (i32) cut at `tile_rows` rows, and `num_tiles [1]`. `experts`
+/// counts the shared expert too.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_dispatch(
     gpu: &Gpu,
@@ -482,11 +488,17 @@ pub fn moe_dispatch(
     k: usize,
     experts: usize,
     tile_rows: usize,
+    shared_expert: Option<usize>,
     slot_pos: u64,
     row_token: u64,
     tiles: u64,
     num_tiles: u64,
 ) -> CudaResult<()> {
+    if shared_expert.is_some_and(|s| s >= experts) {
+        return unsupported(format!(
+            "shared expert index {shared_expert:?} of {experts} experts"
+        ));
+    }
     if experts > 1024 {
         return unsupported(format!("{experts} experts (at most 1024)"));
     }
@@ -500,6 +512,7 @@ pub fn moe_dispatch(
         k as i32,
         experts as i32,
         tile_rows as i32,
+        shared_expert.map_or(-1, |s| s as i32),
         slot_pos,
         row_token,
         tiles,
