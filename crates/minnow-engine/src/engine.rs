@@ -31,6 +31,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub use minnow_format::LoadProgress;
+use minnow_format::ProgressSource;
 use minnow_model::{Family, ModelRunner};
 use minnow_runtime::device::DeviceRequest;
 
@@ -145,21 +147,32 @@ impl TraceLog {
 /// - `auto`: the CUDA runner on GPU 0 when a GPU is usable, else (or when loading there fails)
 ///   the CPU runner, with one log line saying which was picked.
 pub fn select_runner(path: &Path, options: &EngineOptions) -> EngineResult<Box<dyn ModelRunner>> {
+    select_runner_with_progress(path, options, &|_| {})
+}
+
+/// [`select_runner`], reporting the bytes of weights loaded so far (the GPU upload is what takes
+/// time; the CPU path maps the files and reports completion at once).
+pub fn select_runner_with_progress(
+    path: &Path,
+    options: &EngineOptions,
+    progress: &(dyn Fn(LoadProgress) + Sync),
+) -> EngineResult<Box<dyn ModelRunner>> {
     let load_error = |e: minnow_model::ModelError| EngineError::Load(e.to_string());
     match options.device {
-        DeviceRequest::Cpu => load_cpu_runner(path, options),
+        DeviceRequest::Cpu => load_cpu_runner(path, options, progress),
         DeviceRequest::Cuda(n) => {
             if !minnow_model::cuda::is_available() {
                 return Err(EngineError::Load(format!(
                     "device cuda:{n} was requested, but no usable CUDA GPU was found; use --device cpu"
                 )));
             }
-            let runner = minnow_model::cuda::CudaRunner::load(path, n).map_err(load_error)?;
-            Ok(Box::new(runner))
+            Ok(Box::new(
+                load_cuda_runner(path, n, progress).map_err(load_error)?,
+            ))
         }
         DeviceRequest::Auto => {
             if minnow_model::cuda::is_available() {
-                match minnow_model::cuda::CudaRunner::load(path, 0) {
+                match load_cuda_runner(path, 0, progress) {
                     Ok(runner) => {
                         tracing::info!("device auto: using CUDA GPU 0");
                         return Ok(Box::new(runner));
@@ -171,12 +184,26 @@ pub fn select_runner(path: &Path, options: &EngineOptions) -> EngineResult<Box<d
             } else {
                 tracing::info!("device auto: no usable CUDA GPU; using the CPU");
             }
-            load_cpu_runner(path, options)
+            load_cpu_runner(path, options, progress)
         }
     }
 }
 
-fn load_cpu_runner(path: &Path, options: &EngineOptions) -> EngineResult<Box<dyn ModelRunner>> {
+fn load_cuda_runner(
+    path: &Path,
+    ordinal: usize,
+    progress: &(dyn Fn(LoadProgress) + Sync),
+) -> minnow_model::Result<minnow_model::cuda::CudaRunner> {
+    let (config, source) = minnow_model::checkpoint::open(path)?;
+    let counted = ProgressSource::new(&source, progress);
+    minnow_model::cuda::CudaRunner::new(config, &counted, ordinal)
+}
+
+fn load_cpu_runner(
+    path: &Path,
+    options: &EngineOptions,
+    progress: &(dyn Fn(LoadProgress) + Sync),
+) -> EngineResult<Box<dyn ModelRunner>> {
     if let Some(threads) = options.threads {
         // The CPU runner computes on rayon's global pool; it can be sized once per process.
         if rayon::ThreadPoolBuilder::new()
@@ -187,9 +214,19 @@ fn load_cpu_runner(path: &Path, options: &EngineOptions) -> EngineResult<Box<dyn
             tracing::debug!("the CPU thread pool already exists; threads = {threads} not applied");
         }
     }
-    let runner =
-        minnow_model::cpu::CpuRunner::load(path).map_err(|e| EngineError::Load(e.to_string()))?;
-    Ok(Box::new(runner))
+    let (config, source) =
+        minnow_model::checkpoint::open(path).map_err(|e| EngineError::Load(e.to_string()))?;
+    // The CPU reads weights through the memory map as it computes: nothing to copy here.
+    let bytes_total = ProgressSource::new(&source, &|_| {}).bytes_total();
+    let model = minnow_model::cpu::CpuModel::from_source(config, std::sync::Arc::new(source))
+        .map_err(|e| EngineError::Load(e.to_string()))?;
+    progress(LoadProgress {
+        bytes_done: bytes_total,
+        bytes_total,
+    });
+    Ok(Box::new(minnow_model::cpu::CpuRunner::new(
+        std::sync::Arc::new(model),
+    )))
 }
 
 /// Whether a checkpoint directory carries a chat template at all (the 2.2 fixture has none; the
@@ -248,7 +285,16 @@ impl Engine {
     /// Loads a checkpoint directory (config, weights, tokenizer, chat template) on the device that
     /// `options.device` selects (see [`select_runner`]).
     pub fn load(path: &Path, options: EngineOptions) -> EngineResult<Engine> {
-        let runner = select_runner(path, &options)?;
+        Self::load_with_progress(path, options, &|_| {})
+    }
+
+    /// [`Engine::load`], calling `progress` as weights are loaded (for a progress bar).
+    pub fn load_with_progress(
+        path: &Path,
+        options: EngineOptions,
+        progress: &(dyn Fn(LoadProgress) + Sync),
+    ) -> EngineResult<Engine> {
+        let runner = select_runner_with_progress(path, &options, progress)?;
         Self::with_runner(path, runner, options)
     }
 

@@ -16,5 +16,6 @@ pub mod tool_calls;
 
 pub use api::*;
 pub use engine::{
-    CancelToken, Engine, EngineError, EngineOptions, EngineResult, ModelInfo, RequestHandle,
+    CancelToken, Engine, EngineError, EngineOptions, EngineResult, LoadProgress, ModelInfo,
+    RequestHandle,
 };

@@ -5,9 +5,11 @@
 //! tensor-source interface ([`TensorSource`]).
 
 mod error;
+mod progress;
 mod safetensors_dir;
 mod source;
 
 pub use error::{FormatError, Result};
+pub use progress::{LoadProgress, ProgressSource};
 pub use safetensors_dir::SafetensorsDir;
 pub use source::{TensorRef, TensorSource};

@@ -7,6 +7,7 @@
 //! CUDA path are interchangeable, and a later batching or prefix-cache layer can own sequences
 //! without knowing which device holds them.
 
+pub mod checkpoint;
 pub mod config;
 pub mod cpu;
 pub mod cuda;

@@ -11,14 +11,14 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use minnow_format::{SafetensorsDir, TensorSource};
+use minnow_format::TensorSource;
 use minnow_runtime::cpu::{linear, rms_norm_rows, Par};
 
 use crate::config::Config;
 use crate::error::{ModelError, Result};
 use crate::runner::{LogitsRows, ModelRunner, SeqId};
 use crate::trace::{RouterTrace, Trace};
-use crate::weights::{expert_bias_dtype, FeedForward, Weights};
+use crate::weights::{FeedForward, Weights};
 
 pub use kv_cache::KvCache;
 
@@ -32,9 +32,7 @@ impl CpuModel {
     /// Loads `dir` (config.json plus safetensors, single or sharded) after validating every
     /// tensor.
     pub fn load(dir: &Path) -> Result<CpuModel> {
-        let mut config = Config::from_dir(dir)?;
-        let source = SafetensorsDir::open(dir).map_err(|e| ModelError::Weights(e.to_string()))?;
-        config.refine_family(expert_bias_dtype(&config, &source));
+        let (config, source) = crate::checkpoint::open(dir)?;
         CpuModel::from_source(config, Arc::new(source))
     }
 

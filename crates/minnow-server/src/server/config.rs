@@ -24,7 +24,7 @@ pub struct ServerConfig {
     pub max_tokens: Option<usize>,
     /// Interval of SSE keep-alive comments while a stream has nothing else to send.
     pub keep_alive: Duration,
-    /// Draw a spinner while the weights load (stderr is a terminal).
+    /// Draw a progress bar while the weights load (stderr is a terminal).
     pub show_progress: bool,
     pub engine: EngineOptions,
 }

@@ -30,7 +30,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use minnow_engine::Engine;
+use minnow_engine::{Engine, LoadProgress};
 use tokio::net::TcpListener;
 
 pub use config::{ServerConfig, DEFAULT_BODY_LIMIT};
@@ -128,15 +128,32 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
 async fn load_model(state: Arc<AppState>, failed: tokio::sync::oneshot::Sender<String>) {
     let path = state.config.model_path.clone();
     let options = state.config.engine.clone();
-    let spinner = state.config.show_progress.then(|| {
-        let bar = indicatif::ProgressBar::new_spinner();
+    // A byte-counting bar on a terminal; it fills as the weights reach their device.
+    let bar = state.config.show_progress.then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+            )
+            .expect("a valid progress template")
+            .progress_chars("=> "),
+        );
         bar.set_message(format!("loading {}", path.display()));
         bar.enable_steady_tick(Duration::from_millis(100));
         bar
     });
     let started = std::time::Instant::now();
-    let loaded = tokio::task::spawn_blocking(move || Engine::load(&path, options)).await;
-    if let Some(bar) = spinner {
+    let loader_bar = bar.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        Engine::load_with_progress(&path, options, &|p: LoadProgress| {
+            if let Some(bar) = &loader_bar {
+                bar.set_length(p.bytes_total);
+                bar.set_position(p.bytes_done);
+            }
+        })
+    })
+    .await;
+    if let Some(bar) = bar {
         bar.finish_and_clear();
     }
     match loaded {
