@@ -47,14 +47,7 @@ impl CudaRunner {
 
     /// Reads `dir/config.json` and the safetensors weights of `dir` onto GPU `ordinal`.
     pub fn load(dir: &Path, ordinal: usize) -> Result<Self> {
-        let mut config = Config::from_dir(dir)?;
-        let source = minnow_format::SafetensorsDir::open(dir)
-            .map_err(|e| ModelError::Weights(e.to_string()))?;
-        // 2.0 and 2.1 differ only in the decoder; the stored bias type tells them apart.
-        let bias_dtype = (config.first_k_dense_replace..config.num_hidden_layers)
-            .find_map(|i| source.tensor(&format!("model.layers.{i}.mlp.gate.expert_bias")))
-            .and_then(|t| t.dtype);
-        config.refine_family(bias_dtype);
+        let (config, source) = crate::checkpoint::open(dir)?;
         Self::new(config, &source, ordinal)
     }
 
