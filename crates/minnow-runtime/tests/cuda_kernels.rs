@@ -534,7 +534,8 @@ fn router_matches_reference() {
             scale: 2.5,
         },
     ];
-    for s in &shapes {
+    // 77 tokens: two full routing blocks and a partial one. Both 2.2 paths (fused, two-pass).
+    for (s, fused) in shapes.iter().flat_map(|s| [(s, true), (s, false)]) {
         let t = 77;
         let logits = randn(&mut rng, t * s.experts, 3.0);
         let bias = randn(&mut rng, s.experts, 0.1);
@@ -542,11 +543,29 @@ fn router_matches_reference() {
         let adm = g.alloc::<u8>(t.div_ceil(s.block) * s.experts).unwrap();
         let idx = g.upload(&vec![-1i32; t * s.top_k]).unwrap();
         let w = poisoned_f32(&g, t * s.top_k);
-        ops::route(&g, s, dl.ptr(), db.ptr(), adm.ptr(), idx.ptr(), w.ptr(), t).unwrap();
+        ops::route_with(
+            &g,
+            s,
+            dl.ptr(),
+            db.ptr(),
+            adm.ptr(),
+            idx.ptr(),
+            w.ptr(),
+            t,
+            fused,
+        )
+        .unwrap();
         let (want_ids, want_w) = router_ref(&logits, &bias, t, s);
         let got_ids: Vec<usize> = read(&g, &idx).iter().map(|&x| x as usize).collect();
-        assert_eq!(got_ids, want_ids, "expert choice differs for {s:?}");
-        check_f32(&format!("router weights {s:?}"), &read(&g, &w), &want_w);
+        assert_eq!(
+            got_ids, want_ids,
+            "expert choice differs for {s:?} (fused {fused})"
+        );
+        check_f32(
+            &format!("router weights {s:?} fused {fused}"),
+            &read(&g, &w),
+            &want_w,
+        );
     }
 }
 

@@ -394,13 +394,35 @@ pub fn route(
     topk_w: u64,
     tokens: usize,
 ) -> CudaResult<()> {
+    route_with(
+        gpu, shape, logits, bias, admitted, topk_idx, topk_w, tokens, true,
+    )
+}
+
+/// [`route`] with the fused 2.2 kernel allowed or not. Without it (or when a routing block's
+/// scores do not fit in shared memory) admission and top-k are two launches; tests run both.
+#[allow(clippy::too_many_arguments)]
+pub fn route_with(
+    gpu: &Gpu,
+    shape: &RouterShape,
+    logits: u64,
+    bias: u64,
+    admitted: u64,
+    topk_idx: u64,
+    topk_w: u64,
+    tokens: usize,
+    allow_fused: bool,
+) -> CudaResult<()> {
     shape.check()?;
     let e = shape.experts;
     let threads = (e.div_ceil(32) * 32) as u32;
     let mut mask = 0u64;
     if let Some(capacity) = shape.capacity {
         let shared = 2 * shape.block * e * 4;
-        if shape.block * shape.top_k <= 1024 && shared <= super::ptx::ROUTER_MAX_SHARED as usize {
+        if allow_fused
+            && shape.block * shape.top_k <= 1024
+            && shared <= super::ptx::ROUTER_MAX_SHARED as usize
+        {
             // Admission and top-k in one launch per routing block.
             let cfg = LaunchConfig::new(
                 (tokens.div_ceil(shape.block) as u32, 1, 1),
