@@ -6,6 +6,9 @@
 //! Environment: `NVCC` (default `nvcc`), `NVCC_FLAGS` (extra flags, whitespace separated, e.g.
 //! `-I/opt/cuda13/include/cccl` for a pip-installed nvcc). The target is sm_80 PTX: the driver
 //! JIT-compiles it for any newer GPU (the H200 included) when the module loads.
+//!
+//! Adding a kernel file: xtask links minnow-runtime, which embeds every PTX with `include_str!`,
+//! so create the new `ptx/<name>.ptx` empty and list it in `ptx.rs` before running this task.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
