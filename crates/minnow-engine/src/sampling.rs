@@ -64,13 +64,22 @@ pub fn probability_excluding(logits: &[f32], token: u32, banned: &[u32]) -> f32 
 
 /// Greedy candidate (§4.1): argmax, ties → lowest id; confidence = softmax over the full
 /// vocabulary in F32.
+///
+/// This is [`minnow_model::runner::top1`], the rule `ModelRunner::forward_top1` answers with, so
+/// a step fed top-1 pairs and a step fed full logits see the same candidates (bit for bit on the
+/// CPU, where `forward_top1` computes them from the same logits).
 pub fn greedy(logits: &[f32]) -> Candidate {
-    greedy_excluding(logits, &[])
+    let (token, confidence) = minnow_model::runner::top1(logits);
+    Candidate { token, confidence }
 }
 
 /// Greedy candidate among the non-banned ids; the banned ids are also left out of the softmax
-/// normalizer (the 2.2 port's "resample with banned tokens", §4.4).
+/// normalizer (the 2.2 port's "resample with banned tokens", §4.4). With nothing banned it is
+/// [`greedy`].
 pub fn greedy_excluding(logits: &[f32], banned: &[u32]) -> Candidate {
+    if banned.is_empty() {
+        return greedy(logits);
+    }
     let token = argmax_excluding(logits, banned).unwrap_or(0);
     Candidate {
         token,
@@ -130,6 +139,12 @@ impl SamplerSettings {
     fn filters_off(&self) -> bool {
         self.top_k == 0 && !self.top_p_active()
     }
+
+    /// Whether the official sampler reduces to [`greedy`] (temperature 0, no top-k/top-p): its
+    /// candidates are then exactly the top-1 pairs a runner can return without full logits.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 && self.filters_off()
+    }
 }
 
 /// The official 2.0/2.1 sampler (decoding doc §4.2).
@@ -142,7 +157,7 @@ pub struct OfficialSampler(pub SamplerSettings);
 impl OfficialSampler {
     pub fn candidate(&self, logits: &[f32], rng: &mut StdRng) -> Candidate {
         let s = self.0;
-        if s.temperature <= 0.0 && s.filters_off() {
+        if s.is_greedy() {
             return greedy(logits);
         }
         let mut z: Vec<f32> = if s.temperature > 0.0 && s.temperature != 1.0 {
@@ -295,6 +310,41 @@ mod tests {
         let e = |x: f32| x.exp();
         let expected = e(3.0) / (e(1.0) + 2.0 * e(3.0) + e(0.0));
         assert!((c.confidence - expected).abs() < 1e-6);
+    }
+
+    #[test]
+    fn greedy_is_bit_identical_to_argmax_and_full_softmax_probability() {
+        // The definition greedy had before it became runner::top1, which golden decodes pin:
+        // argmax (ties → lowest id), then exp(z_t − max) / Σ exp(z − max).
+        let rows: [&[f32]; 5] = [
+            &[0.1, 2.5, -1.0, 2.5, 0.3],
+            &[-3.0, -3.0, -3.0],
+            &[17.25, -4.5, 3.0, 16.0, 0.0, 12.5],
+            &[f32::NEG_INFINITY, 1.0, 1.0e-7, -2.0],
+            &[0.7],
+        ];
+        for row in rows {
+            let token = argmax_excluding(row, &[]).unwrap();
+            let c = greedy(row);
+            assert_eq!(c.token, token, "{row:?}");
+            let expected = probability_excluding(row, token, &[]);
+            assert_eq!(c.confidence.to_bits(), expected.to_bits(), "{row:?}");
+            assert_eq!(greedy_excluding(row, &[]), c);
+        }
+    }
+
+    #[test]
+    fn official_sampler_is_greedy_only_without_temperature_and_filters() {
+        assert!(SamplerSettings::GREEDY.is_greedy());
+        let with = |temperature, top_k, top_p| SamplerSettings {
+            temperature,
+            top_k,
+            top_p,
+        };
+        assert!(!with(0.5, 0, 1.0).is_greedy());
+        assert!(!with(0.0, 1, 1.0).is_greedy());
+        assert!(!with(0.0, 0, 0.9).is_greedy());
+        assert!(with(0.0, 0, 1.5).is_greedy(), "top_p >= 1 is off");
     }
 
     #[test]
