@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 use minnow_model::{LogitsRows, ModelRunner, SeqId};
 use rand::rngs::StdRng;
 
-use super::{has_control_tokens, BlockAlgorithm, BlockLogits, ControlTokens, StepOutcome};
+use super::{
+    has_control_tokens, BlockAlgorithm, BlockLogits, ControlTokens, ScoreKind, StepOutcome,
+    StepScores,
+};
 
 /// Where a block run stands after [`BlockRun::advance`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,21 +130,36 @@ impl BlockRun {
         if runner.sequence_len(seq) > self.start {
             runner.truncate_sequence(seq, self.start)?;
         }
-        let data = runner.forward(seq, &self.block, LogitsRows::All)?;
-        let vocab = runner.config().vocab_size;
-        if data.len() != self.block.len() * vocab {
-            return Err(minnow_model::ModelError::InvalidInput(format!(
-                "forward returned {} logits for a block of {} × vocab {vocab}",
-                data.len(),
-                self.block.len()
-            )));
-        }
-        self.last_input = Some(self.block.clone());
-        self.forwards += 1;
         let forced = self.cleanup_pending;
-        let outcome =
-            self.algorithm
-                .step(&mut self.block, BlockLogits::new(&data, vocab), rng, forced);
+        let outcome = match self.algorithm.scores_needed(forced) {
+            ScoreKind::Logits => {
+                let data = runner.forward(seq, &self.block, LogitsRows::All)?;
+                let vocab = runner.config().vocab_size;
+                if data.len() != self.block.len() * vocab {
+                    return Err(minnow_model::ModelError::InvalidInput(format!(
+                        "forward returned {} logits for a block of {} × vocab {vocab}",
+                        data.len(),
+                        self.block.len()
+                    )));
+                }
+                self.record_forward();
+                let scores = StepScores::Logits(BlockLogits::new(&data, vocab));
+                self.algorithm.step(&mut self.block, scores, rng, forced)
+            }
+            ScoreKind::Top1 => {
+                let pairs = runner.forward_top1(seq, &self.block, LogitsRows::All)?;
+                if pairs.len() != self.block.len() {
+                    return Err(minnow_model::ModelError::InvalidInput(format!(
+                        "forward returned {} top-1 pairs for a block of {}",
+                        pairs.len(),
+                        self.block.len()
+                    )));
+                }
+                self.record_forward();
+                let scores = StepScores::Top1(&pairs);
+                self.algorithm.step(&mut self.block, scores, rng, forced)
+            }
+        };
         if forced {
             self.forced_cleanup_ran = true;
             self.cleanup_pending = false;
@@ -156,6 +174,12 @@ impl BlockRun {
         }
         self.elapsed += began.elapsed();
         Ok(self.state)
+    }
+
+    /// Bookkeeping after a denoising forward of `self.block`, before the step edits it.
+    fn record_forward(&mut self) {
+        self.last_input = Some(self.block.clone());
+        self.forwards += 1;
     }
 
     fn is_clean(&self) -> bool {
@@ -192,7 +216,10 @@ mod tests {
     use super::*;
     use crate::decode::indel::{Indel, IndelSettings};
     use crate::decode::joint::{Joint, JointSettings};
-    use crate::decode::testing::{logits_for, row, toy_config, ScriptedRunner, D, M, S};
+    use crate::decode::low_confidence::{schedule, LowConfidence};
+    use crate::decode::testing::{
+        logits_for, row, row_with_runner_up, toy_config, ScriptedRunner, D, M, S,
+    };
     use crate::sampling::SamplerSettings;
     use minnow_model::Family;
     use rand::SeedableRng;
@@ -216,6 +243,147 @@ mod tests {
             },
             CONTROL,
         ))
+    }
+
+    fn joint_with(sampler: SamplerSettings) -> Box<dyn BlockAlgorithm> {
+        Box::new(Joint::new(
+            0,
+            4,
+            JointSettings {
+                threshold: 0.6,
+                editing_threshold: 0.5,
+                max_post_steps: 4,
+                num_to_transfer: 1,
+                sampler,
+            },
+            CONTROL,
+        ))
+    }
+
+    fn low_confidence_greedy() -> Box<dyn BlockAlgorithm> {
+        Box::new(LowConfidence::new(
+            0,
+            0.6,
+            schedule(4, 4, 64),
+            SamplerSettings::GREEDY,
+            CONTROL,
+        ))
+    }
+
+    /// The same algorithm, made to read full logits every step (the path before top-1 existed).
+    struct FullLogitsOnly(Box<dyn BlockAlgorithm>);
+
+    impl BlockAlgorithm for FullLogitsOnly {
+        fn exit_before_forward(&mut self, block: &[u32]) -> bool {
+            self.0.exit_before_forward(block)
+        }
+        fn step(
+            &mut self,
+            block: &mut Vec<u32>,
+            scores: StepScores<'_>,
+            rng: &mut StdRng,
+            forced: bool,
+        ) -> StepOutcome {
+            self.0.step(block, scores, rng, forced)
+        }
+        fn forward_limit(&self) -> usize {
+            self.0.forward_limit()
+        }
+    }
+
+    /// A 4-slot model whose prediction depends on the whole input: a different token and a
+    /// confidence between 0.3 and 0.95 per slot and input, so blocks take several threshold
+    /// steps and 2.1 edits earlier choices. Any difference in a step's candidates changes the
+    /// later inputs and with them the result.
+    fn input_dependent_runner() -> ScriptedRunner {
+        ScriptedRunner::new(toy_config(Family::V21, 4), |start, ids| {
+            let seed = ids
+                .iter()
+                .fold(start as u32, |h, &t| h.wrapping_mul(31).wrapping_add(t));
+            let slots: Vec<(u32, f32)> = (0..ids.len() as u32)
+                .map(|i| {
+                    let h = seed.wrapping_mul(2654435761).wrapping_add(i * 40503) >> 7;
+                    ((h % 7), 0.3 + (h % 14) as f32 * 0.05)
+                })
+                .collect();
+            logits_for(&slots)
+        })
+    }
+
+    /// Runs `algorithm` on a 4-MASK block after a 4-id prefix. Returns the final block, the
+    /// denoising forwards, and how many of them were top-1 forwards.
+    fn decode_block(algorithm: Box<dyn BlockAlgorithm>) -> (Vec<u32>, usize, usize) {
+        let mut runner = input_dependent_runner();
+        let seq = runner.create_sequence().unwrap();
+        runner
+            .forward(seq, &[1, 2, 3, 4], LogitsRows::None)
+            .unwrap();
+        let mut run = BlockRun::new(4, vec![M; 4], 0, algorithm, CONTROL);
+        run_to_final(&mut run, &mut runner, seq);
+        run.commit(&mut runner, seq).unwrap();
+        (run.tokens().to_vec(), run.forwards(), runner.top1_calls())
+    }
+
+    #[test]
+    fn greedy_joint_reads_top1_and_decodes_like_full_logits() {
+        let (block, forwards, top1) = decode_block(joint_with(SamplerSettings::GREEDY));
+        assert!(forwards > 2, "the script should need several steps");
+        assert_eq!(top1, forwards, "every greedy step is a top-1 forward");
+        let full = decode_block(Box::new(FullLogitsOnly(joint_with(
+            SamplerSettings::GREEDY,
+        ))));
+        assert_eq!(full, (block, forwards, 0));
+    }
+
+    #[test]
+    fn greedy_low_confidence_reads_top1_and_decodes_like_full_logits() {
+        let (block, forwards, top1) = decode_block(low_confidence_greedy());
+        assert!(forwards > 1, "the script should need several steps");
+        assert_eq!(top1, forwards);
+        let full = decode_block(Box::new(FullLogitsOnly(low_confidence_greedy())));
+        assert_eq!(full, (block, forwards, 0));
+    }
+
+    #[test]
+    fn sampling_and_filtered_greedy_read_full_logits() {
+        let sampling = SamplerSettings {
+            temperature: 0.7,
+            top_k: 0,
+            top_p: 1.0,
+        };
+        // Temperature 0 with top-k: the confidence is the filtered probability, not top-1's.
+        let greedy_top_k = SamplerSettings {
+            top_k: 3,
+            ..SamplerSettings::GREEDY
+        };
+        for sampler in [sampling, greedy_top_k] {
+            let (_, forwards, top1) = decode_block(joint_with(sampler));
+            assert!(forwards > 0);
+            assert_eq!(top1, 0, "{sampler:?}");
+        }
+    }
+
+    #[test]
+    fn forced_cleanup_of_a_greedy_block_reads_full_logits() {
+        // A model that only ever predicts MASK (runner-up 3): the block never loses its masks,
+        // so only the forward limit ends it, and the forced round must pick the best non-control
+        // token, which top-1 (MASK) cannot give.
+        let mut runner = ScriptedRunner::new(toy_config(Family::V21, 4), |_, ids| {
+            ids.iter()
+                .flat_map(|_| row_with_runner_up(M, 0.9, 3))
+                .collect()
+        });
+        let seq = runner.create_sequence().unwrap();
+        let algorithm = joint_with(SamplerSettings::GREEDY);
+        let limit = algorithm.forward_limit();
+        let mut run = BlockRun::new(0, vec![M; 4], 0, algorithm, CONTROL);
+        run_to_final(&mut run, &mut runner, seq);
+        assert!(run.forced_cleanup_ran());
+        assert_eq!(run.forwards(), limit + 1);
+        let denoise = runner.denoise_calls();
+        assert!(denoise[..limit].iter().all(|c| c.top1));
+        assert!(!denoise[limit].top1, "the forced round reads full logits");
+        assert_eq!(run.tokens(), &[3, 3, 3, 3], "MASK slots take the runner-up");
     }
 
     fn run_to_final(run: &mut BlockRun, runner: &mut ScriptedRunner, seq: SeqId) {
@@ -310,6 +478,7 @@ mod tests {
         assert!(run.forced_cleanup_ran());
         assert_eq!(run.forwards(), limit + 1);
         assert!(run.tokens().iter().all(|t| ![M, D, S].contains(t)));
+        assert_eq!(runner.top1_calls(), 0, "2.2 steps always read full logits");
         assert_eq!(run.commit(&mut runner, seq).unwrap(), Commit::Refreshed);
     }
 }

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::{select_transfers, BlockAlgorithm, BlockLogits, ControlTokens, StepOutcome};
+use super::{select_transfers, BlockAlgorithm, ControlTokens, StepOutcome, StepScores};
 use crate::sampling::{
     greedy, greedy_excluding, probability_excluding, Candidate, PortSampler, SamplerSettings,
 };
@@ -148,10 +148,14 @@ impl BlockAlgorithm for Indel {
     fn step(
         &mut self,
         block: &mut Vec<u32>,
-        logits: BlockLogits<'_>,
+        scores: StepScores<'_>,
         rng: &mut StdRng,
         forced: bool,
     ) -> StepOutcome {
+        // Full logits always (the default `scores_needed`): masked slots may need a re-pick
+        // without MASK (fix 2), the cleanup round re-picks without control ids, and the
+        // anti-loop guard re-picks without the current token; top-1 answers none of these.
+        let logits = scores.logits();
         let old = block.clone();
         let count = self.count_masks(&old);
         let new_cnt = count.masks.len() - count.original;
@@ -316,7 +320,7 @@ fn apply_edits(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::testing::{logits_for, row_with_runner_up, run_block, D, M, S, VOCAB};
+    use crate::decode::testing::{full_scores, logits_for, row_with_runner_up, run_block, D, M, S};
 
     const CONTROL: ControlTokens = ControlTokens {
         mask: M,
@@ -399,7 +403,7 @@ mod tests {
         let mut block = vec![3, M, M, M];
         let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(0);
         assert!(!a.exit_before_forward(&block));
-        a.step(&mut block, BlockLogits::new(&first, VOCAB), &mut rng, false);
+        a.step(&mut block, full_scores(&first), &mut rng, false);
         assert_eq!(block, vec![3, 1, 1, M]);
         assert_eq!(a.original, vec![false, true, true, false]);
         let (block, forwards) = run_block(&mut a, block, &[second]);
@@ -415,7 +419,7 @@ mod tests {
         let mut block = vec![M; 4];
         let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(0);
         a.exit_before_forward(&block);
-        a.step(&mut block, BlockLogits::new(&l, VOCAB), &mut rng, false);
+        a.step(&mut block, full_scores(&l), &mut rng, false);
         assert_eq!(block, vec![M, 2, M, 4]);
         let (block, forwards) = run_block(&mut a, block, &[l]);
         assert_eq!((block, forwards), (vec![1, 2, 3, 4], 1));
@@ -440,7 +444,7 @@ mod tests {
         let mut block = vec![M; 4];
         let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(0);
         a.exit_before_forward(&block);
-        a.step(&mut block, BlockLogits::new(&l, VOCAB), &mut rng, false);
+        a.step(&mut block, full_scores(&l), &mut rng, false);
         // Slot 0's replacement has p ≈ 0.1 under the full softmax: below the threshold, so the
         // three confident slots are committed and slot 0 stays masked for now.
         assert_eq!(block, vec![M, 2, 3, 4]);
@@ -450,12 +454,7 @@ mod tests {
             .flat_map(|&(t, p, r)| row_with_runner_up(t, p, r))
             .collect();
         a.exit_before_forward(&block);
-        a.step(
-            &mut block,
-            BlockLogits::new(&only_mask, VOCAB),
-            &mut rng,
-            false,
-        );
+        a.step(&mut block, full_scores(&only_mask), &mut rng, false);
         assert_eq!(
             block,
             vec![5, 2, 3, 4],
@@ -489,7 +488,7 @@ mod tests {
         a.exit_before_forward(&filled); // post = 1: this round is the cleanup round
         let mut block = filled.clone();
         let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(0);
-        a.step(&mut block, BlockLogits::new(&l, VOCAB), &mut rng, false);
+        a.step(&mut block, full_scores(&l), &mut rng, false);
         assert_eq!(block, vec![6, 6, 6, 4]);
         assert!(a.exit_before_forward(&block), "cleanup ends the block");
     }
@@ -515,7 +514,7 @@ mod tests {
             (&to1, vec![6, 2, 3, 4]), // [1,2,3,4] was seen: slot 0 re-picked without 1
         ] {
             a.exit_before_forward(&block);
-            a.step(&mut block, BlockLogits::new(l, VOCAB), &mut rng, false);
+            a.step(&mut block, full_scores(l), &mut rng, false);
             assert_eq!(block, expected);
         }
     }
@@ -529,7 +528,7 @@ mod tests {
         let mut block = vec![M; 4];
         let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(0);
         a.exit_before_forward(&block);
-        a.step(&mut block, BlockLogits::new(&l, VOCAB), &mut rng, true);
+        a.step(&mut block, full_scores(&l), &mut rng, true);
         assert_eq!(block, vec![3; 4]);
     }
 

@@ -6,7 +6,8 @@
 use rand::rngs::StdRng;
 
 use super::{
-    fill_control_slots, select_transfers, BlockAlgorithm, BlockLogits, ControlTokens, StepOutcome,
+    fill_control_slots, official_scores_needed, select_transfers, BlockAlgorithm, ControlTokens,
+    ScoreKind, StepOutcome, StepScores,
 };
 use crate::sampling::{Candidate, OfficialSampler, SamplerSettings};
 
@@ -61,21 +62,25 @@ impl BlockAlgorithm for Joint {
         self.post > self.settings.max_post_steps
     }
 
+    fn scores_needed(&self, forced: bool) -> ScoreKind {
+        official_scores_needed(&self.sampler, forced)
+    }
+
     fn step(
         &mut self,
         block: &mut Vec<u32>,
-        logits: BlockLogits<'_>,
+        scores: StepScores<'_>,
         rng: &mut StdRng,
         forced: bool,
     ) -> StepOutcome {
         if forced {
-            fill_control_slots(block, self.prompt_in_block, logits, &self.control);
+            fill_control_slots(block, self.prompt_in_block, scores.logits(), &self.control);
             return StepOutcome::Continue;
         }
         let old = block.clone();
         // One (token, confidence) pair per generated slot, shared by M2T and T2T (§4.2).
         let candidates: Vec<Candidate> = (self.prompt_in_block..block.len())
-            .map(|p| self.sampler.candidate(logits.row(p), rng))
+            .map(|p| scores.official_candidate(p, &self.sampler, rng))
             .collect();
         let cand = |p: usize| candidates[p - self.prompt_in_block];
 
@@ -120,7 +125,7 @@ impl BlockAlgorithm for Joint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::testing::{logits_for, run_block, M};
+    use crate::decode::testing::{full_scores, logits_for, run_block, M};
 
     const CONTROL: ControlTokens = ControlTokens {
         mask: M,
@@ -159,12 +164,7 @@ mod tests {
         let l = logits_for(&[(1, 0.6), (2, 0.8), (3, 0.7), (4, 0.5)]);
         let mut block = vec![M, M, M, M];
         let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(0);
-        a.step(
-            &mut block,
-            BlockLogits::new(&l, crate::decode::testing::VOCAB),
-            &mut rng,
-            false,
-        );
+        a.step(&mut block, full_scores(&l), &mut rng, false);
         assert_eq!(block, vec![M, 2, 3, M]);
     }
 
@@ -176,9 +176,8 @@ mod tests {
         let l = logits_for(&[(9, 0.99), (4, 0.9), (4, 0.55), (3, 0.9)]);
         let mut block = vec![5, 1, 2, M];
         let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(0);
-        let v = crate::decode::testing::VOCAB;
         assert_eq!(
-            a.step(&mut block, BlockLogits::new(&l, v), &mut rng, false),
+            a.step(&mut block, full_scores(&l), &mut rng, false),
             StepOutcome::Continue
         );
         assert_eq!(block, vec![5, 4, 2, 3]);

@@ -5,7 +5,8 @@
 use rand::rngs::StdRng;
 
 use super::{
-    fill_control_slots, select_transfers, BlockAlgorithm, BlockLogits, ControlTokens, StepOutcome,
+    fill_control_slots, official_scores_needed, select_transfers, BlockAlgorithm, ControlTokens,
+    ScoreKind, StepOutcome, StepScores,
 };
 use crate::sampling::{OfficialSampler, SamplerSettings};
 
@@ -60,21 +61,25 @@ impl BlockAlgorithm for LowConfidence {
         self.step >= self.schedule.len() || self.masked_slots(block).is_empty()
     }
 
+    fn scores_needed(&self, forced: bool) -> ScoreKind {
+        official_scores_needed(&self.sampler, forced)
+    }
+
     fn step(
         &mut self,
         block: &mut Vec<u32>,
-        logits: BlockLogits<'_>,
+        scores: StepScores<'_>,
         rng: &mut StdRng,
         forced: bool,
     ) -> StepOutcome {
         if forced {
-            fill_control_slots(block, self.prompt_in_block, logits, &self.control);
+            fill_control_slots(block, self.prompt_in_block, scores.logits(), &self.control);
             return StepOutcome::Continue;
         }
         let masked = self.masked_slots(block);
         let candidates: Vec<(usize, crate::sampling::Candidate)> = masked
             .iter()
-            .map(|&p| (p, self.sampler.candidate(logits.row(p), rng)))
+            .map(|&p| (p, scores.official_candidate(p, &self.sampler, rng)))
             .collect();
         let confidences: Vec<(usize, f32)> =
             candidates.iter().map(|(p, c)| (*p, c.confidence)).collect();
@@ -99,7 +104,7 @@ impl BlockAlgorithm for LowConfidence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::testing::{logits_for, run_block, M};
+    use crate::decode::testing::{full_scores, logits_for, run_block, M};
     use crate::decode::StepOutcome;
 
     const CONTROL: ControlTokens = ControlTokens {
@@ -177,9 +182,8 @@ mod tests {
 
     fn run_block_step(a: &mut LowConfidence, block: &mut Vec<u32>, l: &[f32]) {
         let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(0);
-        let v = crate::decode::testing::VOCAB;
         assert_eq!(
-            a.step(block, BlockLogits::new(l, v), &mut rng, false),
+            a.step(block, full_scores(l), &mut rng, false),
             StepOutcome::Continue
         );
     }

@@ -4,7 +4,8 @@
 //! - [`params`]: per-request parameters resolved against the checkpoint family's defaults.
 //! - [`layout`]: request layout (§1): prefill length, decode blocks, the token budget.
 //! - [`low_confidence`], [`joint`], [`indel`]: the three algorithms (§5, §6, §7), each a
-//!   [`BlockAlgorithm`] that only sees one block's ids and the logits of its forwards.
+//!   [`BlockAlgorithm`] that only sees one block's ids and the scores of its forwards: full
+//!   logits, or only each slot's greedy candidate when that is all a step needs ([`ScoreKind`]).
 //! - [`block`]: the shared per-block loop (§3) and the K/V commit rule (§8).
 //! - [`stop_tokens`]: end-of-answer token ids and output assembly (§9).
 //! - [`request`]: one request as a step-by-step state machine (prefill chunks, blocks, commit),
@@ -24,7 +25,7 @@ pub(crate) mod testing;
 
 use rand::rngs::StdRng;
 
-use crate::sampling::greedy_excluding;
+use crate::sampling::{greedy_excluding, Candidate, OfficialSampler};
 
 /// The diffusion control ids of a checkpoint. DELETE/SPLIT exist only in LLaDA2.2.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +69,58 @@ impl<'a> BlockLogits<'a> {
     }
 }
 
+/// What a denoising forward must return for the algorithm's next step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScoreKind {
+    /// Every row's F32 logits (`ModelRunner::forward`): sampling, banned-token re-picks.
+    Logits,
+    /// Every row's greedy candidate only (`ModelRunner::forward_top1`): enough for a step whose
+    /// candidates are all [`crate::sampling::greedy`], and far less to read back from a GPU.
+    Top1,
+}
+
+/// The scores one denoising forward produced for the block, in the form [`ScoreKind`] asked for.
+#[derive(Clone, Copy, Debug)]
+pub enum StepScores<'a> {
+    Logits(BlockLogits<'a>),
+    /// Per slot `(argmax token, its full-vocabulary softmax probability)`.
+    Top1(&'a [(u32, f32)]),
+}
+
+impl<'a> StepScores<'a> {
+    /// The official 2.0/2.1 sampler's candidate at slot `p`. Top-1 scores only answer a greedy
+    /// sampler, which is why an algorithm asks for [`ScoreKind::Top1`] only when its sampler
+    /// [`is_greedy`](crate::sampling::SamplerSettings::is_greedy).
+    pub fn official_candidate(
+        &self,
+        p: usize,
+        sampler: &OfficialSampler,
+        rng: &mut StdRng,
+    ) -> Candidate {
+        match self {
+            StepScores::Logits(logits) => sampler.candidate(logits.row(p), rng),
+            StepScores::Top1(pairs) => {
+                assert!(
+                    sampler.0.is_greedy(),
+                    "top-1 scores cannot answer a sampling step"
+                );
+                let (token, confidence) = pairs[p];
+                Candidate { token, confidence }
+            }
+        }
+    }
+
+    /// The full logits, for steps that asked for [`ScoreKind::Logits`] (samplers, re-picks with
+    /// banned ids). Getting top-1 scores here means the block loop ignored
+    /// [`BlockAlgorithm::scores_needed`], a bug.
+    pub fn logits(&self) -> BlockLogits<'a> {
+        match self {
+            StepScores::Logits(logits) => *logits,
+            StepScores::Top1(_) => panic!("this step needs full logits but got top-1 scores"),
+        }
+    }
+}
+
 /// What a step made of the block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StepOutcome {
@@ -85,13 +138,19 @@ pub trait BlockAlgorithm: Send {
     /// `true` ends the block without another forward.
     fn exit_before_forward(&mut self, block: &[u32]) -> bool;
 
-    /// Applies one forward's logits to `block` (which is the forward's input). With `forced` the
-    /// step is the forced final cleanup (hard limit or leftover masks): it must leave no MASK,
-    /// DELETE or SPLIT at generated positions.
+    /// What the next forward must return for `step` (asked right before each forward; `forced`
+    /// as in `step`). Full logits unless the algorithm overrides it.
+    fn scores_needed(&self, _forced: bool) -> ScoreKind {
+        ScoreKind::Logits
+    }
+
+    /// Applies one forward's scores (of the kind `scores_needed` asked for) to `block` (which is
+    /// the forward's input). With `forced` the step is the forced final cleanup (hard limit or
+    /// leftover masks): it must leave no MASK, DELETE or SPLIT at generated positions.
     fn step(
         &mut self,
         block: &mut Vec<u32>,
-        logits: BlockLogits<'_>,
+        scores: StepScores<'_>,
         rng: &mut StdRng,
         forced: bool,
     ) -> StepOutcome;
@@ -105,6 +164,23 @@ pub fn has_control_tokens(block: &[u32], prompt_in_block: usize, control: &Contr
     block[prompt_in_block..]
         .iter()
         .any(|&t| control.is_control(t))
+}
+
+/// What 2.0 and 2.1 read from a forward: top-1 pairs when every candidate of the step is greedy,
+/// full logits otherwise.
+///
+/// The forced cleanup ([`fill_control_slots`]) always reads full logits: its rule, the best
+/// non-control token, needs more than the argmax exactly when the argmax is a control id, and
+/// a block reaches that round mostly because the model keeps predicting a control id somewhere.
+/// Reading top-1 first would then cost a second forward of the same ids (the runner cannot
+/// re-read a finished forward's logits); the round runs at most once per block, so one
+/// full-logits forward is both the simpler and the cheaper rule.
+pub fn official_scores_needed(sampler: &OfficialSampler, forced: bool) -> ScoreKind {
+    if !forced && sampler.0.is_greedy() {
+        ScoreKind::Top1
+    } else {
+        ScoreKind::Logits
+    }
 }
 
 /// The forced cleanup shared by 2.0 and 2.1 (they have no cleanup round of their own): every
@@ -149,6 +225,8 @@ pub fn select_transfers(slots: &[(usize, f32)], threshold: f32, quota: usize) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::testing::{full_scores, logits_for, top1_pairs, M};
+    use crate::sampling::SamplerSettings;
 
     #[test]
     fn threshold_is_strict_and_quota_falls_back_to_top_confidence() {
@@ -160,6 +238,32 @@ mod tests {
         assert_eq!(select_transfers(&slots, 0.4, 4), vec![6, 5, 3, 7]);
         assert_eq!(select_transfers(&slots, 0.4, 9).len(), 4);
         assert_eq!(select_transfers(&slots, 0.99, 0), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn official_algorithms_read_top1_only_for_unforced_greedy_steps() {
+        let greedy = OfficialSampler(SamplerSettings::GREEDY);
+        let sampling = OfficialSampler(SamplerSettings {
+            temperature: 0.8,
+            ..SamplerSettings::GREEDY
+        });
+        assert_eq!(official_scores_needed(&greedy, false), ScoreKind::Top1);
+        assert_eq!(official_scores_needed(&greedy, true), ScoreKind::Logits);
+        assert_eq!(official_scores_needed(&sampling, false), ScoreKind::Logits);
+    }
+
+    #[test]
+    fn top1_scores_give_the_greedy_candidate_of_the_logits() {
+        let logits = logits_for(&[(3, 0.9), (M, 0.6), (0, 0.2)]);
+        let pairs = top1_pairs(&logits);
+        let greedy = OfficialSampler(SamplerSettings::GREEDY);
+        let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(0);
+        for p in 0..3 {
+            let from_logits = full_scores(&logits).official_candidate(p, &greedy, &mut rng);
+            let from_top1 = StepScores::Top1(&pairs).official_candidate(p, &greedy, &mut rng);
+            assert_eq!(from_top1, from_logits);
+        }
+        assert_eq!(pairs[1].0, M);
     }
 
     #[test]

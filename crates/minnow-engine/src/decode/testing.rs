@@ -4,11 +4,12 @@
 
 use std::collections::HashMap;
 
+use minnow_model::runner::top1;
 use minnow_model::{Config, Family, LogitsRows, ModelRunner, SeqId};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::{BlockAlgorithm, BlockLogits, StepOutcome};
+use super::{BlockAlgorithm, BlockLogits, ScoreKind, StepOutcome, StepScores};
 
 /// Toy vocabulary of decoding doc §12: MASK = 7, DELETE = 8, SPLIT = 9.
 pub const VOCAB: usize = 10;
@@ -46,8 +47,19 @@ pub fn logits_for(slots: &[(u32, f32)]) -> Vec<f32> {
     slots.iter().flat_map(|&(t, p)| row(t, p)).collect()
 }
 
-/// Drives an algorithm like the block loop does (pre-forward check, step, convergence), feeding
-/// the scripted logits in order. Returns the final block and the number of forwards.
+/// Full-logits scores of toy-vocabulary logits `[slots, VOCAB]`.
+pub fn full_scores(logits: &[f32]) -> StepScores<'_> {
+    StepScores::Logits(BlockLogits::new(logits, VOCAB))
+}
+
+/// Each row's top-1 pair, as the default `ModelRunner::forward_top1` computes it.
+pub fn top1_pairs(logits: &[f32]) -> Vec<(u32, f32)> {
+    logits.chunks_exact(VOCAB).map(top1).collect()
+}
+
+/// Drives an algorithm like the block loop does (pre-forward check, step with the scores the
+/// algorithm asks for, convergence), feeding the scripted logits in order (as top-1 pairs when
+/// it asks for those). Returns the final block and the number of forwards.
 pub fn run_block(
     algorithm: &mut dyn BlockAlgorithm,
     mut block: Vec<u32>,
@@ -66,9 +78,14 @@ pub fn run_block(
             )
         });
         forwards += 1;
-        if algorithm.step(&mut block, BlockLogits::new(logits, VOCAB), &mut rng, false)
-            == StepOutcome::Converged
-        {
+        let pairs;
+        let scores = if algorithm.scores_needed(false) == ScoreKind::Logits {
+            full_scores(logits)
+        } else {
+            pairs = top1_pairs(logits);
+            StepScores::Top1(&pairs)
+        };
+        if algorithm.step(&mut block, scores, &mut rng, false) == StepOutcome::Converged {
             break;
         }
     }
@@ -117,6 +134,8 @@ pub struct Call {
     pub start: usize,
     pub ids: Vec<u32>,
     pub rows: LogitsRows,
+    /// Whether it was a `forward_top1` (top-1 pairs returned, not logits).
+    pub top1: bool,
 }
 
 type LogitsFn = Box<dyn FnMut(usize, &[u32]) -> Vec<f32> + Send>;
@@ -147,7 +166,12 @@ impl ScriptedRunner {
         }
     }
 
-    /// Forwards that asked for logits (denoising steps).
+    /// Denoising forwards that returned top-1 pairs instead of logits.
+    pub fn top1_calls(&self) -> usize {
+        self.calls.iter().filter(|c| c.top1).count()
+    }
+
+    /// Forwards that asked for logits or top-1 pairs (denoising steps).
     pub fn denoise_calls(&self) -> Vec<&Call> {
         self.calls
             .iter()
@@ -198,6 +222,7 @@ impl ModelRunner for ScriptedRunner {
             start,
             ids: ids.to_vec(),
             rows: rows.clone(),
+            top1: false,
         });
         self.lens.insert(seq, start + ids.len());
         let range = rows.resolve(ids.len());
@@ -212,5 +237,22 @@ impl ModelRunner for ScriptedRunner {
             "scripted logits have the wrong shape"
         );
         Ok(all[range.start * vocab..range.end * vocab].to_vec())
+    }
+    /// The default computation (top-1 of `forward`'s rows), recorded as a top-1 call.
+    fn forward_top1(
+        &mut self,
+        seq: SeqId,
+        ids: &[u32],
+        rows: LogitsRows,
+    ) -> minnow_model::Result<Vec<(u32, f32)>> {
+        let logits = self.forward(seq, ids, rows)?;
+        self.calls
+            .last_mut()
+            .expect("forward recorded its call")
+            .top1 = true;
+        Ok(logits
+            .chunks_exact(self.config.vocab_size)
+            .map(top1)
+            .collect())
     }
 }
