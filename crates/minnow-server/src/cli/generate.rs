@@ -11,38 +11,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use minnow_engine::{
-    Algorithm, ChatMessage, ChatPrompt, DecodeParams, Engine, EngineOptions, Event, FinishReason,
-    GenerateRequest, GenerationStats,
+    ChatMessage, ChatPrompt, Engine, EngineOptions, Event, FinishReason, GenerateRequest,
+    GenerationStats,
 };
 use serde_json::json;
 
-use super::Cli;
-
-/// The tiny LLaDA2.1 fixture in the source tree, used when no `--model` is given.
-const BUNDLED_FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../tests/fixtures/llada2-tiny-v21"
-);
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-pub enum AlgorithmArg {
-    /// LLaDA2.0 threshold decoding.
-    LowConfidence,
-    /// LLaDA2.1 mask-to-token plus token-to-token editing.
-    Joint,
-    /// LLaDA2.2 editing with DELETE/SPLIT.
-    Indel,
-}
-
-impl From<AlgorithmArg> for Algorithm {
-    fn from(a: AlgorithmArg) -> Algorithm {
-        match a {
-            AlgorithmArg::LowConfidence => Algorithm::LowConfidence,
-            AlgorithmArg::Joint => Algorithm::Joint,
-            AlgorithmArg::Indel => Algorithm::Indel,
-        }
-    }
-}
+use super::decode_flags::DecodeFlags;
+use super::{Cli, BUNDLED_FIXTURE};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -66,54 +41,11 @@ pub struct Args {
     /// New tokens at most.
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
-    /// Decoding algorithm (default: the checkpoint family's).
-    #[arg(long, value_enum)]
-    pub algorithm: Option<AlgorithmArg>,
-    /// Mask-to-token confidence threshold (strictly greater commits).
-    #[arg(long)]
-    pub threshold: Option<f32>,
-    /// Token-to-token editing threshold (joint, indel).
-    #[arg(long)]
-    pub editing_threshold: Option<f32>,
-    /// Refinement steps after a block is mask-free (joint, indel).
-    #[arg(long)]
-    pub max_post_steps: Option<usize>,
-    /// Step schedule length (low-confidence, indel).
-    #[arg(long)]
-    pub steps: Option<usize>,
-    /// Minimum mask-to-token transfers per step (joint).
-    #[arg(long)]
-    pub num_to_transfer: Option<usize>,
-    /// Sampling temperature (0 = greedy).
-    #[arg(long)]
-    pub temperature: Option<f32>,
-    #[arg(long)]
-    pub top_k: Option<usize>,
-    #[arg(long)]
-    pub top_p: Option<f32>,
-    /// RNG seed (sampling and the 2.2 anti-loop guard).
-    #[arg(long)]
-    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub decode: DecodeFlags,
     /// Stop string (repeatable); the answer ends before it.
     #[arg(long)]
     pub stop: Vec<String>,
-}
-
-impl Args {
-    fn decode_params(&self) -> DecodeParams {
-        DecodeParams {
-            algorithm: self.algorithm.map(Algorithm::from),
-            threshold: self.threshold,
-            editing_threshold: self.editing_threshold,
-            max_post_steps: self.max_post_steps,
-            steps: self.steps,
-            num_to_transfer: self.num_to_transfer,
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            seed: self.seed,
-        }
-    }
 }
 
 fn model_path(cli: &Cli) -> PathBuf {
@@ -241,7 +173,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
         prompt_ids,
         max_tokens: Some(args.max_tokens),
         stop: args.stop.clone(),
-        params: args.decode_params(),
+        params: args.decode.params(),
         ..Default::default()
     };
     let (mut handle, trace) = if args.trace {

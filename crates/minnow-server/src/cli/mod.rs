@@ -5,10 +5,18 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use minnow_runtime::device::DeviceRequest;
 
+mod decode_flags;
 mod forward;
 mod generate;
 mod inspect;
 mod serve;
+
+/// The tiny LLaDA2.1 fixture in the source tree, used by `generate` and `serve` when no `--model`
+/// is given (random weights: its text is noise).
+pub const BUNDLED_FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/fixtures/llada2-tiny-v21"
+);
 
 /// Options shared by every subcommand.
 #[derive(Parser, Debug)]

@@ -7,14 +7,9 @@ use std::time::Duration;
 use minnow_engine::{DecodeParams, EngineOptions};
 use minnow_runtime::device::DeviceRequest;
 
-use super::Cli;
+use super::decode_flags::DecodeFlags;
+use super::{Cli, BUNDLED_FIXTURE};
 use crate::server::{self, ServerConfig, DEFAULT_BODY_LIMIT};
-
-/// The checkpoint served when no --model is given.
-const BUNDLED_FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../tests/fixtures/llada2-tiny-v21"
-);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Dtype {
@@ -63,73 +58,43 @@ pub struct Args {
 /// Server-wide decode defaults; requests override them field by field.
 #[derive(clap::Args, Debug)]
 pub struct DecodeArgs {
-    /// low-confidence (2.0), joint (2.1) or indel (2.2); default: the checkpoint family's.
-    #[arg(long)]
-    pub algorithm: Option<String>,
-    /// Confidence a masked position needs to be committed.
-    #[arg(long)]
-    pub threshold: Option<f32>,
-    /// Confidence an edit of a committed token needs (2.1/2.2).
-    #[arg(long)]
-    pub editing_threshold: Option<f32>,
-    /// Editing rounds after a block has no masks left (2.1/2.2).
-    #[arg(long)]
-    pub max_post_steps: Option<usize>,
-    /// Denoising steps per block schedule.
-    #[arg(long)]
-    pub steps: Option<usize>,
-    /// Masked positions committed per step at least (2.1/2.2).
-    #[arg(long)]
-    pub num_to_transfer: Option<usize>,
-    #[arg(long)]
-    pub temperature: Option<f32>,
-    #[arg(long)]
-    pub top_k: Option<usize>,
-    #[arg(long)]
-    pub top_p: Option<f32>,
-    #[arg(long)]
-    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub flags: DecodeFlags,
     /// Output cap for requests that set none (default: the rest of the context).
     #[arg(long)]
     pub max_tokens: Option<usize>,
 }
 
 impl DecodeArgs {
+    /// The defaults, checked at start-up so that a bad flag fails the command rather than every
+    /// request.
     fn params(&self) -> Result<DecodeParams, String> {
+        let params = self.flags.params();
         let unit = |name: &str, x: Option<f32>| match x {
             Some(v) if !(0.0..=1.0).contains(&v) => {
                 Err(format!("--{name} must be between 0 and 1"))
             }
-            _ => Ok(x),
+            _ => Ok(()),
         };
-        if self.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
+        unit("threshold", params.threshold)?;
+        unit("editing-threshold", params.editing_threshold)?;
+        unit("top-p", params.top_p)?;
+        if params
+            .temperature
+            .is_some_and(|t| !(0.0..=2.0).contains(&t))
+        {
             return Err("--temperature must be between 0 and 2".into());
         }
-        if self.steps == Some(0) {
+        if params.steps == Some(0) {
             return Err("--steps must be at least 1".into());
         }
-        if self.num_to_transfer == Some(0) {
+        if params.num_to_transfer == Some(0) {
             return Err("--num-to-transfer must be at least 1".into());
         }
         if self.max_tokens == Some(0) {
             return Err("--max-tokens must be at least 1".into());
         }
-        Ok(DecodeParams {
-            algorithm: self
-                .algorithm
-                .as_deref()
-                .map(server::parse_algorithm)
-                .transpose()?,
-            threshold: unit("threshold", self.threshold)?,
-            editing_threshold: unit("editing-threshold", self.editing_threshold)?,
-            max_post_steps: self.max_post_steps,
-            steps: self.steps,
-            num_to_transfer: self.num_to_transfer,
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: unit("top-p", self.top_p)?,
-            seed: self.seed,
-        })
+        Ok(params)
     }
 }
 
@@ -226,26 +191,27 @@ mod tests {
 
     #[test]
     fn decode_flags_are_range_checked() {
-        let mut args = DecodeArgs {
-            algorithm: Some("joint".into()),
-            threshold: Some(0.9),
-            editing_threshold: None,
-            max_post_steps: None,
-            steps: None,
-            num_to_transfer: None,
-            temperature: None,
-            top_k: None,
-            top_p: None,
-            seed: Some(3),
-            max_tokens: None,
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Probe {
+            #[command(flatten)]
+            decode: DecodeArgs,
+        }
+        let parse = |argv: &[&str]| {
+            Probe::try_parse_from(std::iter::once("serve").chain(argv.iter().copied()))
+                .map(|p| p.decode)
         };
+        let args = parse(&["--algorithm", "joint", "--threshold", "0.9", "--seed", "3"]).unwrap();
         let params = args.params().unwrap();
+        assert_eq!(params.algorithm, Some(minnow_engine::Algorithm::Joint));
         assert_eq!(params.threshold, Some(0.9));
         assert_eq!(params.seed, Some(3));
-        args.threshold = Some(1.5);
-        assert!(args.params().unwrap_err().contains("--threshold"));
-        args.threshold = None;
-        args.algorithm = Some("beam".into());
-        assert!(args.params().is_err());
+        let err = parse(&["--threshold", "1.5"])
+            .unwrap()
+            .params()
+            .unwrap_err();
+        assert!(err.contains("--threshold"), "{err}");
+        assert!(parse(&["--max-tokens", "0"]).unwrap().params().is_err());
+        assert!(parse(&["--algorithm", "beam"]).is_err());
     }
 }

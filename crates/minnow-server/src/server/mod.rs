@@ -34,7 +34,6 @@ use minnow_engine::{Engine, LoadProgress};
 use tokio::net::TcpListener;
 
 pub use config::{ServerConfig, DEFAULT_BODY_LIMIT};
-pub use openai::parse_algorithm;
 use state::AppState;
 
 /// How long a connection may take to send a request's headers.

@@ -342,7 +342,7 @@ fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, ApiError> {
     })
 }
 
-pub fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
+fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
     match name.replace('_', "-").to_ascii_lowercase().as_str() {
         "low-confidence" => Ok(Algorithm::LowConfidence),
         "joint" => Ok(Algorithm::Joint),

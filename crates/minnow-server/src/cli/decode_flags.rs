@@ -1,0 +1,74 @@
+//! The decoding flags shared by `generate` (per run) and `serve` (server-wide defaults that each
+//! request may override). Unset flags mean "the checkpoint family's default"; range checks are
+//! the engine's, applied when a request is resolved.
+
+use minnow_engine::{Algorithm, DecodeParams};
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum AlgorithmArg {
+    /// LLaDA2.0 threshold decoding.
+    LowConfidence,
+    /// LLaDA2.1 mask-to-token plus token-to-token editing.
+    Joint,
+    /// LLaDA2.2 editing with DELETE/SPLIT.
+    Indel,
+}
+
+impl From<AlgorithmArg> for Algorithm {
+    fn from(a: AlgorithmArg) -> Algorithm {
+        match a {
+            AlgorithmArg::LowConfidence => Algorithm::LowConfidence,
+            AlgorithmArg::Joint => Algorithm::Joint,
+            AlgorithmArg::Indel => Algorithm::Indel,
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DecodeFlags {
+    /// Decoding algorithm (default: the checkpoint family's).
+    #[arg(long, value_enum)]
+    pub algorithm: Option<AlgorithmArg>,
+    /// Mask-to-token confidence threshold (strictly greater commits).
+    #[arg(long)]
+    pub threshold: Option<f32>,
+    /// Token-to-token editing threshold (joint, indel).
+    #[arg(long)]
+    pub editing_threshold: Option<f32>,
+    /// Refinement steps after a block is mask-free (joint, indel).
+    #[arg(long)]
+    pub max_post_steps: Option<usize>,
+    /// Step schedule length (low-confidence, indel).
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Minimum mask-to-token transfers per step (joint).
+    #[arg(long)]
+    pub num_to_transfer: Option<usize>,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// RNG seed (sampling and the 2.2 anti-loop guard).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl DecodeFlags {
+    pub fn params(&self) -> DecodeParams {
+        DecodeParams {
+            algorithm: self.algorithm.map(Algorithm::from),
+            threshold: self.threshold,
+            editing_threshold: self.editing_threshold,
+            max_post_steps: self.max_post_steps,
+            steps: self.steps,
+            num_to_transfer: self.num_to_transfer,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+        }
+    }
+}
