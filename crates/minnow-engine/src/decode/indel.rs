@@ -11,7 +11,9 @@ use std::collections::HashSet;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::{select_transfers, BlockAlgorithm, ControlTokens, StepOutcome, StepScores};
+use super::{
+    generated_masks, select_transfers, BlockAlgorithm, ControlTokens, StepOutcome, StepScores,
+};
 use crate::sampling::{
     greedy, greedy_excluding, probability_excluding, Candidate, PortSampler, SamplerSettings,
 };
@@ -103,9 +105,7 @@ impl Indel {
     }
 
     fn count_masks(&self, block: &[u32]) -> MaskCount {
-        let masks: Vec<usize> = (self.prompt_in_block..block.len())
-            .filter(|&p| block[p] == self.ids.mask)
-            .collect();
+        let masks = generated_masks(block, self.prompt_in_block, self.ids.mask);
         let original = masks.iter().filter(|&&p| self.original[p]).count();
         MaskCount { masks, original }
     }

@@ -5,8 +5,8 @@
 use rand::rngs::StdRng;
 
 use super::{
-    fill_control_slots, official_scores_needed, select_transfers, BlockAlgorithm, ControlTokens,
-    ScoreKind, StepOutcome, StepScores,
+    fill_control_slots, generated_masks, official_scores_needed, select_transfers, BlockAlgorithm,
+    ControlTokens, ScoreKind, StepOutcome, StepScores,
 };
 use crate::sampling::{OfficialSampler, SamplerSettings};
 
@@ -49,9 +49,7 @@ impl LowConfidence {
     }
 
     fn masked_slots(&self, block: &[u32]) -> Vec<usize> {
-        (self.prompt_in_block..block.len())
-            .filter(|&p| block[p] == self.control.mask)
-            .collect()
+        generated_masks(block, self.prompt_in_block, self.control.mask)
     }
 }
 

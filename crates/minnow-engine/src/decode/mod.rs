@@ -20,6 +20,14 @@ pub mod params;
 pub mod request;
 pub mod stop_tokens;
 
+/// The generated (non-prompt) slots of a block that hold MASK, in order. The prompt tail is a
+/// prefix of `prompt_in_block` slots and is never a candidate, whatever ids it holds.
+pub(crate) fn generated_masks(block: &[u32], prompt_in_block: usize, mask: u32) -> Vec<usize> {
+    (prompt_in_block..block.len())
+        .filter(|&p| block[p] == mask)
+        .collect()
+}
+
 #[cfg(test)]
 pub(crate) mod testing;
 
