@@ -76,6 +76,83 @@ extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __
     }
 }
 
+// Columns per thread and pass of moe_combine_add_rmsnorm (d <= 8 * blockDim in one pass).
+#define COMBINE_NORM_COLS 8
+// Most routed experts per token moe_combine_add_rmsnorm takes (their rows sit in shared memory).
+#define COMBINE_NORM_MAX_K 32
+
+// The end of an MoE layer fused with the next RMSNorm (the next layer's input norm, or the final
+// norm): moe_combine into a delta that is never stored, then add_rmsnorm's arithmetic
+//   h = BF16(h + mix)    out = BF16(weight * BF16(F32(h) * rsqrt(mean(F32(h)^2) + eps)))
+// One CTA per token, k <= COMBINE_NORM_MAX_K. Bit-identical to moe_combine then add_rmsnorm when
+// launched with add_rmsnorm's blockDim: each thread owns the same columns (i = tid + n * blockDim),
+// mixes them in the same order (expert by expert, F32) and feeds block_sum the same partial sums. The
+// difference is the load order: a thread issues the loads of its COMBINE_NORM_COLS columns of
+// several expert rows together, so a pass waits for a few rounds of loads instead of one round per
+// (column, expert) (a first version mixing column by column was slower than the two launches).
+extern "C" __global__ void moe_combine_add_rmsnorm(const bf16* __restrict__ y, const int* __restrict__ slot_pos,
+                                                   const float* __restrict__ w, const bf16* __restrict__ shared,
+                                                   const int* __restrict__ shared_rows, bf16* __restrict__ h,
+                                                   const bf16* __restrict__ weight, bf16* __restrict__ out, int k,
+                                                   int d, float eps) {
+    __shared__ float scratch[32];
+    __shared__ int rows[COMBINE_NORM_MAX_K];
+    __shared__ float wts[COMBINE_NORM_MAX_K];
+    const int t = blockIdx.x, nt = blockDim.x;
+    for (int j = threadIdx.x; j < k; j += nt) {
+        rows[j] = slot_pos[t * k + j];
+        wts[j] = w[t * k + j];
+    }
+    __syncthreads();
+    const bf16* srow = shared_rows ? y + (size_t)shared_rows[t] * d : shared ? shared + (size_t)t * d : nullptr;
+    bf16* row = h + (size_t)t * d;
+    float ss = 0.f;
+    for (int base = threadIdx.x; base < d; base += COMBINE_NORM_COLS * nt) {
+        // The residual and shared-expert columns are loaded before the mix, with its first rows.
+        float acc[COMBINE_NORM_COLS], hv[COMBINE_NORM_COLS], sv[COMBINE_NORM_COLS];
+#pragma unroll
+        for (int c = 0; c < COMBINE_NORM_COLS; ++c) {
+            const int i = base + c * nt;
+            acc[c] = 0.f;
+            hv[c] = i < d ? to_f32(row[i]) : 0.f;
+            sv[c] = i < d && srow ? to_f32(srow[i]) : 0.f;
+        }
+#pragma unroll 4
+        for (int j = 0; j < k; ++j) {
+            const bf16* yr = y + (size_t)rows[j] * d;
+            const float wj = wts[j];
+#pragma unroll
+            for (int c = 0; c < COMBINE_NORM_COLS; ++c) {
+                const int i = base + c * nt;
+                if (i < d) acc[c] += wj * to_f32(yr[i]);
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < COMBINE_NORM_COLS; ++c) {
+            const int i = base + c * nt;
+            if (i < d) {
+                bf16 delta = to_bf16(acc[c]);
+                if (srow) delta = to_bf16(to_f32(delta) + sv[c]);
+                const bf16 v = to_bf16(hv[c] + to_f32(delta));
+                row[i] = v;
+                const float u = to_f32(v);
+                ss += u * u;
+            }
+        }
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / (float)d + eps);
+    bf16* orow = out + (size_t)t * d;
+    // Same columns as above, so each thread reads back only what it wrote itself.
+    for (int base = threadIdx.x; base < d; base += COMBINE_NORM_COLS * nt) {
+#pragma unroll
+        for (int c = 0; c < COMBINE_NORM_COLS; ++c) {
+            const int i = base + c * nt;
+            if (i < d) orow[i] = mul_bf16(weight[i], to_bf16(to_f32(row[i]) * inv));
+        }
+    }
+}
+
 extern "C" __global__ void bf16_to_f32(const bf16* __restrict__ x, float* __restrict__ y, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {

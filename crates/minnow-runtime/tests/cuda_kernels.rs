@@ -583,6 +583,8 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
         (300, 4, 17, 64, 64, 64, true),
         (300, 4, 16, 64, 32, 16, false),
         (5, 2, 4, 128, 96, 64, false),
+        // Rows wider than one pass of the fused combine + norm (8 columns x 256 threads).
+        (7, 3, 5, 4608, 64, 16, true),
     ];
     for &(t, k, e, n, kd, tile_rows, packed) in &cases {
         let routed = if packed { e - 1 } else { e };
@@ -721,6 +723,75 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
             &format!("moe_combine packed {packed}"),
             &read_bf16(&g, &out),
             &want,
+        );
+        // The combine fused with the next residual add + RMSNorm: bit-identical to moe_combine
+        // followed by add_rmsnorm, and near the reference.
+        let h = to_bf16(&randn(&mut rng, t * n, 2.0));
+        let norm_w = to_bf16(&randn(&mut rng, n, 1.0));
+        let (h_two, h_fused, dnw) = (
+            g.upload(&h).unwrap(),
+            g.upload(&h).unwrap(),
+            g.upload(&norm_w).unwrap(),
+        );
+        let (out_two, out_fused) = (poisoned_bf16(&g, t * n), poisoned_bf16(&g, t * n));
+        ops::add_rmsnorm(
+            &g,
+            h_two.ptr(),
+            out.ptr(),
+            dnw.ptr(),
+            out_two.ptr(),
+            t,
+            n,
+            1e-6,
+        )
+        .unwrap();
+        let norm = ops::ResidualNorm {
+            h: h_fused.ptr(),
+            weight: dnw.ptr(),
+            out: out_fused.ptr(),
+            eps: 1e-6,
+        };
+        ops::moe_combine_add_rmsnorm(
+            &g,
+            y.ptr(),
+            slot.ptr(),
+            dwts.ptr(),
+            sh,
+            sh_rows,
+            &norm,
+            t,
+            k,
+            n,
+        )
+        .unwrap();
+        let (got_h, got_out) = (read_bf16(&g, &h_fused), read_bf16(&g, &out_fused));
+        // Poison (NaN) left anywhere fails these comparisons too.
+        assert!(
+            got_h == read_bf16(&g, &h_two),
+            "fused combine + norm: h differs from combine then add_rmsnorm (packed {packed})"
+        );
+        assert!(
+            got_out == read_bf16(&g, &out_two),
+            "fused combine + norm: output differs from combine then add_rmsnorm (packed {packed})"
+        );
+        let nwf: Vec<f32> = norm_w.iter().map(|v| v.to_f32()).collect();
+        let (mut want_h, mut want_out) = (vec![], vec![]);
+        for ti in 0..t {
+            let row: Vec<f32> = (0..n)
+                .map(|c| r(h[ti * n + c].to_f32() + want[ti * n + c]))
+                .collect();
+            want_out.extend(rmsnorm_ref(&row, &nwf, 1e-6));
+            want_h.extend(row);
+        }
+        check_bf16(
+            &format!("moe_combine_add_rmsnorm h packed {packed}"),
+            &got_h,
+            &want_h,
+        );
+        check_bf16(
+            &format!("moe_combine_add_rmsnorm out packed {packed}"),
+            &got_out,
+            &want_out,
         );
     }
 }

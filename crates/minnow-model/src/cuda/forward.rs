@@ -224,20 +224,27 @@ pub(crate) fn queue_forward(
 
     ops::embed_rows(gpu, ws.ids.ptr(), w.embed.ptr(), ws.h.ptr(), t, d)?;
     mark("embed")?;
+    // True when the previous layer's MoE combine already added its output to `h` and wrote the
+    // next RMSNorm (this layer's input norm, or the final norm) into `a`: one launch fewer.
+    let mut normed = false;
     for (l, layer) in w.layers.iter().enumerate() {
-        // The previous layer's MLP output joins the residual stream here (none before layer 0).
-        let delta = if l == 0 { 0 } else { ws.delta.ptr() };
-        ops::add_rmsnorm(
-            gpu,
-            ws.h.ptr(),
-            delta,
-            layer.input_norm.ptr(),
-            ws.a.ptr(),
-            t,
-            d,
-            eps,
-        )?;
-        mark("norms")?;
+        if !normed {
+            // The previous layer's MLP output joins the residual stream here (none before
+            // layer 0).
+            let delta = if l == 0 { 0 } else { ws.delta.ptr() };
+            ops::add_rmsnorm(
+                gpu,
+                ws.h.ptr(),
+                delta,
+                layer.input_norm.ptr(),
+                ws.a.ptr(),
+                t,
+                d,
+                eps,
+            )?;
+            mark("norms")?;
+        }
+        normed = false;
         dense_gemm(
             gpu,
             ws.a.ptr(),
@@ -412,19 +419,54 @@ pub(crate) fn queue_forward(
                     }
                     SharedExpert::None => (0, 0),
                 };
-                ops::moe_combine(
-                    gpu,
-                    ws.expert_out.ptr(),
-                    ws.slot_pos.ptr(),
-                    ws.topk_w.ptr(),
-                    shared,
-                    shared_rows,
-                    ws.delta.ptr(),
-                    t,
-                    k,
-                    d,
-                )?;
-                mark("combine")?;
+                // The RMSNorm after this layer, fused into the combine: the next layer's input
+                // norm, or the final norm when logits follow (over all rows: the ones outside
+                // the logits range are normed but never read).
+                let next_norm = match w.layers.get(l + 1) {
+                    _ if k > ops::COMBINE_NORM_MAX_K => None,
+                    Some(next) => Some(next.input_norm.ptr()),
+                    None if output != Output::None => Some(w.final_norm.ptr()),
+                    None => None,
+                };
+                match next_norm {
+                    Some(weight) => {
+                        let norm = ops::ResidualNorm {
+                            h: ws.h.ptr(),
+                            weight,
+                            out: ws.a.ptr(),
+                            eps,
+                        };
+                        ops::moe_combine_add_rmsnorm(
+                            gpu,
+                            ws.expert_out.ptr(),
+                            ws.slot_pos.ptr(),
+                            ws.topk_w.ptr(),
+                            shared,
+                            shared_rows,
+                            &norm,
+                            t,
+                            k,
+                            d,
+                        )?;
+                        mark("combine + norm")?;
+                        normed = true;
+                    }
+                    None => {
+                        ops::moe_combine(
+                            gpu,
+                            ws.expert_out.ptr(),
+                            ws.slot_pos.ptr(),
+                            ws.topk_w.ptr(),
+                            shared,
+                            shared_rows,
+                            ws.delta.ptr(),
+                            t,
+                            k,
+                            d,
+                        )?;
+                        mark("combine")?;
+                    }
+                }
             }
         }
     }
@@ -433,18 +475,20 @@ pub(crate) fn queue_forward(
         Output::Logits { start, end } | Output::Top1 { start, end } => (start, end),
     };
     let rows = end - start;
-    // Final residual add and norm only for the rows that need logits, then the lm_head.
-    ops::add_rmsnorm(
-        gpu,
-        ws.h.ptr_at(start * d),
-        ws.delta.ptr_at(start * d),
-        w.final_norm.ptr(),
-        ws.a.ptr_at(start * d),
-        rows,
-        d,
-        eps,
-    )?;
-    mark("final norm")?;
+    if !normed {
+        // Final residual add and norm only for the rows that need logits, then the lm_head.
+        ops::add_rmsnorm(
+            gpu,
+            ws.h.ptr_at(start * d),
+            ws.delta.ptr_at(start * d),
+            w.final_norm.ptr(),
+            ws.a.ptr_at(start * d),
+            rows,
+            d,
+            eps,
+        )?;
+        mark("final norm")?;
+    }
     let v = c.vocab_size;
     blas.gemm_bf16(
         ws.a.ptr_at(start * d),

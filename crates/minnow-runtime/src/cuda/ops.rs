@@ -94,6 +94,62 @@ pub fn moe_combine(
     )
 }
 
+/// Where an MoE layer's output goes in [`moe_combine_add_rmsnorm`]: the residual stream `h`
+/// (`[tokens, d]`, updated in place) and the RMSNorm that follows it (`weight`, `eps`), whose
+/// BF16 result is written to `out`.
+#[derive(Clone, Copy, Debug)]
+pub struct ResidualNorm {
+    pub h: u64,
+    pub weight: u64,
+    pub out: u64,
+    pub eps: f32,
+}
+
+/// Most experts per token [`moe_combine_add_rmsnorm`] takes (`COMBINE_NORM_MAX_K` in
+/// `kernels/elementwise.cu`).
+pub const COMBINE_NORM_MAX_K: usize = 32;
+
+/// [`moe_combine`] fused with the [`add_rmsnorm`] that follows it: `h[t] = BF16(h[t] + mix[t])`,
+/// `out[t] = RMSNorm(h[t]) * weight`, one launch instead of two and bit-identical to them (the
+/// mix is never stored). `k` must be at most [`COMBINE_NORM_MAX_K`].
+#[allow(clippy::too_many_arguments)]
+pub fn moe_combine_add_rmsnorm(
+    gpu: &Gpu,
+    y: u64,
+    slot_pos: u64,
+    w: u64,
+    shared: u64,
+    shared_rows: u64,
+    norm: &ResidualNorm,
+    tokens: usize,
+    k: usize,
+    d: usize,
+) -> CudaResult<()> {
+    if k > COMBINE_NORM_MAX_K {
+        return unsupported(format!(
+            "moe_combine_add_rmsnorm takes at most {COMBINE_NORM_MAX_K} experts per token, got {k}"
+        ));
+    }
+    // add_rmsnorm's block size: the same columns per thread and the same reduction tree.
+    let cfg = LaunchConfig::new((tokens as u32, 1, 1), row_threads(d), 0);
+    cuda_launch!(
+        gpu,
+        "moe_combine_add_rmsnorm",
+        cfg,
+        y,
+        slot_pos,
+        w,
+        shared,
+        shared_rows,
+        norm.h,
+        norm.weight,
+        norm.out,
+        k as i32,
+        d as i32,
+        norm.eps
+    )
+}
+
 pub fn bf16_to_f32(gpu: &Gpu, x: u64, y: u64, n: usize) -> CudaResult<()> {
     let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
     cuda_launch!(

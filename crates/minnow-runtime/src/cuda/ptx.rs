@@ -30,6 +30,7 @@ pub const MODULES: &[PtxModule] = &[
             "add_rmsnorm",
             "silu_mul",
             "moe_combine",
+            "moe_combine_add_rmsnorm",
             "bf16_to_f32",
             "top1_partial",
             "top1_finish",
