@@ -217,7 +217,15 @@ impl ModelRunner for CpuRunner {
     }
 
     fn device_name(&self) -> String {
-        format!("cpu ({} threads, f32)", rayon::current_num_threads())
+        let kernels = if minnow_runtime::cpu::uses_avx512() {
+            "avx512"
+        } else {
+            "portable"
+        };
+        format!(
+            "cpu ({} threads, f32, {kernels})",
+            rayon::current_num_threads()
+        )
     }
 
     fn create_sequence(&mut self) -> Result<SeqId> {

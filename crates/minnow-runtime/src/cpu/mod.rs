@@ -8,6 +8,15 @@ mod ops;
 mod x86;
 
 pub use linear::{linear, matmul, matmul_nn, widen, Par};
+
+/// Whether the AVX-512 kernels run (the CPU has them and `MINNOW_CPU_PORTABLE` is unset);
+/// otherwise the portable path does the same work.
+pub fn uses_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86::has_avx512();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
 pub use ops::{
     rms_norm, rms_norm_rows, rope_rotate_half, scaled_softmax, sigmoid, silu, softmax_in_place,
 };

@@ -13,8 +13,14 @@ const R: usize = 4;
 /// Input rows per register tile.
 const T: usize = 4;
 
+/// Whether the AVX-512 kernels may run: the CPU has AVX-512F and `MINNOW_CPU_PORTABLE` is not
+/// set. The variable forces the portable path (the `gemm` crate and plain loops) that CPUs
+/// without AVX-512 take, so that path can be tested, and compared, on any machine.
 pub fn has_avx512() -> bool {
-    is_x86_feature_detected!("avx512f")
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(|| {
+        std::env::var_os("MINNOW_CPU_PORTABLE").is_none() && is_x86_feature_detected!("avx512f")
+    })
 }
 
 /// Columns `r0..r1` of `out[m, n] = x[m, k] · Wᵀ`.
