@@ -77,44 +77,69 @@ fn read_input_ids(path: &Path) -> Result<Vec<u32>, String> {
         })
 }
 
-fn prompt_ids(engine: &Engine, args: &Args) -> Result<Vec<u32>, String> {
-    if let Some(path) = &args.input_ids {
-        if args.prompt.is_some() || args.system.is_some() {
-            return Err("--input-ids replaces PROMPT and --system; give one or the other".into());
+/// What the prompt is, settled (and the `--input-ids` file read) before the model loads, so that
+/// a mistake on the command line fails at once rather than after a long load.
+enum PromptSource {
+    Ids(Vec<u32>),
+    Raw(String),
+    Chat {
+        system: Option<String>,
+        user: String,
+    },
+}
+
+impl PromptSource {
+    fn from_args(args: &Args) -> Result<PromptSource, String> {
+        if let Some(path) = &args.input_ids {
+            if args.prompt.is_some() || args.system.is_some() {
+                return Err(
+                    "--input-ids replaces PROMPT and --system; give one or the other".into(),
+                );
+            }
+            return read_input_ids(path).map(PromptSource::Ids);
         }
-        return read_input_ids(path);
-    }
-    let prompt = args
-        .prompt
-        .as_deref()
-        .ok_or("give a PROMPT (or --input-ids FILE.json)")?;
-    if args.raw {
-        if args.system.is_some() {
-            return Err("--system needs the chat template; drop --raw".into());
+        let prompt = args
+            .prompt
+            .clone()
+            .ok_or("give a PROMPT (or --input-ids FILE.json)")?;
+        if args.raw {
+            if args.system.is_some() {
+                return Err("--system needs the chat template; drop --raw".into());
+            }
+            return Ok(PromptSource::Raw(prompt));
         }
-        return engine.tokenize(prompt).map_err(|e| e.to_string());
-    }
-    let mut messages = Vec::new();
-    if let Some(system) = &args.system {
-        messages.push(ChatMessage {
-            role: "system".into(),
-            content: system.clone(),
-            ..Default::default()
-        });
-    }
-    messages.push(ChatMessage {
-        role: "user".into(),
-        content: prompt.to_string(),
-        ..Default::default()
-    });
-    let rendered = engine
-        .render_chat(&ChatPrompt {
-            messages,
-            add_generation_prompt: true,
-            ..Default::default()
+        Ok(PromptSource::Chat {
+            system: args.system.clone(),
+            user: prompt,
         })
-        .map_err(|e| e.to_string())?;
-    engine.tokenize(&rendered.text).map_err(|e| e.to_string())
+    }
+
+    fn into_ids(self, engine: &Engine) -> Result<Vec<u32>, String> {
+        match self {
+            PromptSource::Ids(ids) => Ok(ids),
+            PromptSource::Raw(text) => engine.tokenize(&text).map_err(|e| e.to_string()),
+            PromptSource::Chat { system, user } => {
+                let system = system.map(|content| ChatMessage {
+                    role: "system".into(),
+                    content,
+                    ..Default::default()
+                });
+                let user = ChatMessage {
+                    role: "user".into(),
+                    content: user,
+                    ..Default::default()
+                };
+                let rendered = engine
+                    .render_chat(&ChatPrompt {
+                        messages: system.into_iter().chain([user]).collect(),
+                        add_generation_prompt: true,
+                        ..Default::default()
+                    })
+                    .map_err(|e| e.to_string())?;
+                engine.tokenize(&rendered.text).map_err(|e| e.to_string())
+            }
+        }
+    }
 }
 
 fn finish_reason_name(reason: FinishReason) -> &'static str {
@@ -159,6 +184,7 @@ fn init_logging() {
 
 pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
     init_logging();
+    let prompt = PromptSource::from_args(args)?;
     let path = model_path(cli);
     let options = EngineOptions {
         device: cli.device,
@@ -168,7 +194,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
         ..Default::default()
     };
     let engine = Engine::load(&path, options).map_err(|e| e.to_string())?;
-    let prompt_ids = prompt_ids(&engine, args)?;
+    let prompt_ids = prompt.into_ids(&engine)?;
     let request = GenerateRequest {
         prompt_ids,
         max_tokens: Some(args.max_tokens),
