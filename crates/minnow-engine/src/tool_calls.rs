@@ -14,9 +14,13 @@
 //!
 //! Policy (documented choices):
 //! - **Invalid markup is content.** A call to an undeclared function, with arguments that are not
-//!   a JSON object, with malformed JSON or a malformed header, or a call left unterminated (by the
-//!   token budget, a stop string, or the end of the answer) is returned as plain text content,
-//!   exactly as generated, never as a tool call. The server issue requires this for undeclared
+//!   a JSON object, with malformed JSON or a malformed header, or a call left unterminated by a
+//!   stop string or the end of the answer is returned as plain text content, exactly as
+//!   generated, never as a tool call.
+//! - **A call cut off by the token budget is dropped**, markup and partial arguments alike: the
+//!   content ends before it and the finish reason is `length`, so a client sees that the answer
+//!   is incomplete without marker text in its content (chat-format doc §4.3: never emit marker
+//!   text as content). The server issue requires this for undeclared
 //!   names and non-object arguments; the rest follows the same rule so that nothing is lost.
 //! - **A call is streamed once it is complete and valid**, as two [`ToolCallDelta`]s: the header
 //!   (`index`, `id`, `name`, empty arguments), then the whole `arguments` string. Streaming
@@ -161,7 +165,7 @@ impl StreamParser {
     /// partial response and returns what is new. Text that may still turn out to be markup
     /// (a partial marker, an open call, whitespace before a possible call) is held back.
     pub fn push(&mut self, generated_text: &str) -> EngineResult<Deltas> {
-        let scan = self.scan(generated_text, false);
+        let scan = self.scan(generated_text, false, false);
         self.advance(scan)
     }
 
@@ -173,9 +177,12 @@ impl StreamParser {
         generated_text: &str,
         end: FinishReason,
     ) -> EngineResult<(Deltas, ParsedOutput)> {
-        let scan = self.scan(generated_text, true);
+        let scan = self.scan(generated_text, true, end == FinishReason::Length);
+        let dropped_call = scan.dropped_call;
         let deltas = self.advance(scan)?;
-        let finish_reason = if !self.calls.is_empty() && end != FinishReason::Cancelled {
+        let finish_reason = if dropped_call {
+            FinishReason::Length
+        } else if !self.calls.is_empty() && end != FinishReason::Cancelled {
             FinishReason::ToolCalls
         } else {
             end
@@ -188,7 +195,7 @@ impl StreamParser {
         Ok((deltas, output))
     }
 
-    fn scan(&self, generated_text: &str, is_final: bool) -> Scan {
+    fn scan(&self, generated_text: &str, is_final: bool, truncated: bool) -> Scan {
         let text;
         let full = if self.forced_prefix.is_empty() {
             generated_text
@@ -196,7 +203,7 @@ impl StreamParser {
             text = format!("{}{generated_text}", self.forced_prefix);
             &text
         };
-        scan(full, self.format, &self.declared, is_final)
+        scan(full, self.format, &self.declared, is_final, truncated)
     }
 
     /// Emits the difference between the new scan and what was emitted before. Committed text
@@ -283,6 +290,8 @@ struct ParsedCall {
 struct Scan {
     content: String,
     calls: Vec<ParsedCall>,
+    /// A call cut off by the token budget was left out.
+    dropped_call: bool,
 }
 
 /// How a run of plain text ends.
@@ -346,11 +355,18 @@ fn find_from(text: &str, from: usize, pattern: &str) -> Option<usize> {
     text[from..].find(pattern).map(|i| from + i)
 }
 
-fn scan(text: &str, format: ToolCallFormat, declared: &[String], is_final: bool) -> Scan {
+/// `truncated`: the text ended because the token budget ran out (only meaningful when final).
+fn scan(
+    text: &str,
+    format: ToolCallFormat,
+    declared: &[String],
+    is_final: bool,
+    truncated: bool,
+) -> Scan {
     // Content ends at the first end marker; what precedes it is complete.
-    let (text, is_final) = match END_MARKERS.iter().filter_map(|m| text.find(m)).min() {
-        Some(end) => (&text[..end], true),
-        None => (text, is_final),
+    let (text, is_final, truncated) = match END_MARKERS.iter().filter_map(|m| text.find(m)).min() {
+        Some(end) => (&text[..end], true, false),
+        None => (text, is_final, truncated),
     };
     let mut out = Scan::default();
     if declared.is_empty() {
@@ -366,14 +382,14 @@ fn scan(text: &str, format: ToolCallFormat, declared: &[String], is_final: bool)
         return out;
     }
     match format {
-        ToolCallFormat::TaggedJson => scan_tagged(text, declared, is_final, &mut out),
-        ToolCallFormat::NativeMarkers => scan_native(text, declared, is_final, &mut out),
+        ToolCallFormat::TaggedJson => scan_tagged(text, declared, is_final, truncated, &mut out),
+        ToolCallFormat::NativeMarkers => scan_native(text, declared, is_final, truncated, &mut out),
     }
     out
 }
 
 /// 2.0/2.1 (§4.1).
-fn scan_tagged(text: &str, declared: &[String], is_final: bool, out: &mut Scan) {
+fn scan_tagged(text: &str, declared: &[String], is_final: bool, truncated: bool, out: &mut Scan) {
     const HELD: [&str; 3] = [TAG_OPEN, ROLE_END_TOKEN, EOS_TOKEN];
     let mut run_start = 0;
     let mut pos = 0;
@@ -393,7 +409,14 @@ fn scan_tagged(text: &str, declared: &[String], is_final: bool, out: &mut Scan) 
         };
         let body_start = open + TAG_OPEN.len();
         let Some(close) = find_from(text, body_start, TAG_CLOSE) else {
-            if is_final {
+            if is_final && truncated {
+                // Cut off by the token budget: the text before it, then nothing.
+                let end = RunEnd::BeforeCall {
+                    strip_newline: true,
+                };
+                out.push_run(&text[run_start..open], after_call, end);
+                out.dropped_call = true;
+            } else if is_final {
                 // Unterminated call: content, as generated.
                 out.push_run(&text[run_start..], after_call, RunEnd::FinalTail);
             } else {
@@ -534,7 +557,7 @@ fn json_value_end(bytes: &[u8], start: usize) -> Option<usize> {
 }
 
 /// 2.2 (§4.2).
-fn scan_native(text: &str, declared: &[String], is_final: bool, out: &mut Scan) {
+fn scan_native(text: &str, declared: &[String], is_final: bool, truncated: bool, out: &mut Scan) {
     const HELD_OUTSIDE: [&str; 3] = [SECTION_BEGIN, ROLE_END_TOKEN, EOS_TOKEN];
     const HELD_SECTION: [&str; 4] = [CALL_BEGIN, SECTION_END, ROLE_END_TOKEN, EOS_TOKEN];
     let mut run_start = 0;
@@ -571,7 +594,10 @@ fn scan_native(text: &str, declared: &[String], is_final: bool, out: &mut Scan) 
             if rest.starts_with(CALL_BEGIN) {
                 let header_start = pos + CALL_BEGIN.len();
                 let Some(call_end) = find_from(text, header_start, CALL_END) else {
-                    if is_final {
+                    if is_final && truncated {
+                        // Cut off by the token budget: left out.
+                        out.dropped_call = true;
+                    } else if is_final {
                         // Unterminated call: content, as generated.
                         out.content.push_str(rest);
                     }
@@ -875,11 +901,9 @@ mod tests {
             &char_cuts(&text),
             FinishReason::Length,
         );
+        // The cut-off call is left out: no marker text in the content.
         assert!(calls.is_empty());
-        assert_eq!(
-            content,
-            format!("Looking{CALL_BEGIN}functions.weather:0{ARGUMENT_BEGIN}{{\"city\": \"Par")
-        );
+        assert_eq!(content, "Looking");
         assert_eq!(output.finish_reason, FinishReason::Length);
     }
 
@@ -1040,7 +1064,8 @@ mod tests {
         assert_eq!(content, "Let me check.");
         assert_eq!(calls.len(), 2);
 
-        // Cut by the token budget inside the second call: the first is a call, the rest text.
+        // Cut by the token budget inside the second call: the first is a call, the cut-off one is
+        // left out and the finish reason says the answer is incomplete.
         let cut = TAGGED_EXAMPLE.find("\"東京\"").unwrap();
         let text = &TAGGED_EXAMPLE[..cut];
         let (content, calls, output) = stream(
@@ -1052,11 +1077,8 @@ mod tests {
             FinishReason::Length,
         );
         assert_eq!(calls.len(), 1);
-        assert_eq!(
-            content,
-            "Let me check.\n<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":"
-        );
-        assert_eq!(output.finish_reason, FinishReason::ToolCalls);
+        assert_eq!(content, "Let me check.");
+        assert_eq!(output.finish_reason, FinishReason::Length);
     }
 
     #[test]
