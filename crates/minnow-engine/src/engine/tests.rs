@@ -326,8 +326,9 @@ fn cancellation_ends_with_cancelled_and_frees_the_slot() {
     wait_until(|| engine.busy_slots() == 0);
 }
 
-#[test]
-fn queue_is_bounded_and_dropping_a_handle_cancels() {
+/// An engine with one slot and one queue place whose requests run long (400 slow tokens), with
+/// one request already decoding.
+fn one_slot_engine_with_a_running_request() -> (Engine, RequestHandle, GenerateRequest) {
     let target: Vec<u32> = (0..400).map(|i| 100 + (i % 50)).collect();
     let options = EngineOptions {
         parallel: 1,
@@ -335,17 +336,23 @@ fn queue_is_bounded_and_dropping_a_handle_cancels() {
         ..Default::default()
     };
     let engine = engine_writing(target, 40, Duration::from_millis(2), options);
-    let request = || GenerateRequest {
+    let request = GenerateRequest {
         prompt_ids: prompt_ids(&engine, 40),
         max_tokens: Some(400),
         ..Default::default()
     };
-    let running = engine.submit(request()).unwrap();
+    let running = engine.submit(request.clone()).unwrap();
     wait_until(|| engine.busy_slots() == 1 && engine.queue_depth() == 0);
-    let waiting = engine.submit(request()).unwrap();
+    (engine, running, request)
+}
+
+#[test]
+fn queue_is_bounded_and_dropping_a_handle_cancels() {
+    let (engine, running, request) = one_slot_engine_with_a_running_request();
+    let waiting = engine.submit(request.clone()).unwrap();
     assert_eq!(engine.queue_depth(), 1);
     assert!(matches!(
-        engine.submit(request()),
+        engine.submit(request),
         Err(EngineError::QueueFull)
     ));
     drop(running);
@@ -355,26 +362,13 @@ fn queue_is_bounded_and_dropping_a_handle_cancels() {
 
 #[test]
 fn a_queued_request_whose_handle_is_dropped_frees_its_queue_place() {
-    let target: Vec<u32> = (0..400).map(|i| 100 + (i % 50)).collect();
-    let options = EngineOptions {
-        parallel: 1,
-        queue_capacity: 1,
-        ..Default::default()
-    };
-    let engine = engine_writing(target, 40, Duration::from_millis(2), options);
-    let request = || GenerateRequest {
-        prompt_ids: prompt_ids(&engine, 40),
-        max_tokens: Some(400),
-        ..Default::default()
-    };
-    let running = engine.submit(request()).unwrap();
-    wait_until(|| engine.busy_slots() == 1 && engine.queue_depth() == 0);
-    let waiting = engine.submit(request()).unwrap();
+    let (engine, running, request) = one_slot_engine_with_a_running_request();
+    let waiting = engine.submit(request.clone()).unwrap();
     assert_eq!(engine.queue_depth(), 1);
     // The waiting client goes away while the slot is still busy: its place is free at once.
     drop(waiting);
     assert_eq!(engine.queue_depth(), 0);
-    let replacement = engine.submit(request()).unwrap();
+    let replacement = engine.submit(request).unwrap();
     assert_eq!(engine.busy_slots(), 1);
     drop(running);
     drop(replacement);
