@@ -161,6 +161,17 @@ impl Server {
         (status, text)
     }
 
+    /// Asserts that the server still generates: a 4-token completion answers 200.
+    pub async fn assert_generates(&self) {
+        let (status, body) = post_json(
+            self,
+            "/v1/completions",
+            serde_json::json!({"prompt": "hi", "max_tokens": 4}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
     /// A metric value from `/metrics` (first sample whose line starts with `name`).
     pub async fn metric(&self, name: &str) -> f64 {
         let text = reqwest::get(self.url("/metrics"))

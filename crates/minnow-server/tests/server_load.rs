@@ -154,13 +154,7 @@ async fn disconnect_mid_stream_frees_the_slot() {
         .iter()
         .any(|l| l.contains("client disconnected")));
     // The freed slot serves the next client.
-    let (status, _) = post_json(
-        &server,
-        "/v1/completions",
-        json!({"prompt": "hi", "max_tokens": 4}),
-    )
-    .await;
-    assert_eq!(status, 200);
+    server.assert_generates().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -230,13 +224,7 @@ async fn health_is_503_while_loading() {
         std::thread::sleep(std::time::Duration::from_millis(300));
     });
     server.wait_ready().await;
-    let (status, _) = post_json(
-        &server,
-        "/v1/completions",
-        json!({"prompt": "x", "max_tokens": 4}),
-    )
-    .await;
-    assert_eq!(status, 200);
+    server.assert_generates().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
