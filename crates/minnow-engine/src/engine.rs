@@ -217,7 +217,7 @@ fn load_cpu_runner(
     let (config, source) =
         minnow_model::checkpoint::open(path).map_err(|e| EngineError::Load(e.to_string()))?;
     // The CPU reads weights through the memory map as it computes: nothing to copy here.
-    let bytes_total = ProgressSource::new(&source, &|_| {}).bytes_total();
+    let bytes_total = minnow_format::total_bytes(&source);
     let model = minnow_model::cpu::CpuModel::from_source(config, std::sync::Arc::new(source))
         .map_err(|e| EngineError::Load(e.to_string()))?;
     progress(LoadProgress {

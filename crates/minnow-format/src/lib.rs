@@ -10,6 +10,6 @@ mod safetensors_dir;
 mod source;
 
 pub use error::{FormatError, Result};
-pub use progress::{LoadProgress, ProgressSource};
+pub use progress::{total_bytes, LoadProgress, ProgressSource};
 pub use safetensors_dir::SafetensorsDir;
 pub use source::{TensorRef, TensorSource};

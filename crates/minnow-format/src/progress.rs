@@ -13,6 +13,16 @@ pub struct LoadProgress {
     pub bytes_total: u64,
 }
 
+/// The stored bytes of every tensor of a source.
+pub fn total_bytes(source: &dyn TensorSource) -> u64 {
+    source
+        .names()
+        .iter()
+        .filter_map(|name| source.tensor(name))
+        .map(|t| t.data.len() as u64)
+        .sum()
+}
+
 /// Wraps a source; every first lookup of a tensor adds its bytes and calls `report`.
 pub struct ProgressSource<'a> {
     inner: &'a dyn TensorSource,
@@ -24,22 +34,12 @@ pub struct ProgressSource<'a> {
 
 impl<'a> ProgressSource<'a> {
     pub fn new(inner: &'a dyn TensorSource, report: &'a (dyn Fn(LoadProgress) + Sync)) -> Self {
-        let bytes_total = inner
-            .names()
-            .iter()
-            .filter_map(|name| inner.tensor(name))
-            .map(|t| t.data.len() as u64)
-            .sum();
         Self {
             inner,
             report,
-            bytes_total,
+            bytes_total: total_bytes(inner),
             counted: Mutex::new((HashSet::new(), 0)),
         }
-    }
-
-    pub fn bytes_total(&self) -> u64 {
-        self.bytes_total
     }
 }
 
@@ -99,7 +99,7 @@ mod tests {
         let seen = Mutex::new(Vec::new());
         let report = |p: LoadProgress| seen.lock().unwrap().push(p);
         let progress = ProgressSource::new(&source, &report);
-        assert_eq!(progress.bytes_total(), 40);
+        assert_eq!(total_bytes(&source), 40);
         assert!(progress.tensor("b").is_some());
         assert!(progress.tensor("b").is_some());
         assert!(progress.tensor("missing").is_none());
