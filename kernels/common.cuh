@@ -44,3 +44,14 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     float total = lane < nwarps ? scratch[lane] : -INFINITY;
     return warp_max(total);
 }
+
+// 16-byte asynchronous global -> shared copy (Ampere and newer); `valid` false fills the 16 bytes
+// with zeros instead of reading.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const int bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

@@ -16,17 +16,30 @@ extern "C" __global__ void embed_rows(const unsigned* __restrict__ ids, const bf
 // Fused residual add and RMSNorm over rows of length d (one CTA per row):
 //   if delta != null: h = BF16(h + delta)        (the residual stream, updated in place)
 //   out = BF16(weight * BF16(F32(h) * rsqrt(mean(F32(h)^2) + eps)))
+// The delta is either BF16 rows `delta` or, from the split-K projection of kernels/linear.cu,
+// `splits` F32 partials `dpart[s * pstride + row * d + i]` summed in split order and rounded to
+// BF16 (what a BF16 GEMM would have stored). Both null: no add.
 extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restrict__ delta,
+                                       const float* __restrict__ dpart, int splits, long long pstride,
                                        const bf16* __restrict__ weight, bf16* __restrict__ out, int d,
                                        float eps) {
     __shared__ float scratch[32];
     bf16* row = h + (size_t)blockIdx.x * d;
     const bf16* drow = delta ? delta + (size_t)blockIdx.x * d : nullptr;
+    const float* prow = dpart ? dpart + (size_t)blockIdx.x * d : nullptr;
     float ss = 0.f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         bf16 v = row[i];
-        if (drow) {
-            v = to_bf16(to_f32(v) + to_f32(drow[i]));
+        if (drow || prow) {
+            bf16 dv;
+            if (prow) {
+                float acc = 0.f;
+                for (int s = 0; s < splits; ++s) acc += prow[s * pstride + i];
+                dv = to_bf16(acc);
+            } else {
+                dv = drow[i];
+            }
+            v = to_bf16(to_f32(v) + to_f32(dv));
             row[i] = v;
         }
         const float u = to_f32(v);

@@ -16,15 +16,6 @@ constexpr int BN = 64, BK = 64, THREADS = 128;
 constexpr int LDT = BK + 8;  // bf16 row pitch of the A and B tiles
 constexpr int LDC = BN + 4;  // f32 row pitch of the epilogue tile
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    const int bytes = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 template <int BM, int STAGES>
 struct Tile {
     static constexpr int stage_elems = (BM + BN) * LDT;

@@ -2,22 +2,36 @@
 // K (normed, rotated) / V (raw) into the layer's K/V cache (docs/llada2-model.md §7.4 steps 2-5).
 #include "common.cuh"
 
-// qkv: [T, (H + 2G) * d] in the order [Q heads | K heads | V heads]. grid = (T, H + 2G), one warp
-// per (token, head); d <= 256. The token's absolute position is pos0[0] + t (pos0 lives in device
+// qkv: [T, (H + 2G) * d] in the order [Q heads | K heads | V heads], either BF16 (`qkv`) or
+// `splits` F32 partials of the split-K projection (`part[s * pstride + t * (H + 2G) * d + c]`,
+// kernels/linear.cu) summed in split order and rounded to BF16 as a BF16 GEMM would have stored
+// them. grid = (T, H + 2G), one warp per (token, head); d <= 256. The token's absolute position is pos0[0] + t (pos0 lives in device
 // memory so that a captured graph can be replayed at another position).
 // q_out: [T, H, d]; k_cache, v_cache: [capacity, G, d] of this layer.
-extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const bf16* __restrict__ q_weight,
+extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const float* __restrict__ part, int splits,
+                                        long long pstride, const bf16* __restrict__ q_weight,
                                         const bf16* __restrict__ k_weight, bf16* __restrict__ q_out,
                                         bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                         const int* __restrict__ pos0, int n_heads, int n_kv_heads, int d,
                                         int rot, float theta, float eps) {
+    __shared__ float raw[256];  // the head's projected values, BF16-exact
     __shared__ float normed[256];
     const int t = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
     const int pos = pos0[0] + t;
-    const bf16* src = qkv + ((size_t)t * (n_heads + 2 * n_kv_heads) + head) * d;
+    const size_t src0 = ((size_t)t * (n_heads + 2 * n_kv_heads) + head) * d;
+    for (int i = lane; i < d; i += 32) {
+        if (part) {
+            float acc = 0.f;
+            for (int s = 0; s < splits; ++s) acc += part[s * pstride + src0 + i];
+            raw[i] = to_f32(to_bf16(acc));
+        } else {
+            raw[i] = to_f32(qkv[src0 + i]);
+        }
+    }
+    __syncwarp();
     if (head >= n_heads + n_kv_heads) {  // V head: cached as is
         bf16* dst = v_cache + ((size_t)pos * n_kv_heads + (head - n_heads - n_kv_heads)) * d;
-        for (int i = lane; i < d; i += 32) dst[i] = src[i];
+        for (int i = lane; i < d; i += 32) dst[i] = to_bf16(raw[i]);
         return;
     }
     const bool is_q = head < n_heads;
@@ -26,12 +40,12 @@ extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const bf16
                      : k_cache + ((size_t)pos * n_kv_heads + (head - n_heads)) * d;
     float ss = 0.f;
     for (int i = lane; i < d; i += 32) {
-        const float u = to_f32(src[i]);
+        const float u = raw[i];
         ss += u * u;
     }
     ss = warp_sum(ss);
     const float inv = rsqrtf(ss / (float)d + eps);
-    for (int i = lane; i < d; i += 32) normed[i] = to_f32(mul_bf16(w[i], to_bf16(to_f32(src[i]) * inv)));
+    for (int i = lane; i < d; i += 32) normed[i] = to_f32(mul_bf16(w[i], to_bf16(raw[i] * inv)));
     __syncwarp();
     const int half = rot / 2;
     for (int i = lane; i < d; i += 32) {

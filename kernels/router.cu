@@ -132,10 +132,11 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total) {
 //   num_tiles[0]     number of tiles (the grouped GEMM's grid has an upper bound of tiles and the
 //                    CTAs past num_tiles exit, so no host round trip is needed)
 // Rows of one expert are in no particular order (atomics); each row's result does not depend on it.
-extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows,
-                                        int shared_expert, int* __restrict__ slot_pos, int* __restrict__ row_token,
-                                        int4* __restrict__ tiles, int* __restrict__ num_tiles) {
-    extern __shared__ int cnt[];  // E counts, then E cursors
+// The dispatch, run by a whole CTA (blockDim >= E, a multiple of 32); `cnt` is 2 * E ints of
+// shared memory.
+__device__ void dispatch_cta(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows, int shared_expert,
+                             int* __restrict__ slot_pos, int* __restrict__ row_token, int4* __restrict__ tiles,
+                             int* __restrict__ num_tiles, int* cnt) {
     int* cursor = cnt + E;
     __shared__ int scratch[32];
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
@@ -161,6 +162,13 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
         slot_pos[a] = p;
         row_token[p] = a < A ? a / k : a - A;
     }
+}
+
+extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows,
+                                        int shared_expert, int* __restrict__ slot_pos, int* __restrict__ row_token,
+                                        int4* __restrict__ tiles, int* __restrict__ num_tiles) {
+    extern __shared__ int cnt[];  // E counts, then E cursors
+    dispatch_cta(topk_idx, A, k, E, tile_rows, shared_expert, slot_pos, row_token, tiles, num_tiles, cnt);
 }
 
 // 2.2 block routing in one kernel: admission and every token's top-k for one routing block per
@@ -220,4 +228,213 @@ extern "C" __global__ void __launch_bounds__(1024)
             topk_w[(r0 + tid) * k + i] = k > 1 ? c / (sum + 1e-20f) * scale : c * scale;
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The whole router of a short forward in one launch (decoding: T <= ROUTE_FUSED_MAX_T tokens):
+//   1. every CTA computes the logits of ROUTE_FUSED_EXPERTS_PER_CTA experts for all T rows
+//      (F32 sums of exact BF16 products, like the BF16 GEMM with F32 output it replaces);
+//   2. the last CTA to finish (a ticket counter, reset by that CTA for the next launch) routes
+//      every token (2.2 block admission or 2.0/2.1 group-limited top-k, one warp per token,
+//      the k winners picked by k rounds of a warp argmax: the same order as the rank rule of
+//      route_topk, larger biased score first, lower index on ties) and runs the dispatch.
+// Replaces the router GEMM, the route kernel(s) and moe_dispatch: three launches of a few
+// microseconds each, latency-bound at decode shapes, become one.
+// grid = ceil(E / ROUTE_FUSED_EXPERTS_PER_CTA), block = ROUTE_FUSED_THREADS.
+// Limits (checked by the host): E <= 256 routed experts (+1 packed shared <= 512 slots),
+// k <= 32, n_group <= 32, ceil(T / block) <= ROUTE_FUSED_MAX_BLOCKS for 2.2, d % 8 == 0.
+#define ROUTE_FUSED_THREADS 512
+#define ROUTE_FUSED_EXPERTS_PER_CTA 2
+#define ROUTE_FUSED_MAX_T 128
+#define ROUTE_FUSED_MAX_BLOCKS 4
+#define ROUTE_FUSED_MAX_E 256
+
+template <typename WT>
+__device__ __forceinline__ float dot8(uint4 xv, const WT* w);
+template <>
+__device__ __forceinline__ float dot8<bf16>(uint4 xv, const bf16* w) {
+    const uint4 wv = *reinterpret_cast<const uint4*>(w);
+    const bf16* xb = reinterpret_cast<const bf16*>(&xv);
+    const bf16* wb = reinterpret_cast<const bf16*>(&wv);
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc = fmaf(to_f32(xb[i]), to_f32(wb[i]), acc);
+    return acc;
+}
+template <>
+__device__ __forceinline__ float dot8<float>(uint4 xv, const float* w) {
+    const float4 w0 = *reinterpret_cast<const float4*>(w);
+    const float4 w1 = *reinterpret_cast<const float4*>(w + 4);
+    const bf16* xb = reinterpret_cast<const bf16*>(&xv);
+    float acc = 0.f;
+    acc = fmaf(to_f32(xb[0]), w0.x, acc);
+    acc = fmaf(to_f32(xb[1]), w0.y, acc);
+    acc = fmaf(to_f32(xb[2]), w0.z, acc);
+    acc = fmaf(to_f32(xb[3]), w0.w, acc);
+    acc = fmaf(to_f32(xb[4]), w1.x, acc);
+    acc = fmaf(to_f32(xb[5]), w1.y, acc);
+    acc = fmaf(to_f32(xb[6]), w1.z, acc);
+    acc = fmaf(to_f32(xb[7]), w1.w, acc);
+    return acc;
+}
+
+// (biased score, expert, unbiased score) of a warp argmax: larger score first, lower index on ties.
+struct Pick {
+    float v;
+    int j;
+    float s;
+};
+__device__ __forceinline__ Pick pick_better(Pick a, Pick b) { return ranks_before(b.v, b.j, a.v, a.j) ? b : a; }
+
+template <typename WT>
+__device__ void route_fused_body(const bf16* __restrict__ x, const WT* __restrict__ router_w,
+                                 const float* __restrict__ bias, float* __restrict__ logits,
+                                 unsigned* __restrict__ counter, int T, int D, int E, int k, int block, int capacity,
+                                 int n_group, int topk_group, float scale, int* __restrict__ topk_idx,
+                                 float* __restrict__ topk_w, int tile_rows, int shared_expert,
+                                 int* __restrict__ slot_pos, int* __restrict__ row_token, int4* __restrict__ tiles,
+                                 int* __restrict__ num_tiles) {
+    __shared__ float g[ROUTE_FUSED_MAX_E];
+    __shared__ unsigned char admitted[ROUTE_FUSED_MAX_BLOCKS][ROUTE_FUSED_MAX_E];
+    __shared__ float cand[ROUTE_FUSED_THREADS / 32][ROUTE_FUSED_MAX_E];
+    __shared__ int cnt[2 * 2 * ROUTE_FUSED_MAX_E];
+    __shared__ bool last;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+
+    // 1. Logits of this CTA's experts: warp w takes expert e0 + w % EPC and rows w / EPC, + step.
+    {
+        const int e = blockIdx.x * ROUTE_FUSED_EXPERTS_PER_CTA + warp % ROUTE_FUSED_EXPERTS_PER_CTA;
+        const int step = nwarps / ROUTE_FUSED_EXPERTS_PER_CTA;
+        if (e < E) {
+            const WT* wrow = router_w + (size_t)e * D;
+            for (int r = warp / ROUTE_FUSED_EXPERTS_PER_CTA; r < T; r += step) {
+                const uint4* xrow = reinterpret_cast<const uint4*>(x + (size_t)r * D);
+                float acc = 0.f;
+#pragma unroll 4
+                for (int c = lane; c < D / 8; c += 32) acc += dot8<WT>(xrow[c], wrow + c * 8);
+                acc = warp_sum(acc);
+                if (lane == 0) logits[(size_t)r * E + e] = acc;
+            }
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        const unsigned ticket = atomicAdd(counter, 1u);
+        last = ticket == gridDim.x - 1;
+        if (last) *counter = 0;  // ready for the next launch (which starts after this one ends)
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+
+    // 2a. 2.2 block admission: the `capacity` experts with the largest max-over-rows biased score.
+    if (capacity > 0) {
+        for (int b = 0; b * block < T; ++b) {
+            const int r1 = min(T, (b + 1) * block);
+            if (tid < E) {
+                float best = -INFINITY;
+                for (int r = b * block; r < r1; ++r) best = fmaxf(best, sigmoidf(__ldcg(logits + (size_t)r * E + tid)) + bias[tid]);
+                g[tid] = best;
+            }
+            __syncthreads();
+            if (tid < E) {
+                const float v = g[tid];
+                int rank = 0;
+                for (int i = 0; i < E; ++i) rank += ranks_before(g[i], i, v, tid);
+                admitted[b][tid] = rank < capacity;
+            }
+            __syncthreads();
+        }
+    }
+    // 2b. Each token's top-k, one warp per token; lane l holds experts l, l + 32, ...
+    for (int t = warp; t < T; t += nwarps) {
+        float sv[ROUTE_FUSED_MAX_E / 32], bv[ROUTE_FUSED_MAX_E / 32];
+#pragma unroll
+        for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i) {
+            const int j = lane + 32 * i;
+            sv[i] = 0.f;
+            bv[i] = -INFINITY;
+            if (j < E) {
+                sv[i] = sigmoidf(__ldcg(logits + (size_t)t * E + j));
+                bv[i] = sv[i] + bias[j];
+            }
+        }
+        if (capacity > 0) {
+#pragma unroll
+            for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i) {
+                const int j = lane + 32 * i;
+                if (j < E && !admitted[t / block][j]) bv[i] = -INFINITY;
+            }
+        } else {
+            // Group score: the sum of the two largest biased scores of the group's E / n_group
+            // experts; keep the topk_group best groups.
+            float* c = cand[warp];
+#pragma unroll
+            for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i)
+                if (lane + 32 * i < E) c[lane + 32 * i] = bv[i];
+            __syncwarp();
+            const int gsize = E / n_group;
+            float gs = -INFINITY;
+            if (lane < n_group) {
+                float a = -INFINITY, b2 = -INFINITY;
+                for (int i = lane * gsize; i < (lane + 1) * gsize; ++i) {
+                    const float v = c[i];
+                    if (v > a) { b2 = a; a = v; } else if (v > b2) { b2 = v; }
+                }
+                gs = gsize >= 2 ? a + b2 : a;
+            }
+            int rank = 0;
+            for (int i = 0; i < n_group; ++i) rank += ranks_before(__shfl_sync(0xffffffffu, gs, i), i, gs, lane);
+            const unsigned keep = __ballot_sync(0xffffffffu, lane < n_group && rank < topk_group);
+            __syncwarp();
+#pragma unroll
+            for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i) {
+                const int j = lane + 32 * i;
+                if (j < E && !((keep >> (j / gsize)) & 1u)) bv[i] = -INFINITY;
+            }
+        }
+        float mine = 0.f;  // lane r keeps the unbiased score of the r-th pick
+        for (int r = 0; r < k; ++r) {
+            Pick best = {-INFINITY, 0x7fffffff, 0.f};
+#pragma unroll
+            for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i) {
+                const int j = lane + 32 * i;
+                if (j < E && bv[i] != -INFINITY) best = pick_better(best, Pick{bv[i], j, sv[i]});
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const Pick other = {__shfl_xor_sync(0xffffffffu, best.v, o), __shfl_xor_sync(0xffffffffu, best.j, o),
+                                    __shfl_xor_sync(0xffffffffu, best.s, o)};
+                best = pick_better(best, other);
+            }
+#pragma unroll
+            for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i)
+                if (lane + 32 * i == best.j) bv[i] = -INFINITY;
+            if (lane == 0) topk_idx[t * k + r] = best.j;
+            if (lane == r) mine = best.s;
+        }
+        float sum = 0.f;
+        for (int r = 0; r < k; ++r) sum += __shfl_sync(0xffffffffu, mine, r);
+        if (lane < k) topk_w[t * k + lane] = k > 1 ? mine / (sum + 1e-20f) * scale : mine * scale;
+    }
+    __syncthreads();
+    // 3. The dispatch over the packed slots.
+    dispatch_cta(topk_idx, T * k, k, shared_expert >= 0 ? E + 1 : E, tile_rows, shared_expert, slot_pos, row_token,
+                 tiles, num_tiles, cnt);
+}
+
+#define ROUTE_FUSED_ARGS                                                                                           \
+    const bf16 *x, const float *bias, float *logits, unsigned *counter, int T, int D, int E, int k, int block,     \
+        int capacity, int n_group, int topk_group, float scale, int *topk_idx, float *topk_w, int tile_rows,       \
+        int shared_expert, int *slot_pos, int *row_token, int4 *tiles, int *num_tiles
+#define ROUTE_FUSED_PASS                                                                                           \
+    x, w, bias, logits, counter, T, D, E, k, block, capacity, n_group, topk_group, scale, topk_idx, topk_w,       \
+        tile_rows, shared_expert, slot_pos, row_token, tiles, num_tiles
+// capacity > 0: 2.2 block admission; else group-limited routing over n_group groups.
+extern "C" __global__ void __launch_bounds__(ROUTE_FUSED_THREADS) route_fused_bf16(const bf16* w, ROUTE_FUSED_ARGS) {
+    route_fused_body<bf16>(ROUTE_FUSED_PASS);
+}
+extern "C" __global__ void __launch_bounds__(ROUTE_FUSED_THREADS) route_fused_f32(const float* w, ROUTE_FUSED_ARGS) {
+    route_fused_body<float>(ROUTE_FUSED_PASS);
 }

@@ -275,7 +275,7 @@ fn qk_norm_rope_matches_reference() {
         ops::qk_norm_rope(
             &g,
             &shape,
-            dqkv.ptr(),
+            ops::Projected::Bf16(dqkv.ptr()),
             dqw.ptr(),
             dkw.ptr(),
             q.ptr(),
@@ -874,5 +874,268 @@ fn graph_replay_reads_new_inputs() {
             want.extend(rmsnorm_ref(&row, &wf, 1e-6));
         }
         check_bf16("graph replay", &read_bf16(&g, &out), &want);
+    }
+}
+
+/// Host sum of split-K partials `[splits, 32, n]` in split order (the consumers' order), rows
+/// `0..t`, rounded to BF16 when asked.
+fn sum_partials(part: &[f32], splits: usize, t: usize, n: usize) -> Vec<f32> {
+    (0..t * n)
+        .map(|i| {
+            let mut acc = 0f32;
+            for s in 0..splits {
+                acc += part[s * 32 * n + i];
+            }
+            acc
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn linear_splitk_and_its_consumers_match_reference() {
+    let g = gpu();
+    let mut rng = rng();
+    // (rows, n, k): a denoising step's QKV and output projections at mini shapes, odd K and rows.
+    for &(t, n, k) in &[
+        (32usize, 3072usize, 2048usize),
+        (32, 2048, 2048),
+        (7, 64, 40),
+        (1, 128, 200),
+        (19, 192, 4096),
+    ] {
+        let x = to_bf16(&randn(&mut rng, t * k, 1.0));
+        let w = to_bf16(&randn(&mut rng, n * k, 0.05));
+        let (dx, dw) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
+        let part = poisoned_f32(&g, ops::splitk_scratch_len(n));
+        let sk = ops::linear_splitk(&g, dx.ptr(), dw.ptr(), part.ptr(), t, n, k).unwrap();
+        assert!(sk.splits >= 1 && sk.splits <= ops::SPLITK_MAX_SPLITS);
+        let got_part = read(&g, &part);
+        let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+        let sum = sum_partials(&got_part, sk.splits, t, n);
+        check_f32(
+            &format!("linear_splitk t{t} n{n} k{k} ({} splits)", sk.splits),
+            &sum,
+            &matmul_t(&xf, &wf, t, n, k),
+        );
+        // Padding rows of every split are written (zeros), so nothing stale is ever summed.
+        for s in 0..sk.splits {
+            assert!(got_part[s * 32 * n + t * n..(s + 1) * 32 * n]
+                .iter()
+                .all(|&v| v == 0.0));
+        }
+        // add_rmsnorm over the partials == add_rmsnorm over their BF16 sum, bit for bit.
+        let delta: Vec<bf16> = sum.iter().map(|&v| bf16::from_f32(v)).collect();
+        let h = to_bf16(&randn(&mut rng, t * n, 2.0));
+        let nw = to_bf16(&randn(&mut rng, n, 1.0));
+        let (h1, h2, dd, dnw) = (
+            g.upload(&h).unwrap(),
+            g.upload(&h).unwrap(),
+            g.upload(&delta).unwrap(),
+            g.upload(&nw).unwrap(),
+        );
+        let (o1, o2) = (poisoned_bf16(&g, t * n), poisoned_bf16(&g, t * n));
+        ops::add_rmsnorm(&g, h1.ptr(), dd.ptr(), dnw.ptr(), o1.ptr(), t, n, 1e-6).unwrap();
+        ops::add_splitk_rmsnorm(&g, h2.ptr(), &sk, dnw.ptr(), o2.ptr(), t, n, 1e-6).unwrap();
+        assert!(read_bf16(&g, &h1) == read_bf16(&g, &h2), "split-K residual add differs");
+        assert!(read_bf16(&g, &o1) == read_bf16(&g, &o2), "split-K RMSNorm differs");
+    }
+    // qk_norm_rope over partials == over their BF16 sum (mini attention shape, 32 rows).
+    let shape = AttentionShape {
+        heads: 16,
+        kv_heads: 4,
+        head_dim: 128,
+        rotary_dim: 64,
+        block: 32,
+    };
+    let (t, k, n) = (32usize, 2048usize, 24 * 128);
+    let x = to_bf16(&randn(&mut rng, t * k, 1.0));
+    let w = to_bf16(&randn(&mut rng, n * k, 0.05));
+    let (dx, dw) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
+    let part = poisoned_f32(&g, ops::splitk_scratch_len(n));
+    let sk = ops::linear_splitk(&g, dx.ptr(), dw.ptr(), part.ptr(), t, n, k).unwrap();
+    let qkv: Vec<bf16> = sum_partials(&read(&g, &part), sk.splits, t, n)
+        .iter()
+        .map(|&v| bf16::from_f32(v))
+        .collect();
+    let dqkv = g.upload(&qkv).unwrap();
+    let qw = g.upload(&to_bf16(&randn(&mut rng, 128, 1.0))).unwrap();
+    let kw = g.upload(&to_bf16(&randn(&mut rng, 128, 1.0))).unwrap();
+    let dpos = g.upload(&[77i32]).unwrap();
+    let mut outs = vec![];
+    for input in [ops::Projected::Bf16(dqkv.ptr()), ops::Projected::SplitK(sk)] {
+        let (q, kc, vc) = (
+            poisoned_bf16(&g, t * 16 * 128),
+            poisoned_bf16(&g, (77 + t) * 4 * 128),
+            poisoned_bf16(&g, (77 + t) * 4 * 128),
+        );
+        ops::qk_norm_rope(
+            &g,
+            &shape,
+            input,
+            qw.ptr(),
+            kw.ptr(),
+            q.ptr(),
+            kc.ptr(),
+            vc.ptr(),
+            dpos.ptr(),
+            t,
+            600000.0,
+            1e-6,
+        )
+        .unwrap();
+        let rows = 77 * 4 * 128..;
+        outs.push((
+            read_bf16(&g, &q),
+            read_bf16(&g, &kc)[rows.clone()].to_vec(),
+            read_bf16(&g, &vc)[rows].to_vec(),
+        ));
+    }
+    assert!(outs[0].0.iter().all(|v| v.is_finite()));
+    assert!(outs[0] == outs[1], "qk_norm_rope over split-K partials differs");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_router_matches_reference_and_dispatches() {
+    let g = gpu();
+    let mut rng = rng();
+    let shapes = [
+        // 2.2 mini: block admission of 48 of 256.
+        RouterShape {
+            experts: 256,
+            top_k: 8,
+            groups: None,
+            capacity: Some(48),
+            block: 32,
+            scale: 2.5,
+        },
+        // 2.0/2.1 mini: 8 groups, keep 4.
+        RouterShape {
+            experts: 256,
+            top_k: 8,
+            groups: Some((8, 4)),
+            capacity: None,
+            block: 32,
+            scale: 2.5,
+        },
+        // tiny fixtures
+        RouterShape {
+            experts: 16,
+            top_k: 4,
+            groups: Some((4, 2)),
+            capacity: None,
+            block: 32,
+            scale: 2.5,
+        },
+        RouterShape {
+            experts: 16,
+            top_k: 4,
+            groups: None,
+            capacity: Some(6),
+            block: 32,
+            scale: 1.0,
+        },
+    ];
+    let counter = g.upload(&[0u32]).unwrap();
+    for s in &shapes {
+        // A decode block, a partial one and several routing blocks with a tail.
+        for &(t, d, f32_router, packed) in &[
+            (32usize, 2048usize, false, true),
+            (5, 64, true, false),
+            (77, 256, false, true),
+            (128, 512, true, true),
+        ] {
+            assert!(ops::route_fused_supports(s, t, d));
+            let e = s.experts;
+            let x = to_bf16(&randn(&mut rng, t * d, 1.0));
+            let wv = randn(&mut rng, e * d, 0.1);
+            let bias = randn(&mut rng, e, 0.05);
+            let (dx, db) = (g.upload(&x).unwrap(), g.upload(&bias).unwrap());
+            let (w_bf16, w_f32) = (g.upload(&to_bf16(&wv)).unwrap(), g.upload(&wv).unwrap());
+            let (matrix, wf): (ops::RouterMatrix, Vec<f32>) = if f32_router {
+                (ops::RouterMatrix::F32(w_f32.ptr()), wv.clone())
+            } else {
+                (
+                    ops::RouterMatrix::Bf16(w_bf16.ptr()),
+                    wv.iter().map(|&v| r(v)).collect(),
+                )
+            };
+            let k = s.top_k;
+            let slots = e + usize::from(packed);
+            let a = if packed { t * (k + 1) } else { t * k };
+            let tile_rows = 16;
+            let max_tiles = ops::moe_max_tiles(a, slots, tile_rows);
+            let logits = poisoned_f32(&g, t * e);
+            let idx = g.upload(&vec![-1i32; t * k]).unwrap();
+            let tw = poisoned_f32(&g, t * k);
+            let slot = g.upload(&vec![-1i32; a]).unwrap();
+            let row_token = g.upload(&vec![-1i32; a]).unwrap();
+            let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
+            let nt = g.upload(&[-1i32]).unwrap();
+            let out = ops::DispatchOut {
+                tile_rows,
+                shared_expert: packed.then_some(e),
+                slot_pos: slot.ptr(),
+                row_token: row_token.ptr(),
+                tiles: tiles.ptr(),
+                num_tiles: nt.ptr(),
+            };
+            // Twice: the ticket counter must be back at 0 after each launch.
+            for _ in 0..2 {
+                ops::route_dispatch_fused(
+                    &g,
+                    s,
+                    dx.ptr(),
+                    matrix,
+                    db.ptr(),
+                    logits.ptr(),
+                    counter.ptr(),
+                    idx.ptr(),
+                    tw.ptr(),
+                    t,
+                    d,
+                    &out,
+                )
+                .unwrap();
+            }
+            assert_eq!(read(&g, &counter)[0], 0, "ticket counter not reset");
+            let name = format!("{s:?} t{t} d{d} f32 {f32_router} packed {packed}");
+            // Logits: F32 sums of the products.
+            let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+            let got_logits = read(&g, &logits);
+            check_f32(
+                &format!("fused router logits {name}"),
+                &got_logits,
+                &matmul_t(&xf, &wf, t, e, d),
+            );
+            // Routing over the GPU's own logits: identical choices, weights within F32 error.
+            let (want_ids, want_w) = router_ref(&got_logits, &bias, t, s);
+            let got_ids: Vec<usize> = read(&g, &idx).iter().map(|&x| x as usize).collect();
+            assert_eq!(got_ids, want_ids, "expert choice differs for {name}");
+            check_f32(&format!("fused router weights {name}"), &read(&g, &tw), &want_w);
+            // Dispatch: every assignment has a row of its expert's tiles, read from its token.
+            let ntiles = read(&g, &nt)[0] as usize;
+            let tl = read(&g, &tiles);
+            let (sp, rt) = (read(&g, &slot), read(&g, &row_token));
+            let mut seen = vec![false; a];
+            for i in 0..a {
+                let (ex, tok) = if i < t * k {
+                    (want_ids[i], i / k)
+                } else {
+                    (e, i - t * k)
+                };
+                let p = sp[i] as usize;
+                assert!(p < a && !seen[p], "slot {p} of assignment {i} ({name})");
+                seen[p] = true;
+                assert_eq!(rt[p] as usize, tok, "row_token of slot {p} ({name})");
+                let tile = (0..ntiles)
+                    .find(|&j| (tl[4 * j + 1] as usize..tl[4 * j + 2] as usize).contains(&p))
+                    .unwrap_or_else(|| panic!("slot {p} in no tile ({name})"));
+                assert_eq!(tl[4 * tile] as usize, ex, "tile expert of slot {p} ({name})");
+                assert!((tl[4 * tile + 2] - tl[4 * tile + 1]) as usize <= tile_rows);
+            }
+        }
     }
 }

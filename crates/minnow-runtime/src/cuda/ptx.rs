@@ -67,6 +67,8 @@ pub const MODULES: &[PtxModule] = &[
             "route_topk",
             "route_block_fused",
             "moe_dispatch",
+            "route_fused_bf16",
+            "route_fused_f32",
         ],
         max_dynamic_shared: ROUTER_MAX_SHARED,
     },
@@ -74,6 +76,12 @@ pub const MODULES: &[PtxModule] = &[
         name: "moe",
         ptx: include_str!("ptx/moe.ptx"),
         functions: &["grouped_gemm_m16", "grouped_gemm_m16s3", "grouped_gemm_m64"],
+        max_dynamic_shared: 64 * 1024,
+    },
+    PtxModule {
+        name: "linear",
+        ptx: include_str!("ptx/linear.ptx"),
+        functions: &["linear_splitk_m32"],
         max_dynamic_shared: 64 * 1024,
     },
 ];

@@ -1,8 +1,10 @@
 //! Launch-shape knobs that only change speed, read once from the environment so that one bench
 //! run can compare variants on the same binary (docs/performance.md records which won):
 //! `MINNOW_MOE16_STAGES` (3 or 4: pipeline depth of the 16-row expert GEMM; 3 measured 3 % faster
-//! per refinement step on the H200) and `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
-//! short forward's attention; 16 beat 8 and 32).
+//! per refinement step on the H200), `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
+//! short forward's attention; 16 beat 8 and 32) `MINNOW_SPLITK_CTAS` (CTAs a split-K
+//! projection of a short forward aims for); `MINNOW_SPLITK=0` and `MINNOW_FUSED_ROUTER=0` turn
+//! the short-forward fusions off, for A/B runs.
 
 use std::sync::OnceLock;
 
@@ -10,6 +12,13 @@ use std::sync::OnceLock;
 pub struct Tuning {
     pub moe16_stages: usize,
     pub attn_max_splits: usize,
+    /// CTAs a split-K projection aims for (`MINNOW_SPLITK_CTAS`; default: twice the SMs).
+    pub splitk_ctas: Option<usize>,
+    /// Split-K projections for short forwards (`MINNOW_SPLITK=0` falls back to cuBLAS).
+    pub splitk: bool,
+    /// The one-launch router + dispatch for short forwards (`MINNOW_FUSED_ROUTER=0`: the
+    /// router GEMM, route and dispatch launches).
+    pub fused_router: bool,
 }
 
 impl Default for Tuning {
@@ -17,6 +26,9 @@ impl Default for Tuning {
         Self {
             moe16_stages: 3,
             attn_max_splits: 16,
+            splitk_ctas: None,
+            splitk: true,
+            fused_router: true,
         }
     }
 }
@@ -42,6 +54,10 @@ pub fn tuning() -> &'static Tuning {
                 .unwrap_or(d.moe16_stages),
             attn_max_splits: env_usize("MINNOW_ATTN_MAX_SPLITS", |v| (1..=64).contains(&v))
                 .unwrap_or(d.attn_max_splits),
+            splitk_ctas: env_usize("MINNOW_SPLITK_CTAS", |v| (1..=4096).contains(&v)),
+            splitk: env_usize("MINNOW_SPLITK", |v| v <= 1).map_or(d.splitk, |v| v == 1),
+            fused_router: env_usize("MINNOW_FUSED_ROUTER", |v| v <= 1)
+                .map_or(d.fused_router, |v| v == 1),
         }
     })
 }
