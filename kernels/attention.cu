@@ -195,6 +195,7 @@ using namespace minnow_attention;
     extern "C" __global__ void __launch_bounds__(THREADS) attention_d##D(                               \
         const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,         \
         const int* pos0, int T, int n_heads, int n_kv, int block, float scale) {                        \
+        pdl_enter();                                                                                    \
         attention_tile<D>(q, k_cache, v_cache, part_o, part_ml, pos0, T, n_heads, n_kv, block, scale); \
     }
 
@@ -425,6 +426,7 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
     extern "C" __global__ void __launch_bounds__(minnow_fa::THREADS) attention_fa_d##D(                   \
         const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,            \
         const int* pos0, int T, int n_heads, int n_kv, int block, float scale) {                           \
+        pdl_enter();                                                                                       \
         minnow_fa::fa_tile<D>(q, k_cache, v_cache, part_o, part_ml, pos0, T, n_heads, n_kv, block, scale); \
     }
 FA_ENTRY(64)
@@ -432,22 +434,45 @@ FA_ENTRY(128)
 static_assert(minnow_fa::FaSmem<128>::total == 64 * 136 * 2 * 5, "host mirror");
 
 // Merges the splits: out[t, h, :] = BF16( sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M) ).
-// grid = (T, H), block = min(D, 256) threads.
+// grid = (T, H), block = min(D, 256) threads; splits <= 64. The (m, l) pairs of all splits are
+// loaded at once and each split's scale e^(m_s - M) computed once (a loop of dependent loads per
+// split cost an L2 round trip each); the sums keep split order.
 extern "C" __global__ void attention_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                              bf16* __restrict__ out, int T, int n_heads, int d, int splits) {
-    const int t = blockIdx.x, h = blockIdx.y;
-    float m = -INFINITY;
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[(((size_t)s * T + t) * n_heads + h) * 2]);
-    float l = 0.f;
-    for (int s = 0; s < splits; ++s) {
+    pdl_enter();
+    __shared__ float sm[64], sl[64], se[64];
+    __shared__ float total_l;
+    const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    for (int s = tid; s < splits; s += blockDim.x) {
         const float* ml = part_ml + (((size_t)s * T + t) * n_heads + h) * 2;
-        if (ml[0] != -INFINITY) l += ml[1] * expf(ml[0] - m);
+        sm[s] = ml[0];
+        sl[s] = ml[1];
     }
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float acc = 0.f;
+    __syncthreads();
+    if (tid == 0) {
+        float m = -INFINITY;
+        for (int s = 0; s < splits; ++s) m = fmaxf(m, sm[s]);
+        float l = 0.f;
         for (int s = 0; s < splits; ++s) {
-            const float* ml = part_ml + (((size_t)s * T + t) * n_heads + h) * 2;
-            if (ml[0] != -INFINITY) acc += part_o[(((size_t)s * T + t) * n_heads + h) * d + i] * expf(ml[0] - m);
+            se[s] = sm[s] != -INFINITY ? expf(sm[s] - m) : 0.f;
+            if (sm[s] != -INFINITY) l += sl[s] * se[s];
+        }
+        total_l = l;
+    }
+    __syncthreads();
+    const float l = total_l;
+    for (int i = tid; i < d; i += blockDim.x) {
+        float acc = 0.f;
+        for (int s0 = 0; s0 < splits; s0 += 8) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u)
+                v[u] = s0 + u < splits && se[s0 + u] != 0.f
+                           ? part_o[(((size_t)(s0 + u) * T + t) * n_heads + h) * d + i]
+                           : 0.f;
+#pragma unroll
+            for (int u = 0; u < 8; ++u)
+                if (s0 + u < splits && sm[s0 + u] != -INFINITY) acc += v[u] * se[s0 + u];
         }
         out[((size_t)t * n_heads + h) * d + i] = to_bf16(acc / l);
     }

@@ -5,6 +5,26 @@
 
 typedef __nv_bfloat16 bf16;
 
+// Programmatic dependent launch (Hopper and newer; compiled out of the sm_80 PTX). minnow launches
+// every kernel of a forward with the programmatic-serialization attribute on such GPUs, so a
+// kernel's CTAs may start while the kernel before it is still running. The rule every kernel
+// follows, which makes that safe:
+//   - `pdl_enter()` comes before the first read of anything an earlier kernel wrote and before
+//     the first global write; it waits until the previous kernel has finished and its writes are
+//     visible, then lets the next kernel start launching.
+//   - Before it, a kernel may only touch memory no kernel of the forward writes (weights), e.g.
+//     to prefetch them into L2 while the previous kernel finishes.
+// Without the launch attribute (older GPUs, MINNOW_PDL=0, cuBLAS neighbours) both are no-ops.
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" :::);
+#endif
+}
+
+// Asks the L2 cache to fetch the 128-byte line holding `p` (no register result, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
 // Round-to-nearest-even, like PyTorch's BF16 casts.
 __device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16_rn(x); }
@@ -55,3 +75,18 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Most K splits of kernels/linear.cu (SPLITK_MAX_SPLITS in crates/minnow-runtime/src/cuda/ops.rs).
+#define SPLITK_MAX_SPLITS 16
+// Sum of `splits` split-K partials p[0], p[stride], ... in split order. The loads are issued
+// together (a loop of dependent loads would wait one L2 round trip per split).
+__device__ __forceinline__ float sum_splits(const float* p, int splits, long long stride) {
+    float v[SPLITK_MAX_SPLITS];
+#pragma unroll
+    for (int s = 0; s < SPLITK_MAX_SPLITS; ++s) v[s] = s < splits ? p[s * stride] : 0.f;
+    float acc = 0.f;
+#pragma unroll
+    for (int s = 0; s < SPLITK_MAX_SPLITS; ++s)
+        if (s < splits) acc += v[s];
+    return acc;
+}

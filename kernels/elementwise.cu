@@ -7,6 +7,7 @@
 // out[t, :] = table[ids[t], :]. One CTA per row; `d` is a multiple of 8 (16-byte copies).
 extern "C" __global__ void embed_rows(const unsigned* __restrict__ ids, const bf16* __restrict__ table,
                                       bf16* __restrict__ out, int d) {
+    pdl_enter();
     const int t = blockIdx.x;
     const uint4* src = reinterpret_cast<const uint4*>(table + (size_t)ids[t] * d);
     uint4* dst = reinterpret_cast<uint4*>(out + (size_t)t * d);
@@ -23,6 +24,7 @@ extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restr
                                        const float* __restrict__ dpart, int splits, long long pstride,
                                        const bf16* __restrict__ weight, bf16* __restrict__ out, int d,
                                        float eps) {
+    pdl_enter();
     __shared__ float scratch[32];
     bf16* row = h + (size_t)blockIdx.x * d;
     const bf16* drow = delta ? delta + (size_t)blockIdx.x * d : nullptr;
@@ -33,9 +35,7 @@ extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restr
         if (drow || prow) {
             bf16 dv;
             if (prow) {
-                float acc = 0.f;
-                for (int s = 0; s < splits; ++s) acc += prow[s * pstride + i];
-                dv = to_bf16(acc);
+                dv = to_bf16(sum_splits(prow + i, splits, pstride));
             } else {
                 dv = drow[i];
             }
@@ -56,6 +56,7 @@ extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restr
 // gu is [rows, 2*width] with the gate projection in columns [0, width) and up in [width, 2*width);
 // out[r, j] = BF16( BF16(silu(F32(gate))) * up ). grid = (rows, ceil(width / blockDim)).
 extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out, int width) {
+    pdl_enter();
     const int r = blockIdx.x;
     const int j = blockIdx.y * blockDim.x + threadIdx.x;
     if (j >= width) return;
@@ -72,6 +73,7 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restric
 extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __restrict__ slot_pos,
                                        const float* __restrict__ w, const bf16* __restrict__ shared,
                                        const int* __restrict__ shared_rows, bf16* __restrict__ out, int k, int d) {
+    pdl_enter();
     const int t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i < d) {
@@ -108,6 +110,7 @@ extern "C" __global__ void moe_combine_add_rmsnorm(const bf16* __restrict__ y, c
                                                    const int* __restrict__ shared_rows, bf16* __restrict__ h,
                                                    const bf16* __restrict__ weight, bf16* __restrict__ out, int k,
                                                    int d, float eps) {
+    pdl_enter();
     __shared__ float scratch[32];
     __shared__ int rows[COMBINE_NORM_MAX_K];
     __shared__ float wts[COMBINE_NORM_MAX_K];
@@ -167,6 +170,7 @@ extern "C" __global__ void moe_combine_add_rmsnorm(const bf16* __restrict__ y, c
 }
 
 extern "C" __global__ void bf16_to_f32(const bf16* __restrict__ x, float* __restrict__ y, long long n) {
+    pdl_enter();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         y[i] = to_f32(x[i]);
@@ -203,6 +207,7 @@ __device__ __forceinline__ Top1 top1_shfl(Top1 v, int o) {
 // Pass 1 of the argmax/softmax confidence of logits rows: CTA (row, slice) reduces its slice of
 // the row to (max, argmax, sum of exp) in scratch[row, slice, 0..3]. grid = (rows, slices).
 extern "C" __global__ void top1_partial(const bf16* __restrict__ logits, float* __restrict__ scratch, int vocab) {
+    pdl_enter();
     __shared__ Top1 warps[32];
     const int slices = gridDim.y;
     const int per = (vocab + slices - 1) / slices;
@@ -241,6 +246,7 @@ extern "C" __global__ void top1_partial(const bf16* __restrict__ logits, float* 
 // its softmax probability 1 / sum(exp(x - max)).
 extern "C" __global__ void top1_finish(const float* __restrict__ scratch, unsigned* __restrict__ token,
                                        float* __restrict__ confidence, int slices) {
+    pdl_enter();
     const int lane = threadIdx.x;
     Top1 acc = {-INFINITY, 0x7fffffff, 0.f};
     if (lane < slices) {
@@ -258,6 +264,7 @@ extern "C" __global__ void top1_finish(const float* __restrict__ scratch, unsign
 // Fills x[0..n) with BF16(scale * u), u uniform in [-1, 1) from a counter-based hash of
 // (seed, index): reproducible random weights for benchmarks, made on the device.
 extern "C" __global__ void fill_random_bf16(bf16* __restrict__ x, long long n, unsigned long long seed, float scale) {
+    pdl_enter();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         unsigned long long z = seed + 0x9E3779B97F4A7C15ull * (unsigned long long)(i + 1);
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -36,6 +36,14 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     bf16* sbuf = reinterpret_cast<bf16*>(smem);
     const int tid = threadIdx.x, warp = tid >> 5;
 
+    // While the previous kernel finishes (programmatic dependent launch), pull this CTA's slab of
+    // weights into L2: 64 rows x `steps` lines of 128 bytes. Weights are never written.
+    for (int i = tid; i < BN * steps; i += THREADS) {
+        const int r = i / steps, kt = kt0 + i % steps;
+        if (kt * BK < K) prefetch_l2(W + (size_t)(n0 + r) * K + kt * BK);
+    }
+    pdl_enter();
+
     // Weights: 64 rows x 8 chunks of 16 bytes = 4 chunks per thread; X: 32 rows x 8 = 2.
     auto load_stage = [&](int stage, int kt) {
         const int k0 = kt * BK;

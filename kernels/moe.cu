@@ -131,6 +131,7 @@ using namespace minnow_moe;
 extern "C" __global__ void __launch_bounds__(THREADS)
     grouped_gemm_m16(const bf16* X, const int* row_token, const bf16* W, bf16* Y, const int4* tiles,
                      const int* num_tiles, int N, int K) {
+    pdl_enter();
     grouped_gemm_tile<16, 4>(X, row_token, W, Y, tiles, num_tiles, N, K);
 }
 // The 16-row tile with 3 stages: 34.5 KB of shared memory instead of 46 KB, so 6 CTAs fit on a
@@ -138,11 +139,13 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 extern "C" __global__ void __launch_bounds__(THREADS)
     grouped_gemm_m16s3(const bf16* X, const int* row_token, const bf16* W, bf16* Y, const int4* tiles,
                        const int* num_tiles, int N, int K) {
+    pdl_enter();
     grouped_gemm_tile<16, 3>(X, row_token, W, Y, tiles, num_tiles, N, K);
 }
 extern "C" __global__ void __launch_bounds__(THREADS)
     grouped_gemm_m64(const bf16* X, const int* row_token, const bf16* W, bf16* Y, const int4* tiles,
                      const int* num_tiles, int N, int K) {
+    pdl_enter();
     grouped_gemm_tile<64, 3>(X, row_token, W, Y, tiles, num_tiles, N, K);
 }
 static_assert(Tile<16, 4>::smem_bytes == 4 * 80 * 72 * 2, "host mirror");

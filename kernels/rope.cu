@@ -14,6 +14,7 @@ extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const floa
                                         bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                         const int* __restrict__ pos0, int n_heads, int n_kv_heads, int d,
                                         int rot, float theta, float eps) {
+    pdl_enter();
     __shared__ float raw[256];  // the head's projected values, BF16-exact
     __shared__ float normed[256];
     const int t = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
@@ -21,9 +22,7 @@ extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const floa
     const size_t src0 = ((size_t)t * (n_heads + 2 * n_kv_heads) + head) * d;
     for (int i = lane; i < d; i += 32) {
         if (part) {
-            float acc = 0.f;
-            for (int s = 0; s < splits; ++s) acc += part[s * pstride + src0 + i];
-            raw[i] = to_f32(to_bf16(acc));
+            raw[i] = to_f32(to_bf16(sum_splits(part + src0 + i, splits, pstride)));
         } else {
             raw[i] = to_f32(qkv[src0 + i]);
         }

@@ -16,6 +16,7 @@ __device__ __forceinline__ bool ranks_before(float va, int a, float vb, int b) {
 extern "C" __global__ void route_block_admit(const float* __restrict__ logits, const float* __restrict__ bias,
                                              unsigned char* __restrict__ admitted, int T, int E, int block,
                                              int capacity) {
+    pdl_enter();
     extern __shared__ float g[];
     const int j = threadIdx.x, b = blockIdx.x;
     if (j < E) {
@@ -41,6 +42,7 @@ extern "C" __global__ void route_topk(const float* __restrict__ logits, const fl
                                       const unsigned char* __restrict__ admitted, int block, int E, int k,
                                       int n_group, int topk_group, float scale, int* __restrict__ topk_idx,
                                       float* __restrict__ topk_w) {
+    pdl_enter();
     extern __shared__ float sh[];
     float* score = sh;             // E unbiased sigmoid scores
     float* cand = sh + E;          // E candidate (biased or -inf) scores
@@ -167,6 +169,7 @@ __device__ void dispatch_cta(const int* __restrict__ topk_idx, int A, int k, int
 extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows,
                                         int shared_expert, int* __restrict__ slot_pos, int* __restrict__ row_token,
                                         int4* __restrict__ tiles, int* __restrict__ num_tiles) {
+    pdl_enter();
     extern __shared__ int cnt[];  // E counts, then E cursors
     dispatch_cta(topk_idx, A, k, E, tile_rows, shared_expert, slot_pos, row_token, tiles, num_tiles, cnt);
 }
@@ -178,6 +181,7 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
 extern "C" __global__ void __launch_bounds__(1024)
     route_block_fused(const float* __restrict__ logits, const float* __restrict__ bias, int T, int E, int block,
                       int capacity, int k, float scale, int* __restrict__ topk_idx, float* __restrict__ topk_w) {
+    pdl_enter();
     extern __shared__ float sh[];
     float* biased = sh;                // rows x E
     float* score = sh + block * E;     // rows x E
@@ -242,12 +246,14 @@ extern "C" __global__ void __launch_bounds__(1024)
 // microseconds each, latency-bound at decode shapes, become one.
 // grid = ceil(E / ROUTE_FUSED_EXPERTS_PER_CTA), block = ROUTE_FUSED_THREADS.
 // Limits (checked by the host): E <= 256 routed experts (+1 packed shared <= 512 slots),
-// k <= 32, n_group <= 32, ceil(T / block) <= ROUTE_FUSED_MAX_BLOCKS for 2.2, d % 8 == 0.
+// k <= 32, n_group <= 32, ceil(T / block) <= ROUTE_FUSED_MAX_BLOCKS for 2.2, d % 8 == 0,
+// d <= 4096. Dynamic shared memory: T * E floats.
 #define ROUTE_FUSED_THREADS 512
 #define ROUTE_FUSED_EXPERTS_PER_CTA 2
 #define ROUTE_FUSED_MAX_T 128
 #define ROUTE_FUSED_MAX_BLOCKS 4
 #define ROUTE_FUSED_MAX_E 256
+#define ROUTE_FUSED_MAX_CHUNKS 16
 
 template <typename WT>
 __device__ __forceinline__ float dot8(uint4 xv, const WT* w);
@@ -294,6 +300,8 @@ __device__ void route_fused_body(const bf16* __restrict__ x, const WT* __restric
                                  float* __restrict__ topk_w, int tile_rows, int shared_expert,
                                  int* __restrict__ slot_pos, int* __restrict__ row_token, int4* __restrict__ tiles,
                                  int* __restrict__ num_tiles) {
+    extern __shared__ float sig[];  // T x E sigmoid scores (last CTA only)
+    __shared__ float sbias[ROUTE_FUSED_MAX_E];
     __shared__ float g[ROUTE_FUSED_MAX_E];
     __shared__ unsigned char admitted[ROUTE_FUSED_MAX_BLOCKS][ROUTE_FUSED_MAX_E];
     __shared__ float cand[ROUTE_FUSED_THREADS / 32][ROUTE_FUSED_MAX_E];
@@ -301,17 +309,32 @@ __device__ void route_fused_body(const bf16* __restrict__ x, const WT* __restric
     __shared__ bool last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
 
+    // The CTA's router rows into L2 while the previous kernel finishes (they are never written).
+    {
+        const int bytes = ROUTE_FUSED_EXPERTS_PER_CTA * D * (int)sizeof(WT);
+        const char* rows = reinterpret_cast<const char*>(router_w + (size_t)blockIdx.x * ROUTE_FUSED_EXPERTS_PER_CTA * D);
+        const int e_end = min(E, (int)(blockIdx.x + 1) * ROUTE_FUSED_EXPERTS_PER_CTA);
+        const int valid = (e_end - (int)blockIdx.x * ROUTE_FUSED_EXPERTS_PER_CTA) * D * (int)sizeof(WT);
+        for (int off = tid * 128; off < min(bytes, valid); off += blockDim.x * 128) prefetch_l2(rows + off);
+    }
+    pdl_enter();
+
     // 1. Logits of this CTA's experts: warp w takes expert e0 + w % EPC and rows w / EPC, + step.
+    // A lane's 16-byte chunks of a row are loaded together (D <= 32 * 8 * ROUTE_FUSED_MAX_CHUNKS).
     {
         const int e = blockIdx.x * ROUTE_FUSED_EXPERTS_PER_CTA + warp % ROUTE_FUSED_EXPERTS_PER_CTA;
         const int step = nwarps / ROUTE_FUSED_EXPERTS_PER_CTA;
+        const int chunks = D / 8;
         if (e < E) {
             const WT* wrow = router_w + (size_t)e * D;
             for (int r = warp / ROUTE_FUSED_EXPERTS_PER_CTA; r < T; r += step) {
                 const uint4* xrow = reinterpret_cast<const uint4*>(x + (size_t)r * D);
                 float acc = 0.f;
-#pragma unroll 4
-                for (int c = lane; c < D / 8; c += 32) acc += dot8<WT>(xrow[c], wrow + c * 8);
+#pragma unroll
+                for (int i = 0; i < ROUTE_FUSED_MAX_CHUNKS; ++i) {
+                    const int c = lane + 32 * i;
+                    if (c < chunks) acc += dot8<WT>(xrow[c], wrow + c * 8);
+                }
                 acc = warp_sum(acc);
                 if (lane == 0) logits[(size_t)r * E + e] = acc;
             }
@@ -328,13 +351,31 @@ __device__ void route_fused_body(const bf16* __restrict__ x, const WT* __restric
     if (!last) return;
     __threadfence();
 
+    // 2. The last CTA: every sigmoid score into shared memory in one pass of independent loads
+    // (a loop of dependent L2 round trips here cost more than the whole logits phase).
+    for (int j = tid; j < E; j += blockDim.x) sbias[j] = bias[j];
+    for (int base = 0; base < T * E; base += 8 * ROUTE_FUSED_THREADS) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int i = base + u * ROUTE_FUSED_THREADS + tid;
+            v[u] = i < T * E ? __ldcg(logits + i) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int i = base + u * ROUTE_FUSED_THREADS + tid;
+            if (i < T * E) sig[i] = sigmoidf(v[u]);
+        }
+    }
+    __syncthreads();
+
     // 2a. 2.2 block admission: the `capacity` experts with the largest max-over-rows biased score.
     if (capacity > 0) {
         for (int b = 0; b * block < T; ++b) {
             const int r1 = min(T, (b + 1) * block);
             if (tid < E) {
                 float best = -INFINITY;
-                for (int r = b * block; r < r1; ++r) best = fmaxf(best, sigmoidf(__ldcg(logits + (size_t)r * E + tid)) + bias[tid]);
+                for (int r = b * block; r < r1; ++r) best = fmaxf(best, sig[r * E + tid] + sbias[tid]);
                 g[tid] = best;
             }
             __syncthreads();
@@ -356,8 +397,8 @@ __device__ void route_fused_body(const bf16* __restrict__ x, const WT* __restric
             sv[i] = 0.f;
             bv[i] = -INFINITY;
             if (j < E) {
-                sv[i] = sigmoidf(__ldcg(logits + (size_t)t * E + j));
-                bv[i] = sv[i] + bias[j];
+                sv[i] = sig[t * E + j];
+                bv[i] = sv[i] + sbias[j];
             }
         }
         if (capacity > 0) {
@@ -411,7 +452,8 @@ __device__ void route_fused_body(const bf16* __restrict__ x, const WT* __restric
 #pragma unroll
             for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i)
                 if (lane + 32 * i == best.j) bv[i] = -INFINITY;
-            if (lane == 0) topk_idx[t * k + r] = best.j;
+            // Only a NaN score can leave no pick: expert 0 keeps the dispatch in bounds.
+            if (lane == 0) topk_idx[t * k + r] = best.j < E ? best.j : 0;
             if (lane == r) mine = best.s;
         }
         float sum = 0.f;

@@ -15,7 +15,10 @@ use std::process::Command;
 
 const PTX_DIR: &str = "crates/minnow-runtime/src/cuda/ptx";
 const HASH_LINE_PREFIX: &str = "// minnow-kernel-source-blake3: ";
-const ARCH: &str = "sm_80";
+/// (nvcc target, file suffix): sm_80 PTX runs on every supported GPU (the driver JIT-compiles it
+/// for newer ones); the sm_90 build adds Hopper's programmatic-dependent-launch instructions
+/// (`pdl_enter` in kernels/common.cuh) and is what sm_90+ GPUs load.
+const ARCHS: [(&str, &str); 2] = [("sm_80", ""), ("sm_90", ".sm90")];
 
 /// The workspace root: the nearest ancestor of the current directory holding `kernels/`.
 fn workspace_root() -> Result<PathBuf, String> {
@@ -61,41 +64,48 @@ pub fn run(args: &[String]) -> Result<(), String> {
     for cu in &sources {
         let stem = cu.file_stem().unwrap().to_string_lossy().to_string();
         let hash = source_hash(cu, &common)?;
-        let out = root.join(PTX_DIR).join(format!("{stem}.ptx"));
-        if check_only {
-            let current = std::fs::read_to_string(&out).unwrap_or_default();
-            let recorded = current
-                .lines()
-                .next()
-                .and_then(|l| l.strip_prefix(HASH_LINE_PREFIX));
-            if recorded.map(str::trim) != Some(hash.as_str()) {
-                stale.push(stem);
+        for (arch, suffix) in ARCHS {
+            let out = root.join(PTX_DIR).join(format!("{stem}{suffix}.ptx"));
+            if check_only {
+                let current = std::fs::read_to_string(&out).unwrap_or_default();
+                let recorded = current
+                    .lines()
+                    .next()
+                    .and_then(|l| l.strip_prefix(HASH_LINE_PREFIX));
+                if recorded.map(str::trim) != Some(hash.as_str()) {
+                    stale.push(format!("{stem}{suffix}"));
+                }
+                continue;
             }
-            continue;
+            let tmp = std::env::temp_dir().join(format!(
+                "minnow-{stem}{suffix}-{}.ptx",
+                std::process::id()
+            ));
+            let status = Command::new(&nvcc)
+                .arg("-ptx")
+                .arg(format!("-arch={arch}"))
+                .arg("-std=c++17")
+                .args(&extra)
+                .arg(cu)
+                .arg("-o")
+                .arg(&tmp)
+                .status()
+                .map_err(|e| format!("running {nvcc}: {e} (set NVCC to the compiler's path)"))?;
+            if !status.success() {
+                return Err(format!("{nvcc} failed on {} for {arch}", cu.display()));
+            }
+            let ptx =
+                std::fs::read_to_string(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+            let _ = std::fs::remove_file(&tmp);
+            std::fs::create_dir_all(out.parent().unwrap())
+                .map_err(|e| format!("{PTX_DIR}: {e}"))?;
+            std::fs::write(&out, format!("{HASH_LINE_PREFIX}{hash}\n{ptx}"))
+                .map_err(|e| format!("{}: {e}", out.display()))?;
+            println!(
+                "kernels/{stem}.cu -> {PTX_DIR}/{stem}{suffix}.ptx ({arch}, {} bytes)",
+                ptx.len()
+            );
         }
-        let tmp = std::env::temp_dir().join(format!("minnow-{stem}-{}.ptx", std::process::id()));
-        let status = Command::new(&nvcc)
-            .arg("-ptx")
-            .arg(format!("-arch={ARCH}"))
-            .arg("-std=c++17")
-            .args(&extra)
-            .arg(cu)
-            .arg("-o")
-            .arg(&tmp)
-            .status()
-            .map_err(|e| format!("running {nvcc}: {e} (set NVCC to the compiler's path)"))?;
-        if !status.success() {
-            return Err(format!("{nvcc} failed on {}", cu.display()));
-        }
-        let ptx = std::fs::read_to_string(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-        let _ = std::fs::remove_file(&tmp);
-        std::fs::create_dir_all(out.parent().unwrap()).map_err(|e| format!("{PTX_DIR}: {e}"))?;
-        std::fs::write(&out, format!("{HASH_LINE_PREFIX}{hash}\n{ptx}"))
-            .map_err(|e| format!("{}: {e}", out.display()))?;
-        println!(
-            "kernels/{stem}.cu -> {PTX_DIR}/{stem}.ptx ({ARCH}, {} bytes)",
-            ptx.len()
-        );
     }
     if !stale.is_empty() {
         return Err(format!(

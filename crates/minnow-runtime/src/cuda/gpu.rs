@@ -105,6 +105,11 @@ pub struct Gpu {
     name: String,
     ordinal: usize,
     sm_count: u32,
+    /// Compute capability (major, minor).
+    capability: (i32, i32),
+    /// Kernels are launched with programmatic stream serialization (see `pdl_enter` in
+    /// kernels/common.cuh): sm_90+ and not turned off with `MINNOW_PDL=0`.
+    pdl: bool,
 }
 
 // SAFETY: all handles are used with the context bound; the stream orders the work.
@@ -136,6 +141,16 @@ impl Gpu {
             )
         }
         .ctx(|| "reading the multiprocessor count".into())? as u32;
+        let attribute = |a| {
+            // SAFETY: valid device and attribute.
+            unsafe { result::device::get_attribute(device, a) }
+                .ctx(|| "reading the compute capability".into())
+        };
+        let capability = (
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let pdl = capability.0 >= 9 && std::env::var("MINNOW_PDL").map_or(true, |v| v != "0");
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .ctx(|| "creating a stream".into())?;
         let mut gpu = Self {
@@ -147,6 +162,8 @@ impl Gpu {
             name,
             ordinal,
             sm_count,
+            capability,
+            pdl,
         };
         for module in ptx::MODULES {
             gpu.load_module(module)?;
@@ -156,7 +173,12 @@ impl Gpu {
     }
 
     fn load_module(&mut self, module: &ptx::PtxModule) -> CudaResult<()> {
-        let image = CString::new(module.ptx).map_err(|_| {
+        let text = if self.capability.0 >= 9 {
+            module.ptx_sm90
+        } else {
+            module.ptx
+        };
+        let image = CString::new(text).map_err(|_| {
             CudaError::Unsupported(format!("PTX of {} contains a NUL byte", module.name))
         })?;
         // SAFETY: image is a NUL-terminated PTX text.
@@ -206,6 +228,17 @@ impl Gpu {
 
     pub fn sm_count(&self) -> u32 {
         self.sm_count
+    }
+
+    /// Compute capability (major, minor).
+    pub fn capability(&self) -> (i32, i32) {
+        self.capability
+    }
+
+    /// Whether kernels overlap their launch with the previous kernel's end (programmatic
+    /// dependent launch).
+    pub fn pdl(&self) -> bool {
+        self.pdl
     }
 
     /// (free, total) device memory in bytes.
@@ -306,19 +339,47 @@ impl Gpu {
             .iter_mut()
             .map(|b| b as *mut u64 as *mut c_void)
             .collect();
-        // SAFETY: the argument list matches the kernel's signature (the ops module is the only
-        // caller and mirrors kernels/*.cu); all pointers are live device buffers.
-        unsafe {
-            result::launch_kernel(
-                f,
-                cfg.grid,
-                cfg.block,
-                cfg.shared_bytes,
-                self.stream,
-                &mut params,
-            )
+        if !self.pdl {
+            // SAFETY: the argument list matches the kernel's signature (the ops module is the
+            // only caller and mirrors kernels/*.cu); all pointers are live device buffers.
+            return unsafe {
+                result::launch_kernel(
+                    f,
+                    cfg.grid,
+                    cfg.block,
+                    cfg.shared_bytes,
+                    self.stream,
+                    &mut params,
+                )
+            }
+            .ctx(|| format!("launching {name} with {cfg:?}"));
         }
-        .ctx(|| format!("launching {name} with {cfg:?}"))
+        // Programmatic stream serialization: the kernel may begin launching before the previous
+        // one ends; its `pdl_enter` waits for it (kernels/common.cuh).
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid.0,
+            gridDimY: cfg.grid.1,
+            gridDimZ: cfg.grid.2,
+            blockDimX: cfg.block.0,
+            blockDimY: cfg.block.1,
+            blockDimZ: cfg.block.2,
+            sharedMemBytes: cfg.shared_bytes,
+            hStream: self.stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as above; `config` and `attr` outlive the call.
+        unsafe {
+            sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()).result()
+        }
+        .ctx(|| format!("launching {name} with {cfg:?} (programmatic dependent launch)"))
     }
 
     /// Starts a per-stage profile of the work queued from now on.

@@ -717,6 +717,7 @@ pub fn route_fused_supports(shape: &RouterShape, tokens: usize, d: usize) -> boo
         && shape.experts <= ROUTE_FUSED_MAX_E
         && shape.top_k <= 32
         && d.is_multiple_of(8)
+        && d <= 4096
         && match (shape.capacity, shape.groups) {
             (Some(_), _) => tokens.div_ceil(shape.block) <= ROUTE_FUSED_MAX_BLOCKS,
             (None, Some((g, _))) => g <= 32,
@@ -760,7 +761,7 @@ pub fn route_dispatch_fused(
     };
     let (n_group, topk_group) = shape.groups.unwrap_or((1, 1));
     let ctas = shape.experts.div_ceil(ROUTE_FUSED_EXPERTS_PER_CTA) as u32;
-    let cfg = LaunchConfig::new((ctas, 1, 1), 512, 0);
+    let cfg = LaunchConfig::new((ctas, 1, 1), 512, (tokens * shape.experts * 4) as u32);
     cuda_launch!(
         gpu,
         name,

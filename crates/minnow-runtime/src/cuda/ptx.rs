@@ -1,5 +1,6 @@
-//! The kernels of `kernels/*.cu`, compiled by `cargo xtask kernels` (nvcc, sm_80 PTX that the
-//! driver JIT-compiles for the device at load) and committed, so users need no nvcc. Each PTX
+//! The kernels of `kernels/*.cu`, compiled by `cargo xtask kernels` (nvcc; sm_80 PTX, and sm_90
+//! PTX for Hopper and newer, which the driver JIT-compiles for the device at load) and committed,
+//! so users need no nvcc. Each PTX
 //! file starts with a line naming the BLAKE3 hash of its source (the `.cu` file followed by
 //! `kernels/common.cuh`); a test fails when a source changed without regenerating its PTX.
 
@@ -7,7 +8,11 @@
 pub struct PtxModule {
     /// File stem under `kernels/` and `ptx/`.
     pub name: &'static str,
+    /// sm_80 PTX: runs on every supported GPU.
     pub ptx: &'static str,
+    /// sm_90 PTX of the same source: what Hopper and newer GPUs load (it holds the
+    /// programmatic-dependent-launch instructions the sm_80 build leaves out).
+    pub ptx_sm90: &'static str,
     /// The `extern "C"` entry points the backend looks up.
     pub functions: &'static [&'static str],
     /// Dynamic shared memory the module's kernels may ask for beyond the 48 KiB default
@@ -25,6 +30,7 @@ pub const MODULES: &[PtxModule] = &[
     PtxModule {
         name: "elementwise",
         ptx: include_str!("ptx/elementwise.ptx"),
+        ptx_sm90: include_str!("ptx/elementwise.sm90.ptx"),
         functions: &[
             "embed_rows",
             "add_rmsnorm",
@@ -41,12 +47,14 @@ pub const MODULES: &[PtxModule] = &[
     PtxModule {
         name: "rope",
         ptx: include_str!("ptx/rope.ptx"),
+        ptx_sm90: include_str!("ptx/rope.sm90.ptx"),
         functions: &["qk_norm_rope"],
         max_dynamic_shared: 0,
     },
     PtxModule {
         name: "attention",
         ptx: include_str!("ptx/attention.ptx"),
+        ptx_sm90: include_str!("ptx/attention.sm90.ptx"),
         functions: &[
             "attention_d16",
             "attention_d32",
@@ -62,6 +70,7 @@ pub const MODULES: &[PtxModule] = &[
     PtxModule {
         name: "router",
         ptx: include_str!("ptx/router.ptx"),
+        ptx_sm90: include_str!("ptx/router.sm90.ptx"),
         functions: &[
             "route_block_admit",
             "route_topk",
@@ -75,12 +84,14 @@ pub const MODULES: &[PtxModule] = &[
     PtxModule {
         name: "moe",
         ptx: include_str!("ptx/moe.ptx"),
+        ptx_sm90: include_str!("ptx/moe.sm90.ptx"),
         functions: &["grouped_gemm_m16", "grouped_gemm_m16s3", "grouped_gemm_m64"],
         max_dynamic_shared: 64 * 1024,
     },
     PtxModule {
         name: "linear",
         ptx: include_str!("ptx/linear.ptx"),
+        ptx_sm90: include_str!("ptx/linear.sm90.ptx"),
         functions: &["linear_splitk_m32"],
         max_dynamic_shared: 64 * 1024,
     },
@@ -114,12 +125,14 @@ mod tests {
             hasher.update(&source);
             hasher.update(&common);
             let expected = hasher.finalize().to_hex().to_string();
-            assert_eq!(
-                recorded_hash(module.ptx),
-                Some(expected.as_str()),
-                "ptx/{}.ptx is stale: run `cargo xtask kernels`",
-                module.name
-            );
+            for (ptx, suffix) in [(module.ptx, ""), (module.ptx_sm90, ".sm90")] {
+                assert_eq!(
+                    recorded_hash(ptx),
+                    Some(expected.as_str()),
+                    "ptx/{}{suffix}.ptx is stale: run `cargo xtask kernels`",
+                    module.name
+                );
+            }
         }
     }
 
@@ -127,11 +140,13 @@ mod tests {
     fn every_listed_function_is_in_its_ptx() {
         for module in MODULES {
             for f in module.functions {
-                assert!(
-                    module.ptx.contains(&format!(".entry {f}(")),
-                    "{f} missing from ptx/{}.ptx",
-                    module.name
-                );
+                for ptx in [module.ptx, module.ptx_sm90] {
+                    assert!(
+                        ptx.contains(&format!(".entry {f}(")),
+                        "{f} missing from the PTX of kernels/{}.cu",
+                        module.name
+                    );
+                }
             }
         }
     }
