@@ -78,15 +78,25 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // Most K splits of kernels/linear.cu (SPLITK_MAX_SPLITS in crates/minnow-runtime/src/cuda/ops.rs).
 #define SPLITK_MAX_SPLITS 16
-// Sum of `splits` split-K partials p[0], p[stride], ... in split order. The loads are issued
-// together (a loop of dependent loads would wait one L2 round trip per split).
-__device__ __forceinline__ float sum_splits(const float* p, int splits, long long stride) {
-    float v[SPLITK_MAX_SPLITS];
+// Split-K sums of N columns at once: acc[c] = sum over s (in split order) of p[c * step + s * stride]
+// for the columns c with valid[c]. Loads go out in rounds of 4 splits x N columns, so summing 6
+// partials of 8 columns waits for two memory round trips rather than 48.
+template <int N>
+__device__ __forceinline__ void sum_splits_n(float (&acc)[N], const float* p, int step, const bool (&valid)[N],
+                                             int splits, long long stride) {
 #pragma unroll
-    for (int s = 0; s < SPLITK_MAX_SPLITS; ++s) v[s] = s < splits ? p[s * stride] : 0.f;
-    float acc = 0.f;
+    for (int c = 0; c < N; ++c) acc[c] = 0.f;
+    for (int s0 = 0; s0 < splits; s0 += 4) {
+        float v[4][N];
 #pragma unroll
-    for (int s = 0; s < SPLITK_MAX_SPLITS; ++s)
-        if (s < splits) acc += v[s];
-    return acc;
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int c = 0; c < N; ++c)
+                v[u][c] = s0 + u < splits && valid[c] ? p[(long long)c * step + (s0 + u) * stride] : 0.f;
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int c = 0; c < N; ++c)
+                if (s0 + u < splits) acc[c] += v[u][c];
+    }
 }

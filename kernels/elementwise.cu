@@ -20,36 +20,67 @@ extern "C" __global__ void embed_rows(const unsigned* __restrict__ ids, const bf
 // The delta is either BF16 rows `delta` or, from the split-K projection of kernels/linear.cu,
 // `splits` F32 partials `dpart[s * pstride + row * d + i]` summed in split order and rounded to
 // BF16 (what a BF16 GEMM would have stored). Both null: no add.
+// Columns per thread and pass of add_rmsnorm and moe_combine_add_rmsnorm (d <= 8 * blockDim in
+// one pass). Thread `tid` owns columns tid + n * blockDim; all loads of a pass are issued before
+// any is used (one column at a time waited for a memory round trip per column).
+#define NORM_COLS 8
+
 extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restrict__ delta,
                                        const float* __restrict__ dpart, int splits, long long pstride,
                                        const bf16* __restrict__ weight, bf16* __restrict__ out, int d,
                                        float eps) {
     pdl_enter();
     __shared__ float scratch[32];
+    const int nt = blockDim.x;
     bf16* row = h + (size_t)blockIdx.x * d;
+    bf16* orow = out + (size_t)blockIdx.x * d;
     const bf16* drow = delta ? delta + (size_t)blockIdx.x * d : nullptr;
     const float* prow = dpart ? dpart + (size_t)blockIdx.x * d : nullptr;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        bf16 v = row[i];
-        if (drow || prow) {
-            bf16 dv;
-            if (prow) {
-                dv = to_bf16(sum_splits(prow + i, splits, pstride));
-            } else {
-                dv = drow[i];
-            }
-            v = to_bf16(to_f32(v) + to_f32(dv));
-            row[i] = v;
+    for (int base = threadIdx.x; base < d; base += NORM_COLS * nt) {
+        bool ok[NORM_COLS];
+        float hv[NORM_COLS], dv[NORM_COLS];
+#pragma unroll
+        for (int c = 0; c < NORM_COLS; ++c) {
+            const int i = base + c * nt;
+            ok[c] = i < d;
+            hv[c] = ok[c] ? to_f32(row[i]) : 0.f;
+            dv[c] = ok[c] && drow ? to_f32(drow[i]) : 0.f;
         }
-        const float u = to_f32(v);
-        ss += u * u;
+        if (prow) {
+            sum_splits_n<NORM_COLS>(dv, prow + base, nt, ok, splits, pstride);
+#pragma unroll
+            for (int c = 0; c < NORM_COLS; ++c) dv[c] = to_f32(to_bf16(dv[c]));
+        }
+#pragma unroll
+        for (int c = 0; c < NORM_COLS; ++c) {
+            if (!ok[c]) continue;
+            bf16 v = to_bf16(hv[c]);
+            if (drow || prow) {
+                v = to_bf16(hv[c] + dv[c]);
+                row[base + c * nt] = v;
+            }
+            const float u = to_f32(v);
+            ss += u * u;
+        }
     }
     ss = block_sum(ss, scratch);
     const float inv = rsqrtf(ss / (float)d + eps);
-    bf16* orow = out + (size_t)blockIdx.x * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        orow[i] = mul_bf16(weight[i], to_bf16(to_f32(row[i]) * inv));
+    // Same columns as above, so each thread reads back only what it wrote itself.
+    for (int base = threadIdx.x; base < d; base += NORM_COLS * nt) {
+        float hv[NORM_COLS];
+        bf16 wv[NORM_COLS];
+#pragma unroll
+        for (int c = 0; c < NORM_COLS; ++c) {
+            const int i = base + c * nt;
+            hv[c] = i < d ? to_f32(row[i]) : 0.f;
+            wv[c] = i < d ? weight[i] : to_bf16(0.f);
+        }
+#pragma unroll
+        for (int c = 0; c < NORM_COLS; ++c) {
+            const int i = base + c * nt;
+            if (i < d) orow[i] = mul_bf16(wv[c], to_bf16(hv[c] * inv));
+        }
     }
 }
 
@@ -91,8 +122,7 @@ extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __
     }
 }
 
-// Columns per thread and pass of moe_combine_add_rmsnorm (d <= 8 * blockDim in one pass).
-#define COMBINE_NORM_COLS 8
+#define COMBINE_NORM_COLS NORM_COLS
 // Most routed experts per token moe_combine_add_rmsnorm takes (their rows sit in shared memory).
 #define COMBINE_NORM_MAX_K 32
 

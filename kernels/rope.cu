@@ -20,12 +20,18 @@ extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const floa
     const int t = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
     const int pos = pos0[0] + t;
     const size_t src0 = ((size_t)t * (n_heads + 2 * n_kv_heads) + head) * d;
-    for (int i = lane; i < d; i += 32) {
-        if (part) {
-            raw[i] = to_f32(to_bf16(sum_splits(part + src0 + i, splits, pstride)));
-        } else {
-            raw[i] = to_f32(qkv[src0 + i]);
-        }
+    if (part) {
+        // d <= 256: at most 8 values per lane, their partials loaded together.
+        bool ok[8];
+        float acc[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) ok[u] = lane + 32 * u < d;
+        sum_splits_n<8>(acc, part + src0 + lane, 32, ok, splits, pstride);
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (ok[u]) raw[lane + 32 * u] = to_f32(to_bf16(acc[u]));
+    } else {
+        for (int i = lane; i < d; i += 32) raw[i] = to_f32(qkv[src0 + i]);
     }
     __syncwarp();
     if (head >= n_heads + n_kv_heads) {  // V head: cached as is

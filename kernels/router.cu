@@ -248,8 +248,8 @@ extern "C" __global__ void __launch_bounds__(1024)
 // Limits (checked by the host): E <= 256 routed experts (+1 packed shared <= 512 slots),
 // k <= 32, n_group <= 32, ceil(T / block) <= ROUTE_FUSED_MAX_BLOCKS for 2.2, d % 8 == 0,
 // d <= 4096. Dynamic shared memory: T * E floats.
-#define ROUTE_FUSED_THREADS 512
-#define ROUTE_FUSED_EXPERTS_PER_CTA 2
+#define ROUTE_FUSED_THREADS 1024
+#define ROUTE_FUSED_EXPERTS_PER_CTA 1
 #define ROUTE_FUSED_MAX_T 128
 #define ROUTE_FUSED_MAX_BLOCKS 4
 #define ROUTE_FUSED_MAX_E 256
@@ -303,7 +303,7 @@ __device__ void route_fused_body(const bf16* __restrict__ x, const WT* __restric
     extern __shared__ float sig[];  // T x E sigmoid scores (last CTA only)
     __shared__ float sbias[ROUTE_FUSED_MAX_E];
     __shared__ float g[ROUTE_FUSED_MAX_E];
-    __shared__ unsigned char admitted[ROUTE_FUSED_MAX_BLOCKS][ROUTE_FUSED_MAX_E];
+    __shared__ short pool[ROUTE_FUSED_MAX_BLOCKS][ROUTE_FUSED_MAX_E];
     __shared__ float cand[ROUTE_FUSED_THREADS / 32][ROUTE_FUSED_MAX_E];
     __shared__ int cnt[2 * 2 * ROUTE_FUSED_MAX_E];
     __shared__ bool last;
@@ -382,32 +382,33 @@ __device__ void route_fused_body(const bf16* __restrict__ x, const WT* __restric
             if (tid < E) {
                 const float v = g[tid];
                 int rank = 0;
+#pragma unroll 8
                 for (int i = 0; i < E; ++i) rank += ranks_before(g[i], i, v, tid);
-                admitted[b][tid] = rank < capacity;
+                // The block's admitted experts in rank order: a token's candidates.
+                if (rank < capacity) pool[b][rank] = tid;
             }
             __syncthreads();
         }
     }
     // 2b. Each token's top-k, one warp per token; lane l holds experts l, l + 32, ...
     for (int t = warp; t < T; t += nwarps) {
+        // Lane l holds candidates l, l + 32, ...: the admitted pool (2.2) or every expert.
         float sv[ROUTE_FUSED_MAX_E / 32], bv[ROUTE_FUSED_MAX_E / 32];
+        int jv[ROUTE_FUSED_MAX_E / 32];
+        const int ncand = capacity > 0 ? capacity : E;
 #pragma unroll
         for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i) {
-            const int j = lane + 32 * i;
+            const int p = lane + 32 * i;
+            const int j = p < ncand ? (capacity > 0 ? pool[t / block][p] : p) : 0;
+            jv[i] = j;
             sv[i] = 0.f;
             bv[i] = -INFINITY;
-            if (j < E) {
+            if (p < ncand) {
                 sv[i] = sig[t * E + j];
                 bv[i] = sv[i] + sbias[j];
             }
         }
-        if (capacity > 0) {
-#pragma unroll
-            for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i) {
-                const int j = lane + 32 * i;
-                if (j < E && !admitted[t / block][j]) bv[i] = -INFINITY;
-            }
-        } else {
+        if (capacity == 0) {
             // Group score: the sum of the two largest biased scores of the group's E / n_group
             // experts; keep the topk_group best groups.
             float* c = cand[warp];
@@ -430,19 +431,15 @@ __device__ void route_fused_body(const bf16* __restrict__ x, const WT* __restric
             const unsigned keep = __ballot_sync(0xffffffffu, lane < n_group && rank < topk_group);
             __syncwarp();
 #pragma unroll
-            for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i) {
-                const int j = lane + 32 * i;
-                if (j < E && !((keep >> (j / gsize)) & 1u)) bv[i] = -INFINITY;
-            }
+            for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i)
+                if (lane + 32 * i < E && !((keep >> (jv[i] / gsize)) & 1u)) bv[i] = -INFINITY;
         }
         float mine = 0.f;  // lane r keeps the unbiased score of the r-th pick
         for (int r = 0; r < k; ++r) {
             Pick best = {-INFINITY, 0x7fffffff, 0.f};
 #pragma unroll
-            for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i) {
-                const int j = lane + 32 * i;
-                if (j < E && bv[i] != -INFINITY) best = pick_better(best, Pick{bv[i], j, sv[i]});
-            }
+            for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i)
+                if (bv[i] != -INFINITY) best = pick_better(best, Pick{bv[i], jv[i], sv[i]});
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) {
                 const Pick other = {__shfl_xor_sync(0xffffffffu, best.v, o), __shfl_xor_sync(0xffffffffu, best.j, o),
@@ -451,7 +448,7 @@ __device__ void route_fused_body(const bf16* __restrict__ x, const WT* __restric
             }
 #pragma unroll
             for (int i = 0; i < ROUTE_FUSED_MAX_E / 32; ++i)
-                if (lane + 32 * i == best.j) bv[i] = -INFINITY;
+                if (jv[i] == best.j) bv[i] = -INFINITY;
             // Only a NaN score can leave no pick: expert 0 keeps the dispatch in bounds.
             if (lane == 0) topk_idx[t * k + r] = best.j < E ? best.j : 0;
             if (lane == r) mine = best.s;

@@ -5,7 +5,9 @@
 //! of 8 blocks with a fixed schedule. Prints a Markdown table with the device, commit and command.
 //!
 //! Options: `--commit SHA` (else `git rev-parse`), `--quick` (fewer repetitions),
-//! `--prefill 512,2048,...`, `--prefix 1024,8192`.
+//! `--prefill 512,2048,...`, `--prefix 1024,8192`, `--profile-one` (only one refinement forward
+//! at the first prefix, without a graph, between `cuProfilerStart`/`Stop`: for
+//! `ncu --profile-from-start off`).
 
 use std::time::Instant;
 
@@ -35,6 +37,7 @@ struct Opts {
     reps: usize,
     prefill: Vec<usize>,
     prefixes: Vec<usize>,
+    profile_one: bool,
 }
 
 fn parse_list(s: &str) -> Result<Vec<usize>, String> {
@@ -49,12 +52,14 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         reps: 20,
         prefill: vec![512, 2048, 4096, 8192],
         prefixes: vec![1024, 8192],
+        profile_one: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--commit" => o.commit = it.next().ok_or("--commit needs a value")?.clone(),
             "--quick" => o.reps = 5,
+            "--profile-one" => o.profile_one = true,
             "--prefill" => o.prefill = parse_list(it.next().ok_or("--prefill needs a list")?)?,
             "--prefix" => o.prefixes = parse_list(it.next().ok_or("--prefix needs a list")?)?,
             other => return Err(format!("unknown bench option {other}")),
@@ -165,6 +170,30 @@ pub fn run(args: &[String]) -> Result<(), String> {
         bw / 1e12
     );
     let mut rows: Vec<String> = vec![];
+
+    if o.profile_one {
+        let prefix = o.prefixes.first().copied().unwrap_or(1024);
+        let seq = runner.create_sequence().map_err(err)?;
+        runner
+            .forward(seq, &ids(prefix, 7), LogitsRows::None)
+            .map_err(err)?;
+        runner.set_graphs(false);
+        let block = ids(32, prefix as u64 + 1);
+        // Warm-up, then the profiled forward.
+        runner
+            .forward_top1(seq, &block, LogitsRows::All)
+            .map_err(err)?;
+        runner.truncate_sequence(seq, prefix).map_err(err)?;
+        runner.gpu().synchronize().map_err(err)?;
+        minnow_runtime::cuda::profiler(true).map_err(err)?;
+        runner
+            .forward_top1(seq, &block, LogitsRows::All)
+            .map_err(err)?;
+        runner.gpu().synchronize().map_err(err)?;
+        minnow_runtime::cuda::profiler(false).map_err(err)?;
+        println!("profiled one refinement forward of 32 tokens at prefix {prefix}");
+        return Ok(());
+    }
 
     // Prefill: whole prompt in one forward, no logits.
     for &n in &o.prefill {

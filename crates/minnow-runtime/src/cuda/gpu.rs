@@ -110,6 +110,8 @@ pub struct Gpu {
     /// Kernels are launched with programmatic stream serialization (see `pdl_enter` in
     /// kernels/common.cuh): sm_90+ and not turned off with `MINNOW_PDL=0`.
     pdl: bool,
+    /// `MINNOW_PTX=sm80`: the portable PTX even on sm_90+.
+    force_sm80: bool,
 }
 
 // SAFETY: all handles are used with the context bound; the stream orders the work.
@@ -150,7 +152,12 @@ impl Gpu {
             attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
-        let pdl = capability.0 >= 9 && std::env::var("MINNOW_PDL").map_or(true, |v| v != "0");
+        // MINNOW_PTX=sm80 loads the portable build everywhere (for A/B runs); it has no
+        // `pdl_enter`, so it must not be launched with programmatic serialization.
+        let force_sm80 = std::env::var("MINNOW_PTX").is_ok_and(|v| v == "sm80");
+        let pdl = capability.0 >= 9
+            && !force_sm80
+            && std::env::var("MINNOW_PDL").map_or(true, |v| v != "0");
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .ctx(|| "creating a stream".into())?;
         let mut gpu = Self {
@@ -164,6 +171,7 @@ impl Gpu {
             sm_count,
             capability,
             pdl,
+            force_sm80,
         };
         for module in ptx::MODULES {
             gpu.load_module(module)?;
@@ -172,8 +180,12 @@ impl Gpu {
         Ok(gpu)
     }
 
+    fn uses_sm90_ptx(&self) -> bool {
+        self.capability.0 >= 9 && !self.force_sm80
+    }
+
     fn load_module(&mut self, module: &ptx::PtxModule) -> CudaResult<()> {
-        let text = if self.capability.0 >= 9 {
+        let text = if self.uses_sm90_ptx() {
             module.ptx_sm90
         } else {
             module.ptx

@@ -58,3 +58,20 @@ mod tests {
         }
     }
 }
+
+/// Starts (`true`) or stops the range an external profiler records (`ncu --profile-from-start
+/// off`); harmless without one.
+pub fn profiler(start: bool) -> CudaResult<()> {
+    use cudarc::driver::sys;
+    // SAFETY: no arguments; needs an initialised driver, which callers have (they hold a Gpu).
+    let r = unsafe {
+        if start {
+            sys::cuProfilerStart()
+        } else {
+            sys::cuProfilerStop()
+        }
+    };
+    use error::Context;
+    r.result()
+        .ctx(|| "starting or stopping the profiler range".into())
+}

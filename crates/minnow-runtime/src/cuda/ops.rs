@@ -708,7 +708,8 @@ pub struct DispatchOut {
 pub const ROUTE_FUSED_MAX_T: usize = 128;
 const ROUTE_FUSED_MAX_E: usize = 256;
 const ROUTE_FUSED_MAX_BLOCKS: usize = 4;
-const ROUTE_FUSED_EXPERTS_PER_CTA: usize = 2;
+const ROUTE_FUSED_EXPERTS_PER_CTA: usize = 1;
+const ROUTE_FUSED_THREADS: u32 = 1024;
 
 /// Whether [`route_dispatch_fused`] takes `tokens` rows of width `d` under `shape`.
 pub fn route_fused_supports(shape: &RouterShape, tokens: usize, d: usize) -> bool {
@@ -761,7 +762,11 @@ pub fn route_dispatch_fused(
     };
     let (n_group, topk_group) = shape.groups.unwrap_or((1, 1));
     let ctas = shape.experts.div_ceil(ROUTE_FUSED_EXPERTS_PER_CTA) as u32;
-    let cfg = LaunchConfig::new((ctas, 1, 1), 512, (tokens * shape.experts * 4) as u32);
+    let cfg = LaunchConfig::new(
+        (ctas, 1, 1),
+        ROUTE_FUSED_THREADS,
+        (tokens * shape.experts * 4) as u32,
+    );
     cuda_launch!(
         gpu,
         name,
@@ -802,7 +807,9 @@ pub fn moe_tile_rows(assignments: usize, experts: usize) -> usize {
     }
 }
 
-/// Upper bound of the tiles `moe_dispatch` can produce for `assignments` rows over `experts`.
+/// Upper bound of the tiles `moe_dispatch` can produce for `assignments` rows over `experts`
+/// (the most experts that can receive rows: with 2.2 block admission far fewer than all, which
+/// keeps the grouped GEMM's grid, whose CTAs past the real tile count exit at once, small).
 pub fn moe_max_tiles(assignments: usize, experts: usize, tile_rows: usize) -> usize {
     assignments.div_ceil(tile_rows) + experts.min(assignments)
 }
