@@ -366,7 +366,7 @@ pub(crate) fn queue_forward(
                 // (decoding: it then streams at the grouped kernel's bandwidth, with no extra
                 // launches); for prefill cuBLAS multiplies its slice of the packed buffers faster.
                 let packed = matches!(moe.shared, SharedExpert::Packed)
-                    && ops::moe_tile_rows(t * k, e) == 16;
+                    && ops::moe_tile_rows(t * k, e) < 64;
                 let (slots, a) = if packed {
                     (e + 1, t * (k + 1))
                 } else {

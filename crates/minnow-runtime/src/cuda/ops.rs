@@ -796,14 +796,15 @@ pub fn route_dispatch_fused(
     )
 }
 
-/// Rows per tile of the grouped expert GEMM: 16 when experts get few rows each (decoding; the
-/// kernel then streams weights), 64 when they get many (prefill; weights are reused).
+/// Rows per tile of the grouped expert GEMM: 32 (or 16 with `MINNOW_MOE_DECODE_ROWS=16`) when
+/// experts get few rows each (decoding; the kernel then streams weights), 64 when they get many
+/// (prefill; weights are reused).
 pub fn moe_tile_rows(assignments: usize, experts: usize) -> usize {
     let busy = experts.min(assignments).max(1);
     if assignments / busy >= 48 {
         64
     } else {
-        16
+        super::tuning::tuning().moe_decode_rows
     }
 }
 
@@ -858,12 +859,13 @@ pub fn moe_dispatch(
     )
 }
 
-/// Dynamic shared memory of `grouped_gemm_m{16,64}`; mirrors `Tile<BM, STAGES>` in kernels/moe.cu.
-fn grouped_gemm_smem_bytes(tile_rows: usize, stages: usize) -> usize {
-    stages * (tile_rows + 64) * 72 * 2
+/// Dynamic shared memory of `grouped_gemm_m{16,32,64}`; mirrors `Tile<BM, STAGES, BK>` in
+/// kernels/moe.cu.
+fn grouped_gemm_smem_bytes(tile_rows: usize, stages: usize, bk: usize) -> usize {
+    stages * (tile_rows + 64) * (bk + 8) * 2
 }
 
-/// Grouped GEMM over the dispatched tiles (cut at `tile_rows`, 16 or 64): `Y[p] =
+/// Grouped GEMM over the dispatched tiles (cut at `tile_rows`, 16, 32 or 64): `Y[p] =
 /// X[row_token[p] or p] . W[e]^T` with `W [E, n, k]`. `row_token` 0 means rows are read in place.
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm(
@@ -884,21 +886,22 @@ pub fn grouped_gemm(
             "expert GEMM of {n} outputs over {k} inputs (needs n % 64 == 0, k % 32 == 0)"
         ));
     }
-    if tile_rows != 16 && tile_rows != 64 {
+    if ![16, 32, 64].contains(&tile_rows) {
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
     }
     if max_tiles == 0 {
         return Ok(());
     }
-    let (name, stages) = match (tile_rows, super::tuning::tuning().moe16_stages) {
-        (16, 3) => ("grouped_gemm_m16s3", 3),
-        (16, _) => ("grouped_gemm_m16", 4),
-        _ => ("grouped_gemm_m64", 3),
+    let (name, stages, bk) = match (tile_rows, super::tuning::tuning().moe16_stages) {
+        (16, 3) => ("grouped_gemm_m16s3", 3, 64),
+        (16, _) => ("grouped_gemm_m16", 4, 64),
+        (32, _) => ("grouped_gemm_m32", 4, 32),
+        _ => ("grouped_gemm_m64", 3, 64),
     };
     let cfg = LaunchConfig::new(
         ((n / 64) as u32, max_tiles as u32, 1),
         128,
-        grouped_gemm_smem_bytes(tile_rows, stages) as u32,
+        grouped_gemm_smem_bytes(tile_rows, stages, bk) as u32,
     );
     cuda_launch!(gpu, name, cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32)
 }
@@ -1006,13 +1009,14 @@ mod tests {
     #[test]
     fn expert_tiles_follow_rows_per_expert() {
         // A denoising step: 32 tokens x 8 picks over 256 experts -> few rows per expert.
-        assert_eq!(moe_tile_rows(256, 256), 16);
+        assert!([16, 32].contains(&moe_tile_rows(256, 256)));
         // A 4K prefill: 32,768 picks -> 128 rows per expert on average.
         assert_eq!(moe_tile_rows(32_768, 256), 64);
         // The bound covers the worst case: every expert gets a partial tile.
         assert_eq!(moe_max_tiles(256, 256, 16), 16 + 256);
         assert_eq!(moe_max_tiles(4, 256, 16), 1 + 4);
-        assert_eq!(grouped_gemm_smem_bytes(16, 3), 3 * 80 * 72 * 2);
-        assert_eq!(grouped_gemm_smem_bytes(64, 3), 3 * 128 * 72 * 2);
+        assert_eq!(grouped_gemm_smem_bytes(16, 3, 64), 3 * 80 * 72 * 2);
+        assert_eq!(grouped_gemm_smem_bytes(64, 3, 64), 3 * 128 * 72 * 2);
+        assert_eq!(grouped_gemm_smem_bytes(32, 4, 32), 4 * 96 * 40 * 2);
     }
 }

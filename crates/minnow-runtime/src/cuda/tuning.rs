@@ -19,6 +19,8 @@ pub struct Tuning {
     /// The one-launch router + dispatch for short forwards (`MINNOW_FUSED_ROUTER=0`: the
     /// router GEMM, route and dispatch launches).
     pub fused_router: bool,
+    /// Rows per expert tile when decoding (`MINNOW_MOE_DECODE_ROWS`, 16 or 32).
+    pub moe_decode_rows: usize,
 }
 
 impl Default for Tuning {
@@ -29,6 +31,7 @@ impl Default for Tuning {
             splitk_ctas: None,
             splitk: true,
             fused_router: true,
+            moe_decode_rows: 32,
         }
     }
 }
@@ -58,6 +61,8 @@ pub fn tuning() -> &'static Tuning {
             splitk: env_usize("MINNOW_SPLITK", |v| v <= 1).map_or(d.splitk, |v| v == 1),
             fused_router: env_usize("MINNOW_FUSED_ROUTER", |v| v <= 1)
                 .map_or(d.fused_router, |v| v == 1),
+            moe_decode_rows: env_usize("MINNOW_MOE_DECODE_ROWS", |v| v == 16 || v == 32)
+                .unwrap_or(d.moe_decode_rows),
         }
     })
 }
