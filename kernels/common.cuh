@@ -75,28 +75,3 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-// Most K splits of kernels/linear.cu (SPLITK_MAX_SPLITS in crates/minnow-runtime/src/cuda/ops.rs).
-#define SPLITK_MAX_SPLITS 16
-// Split-K sums of N columns at once: acc[c] = sum over s (in split order) of p[c * step + s * stride]
-// for the columns c with valid[c]. Loads go out in rounds of 4 splits x N columns, so summing 6
-// partials of 8 columns waits for two memory round trips rather than 48.
-template <int N>
-__device__ __forceinline__ void sum_splits_n(float (&acc)[N], const float* p, int step, const bool (&valid)[N],
-                                             int splits, long long stride) {
-#pragma unroll
-    for (int c = 0; c < N; ++c) acc[c] = 0.f;
-    for (int s0 = 0; s0 < splits; s0 += 4) {
-        float v[4][N];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-            for (int c = 0; c < N; ++c)
-                v[u][c] = s0 + u < splits && valid[c] ? p[(long long)c * step + (s0 + u) * stride] : 0.f;
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-            for (int c = 0; c < N; ++c)
-                if (s0 + u < splits) acc[c] += v[u][c];
-    }
-}

@@ -17,16 +17,12 @@ extern "C" __global__ void embed_rows(const unsigned* __restrict__ ids, const bf
 // Fused residual add and RMSNorm over rows of length d (one CTA per row):
 //   if delta != null: h = BF16(h + delta)        (the residual stream, updated in place)
 //   out = BF16(weight * BF16(F32(h) * rsqrt(mean(F32(h)^2) + eps)))
-// The delta is either BF16 rows `delta` or, from the split-K projection of kernels/linear.cu,
-// `splits` F32 partials `dpart[s * pstride + row * d + i]` summed in split order and rounded to
-// BF16 (what a BF16 GEMM would have stored). Both null: no add.
 // Columns per thread and pass of add_rmsnorm and moe_combine_add_rmsnorm (d <= 8 * blockDim in
 // one pass). Thread `tid` owns columns tid + n * blockDim; all loads of a pass are issued before
 // any is used (one column at a time waited for a memory round trip per column).
 #define NORM_COLS 8
 
 extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restrict__ delta,
-                                       const float* __restrict__ dpart, int splits, long long pstride,
                                        const bf16* __restrict__ weight, bf16* __restrict__ out, int d,
                                        float eps) {
     pdl_enter();
@@ -35,7 +31,6 @@ extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restr
     bf16* row = h + (size_t)blockIdx.x * d;
     bf16* orow = out + (size_t)blockIdx.x * d;
     const bf16* drow = delta ? delta + (size_t)blockIdx.x * d : nullptr;
-    const float* prow = dpart ? dpart + (size_t)blockIdx.x * d : nullptr;
     float ss = 0.f;
     for (int base = threadIdx.x; base < d; base += NORM_COLS * nt) {
         bool ok[NORM_COLS];
@@ -47,16 +42,11 @@ extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restr
             hv[c] = ok[c] ? to_f32(row[i]) : 0.f;
             dv[c] = ok[c] && drow ? to_f32(drow[i]) : 0.f;
         }
-        if (prow) {
-            sum_splits_n<NORM_COLS>(dv, prow + base, nt, ok, splits, pstride);
-#pragma unroll
-            for (int c = 0; c < NORM_COLS; ++c) dv[c] = to_f32(to_bf16(dv[c]));
-        }
 #pragma unroll
         for (int c = 0; c < NORM_COLS; ++c) {
             if (!ok[c]) continue;
             bf16 v = to_bf16(hv[c]);
-            if (drow || prow) {
+            if (drow) {
                 v = to_bf16(hv[c] + dv[c]);
                 row[base + c * nt] = v;
             }

@@ -4,43 +4,35 @@
 // BF16 (PyTorch [out, in] per expert), Y is [rows, N] BF16 with F32 accumulation on tensor cores.
 // The tile list comes from moe_dispatch on the device; CTAs past num_tiles exit at once.
 //
-// Tile shapes: 16 or 32 rows (decode: a few rows per expert, the kernel streams weights and must
-// keep many bytes in flight) and 64 rows (prefill: weights are reused by many rows). The 32-row
-// tile takes all of an expert's rows of a 32-token denoising step in one tile, so a step's
-// gate/up GEMM (at most 48 admitted experts + the shared one, x 16 column slabs) is 784 CTAs;
-// with 32-deep K steps its 4 stages take 30 KB, 7 CTAs fit on a multiprocessor, and those CTAs
-// all run in one wave. (A few CTAs left for a second wave would stream alone at a fraction of
-// the bandwidth: with 16-row tiles the shared expert's two tiles made 800 CTAs for 792 slots.)
+// Two tile shapes: 16 rows (decode: a few rows per expert, the kernel streams weights and must
+// keep many bytes in flight: 64-deep K steps, 4 stages) and 64 rows (prefill: weights are reused
+// by many rows).
 #include "common.cuh"
 #include <mma.h>
 using namespace nvcuda;
 
 namespace minnow_moe {
-constexpr int BN = 64, THREADS = 128;
+constexpr int BN = 64, BK = 64, THREADS = 128;
+constexpr int LDT = BK + 8;  // bf16 row pitch of the A and B tiles
 constexpr int LDC = BN + 4;  // f32 row pitch of the epilogue tile
 
-template <int BM, int STAGES, int BK_ = 64>
+template <int BM, int STAGES>
 struct Tile {
-    static constexpr int BK = BK_;
-    static constexpr int LDT = BK + 8;  // bf16 row pitch of the A and B tiles
     static constexpr int stage_elems = (BM + BN) * LDT;
     static constexpr int smem_bytes = STAGES * stage_elems * 2;
     static_assert(BM * LDC * 4 <= smem_bytes, "epilogue tile must fit in the pipeline buffers");
-    // Warp layout: BM = 16: 4 warps side by side (16 x 16 each); BM = 32: 4 warps side by side
-    // (32 x 16 each); BM = 64: 2 x 2 warps (32 x 32).
+    // Warp layout: BM = 16: 4 warps side by side (16 x 16 each); BM = 64: 2 x 2 warps (32 x 32).
     static constexpr int WM = BM == 16 ? 1 : 2;  // 16-row fragments per warp
-    static constexpr int WN = BM == 64 ? 2 : 1;  // 16-col fragments per warp
+    static constexpr int WN = BM == 16 ? 1 : 2;  // 16-col fragments per warp
     static constexpr int A_CHUNKS = BM * BK / 8 / THREADS;  // 16-byte copies per thread
     static constexpr int B_CHUNKS = BN * BK / 8 / THREADS;
-    static_assert(A_CHUNKS >= 1 && B_CHUNKS >= 1, "tile too small for the CTA");
 };
 
-template <int BM, int STAGES, int BK_ = 64>
+template <int BM, int STAGES>
 __device__ void grouped_gemm_tile(const bf16* __restrict__ X, const int* __restrict__ row_token,
                                   const bf16* __restrict__ W, bf16* __restrict__ Y, const int4* __restrict__ tiles,
                                   const int* __restrict__ num_tiles, int N, int K) {
-    using L = Tile<BM, STAGES, BK_>;
-    constexpr int BK = L::BK, LDT = L::LDT;
+    using L = Tile<BM, STAGES>;
     if ((int)blockIdx.y >= num_tiles[0]) return;
     const int4 tile = tiles[blockIdx.y];
     const int e = tile.x, p0 = tile.y, rows = tile.z - tile.y;
@@ -50,8 +42,8 @@ __device__ void grouped_gemm_tile(const bf16* __restrict__ X, const int* __restr
     extern __shared__ __align__(128) unsigned char smem[];
     bf16* sbuf = reinterpret_cast<bf16*>(smem);
     const int tid = threadIdx.x, warp = tid >> 5;
-    const int wm = BM == 64 ? (warp >> 1) * 32 : 0;
-    const int wn = BM == 64 ? (warp & 1) * 32 : warp * 16;
+    const int wm = BM == 16 ? 0 : (warp >> 1) * 32;
+    const int wn = BM == 16 ? warp * 16 : (warp & 1) * 32;
 
     const bf16* a_src[L::A_CHUNKS < 1 ? 1 : L::A_CHUNKS];
     bool a_ok[L::A_CHUNKS < 1 ? 1 : L::A_CHUNKS];
@@ -150,13 +142,6 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     pdl_enter();
     grouped_gemm_tile<16, 3>(X, row_token, W, Y, tiles, num_tiles, N, K);
 }
-// The 32-row decode tile with 32-deep K steps and 4 stages (30 KB: 7 CTAs per multiprocessor).
-extern "C" __global__ void __launch_bounds__(THREADS)
-    grouped_gemm_m32(const bf16* X, const int* row_token, const bf16* W, bf16* Y, const int4* tiles,
-                     const int* num_tiles, int N, int K) {
-    pdl_enter();
-    grouped_gemm_tile<32, 4, 32>(X, row_token, W, Y, tiles, num_tiles, N, K);
-}
 extern "C" __global__ void __launch_bounds__(THREADS)
     grouped_gemm_m64(const bf16* X, const int* row_token, const bf16* W, bf16* Y, const int4* tiles,
                      const int* num_tiles, int N, int K) {
@@ -165,4 +150,3 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 }
 static_assert(Tile<16, 4>::smem_bytes == 4 * 80 * 72 * 2, "host mirror");
 static_assert(Tile<64, 3>::smem_bytes == 3 * 128 * 72 * 2, "host mirror");
-static_assert(Tile<32, 4, 32>::smem_bytes == 4 * 96 * 40 * 2, "host mirror");

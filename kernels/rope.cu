@@ -2,14 +2,11 @@
 // K (normed, rotated) / V (raw) into the layer's K/V cache (docs/llada2-model.md §7.4 steps 2-5).
 #include "common.cuh"
 
-// qkv: [T, (H + 2G) * d] in the order [Q heads | K heads | V heads], either BF16 (`qkv`) or
-// `splits` F32 partials of the split-K projection (`part[s * pstride + t * (H + 2G) * d + c]`,
-// kernels/linear.cu) summed in split order and rounded to BF16 as a BF16 GEMM would have stored
-// them. grid = (T, H + 2G), one warp per (token, head); d <= 256. The token's absolute position is pos0[0] + t (pos0 lives in device
+// qkv: [T, (H + 2G) * d] in the order [Q heads | K heads | V heads]. grid = (T, H + 2G), one warp
+// per (token, head); d <= 256. The token's absolute position is pos0[0] + t (pos0 lives in device
 // memory so that a captured graph can be replayed at another position).
 // q_out: [T, H, d]; k_cache, v_cache: [capacity, G, d] of this layer.
-extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const float* __restrict__ part, int splits,
-                                        long long pstride, const bf16* __restrict__ q_weight,
+extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const bf16* __restrict__ q_weight,
                                         const bf16* __restrict__ k_weight, bf16* __restrict__ q_out,
                                         bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                         const int* __restrict__ pos0, int n_heads, int n_kv_heads, int d,
@@ -20,19 +17,7 @@ extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const floa
     const int t = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
     const int pos = pos0[0] + t;
     const size_t src0 = ((size_t)t * (n_heads + 2 * n_kv_heads) + head) * d;
-    if (part) {
-        // d <= 256: at most 8 values per lane, their partials loaded together.
-        bool ok[8];
-        float acc[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) ok[u] = lane + 32 * u < d;
-        sum_splits_n<8>(acc, part + src0 + lane, 32, ok, splits, pstride);
-#pragma unroll
-        for (int u = 0; u < 8; ++u)
-            if (ok[u]) raw[lane + 32 * u] = to_f32(to_bf16(acc[u]));
-    } else {
-        for (int i = lane; i < d; i += 32) raw[i] = to_f32(qkv[src0 + i]);
-    }
+    for (int i = lane; i < d; i += 32) raw[i] = to_f32(qkv[src0 + i]);
     __syncwarp();
     if (head >= n_heads + n_kv_heads) {  // V head: cached as is
         bf16* dst = v_cache + ((size_t)pos * n_kv_heads + (head - n_heads - n_kv_heads)) * d;

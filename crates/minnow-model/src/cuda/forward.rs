@@ -85,10 +85,6 @@ pub(crate) struct Workspace {
     expert_gu: DeviceBuffer<bf16>,
     expert_act: DeviceBuffer<bf16>,
     expert_out: DeviceBuffer<bf16>,
-    /// F32 partials of the split-K projections of short forwards.
-    splitk: DeviceBuffer<f32>,
-    /// Ticket counter of the fused router (0 between launches).
-    route_counter: DeviceBuffer<u32>,
     pub logits_bf16: DeviceBuffer<bf16>,
     pub logits_f32: DeviceBuffer<f32>,
     pub top_token: DeviceBuffer<u32>,
@@ -154,8 +150,6 @@ impl Workspace {
             expert_gu: gpu.alloc(a * 2 * c.moe_intermediate_size)?,
             expert_act: gpu.alloc(a * c.moe_intermediate_size)?,
             expert_out: gpu.alloc(a * d)?,
-            splitk: gpu.alloc(ops::splitk_scratch_len(qkv.max(d)))?,
-            route_counter: gpu.upload(&[0u32])?,
             logits_bf16: gpu.alloc(r * c.vocab_size)?,
             logits_f32: gpu.alloc(r * c.vocab_size)?,
             top_token: gpu.alloc(r)?,
@@ -224,7 +218,6 @@ pub(crate) fn queue_forward(
     let qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd;
     let attn_width = c.num_attention_heads * hd;
     let blas = gpu.blas();
-    let tuning = minnow_runtime::cuda::tuning::tuning();
     let splits = attention_splits(c, t, gpu.sm_count())
         .min(ws.attn_rows / t)
         .max(1);
@@ -252,34 +245,20 @@ pub(crate) fn queue_forward(
             mark("norms")?;
         }
         normed = false;
-        let splitk = tuning.splitk && ops::splitk_supports(t, qkv_rows, d);
-        let qkv = if splitk {
-            ops::Projected::SplitK(ops::linear_splitk(
-                gpu,
-                ws.a.ptr(),
-                layer.qkv.ptr(),
-                ws.splitk.ptr(),
-                t,
-                qkv_rows,
-                d,
-            )?)
-        } else {
-            dense_gemm(
-                gpu,
-                ws.a.ptr(),
-                layer.qkv.ptr(),
-                ws.qkv.ptr(),
-                t,
-                qkv_rows,
-                d,
-            )?;
-            ops::Projected::Bf16(ws.qkv.ptr())
-        };
+        dense_gemm(
+            gpu,
+            ws.a.ptr(),
+            layer.qkv.ptr(),
+            ws.qkv.ptr(),
+            t,
+            qkv_rows,
+            d,
+        )?;
         mark("qkv gemm")?;
         ops::qk_norm_rope(
             gpu,
             &shape,
-            qkv,
+            ws.qkv.ptr(),
             layer.q_norm.ptr(),
             layer.k_norm.ptr(),
             ws.q.ptr(),
@@ -305,49 +284,26 @@ pub(crate) fn queue_forward(
             splits,
         )?;
         mark("attention")?;
-        if tuning.splitk && ops::splitk_supports(t, d, attn_width) {
-            let delta = ops::linear_splitk(
-                gpu,
-                ws.attn.ptr(),
-                layer.dense.ptr(),
-                ws.splitk.ptr(),
-                t,
-                d,
-                attn_width,
-            )?;
-            mark("o gemm")?;
-            ops::add_splitk_rmsnorm(
-                gpu,
-                ws.h.ptr(),
-                &delta,
-                layer.post_norm.ptr(),
-                ws.a.ptr(),
-                t,
-                d,
-                eps,
-            )?;
-        } else {
-            dense_gemm(
-                gpu,
-                ws.attn.ptr(),
-                layer.dense.ptr(),
-                ws.delta.ptr(),
-                t,
-                d,
-                attn_width,
-            )?;
-            mark("o gemm")?;
-            ops::add_rmsnorm(
-                gpu,
-                ws.h.ptr(),
-                ws.delta.ptr(),
-                layer.post_norm.ptr(),
-                ws.a.ptr(),
-                t,
-                d,
-                eps,
-            )?;
-        }
+        dense_gemm(
+            gpu,
+            ws.attn.ptr(),
+            layer.dense.ptr(),
+            ws.delta.ptr(),
+            t,
+            d,
+            attn_width,
+        )?;
+        mark("o gemm")?;
+        ops::add_rmsnorm(
+            gpu,
+            ws.h.ptr(),
+            ws.delta.ptr(),
+            layer.post_norm.ptr(),
+            ws.a.ptr(),
+            t,
+            d,
+            eps,
+        )?;
         mark("norms")?;
         match &layer.mlp {
             Mlp::Dense(mlp) => {
@@ -366,89 +322,47 @@ pub(crate) fn queue_forward(
                 // (decoding: it then streams at the grouped kernel's bandwidth, with no extra
                 // launches); for prefill cuBLAS multiplies its slice of the packed buffers faster.
                 let packed = matches!(moe.shared, SharedExpert::Packed)
-                    && ops::moe_tile_rows(t * k, e) < 64;
+                    && ops::moe_tile_rows(t * k, e) == 16;
                 let (slots, a) = if packed {
                     (e + 1, t * (k + 1))
                 } else {
                     (e, t * k)
                 };
                 let tile_rows = ops::moe_tile_rows(a, slots);
-                let dispatch = ops::DispatchOut {
-                    tile_rows,
-                    shared_expert: packed.then_some(e),
-                    slot_pos: ws.slot_pos.ptr(),
-                    row_token: ws.row_token.ptr(),
-                    tiles: ws.tiles.ptr(),
-                    num_tiles: ws.num_tiles.ptr(),
-                };
-                if tuning.fused_router && ops::route_fused_supports(&router, t, d) {
-                    let matrix = match &moe.router {
-                        RouterWeights::Bf16(w) => ops::RouterMatrix::Bf16(w.ptr()),
-                        RouterWeights::F32(w) => ops::RouterMatrix::F32(w.ptr()),
-                    };
-                    ops::route_dispatch_fused(
-                        gpu,
-                        &router,
-                        ws.a.ptr(),
-                        matrix,
-                        moe.bias.ptr(),
-                        ws.router_logits.ptr(),
-                        ws.route_counter.ptr(),
-                        ws.topk_idx.ptr(),
-                        ws.topk_w.ptr(),
-                        t,
-                        d,
-                        &dispatch,
-                    )?;
-                    mark("router")?;
-                } else {
-                    match &moe.router {
-                        RouterWeights::Bf16(w) => blas.gemm_bf16_f32out(
-                            ws.a.ptr(),
-                            w.ptr(),
-                            ws.router_logits.ptr(),
-                            t,
-                            e,
-                            d,
-                        )?,
-                        RouterWeights::F32(w) => {
-                            ops::bf16_to_f32(gpu, ws.a.ptr(), ws.a_f32.ptr(), t * d)?;
-                            blas.gemm_f32(
-                                ws.a_f32.ptr(),
-                                w.ptr(),
-                                ws.router_logits.ptr(),
-                                t,
-                                e,
-                                d,
-                            )?;
-                        }
+                match &moe.router {
+                    RouterWeights::Bf16(w) => {
+                        blas.gemm_bf16_f32out(ws.a.ptr(), w.ptr(), ws.router_logits.ptr(), t, e, d)?
                     }
-                    ops::route(
-                        gpu,
-                        &router,
-                        ws.router_logits.ptr(),
-                        moe.bias.ptr(),
-                        ws.admitted.ptr(),
-                        ws.topk_idx.ptr(),
-                        ws.topk_w.ptr(),
-                        t,
-                    )?;
-                    mark("router")?;
-                    ops::moe_dispatch(
-                        gpu,
-                        ws.topk_idx.ptr(),
-                        t,
-                        k,
-                        slots,
-                        tile_rows,
-                        dispatch.shared_expert,
-                        dispatch.slot_pos,
-                        dispatch.row_token,
-                        dispatch.tiles,
-                        dispatch.num_tiles,
-                    )?;
-                    mark("dispatch")?;
+                    RouterWeights::F32(w) => {
+                        ops::bf16_to_f32(gpu, ws.a.ptr(), ws.a_f32.ptr(), t * d)?;
+                        blas.gemm_f32(ws.a_f32.ptr(), w.ptr(), ws.router_logits.ptr(), t, e, d)?;
+                    }
                 }
+                ops::route(
+                    gpu,
+                    &router,
+                    ws.router_logits.ptr(),
+                    moe.bias.ptr(),
+                    ws.admitted.ptr(),
+                    ws.topk_idx.ptr(),
+                    ws.topk_w.ptr(),
+                    t,
+                )?;
+                mark("router")?;
+                ops::moe_dispatch(
+                    gpu,
+                    ws.topk_idx.ptr(),
+                    t,
+                    k,
+                    slots,
+                    tile_rows,
+                    packed.then_some(e),
+                    ws.slot_pos.ptr(),
+                    ws.row_token.ptr(),
+                    ws.tiles.ptr(),
+                    ws.num_tiles.ptr(),
+                )?;
+                mark("dispatch")?;
                 // Experts that can get rows: with 2.2 block admission at most `capacity` per
                 // routing block (plus the packed shared expert), far fewer than all of them.
                 let busy = match router.capacity {

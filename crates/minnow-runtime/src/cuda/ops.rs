@@ -49,136 +49,11 @@ pub fn add_rmsnorm(
         cfg,
         h,
         delta,
-        0u64,
-        0i32,
-        0i64,
         weight,
         out,
         d as i32,
         eps
     )
-}
-
-/// [`add_rmsnorm`] whose delta is the split-K product `delta` of [`linear_splitk`] (`[rows, d]`):
-/// its partials are summed and rounded to BF16 on the way, so the projection needs no reduction
-/// launch of its own.
-#[allow(clippy::too_many_arguments)]
-pub fn add_splitk_rmsnorm(
-    gpu: &Gpu,
-    h: u64,
-    delta: &SplitK,
-    weight: u64,
-    out: u64,
-    rows: usize,
-    d: usize,
-    eps: f32,
-) -> CudaResult<()> {
-    if delta.n != d || rows > SPLITK_MAX_ROWS {
-        return unsupported(format!(
-            "split-K delta of {} columns for rows of {d} ({rows} rows)",
-            delta.n
-        ));
-    }
-    let cfg = LaunchConfig::new((rows as u32, 1, 1), row_threads(d), 0);
-    cuda_launch!(
-        gpu,
-        "add_rmsnorm",
-        cfg,
-        h,
-        0u64,
-        delta.part,
-        delta.splits as i32,
-        delta.stride() as i64,
-        weight,
-        out,
-        d as i32,
-        eps
-    )
-}
-
-/// Most rows [`linear_splitk`] multiplies (`BM` in kernels/linear.cu).
-pub const SPLITK_MAX_ROWS: usize = 32;
-/// Most K splits [`linear_splitk`] cuts (bounds its scratch: [`splitk_scratch_len`]).
-pub const SPLITK_MAX_SPLITS: usize = 16;
-/// Dynamic shared memory of `linear_splitk_m32` (`SMEM_BYTES` in kernels/linear.cu).
-const SPLITK_SMEM_BYTES: usize = 4 * (32 + 64) * 72 * 2;
-
-/// F32 scratch floats [`linear_splitk`] needs for products of up to `n` columns.
-pub fn splitk_scratch_len(n: usize) -> usize {
-    SPLITK_MAX_SPLITS * SPLITK_MAX_ROWS * n
-}
-
-/// A product `Y [rows, n]` left as `splits` F32 partials `part[s, 32, n]` by [`linear_splitk`];
-/// the kernels that read `Y` ([`add_splitk_rmsnorm`], [`qk_norm_rope`]) sum them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SplitK {
-    pub part: u64,
-    pub splits: usize,
-    pub n: usize,
-}
-
-impl SplitK {
-    /// Floats between one split's partial and the next.
-    pub fn stride(&self) -> usize {
-        SPLITK_MAX_ROWS * self.n
-    }
-}
-
-/// Whether [`linear_splitk`] takes a product of `rows` rows, `n` outputs and `k` inputs.
-pub fn splitk_supports(rows: usize, n: usize, k: usize) -> bool {
-    (1..=SPLITK_MAX_ROWS).contains(&rows) && n.is_multiple_of(64) && k.is_multiple_of(8) && k > 0
-}
-
-/// K splits of a split-K product: enough CTAs to keep about `target_ctas` weight streams in
-/// flight, every split at least one 64-deep step and none empty.
-pub fn splitk_splits(n: usize, k: usize, target_ctas: usize) -> usize {
-    let steps = k.div_ceil(64);
-    let want = target_ctas
-        .div_ceil((n / 64).max(1))
-        .clamp(1, SPLITK_MAX_SPLITS.min(steps));
-    steps.div_ceil(steps.div_ceil(want))
-}
-
-/// `Y = X . W^T` for a short forward (`rows` <= 32, `x [rows, k]`, `w [n, k]` BF16) as split-K
-/// partials in `part` (at least [`splitk_scratch_len`]`(n)` floats); see kernels/linear.cu.
-#[allow(clippy::too_many_arguments)]
-pub fn linear_splitk(
-    gpu: &Gpu,
-    x: u64,
-    w: u64,
-    part: u64,
-    rows: usize,
-    n: usize,
-    k: usize,
-) -> CudaResult<SplitK> {
-    if !splitk_supports(rows, n, k) {
-        return unsupported(format!(
-            "split-K product of {rows} rows, {n} outputs, {k} inputs (needs rows <= 32, n % 64 == 0, k % 8 == 0)"
-        ));
-    }
-    let target = super::tuning::tuning()
-        .splitk_ctas
-        .unwrap_or(2 * gpu.sm_count() as usize);
-    let splits = splitk_splits(n, k, target);
-    let steps = k.div_ceil(64).div_ceil(splits);
-    let cfg = LaunchConfig::new(
-        ((n / 64) as u32, splits as u32, 1),
-        128,
-        SPLITK_SMEM_BYTES as u32,
-    );
-    cuda_launch!(
-        gpu,
-        "linear_splitk_m32",
-        cfg,
-        x,
-        w,
-        part,
-        rows as i32,
-        n as i32,
-        k as i32,
-        steps as i32
-    )?;
-    Ok(SplitK { part, splits, n })
 }
 
 /// `out[r] = BF16(BF16(silu(gate)) * up)` where `gu[r] = [gate | up]` of `width` each.
@@ -371,20 +246,13 @@ impl AttentionShape {
     }
 }
 
-/// A projection's output as the next kernel reads it: BF16 rows, or split-K partials.
-#[derive(Clone, Copy, Debug)]
-pub enum Projected {
-    Bf16(u64),
-    SplitK(SplitK),
-}
-
 /// QK-norm + partial RoPE of `tokens` rows of fused QKV at positions `pos0[0]..`; writes Q and
 /// the layer's K/V cache rows.
 #[allow(clippy::too_many_arguments)]
 pub fn qk_norm_rope(
     gpu: &Gpu,
     shape: &AttentionShape,
-    qkv: Projected,
+    qkv: u64,
     q_weight: u64,
     k_weight: u64,
     q_out: u64,
@@ -397,27 +265,12 @@ pub fn qk_norm_rope(
 ) -> CudaResult<()> {
     shape.check()?;
     let heads = shape.heads + 2 * shape.kv_heads;
-    let (bf16_rows, part, splits, stride) = match qkv {
-        Projected::Bf16(p) => (p, 0, 0, 0),
-        Projected::SplitK(s) if s.n == heads * shape.head_dim && tokens <= SPLITK_MAX_ROWS => {
-            (0, s.part, s.splits, s.stride())
-        }
-        Projected::SplitK(s) => {
-            return unsupported(format!(
-                "split-K QKV of {} columns for {heads} heads of {} ({tokens} rows)",
-                s.n, shape.head_dim
-            ))
-        }
-    };
     let cfg = LaunchConfig::new((tokens as u32, heads as u32, 1), 32, 0);
     cuda_launch!(
         gpu,
         "qk_norm_rope",
         cfg,
-        bf16_rows,
-        part,
-        splits as i32,
-        stride as i64,
+        qkv,
         q_weight,
         k_weight,
         q_out,
@@ -685,126 +538,14 @@ pub fn route_with(
     )
 }
 
-/// The router matrix of an MoE layer on the device, `[E, d]`.
-#[derive(Clone, Copy, Debug)]
-pub enum RouterMatrix {
-    Bf16(u64),
-    F32(u64),
-}
-
-/// Where [`route_dispatch_fused`] leaves the dispatch (see [`moe_dispatch`] for each buffer).
-#[derive(Clone, Copy, Debug)]
-pub struct DispatchOut {
-    pub tile_rows: usize,
-    /// Index of the packed shared expert (`experts`, after the routed ones), if it joins.
-    pub shared_expert: Option<usize>,
-    pub slot_pos: u64,
-    pub row_token: u64,
-    pub tiles: u64,
-    pub num_tiles: u64,
-}
-
-/// Most tokens [`route_dispatch_fused`] routes (`ROUTE_FUSED_MAX_T` in kernels/router.cu).
-pub const ROUTE_FUSED_MAX_T: usize = 128;
-const ROUTE_FUSED_MAX_E: usize = 256;
-const ROUTE_FUSED_MAX_BLOCKS: usize = 4;
-const ROUTE_FUSED_EXPERTS_PER_CTA: usize = 1;
-const ROUTE_FUSED_THREADS: u32 = 1024;
-
-/// Whether [`route_dispatch_fused`] takes `tokens` rows of width `d` under `shape`.
-pub fn route_fused_supports(shape: &RouterShape, tokens: usize, d: usize) -> bool {
-    shape.check().is_ok()
-        && (1..=ROUTE_FUSED_MAX_T).contains(&tokens)
-        && shape.experts <= ROUTE_FUSED_MAX_E
-        && shape.top_k <= 32
-        && d.is_multiple_of(8)
-        && d <= 4096
-        && match (shape.capacity, shape.groups) {
-            (Some(_), _) => tokens.div_ceil(shape.block) <= ROUTE_FUSED_MAX_BLOCKS,
-            (None, Some((g, _))) => g <= 32,
-            (None, None) => false,
-        }
-}
-
-/// The router of a short forward in one launch (kernels/router.cu, `route_fused_*`): logits of
-/// `x [tokens, d]` against the router matrix into `logits [tokens, E]` (F32 scratch), the
-/// routing of [`route`] into `topk_idx`/`topk_w`, and the [`moe_dispatch`] of the assignments
-/// into `out`. `counter` is one u32 of device memory holding 0 (the kernel leaves it 0).
-#[allow(clippy::too_many_arguments)]
-pub fn route_dispatch_fused(
-    gpu: &Gpu,
-    shape: &RouterShape,
-    x: u64,
-    router: RouterMatrix,
-    bias: u64,
-    logits: u64,
-    counter: u64,
-    topk_idx: u64,
-    topk_w: u64,
-    tokens: usize,
-    d: usize,
-    out: &DispatchOut,
-) -> CudaResult<()> {
-    if !route_fused_supports(shape, tokens, d) {
-        return unsupported(format!(
-            "fused router for {tokens} tokens of width {d} under {shape:?}"
-        ));
-    }
-    if out.shared_expert.is_some_and(|s| s != shape.experts) {
-        return unsupported(format!(
-            "packed shared expert {:?} of {} routed experts",
-            out.shared_expert, shape.experts
-        ));
-    }
-    let (name, w) = match router {
-        RouterMatrix::Bf16(w) => ("route_fused_bf16", w),
-        RouterMatrix::F32(w) => ("route_fused_f32", w),
-    };
-    let (n_group, topk_group) = shape.groups.unwrap_or((1, 1));
-    let ctas = shape.experts.div_ceil(ROUTE_FUSED_EXPERTS_PER_CTA) as u32;
-    let cfg = LaunchConfig::new(
-        (ctas, 1, 1),
-        ROUTE_FUSED_THREADS,
-        (tokens * shape.experts * 4) as u32,
-    );
-    cuda_launch!(
-        gpu,
-        name,
-        cfg,
-        w,
-        x,
-        bias,
-        logits,
-        counter,
-        tokens as i32,
-        d as i32,
-        shape.experts as i32,
-        shape.top_k as i32,
-        shape.block as i32,
-        shape.capacity.map_or(0, |c| c as i32),
-        n_group as i32,
-        topk_group as i32,
-        shape.scale,
-        topk_idx,
-        topk_w,
-        out.tile_rows as i32,
-        out.shared_expert.map_or(-1, |s| s as i32),
-        out.slot_pos,
-        out.row_token,
-        out.tiles,
-        out.num_tiles
-    )
-}
-
-/// Rows per tile of the grouped expert GEMM: 32 (or 16 with `MINNOW_MOE_DECODE_ROWS=16`) when
-/// experts get few rows each (decoding; the kernel then streams weights), 64 when they get many
-/// (prefill; weights are reused).
+/// Rows per tile of the grouped expert GEMM: 16 when experts get few rows each (decoding; the
+/// kernel then streams weights), 64 when they get many (prefill; weights are reused).
 pub fn moe_tile_rows(assignments: usize, experts: usize) -> usize {
     let busy = experts.min(assignments).max(1);
     if assignments / busy >= 48 {
         64
     } else {
-        super::tuning::tuning().moe_decode_rows
+        16
     }
 }
 
@@ -859,13 +600,12 @@ pub fn moe_dispatch(
     )
 }
 
-/// Dynamic shared memory of `grouped_gemm_m{16,32,64}`; mirrors `Tile<BM, STAGES, BK>` in
-/// kernels/moe.cu.
-fn grouped_gemm_smem_bytes(tile_rows: usize, stages: usize, bk: usize) -> usize {
-    stages * (tile_rows + 64) * (bk + 8) * 2
+/// Dynamic shared memory of `grouped_gemm_m{16,64}`; mirrors `Tile<BM, STAGES>` in kernels/moe.cu.
+fn grouped_gemm_smem_bytes(tile_rows: usize, stages: usize) -> usize {
+    stages * (tile_rows + 64) * 72 * 2
 }
 
-/// Grouped GEMM over the dispatched tiles (cut at `tile_rows`, 16, 32 or 64): `Y[p] =
+/// Grouped GEMM over the dispatched tiles (cut at `tile_rows`, 16 or 64): `Y[p] =
 /// X[row_token[p] or p] . W[e]^T` with `W [E, n, k]`. `row_token` 0 means rows are read in place.
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm(
@@ -886,22 +626,21 @@ pub fn grouped_gemm(
             "expert GEMM of {n} outputs over {k} inputs (needs n % 64 == 0, k % 32 == 0)"
         ));
     }
-    if ![16, 32, 64].contains(&tile_rows) {
+    if tile_rows != 16 && tile_rows != 64 {
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
     }
     if max_tiles == 0 {
         return Ok(());
     }
-    let (name, stages, bk) = match (tile_rows, super::tuning::tuning().moe16_stages) {
-        (16, 3) => ("grouped_gemm_m16s3", 3, 64),
-        (16, _) => ("grouped_gemm_m16", 4, 64),
-        (32, _) => ("grouped_gemm_m32", 4, 32),
-        _ => ("grouped_gemm_m64", 3, 64),
+    let (name, stages) = match (tile_rows, super::tuning::tuning().moe16_stages) {
+        (16, 3) => ("grouped_gemm_m16s3", 3),
+        (16, _) => ("grouped_gemm_m16", 4),
+        _ => ("grouped_gemm_m64", 3),
     };
     let cfg = LaunchConfig::new(
         ((n / 64) as u32, max_tiles as u32, 1),
         128,
-        grouped_gemm_smem_bytes(tile_rows, stages, bk) as u32,
+        grouped_gemm_smem_bytes(tile_rows, stages) as u32,
     );
     cuda_launch!(gpu, name, cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32)
 }
@@ -1009,14 +748,13 @@ mod tests {
     #[test]
     fn expert_tiles_follow_rows_per_expert() {
         // A denoising step: 32 tokens x 8 picks over 256 experts -> few rows per expert.
-        assert!([16, 32].contains(&moe_tile_rows(256, 256)));
+        assert_eq!(moe_tile_rows(256, 256), 16);
         // A 4K prefill: 32,768 picks -> 128 rows per expert on average.
         assert_eq!(moe_tile_rows(32_768, 256), 64);
         // The bound covers the worst case: every expert gets a partial tile.
         assert_eq!(moe_max_tiles(256, 256, 16), 16 + 256);
         assert_eq!(moe_max_tiles(4, 256, 16), 1 + 4);
-        assert_eq!(grouped_gemm_smem_bytes(16, 3, 64), 3 * 80 * 72 * 2);
-        assert_eq!(grouped_gemm_smem_bytes(64, 3, 64), 3 * 128 * 72 * 2);
-        assert_eq!(grouped_gemm_smem_bytes(32, 4, 32), 4 * 96 * 40 * 2);
+        assert_eq!(grouped_gemm_smem_bytes(16, 3), 3 * 80 * 72 * 2);
+        assert_eq!(grouped_gemm_smem_bytes(64, 3), 3 * 128 * 72 * 2);
     }
 }

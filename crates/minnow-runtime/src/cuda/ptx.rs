@@ -78,8 +78,6 @@ pub const MODULES: &[PtxModule] = &[
             "route_topk",
             "route_block_fused",
             "moe_dispatch",
-            "route_fused_bf16",
-            "route_fused_f32",
         ],
         max_dynamic_shared: ROUTER_MAX_SHARED,
     },
@@ -90,16 +88,8 @@ pub const MODULES: &[PtxModule] = &[
         functions: &[
             "grouped_gemm_m16",
             "grouped_gemm_m16s3",
-            "grouped_gemm_m32",
             "grouped_gemm_m64",
         ],
-        max_dynamic_shared: 64 * 1024,
-    },
-    PtxModule {
-        name: "linear",
-        ptx: include_str!("ptx/linear.ptx"),
-        ptx_sm90: include_str!("ptx/linear.sm90.ptx"),
-        functions: &["linear_splitk_m32"],
         max_dynamic_shared: 64 * 1024,
     },
 ];

@@ -1,10 +1,8 @@
 //! Launch-shape knobs that only change speed, read once from the environment so that one bench
 //! run can compare variants on the same binary (docs/performance.md records which won):
 //! `MINNOW_MOE16_STAGES` (3 or 4: pipeline depth of the 16-row expert GEMM; 3 measured 3 % faster
-//! per refinement step on the H200), `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
-//! short forward's attention; 16 beat 8 and 32) `MINNOW_SPLITK_CTAS` (CTAs a split-K
-//! projection of a short forward aims for); `MINNOW_SPLITK=0` and `MINNOW_FUSED_ROUTER=0` turn
-//! the short-forward fusions off, for A/B runs.
+//! per refinement step on the H200) and `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
+//! short forward's attention; 16 beat 8 and 32).
 
 use std::sync::OnceLock;
 
@@ -12,15 +10,6 @@ use std::sync::OnceLock;
 pub struct Tuning {
     pub moe16_stages: usize,
     pub attn_max_splits: usize,
-    /// CTAs a split-K projection aims for (`MINNOW_SPLITK_CTAS`; default: twice the SMs).
-    pub splitk_ctas: Option<usize>,
-    /// Split-K projections for short forwards (`MINNOW_SPLITK=0` falls back to cuBLAS).
-    pub splitk: bool,
-    /// The one-launch router + dispatch for short forwards (`MINNOW_FUSED_ROUTER=0`: the
-    /// router GEMM, route and dispatch launches).
-    pub fused_router: bool,
-    /// Rows per expert tile when decoding (`MINNOW_MOE_DECODE_ROWS`, 16 or 32).
-    pub moe_decode_rows: usize,
 }
 
 impl Default for Tuning {
@@ -28,10 +17,6 @@ impl Default for Tuning {
         Self {
             moe16_stages: 3,
             attn_max_splits: 16,
-            splitk_ctas: None,
-            splitk: true,
-            fused_router: true,
-            moe_decode_rows: 32,
         }
     }
 }
@@ -57,12 +42,6 @@ pub fn tuning() -> &'static Tuning {
                 .unwrap_or(d.moe16_stages),
             attn_max_splits: env_usize("MINNOW_ATTN_MAX_SPLITS", |v| (1..=64).contains(&v))
                 .unwrap_or(d.attn_max_splits),
-            splitk_ctas: env_usize("MINNOW_SPLITK_CTAS", |v| (1..=4096).contains(&v)),
-            splitk: env_usize("MINNOW_SPLITK", |v| v <= 1).map_or(d.splitk, |v| v == 1),
-            fused_router: env_usize("MINNOW_FUSED_ROUTER", |v| v <= 1)
-                .map_or(d.fused_router, |v| v == 1),
-            moe_decode_rows: env_usize("MINNOW_MOE_DECODE_ROWS", |v| v == 16 || v == 32)
-                .unwrap_or(d.moe_decode_rows),
         }
     })
 }
