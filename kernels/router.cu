@@ -178,9 +178,18 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
 // CTA (blockDim = 1024). The block's sigmoid scores sit in shared memory (2 * rows * E floats),
 // so the logits are read once and the whole router is one launch. Same rules as
 // route_block_admit + route_topk (ties to the lower expert index).
+// With `pool_wgu_ptrs` non-null (a forward of one routing block whose experts run as a batched
+// GEMM over the admitted pool, ops::route_pooled) it also writes, for pool entry q < capacity
+// (the q-th admitted expert) and q = capacity (the packed shared expert E), the addresses of its
+// gate/up and down weights, and for every assignment its row q * pool_row_stride + token in the
+// pooled outputs (pool_slot_pos[T * k + t]: token t's shared-expert row).
 extern "C" __global__ void __launch_bounds__(1024)
     route_block_fused(const float* __restrict__ logits, const float* __restrict__ bias, int T, int E, int block,
-                      int capacity, int k, float scale, int* __restrict__ topk_idx, float* __restrict__ topk_w) {
+                      int capacity, int k, float scale, int* __restrict__ topk_idx, float* __restrict__ topk_w,
+                      const bf16* __restrict__ pool_wgu, long long pool_wgu_stride, const bf16* __restrict__ pool_wd,
+                      long long pool_wd_stride, unsigned long long* __restrict__ pool_wgu_ptrs,
+                      unsigned long long* __restrict__ pool_wd_ptrs, int* __restrict__ pool_slot_pos,
+                      int pool_row_stride) {
     pdl_enter();
     extern __shared__ float sh[];
     float* biased = sh;                // rows x E
@@ -190,10 +199,20 @@ extern "C" __global__ void __launch_bounds__(1024)
     __shared__ float chosen[1024];     // rows x k unbiased scores in rank order
     const int tid = threadIdx.x, nt = blockDim.x;
     const int r0 = blockIdx.x * block, rows = min(block, T - r0);
-    for (int i = tid; i < rows * E; i += nt) {
-        const float s = sigmoidf(logits[(size_t)r0 * E + i]);
-        score[i] = s;
-        biased[i] = s + bias[i % E];
+    // The logits are loaded 4 per thread at once (a loop of single loads waits one memory round
+    // trip per element: rows * E / blockDim of them).
+    for (int base = tid; base < rows * E; base += 4 * nt) {
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = base + u * nt < rows * E ? logits[(size_t)r0 * E + base + u * nt] : 0.f;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = base + u * nt;
+            if (i >= rows * E) break;
+            const float s = sigmoidf(v[u]);
+            score[i] = s;
+            biased[i] = s + bias[i % E];
+        }
     }
     __syncthreads();
     if (tid < E) {
@@ -205,15 +224,28 @@ extern "C" __global__ void __launch_bounds__(1024)
     if (tid < E) {
         const float v = g[tid];
         int rank = 0;
+#pragma unroll 8
         for (int i = 0; i < E; ++i) rank += ranks_before(g[i], i, v, tid);
-        if (rank < capacity) pool[rank] = tid;
+        if (rank < capacity) {
+            pool[rank] = tid;
+            if (pool_wgu_ptrs) {
+                pool_wgu_ptrs[rank] = (unsigned long long)(pool_wgu + tid * pool_wgu_stride);
+                pool_wd_ptrs[rank] = (unsigned long long)(pool_wd + tid * pool_wd_stride);
+            }
+        }
     }
+    if (pool_wgu_ptrs && tid == 0) {  // the shared expert, packed after the routed ones
+        pool_wgu_ptrs[capacity] = (unsigned long long)(pool_wgu + E * pool_wgu_stride);
+        pool_wd_ptrs[capacity] = (unsigned long long)(pool_wd + E * pool_wd_stride);
+    }
+    if (pool_wgu_ptrs && tid < rows) pool_slot_pos[T * k + r0 + tid] = capacity * pool_row_stride + tid;
     __syncthreads();
     for (int p = tid; p < rows * capacity; p += nt) {
         const int r = p / capacity, j = pool[p % capacity];
         const float* row = biased + r * E;
         const float v = row[j];
         int rank = 0;
+#pragma unroll 8
         for (int q = 0; q < capacity; ++q) {
             const int jj = pool[q];
             rank += ranks_before(row[jj], jj, v, j);
@@ -221,6 +253,7 @@ extern "C" __global__ void __launch_bounds__(1024)
         if (rank < k) {
             topk_idx[(r0 + r) * k + rank] = j;
             chosen[r * k + rank] = score[r * E + j];
+            if (pool_wgu_ptrs) pool_slot_pos[(r0 + r) * k + rank] = (p % capacity) * pool_row_stride + r;
         }
     }
     __syncthreads();

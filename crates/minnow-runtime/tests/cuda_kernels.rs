@@ -876,3 +876,102 @@ fn graph_replay_reads_new_inputs() {
         check_bf16("graph replay", &read_bf16(&g, &out), &want);
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pooled_experts_route_and_batched_gemms_match_reference() {
+    let g = gpu();
+    let mut rng = rng();
+    // (experts, top-k, capacity, tokens, d, expert width): mini's 2.2 step, a partial block and
+    // a tiny model.
+    for &(e, k, cap, t, d, iw) in &[
+        (256usize, 8usize, 48usize, 32usize, 256usize, 64usize),
+        (256, 8, 48, 5, 128, 64),
+        (16, 4, 6, 32, 64, 32),
+    ] {
+        let shape = RouterShape {
+            experts: e,
+            top_k: k,
+            groups: None,
+            capacity: Some(cap),
+            block: 32,
+            scale: 2.5,
+        };
+        assert!(ops::pooled_experts_supported(&shape, t));
+        let logits = randn(&mut rng, t * e, 3.0);
+        let bias = randn(&mut rng, e, 0.1);
+        // Packed experts (E + 1, the last one shared): gate/up [2I, d], down [d, I].
+        let wgu = to_bf16(&randn(&mut rng, (e + 1) * 2 * iw * d, 0.05));
+        let wd = to_bf16(&randn(&mut rng, (e + 1) * d * iw, 0.05));
+        let (dl, db, dwgu, dwd) = (
+            g.upload(&logits).unwrap(),
+            g.upload(&bias).unwrap(),
+            g.upload(&wgu).unwrap(),
+            g.upload(&wd).unwrap(),
+        );
+        let idx = g.upload(&vec![-1i32; t * k]).unwrap();
+        let tw = poisoned_f32(&g, t * k);
+        let slot = g.upload(&vec![-1i32; t * k + t]).unwrap();
+        let (pgu, pd) = (
+            g.upload(&vec![0u64; cap + 1]).unwrap(),
+            g.upload(&vec![0u64; cap + 1]).unwrap(),
+        );
+        let pool = ops::ExpertPool {
+            gate_up: dwgu.ptr(),
+            gate_up_stride: 2 * iw * d,
+            down: dwd.ptr(),
+            down_stride: d * iw,
+            gate_up_ptrs: pgu.ptr(),
+            down_ptrs: pd.ptr(),
+            slot_pos: slot.ptr(),
+            row_stride: 32,
+        };
+        ops::route_pooled(&g, &shape, dl.ptr(), db.ptr(), idx.ptr(), tw.ptr(), t, &pool).unwrap();
+        let (want_ids, want_w) = router_ref(&logits, &bias, t, &shape);
+        let got_ids: Vec<usize> = read(&g, &idx).iter().map(|&x| x as usize).collect();
+        assert_eq!(got_ids, want_ids, "pooled router choices (e{e} t{t})");
+        check_f32("pooled router weights", &read(&g, &tw), &want_w);
+        // Pool entry q holds expert pool[q]; each assignment's row is q * 32 + token.
+        let (gu_ptrs, d_ptrs, slots) = (read(&g, &pgu), read(&g, &pd), read(&g, &slot));
+        let entry_expert = |q: usize| ((gu_ptrs[q] - dwgu.ptr()) / (2 * 2 * iw * d) as u64) as usize;
+        for q in 0..=cap {
+            let ex = entry_expert(q);
+            assert!(ex <= e);
+            assert_eq!((d_ptrs[q] - dwd.ptr()) as usize, ex * 2 * d * iw);
+        }
+        assert_eq!(entry_expert(cap), e, "the last pool entry is the shared expert");
+        for i in 0..t * k {
+            let (q, tok) = (slots[i] as usize / 32, slots[i] as usize % 32);
+            assert_eq!(tok, i / k);
+            assert_eq!(entry_expert(q), want_ids[i], "row of assignment {i}");
+        }
+        for ti in 0..t {
+            assert_eq!(slots[t * k + ti] as usize, cap * 32 + ti);
+        }
+        // Batched gate/up over the pool: every entry multiplies all tokens.
+        let x = to_bf16(&randn(&mut rng, t * d, 1.0));
+        let dx = g.upload(&x).unwrap();
+        let out = poisoned_bf16(&g, (cap + 1) * 32 * 2 * iw);
+        let xs = g.upload(&vec![dx.ptr(); cap + 1]).unwrap();
+        let outs: Vec<u64> = (0..=cap)
+            .map(|q| out.ptr() + (q * 32 * 2 * iw * 2) as u64)
+            .collect();
+        let douts = g.upload(&outs).unwrap();
+        g.blas()
+            .gemm_bf16_batched(xs.ptr(), pgu.ptr(), douts.ptr(), t, 2 * iw, d, cap + 1)
+            .unwrap();
+        let got = read_bf16(&g, &out);
+        let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        let (mut gv, mut wv) = (vec![], vec![]);
+        for q in 0..=cap {
+            let ex = entry_expert(q);
+            let wf: Vec<f32> = wgu[ex * 2 * iw * d..(ex + 1) * 2 * iw * d]
+                .iter()
+                .map(|v| v.to_f32())
+                .collect();
+            wv.extend(matmul_t(&xf, &wf, t, 2 * iw, d));
+            gv.extend_from_slice(&got[q * 32 * 2 * iw..(q * 32 + t) * 2 * iw]);
+        }
+        check_bf16(&format!("batched pool gate/up e{e} t{t}"), &gv, &wv);
+    }
+}

@@ -83,6 +83,17 @@ pub(crate) struct Workspace {
     tiles: DeviceBuffer<i32>,
     num_tiles: DeviceBuffer<i32>,
     expert_gu: DeviceBuffer<bf16>,
+    /// Entries of the admitted pool of a 2.2 denoising step (capacity + the shared expert; 0
+    /// when the model has no such pool) and the u64 address arrays of its batched GEMMs:
+    /// activations in (all `a`), outputs (rows `q * block_size..` of `expert_gu`, `expert_act`,
+    /// `expert_out`), and the weights `ops::route_pooled` picks.
+    pool_entries: usize,
+    pool_x: DeviceBuffer<u64>,
+    pool_gate_up_out: DeviceBuffer<u64>,
+    pool_act: DeviceBuffer<u64>,
+    pool_out: DeviceBuffer<u64>,
+    pool_w_gate_up: DeviceBuffer<u64>,
+    pool_w_down: DeviceBuffer<u64>,
     expert_act: DeviceBuffer<bf16>,
     expert_out: DeviceBuffer<bf16>,
     pub logits_bf16: DeviceBuffer<bf16>,
@@ -121,6 +132,26 @@ impl Workspace {
         let shape = attention_shape(c);
         let (po, pml) = ops::attention_scratch_len(&shape, attn_rows, 1);
         let max_tiles = ops::moe_max_tiles(a, e, 16);
+        let pool_entries = match c.expert_capacity {
+            Some(cap) if super::weights::shared_packs(c) => cap + 1,
+            _ => 0,
+        };
+        let iw = c.moe_intermediate_size;
+        let expert_rows = a.max(pool_entries * c.block_size);
+        let expert_gu: DeviceBuffer<bf16> = gpu.alloc(expert_rows * 2 * iw)?;
+        let expert_act: DeviceBuffer<bf16> = gpu.alloc(expert_rows * iw)?;
+        let expert_out: DeviceBuffer<bf16> = gpu.alloc(expert_rows * d)?;
+        let a_rows: DeviceBuffer<bf16> = gpu.alloc(t * d)?;
+        // Row q * block_size of a buffer of `width` BF16 columns, for every pool entry q.
+        let entry_rows = |base: u64, width: usize| -> Vec<u64> {
+            (0..pool_entries.max(1))
+                .map(|q| base + (q * c.block_size * width * 2) as u64)
+                .collect()
+        };
+        let pool_x = gpu.upload(&vec![a_rows.ptr(); pool_entries.max(1)])?;
+        let pool_gate_up_out = gpu.upload(&entry_rows(expert_gu.ptr(), 2 * iw))?;
+        let pool_act = gpu.upload(&entry_rows(expert_act.ptr(), iw))?;
+        let pool_out = gpu.upload(&entry_rows(expert_out.ptr(), d))?;
         Ok(Self {
             tokens: t,
             logit_rows: r,
@@ -128,7 +159,7 @@ impl Workspace {
             ids: gpu.alloc(t)?,
             pos0: gpu.alloc(1)?,
             h: gpu.alloc(t * d)?,
-            a: gpu.alloc(t * d)?,
+            a: a_rows,
             delta: gpu.alloc(t * d)?,
             qkv: gpu.alloc(t * qkv)?,
             q: gpu.alloc(t * heads * hd)?,
@@ -147,9 +178,16 @@ impl Workspace {
             row_token: gpu.alloc(a)?,
             tiles: gpu.alloc(4 * max_tiles)?,
             num_tiles: gpu.alloc(1)?,
-            expert_gu: gpu.alloc(a * 2 * c.moe_intermediate_size)?,
-            expert_act: gpu.alloc(a * c.moe_intermediate_size)?,
-            expert_out: gpu.alloc(a * d)?,
+            expert_gu,
+            pool_entries,
+            pool_x,
+            pool_gate_up_out,
+            pool_act,
+            pool_out,
+            pool_w_gate_up: gpu.alloc(pool_entries.max(1))?,
+            pool_w_down: gpu.alloc(pool_entries.max(1))?,
+            expert_act,
+            expert_out,
             logits_bf16: gpu.alloc(r * c.vocab_size)?,
             logits_f32: gpu.alloc(r * c.vocab_size)?,
             top_token: gpu.alloc(r)?,
@@ -338,92 +376,149 @@ pub(crate) fn queue_forward(
                         blas.gemm_f32(ws.a_f32.ptr(), w.ptr(), ws.router_logits.ptr(), t, e, d)?;
                     }
                 }
-                ops::route(
-                    gpu,
-                    &router,
-                    ws.router_logits.ptr(),
-                    moe.bias.ptr(),
-                    ws.admitted.ptr(),
-                    ws.topk_idx.ptr(),
-                    ws.topk_w.ptr(),
-                    t,
-                )?;
-                mark("router")?;
-                ops::moe_dispatch(
-                    gpu,
-                    ws.topk_idx.ptr(),
-                    t,
-                    k,
-                    slots,
-                    tile_rows,
-                    packed.then_some(e),
-                    ws.slot_pos.ptr(),
-                    ws.row_token.ptr(),
-                    ws.tiles.ptr(),
-                    ws.num_tiles.ptr(),
-                )?;
-                mark("dispatch")?;
-                // Experts that can get rows: with 2.2 block admission at most `capacity` per
-                // routing block (plus the packed shared expert), far fewer than all of them.
-                let busy = match router.capacity {
-                    Some(cap) => (cap * t.div_ceil(c.block_size.max(1))).min(e) + usize::from(packed),
-                    None => slots,
-                };
-                let max_tiles = ops::moe_max_tiles(a, busy, tile_rows);
-                ops::grouped_gemm(
-                    gpu,
-                    ws.a.ptr(),
-                    ws.row_token.ptr(),
-                    moe.experts_gate_up.ptr(),
-                    ws.expert_gu.ptr(),
-                    ws.tiles.ptr(),
-                    ws.num_tiles.ptr(),
-                    max_tiles,
-                    tile_rows,
-                    2 * iw,
-                    d,
-                )?;
-                mark("experts gate/up")?;
-                ops::silu_mul(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), a, iw)?;
-                mark("experts silu")?;
-                ops::grouped_gemm(
-                    gpu,
-                    ws.expert_act.ptr(),
-                    0,
-                    moe.experts_down.ptr(),
-                    ws.expert_out.ptr(),
-                    ws.tiles.ptr(),
-                    ws.num_tiles.ptr(),
-                    max_tiles,
-                    tile_rows,
-                    d,
-                    iw,
-                )?;
-                mark("experts down")?;
-                let (shared, shared_rows) = match &moe.shared {
-                    SharedExpert::Separate(mlp) => {
-                        queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.shared_out.ptr(), t, d)?;
-                        mark("shared expert")?;
-                        (ws.shared_out.ptr(), 0)
+                // A denoising step of 2.2 (one routing block) runs its experts as two batched
+                // cuBLAS GEMMs over the admitted pool; other forwards as grouped GEMMs over
+                // the dispatched assignments.
+                let pooled = ws.pool_entries > 0
+                    && packed
+                    && minnow_runtime::cuda::tuning::tuning().moe_pooled
+                    && ops::pooled_experts_supported(&router, t);
+                let (shared, shared_rows) = if pooled {
+                    let rows = c.block_size;
+                    let pool = ops::ExpertPool {
+                        gate_up: moe.experts_gate_up.ptr(),
+                        gate_up_stride: 2 * iw * d,
+                        down: moe.experts_down.ptr(),
+                        down_stride: d * iw,
+                        gate_up_ptrs: ws.pool_w_gate_up.ptr(),
+                        down_ptrs: ws.pool_w_down.ptr(),
+                        slot_pos: ws.slot_pos.ptr(),
+                        row_stride: rows,
+                    };
+                    ops::route_pooled(
+                        gpu,
+                        &router,
+                        ws.router_logits.ptr(),
+                        moe.bias.ptr(),
+                        ws.topk_idx.ptr(),
+                        ws.topk_w.ptr(),
+                        t,
+                        &pool,
+                    )?;
+                    mark("router")?;
+                    let b = ws.pool_entries;
+                    blas.gemm_bf16_batched(
+                        ws.pool_x.ptr(),
+                        ws.pool_w_gate_up.ptr(),
+                        ws.pool_gate_up_out.ptr(),
+                        t,
+                        2 * iw,
+                        d,
+                        b,
+                    )?;
+                    mark("experts gate/up")?;
+                    // Rows past `t` of each entry hold stale values that nothing reads.
+                    ops::silu_mul(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), b * rows, iw)?;
+                    mark("experts silu")?;
+                    blas.gemm_bf16_batched(
+                        ws.pool_act.ptr(),
+                        ws.pool_w_down.ptr(),
+                        ws.pool_out.ptr(),
+                        t,
+                        d,
+                        iw,
+                        b,
+                    )?;
+                    mark("experts down")?;
+                    (0, ws.slot_pos.ptr_at(t * k))
+                } else {
+                    ops::route(
+                        gpu,
+                        &router,
+                        ws.router_logits.ptr(),
+                        moe.bias.ptr(),
+                        ws.admitted.ptr(),
+                        ws.topk_idx.ptr(),
+                        ws.topk_w.ptr(),
+                        t,
+                    )?;
+                    mark("router")?;
+                    ops::moe_dispatch(
+                        gpu,
+                        ws.topk_idx.ptr(),
+                        t,
+                        k,
+                        slots,
+                        tile_rows,
+                        packed.then_some(e),
+                        ws.slot_pos.ptr(),
+                        ws.row_token.ptr(),
+                        ws.tiles.ptr(),
+                        ws.num_tiles.ptr(),
+                    )?;
+                    mark("dispatch")?;
+                    // Experts that can get rows: with 2.2 block admission at most `capacity` per
+                    // routing block (plus the packed shared expert), far fewer than all of them.
+                    let busy = match router.capacity {
+                        Some(cap) => (cap * t.div_ceil(c.block_size.max(1))).min(e) + usize::from(packed),
+                        None => slots,
+                    };
+                    let max_tiles = ops::moe_max_tiles(a, busy, tile_rows);
+                    ops::grouped_gemm(
+                        gpu,
+                        ws.a.ptr(),
+                        ws.row_token.ptr(),
+                        moe.experts_gate_up.ptr(),
+                        ws.expert_gu.ptr(),
+                        ws.tiles.ptr(),
+                        ws.num_tiles.ptr(),
+                        max_tiles,
+                        tile_rows,
+                        2 * iw,
+                        d,
+                    )?;
+                    mark("experts gate/up")?;
+                    ops::silu_mul(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), a, iw)?;
+                    mark("experts silu")?;
+                    ops::grouped_gemm(
+                        gpu,
+                        ws.expert_act.ptr(),
+                        0,
+                        moe.experts_down.ptr(),
+                        ws.expert_out.ptr(),
+                        ws.tiles.ptr(),
+                        ws.num_tiles.ptr(),
+                        max_tiles,
+                        tile_rows,
+                        d,
+                        iw,
+                    )?;
+                    mark("experts down")?;
+                    match &moe.shared {
+                        SharedExpert::Separate(mlp) => {
+                            queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.shared_out.ptr(), t, d)?;
+                            mark("shared expert")?;
+                            (ws.shared_out.ptr(), 0)
+                        }
+                        // Its rows are where the dispatch put assignments t * k + t'.
+                        SharedExpert::Packed if packed => (0, ws.slot_pos.ptr_at(t * k)),
+                        SharedExpert::Packed => {
+                            queue_swiglu_at(
+                                gpu,
+                                ws,
+                                moe.experts_gate_up.ptr_at(e * 2 * iw * d),
+                                moe.experts_down.ptr_at(e * d * iw),
+                                iw,
+                                ws.a.ptr(),
+                                ws.shared_out.ptr(),
+                                t,
+                                d,
+                            )?;
+                            mark("shared expert")?;
+                            (ws.shared_out.ptr(), 0)
+                        }
+                        SharedExpert::None => (0, 0),
                     }
-                    // Its rows are where the dispatch put assignments t * k + t'.
-                    SharedExpert::Packed if packed => (0, ws.slot_pos.ptr_at(t * k)),
-                    SharedExpert::Packed => {
-                        queue_swiglu_at(
-                            gpu,
-                            ws,
-                            moe.experts_gate_up.ptr_at(e * 2 * iw * d),
-                            moe.experts_down.ptr_at(e * d * iw),
-                            iw,
-                            ws.a.ptr(),
-                            ws.shared_out.ptr(),
-                            t,
-                            d,
-                        )?;
-                        mark("shared expert")?;
-                        (ws.shared_out.ptr(), 0)
-                    }
-                    SharedExpert::None => (0, 0),
                 };
                 // The RMSNorm after this layer, fused into the combine: the next layer's input
                 // norm, or the final norm when logits follow (over all rows: the ones outside

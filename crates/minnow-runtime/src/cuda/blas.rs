@@ -120,6 +120,56 @@ impl Blas {
         )
     }
 
+    /// Batched BF16 `Y_b[M, N] = X_b[M, K] . W_b[N, K]^T` (F32 accumulation, BF16 output) for
+    /// `batch` entries whose matrix addresses are read from the device arrays `x_ptrs`, `w_ptrs`
+    /// and `y_ptrs` (u64 each): a kernel may choose the operands on the device, so the call can
+    /// sit in a captured graph. Row pitches: K for X and W, N for Y.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_bf16_batched(
+        &self,
+        x_ptrs: u64,
+        w_ptrs: u64,
+        y_ptrs: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        batch: usize,
+    ) -> CudaResult<()> {
+        if m == 0 || n == 0 || batch == 0 {
+            return Ok(());
+        }
+        let bf = sys::cudaDataType::CUDA_R_16BF;
+        let alpha = 1.0f32;
+        let beta = 0.0f32;
+        // SAFETY: the pointer arrays hold `batch` addresses of matrices of the stated shapes.
+        unsafe {
+            sys::cublasGemmBatchedEx(
+                self.handle,
+                sys::cublasOperation_t::CUBLAS_OP_T,
+                sys::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                m as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                w_ptrs as *const *const c_void,
+                bf,
+                k as i32,
+                x_ptrs as *const *const c_void,
+                bf,
+                k as i32,
+                &beta as *const f32 as *const c_void,
+                y_ptrs as *const *mut c_void,
+                bf,
+                n as i32,
+                batch as i32,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+            .result()
+        }
+        .ctx(|| format!("batched GEMM {batch} x {m}x{n}x{k} (bf16)"))
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn gemm_ex(
         &self,

@@ -498,7 +498,15 @@ pub fn route_with(
                 shape.top_k as i32,
                 shape.scale,
                 topk_idx,
-                topk_w
+                topk_w,
+                0u64,
+                0i64,
+                0u64,
+                0i64,
+                0u64,
+                0u64,
+                0u64,
+                0i32
             );
         }
         let blocks = tokens.div_ceil(shape.block) as u32;
@@ -535,6 +543,87 @@ pub fn route_with(
         shape.scale,
         topk_idx,
         topk_w
+    )
+}
+
+/// The experts of a 2.2 forward of one routing block (a denoising step) run as batched GEMMs over
+/// the block's admitted pool: entry `q < capacity` is the q-th admitted expert, entry `capacity`
+/// the packed shared expert. Every entry multiplies all the block's tokens (the pool is at most
+/// 48 experts, and streaming each expert's weights is the whole cost; see docs/performance.md),
+/// its rows `q * row_stride..` of the pooled outputs. [`route_pooled`] fills the weight-address
+/// arrays and each assignment's row; the activation and output address arrays are fixed per
+/// workspace.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertPool {
+    /// Packed `[E + 1, 2I, D]` gate/up and `[E + 1, D, I]` down weights of the layer.
+    pub gate_up: u64,
+    pub gate_up_stride: usize,
+    pub down: u64,
+    pub down_stride: usize,
+    /// Device arrays of `capacity + 1` u64 weight addresses, written by [`route_pooled`].
+    pub gate_up_ptrs: u64,
+    pub down_ptrs: u64,
+    /// `[tokens * k + tokens]` i32: row of each assignment (then of each token's shared-expert
+    /// row) in the pooled outputs.
+    pub slot_pos: u64,
+    /// Rows per pool entry in the pooled buffers (at least the token count).
+    pub row_stride: usize,
+}
+
+/// Whether a forward of `tokens` tokens under `shape` can run its experts over the admitted pool:
+/// 2.2 block routing, one routing block, and the fused router's limits.
+pub fn pooled_experts_supported(shape: &RouterShape, tokens: usize) -> bool {
+    shape.check().is_ok()
+        && shape.capacity.is_some()
+        && (1..=shape.block).contains(&tokens)
+        && shape.block * shape.top_k <= 1024
+        && 2 * shape.block * shape.experts * 4 <= super::ptx::ROUTER_MAX_SHARED as usize
+}
+
+/// [`route`] for a forward of one 2.2 routing block that also lays out the admitted pool for
+/// batched expert GEMMs (see [`ExpertPool`]).
+#[allow(clippy::too_many_arguments)]
+pub fn route_pooled(
+    gpu: &Gpu,
+    shape: &RouterShape,
+    logits: u64,
+    bias: u64,
+    topk_idx: u64,
+    topk_w: u64,
+    tokens: usize,
+    pool: &ExpertPool,
+) -> CudaResult<()> {
+    if !pooled_experts_supported(shape, tokens) || pool.row_stride < tokens {
+        return unsupported(format!(
+            "pooled experts for {tokens} tokens under {shape:?} (rows per entry {})",
+            pool.row_stride
+        ));
+    }
+    let e = shape.experts;
+    let capacity = shape.capacity.unwrap_or(0);
+    let cfg = LaunchConfig::new((1, 1, 1), 1024, (2 * shape.block * e * 4) as u32);
+    cuda_launch!(
+        gpu,
+        "route_block_fused",
+        cfg,
+        logits,
+        bias,
+        tokens as i32,
+        e as i32,
+        shape.block as i32,
+        capacity as i32,
+        shape.top_k as i32,
+        shape.scale,
+        topk_idx,
+        topk_w,
+        pool.gate_up,
+        pool.gate_up_stride as i64,
+        pool.down,
+        pool.down_stride as i64,
+        pool.gate_up_ptrs,
+        pool.down_ptrs,
+        pool.slot_pos,
+        pool.row_stride as i32
     )
 }
 
