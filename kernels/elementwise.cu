@@ -17,68 +17,84 @@ extern "C" __global__ void embed_rows(const unsigned* __restrict__ ids, const bf
 // Fused residual add and RMSNorm over rows of length d (one CTA per row):
 //   if delta != null: h = BF16(h + delta)        (the residual stream, updated in place)
 //   out = BF16(weight * BF16(F32(h) * rsqrt(mean(F32(h)^2) + eps)))
-// Columns per thread and pass of add_rmsnorm and moe_combine_add_rmsnorm (d <= 8 * blockDim in
-// one pass). Thread `tid` owns columns tid + n * blockDim; all loads of a pass are issued before
-// any is used (one column at a time waited for a memory round trip per column).
-#define NORM_COLS 8
+// add_rmsnorm and moe_combine_add_rmsnorm move 16 bytes (8 BF16 columns) per load: thread `tid`
+// owns the column groups 8 * (tid + n * blockDim) .. + 8 (d % 8 == 0), sums its squares in that
+// order and feeds block_sum the same partial sums in both kernels, so the fused combine + norm
+// stays bit-identical to moe_combine followed by add_rmsnorm.
+__device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
+    const bf16* b = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) f[c] = to_f32(b[c]);
+}
+__device__ __forceinline__ uint4 pack8(const bf16 (&b)[8]) {
+    uint4 v;
+    bf16* o = reinterpret_cast<bf16*>(&v);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) o[c] = b[c];
+    return v;
+}
 
-extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restrict__ delta,
-                                       const bf16* __restrict__ weight, bf16* __restrict__ out, int d,
-                                       float eps) {
-    pdl_enter();
-    __shared__ float scratch[32];
-    const int nt = blockDim.x;
-    bf16* row = h + (size_t)blockIdx.x * d;
-    bf16* orow = out + (size_t)blockIdx.x * d;
-    const bf16* drow = delta ? delta + (size_t)blockIdx.x * d : nullptr;
-    float ss = 0.f;
-    for (int base = threadIdx.x; base < d; base += NORM_COLS * nt) {
-        bool ok[NORM_COLS];
-        float hv[NORM_COLS], dv[NORM_COLS];
+// The second half of both kernels: out = BF16(weight * BF16(F32(h) * inv)) over the row `row`
+// that this thread wrote itself (same column groups).
+__device__ __forceinline__ void write_normed(const uint4* row, const uint4* weight, uint4* out, int nvec, float inv) {
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+        float hv[8], wv[8];
+        unpack8(row[v], hv);
+        unpack8(weight[v], wv);
+        bf16 o[8];
 #pragma unroll
-        for (int c = 0; c < NORM_COLS; ++c) {
-            const int i = base + c * nt;
-            ok[c] = i < d;
-            hv[c] = ok[c] ? to_f32(row[i]) : 0.f;
-            dv[c] = ok[c] && drow ? to_f32(drow[i]) : 0.f;
-        }
-#pragma unroll
-        for (int c = 0; c < NORM_COLS; ++c) {
-            if (!ok[c]) continue;
-            bf16 v = to_bf16(hv[c]);
-            if (drow) {
-                v = to_bf16(hv[c] + dv[c]);
-                row[base + c * nt] = v;
-            }
-            const float u = to_f32(v);
-            ss += u * u;
-        }
-    }
-    ss = block_sum(ss, scratch);
-    const float inv = rsqrtf(ss / (float)d + eps);
-    // Same columns as above, so each thread reads back only what it wrote itself.
-    for (int base = threadIdx.x; base < d; base += NORM_COLS * nt) {
-        float hv[NORM_COLS];
-        bf16 wv[NORM_COLS];
-#pragma unroll
-        for (int c = 0; c < NORM_COLS; ++c) {
-            const int i = base + c * nt;
-            hv[c] = i < d ? to_f32(row[i]) : 0.f;
-            wv[c] = i < d ? weight[i] : to_bf16(0.f);
-        }
-#pragma unroll
-        for (int c = 0; c < NORM_COLS; ++c) {
-            const int i = base + c * nt;
-            if (i < d) orow[i] = mul_bf16(wv[c], to_bf16(hv[c] * inv));
-        }
+        for (int c = 0; c < 8; ++c) o[c] = mul_bf16(to_bf16(wv[c]), to_bf16(hv[c] * inv));
+        out[v] = pack8(o);
     }
 }
 
-// gu is [rows, 2*width] with the gate projection in columns [0, width) and up in [width, 2*width);
-// out[r, j] = BF16( BF16(silu(F32(gate))) * up ). grid = (rows, ceil(width / blockDim)).
-extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out, int width) {
+// grid = rows + prefetch CTAs (prefetch_slice of `pf_bytes` at `pf`).
+extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restrict__ delta,
+                                       const bf16* __restrict__ weight, bf16* __restrict__ out, int d,
+                                       float eps, int rows, const void* pf, long long pf_bytes) {
+    if ((int)blockIdx.x >= rows) {
+        prefetch_slice(pf, pf_bytes, blockIdx.x - rows, gridDim.x - rows);
+        pdl_enter();
+        return;
+    }
     pdl_enter();
-    const int r = blockIdx.x;
+    __shared__ float scratch[32];
+    const int nvec = d / 8;
+    uint4* row = reinterpret_cast<uint4*>(h + (size_t)blockIdx.x * d);
+    const uint4* drow = delta ? reinterpret_cast<const uint4*>(delta + (size_t)blockIdx.x * d) : nullptr;
+    float ss = 0.f;
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+        float hv[8];
+        unpack8(row[v], hv);
+        if (drow) {
+            float dv[8];
+            unpack8(drow[v], dv);
+            bf16 o[8];
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                o[c] = to_bf16(hv[c] + dv[c]);
+                hv[c] = to_f32(o[c]);
+            }
+            row[v] = pack8(o);
+        }
+#pragma unroll
+        for (int c = 0; c < 8; ++c) ss += hv[c] * hv[c];
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / (float)d + eps);
+    write_normed(row, reinterpret_cast<const uint4*>(weight), reinterpret_cast<uint4*>(out + (size_t)blockIdx.x * d),
+                 nvec, inv);
+}
+
+// gu is [rows, 2*width] with the gate projection in columns [0, width) and up in [width, 2*width);
+// out[r, j] = BF16( BF16(silu(F32(gate))) * up ). grid = (groups * rows_per_group, ceil(width /
+// blockDim)): CTA row x is row (x / rows_per_group) * group_stride + x % rows_per_group (the
+// pooled experts' outputs are groups of `t` rows at a stride of a routing block; a plain launch
+// has one group).
+extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out, int width,
+                                    int rows_per_group, int group_stride) {
+    pdl_enter();
+    const int r = (blockIdx.x / rows_per_group) * group_stride + blockIdx.x % rows_per_group;
     const int j = blockIdx.y * blockDim.x + threadIdx.x;
     if (j >= width) return;
     const float g = to_f32(gu[(size_t)r * 2 * width + j]);
@@ -112,81 +128,74 @@ extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __
     }
 }
 
-#define COMBINE_NORM_COLS NORM_COLS
 // Most routed experts per token moe_combine_add_rmsnorm takes (their rows sit in shared memory).
 #define COMBINE_NORM_MAX_K 32
 
 // The end of an MoE layer fused with the next RMSNorm (the next layer's input norm, or the final
 // norm): moe_combine into a delta that is never stored, then add_rmsnorm's arithmetic
 //   h = BF16(h + mix)    out = BF16(weight * BF16(F32(h) * rsqrt(mean(F32(h)^2) + eps)))
-// One CTA per token, k <= COMBINE_NORM_MAX_K. Bit-identical to moe_combine then add_rmsnorm when
-// launched with add_rmsnorm's blockDim: each thread owns the same columns (i = tid + n * blockDim),
-// mixes them in the same order (expert by expert, F32) and feeds block_sum the same partial sums. The
-// difference is the load order: a thread issues the loads of its COMBINE_NORM_COLS columns of
-// several expert rows together, so a pass waits for a few rounds of loads instead of one round per
-// (column, expert) (a first version mixing column by column was slower than the two launches).
+// One CTA per token (plus prefetch CTAs), k <= COMBINE_NORM_MAX_K, launched with add_rmsnorm's
+// blockDim. Bit-identical
+// to moe_combine then add_rmsnorm: the mix of each column is expert by expert in F32 and the
+// squares are summed over the same column groups in the same order. A thread issues the 16-byte
+// loads of its column group in every expert row together (one memory round trip per pass).
 extern "C" __global__ void moe_combine_add_rmsnorm(const bf16* __restrict__ y, const int* __restrict__ slot_pos,
                                                    const float* __restrict__ w, const bf16* __restrict__ shared,
                                                    const int* __restrict__ shared_rows, bf16* __restrict__ h,
                                                    const bf16* __restrict__ weight, bf16* __restrict__ out, int k,
-                                                   int d, float eps) {
+                                                   int d, float eps, int T, const void* pf, long long pf_bytes) {
+    if ((int)blockIdx.x >= T) {  // prefetch CTAs (see add_rmsnorm)
+        prefetch_slice(pf, pf_bytes, blockIdx.x - T, gridDim.x - T);
+        pdl_enter();
+        return;
+    }
     pdl_enter();
     __shared__ float scratch[32];
     __shared__ int rows[COMBINE_NORM_MAX_K];
     __shared__ float wts[COMBINE_NORM_MAX_K];
-    const int t = blockIdx.x, nt = blockDim.x;
-    for (int j = threadIdx.x; j < k; j += nt) {
+    const int t = blockIdx.x, nvec = d / 8;
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
         rows[j] = slot_pos[t * k + j];
         wts[j] = w[t * k + j];
     }
     __syncthreads();
     const bf16* srow = shared_rows ? y + (size_t)shared_rows[t] * d : shared ? shared + (size_t)t * d : nullptr;
-    bf16* row = h + (size_t)t * d;
+    uint4* row = reinterpret_cast<uint4*>(h + (size_t)t * d);
     float ss = 0.f;
-    for (int base = threadIdx.x; base < d; base += COMBINE_NORM_COLS * nt) {
-        // The residual and shared-expert columns are loaded before the mix, with its first rows.
-        float acc[COMBINE_NORM_COLS], hv[COMBINE_NORM_COLS], sv[COMBINE_NORM_COLS];
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+        float hv[8], sv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        unpack8(row[v], hv);
+        if (srow) unpack8(reinterpret_cast<const uint4*>(srow)[v], sv);
+        for (int j0 = 0; j0 < k; j0 += 8) {
+            uint4 yv[8];
 #pragma unroll
-        for (int c = 0; c < COMBINE_NORM_COLS; ++c) {
-            const int i = base + c * nt;
-            acc[c] = 0.f;
-            hv[c] = i < d ? to_f32(row[i]) : 0.f;
-            sv[c] = i < d && srow ? to_f32(srow[i]) : 0.f;
-        }
-#pragma unroll 4
-        for (int j = 0; j < k; ++j) {
-            const bf16* yr = y + (size_t)rows[j] * d;
-            const float wj = wts[j];
+            for (int u = 0; u < 8; ++u)
+                if (j0 + u < k) yv[u] = reinterpret_cast<const uint4*>(y + (size_t)rows[j0 + u] * d)[v];
 #pragma unroll
-            for (int c = 0; c < COMBINE_NORM_COLS; ++c) {
-                const int i = base + c * nt;
-                if (i < d) acc[c] += wj * to_f32(yr[i]);
+            for (int u = 0; u < 8; ++u) {
+                if (j0 + u >= k) break;
+                float f[8];
+                unpack8(yv[u], f);
+                const float wj = wts[j0 + u];
+#pragma unroll
+                for (int c = 0; c < 8; ++c) acc[c] += wj * f[c];
             }
         }
+        bf16 o[8];
 #pragma unroll
-        for (int c = 0; c < COMBINE_NORM_COLS; ++c) {
-            const int i = base + c * nt;
-            if (i < d) {
-                bf16 delta = to_bf16(acc[c]);
-                if (srow) delta = to_bf16(to_f32(delta) + sv[c]);
-                const bf16 v = to_bf16(hv[c] + to_f32(delta));
-                row[i] = v;
-                const float u = to_f32(v);
-                ss += u * u;
-            }
+        for (int c = 0; c < 8; ++c) {
+            bf16 delta = to_bf16(acc[c]);
+            if (srow) delta = to_bf16(to_f32(delta) + sv[c]);
+            o[c] = to_bf16(hv[c] + to_f32(delta));
+            const float u = to_f32(o[c]);
+            ss += u * u;
         }
+        row[v] = pack8(o);
     }
     ss = block_sum(ss, scratch);
     const float inv = rsqrtf(ss / (float)d + eps);
-    bf16* orow = out + (size_t)t * d;
-    // Same columns as above, so each thread reads back only what it wrote itself.
-    for (int base = threadIdx.x; base < d; base += COMBINE_NORM_COLS * nt) {
-#pragma unroll
-        for (int c = 0; c < COMBINE_NORM_COLS; ++c) {
-            const int i = base + c * nt;
-            if (i < d) orow[i] = mul_bf16(weight[i], to_bf16(to_f32(row[i]) * inv));
-        }
-    }
+    write_normed(row, reinterpret_cast<const uint4*>(weight), reinterpret_cast<uint4*>(out + (size_t)t * d), nvec,
+                 inv);
 }
 
 extern "C" __global__ void bf16_to_f32(const bf16* __restrict__ x, float* __restrict__ y, long long n) {

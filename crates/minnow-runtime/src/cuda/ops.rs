@@ -14,6 +14,37 @@ fn row_threads(width: usize) -> u32 {
     (width.div_ceil(32) * 32).clamp(32, 256) as u32
 }
 
+/// Weights to warm in L2 from the spare CTAs of a latency-bound kernel, for the GEMM that reads
+/// them next (see `prefetch_slice` in kernels/common.cuh). `Prefetch::NONE` adds no CTAs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Prefetch {
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl Prefetch {
+    pub const NONE: Prefetch = Prefetch { ptr: 0, bytes: 0 };
+
+    /// Extra CTAs a kernel gets to issue it (none when there is nothing to fetch, or when
+    /// `MINNOW_L2_PREFETCH=0`).
+    fn ctas(&self) -> u32 {
+        if self.bytes == 0 || self.ptr == 0 || !super::tuning::tuning().l2_prefetch {
+            0
+        } else {
+            PREFETCH_CTAS
+        }
+    }
+}
+
+/// CTAs that issue a [`Prefetch`] (each thread asks for a few 128-byte lines per MB).
+const PREFETCH_CTAS: u32 = 32;
+
+/// Block size of the row norms (`add_rmsnorm`, `moe_combine_add_rmsnorm`): one thread per 8
+/// columns up to 256 threads. Both kernels must use the same one (see kernels/elementwise.cu).
+fn norm_threads(d: usize) -> u32 {
+    row_threads(d / 8)
+}
+
 /// `out[t] = table[ids[t]]` for `rows` ids (u32) in device memory; `d % 8 == 0`.
 pub fn embed_rows(
     gpu: &Gpu,
@@ -30,7 +61,8 @@ pub fn embed_rows(
     cuda_launch!(gpu, "embed_rows", cfg, ids, table, out, d as i32)
 }
 
-/// `h = BF16(h + delta)` (when `delta` is non-zero) then `out = RMSNorm(h) * weight`, per row.
+/// `h = BF16(h + delta)` (when `delta` is non-zero) then `out = RMSNorm(h) * weight`, per row;
+/// `prefetch` warms L2 for the GEMM that follows.
 #[allow(clippy::too_many_arguments)]
 pub fn add_rmsnorm(
     gpu: &Gpu,
@@ -41,8 +73,16 @@ pub fn add_rmsnorm(
     rows: usize,
     d: usize,
     eps: f32,
+    prefetch: Prefetch,
 ) -> CudaResult<()> {
-    let cfg = LaunchConfig::new((rows as u32, 1, 1), row_threads(d), 0);
+    if !d.is_multiple_of(8) {
+        return unsupported(format!("RMSNorm over rows of {d} (needs a multiple of 8)"));
+    }
+    let cfg = LaunchConfig::new(
+        (rows as u32 + prefetch.ctas(), 1, 1),
+        norm_threads(d),
+        0,
+    );
     cuda_launch!(
         gpu,
         "add_rmsnorm",
@@ -52,14 +92,46 @@ pub fn add_rmsnorm(
         weight,
         out,
         d as i32,
-        eps
+        eps,
+        rows as i32,
+        prefetch.ptr,
+        prefetch.bytes as i64
     )
 }
 
 /// `out[r] = BF16(BF16(silu(gate)) * up)` where `gu[r] = [gate | up]` of `width` each.
 pub fn silu_mul(gpu: &Gpu, gu: u64, out: u64, rows: usize, width: usize) -> CudaResult<()> {
-    let cfg = LaunchConfig::new((rows as u32, width.div_ceil(256) as u32, 1), 256, 0);
-    cuda_launch!(gpu, "silu_mul", cfg, gu, out, width as i32)
+    silu_mul_groups(gpu, gu, out, 1, rows, 0, width)
+}
+
+/// [`silu_mul`] over `groups` groups of `rows` rows, group `q` starting at row `q * stride`.
+pub fn silu_mul_groups(
+    gpu: &Gpu,
+    gu: u64,
+    out: u64,
+    groups: usize,
+    rows: usize,
+    stride: usize,
+    width: usize,
+) -> CudaResult<()> {
+    if rows == 0 || groups == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig::new(
+        ((groups * rows) as u32, width.div_ceil(256) as u32, 1),
+        256,
+        0,
+    );
+    cuda_launch!(
+        gpu,
+        "silu_mul",
+        cfg,
+        gu,
+        out,
+        width as i32,
+        rows as i32,
+        stride as i32
+    )
 }
 
 /// MoE mix: `out[t] = BF16(BF16(sum_j w[t,j] y[slot_pos[t,j]]) + shared[t])`, where the shared
@@ -103,6 +175,8 @@ pub struct ResidualNorm {
     pub weight: u64,
     pub out: u64,
     pub eps: f32,
+    /// Weights of the next GEMM to warm in L2 meanwhile.
+    pub prefetch: Prefetch,
 }
 
 /// Most experts per token [`moe_combine_add_rmsnorm`] takes (`COMBINE_NORM_MAX_K` in
@@ -130,8 +204,15 @@ pub fn moe_combine_add_rmsnorm(
             "moe_combine_add_rmsnorm takes at most {COMBINE_NORM_MAX_K} experts per token, got {k}"
         ));
     }
+    if !d.is_multiple_of(8) {
+        return unsupported(format!("RMSNorm over rows of {d} (needs a multiple of 8)"));
+    }
     // add_rmsnorm's block size: the same columns per thread and the same reduction tree.
-    let cfg = LaunchConfig::new((tokens as u32, 1, 1), row_threads(d), 0);
+    let cfg = LaunchConfig::new(
+        (tokens as u32 + norm.prefetch.ctas(), 1, 1),
+        norm_threads(d),
+        0,
+    );
     cuda_launch!(
         gpu,
         "moe_combine_add_rmsnorm",
@@ -146,7 +227,10 @@ pub fn moe_combine_add_rmsnorm(
         norm.out,
         k as i32,
         d as i32,
-        norm.eps
+        norm.eps,
+        tokens as i32,
+        norm.prefetch.ptr,
+        norm.prefetch.bytes as i64
     )
 }
 
@@ -247,7 +331,7 @@ impl AttentionShape {
 }
 
 /// QK-norm + partial RoPE of `tokens` rows of fused QKV at positions `pos0[0]..`; writes Q and
-/// the layer's K/V cache rows.
+/// the layer's K/V cache rows; `prefetch` warms L2 for a later GEMM.
 #[allow(clippy::too_many_arguments)]
 pub fn qk_norm_rope(
     gpu: &Gpu,
@@ -262,10 +346,13 @@ pub fn qk_norm_rope(
     tokens: usize,
     theta: f32,
     eps: f32,
+    prefetch: Prefetch,
 ) -> CudaResult<()> {
     shape.check()?;
     let heads = shape.heads + 2 * shape.kv_heads;
-    let cfg = LaunchConfig::new((tokens as u32, heads as u32, 1), 32, 0);
+    // Prefetch CTAs come as extra columns of `heads` CTAs each.
+    let extra = prefetch.ctas().div_ceil(heads as u32);
+    let cfg = LaunchConfig::new((tokens as u32 + extra, heads as u32, 1), 32, 0);
     cuda_launch!(
         gpu,
         "qk_norm_rope",
@@ -282,7 +369,10 @@ pub fn qk_norm_rope(
         shape.head_dim as i32,
         shape.rotary_dim as i32,
         theta,
-        eps
+        eps,
+        tokens as i32,
+        prefetch.ptr,
+        prefetch.bytes as i64
     )
 }
 
