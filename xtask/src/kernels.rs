@@ -77,10 +77,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 }
                 continue;
             }
-            let tmp = std::env::temp_dir().join(format!(
-                "minnow-{stem}{suffix}-{}.ptx",
-                std::process::id()
-            ));
+            let tmp = std::env::temp_dir()
+                .join(format!("minnow-{stem}{suffix}-{}.ptx", std::process::id()));
             let status = Command::new(&nvcc)
                 .arg("-ptx")
                 .arg(format!("-arch={arch}"))

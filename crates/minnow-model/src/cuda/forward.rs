@@ -487,7 +487,9 @@ pub(crate) fn queue_forward(
                     // Experts that can get rows: with 2.2 block admission at most `capacity` per
                     // routing block (plus the packed shared expert), far fewer than all of them.
                     let busy = match router.capacity {
-                        Some(cap) => (cap * t.div_ceil(c.block_size.max(1))).min(e) + usize::from(packed),
+                        Some(cap) => {
+                            (cap * t.div_ceil(c.block_size.max(1))).min(e) + usize::from(packed)
+                        }
                         None => slots,
                     };
                     let max_tiles = ops::moe_max_tiles(a, busy, tile_rows);

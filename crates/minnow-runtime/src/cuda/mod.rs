@@ -42,23 +42,6 @@ pub fn device_count() -> CudaResult<usize> {
     Ok(n.max(0) as usize)
 }
 
-#[cfg(test)]
-mod tests {
-    /// Runs everywhere: without a driver the probe must answer false (or an error), never panic,
-    /// and opening a device must fail with a typed error.
-    #[test]
-    fn probing_never_panics() {
-        let available = super::is_available();
-        assert_eq!(available, super::is_available(), "the answer is cached");
-        if !available {
-            assert!(matches!(
-                super::Gpu::new(0),
-                Err(super::CudaError::Unavailable(_))
-            ));
-        }
-    }
-}
-
 /// Starts (`true`) or stops the range an external profiler records (`ncu --profile-from-start
 /// off`); harmless without one.
 pub fn profiler(start: bool) -> CudaResult<()> {
@@ -74,4 +57,21 @@ pub fn profiler(start: bool) -> CudaResult<()> {
     use error::Context;
     r.result()
         .ctx(|| "starting or stopping the profiler range".into())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Runs everywhere: without a driver the probe must answer false (or an error), never panic,
+    /// and opening a device must fail with a typed error.
+    #[test]
+    fn probing_never_panics() {
+        let available = super::is_available();
+        assert_eq!(available, super::is_available(), "the answer is cached");
+        if !available {
+            assert!(matches!(
+                super::Gpu::new(0),
+                Err(super::CudaError::Unavailable(_))
+            ));
+        }
+    }
 }

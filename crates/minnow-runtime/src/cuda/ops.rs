@@ -78,11 +78,7 @@ pub fn add_rmsnorm(
     if !d.is_multiple_of(8) {
         return unsupported(format!("RMSNorm over rows of {d} (needs a multiple of 8)"));
     }
-    let cfg = LaunchConfig::new(
-        (rows as u32 + prefetch.ctas(), 1, 1),
-        norm_threads(d),
-        0,
-    );
+    let cfg = LaunchConfig::new((rows as u32 + prefetch.ctas(), 1, 1), norm_threads(d), 0);
     cuda_launch!(
         gpu,
         "add_rmsnorm",

@@ -85,11 +85,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "moe",
         ptx: include_str!("ptx/moe.ptx"),
         ptx_sm90: include_str!("ptx/moe.sm90.ptx"),
-        functions: &[
-            "grouped_gemm_m16",
-            "grouped_gemm_m16s3",
-            "grouped_gemm_m64",
-        ],
+        functions: &["grouped_gemm_m16", "grouped_gemm_m16s3", "grouped_gemm_m64"],
         max_dynamic_shared: 64 * 1024,
     },
 ];
