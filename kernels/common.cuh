@@ -25,18 +25,6 @@ __device__ __forceinline__ void pdl_enter() {
 // Asks the L2 cache to fetch the 128-byte line holding `p` (no register result, no wait).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
-// L2 warm-up riding on a latency-bound kernel: its CTAs past the real work ("prefetch CTAs",
-// `part` of `parts`) ask L2 for a slice of `bytes` bytes of weights that a following GEMM will
-// stream (a denoising step's projections read each weight once, at a few TB/s at best, while
-// the norm and rope kernels before them leave the memory system idle). Weights are never
-// written, so this may run before pdl_enter.
-__device__ __forceinline__ void prefetch_slice(const void* base, long long bytes, int part, int parts) {
-    const char* b = reinterpret_cast<const char*>(base);
-    const long long lines = (bytes + 127) / 128;
-    for (long long l = (long long)part * blockDim.x + threadIdx.x; l < lines; l += (long long)parts * blockDim.x)
-        prefetch_l2(b + l * 128);
-}
-
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
 // Round-to-nearest-even, like PyTorch's BF16 casts.
 __device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16_rn(x); }

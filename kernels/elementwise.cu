@@ -48,15 +48,9 @@ __device__ __forceinline__ void write_normed(const uint4* row, const uint4* weig
     }
 }
 
-// grid = rows + prefetch CTAs (prefetch_slice of `pf_bytes` at `pf`).
 extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restrict__ delta,
                                        const bf16* __restrict__ weight, bf16* __restrict__ out, int d,
-                                       float eps, int rows, const void* pf, long long pf_bytes) {
-    if ((int)blockIdx.x >= rows) {
-        prefetch_slice(pf, pf_bytes, blockIdx.x - rows, gridDim.x - rows);
-        pdl_enter();
-        return;
-    }
+                                       float eps) {
     pdl_enter();
     __shared__ float scratch[32];
     const int nvec = d / 8;
@@ -88,18 +82,22 @@ extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restr
 
 // gu is [rows, 2*width] with the gate projection in columns [0, width) and up in [width, 2*width);
 // out[r, j] = BF16( BF16(silu(F32(gate))) * up ). grid = (groups * rows_per_group, ceil(width /
-// blockDim)): CTA row x is row (x / rows_per_group) * group_stride + x % rows_per_group (the
+// (8 * blockDim))), 8 columns per thread: CTA row x is row (x / rows_per_group) * group_stride + x % rows_per_group (the
 // pooled experts' outputs are groups of `t` rows at a stride of a routing block; a plain launch
 // has one group).
 extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out, int width,
                                     int rows_per_group, int group_stride) {
     pdl_enter();
     const int r = (blockIdx.x / rows_per_group) * group_stride + blockIdx.x % rows_per_group;
-    const int j = blockIdx.y * blockDim.x + threadIdx.x;
-    if (j >= width) return;
-    const float g = to_f32(gu[(size_t)r * 2 * width + j]);
-    const bf16 act = to_bf16(g / (1.f + expf(-g)));
-    out[(size_t)r * width + j] = mul_bf16(act, gu[(size_t)r * 2 * width + width + j]);
+    const int v = blockIdx.y * blockDim.x + threadIdx.x;  // 8 columns per thread (width % 8 == 0)
+    if (v >= width / 8) return;
+    float g[8], u[8];
+    unpack8(reinterpret_cast<const uint4*>(gu + (size_t)r * 2 * width)[v], g);
+    unpack8(reinterpret_cast<const uint4*>(gu + (size_t)r * 2 * width + width)[v], u);
+    bf16 o[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) o[c] = mul_bf16(to_bf16(g[c] / (1.f + expf(-g[c]))), to_bf16(u[c]));
+    reinterpret_cast<uint4*>(out + (size_t)r * width)[v] = pack8(o);
 }
 
 // The MoE output of token t (one CTA per token):
@@ -134,8 +132,7 @@ extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __
 // The end of an MoE layer fused with the next RMSNorm (the next layer's input norm, or the final
 // norm): moe_combine into a delta that is never stored, then add_rmsnorm's arithmetic
 //   h = BF16(h + mix)    out = BF16(weight * BF16(F32(h) * rsqrt(mean(F32(h)^2) + eps)))
-// One CTA per token (plus prefetch CTAs), k <= COMBINE_NORM_MAX_K, launched with add_rmsnorm's
-// blockDim. Bit-identical
+// One CTA per token, k <= COMBINE_NORM_MAX_K, launched with add_rmsnorm's blockDim. Bit-identical
 // to moe_combine then add_rmsnorm: the mix of each column is expert by expert in F32 and the
 // squares are summed over the same column groups in the same order. A thread issues the 16-byte
 // loads of its column group in every expert row together (one memory round trip per pass).
@@ -143,12 +140,7 @@ extern "C" __global__ void moe_combine_add_rmsnorm(const bf16* __restrict__ y, c
                                                    const float* __restrict__ w, const bf16* __restrict__ shared,
                                                    const int* __restrict__ shared_rows, bf16* __restrict__ h,
                                                    const bf16* __restrict__ weight, bf16* __restrict__ out, int k,
-                                                   int d, float eps, int T, const void* pf, long long pf_bytes) {
-    if ((int)blockIdx.x >= T) {  // prefetch CTAs (see add_rmsnorm)
-        prefetch_slice(pf, pf_bytes, blockIdx.x - T, gridDim.x - T);
-        pdl_enter();
-        return;
-    }
+                                                   int d, float eps) {
     pdl_enter();
     __shared__ float scratch[32];
     __shared__ int rows[COMBINE_NORM_MAX_K];

@@ -3,21 +3,14 @@
 #include "common.cuh"
 
 // qkv: [T, (H + 2G) * d] in the order [Q heads | K heads | V heads]. grid = (T, H + 2G), one warp
-// per (token, head), plus CTAs past T that only prefetch (`pf`, `pf_bytes`) into L2; d <= 256. The token's absolute position is pos0[0] + t (pos0 lives in device
+// per (token, head); d <= 256. The token's absolute position is pos0[0] + t (pos0 lives in device
 // memory so that a captured graph can be replayed at another position).
 // q_out: [T, H, d]; k_cache, v_cache: [capacity, G, d] of this layer.
 extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const bf16* __restrict__ q_weight,
                                         const bf16* __restrict__ k_weight, bf16* __restrict__ q_out,
                                         bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                         const int* __restrict__ pos0, int n_heads, int n_kv_heads, int d,
-                                        int rot, float theta, float eps, int T, const void* pf,
-                                        long long pf_bytes) {
-    if ((int)blockIdx.x >= T) {  // prefetch CTAs (kernels/common.cuh)
-        const int parts = (gridDim.x - T) * gridDim.y;
-        prefetch_slice(pf, pf_bytes, (blockIdx.x - T) * gridDim.y + blockIdx.y, parts);
-        pdl_enter();
-        return;
-    }
+                                        int rot, float theta, float eps) {
     pdl_enter();
     __shared__ float raw[256];  // the head's projected values, BF16-exact
     __shared__ float normed[256];

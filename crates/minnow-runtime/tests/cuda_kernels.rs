@@ -95,14 +95,6 @@ fn matmul_t(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
     y
 }
 
-/// A prefetch of a whole buffer (the kernels' spare CTAs must not change their results).
-fn prefetch_of<T: Copy>(b: &DeviceBuffer<T>) -> ops::Prefetch {
-    ops::Prefetch {
-        ptr: b.ptr(),
-        bytes: b.len() * std::mem::size_of::<T>(),
-    }
-}
-
 fn rmsnorm_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
     let inv = 1.0 / (ms + eps).sqrt();
@@ -146,18 +138,7 @@ fn add_rmsnorm_matches_reference() {
             g.upload(&w).unwrap(),
             poisoned_bf16(&g, t * d),
         );
-        ops::add_rmsnorm(
-            &g,
-            dh.ptr(),
-            dd.ptr(),
-            dw.ptr(),
-            out.ptr(),
-            t,
-            d,
-            1e-6,
-            prefetch_of(&dw),
-        )
-        .unwrap();
+        ops::add_rmsnorm(&g, dh.ptr(), dd.ptr(), dw.ptr(), out.ptr(), t, d, 1e-6).unwrap();
         let (mut want_h, mut want) = (vec![], vec![]);
         let wf: Vec<f32> = w.iter().map(|x| x.to_f32()).collect();
         for i in 0..t {
@@ -170,18 +151,7 @@ fn add_rmsnorm_matches_reference() {
         check_bf16("add_rmsnorm h", &read_bf16(&g, &dh), &want_h);
         check_bf16("add_rmsnorm out", &read_bf16(&g, &out), &want);
         // Without a delta the stream is left alone.
-        ops::add_rmsnorm(
-            &g,
-            dh.ptr(),
-            0,
-            dw.ptr(),
-            out.ptr(),
-            t,
-            d,
-            1e-6,
-            ops::Prefetch::NONE,
-        )
-        .unwrap();
+        ops::add_rmsnorm(&g, dh.ptr(), 0, dw.ptr(), out.ptr(), t, d, 1e-6).unwrap();
         check_bf16("rmsnorm h unchanged", &read_bf16(&g, &dh), &want_h);
         check_bf16("rmsnorm out", &read_bf16(&g, &out), &want);
     }
@@ -203,7 +173,23 @@ fn silu_mul_matches_reference() {
             want.push(r(r(x / (1.0 + (-x).exp())) * gu[i * 2 * w + w + j].to_f32()));
         }
     }
-    check_bf16("silu_mul", &read_bf16(&g, &out), &want);
+    let all = read_bf16(&g, &out);
+    check_bf16("silu_mul", &all, &want);
+    // Groups of rows (the pooled experts' layout): rows 0..5 and 7..12 only, the same values.
+    let grouped = poisoned_bf16(&g, rows * w);
+    ops::silu_mul_groups(&g, dgu.ptr(), grouped.ptr(), 2, 5, 7, w).unwrap();
+    let got = read_bf16(&g, &grouped);
+    for i in 0..rows {
+        let row = &got[i * w..(i + 1) * w];
+        if i < 5 || (7..12).contains(&i) {
+            assert!(row == &all[i * w..(i + 1) * w], "grouped silu row {i}");
+        } else {
+            assert!(
+                row.iter().all(|v| v.is_nan()),
+                "row {i} outside the groups written"
+            );
+        }
+    }
 }
 
 #[test]
@@ -315,7 +301,6 @@ fn qk_norm_rope_matches_reference() {
             t,
             theta,
             1e-6,
-            prefetch_of(&dqkv),
         )
         .unwrap();
         let (gq, gk, gv) = (read_bf16(&g, &q), read_bf16(&g, &kc), read_bf16(&g, &vc));
@@ -774,7 +759,6 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
             t,
             n,
             1e-6,
-            ops::Prefetch::NONE,
         )
         .unwrap();
         let norm = ops::ResidualNorm {
@@ -782,8 +766,6 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
             weight: dnw.ptr(),
             out: out_fused.ptr(),
             eps: 1e-6,
-            // The spare CTAs must leave every output as the two-launch path writes it.
-            prefetch: prefetch_of(&dw),
         };
         ops::moe_combine_add_rmsnorm(
             &g,
@@ -891,17 +873,7 @@ fn graph_replay_reads_new_inputs() {
     );
     let graph = Graph::capture(&g, || {
         ops::embed_rows(&g, ids.ptr(), dt.ptr(), h.ptr(), t, d)?;
-        ops::add_rmsnorm(
-            &g,
-            h.ptr(),
-            0,
-            dw.ptr(),
-            out.ptr(),
-            t,
-            d,
-            1e-6,
-            ops::Prefetch::NONE,
-        )
+        ops::add_rmsnorm(&g, h.ptr(), 0, dw.ptr(), out.ptr(), t, d, 1e-6)
     })
     .unwrap();
     let wf: Vec<f32> = w.iter().map(|x| x.to_f32()).collect();

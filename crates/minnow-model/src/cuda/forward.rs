@@ -256,16 +256,6 @@ pub(crate) fn queue_forward(
     let qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd;
     let attn_width = c.num_attention_heads * hd;
     let blas = gpu.blas();
-    // Short forwards (denoising steps) warm L2 with each projection's weights from the spare CTAs
-    // of the latency-bound kernel before it; prefill is compute-bound and does not.
-    let warm = |ptr: u64, bytes: usize| {
-        if t <= 128 {
-            ops::Prefetch { ptr, bytes }
-        } else {
-            ops::Prefetch::NONE
-        }
-    };
-    let qkv_bytes = qkv_rows * d * 2;
     let splits = attention_splits(c, t, gpu.sm_count())
         .min(ws.attn_rows / t)
         .max(1);
@@ -289,7 +279,6 @@ pub(crate) fn queue_forward(
                 t,
                 d,
                 eps,
-                warm(layer.qkv.ptr(), qkv_bytes),
             )?;
             mark("norms")?;
         }
@@ -317,7 +306,6 @@ pub(crate) fn queue_forward(
             t,
             c.rope_theta,
             eps,
-            warm(layer.dense.ptr(), d * attn_width * 2),
         )?;
         mark("qk-norm + rope")?;
         ops::attention(
@@ -344,13 +332,6 @@ pub(crate) fn queue_forward(
             attn_width,
         )?;
         mark("o gemm")?;
-        let router_weights = match &layer.mlp {
-            Mlp::Moe(moe) => match &moe.router {
-                RouterWeights::Bf16(w) => warm(w.ptr(), w.len() * 2),
-                RouterWeights::F32(w) => warm(w.ptr(), w.len() * 4),
-            },
-            Mlp::Dense(_) => ops::Prefetch::NONE,
-        };
         ops::add_rmsnorm(
             gpu,
             ws.h.ptr(),
@@ -360,7 +341,6 @@ pub(crate) fn queue_forward(
             t,
             d,
             eps,
-            router_weights,
         )?;
         mark("norms")?;
         match &layer.mlp {
@@ -565,11 +545,6 @@ pub(crate) fn queue_forward(
                             weight,
                             out: ws.a.ptr(),
                             eps,
-                            // The next layer's QKV projection comes next.
-                            prefetch: match w.layers.get(l + 1) {
-                                Some(next) => warm(next.qkv.ptr(), qkv_bytes),
-                                None => ops::Prefetch::NONE,
-                            },
                         };
                         ops::moe_combine_add_rmsnorm(
                             gpu,
@@ -621,7 +596,6 @@ pub(crate) fn queue_forward(
             rows,
             d,
             eps,
-            ops::Prefetch::NONE,
         )?;
         mark("final norm")?;
     }

@@ -14,31 +14,6 @@ fn row_threads(width: usize) -> u32 {
     (width.div_ceil(32) * 32).clamp(32, 256) as u32
 }
 
-/// Weights to warm in L2 from the spare CTAs of a latency-bound kernel, for the GEMM that reads
-/// them next (see `prefetch_slice` in kernels/common.cuh). `Prefetch::NONE` adds no CTAs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Prefetch {
-    pub ptr: u64,
-    pub bytes: usize,
-}
-
-impl Prefetch {
-    pub const NONE: Prefetch = Prefetch { ptr: 0, bytes: 0 };
-
-    /// Extra CTAs a kernel gets to issue it (none when there is nothing to fetch, or when
-    /// `MINNOW_L2_PREFETCH=0`).
-    fn ctas(&self) -> u32 {
-        if self.bytes == 0 || self.ptr == 0 || !super::tuning::tuning().l2_prefetch {
-            0
-        } else {
-            PREFETCH_CTAS
-        }
-    }
-}
-
-/// CTAs that issue a [`Prefetch`] (each thread asks for a few 128-byte lines per MB).
-const PREFETCH_CTAS: u32 = 32;
-
 /// Block size of the row norms (`add_rmsnorm`, `moe_combine_add_rmsnorm`): one thread per 8
 /// columns up to 256 threads. Both kernels must use the same one (see kernels/elementwise.cu).
 fn norm_threads(d: usize) -> u32 {
@@ -61,8 +36,7 @@ pub fn embed_rows(
     cuda_launch!(gpu, "embed_rows", cfg, ids, table, out, d as i32)
 }
 
-/// `h = BF16(h + delta)` (when `delta` is non-zero) then `out = RMSNorm(h) * weight`, per row;
-/// `prefetch` warms L2 for the GEMM that follows.
+/// `h = BF16(h + delta)` (when `delta` is non-zero) then `out = RMSNorm(h) * weight`, per row.
 #[allow(clippy::too_many_arguments)]
 pub fn add_rmsnorm(
     gpu: &Gpu,
@@ -73,12 +47,11 @@ pub fn add_rmsnorm(
     rows: usize,
     d: usize,
     eps: f32,
-    prefetch: Prefetch,
 ) -> CudaResult<()> {
     if !d.is_multiple_of(8) {
         return unsupported(format!("RMSNorm over rows of {d} (needs a multiple of 8)"));
     }
-    let cfg = LaunchConfig::new((rows as u32 + prefetch.ctas(), 1, 1), norm_threads(d), 0);
+    let cfg = LaunchConfig::new((rows as u32, 1, 1), norm_threads(d), 0);
     cuda_launch!(
         gpu,
         "add_rmsnorm",
@@ -88,10 +61,7 @@ pub fn add_rmsnorm(
         weight,
         out,
         d as i32,
-        eps,
-        rows as i32,
-        prefetch.ptr,
-        prefetch.bytes as i64
+        eps
     )
 }
 
@@ -110,11 +80,16 @@ pub fn silu_mul_groups(
     stride: usize,
     width: usize,
 ) -> CudaResult<()> {
+    if !width.is_multiple_of(8) {
+        return unsupported(format!(
+            "SiLU-multiply over {width} columns (needs a multiple of 8)"
+        ));
+    }
     if rows == 0 || groups == 0 {
         return Ok(());
     }
     let cfg = LaunchConfig::new(
-        ((groups * rows) as u32, width.div_ceil(256) as u32, 1),
+        ((groups * rows) as u32, (width / 8).div_ceil(256) as u32, 1),
         256,
         0,
     );
@@ -171,8 +146,6 @@ pub struct ResidualNorm {
     pub weight: u64,
     pub out: u64,
     pub eps: f32,
-    /// Weights of the next GEMM to warm in L2 meanwhile.
-    pub prefetch: Prefetch,
 }
 
 /// Most experts per token [`moe_combine_add_rmsnorm`] takes (`COMBINE_NORM_MAX_K` in
@@ -204,11 +177,7 @@ pub fn moe_combine_add_rmsnorm(
         return unsupported(format!("RMSNorm over rows of {d} (needs a multiple of 8)"));
     }
     // add_rmsnorm's block size: the same columns per thread and the same reduction tree.
-    let cfg = LaunchConfig::new(
-        (tokens as u32 + norm.prefetch.ctas(), 1, 1),
-        norm_threads(d),
-        0,
-    );
+    let cfg = LaunchConfig::new((tokens as u32, 1, 1), norm_threads(d), 0);
     cuda_launch!(
         gpu,
         "moe_combine_add_rmsnorm",
@@ -223,10 +192,7 @@ pub fn moe_combine_add_rmsnorm(
         norm.out,
         k as i32,
         d as i32,
-        norm.eps,
-        tokens as i32,
-        norm.prefetch.ptr,
-        norm.prefetch.bytes as i64
+        norm.eps
     )
 }
 
@@ -327,7 +293,7 @@ impl AttentionShape {
 }
 
 /// QK-norm + partial RoPE of `tokens` rows of fused QKV at positions `pos0[0]..`; writes Q and
-/// the layer's K/V cache rows; `prefetch` warms L2 for a later GEMM.
+/// the layer's K/V cache rows.
 #[allow(clippy::too_many_arguments)]
 pub fn qk_norm_rope(
     gpu: &Gpu,
@@ -342,13 +308,10 @@ pub fn qk_norm_rope(
     tokens: usize,
     theta: f32,
     eps: f32,
-    prefetch: Prefetch,
 ) -> CudaResult<()> {
     shape.check()?;
     let heads = shape.heads + 2 * shape.kv_heads;
-    // Prefetch CTAs come as extra columns of `heads` CTAs each.
-    let extra = prefetch.ctas().div_ceil(heads as u32);
-    let cfg = LaunchConfig::new((tokens as u32 + extra, heads as u32, 1), 32, 0);
+    let cfg = LaunchConfig::new((tokens as u32, heads as u32, 1), 32, 0);
     cuda_launch!(
         gpu,
         "qk_norm_rope",
@@ -365,10 +328,7 @@ pub fn qk_norm_rope(
         shape.head_dim as i32,
         shape.rotary_dim as i32,
         theta,
-        eps,
-        tokens as i32,
-        prefetch.ptr,
-        prefetch.bytes as i64
+        eps
     )
 }
 

@@ -3,8 +3,7 @@
 //! `MINNOW_MOE16_STAGES` (3 or 4: pipeline depth of the 16-row expert GEMM; 3 measured 3 % faster
 //! per refinement step on the H200) and `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
 //! short forward's attention; 16 beat 8 and 32); `MINNOW_MOE_POOLED=0` turns off the batched
-//! experts of 2.2 denoising steps and `MINNOW_L2_PREFETCH=0` the L2 warm-up of projection
-//! weights, for A/B runs.
+//! experts of 2.2 denoising steps, for A/B runs.
 
 use std::sync::OnceLock;
 
@@ -15,9 +14,6 @@ pub struct Tuning {
     /// 2.2 denoising steps run their experts as batched cuBLAS GEMMs over the admitted pool
     /// (`MINNOW_MOE_POOLED=0`: the grouped GEMM over dispatched rows instead).
     pub moe_pooled: bool,
-    /// Latency-bound kernels warm L2 with the next projection's weights (`MINNOW_L2_PREFETCH=0`
-    /// turns it off).
-    pub l2_prefetch: bool,
 }
 
 impl Default for Tuning {
@@ -26,7 +22,6 @@ impl Default for Tuning {
             moe16_stages: 3,
             attn_max_splits: 16,
             moe_pooled: true,
-            l2_prefetch: true,
         }
     }
 }
@@ -53,8 +48,6 @@ pub fn tuning() -> &'static Tuning {
             attn_max_splits: env_usize("MINNOW_ATTN_MAX_SPLITS", |v| (1..=64).contains(&v))
                 .unwrap_or(d.attn_max_splits),
             moe_pooled: env_usize("MINNOW_MOE_POOLED", |v| v <= 1).map_or(d.moe_pooled, |v| v == 1),
-            l2_prefetch: env_usize("MINNOW_L2_PREFETCH", |v| v <= 1)
-                .map_or(d.l2_prefetch, |v| v == 1),
         }
     })
 }
