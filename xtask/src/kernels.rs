@@ -4,11 +4,13 @@
 //! minnow-runtime test fails when a source and its PTX disagree.
 //!
 //! Environment: `NVCC` (default `nvcc`), `NVCC_FLAGS` (extra flags, whitespace separated, e.g.
-//! `-I/opt/cuda13/include/cccl` for a pip-installed nvcc). The target is sm_80 PTX: the driver
-//! JIT-compiles it for any newer GPU (the H200 included) when the module loads.
+//! `-I/opt/cuda13/include/cccl` for a pip-installed nvcc). Each source becomes two PTX files
+//! (see `ARCHS`): `<name>.ptx` for sm_80 and `<name>.sm90.ptx` for sm_90; the driver JIT-compiles
+//! the one the GPU loads.
 //!
 //! Adding a kernel file: xtask links minnow-runtime, which embeds every PTX with `include_str!`,
-//! so create the new `ptx/<name>.ptx` empty and list it in `ptx.rs` before running this task.
+//! so create the new `ptx/<name>.ptx` and `ptx/<name>.sm90.ptx` empty and list the module in
+//! `ptx.rs` before running this task.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
