@@ -526,33 +526,8 @@ pub fn route_with(
             && shared <= super::ptx::ROUTER_MAX_SHARED as usize
         {
             // Admission and top-k in one launch per routing block.
-            let cfg = LaunchConfig::new(
-                (tokens.div_ceil(shape.block) as u32, 1, 1),
-                1024,
-                shared as u32,
-            );
-            return cuda_launch!(
-                gpu,
-                "route_block_fused",
-                cfg,
-                logits,
-                bias,
-                tokens as i32,
-                e as i32,
-                shape.block as i32,
-                capacity as i32,
-                shape.top_k as i32,
-                shape.scale,
-                topk_idx,
-                topk_w,
-                0u64,
-                0i64,
-                0u64,
-                0i64,
-                0u64,
-                0u64,
-                0u64,
-                0i32
+            return launch_route_block_fused(
+                gpu, shape, capacity, logits, bias, topk_idx, topk_w, tokens, None,
             );
         }
         let blocks = tokens.div_ceil(shape.block) as u32;
@@ -599,7 +574,7 @@ pub fn route_with(
 /// its rows `q * row_stride..` of the pooled outputs. [`route_pooled`] fills the weight-address
 /// arrays and each assignment's row; the activation and output address arrays are fixed per
 /// workspace.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct ExpertPool {
     /// Packed `[E + 1, 2I, D]` gate/up and `[E + 1, D, I]` down weights of the layer.
     pub gate_up: u64,
@@ -645,9 +620,42 @@ pub fn route_pooled(
             pool.row_stride
         ));
     }
-    let e = shape.experts;
     let capacity = shape.capacity.unwrap_or(0);
-    let cfg = LaunchConfig::new((1, 1, 1), 1024, (2 * shape.block * e * 4) as u32);
+    launch_route_block_fused(
+        gpu,
+        shape,
+        capacity,
+        logits,
+        bias,
+        topk_idx,
+        topk_w,
+        tokens,
+        Some(pool),
+    )
+}
+
+/// `route_block_fused` (kernels/router.cu): one CTA per routing block, the block's scores in
+/// shared memory; with a pool it also lays out the admitted pool (one routing block only).
+#[allow(clippy::too_many_arguments)]
+fn launch_route_block_fused(
+    gpu: &Gpu,
+    shape: &RouterShape,
+    capacity: usize,
+    logits: u64,
+    bias: u64,
+    topk_idx: u64,
+    topk_w: u64,
+    tokens: usize,
+    pool: Option<&ExpertPool>,
+) -> CudaResult<()> {
+    let e = shape.experts;
+    let cfg = LaunchConfig::new(
+        (tokens.div_ceil(shape.block) as u32, 1, 1),
+        1024,
+        (2 * shape.block * e * 4) as u32,
+    );
+    // No pool: null address arrays tell the kernel to skip the pool outputs.
+    let p = pool.copied().unwrap_or_default();
     cuda_launch!(
         gpu,
         "route_block_fused",
@@ -662,14 +670,14 @@ pub fn route_pooled(
         shape.scale,
         topk_idx,
         topk_w,
-        pool.gate_up,
-        pool.gate_up_stride as i64,
-        pool.down,
-        pool.down_stride as i64,
-        pool.gate_up_ptrs,
-        pool.down_ptrs,
-        pool.slot_pos,
-        pool.row_stride as i32
+        p.gate_up,
+        p.gate_up_stride as i64,
+        p.down,
+        p.down_stride as i64,
+        p.gate_up_ptrs,
+        p.down_ptrs,
+        p.slot_pos,
+        p.row_stride as i32
     )
 }
 
