@@ -12,8 +12,7 @@ typedef __nv_bfloat16 bf16;
 //   - `pdl_enter()` comes before the first read of anything an earlier kernel wrote and before
 //     the first global write; it waits until the previous kernel has finished and its writes are
 //     visible, then lets the next kernel start launching.
-//   - Before it, a kernel may only touch memory no kernel of the forward writes (weights), e.g.
-//     to prefetch them into L2 while the previous kernel finishes.
+//   - Before it, a kernel may only touch memory no kernel of the forward writes (weights).
 // Without the launch attribute (older GPUs, MINNOW_PDL=0, cuBLAS neighbours) both are no-ops.
 __device__ __forceinline__ void pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -21,9 +20,6 @@ __device__ __forceinline__ void pdl_enter() {
     asm volatile("griddepcontrol.launch_dependents;\n" :::);
 #endif
 }
-
-// Asks the L2 cache to fetch the 128-byte line holding `p` (no register result, no wait).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
 // Round-to-nearest-even, like PyTorch's BF16 casts.
