@@ -134,11 +134,11 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total) {
 //   num_tiles[0]     number of tiles (the grouped GEMM's grid has an upper bound of tiles and the
 //                    CTAs past num_tiles exit, so no host round trip is needed)
 // Rows of one expert are in no particular order (atomics); each row's result does not depend on it.
-// The dispatch, run by a whole CTA (blockDim >= E, a multiple of 32); `cnt` is 2 * E ints of
-// shared memory.
-__device__ void dispatch_cta(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows, int shared_expert,
-                             int* __restrict__ slot_pos, int* __restrict__ row_token, int4* __restrict__ tiles,
-                             int* __restrict__ num_tiles, int* cnt) {
+extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows,
+                                        int shared_expert, int* __restrict__ slot_pos, int* __restrict__ row_token,
+                                        int4* __restrict__ tiles, int* __restrict__ num_tiles) {
+    pdl_enter();
+    extern __shared__ int cnt[];  // E counts, then E cursors
     int* cursor = cnt + E;
     __shared__ int scratch[32];
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
@@ -164,14 +164,6 @@ __device__ void dispatch_cta(const int* __restrict__ topk_idx, int A, int k, int
         slot_pos[a] = p;
         row_token[p] = a < A ? a / k : a - A;
     }
-}
-
-extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows,
-                                        int shared_expert, int* __restrict__ slot_pos, int* __restrict__ row_token,
-                                        int4* __restrict__ tiles, int* __restrict__ num_tiles) {
-    pdl_enter();
-    extern __shared__ int cnt[];  // E counts, then E cursors
-    dispatch_cta(topk_idx, A, k, E, tile_rows, shared_expert, slot_pos, row_token, tiles, num_tiles, cnt);
 }
 
 // 2.2 block routing in one kernel: admission and every token's top-k for one routing block per

@@ -7,7 +7,7 @@ use half::bf16;
 use minnow_runtime::cuda::ops::{self, AttentionShape, RouterShape};
 use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu, Profile};
 
-use super::weights::{DenseMlp, Mlp, RouterWeights, SharedExpert, Weights};
+use super::weights::{DenseMlp, Mlp, Moe, RouterWeights, SharedExpert, Weights};
 use crate::config::Config;
 
 /// K/V cache of one sequence: per layer `[capacity, G, d]` BF16 for K (normed, rotated) and V.
@@ -229,6 +229,24 @@ pub(crate) enum Output {
     Top1 { start: usize, end: usize },
 }
 
+impl Output {
+    /// What a forward leaves for `rows` of its tokens: nothing when no row is asked for, else
+    /// their logits or (`top1`) their argmax and confidence.
+    pub fn for_rows(rows: std::ops::Range<usize>, top1: bool) -> Self {
+        match (rows.is_empty(), top1) {
+            (true, _) => Output::None,
+            (false, false) => Output::Logits {
+                start: rows.start,
+                end: rows.end,
+            },
+            (false, true) => Output::Top1 {
+                start: rows.start,
+                end: rows.end,
+            },
+        }
+    }
+}
+
 /// Queues one forward of `tokens` tokens (ids already in `ws.ids`, start position in `ws.pos0`)
 /// over `cache`, whose rows `pos0..pos0 + tokens` it writes.
 #[allow(clippy::too_many_arguments)]
@@ -350,23 +368,13 @@ pub(crate) fn queue_forward(
             }
             Mlp::Moe(moe) => {
                 let router = router_shape(c);
-                let (e, k, iw) = (
-                    c.num_experts,
-                    c.num_experts_per_tok,
-                    c.moe_intermediate_size,
-                );
+                let (e, k) = (c.num_experts, c.num_experts_per_tok);
                 // A packed shared expert is expert `e` with one extra assignment per token.
-                // A packed shared expert joins the grouped GEMM when experts get few rows each
+                // It joins the grouped GEMM when experts get few rows each
                 // (decoding: it then streams at the grouped kernel's bandwidth, with no extra
                 // launches); for prefill cuBLAS multiplies its slice of the packed buffers faster.
                 let packed = matches!(moe.shared, SharedExpert::Packed)
                     && ops::moe_tile_rows(t * k, e) == 16;
-                let (slots, a) = if packed {
-                    (e + 1, t * (k + 1))
-                } else {
-                    (e, t * k)
-                };
-                let tile_rows = ops::moe_tile_rows(a, slots);
                 match &moe.router {
                     RouterWeights::Bf16(w) => {
                         blas.gemm_bf16_f32out(ws.a.ptr(), w.ptr(), ws.router_logits.ptr(), t, e, d)?
@@ -384,150 +392,9 @@ pub(crate) fn queue_forward(
                     && minnow_runtime::cuda::tuning::tuning().moe_pooled
                     && ops::pooled_experts_supported(&router, t);
                 let (shared, shared_rows) = if pooled {
-                    let rows = c.block_size;
-                    let pool = ops::ExpertPool {
-                        gate_up: moe.experts_gate_up.ptr(),
-                        gate_up_stride: 2 * iw * d,
-                        down: moe.experts_down.ptr(),
-                        down_stride: d * iw,
-                        gate_up_ptrs: ws.pool_w_gate_up.ptr(),
-                        down_ptrs: ws.pool_w_down.ptr(),
-                        slot_pos: ws.slot_pos.ptr(),
-                        row_stride: rows,
-                    };
-                    ops::route_pooled(
-                        gpu,
-                        &router,
-                        ws.router_logits.ptr(),
-                        moe.bias.ptr(),
-                        ws.topk_idx.ptr(),
-                        ws.topk_w.ptr(),
-                        t,
-                        &pool,
-                    )?;
-                    mark("router")?;
-                    let b = ws.pool_entries;
-                    blas.gemm_bf16_batched(
-                        ws.pool_x.ptr(),
-                        ws.pool_w_gate_up.ptr(),
-                        ws.pool_gate_up_out.ptr(),
-                        t,
-                        2 * iw,
-                        d,
-                        b,
-                    )?;
-                    mark("experts gate/up")?;
-                    ops::silu_mul_groups(
-                        gpu,
-                        ws.expert_gu.ptr(),
-                        ws.expert_act.ptr(),
-                        b,
-                        t,
-                        rows,
-                        iw,
-                    )?;
-                    mark("experts silu")?;
-                    blas.gemm_bf16_batched(
-                        ws.pool_act.ptr(),
-                        ws.pool_w_down.ptr(),
-                        ws.pool_out.ptr(),
-                        t,
-                        d,
-                        iw,
-                        b,
-                    )?;
-                    mark("experts down")?;
-                    (0, ws.slot_pos.ptr_at(t * k))
+                    queue_pooled_experts(gpu, c, ws, moe, &router, t, &mut mark)?
                 } else {
-                    ops::route(
-                        gpu,
-                        &router,
-                        ws.router_logits.ptr(),
-                        moe.bias.ptr(),
-                        ws.admitted.ptr(),
-                        ws.topk_idx.ptr(),
-                        ws.topk_w.ptr(),
-                        t,
-                    )?;
-                    mark("router")?;
-                    ops::moe_dispatch(
-                        gpu,
-                        ws.topk_idx.ptr(),
-                        t,
-                        k,
-                        slots,
-                        tile_rows,
-                        packed.then_some(e),
-                        ws.slot_pos.ptr(),
-                        ws.row_token.ptr(),
-                        ws.tiles.ptr(),
-                        ws.num_tiles.ptr(),
-                    )?;
-                    mark("dispatch")?;
-                    // Experts that can get rows: with 2.2 block admission at most `capacity` per
-                    // routing block (plus the packed shared expert), far fewer than all of them.
-                    let busy = match router.capacity {
-                        Some(cap) => {
-                            (cap * t.div_ceil(c.block_size.max(1))).min(e) + usize::from(packed)
-                        }
-                        None => slots,
-                    };
-                    let max_tiles = ops::moe_max_tiles(a, busy, tile_rows);
-                    ops::grouped_gemm(
-                        gpu,
-                        ws.a.ptr(),
-                        ws.row_token.ptr(),
-                        moe.experts_gate_up.ptr(),
-                        ws.expert_gu.ptr(),
-                        ws.tiles.ptr(),
-                        ws.num_tiles.ptr(),
-                        max_tiles,
-                        tile_rows,
-                        2 * iw,
-                        d,
-                    )?;
-                    mark("experts gate/up")?;
-                    ops::silu_mul(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), a, iw)?;
-                    mark("experts silu")?;
-                    ops::grouped_gemm(
-                        gpu,
-                        ws.expert_act.ptr(),
-                        0,
-                        moe.experts_down.ptr(),
-                        ws.expert_out.ptr(),
-                        ws.tiles.ptr(),
-                        ws.num_tiles.ptr(),
-                        max_tiles,
-                        tile_rows,
-                        d,
-                        iw,
-                    )?;
-                    mark("experts down")?;
-                    match &moe.shared {
-                        SharedExpert::Separate(mlp) => {
-                            queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.shared_out.ptr(), t, d)?;
-                            mark("shared expert")?;
-                            (ws.shared_out.ptr(), 0)
-                        }
-                        // Its rows are where the dispatch put assignments t * k + t'.
-                        SharedExpert::Packed if packed => (0, ws.slot_pos.ptr_at(t * k)),
-                        SharedExpert::Packed => {
-                            queue_swiglu_at(
-                                gpu,
-                                ws,
-                                moe.experts_gate_up.ptr_at(e * 2 * iw * d),
-                                moe.experts_down.ptr_at(e * d * iw),
-                                iw,
-                                ws.a.ptr(),
-                                ws.shared_out.ptr(),
-                                t,
-                                d,
-                            )?;
-                            mark("shared expert")?;
-                            (ws.shared_out.ptr(), 0)
-                        }
-                        SharedExpert::None => (0, 0),
-                    }
+                    queue_grouped_experts(gpu, c, ws, moe, &router, t, packed, &mut mark)?
                 };
                 // The RMSNorm after this layer, fused into the combine: the next layer's input
                 // norm, or the final norm when logits follow (over all rows: the ones outside
@@ -623,6 +490,190 @@ pub(crate) fn queue_forward(
         _ => ops::bf16_to_f32(gpu, ws.logits_bf16.ptr(), ws.logits_f32.ptr(), rows * v)?,
     }
     mark("top-1 / logits")
+}
+
+/// Marks the end of a profiled stage (a no-op without a profile).
+type Mark<'a> = dyn FnMut(&'static str) -> CudaResult<()> + 'a;
+
+/// The experts of a 2.2 denoising step (one routing block) as two batched GEMMs over the block's
+/// admitted pool (`ops::ExpertPool`), after the router logits. Returns the shared expert's
+/// (`shared`, `shared_rows`) inputs of the combine.
+fn queue_pooled_experts(
+    gpu: &Gpu,
+    c: &Config,
+    ws: &Workspace,
+    moe: &Moe,
+    router: &RouterShape,
+    t: usize,
+    mark: &mut Mark,
+) -> CudaResult<(u64, u64)> {
+    let (d, k, iw) = (
+        c.hidden_size,
+        c.num_experts_per_tok,
+        c.moe_intermediate_size,
+    );
+    let blas = gpu.blas();
+    let rows = c.block_size;
+    let pool = ops::ExpertPool {
+        gate_up: moe.experts_gate_up.ptr(),
+        gate_up_stride: 2 * iw * d,
+        down: moe.experts_down.ptr(),
+        down_stride: d * iw,
+        gate_up_ptrs: ws.pool_w_gate_up.ptr(),
+        down_ptrs: ws.pool_w_down.ptr(),
+        slot_pos: ws.slot_pos.ptr(),
+        row_stride: rows,
+    };
+    ops::route_pooled(
+        gpu,
+        router,
+        ws.router_logits.ptr(),
+        moe.bias.ptr(),
+        ws.topk_idx.ptr(),
+        ws.topk_w.ptr(),
+        t,
+        &pool,
+    )?;
+    mark("router")?;
+    let b = ws.pool_entries;
+    blas.gemm_bf16_batched(
+        ws.pool_x.ptr(),
+        ws.pool_w_gate_up.ptr(),
+        ws.pool_gate_up_out.ptr(),
+        t,
+        2 * iw,
+        d,
+        b,
+    )?;
+    mark("experts gate/up")?;
+    ops::silu_mul_groups(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), b, t, rows, iw)?;
+    mark("experts silu")?;
+    blas.gemm_bf16_batched(
+        ws.pool_act.ptr(),
+        ws.pool_w_down.ptr(),
+        ws.pool_out.ptr(),
+        t,
+        d,
+        iw,
+        b,
+    )?;
+    mark("experts down")?;
+    Ok((0, ws.slot_pos.ptr_at(t * k)))
+}
+
+/// The experts of any other forward, after the router logits: routing, the device-side dispatch,
+/// two grouped GEMMs over the used experts (with the packed shared expert among them when
+/// `packed`), or the shared expert on its own. Returns the combine's shared-expert inputs.
+#[allow(clippy::too_many_arguments)]
+fn queue_grouped_experts(
+    gpu: &Gpu,
+    c: &Config,
+    ws: &Workspace,
+    moe: &Moe,
+    router: &RouterShape,
+    t: usize,
+    packed: bool,
+    mark: &mut Mark,
+) -> CudaResult<(u64, u64)> {
+    let (d, e, k, iw) = (
+        c.hidden_size,
+        c.num_experts,
+        c.num_experts_per_tok,
+        c.moe_intermediate_size,
+    );
+    let (slots, a) = if packed {
+        (e + 1, t * (k + 1))
+    } else {
+        (e, t * k)
+    };
+    let tile_rows = ops::moe_tile_rows(a, slots);
+    ops::route(
+        gpu,
+        router,
+        ws.router_logits.ptr(),
+        moe.bias.ptr(),
+        ws.admitted.ptr(),
+        ws.topk_idx.ptr(),
+        ws.topk_w.ptr(),
+        t,
+    )?;
+    mark("router")?;
+    ops::moe_dispatch(
+        gpu,
+        ws.topk_idx.ptr(),
+        t,
+        k,
+        slots,
+        tile_rows,
+        packed.then_some(e),
+        ws.slot_pos.ptr(),
+        ws.row_token.ptr(),
+        ws.tiles.ptr(),
+        ws.num_tiles.ptr(),
+    )?;
+    mark("dispatch")?;
+    // Experts that can get rows: with 2.2 block admission at most `capacity` per
+    // routing block (plus the packed shared expert), far fewer than all of them.
+    let busy = match router.capacity {
+        Some(cap) => (cap * t.div_ceil(c.block_size.max(1))).min(e) + usize::from(packed),
+        None => slots,
+    };
+    let max_tiles = ops::moe_max_tiles(a, busy, tile_rows);
+    ops::grouped_gemm(
+        gpu,
+        ws.a.ptr(),
+        ws.row_token.ptr(),
+        moe.experts_gate_up.ptr(),
+        ws.expert_gu.ptr(),
+        ws.tiles.ptr(),
+        ws.num_tiles.ptr(),
+        max_tiles,
+        tile_rows,
+        2 * iw,
+        d,
+    )?;
+    mark("experts gate/up")?;
+    ops::silu_mul(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), a, iw)?;
+    mark("experts silu")?;
+    ops::grouped_gemm(
+        gpu,
+        ws.expert_act.ptr(),
+        0,
+        moe.experts_down.ptr(),
+        ws.expert_out.ptr(),
+        ws.tiles.ptr(),
+        ws.num_tiles.ptr(),
+        max_tiles,
+        tile_rows,
+        d,
+        iw,
+    )?;
+    mark("experts down")?;
+    Ok(match &moe.shared {
+        SharedExpert::Separate(mlp) => {
+            queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.shared_out.ptr(), t, d)?;
+            mark("shared expert")?;
+            (ws.shared_out.ptr(), 0)
+        }
+        // Its rows are where the dispatch put assignments t * k + t'.
+        SharedExpert::Packed if packed => (0, ws.slot_pos.ptr_at(t * k)),
+        SharedExpert::Packed => {
+            queue_swiglu_at(
+                gpu,
+                ws,
+                moe.experts_gate_up.ptr_at(e * 2 * iw * d),
+                moe.experts_down.ptr_at(e * d * iw),
+                iw,
+                ws.a.ptr(),
+                ws.shared_out.ptr(),
+                t,
+                d,
+            )?;
+            mark("shared expert")?;
+            (ws.shared_out.ptr(), 0)
+        }
+        SharedExpert::None => (0, 0),
+    })
 }
 
 /// `Y[m, n] = X[m, k] . W[n, k]^T` (row pitch n) through cuBLAS.

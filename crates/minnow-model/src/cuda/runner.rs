@@ -290,18 +290,7 @@ impl ModelRunner for CudaRunner {
     fn forward(&mut self, seq: SeqId, ids: &[u32], rows: LogitsRows) -> Result<Vec<f32>> {
         let r = rows.resolve(ids.len());
         let n = r.len();
-        self.run(
-            seq,
-            ids,
-            if n == 0 {
-                Output::None
-            } else {
-                Output::Logits {
-                    start: r.start,
-                    end: r.end,
-                }
-            },
-        )?;
+        self.run(seq, ids, Output::for_rows(r, false))?;
         let mut out = vec![0f32; n * self.config.vocab_size];
         if n > 0 {
             let ws = self
@@ -329,18 +318,7 @@ impl ModelRunner for CudaRunner {
     ) -> Result<Vec<(u32, f32)>> {
         let r = rows.resolve(ids.len());
         let n = r.len();
-        self.run(
-            seq,
-            ids,
-            if n == 0 {
-                Output::None
-            } else {
-                Output::Top1 {
-                    start: r.start,
-                    end: r.end,
-                }
-            },
-        )?;
+        self.run(seq, ids, Output::for_rows(r, true))?;
         let ws = self
             .workspace
             .as_ref()

@@ -242,17 +242,6 @@ impl Gpu {
         self.sm_count
     }
 
-    /// Compute capability (major, minor).
-    pub fn capability(&self) -> (i32, i32) {
-        self.capability
-    }
-
-    /// Whether kernels overlap their launch with the previous kernel's end (programmatic
-    /// dependent launch).
-    pub fn pdl(&self) -> bool {
-        self.pdl
-    }
-
     /// (free, total) device memory in bytes.
     pub fn memory_info(&self) -> CudaResult<(usize, usize)> {
         self.bind()?;

@@ -14,10 +14,18 @@ fn row_threads(width: usize) -> u32 {
     (width.div_ceil(32) * 32).clamp(32, 256) as u32
 }
 
-/// Block size of the row norms (`add_rmsnorm`, `moe_combine_add_rmsnorm`): one thread per 8
-/// columns up to 256 threads. Both kernels must use the same one (see kernels/elementwise.cu).
-fn norm_threads(d: usize) -> u32 {
-    row_threads(d / 8)
+/// Launch shape of the row norms (`add_rmsnorm`, `moe_combine_add_rmsnorm`): one CTA per row, one
+/// thread per 8 columns up to 256 threads. Both kernels must use the same block size for the
+/// fused one to stay bit-identical (see kernels/elementwise.cu).
+fn norm_launch(rows: usize, d: usize) -> CudaResult<LaunchConfig> {
+    if !d.is_multiple_of(8) {
+        return unsupported(format!("RMSNorm over rows of {d} (needs a multiple of 8)"));
+    }
+    Ok(LaunchConfig::new(
+        (rows as u32, 1, 1),
+        row_threads(d / 8),
+        0,
+    ))
 }
 
 /// `out[t] = table[ids[t]]` for `rows` ids (u32) in device memory; `d % 8 == 0`.
@@ -48,10 +56,7 @@ pub fn add_rmsnorm(
     d: usize,
     eps: f32,
 ) -> CudaResult<()> {
-    if !d.is_multiple_of(8) {
-        return unsupported(format!("RMSNorm over rows of {d} (needs a multiple of 8)"));
-    }
-    let cfg = LaunchConfig::new((rows as u32, 1, 1), norm_threads(d), 0);
+    let cfg = norm_launch(rows, d)?;
     cuda_launch!(
         gpu,
         "add_rmsnorm",
@@ -173,11 +178,8 @@ pub fn moe_combine_add_rmsnorm(
             "moe_combine_add_rmsnorm takes at most {COMBINE_NORM_MAX_K} experts per token, got {k}"
         ));
     }
-    if !d.is_multiple_of(8) {
-        return unsupported(format!("RMSNorm over rows of {d} (needs a multiple of 8)"));
-    }
-    // add_rmsnorm's block size: the same columns per thread and the same reduction tree.
-    let cfg = LaunchConfig::new((tokens as u32, 1, 1), norm_threads(d), 0);
+    // add_rmsnorm's launch shape: the same columns per thread and the same reduction tree.
+    let cfg = norm_launch(tokens, d)?;
     cuda_launch!(
         gpu,
         "moe_combine_add_rmsnorm",
