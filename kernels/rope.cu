@@ -6,39 +6,56 @@
 // per (token, head); d <= 256. The token's absolute position is pos0[0] + t (pos0 lives in device
 // memory so that a captured graph can be replayed at another position).
 // q_out: [T, H, d]; k_cache, v_cache: [capacity, G, d] of this layer.
+// Lane l owns the ceil(d / 32) adjacent elements from l * ceil(d / 32): all of a lane's loads are
+// issued together (a strided loop waited one memory round trip per element).
+#define ROPE_MAX_PER_LANE 8
 extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const bf16* __restrict__ q_weight,
                                         const bf16* __restrict__ k_weight, bf16* __restrict__ q_out,
                                         bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                         const int* __restrict__ pos0, int n_heads, int n_kv_heads, int d,
                                         int rot, float theta, float eps) {
-    pdl_enter();
-    __shared__ float raw[256];  // the head's projected values, BF16-exact
     __shared__ float normed[256];
     const int t = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
+    const int per = (d + 31) >> 5, i0 = lane * per;
+    const bool is_v = head >= n_heads + n_kv_heads, is_q = head < n_heads;
+    // The norm weights are never written by a kernel: loaded before the wait.
+    const bf16* w = is_q ? q_weight : k_weight;
+    float wv[ROPE_MAX_PER_LANE];
+#pragma unroll
+    for (int u = 0; u < ROPE_MAX_PER_LANE; ++u) wv[u] = !is_v && u < per && i0 + u < d ? to_f32(w[i0 + u]) : 0.f;
+    pdl_enter();
     const int pos = pos0[0] + t;
-    const size_t src0 = ((size_t)t * (n_heads + 2 * n_kv_heads) + head) * d;
-    for (int i = lane; i < d; i += 32) raw[i] = to_f32(qkv[src0 + i]);
-    __syncwarp();
-    if (head >= n_heads + n_kv_heads) {  // V head: cached as is
+    const bf16* src = qkv + ((size_t)t * (n_heads + 2 * n_kv_heads) + head) * d;
+    bf16 raw[ROPE_MAX_PER_LANE];
+#pragma unroll
+    for (int u = 0; u < ROPE_MAX_PER_LANE; ++u) raw[u] = u < per && i0 + u < d ? src[i0 + u] : to_bf16(0.f);
+    if (is_v) {  // V head: cached as is
         bf16* dst = v_cache + ((size_t)pos * n_kv_heads + (head - n_heads - n_kv_heads)) * d;
-        for (int i = lane; i < d; i += 32) dst[i] = to_bf16(raw[i]);
+#pragma unroll
+        for (int u = 0; u < ROPE_MAX_PER_LANE; ++u)
+            if (u < per && i0 + u < d) dst[i0 + u] = raw[u];
         return;
     }
-    const bool is_q = head < n_heads;
-    const bf16* w = is_q ? q_weight : k_weight;
     bf16* dst = is_q ? q_out + ((size_t)t * n_heads + head) * d
                      : k_cache + ((size_t)pos * n_kv_heads + (head - n_heads)) * d;
     float ss = 0.f;
-    for (int i = lane; i < d; i += 32) {
-        const float u = raw[i];
-        ss += u * u;
+#pragma unroll
+    for (int u = 0; u < ROPE_MAX_PER_LANE; ++u) {
+        const float x = to_f32(raw[u]);
+        ss += x * x;
     }
     ss = warp_sum(ss);
     const float inv = rsqrtf(ss / (float)d + eps);
-    for (int i = lane; i < d; i += 32) normed[i] = to_f32(mul_bf16(w[i], to_bf16(raw[i] * inv)));
+    float nv[ROPE_MAX_PER_LANE];
+#pragma unroll
+    for (int u = 0; u < ROPE_MAX_PER_LANE; ++u) {
+        nv[u] = to_f32(mul_bf16(to_bf16(wv[u]), to_bf16(to_f32(raw[u]) * inv)));
+        if (u < per && i0 + u < d) normed[i0 + u] = nv[u];
+    }
     __syncwarp();
     const int half = rot / 2;
-    for (int i = lane; i < d; i += 32) {
+    // Not unrolled: the trigonometry's slow paths would be copied per element.
+    for (int i = i0; i < min(i0 + per, d); ++i) {
         if (i >= rot) {
             dst[i] = to_bf16(normed[i]);
             continue;

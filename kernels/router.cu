@@ -10,37 +10,13 @@ __device__ __forceinline__ bool ranks_before(float va, int a, float vb, int b) {
     return va > vb || (va == vb && a < b);
 }
 
-// 2.2 block admission. grid = number of routing blocks (rows [b*block, b*block + block) of the
-// forward, clipped to T), blockDim = E (<= 1024). admitted[b, j] = 1 for the `capacity` experts
-// with the largest g_j = max over the block's rows of sigmoid(logit) + bias.
-extern "C" __global__ void route_block_admit(const float* __restrict__ logits, const float* __restrict__ bias,
-                                             unsigned char* __restrict__ admitted, int T, int E, int block,
-                                             int capacity) {
-    pdl_enter();
-    extern __shared__ float g[];
-    const int j = threadIdx.x, b = blockIdx.x;
-    if (j < E) {
-        float best = -INFINITY;
-        const int r1 = min(T, (b + 1) * block);
-        for (int r = b * block; r < r1; ++r) best = fmaxf(best, sigmoidf(logits[(size_t)r * E + j]) + bias[j]);
-        g[j] = best;
-    }
-    __syncthreads();
-    if (j < E) {
-        int rank = 0;
-        for (int i = 0; i < E; ++i) rank += ranks_before(g[i], i, g[j], j);
-        admitted[(size_t)b * E + j] = rank < capacity;
-    }
-}
-
-// Token top-k (one CTA per token, blockDim = E <= 1024). The candidates are either the experts
-// admitted to the token's block (`admitted` != null, 2.2) or those of the `topk_group` best groups
-// (2.0/2.1: group score = sum of the two largest biased scores of its E / n_group experts).
+// 2.0/2.1 token top-k (one CTA per token, blockDim = E <= 1024). The candidates are the experts of
+// the `topk_group` best groups (group score = sum of the two largest biased scores of its
+// E / n_group experts).
 // Writes the k chosen experts in rank order (biased score descending) and their weights
 // w = s / (sum s + 1e-20) * scale computed from the unbiased sigmoid scores s.
-extern "C" __global__ void route_topk(const float* __restrict__ logits, const float* __restrict__ bias,
-                                      const unsigned char* __restrict__ admitted, int block, int E, int k,
-                                      int n_group, int topk_group, float scale, int* __restrict__ topk_idx,
+extern "C" __global__ void route_topk(const float* __restrict__ logits, const float* __restrict__ bias, int E,
+                                      int k, int n_group, int topk_group, float scale, int* __restrict__ topk_idx,
                                       float* __restrict__ topk_w) {
     pdl_enter();
     extern __shared__ float sh[];
@@ -58,27 +34,23 @@ extern "C" __global__ void route_topk(const float* __restrict__ logits, const fl
         cand[j] = biased;
     }
     __syncthreads();
-    if (admitted) {
-        if (j < E && !admitted[(size_t)(t / block) * E + j]) cand[j] = -INFINITY;
-    } else {
-        const int gsize = E / n_group;
-        if (j < n_group) {
-            float a = -INFINITY, b = -INFINITY;  // two largest of the group
-            for (int i = j * gsize; i < (j + 1) * gsize; ++i) {
-                const float v = cand[i];
-                if (v > a) { b = a; a = v; } else if (v > b) { b = v; }
-            }
-            group_score[j] = gsize >= 2 ? a + b : a;
+    const int gsize = E / n_group;
+    if (j < n_group) {
+        float a = -INFINITY, b = -INFINITY;  // two largest of the group
+        for (int i = j * gsize; i < (j + 1) * gsize; ++i) {
+            const float v = cand[i];
+            if (v > a) { b = a; a = v; } else if (v > b) { b = v; }
         }
-        __syncthreads();
-        if (j < n_group) {
-            int rank = 0;
-            for (int i = 0; i < n_group; ++i) rank += ranks_before(group_score[i], i, group_score[j], j);
-            group_keep[j] = rank < topk_group;
-        }
-        __syncthreads();
-        if (j < E && !group_keep[j / gsize]) cand[j] = -INFINITY;
+        group_score[j] = gsize >= 2 ? a + b : a;
     }
+    __syncthreads();
+    if (j < n_group) {
+        int rank = 0;
+        for (int i = 0; i < n_group; ++i) rank += ranks_before(group_score[i], i, group_score[j], j);
+        group_keep[j] = rank < topk_group;
+    }
+    __syncthreads();
+    if (j < E && !group_keep[j / gsize]) cand[j] = -INFINITY;
     __syncthreads();
     if (j < E && cand[j] != -INFINITY) {  // excluded experts never rank among the first k
         const float v = cand[j];
@@ -166,95 +138,116 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
     }
 }
 
-// 2.2 block routing in one kernel: admission and every token's top-k for one routing block per
-// CTA (blockDim = 1024). The block's sigmoid scores sit in shared memory (2 * rows * E floats),
-// so the logits are read once and the whole router is one launch. Same rules as
-// route_block_admit + route_topk (ties to the lower expert index).
-// With `pool_wgu_ptrs` non-null (a forward of one routing block whose experts run as a batched
-// GEMM over the admitted pool, ops::route_pooled) it also writes, for pool entry q < capacity
-// (the q-th admitted expert) and q = capacity (the packed shared expert E), the addresses of its
-// gate/up and down weights, and for every assignment its row q * pool_row_stride + token in the
-// pooled outputs (pool_slot_pos[T * k + t]: token t's shared-expert row).
+// Most tokens one route_block CTA routes, and the largest top-k it supports (mirrored in ops.rs).
+#define ROUTE_MAX_TOKENS 8
+#define ROUTE_MAX_K 32
+
+// 2.2 block routing (docs/llada2-model.md §7.8): block admission and the top-k of `tpc` consecutive
+// tokens of one routing block per CTA; thread j owns expert j (blockDim = E rounded up to 32,
+// E <= 1024), grid = routing blocks * ceil(block / tpc), dynamic shared memory 2 * tpc * E floats.
+// Every CTA recomputes its block's admission from the block's logits (32 x 256 floats from L2 for a
+// denoising step), so no CTA waits for another and the serial part is two short rank loops; a
+// one-CTA-per-block version spent 13 us on a 32-token block (docs/performance.md, attempt 19).
+// Ties go to the lower expert index, as in the reference.
+//   admission: g_j = max over the block's rows of sigmoid(logit) + bias; the `capacity` largest g
+//              are admitted, pool entry q = the expert of admission rank q.
+//   top-k:     each token's k largest biased scores among the admitted experts, in rank order, with
+//              weights w = s / (sum s + 1e-20) * scale from the unbiased scores s.
+// With `pool_wgu_ptrs` non-null (a forward of one routing block whose experts run as a batched GEMM
+// over the admitted pool, ops::route_pooled) it also writes, for pool entry q < capacity and
+// q = capacity (the packed shared expert E), the addresses of its gate/up and down weights, and
+// for every assignment its row q * pool_row_stride + token in the pooled outputs
+// (pool_slot_pos[T * k + t]: token t's shared-expert row).
 extern "C" __global__ void __launch_bounds__(1024)
-    route_block_fused(const float* __restrict__ logits, const float* __restrict__ bias, int T, int E, int block,
-                      int capacity, int k, float scale, int* __restrict__ topk_idx, float* __restrict__ topk_w,
-                      const bf16* __restrict__ pool_wgu, long long pool_wgu_stride, const bf16* __restrict__ pool_wd,
-                      long long pool_wd_stride, unsigned long long* __restrict__ pool_wgu_ptrs,
-                      unsigned long long* __restrict__ pool_wd_ptrs, int* __restrict__ pool_slot_pos,
-                      int pool_row_stride) {
-    pdl_enter();
+    route_block(const float* __restrict__ logits, const float* __restrict__ bias, int T, int E, int block,
+                int capacity, int k, float scale, int tpc, int* __restrict__ topk_idx, float* __restrict__ topk_w,
+                const bf16* __restrict__ pool_wgu, long long pool_wgu_stride, const bf16* __restrict__ pool_wd,
+                long long pool_wd_stride, unsigned long long* __restrict__ pool_wgu_ptrs,
+                unsigned long long* __restrict__ pool_wd_ptrs, int* __restrict__ pool_slot_pos,
+                int pool_row_stride) {
     extern __shared__ float sh[];
-    float* biased = sh;                // rows x E
-    float* score = sh + block * E;     // rows x E
+    float* tok_biased = sh;        // tpc x E biased scores of this CTA's tokens
+    float* tok_score = sh + tpc * E;  // tpc x E unbiased scores
     __shared__ float g[1024];
     __shared__ int pool[1024];
-    __shared__ float chosen[1024];     // rows x k unbiased scores in rank order
-    const int tid = threadIdx.x, nt = blockDim.x;
-    const int r0 = blockIdx.x * block, rows = min(block, T - r0);
-    // The logits are loaded 4 per thread at once (a loop of single loads waits one memory round
-    // trip per element: rows * E / blockDim of them).
-    for (int base = tid; base < rows * E; base += 4 * nt) {
-        float v[4];
+    __shared__ float chosen[ROUTE_MAX_TOKENS * ROUTE_MAX_K];  // unbiased scores in rank order
+    const int j = threadIdx.x;
+    const int ctas_per_block = (block + tpc - 1) / tpc;
+    const int r0 = (blockIdx.x / ctas_per_block) * block, rows = min(block, T - r0);
+    const int u0 = (blockIdx.x % ctas_per_block) * tpc, nu = min(tpc, rows - u0);
+    const float bias_j = j < E ? bias[j] : 0.f;  // weights: readable before the wait
+    pdl_enter();
+    if (nu <= 0) return;  // past the end of a partial last block (the whole CTA)
+    float best = -INFINITY;
+    if (j < E) {
+        // 32 rows' loads in flight at once (one L2 round trip per 32 rows, not per row).
+        for (int r = 0; r < rows; r += 32) {
+            float v[32];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) v[u] = base + u * nt < rows * E ? logits[(size_t)r0 * E + base + u * nt] : 0.f;
+            for (int u = 0; u < 32; ++u) v[u] = r + u < rows ? logits[(size_t)(r0 + r + u) * E + j] : 0.f;
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int i = base + u * nt;
-            if (i >= rows * E) break;
-            const float s = sigmoidf(v[u]);
-            score[i] = s;
-            biased[i] = s + bias[i % E];
+            for (int u = 0; u < 32; ++u) {
+                if (r + u >= rows) break;
+                const float s = sigmoidf(v[u]), biased = s + bias_j;
+                best = fmaxf(best, biased);
+                const int lu = r + u - u0;
+                if (lu >= 0 && lu < nu) {
+                    tok_score[lu * E + j] = s;
+                    tok_biased[lu * E + j] = biased;
+                }
+            }
         }
+        g[j] = best;
     }
     __syncthreads();
-    if (tid < E) {
-        float best = -INFINITY;
-        for (int r = 0; r < rows; ++r) best = fmaxf(best, biased[r * E + tid]);
-        g[tid] = best;
-    }
-    __syncthreads();
-    if (tid < E) {
-        const float v = g[tid];
+    int q = -1;  // admission rank of expert j = its pool entry, when admitted
+    if (j < E) {
         int rank = 0;
 #pragma unroll 8
-        for (int i = 0; i < E; ++i) rank += ranks_before(g[i], i, v, tid);
+        for (int i = 0; i < E; ++i) rank += ranks_before(g[i], i, best, j);
         if (rank < capacity) {
-            pool[rank] = tid;
-            if (pool_wgu_ptrs) {
-                pool_wgu_ptrs[rank] = (unsigned long long)(pool_wgu + tid * pool_wgu_stride);
-                pool_wd_ptrs[rank] = (unsigned long long)(pool_wd + tid * pool_wd_stride);
+            q = rank;
+            pool[rank] = j;
+        }
+    }
+    if (pool_wgu_ptrs) {
+        if (u0 == 0) {  // one CTA per block writes the pool's weight addresses
+            if (q >= 0) {
+                pool_wgu_ptrs[q] = (unsigned long long)(pool_wgu + j * pool_wgu_stride);
+                pool_wd_ptrs[q] = (unsigned long long)(pool_wd + j * pool_wd_stride);
+            }
+            if (j == 0) {  // the shared expert, packed after the routed ones
+                pool_wgu_ptrs[capacity] = (unsigned long long)(pool_wgu + E * pool_wgu_stride);
+                pool_wd_ptrs[capacity] = (unsigned long long)(pool_wd + E * pool_wd_stride);
+            }
+        }
+        if (j < nu) pool_slot_pos[T * k + r0 + u0 + j] = capacity * pool_row_stride + u0 + j;
+    }
+    __syncthreads();
+    if (q >= 0) {
+        for (int lu = 0; lu < nu; ++lu) {
+            const float* row = tok_biased + lu * E;
+            const float v = row[j];
+            int rank = 0;
+#pragma unroll 8
+            for (int p = 0; p < capacity; ++p) {
+                const int jj = pool[p];
+                rank += ranks_before(row[jj], jj, v, j);
+            }
+            if (rank < k) {
+                const int t = r0 + u0 + lu;
+                topk_idx[t * k + rank] = j;
+                chosen[lu * k + rank] = tok_score[lu * E + j];
+                if (pool_wgu_ptrs) pool_slot_pos[t * k + rank] = q * pool_row_stride + u0 + lu;
             }
         }
     }
-    if (pool_wgu_ptrs && tid == 0) {  // the shared expert, packed after the routed ones
-        pool_wgu_ptrs[capacity] = (unsigned long long)(pool_wgu + E * pool_wgu_stride);
-        pool_wd_ptrs[capacity] = (unsigned long long)(pool_wd + E * pool_wd_stride);
-    }
-    if (pool_wgu_ptrs && tid < rows) pool_slot_pos[T * k + r0 + tid] = capacity * pool_row_stride + tid;
     __syncthreads();
-    for (int p = tid; p < rows * capacity; p += nt) {
-        const int r = p / capacity, j = pool[p % capacity];
-        const float* row = biased + r * E;
-        const float v = row[j];
-        int rank = 0;
-#pragma unroll 8
-        for (int q = 0; q < capacity; ++q) {
-            const int jj = pool[q];
-            rank += ranks_before(row[jj], jj, v, j);
-        }
-        if (rank < k) {
-            topk_idx[(r0 + r) * k + rank] = j;
-            chosen[r * k + rank] = score[r * E + j];
-            if (pool_wgu_ptrs) pool_slot_pos[(r0 + r) * k + rank] = (p % capacity) * pool_row_stride + r;
-        }
-    }
-    __syncthreads();
-    if (tid < rows) {
+    if (j < nu) {
+        const float* c = chosen + j * k;
         float sum = 0.f;
-        for (int i = 0; i < k; ++i) sum += chosen[tid * k + i];
-        for (int i = 0; i < k; ++i) {
-            const float c = chosen[tid * k + i];
-            topk_w[(r0 + tid) * k + i] = k > 1 ? c / (sum + 1e-20f) * scale : c * scale;
-        }
+        for (int i = 0; i < k; ++i) sum += c[i];
+        const int t = r0 + u0 + j;
+        for (int i = 0; i < k; ++i) topk_w[t * k + i] = k > 1 ? c[i] / (sum + 1e-20f) * scale : c[i] * scale;
     }
 }

@@ -465,6 +465,10 @@ impl RouterShape {
             (Some(c), _) if c < s.top_k || c > s.experts => {
                 unsupported(format!("expert capacity {c}"))
             }
+            (Some(_), _) if s.top_k > ROUTE_MAX_K || s.block == 0 => unsupported(format!(
+                "block routing with top-{} over blocks of {}",
+                s.top_k, s.block
+            )),
             (Some(_), _) => Ok(()),
             (None, Some((g, kg)))
                 if g == 0
@@ -485,80 +489,43 @@ impl RouterShape {
     }
 }
 
+/// Most tokens one `route_block` CTA routes and the largest top-k it takes (ROUTE_MAX_TOKENS and
+/// ROUTE_MAX_K in kernels/router.cu).
+const ROUTE_MAX_TOKENS: usize = 8;
+pub const ROUTE_MAX_K: usize = 32;
+
 /// Routes `tokens` rows of F32 router logits: writes `topk_idx [tokens, k]` (i32) and
-/// `topk_w [tokens, k]` (F32). `admitted` is scratch of `ceil(tokens / block) * E` bytes (2.2).
+/// `topk_w [tokens, k]` (F32).
 #[allow(clippy::too_many_arguments)]
 pub fn route(
     gpu: &Gpu,
     shape: &RouterShape,
     logits: u64,
     bias: u64,
-    admitted: u64,
     topk_idx: u64,
     topk_w: u64,
     tokens: usize,
-) -> CudaResult<()> {
-    route_with(
-        gpu, shape, logits, bias, admitted, topk_idx, topk_w, tokens, true,
-    )
-}
-
-/// [`route`] with the fused 2.2 kernel allowed or not. Without it (or when a routing block's
-/// scores do not fit in shared memory) admission and top-k are two launches; tests run both.
-#[allow(clippy::too_many_arguments)]
-pub fn route_with(
-    gpu: &Gpu,
-    shape: &RouterShape,
-    logits: u64,
-    bias: u64,
-    admitted: u64,
-    topk_idx: u64,
-    topk_w: u64,
-    tokens: usize,
-    allow_fused: bool,
 ) -> CudaResult<()> {
     shape.check()?;
-    let e = shape.experts;
-    let threads = (e.div_ceil(32) * 32) as u32;
-    let mut mask = 0u64;
     if let Some(capacity) = shape.capacity {
-        let shared = 2 * shape.block * e * 4;
-        if allow_fused
-            && shape.block * shape.top_k <= 1024
-            && shared <= super::ptx::ROUTER_MAX_SHARED as usize
-        {
-            // Admission and top-k in one launch per routing block.
-            return launch_route_block_fused(
-                gpu, shape, capacity, logits, bias, topk_idx, topk_w, tokens, None,
-            );
-        }
-        let blocks = tokens.div_ceil(shape.block) as u32;
-        let cfg = LaunchConfig::new((blocks, 1, 1), threads, (4 * e) as u32);
-        cuda_launch!(
-            gpu,
-            "route_block_admit",
-            cfg,
-            logits,
-            bias,
-            admitted,
-            tokens as i32,
-            e as i32,
-            shape.block as i32,
-            capacity as i32
-        )?;
-        mask = admitted;
+        return launch_route_block(
+            gpu, shape, capacity, logits, bias, topk_idx, topk_w, tokens, None,
+        );
     }
+    let e = shape.experts;
     let (n_group, topk_group) = shape.groups.unwrap_or((1, 1));
     let shared = 4 * (2 * e + 64 + shape.top_k);
-    let cfg = LaunchConfig::new((tokens as u32, 1, 1), threads, shared as u32);
+    let cfg = LaunchConfig::new(
+        (tokens as u32, 1, 1),
+        (e.div_ceil(32) * 32) as u32,
+        shared as u32,
+    );
     cuda_launch!(
         gpu,
         "route_topk",
         cfg,
         logits,
         bias,
-        mask,
-        shape.block as i32,
         e as i32,
         shape.top_k as i32,
         n_group as i32,
@@ -594,13 +561,9 @@ pub struct ExpertPool {
 }
 
 /// Whether a forward of `tokens` tokens under `shape` can run its experts over the admitted pool:
-/// 2.2 block routing, one routing block, and the fused router's limits.
+/// 2.2 block routing and one routing block.
 pub fn pooled_experts_supported(shape: &RouterShape, tokens: usize) -> bool {
-    shape.check().is_ok()
-        && shape.capacity.is_some()
-        && (1..=shape.block).contains(&tokens)
-        && shape.block * shape.top_k <= 1024
-        && 2 * shape.block * shape.experts * 4 <= super::ptx::ROUTER_MAX_SHARED as usize
+    shape.check().is_ok() && shape.capacity.is_some() && (1..=shape.block).contains(&tokens)
 }
 
 /// [`route`] for a forward of one 2.2 routing block that also lays out the admitted pool for
@@ -623,7 +586,7 @@ pub fn route_pooled(
         ));
     }
     let capacity = shape.capacity.unwrap_or(0);
-    launch_route_block_fused(
+    launch_route_block(
         gpu,
         shape,
         capacity,
@@ -636,10 +599,16 @@ pub fn route_pooled(
     )
 }
 
-/// `route_block_fused` (kernels/router.cu): one CTA per routing block, the block's scores in
-/// shared memory; with a pool it also lays out the admitted pool (one routing block only).
+/// Tokens per `route_block` CTA: one for a denoising step (32 CTAs side by side), more for long
+/// forwards so that the admission each CTA recomputes is shared by several tokens.
+fn route_tokens_per_cta(tokens: usize) -> usize {
+    tokens.div_ceil(256).clamp(1, ROUTE_MAX_TOKENS)
+}
+
+/// `route_block` (kernels/router.cu): 2.2 admission and top-k, a few tokens per CTA; with a pool
+/// it also lays out the admitted pool (one routing block only).
 #[allow(clippy::too_many_arguments)]
-fn launch_route_block_fused(
+fn launch_route_block(
     gpu: &Gpu,
     shape: &RouterShape,
     capacity: usize,
@@ -651,16 +620,18 @@ fn launch_route_block_fused(
     pool: Option<&ExpertPool>,
 ) -> CudaResult<()> {
     let e = shape.experts;
+    let tpc = route_tokens_per_cta(tokens);
+    let ctas = tokens.div_ceil(shape.block) * shape.block.div_ceil(tpc);
     let cfg = LaunchConfig::new(
-        (tokens.div_ceil(shape.block) as u32, 1, 1),
-        1024,
-        (2 * shape.block * e * 4) as u32,
+        (ctas as u32, 1, 1),
+        (e.div_ceil(32) * 32) as u32,
+        (2 * tpc * e * 4) as u32,
     );
     // No pool: null address arrays tell the kernel to skip the pool outputs.
     let p = pool.copied().unwrap_or_default();
     cuda_launch!(
         gpu,
-        "route_block_fused",
+        "route_block",
         cfg,
         logits,
         bias,
@@ -670,6 +641,7 @@ fn launch_route_block_fused(
         capacity as i32,
         shape.top_k as i32,
         shape.scale,
+        tpc as i32,
         topk_idx,
         topk_w,
         p.gate_up,
