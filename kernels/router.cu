@@ -224,22 +224,22 @@ extern "C" __global__ void __launch_bounds__(1024)
         if (j < nu) pool_slot_pos[T * k + r0 + u0 + j] = capacity * pool_row_stride + u0 + j;
     }
     __syncthreads();
-    if (q >= 0) {
-        for (int lu = 0; lu < nu; ++lu) {
-            const float* row = tok_biased + lu * E;
-            const float v = row[j];
-            int rank = 0;
+    // Each token's top-k among the admitted: one thread per (token, pool entry) pair.
+    for (int item = j; item < nu * capacity; item += blockDim.x) {
+        const int lu = item / capacity, qi = item % capacity, e = pool[qi];
+        const float* row = tok_biased + lu * E;
+        const float v = row[e];
+        int rank = 0;
 #pragma unroll 8
-            for (int p = 0; p < capacity; ++p) {
-                const int jj = pool[p];
-                rank += ranks_before(row[jj], jj, v, j);
-            }
-            if (rank < k) {
-                const int t = r0 + u0 + lu;
-                topk_idx[t * k + rank] = j;
-                chosen[lu * k + rank] = tok_score[lu * E + j];
-                if (pool_wgu_ptrs) pool_slot_pos[t * k + rank] = q * pool_row_stride + u0 + lu;
-            }
+        for (int p = 0; p < capacity; ++p) {
+            const int jj = pool[p];
+            rank += ranks_before(row[jj], jj, v, e);
+        }
+        if (rank < k) {
+            const int t = r0 + u0 + lu;
+            topk_idx[t * k + rank] = e;
+            chosen[lu * k + rank] = tok_score[lu * E + e];
+            if (pool_wgu_ptrs) pool_slot_pos[t * k + rank] = qi * pool_row_stride + u0 + lu;
         }
     }
     __syncthreads();

@@ -295,6 +295,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
             .map_err(err)?;
         runner.gpu().synchronize().map_err(err)?;
         let start = Instant::now();
+        // FNV-1a over the committed blocks: A/B runs of kernels that should agree (e.g.
+        // MINNOW_POOL_GEMM=0/1) can compare what the model generated, not only how fast.
+        let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
         for b in 0..8 {
             let pos = runner.sequence_len(seq);
             let mut block = ids(32, 1000 + b);
@@ -310,11 +313,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
             }
             runner.truncate_sequence(seq, pos).map_err(err)?;
             runner.forward(seq, &block, LogitsRows::None).map_err(err)?;
+            for &tok in &block {
+                digest = (digest ^ tok as u64).wrapping_mul(0x0100_0000_01b3);
+            }
         }
         runner.gpu().synchronize().map_err(err)?;
         let s = start.elapsed().as_secs_f64();
         println!(
-            "decode 8 blocks (8 steps + commit each) after 1024 prompt: {:.2} ms, {:.0} tok/s",
+            "decode 8 blocks (8 steps + commit each) after 1024 prompt: {:.2} ms, {:.0} tok/s (tokens digest {digest:016x})",
             s * 1e3,
             256.0 / s
         );

@@ -534,26 +534,30 @@ fn queue_pooled_experts(
     )?;
     mark("router")?;
     let b = ws.pool_entries;
-    blas.gemm_bf16_batched(
+    // The bulk-copy kernel where it applies (Hopper, whole tiles), else cuBLAS's batched GEMM.
+    let batched = |xs: u64, ws_: u64, ys: u64, n: usize, kd: usize| {
+        if ops::pool_gemm_supported(gpu, t, n, kd) {
+            ops::pool_gemm(gpu, xs, ws_, ys, t, n, kd, b)
+        } else {
+            blas.gemm_bf16_batched(xs, ws_, ys, t, n, kd, b)
+        }
+    };
+    batched(
         ws.pool_x.ptr(),
         ws.pool_w_gate_up.ptr(),
         ws.pool_gate_up_out.ptr(),
-        t,
         2 * iw,
         d,
-        b,
     )?;
     mark("experts gate/up")?;
     ops::silu_mul_groups(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), b, t, rows, iw)?;
     mark("experts silu")?;
-    blas.gemm_bf16_batched(
+    batched(
         ws.pool_act.ptr(),
         ws.pool_w_down.ptr(),
         ws.pool_out.ptr(),
-        t,
         d,
         iw,
-        b,
     )?;
     mark("experts down")?;
     Ok((0, ws.slot_pos.ptr_at(t * k)))

@@ -180,7 +180,9 @@ impl Gpu {
         Ok(gpu)
     }
 
-    fn uses_sm90_ptx(&self) -> bool {
+    /// Whether the sm_90 builds of the kernels are loaded (Hopper or newer, not forced to the
+    /// portable build): kernels that use Hopper-only instructions run only then.
+    pub fn uses_sm90_ptx(&self) -> bool {
         self.capability.0 >= 9 && !self.force_sm80
     }
 

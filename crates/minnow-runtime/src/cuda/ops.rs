@@ -655,6 +655,61 @@ fn launch_route_block(
     )
 }
 
+/// Dynamic shared memory of `pool_gemm_bulk`: 4 stages of (128 weight + 32 token) rows of 136
+/// BF16, then 8 mbarriers (minnow_pool::SMEM_BYTES in kernels/pool_gemm.cu).
+pub const fn pool_gemm_smem_bytes() -> usize {
+    4 * (128 + 32) * 136 * 2 + 2 * 4 * 8
+}
+
+/// Whether [`pool_gemm`] takes `Y[t, n] = X[t, k] . W[n, k]^T` per pool entry: the sm_90 kernels
+/// are loaded (bulk copies and mbarriers are Hopper instructions), at most 32 tokens, whole
+/// 128-row tiles and 128-deep stages, and the knob leaves it on.
+pub fn pool_gemm_supported(gpu: &Gpu, tokens: usize, n: usize, k: usize) -> bool {
+    gpu.uses_sm90_ptx()
+        && super::tuning::tuning().pool_gemm
+        && (1..=32).contains(&tokens)
+        && n.is_multiple_of(128)
+        && k.is_multiple_of(128)
+}
+
+/// `Y_q[t, n] = X_q[t, :] . W_q[n, :]` for pool entries `q < entries` (BF16, F32 accumulation): the
+/// same product as [`super::blas::Blas::gemm_bf16_batched`] over device arrays of the entries'
+/// X, W and Y addresses (row pitches k, k and n), streamed by `pool_gemm_bulk` with one
+/// persistent CTA per multiprocessor. Check [`pool_gemm_supported`] first.
+#[allow(clippy::too_many_arguments)]
+pub fn pool_gemm(
+    gpu: &Gpu,
+    x_ptrs: u64,
+    w_ptrs: u64,
+    y_ptrs: u64,
+    tokens: usize,
+    n: usize,
+    k: usize,
+    entries: usize,
+) -> CudaResult<()> {
+    if !pool_gemm_supported(gpu, tokens, n, k) {
+        return unsupported(format!("pool GEMM of {tokens} x {n} x {k}"));
+    }
+    let tiles = entries * n / 128;
+    let cfg = LaunchConfig::new(
+        ((tiles as u32).min(gpu.sm_count()).max(1), 1, 1),
+        288,
+        pool_gemm_smem_bytes() as u32,
+    );
+    cuda_launch!(
+        gpu,
+        "pool_gemm_bulk",
+        cfg,
+        x_ptrs,
+        w_ptrs,
+        y_ptrs,
+        tokens as i32,
+        n as i32,
+        k as i32,
+        entries as i32
+    )
+}
+
 /// Rows per tile of the grouped expert GEMM: 16 when experts get few rows each (decoding; the
 /// kernel then streams weights), 64 when they get many (prefill; weights are reused).
 pub fn moe_tile_rows(assignments: usize, experts: usize) -> usize {

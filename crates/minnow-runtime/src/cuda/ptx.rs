@@ -80,6 +80,13 @@ pub const MODULES: &[PtxModule] = &[
         max_dynamic_shared: ROUTER_MAX_SHARED,
     },
     PtxModule {
+        name: "pool_gemm",
+        ptx: include_str!("ptx/pool_gemm.ptx"),
+        ptx_sm90: include_str!("ptx/pool_gemm.sm90.ptx"),
+        functions: &["pool_gemm_bulk"],
+        max_dynamic_shared: 176 * 1024,
+    },
+    PtxModule {
         name: "moe",
         ptx: include_str!("ptx/moe.ptx"),
         ptx_sm90: include_str!("ptx/moe.sm90.ptx"),

@@ -3,7 +3,8 @@
 //! `MINNOW_MOE16_STAGES` (3 or 4: pipeline depth of the 16-row expert GEMM; 3 measured 3 % faster
 //! per refinement step on the H200) and `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
 //! short forward's attention; 16 beat 8 and 32); `MINNOW_MOE_POOLED=0` turns off the batched
-//! experts of 2.2 denoising steps, for A/B runs.
+//! experts of 2.2 denoising steps, and `MINNOW_POOL_GEMM=0` runs them with cuBLAS instead of the
+//! bulk-copy kernel, for A/B runs.
 
 use std::sync::OnceLock;
 
@@ -14,6 +15,9 @@ pub struct Tuning {
     /// 2.2 denoising steps run their experts as batched cuBLAS GEMMs over the admitted pool
     /// (`MINNOW_MOE_POOLED=0`: the grouped GEMM over dispatched rows instead).
     pub moe_pooled: bool,
+    /// The pooled experts use the bulk-copy kernel where it applies (`MINNOW_POOL_GEMM=0`: cuBLAS's
+    /// batched GEMM).
+    pub pool_gemm: bool,
 }
 
 impl Default for Tuning {
@@ -22,6 +26,7 @@ impl Default for Tuning {
             moe16_stages: 3,
             attn_max_splits: 16,
             moe_pooled: true,
+            pool_gemm: true,
         }
     }
 }
@@ -48,6 +53,7 @@ pub fn tuning() -> &'static Tuning {
             attn_max_splits: env_usize("MINNOW_ATTN_MAX_SPLITS", |v| (1..=64).contains(&v))
                 .unwrap_or(d.attn_max_splits),
             moe_pooled: env_usize("MINNOW_MOE_POOLED", |v| v <= 1).map_or(d.moe_pooled, |v| v == 1),
+            pool_gemm: env_usize("MINNOW_POOL_GEMM", |v| v <= 1).map_or(d.pool_gemm, |v| v == 1),
         }
     })
 }
