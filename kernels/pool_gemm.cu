@@ -1,34 +1,40 @@
 // The experts of a 2.2 denoising step over the block's admitted pool, streamed with the Hopper
-// bulk-copy engine (docs/performance.md, attempt 20):
+// Tensor Memory Accelerator (docs/performance.md, attempt 20):
 //   Y_q[t, n] = sum_k X_q[t, k] * W_q[n, k]     for pool entries q < B, tokens t < T <= 32
 // with X_q, W_q, Y_q given as device address arrays (written by route_block on the device, so the
 // step stays one CUDA graph), BF16 in and out, F32 accumulation on tensor cores.
 //
 // Why not cuBLAS's batched GEMM: at 32 tokens the whole cost is streaming the weights (205 MB for
-// gate/up of 49 entries), and cuBLAS reached 3.3-3.5 TB/s of the 4.2 TB/s the GPU copies at. A
-// cp.async version (attempt 18) was slower still: per-thread 16-byte copies from one or two CTAs
-// per SM could not keep enough bytes in flight. Here one producer warp per SM issues whole
-// 256-byte row segments with `cp.async.bulk` (the copy engine tracks completion on an mbarrier),
-// so each SM keeps three 43 KB stages in flight with a few instructions.
+// gate/up of 49 entries), and cuBLAS reached 3.3-3.5 TB/s of the 4.2 TB/s the GPU reads at. A
+// cp.async version (attempt 18) was slower: per-thread 16-byte copies from one or two CTAs per SM
+// cannot keep enough bytes in flight. Plain `cp.async.bulk` row copies cost a fixed ~60 cycles
+// each (1.1 TB/s with 256-byte rows, measured); one TMA box of 128 rows x 64 columns per copy
+// streamed at 4.0 TB/s with one CTA per SM in the same micro-benchmark.
 //
 // Shape: one persistent CTA per SM walks tiles of 128 weight rows (entry q, rows n0..n0+127) over
 // the whole K in 128-deep stages, the pipeline running straight across tiles. 8 consumer warps
 // own 16 weight rows each and compute their 16 x 32 block with mma.sync (m16n8k16; the weight
-// rows are the M side, the tokens the N side); warp 8 produces. Requires N % 128 == 0,
-// K % 128 == 0, T <= 32, 16-byte aligned rows.
+// rows are the M side, the tokens the N side); one thread of warp 8 issues the copies. The tensor
+// maps (2D views [rows, K] of the packed weights and of the activations, 128-byte swizzle) sit in
+// global memory; an entry's first row is (address - map base) / (2K). Requires N % 128 == 0,
+// K % 128 == 0, T <= 32.
 #include "common.cuh"
 
 namespace minnow_pool {
-constexpr int ROWS = 128;          // weight rows per tile
-constexpr int BK = 128;            // K per stage
-constexpr int TOKENS = 32;         // most tokens (the mma N side: 4 blocks of 8)
-constexpr int LD = BK + 8;         // bf16 row pitch in shared memory: 272 bytes, conflict-free ldmatrix
+constexpr int ROWS = 128;    // weight rows per tile
+constexpr int BK = 128;      // K per stage: two 64-column (128-byte) boxes
+constexpr int BOX_K = 64;
+static_assert(BK == 2 * BOX_K, "a stage is two boxes per operand");
+constexpr int TOKENS = 32;   // most tokens (the mma N side: 4 blocks of 8)
 constexpr int STAGES = 4;
 constexpr int CONSUMERS = ROWS / 16;           // 8 warps
 constexpr int THREADS = (CONSUMERS + 1) * 32;  // + the producer warp
-constexpr int STAGE_ELEMS = (ROWS + TOKENS) * LD;
-constexpr int SMEM_BYTES = STAGES * STAGE_ELEMS * 2 + 2 * STAGES * 8;  // + full/empty barriers
-static_assert(SMEM_BYTES == 4 * 160 * 136 * 2 + 64, "host mirror: pool_gemm_smem_bytes in ops.rs");
+constexpr int W_BOX = ROWS * BOX_K * 2;        // 16 KB
+constexpr int X_BOX = TOKENS * BOX_K * 2;      // 4 KB
+constexpr int STAGE_BYTES = 2 * W_BOX + 2 * X_BOX;
+// + 1 KB to align the stages to the 1,024-byte swizzle atom, + the full/empty barriers
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+static_assert(SMEM_BYTES == 4 * 40960 + 1024 + 64, "host mirror: pool_gemm_smem_bytes in ops.rs");
 }  // namespace minnow_pool
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -54,12 +60,17 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
             : "memory");
     }
 }
-// `bytes` (a multiple of 16) from global to this CTA's shared memory; completion counts on `bar`.
-__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
+// One box of a 2D tensor map (in global memory) at columns c0.., rows c1.. into shared memory;
+// completion counts its bytes on `bar`.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c0, int c1, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(map), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
 }
+// Byte offset of the 16-byte chunk `chunk` of row `row` in a box written with the 128-byte swizzle
+// (rows of 128 bytes; the chunk index is XORed with the row's position in its 8-row atom).
+__device__ __forceinline__ unsigned swizzled(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -77,16 +88,20 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
 
 // grid = min(tiles, SMs) with tiles = B * N / 128, block = minnow_pool::THREADS (288), dynamic
 // shared memory = minnow_pool::SMEM_BYTES (mirrored by pool_gemm_smem_bytes in ops.rs).
-// Row pitches: X_q and W_q K, Y_q N.
+// x_map / w_map: 2D BF16 tensor maps [rows, K] (boxes of 32 / 128 rows x 64 columns, 128-byte
+// swizzle) whose first element is at x_base / w_base; x_ptrs[q] / w_ptrs[q] lie inside them.
+// Y_q has row pitch N.
 extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
-    pool_gemm_bulk(const unsigned long long* __restrict__ x_ptrs, const unsigned long long* __restrict__ w_ptrs,
-                   const unsigned long long* __restrict__ y_ptrs, int T, int N, int K, int B) {
+    pool_gemm_tma(const void* __restrict__ x_map, unsigned long long x_base, const void* __restrict__ w_map,
+                  unsigned long long w_base, const unsigned long long* __restrict__ x_ptrs,
+                  const unsigned long long* __restrict__ w_ptrs, const unsigned long long* __restrict__ y_ptrs, int T,
+                  int N, int K, int B) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace minnow_pool;
-    extern __shared__ __align__(128) unsigned char smem[];
-    bf16* stages = reinterpret_cast<bf16*>(smem);
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_ELEMS * 2);
-    const unsigned full0 = smem_addr(bars), empty0 = smem_addr(bars + STAGES);
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned stages = (raw + 1023) & ~1023u;
+    const unsigned full0 = stages + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -97,35 +112,35 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
     __syncthreads();
     pdl_enter();  // the address arrays and X come from the kernels before
     const int tiles_per_entry = N / ROWS, tiles = B * tiles_per_entry, k_steps = K / BK;
+    const unsigned long long row_bytes = 2ull * K;
 
-    if (warp == CONSUMERS) {  // producer: one 256-byte bulk copy per weight or token row segment
-        const unsigned bytes = (unsigned)(ROWS + T) * BK * 2;
+    if (warp == CONSUMERS) {  // producer: one thread, four TMA boxes per stage
+        if (lane != 0) return;
         int it = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             const int q = tile / tiles_per_entry, n0 = (tile % tiles_per_entry) * ROWS;
-            const bf16* w = reinterpret_cast<const bf16*>(w_ptrs[q]) + (size_t)n0 * K;
-            const bf16* x = reinterpret_cast<const bf16*>(x_ptrs[q]);
+            const int w_row = (int)((w_ptrs[q] - w_base) / row_bytes) + n0;
+            const int x_row = (int)((x_ptrs[q] - x_base) / row_bytes);
             for (int ks = 0; ks < k_steps; ++ks, ++it) {
                 const int s = it % STAGES;
                 mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
-                if (lane == 0) mbar_expect_tx(full0 + 8 * s, bytes);
-                __syncwarp();
-                const unsigned dst = smem_addr(stages + s * STAGE_ELEMS);
-                for (int r = lane; r < ROWS + T; r += 32) {
-                    const bf16* src = r < ROWS ? w + (size_t)r * K : x + (size_t)(r - ROWS) * K;
-                    bulk_copy(dst + r * LD * 2, src + ks * BK, BK * 2, full0 + 8 * s);
+                const unsigned bar = full0 + 8 * s, dst = stages + s * STAGE_BYTES;
+                mbar_expect_tx(bar, STAGE_BYTES);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    tma_load_2d(dst + h * W_BOX, w_map, ks * BK + h * BOX_K, w_row, bar);
+                    tma_load_2d(dst + 2 * W_BOX + h * X_BOX, x_map, ks * BK + h * BOX_K, x_row, bar);
                 }
             }
         }
         return;
     }
 
-    // Consumers: warp w owns weight rows 16w..16w+15 of each tile.
+    // Consumers: warp w owns weight rows 16w..16w+15 of each tile. ldmatrix rows: the A fragment
+    // (16 weight rows x 16 k) and the B fragments of 16 tokens x 16 k.
     const int g = lane >> 2, t4 = lane & 3;
-    // ldmatrix row addresses (bytes from a stage's start): the A fragment (16 weight rows x 16 k)
-    // and the B fragments of 16 tokens x 16 k.
-    const unsigned a_off = ((warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8) * 2;
-    const unsigned b_off = ((ROWS + (lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8) * 2;
+    const int a_row = warp * 16 + (lane & 15), a_half = lane >> 4;
+    const int b_row = ((lane >> 4) << 3) + (lane & 7), b_half = (lane >> 3) & 1;
     int it = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int q = tile / tiles_per_entry, n0 = (tile % tiles_per_entry) * ROWS;
@@ -135,15 +150,16 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
         for (int ks = 0; ks < k_steps; ++ks, ++it) {
             const int s = it % STAGES;
             mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
-            const unsigned base = smem_addr(stages + s * STAGE_ELEMS);
+            const unsigned base = stages + s * STAGE_BYTES;
 #pragma unroll
             for (int kk = 0; kk < BK / 16; ++kk) {
+                const int box = kk >> 2, chunk = (kk & 3) << 1;
                 unsigned a[4];
-                ldmatrix_x4(a, base + a_off + kk * 32);
+                ldmatrix_x4(a, base + box * W_BOX + swizzled(a_row, chunk | a_half));
 #pragma unroll
                 for (int nb2 = 0; nb2 < TOKENS / 16; ++nb2) {
                     unsigned b[4];
-                    ldmatrix_x4(b, base + b_off + nb2 * 16 * LD * 2 + kk * 32);
+                    ldmatrix_x4(b, base + 2 * W_BOX + box * X_BOX + swizzled(nb2 * 16 + b_row, chunk | b_half));
                     mma16816(acc[2 * nb2], a, b[0], b[1]);
                     mma16816(acc[2 * nb2 + 1], a, b[2], b[3]);
                 }

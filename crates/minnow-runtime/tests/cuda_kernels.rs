@@ -7,6 +7,7 @@
 
 use half::bf16;
 use minnow_runtime::cuda::ops::{self, AttentionShape, RouterShape};
+use minnow_runtime::cuda::tma::{Bf16Rows, TensorMaps};
 use minnow_runtime::cuda::{DeviceBuffer, Gpu, Graph};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1023,7 +1024,37 @@ fn pool_gemm_matches_reference() {
             g.upload(&xs).unwrap(),
             g.upload(&ys).unwrap(),
         );
-        ops::pool_gemm(&g, dxs.ptr(), dws.ptr(), dys.ptr(), t, n, k, b).unwrap();
+        let maps = TensorMaps::new(
+            &g,
+            &[
+                Bf16Rows {
+                    base: dx.ptr(),
+                    cols: k,
+                    rows: b * 32,
+                    box_rows: ops::POOL_GEMM_TOKEN_ROWS,
+                },
+                Bf16Rows {
+                    base: dw.ptr(),
+                    cols: k,
+                    rows: experts * n,
+                    box_rows: ops::POOL_GEMM_WEIGHT_ROWS,
+                },
+            ],
+        )
+        .unwrap();
+        ops::pool_gemm(
+            &g,
+            maps.get(0),
+            maps.get(1),
+            dxs.ptr(),
+            dws.ptr(),
+            dys.ptr(),
+            t,
+            n,
+            k,
+            b,
+        )
+        .unwrap();
         let got = read_bf16(&g, &out);
         let (mut gv, mut wv) = (vec![], vec![]);
         for q in 0..b {

@@ -5,6 +5,7 @@
 
 use half::bf16;
 use minnow_runtime::cuda::ops::{self, AttentionShape, RouterShape};
+use minnow_runtime::cuda::tma::{Bf16Rows, TensorMaps};
 use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu, Profile};
 
 use super::weights::{DenseMlp, Mlp, Moe, RouterWeights, SharedExpert, Weights};
@@ -95,6 +96,8 @@ pub(crate) struct Workspace {
     pool_w_down: DeviceBuffer<u64>,
     expert_act: DeviceBuffer<bf16>,
     expert_out: DeviceBuffer<bf16>,
+    /// Tensor maps of the pool GEMMs' inputs `[a, expert_act]` (see `Moe::pool_maps`).
+    pool_maps: Option<TensorMaps>,
     pub logits_bf16: DeviceBuffer<bf16>,
     pub logits_f32: DeviceBuffer<f32>,
     pub top_token: DeviceBuffer<u32>,
@@ -140,7 +143,9 @@ impl Workspace {
         let expert_gu: DeviceBuffer<bf16> = gpu.alloc(expert_rows * 2 * iw)?;
         let expert_act: DeviceBuffer<bf16> = gpu.alloc(expert_rows * iw)?;
         let expert_out: DeviceBuffer<bf16> = gpu.alloc(expert_rows * d)?;
-        let a_rows: DeviceBuffer<bf16> = gpu.alloc(t * d)?;
+        // At least one token box of the pool GEMM (its maps' rows).
+        let a_alloc_rows = t.max(ops::POOL_GEMM_TOKEN_ROWS as usize);
+        let a_rows: DeviceBuffer<bf16> = gpu.alloc(a_alloc_rows * d)?;
         // Row q * block_size of a buffer of `width` BF16 columns, for every pool entry q.
         let entry_rows = |base: u64, width: usize| -> Vec<u64> {
             (0..pool_entries.max(1))
@@ -151,6 +156,26 @@ impl Workspace {
         let pool_gate_up_out = gpu.upload(&entry_rows(expert_gu.ptr(), 2 * iw))?;
         let pool_act = gpu.upload(&entry_rows(expert_act.ptr(), iw))?;
         let pool_out = gpu.upload(&entry_rows(expert_out.ptr(), d))?;
+        let pool_maps = if pool_entries > 0
+            && ops::pool_gemm_supported(gpu, 1, 2 * iw, d)
+            && ops::pool_gemm_supported(gpu, 1, d, iw)
+        {
+            let rows = |base: u64, cols: usize, rows: usize| Bf16Rows {
+                base,
+                cols,
+                rows,
+                box_rows: ops::POOL_GEMM_TOKEN_ROWS,
+            };
+            Some(TensorMaps::new(
+                gpu,
+                &[
+                    rows(a_rows.ptr(), d, a_alloc_rows),
+                    rows(expert_act.ptr(), iw, expert_rows),
+                ],
+            )?)
+        } else {
+            None
+        };
         Ok(Self {
             tokens: t,
             logit_rows: r,
@@ -186,6 +211,7 @@ impl Workspace {
             pool_w_down: gpu.alloc(pool_entries.max(1))?,
             expert_act,
             expert_out,
+            pool_maps,
             logits_bf16: gpu.alloc(r * c.vocab_size)?,
             logits_f32: gpu.alloc(r * c.vocab_size)?,
             top_token: gpu.alloc(r)?,
@@ -534,15 +560,19 @@ fn queue_pooled_experts(
     )?;
     mark("router")?;
     let b = ws.pool_entries;
-    // The bulk-copy kernel where it applies (Hopper, whole tiles), else cuBLAS's batched GEMM.
-    let batched = |xs: u64, ws_: u64, ys: u64, n: usize, kd: usize| {
-        if ops::pool_gemm_supported(gpu, t, n, kd) {
-            ops::pool_gemm(gpu, xs, ws_, ys, t, n, kd, b)
-        } else {
-            blas.gemm_bf16_batched(xs, ws_, ys, t, n, kd, b)
+    // The TMA kernel where it applies (Hopper, whole tiles: both operands have tensor maps), else
+    // cuBLAS's batched GEMM. `map` picks the operands' maps: 0 for gate/up, 1 for down.
+    let batched = |map: usize, xs: u64, ws_: u64, ys: u64, n: usize, kd: usize| match (
+        &ws.pool_maps,
+        &moe.pool_maps,
+    ) {
+        (Some(xm), Some(wm)) if ops::pool_gemm_supported(gpu, t, n, kd) => {
+            ops::pool_gemm(gpu, xm.get(map), wm.get(map), xs, ws_, ys, t, n, kd, b)
         }
+        _ => blas.gemm_bf16_batched(xs, ws_, ys, t, n, kd, b),
     };
     batched(
+        0,
         ws.pool_x.ptr(),
         ws.pool_w_gate_up.ptr(),
         ws.pool_gate_up_out.ptr(),
@@ -553,6 +583,7 @@ fn queue_pooled_experts(
     ops::silu_mul_groups(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), b, t, rows, iw)?;
     mark("experts silu")?;
     batched(
+        1,
         ws.pool_act.ptr(),
         ws.pool_w_down.ptr(),
         ws.pool_out.ptr(),

@@ -6,7 +6,8 @@
 
 use half::bf16;
 use minnow_format::TensorSource;
-use minnow_runtime::cuda::{ops, DeviceBuffer, Gpu};
+use minnow_runtime::cuda::tma::{Bf16Rows, TensorMaps};
+use minnow_runtime::cuda::{ops, CudaResult, DeviceBuffer, Gpu};
 use minnow_runtime::dtype::widen;
 use minnow_runtime::DType;
 
@@ -57,6 +58,53 @@ pub(crate) struct Moe {
     pub experts_gate_up: DeviceBuffer<bf16>,
     pub experts_down: DeviceBuffer<bf16>,
     pub shared: SharedExpert,
+    /// Tensor maps of `[experts_gate_up, experts_down]` for the TMA pool GEMM of 2.2 denoising
+    /// steps, where the GPU and the shapes allow it (`ops::pool_gemm_supported`).
+    pub pool_maps: Option<TensorMaps>,
+}
+
+impl Moe {
+    fn new(
+        gpu: &Gpu,
+        c: &Config,
+        router: RouterWeights,
+        bias: DeviceBuffer<f32>,
+        experts_gate_up: DeviceBuffer<bf16>,
+        experts_down: DeviceBuffer<bf16>,
+        shared: SharedExpert,
+    ) -> CudaResult<Self> {
+        let (d, w) = (c.hidden_size, c.moe_intermediate_size);
+        let slots = c.num_experts + usize::from(shared_packs(c));
+        let pooled = c.expert_capacity.is_some()
+            && shared_packs(c)
+            && ops::pool_gemm_supported(gpu, 1, 2 * w, d)
+            && ops::pool_gemm_supported(gpu, 1, d, w);
+        let pool_maps = if pooled {
+            let rows = |base: u64, cols: usize, rows: usize| Bf16Rows {
+                base,
+                cols,
+                rows,
+                box_rows: ops::POOL_GEMM_WEIGHT_ROWS,
+            };
+            Some(TensorMaps::new(
+                gpu,
+                &[
+                    rows(experts_gate_up.ptr(), d, slots * 2 * w),
+                    rows(experts_down.ptr(), w, slots * d),
+                ],
+            )?)
+        } else {
+            None
+        };
+        Ok(Self {
+            router,
+            bias,
+            experts_gate_up,
+            experts_down,
+            shared,
+            pool_maps,
+        })
+    }
 }
 
 /// Whether the shared expert can ride in the grouped GEMM as one more expert.
@@ -250,13 +298,18 @@ impl Weights {
                 } else {
                     SharedExpert::None
                 };
-                Mlp::Moe(Moe {
-                    router,
-                    bias,
-                    experts_gate_up,
-                    experts_down,
-                    shared,
-                })
+                Mlp::Moe(
+                    Moe::new(
+                        gpu,
+                        config,
+                        router,
+                        bias,
+                        experts_gate_up,
+                        experts_down,
+                        shared,
+                    )
+                    .map_err(device_err)?,
+                )
             };
             layers.push(Layer {
                 input_norm: upload(gpu, &r.bf16(&format!("{p}.input_layernorm.weight"), &[d])?)?,
@@ -361,13 +414,18 @@ impl Weights {
                     SharedExpert::None
                 };
                 let slots = e + usize::from(packed);
-                Mlp::Moe(Moe {
-                    router: RouterWeights::Bf16(upload(gpu, &router)?),
-                    bias: upload(gpu, &bias)?,
-                    experts_gate_up: rand(slots * 2 * w * d, d)?,
-                    experts_down: rand(slots * d * w, w)?,
-                    shared,
-                })
+                Mlp::Moe(
+                    Moe::new(
+                        gpu,
+                        config,
+                        RouterWeights::Bf16(upload(gpu, &router)?),
+                        upload(gpu, &bias)?,
+                        rand(slots * 2 * w * d, d)?,
+                        rand(slots * d * w, w)?,
+                        shared,
+                    )
+                    .map_err(device_err)?,
+                )
             };
             layers.push(Layer {
                 input_norm: ones(d)?,

@@ -12,6 +12,7 @@ mod gpu;
 mod graph;
 pub mod ops;
 pub mod ptx;
+pub mod tma;
 pub mod tuning;
 
 pub use blas::Blas;

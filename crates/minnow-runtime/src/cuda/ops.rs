@@ -4,6 +4,7 @@
 
 use super::error::{CudaError, CudaResult};
 use super::gpu::{Gpu, LaunchConfig};
+use super::tma::MappedTensor;
 use crate::cuda_launch;
 
 fn unsupported<T>(msg: String) -> CudaResult<T> {
@@ -655,15 +656,21 @@ fn launch_route_block(
     )
 }
 
-/// Dynamic shared memory of `pool_gemm_bulk`: 4 stages of (128 weight + 32 token) rows of 136
-/// BF16, then 8 mbarriers (minnow_pool::SMEM_BYTES in kernels/pool_gemm.cu).
+/// Dynamic shared memory of `pool_gemm_tma`: 4 stages of two 128 x 64 weight boxes and two
+/// 32 x 64 token boxes (BF16), 1 KB to align them to the swizzle atom, then 8 mbarriers
+/// (minnow_pool::SMEM_BYTES in kernels/pool_gemm.cu).
 pub const fn pool_gemm_smem_bytes() -> usize {
-    4 * (128 + 32) * 136 * 2 + 2 * 4 * 8
+    4 * (2 * 128 + 2 * 32) * 64 * 2 + 1024 + 2 * 4 * 8
 }
 
+/// Rows of a token box of `pool_gemm_tma` (its X tensor maps are made with these).
+pub const POOL_GEMM_TOKEN_ROWS: u32 = 32;
+/// Rows of a weight box of `pool_gemm_tma`.
+pub const POOL_GEMM_WEIGHT_ROWS: u32 = 128;
+
 /// Whether [`pool_gemm`] takes `Y[t, n] = X[t, k] . W[n, k]^T` per pool entry: the sm_90 kernels
-/// are loaded (bulk copies and mbarriers are Hopper instructions), at most 32 tokens, whole
-/// 128-row tiles and 128-deep stages, and the knob leaves it on.
+/// are loaded (TMA and mbarriers are Hopper instructions), at most 32 tokens, whole 128-row tiles
+/// and 128-deep stages, and the knob leaves it on.
 pub fn pool_gemm_supported(gpu: &Gpu, tokens: usize, n: usize, k: usize) -> bool {
     gpu.uses_sm90_ptx()
         && super::tuning::tuning().pool_gemm
@@ -672,13 +679,17 @@ pub fn pool_gemm_supported(gpu: &Gpu, tokens: usize, n: usize, k: usize) -> bool
         && k.is_multiple_of(128)
 }
 
-/// `Y_q[t, n] = X_q[t, :] . W_q[n, :]` for pool entries `q < entries` (BF16, F32 accumulation): the
-/// same product as [`super::blas::Blas::gemm_bf16_batched`] over device arrays of the entries'
-/// X, W and Y addresses (row pitches k, k and n), streamed by `pool_gemm_bulk` with one
-/// persistent CTA per multiprocessor. Check [`pool_gemm_supported`] first.
+/// `Y_q[t, n] = X_q[t, :] . W_q[n, :]` for pool entries `q < entries` (BF16, F32 accumulation):
+/// the product of [`super::blas::Blas::gemm_bf16_batched`] over device arrays of the entries'
+/// X, W and Y addresses (row pitches k, k and n), streamed by `pool_gemm_tma` with one
+/// persistent CTA per multiprocessor. Every X_q and W_q lies inside the tensor `x` / `w` (maps
+/// with boxes of [`POOL_GEMM_TOKEN_ROWS`] / [`POOL_GEMM_WEIGHT_ROWS`] rows and k columns). Check
+/// [`pool_gemm_supported`] first.
 #[allow(clippy::too_many_arguments)]
 pub fn pool_gemm(
     gpu: &Gpu,
+    x: MappedTensor,
+    w: MappedTensor,
     x_ptrs: u64,
     w_ptrs: u64,
     y_ptrs: u64,
@@ -698,8 +709,12 @@ pub fn pool_gemm(
     );
     cuda_launch!(
         gpu,
-        "pool_gemm_bulk",
+        "pool_gemm_tma",
         cfg,
+        x.map,
+        x.base,
+        w.map,
+        w.base,
         x_ptrs,
         w_ptrs,
         y_ptrs,

@@ -1,0 +1,86 @@
+//! Tensor maps: the descriptors through which the Tensor Memory Accelerator (sm_90+) copies
+//! boxes of a 2D tensor into shared memory with one instruction. minnow's kernels read them from
+//! global memory (`TensorMaps`), so one descriptor per weight matrix serves every launch and a
+//! captured graph needs no per-launch parameters beyond its address.
+
+use cudarc::driver::sys;
+
+use super::buffer::DeviceBuffer;
+use super::error::{Context, CudaResult};
+use super::gpu::Gpu;
+
+/// Columns of every box: 64 BF16 = 128 bytes, the widest row the 128-byte swizzle takes.
+pub const BOX_COLS: u32 = 64;
+
+/// One 2D BF16 tensor that a kernel reads through a tensor map: the map's device address and
+/// the address of the tensor's first element (kernels find a row from an address inside it).
+#[derive(Clone, Copy, Debug)]
+pub struct MappedTensor {
+    pub map: u64,
+    pub base: u64,
+}
+
+/// What one map describes: a row-major BF16 matrix at `base` with `cols` columns (the row pitch)
+/// and `rows` rows, copied in boxes of `box_rows` x [`BOX_COLS`] with the 128-byte swizzle.
+#[derive(Clone, Copy, Debug)]
+pub struct Bf16Rows {
+    pub base: u64,
+    pub cols: usize,
+    pub rows: usize,
+    pub box_rows: u32,
+}
+
+/// Tensor maps uploaded to device memory (128 bytes each, 64-byte aligned as TMA requires).
+pub struct TensorMaps {
+    maps: DeviceBuffer<u64>,
+    bases: Vec<u64>,
+}
+
+impl TensorMaps {
+    pub fn new(gpu: &Gpu, tensors: &[Bf16Rows]) -> CudaResult<Self> {
+        let mut words = Vec::with_capacity(16 * tensors.len());
+        for t in tensors {
+            words.extend_from_slice(&encode(t)?);
+        }
+        Ok(Self {
+            maps: gpu.upload(&words)?,
+            bases: tensors.iter().map(|t| t.base).collect(),
+        })
+    }
+
+    /// The `i`-th tensor, in the order given to [`TensorMaps::new`].
+    pub fn get(&self, i: usize) -> MappedTensor {
+        MappedTensor {
+            map: self.maps.ptr_at(16 * i),
+            base: self.bases[i],
+        }
+    }
+}
+
+fn encode(t: &Bf16Rows) -> CudaResult<[u64; 16]> {
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let dims = [t.cols as u64, t.rows as u64];
+    let strides = [2 * t.cols as u64]; // bytes between rows (the first dimension is packed)
+    let boxes = [BOX_COLS, t.box_rows];
+    let element_strides = [1u32, 1];
+    // SAFETY: every pointer refers to a live local array of the rank the call is given.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            t.base as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            element_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()
+        .ctx(|| format!("encoding a tensor map of {} x {} BF16", t.rows, t.cols))?;
+    }
+    Ok(map.opaque)
+}
