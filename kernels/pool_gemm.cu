@@ -18,6 +18,12 @@
 // maps (2D views [rows, K] of the packed weights and of the activations, 128-byte swizzle) sit in
 // global memory; an entry's first row is (address - map base) / (2K). Requires N % 128 == 0,
 // K % 128 == 0, T <= 32.
+//
+// `gated` (the gate/up projection, W_q = [gate; up] with N = 2I rows): a tile takes 64 gate rows
+// and the 64 up rows of the same intermediate columns, and the epilogue writes
+//   Y_q[t, c] = BF16( BF16(silu(BF16 gate)) * BF16 up )      (row pitch I)
+// exactly as silu_mul does on the BF16 gate/up outputs, so the SiLU launch and the round trip of
+// the gate/up rows through memory go away.
 #include "common.cuh"
 
 namespace minnow_pool {
@@ -29,12 +35,16 @@ constexpr int TOKENS = 32;   // most tokens (the mma N side: 4 blocks of 8)
 constexpr int STAGES = 4;
 constexpr int CONSUMERS = ROWS / 16;           // 8 warps
 constexpr int THREADS = (CONSUMERS + 1) * 32;  // + the producer warp
-constexpr int W_BOX = ROWS * BOX_K * 2;        // 16 KB
+constexpr int W_BOX_ROWS = 64;                 // a weight box: 64 rows x 64 columns (8 KB)
+constexpr int W_BOX = W_BOX_ROWS * BOX_K * 2;
+constexpr int W_HALF = ROWS * BOX_K * 2;       // the tile's 128 rows of one 64-column half: 16 KB
+static_assert(W_HALF == 2 * W_BOX, "a tile's half is two weight boxes");
 constexpr int X_BOX = TOKENS * BOX_K * 2;      // 4 KB
-constexpr int STAGE_BYTES = 2 * W_BOX + 2 * X_BOX;
-// + 1 KB to align the stages to the 1,024-byte swizzle atom, + the full/empty barriers
-constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
-static_assert(SMEM_BYTES == 4 * 40960 + 1024 + 64, "host mirror: pool_gemm_smem_bytes in ops.rs");
+constexpr int STAGE_BYTES = 2 * W_HALF + 2 * X_BOX;
+constexpr int UP_BYTES = TOKENS * 64 * 4;      // gated epilogue: the up half of a tile in F32
+// + 1 KB to align the stages to the 1,024-byte swizzle atom, the up exchange, the barriers
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + UP_BYTES + 2 * STAGES * 8;
+static_assert(SMEM_BYTES == 4 * 40960 + 1024 + 8192 + 64, "host mirror: pool_gemm_smem_bytes in ops.rs");
 }  // namespace minnow_pool
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -88,20 +98,21 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
 
 // grid = min(tiles, SMs) with tiles = B * N / 128, block = minnow_pool::THREADS (288), dynamic
 // shared memory = minnow_pool::SMEM_BYTES (mirrored by pool_gemm_smem_bytes in ops.rs).
-// x_map / w_map: 2D BF16 tensor maps [rows, K] (boxes of 32 / 128 rows x 64 columns, 128-byte
+// x_map / w_map: 2D BF16 tensor maps [rows, K] (boxes of 32 / 64 rows x 64 columns, 128-byte
 // swizzle) whose first element is at x_base / w_base; x_ptrs[q] / w_ptrs[q] lie inside them.
-// Y_q has row pitch N.
+// Y_q has row pitch N, or N / 2 when `gated`.
 extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
     pool_gemm_tma(const void* __restrict__ x_map, unsigned long long x_base, const void* __restrict__ w_map,
                   unsigned long long w_base, const unsigned long long* __restrict__ x_ptrs,
                   const unsigned long long* __restrict__ w_ptrs, const unsigned long long* __restrict__ y_ptrs, int T,
-                  int N, int K, int B) {
+                  int N, int K, int B, int gated) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace minnow_pool;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw = smem_addr(smem_raw);
     const unsigned stages = (raw + 1023) & ~1023u;
-    const unsigned full0 = stages + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
+    float* up = reinterpret_cast<float*>(smem_raw + (stages - raw) + STAGES * STAGE_BYTES);  // [64][TOKENS]
+    const unsigned full0 = stages + STAGES * STAGE_BYTES + UP_BYTES, empty0 = full0 + 8 * STAGES;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -119,8 +130,12 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
         int it = 0;
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             const int q = tile / tiles_per_entry, n0 = (tile % tiles_per_entry) * ROWS;
-            const int w_row = (int)((w_ptrs[q] - w_base) / row_bytes) + n0;
+            const int w_row = (int)((w_ptrs[q] - w_base) / row_bytes);
             const int x_row = (int)((x_ptrs[q] - x_base) / row_bytes);
+            // The tile's two 64-row weight boxes: consecutive rows, or gate and up rows of the
+            // same intermediate columns.
+            const int row_a = w_row + (gated ? n0 / 2 : n0);
+            const int row_b = gated ? w_row + N / 2 + n0 / 2 : row_a + W_BOX_ROWS;
             for (int ks = 0; ks < k_steps; ++ks, ++it) {
                 const int s = it % STAGES;
                 mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
@@ -128,8 +143,9 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
                 mbar_expect_tx(bar, STAGE_BYTES);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    tma_load_2d(dst + h * W_BOX, w_map, ks * BK + h * BOX_K, w_row, bar);
-                    tma_load_2d(dst + 2 * W_BOX + h * X_BOX, x_map, ks * BK + h * BOX_K, x_row, bar);
+                    tma_load_2d(dst + h * W_HALF, w_map, ks * BK + h * BOX_K, row_a, bar);
+                    tma_load_2d(dst + h * W_HALF + W_BOX, w_map, ks * BK + h * BOX_K, row_b, bar);
+                    tma_load_2d(dst + 2 * W_HALF + h * X_BOX, x_map, ks * BK + h * BOX_K, x_row, bar);
                 }
             }
         }
@@ -155,11 +171,11 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
             for (int kk = 0; kk < BK / 16; ++kk) {
                 const int box = kk >> 2, chunk = (kk & 3) << 1;
                 unsigned a[4];
-                ldmatrix_x4(a, base + box * W_BOX + swizzled(a_row, chunk | a_half));
+                ldmatrix_x4(a, base + box * W_HALF + swizzled(a_row, chunk | a_half));
 #pragma unroll
                 for (int nb2 = 0; nb2 < TOKENS / 16; ++nb2) {
                     unsigned b[4];
-                    ldmatrix_x4(b, base + 2 * W_BOX + box * X_BOX + swizzled(nb2 * 16 + b_row, chunk | b_half));
+                    ldmatrix_x4(b, base + 2 * W_HALF + box * X_BOX + swizzled(nb2 * 16 + b_row, chunk | b_half));
                     mma16816(acc[2 * nb2], a, b[0], b[1]);
                     mma16816(acc[2 * nb2 + 1], a, b[2], b[3]);
                 }
@@ -168,19 +184,57 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
             if (lane == 0) mbar_arrive(empty0 + 8 * s);
         }
         // acc[nb][0..1]: row g, tokens nb*8 + 2*t4 (+1); acc[nb][2..3]: row g + 8.
-        bf16* y = reinterpret_cast<bf16*>(y_ptrs[q]) + n0 + warp * 16 + g;
+        if (!gated) {
+            bf16* y = reinterpret_cast<bf16*>(y_ptrs[q]) + n0 + warp * 16 + g;
 #pragma unroll
-        for (int nb = 0; nb < TOKENS / 8; ++nb) {
-            const int t0 = nb * 8 + 2 * t4;
-            if (t0 < T) {
-                y[(size_t)t0 * N] = to_bf16(acc[nb][0]);
-                y[(size_t)t0 * N + 8] = to_bf16(acc[nb][2]);
+            for (int nb = 0; nb < TOKENS / 8; ++nb) {
+                const int t0 = nb * 8 + 2 * t4;
+                if (t0 < T) {
+                    y[(size_t)t0 * N] = to_bf16(acc[nb][0]);
+                    y[(size_t)t0 * N + 8] = to_bf16(acc[nb][2]);
+                }
+                if (t0 + 1 < T) {
+                    y[(size_t)(t0 + 1) * N] = to_bf16(acc[nb][1]);
+                    y[(size_t)(t0 + 1) * N + 8] = to_bf16(acc[nb][3]);
+                }
             }
-            if (t0 + 1 < T) {
-                y[(size_t)(t0 + 1) * N] = to_bf16(acc[nb][1]);
-                y[(size_t)(t0 + 1) * N + 8] = to_bf16(acc[nb][3]);
+            continue;
+        }
+        // Gated: warps 4-7 (up rows) hand their BF16-rounded values to warps 0-3 (the gate rows
+        // of the same columns) through shared memory; named barrier 1 spans the 8 consumers.
+        const int col = (warp & 3) * 16 + g;  // intermediate column within the tile's 64
+        if (warp >= 4) {
+#pragma unroll
+            for (int nb = 0; nb < TOKENS / 8; ++nb) {
+                const int t0 = nb * 8 + 2 * t4;
+                up[col * TOKENS + t0] = to_f32(to_bf16(acc[nb][0]));
+                up[col * TOKENS + t0 + 1] = to_f32(to_bf16(acc[nb][1]));
+                up[(col + 8) * TOKENS + t0] = to_f32(to_bf16(acc[nb][2]));
+                up[(col + 8) * TOKENS + t0 + 1] = to_f32(to_bf16(acc[nb][3]));
             }
         }
+        asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 32));
+        if (warp < 4) {
+            const int I = N / 2;
+            bf16* y = reinterpret_cast<bf16*>(y_ptrs[q]) + n0 / 2 + col;
+            auto gate_up = [&](float gate, int c, int t) {
+                const float gv = to_f32(to_bf16(gate));
+                return mul_bf16(to_bf16(gv / (1.f + expf(-gv))), to_bf16(up[c * TOKENS + t]));
+            };
+#pragma unroll
+            for (int nb = 0; nb < TOKENS / 8; ++nb) {
+                const int t0 = nb * 8 + 2 * t4;
+                if (t0 < T) {
+                    y[(size_t)t0 * I] = gate_up(acc[nb][0], col, t0);
+                    y[(size_t)t0 * I + 8] = gate_up(acc[nb][2], col + 8, t0);
+                }
+                if (t0 + 1 < T) {
+                    y[(size_t)(t0 + 1) * I] = gate_up(acc[nb][1], col, t0 + 1);
+                    y[(size_t)(t0 + 1) * I + 8] = gate_up(acc[nb][3], col + 8, t0 + 1);
+                }
+            }
+        }
+        asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 32));  // `up` is free for the next tile
     }
 #else
     __trap();  // launched only where the sm_90 build is loaded (ops::pool_gemm_supported)

@@ -562,7 +562,10 @@ fn router_matches_reference() {
         ops::route(&g, s, dl.ptr(), db.ptr(), idx.ptr(), w.ptr(), t).unwrap();
         let (want_ids, want_w) = router_ref(&logits, &bias, t, s);
         let got_ids: Vec<usize> = read(&g, &idx).iter().map(|&x| x as usize).collect();
-        assert_eq!(got_ids, want_ids, "expert choice differs for {s:?} ({t} tokens)");
+        assert_eq!(
+            got_ids, want_ids,
+            "expert choice differs for {s:?} ({t} tokens)"
+        );
         check_f32(
             &format!("router weights {s:?} ({t} tokens)"),
             &read(&g, &w),
@@ -998,27 +1001,37 @@ fn pooled_experts_route_and_batched_gemms_match_reference() {
 fn pool_gemm_matches_reference() {
     let g = gpu();
     if !ops::pool_gemm_supported(&g, 32, 128, 128) {
-        eprintln!("pool_gemm_bulk needs the sm_90 kernels: skipped on {}", g.name());
+        eprintln!(
+            "pool_gemm_bulk needs the sm_90 kernels: skipped on {}",
+            g.name()
+        );
         return;
     }
     let mut rng = rng();
-    // (entries, tokens, n, k): mini's gate/up and down shapes, a partial block, one tile.
-    for &(b, t, n, k) in &[
-        (7usize, 32usize, 1024usize, 2048usize),
-        (5, 32, 2048, 512),
-        (3, 5, 256, 384),
-        (1, 1, 128, 128),
+    // (entries, tokens, n, k, gated): mini's gate/up (+ SiLU) and down shapes, partial blocks.
+    for &(b, t, n, k, gated) in &[
+        (7usize, 32usize, 1024usize, 2048usize, true),
+        (7, 32, 1024, 2048, false),
+        (5, 32, 2048, 512, false),
+        (3, 5, 256, 384, true),
+        (3, 5, 256, 384, false),
+        (1, 1, 128, 128, false),
     ] {
         // Entry q uses weight matrix (2q + 1) % experts of a packed array, X_q its own rows.
         let experts = 2 * b + 1;
         let w = to_bf16(&randn(&mut rng, experts * n * k, 0.05));
         let x = to_bf16(&randn(&mut rng, b * 32 * k, 1.0));
         let (dw, dx) = (g.upload(&w).unwrap(), g.upload(&x).unwrap());
-        let out = poisoned_bf16(&g, b * 32 * n);
+        let width = if gated { n / 2 } else { n };
+        let out = poisoned_bf16(&g, b * 32 * width);
         let pick = |q: usize| (2 * q + 1) % experts;
-        let ws: Vec<u64> = (0..b).map(|q| dw.ptr() + (pick(q) * n * k * 2) as u64).collect();
+        let ws: Vec<u64> = (0..b)
+            .map(|q| dw.ptr() + (pick(q) * n * k * 2) as u64)
+            .collect();
         let xs: Vec<u64> = (0..b).map(|q| dx.ptr() + (q * 32 * k * 2) as u64).collect();
-        let ys: Vec<u64> = (0..b).map(|q| out.ptr() + (q * 32 * n * 2) as u64).collect();
+        let ys: Vec<u64> = (0..b)
+            .map(|q| out.ptr() + (q * 32 * width * 2) as u64)
+            .collect();
         let (dws, dxs, dys) = (
             g.upload(&ws).unwrap(),
             g.upload(&xs).unwrap(),
@@ -1053,21 +1066,45 @@ fn pool_gemm_matches_reference() {
             n,
             k,
             b,
+            gated,
         )
         .unwrap();
         let got = read_bf16(&g, &out);
         let (mut gv, mut wv) = (vec![], vec![]);
         for q in 0..b {
-            let xf: Vec<f32> = x[q * 32 * k..(q * 32 + t) * k].iter().map(|v| v.to_f32()).collect();
+            let xf: Vec<f32> = x[q * 32 * k..(q * 32 + t) * k]
+                .iter()
+                .map(|v| v.to_f32())
+                .collect();
             let e = pick(q);
-            let wf: Vec<f32> = w[e * n * k..(e + 1) * n * k].iter().map(|v| v.to_f32()).collect();
-            wv.extend(matmul_t(&xf, &wf, t, n, k));
-            gv.extend_from_slice(&got[q * 32 * n..(q * 32 + t) * n]);
+            let wf: Vec<f32> = w[e * n * k..(e + 1) * n * k]
+                .iter()
+                .map(|v| v.to_f32())
+                .collect();
+            let y = matmul_t(&xf, &wf, t, n, k);
+            if gated {
+                // silu_mul on the BF16 gate/up outputs.
+                for row in y.chunks(n) {
+                    for c in 0..width {
+                        let gate = r(row[c]);
+                        wv.push(r(r(gate / (1.0 + (-gate).exp())) * r(row[width + c])));
+                    }
+                }
+            } else {
+                wv.extend(y);
+            }
+            gv.extend_from_slice(&got[q * 32 * width..(q * 32 + t) * width]);
             assert!(
-                got[(q * 32 + t) * n..(q + 1) * 32 * n].iter().all(|v| v.is_nan()),
+                got[(q * 32 + t) * width..(q + 1) * 32 * width]
+                    .iter()
+                    .all(|v| v.is_nan()),
                 "rows past the tokens written (entry {q}, {t} tokens)"
             );
         }
-        check_bf16(&format!("pool gemm b{b} t{t} n{n} k{k}"), &gv, &wv);
+        check_bf16(
+            &format!("pool gemm b{b} t{t} n{n} k{k} gated {gated}"),
+            &gv,
+            &wv,
+        );
     }
 }

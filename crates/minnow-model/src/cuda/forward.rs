@@ -560,36 +560,67 @@ fn queue_pooled_experts(
     )?;
     mark("router")?;
     let b = ws.pool_entries;
-    // The TMA kernel where it applies (Hopper, whole tiles: both operands have tensor maps), else
-    // cuBLAS's batched GEMM. `map` picks the operands' maps: 0 for gate/up, 1 for down.
-    let batched = |map: usize, xs: u64, ws_: u64, ys: u64, n: usize, kd: usize| match (
-        &ws.pool_maps,
-        &moe.pool_maps,
-    ) {
-        (Some(xm), Some(wm)) if ops::pool_gemm_supported(gpu, t, n, kd) => {
-            ops::pool_gemm(gpu, xm.get(map), wm.get(map), xs, ws_, ys, t, n, kd, b)
+    match (&ws.pool_maps, &moe.pool_maps) {
+        // The TMA kernel where it applies (Hopper, whole tiles), SiLU in its gate/up epilogue.
+        (Some(xm), Some(wm))
+            if ops::pool_gemm_supported(gpu, t, 2 * iw, d)
+                && ops::pool_gemm_supported(gpu, t, d, iw) =>
+        {
+            let (x, w) = (ws.pool_x.ptr(), ws.pool_w_gate_up.ptr());
+            ops::pool_gemm(
+                gpu,
+                xm.get(0),
+                wm.get(0),
+                x,
+                w,
+                ws.pool_act.ptr(),
+                t,
+                2 * iw,
+                d,
+                b,
+                true,
+            )?;
+            mark("experts gate/up")?;
+            let (x, w) = (ws.pool_act.ptr(), ws.pool_w_down.ptr());
+            ops::pool_gemm(
+                gpu,
+                xm.get(1),
+                wm.get(1),
+                x,
+                w,
+                ws.pool_out.ptr(),
+                t,
+                d,
+                iw,
+                b,
+                false,
+            )?;
         }
-        _ => blas.gemm_bf16_batched(xs, ws_, ys, t, n, kd, b),
-    };
-    batched(
-        0,
-        ws.pool_x.ptr(),
-        ws.pool_w_gate_up.ptr(),
-        ws.pool_gate_up_out.ptr(),
-        2 * iw,
-        d,
-    )?;
-    mark("experts gate/up")?;
-    ops::silu_mul_groups(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), b, t, rows, iw)?;
-    mark("experts silu")?;
-    batched(
-        1,
-        ws.pool_act.ptr(),
-        ws.pool_w_down.ptr(),
-        ws.pool_out.ptr(),
-        d,
-        iw,
-    )?;
+        // Elsewhere cuBLAS's batched GEMM, then SiLU, then the down projection.
+        _ => {
+            blas.gemm_bf16_batched(
+                ws.pool_x.ptr(),
+                ws.pool_w_gate_up.ptr(),
+                ws.pool_gate_up_out.ptr(),
+                t,
+                2 * iw,
+                d,
+                b,
+            )?;
+            mark("experts gate/up")?;
+            ops::silu_mul_groups(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), b, t, rows, iw)?;
+            mark("experts silu")?;
+            blas.gemm_bf16_batched(
+                ws.pool_act.ptr(),
+                ws.pool_w_down.ptr(),
+                ws.pool_out.ptr(),
+                t,
+                d,
+                iw,
+                b,
+            )?;
+        }
+    }
     mark("experts down")?;
     Ok((0, ws.slot_pos.ptr_at(t * k)))
 }

@@ -656,17 +656,17 @@ fn launch_route_block(
     )
 }
 
-/// Dynamic shared memory of `pool_gemm_tma`: 4 stages of two 128 x 64 weight boxes and two
-/// 32 x 64 token boxes (BF16), 1 KB to align them to the swizzle atom, then 8 mbarriers
-/// (minnow_pool::SMEM_BYTES in kernels/pool_gemm.cu).
+/// Dynamic shared memory of `pool_gemm_tma`: 4 stages of 128 weight rows and 32 token rows in
+/// two 64-column halves (BF16), 1 KB to align them to the swizzle atom, the gated epilogue's
+/// 64 x 32 F32 exchange, then 8 mbarriers (minnow_pool::SMEM_BYTES in kernels/pool_gemm.cu).
 pub const fn pool_gemm_smem_bytes() -> usize {
-    4 * (2 * 128 + 2 * 32) * 64 * 2 + 1024 + 2 * 4 * 8
+    4 * (2 * 128 + 2 * 32) * 64 * 2 + 1024 + 64 * 32 * 4 + 2 * 4 * 8
 }
 
 /// Rows of a token box of `pool_gemm_tma` (its X tensor maps are made with these).
 pub const POOL_GEMM_TOKEN_ROWS: u32 = 32;
-/// Rows of a weight box of `pool_gemm_tma`.
-pub const POOL_GEMM_WEIGHT_ROWS: u32 = 128;
+/// Rows of a weight box of `pool_gemm_tma` (a tile is two of them).
+pub const POOL_GEMM_WEIGHT_ROWS: u32 = 64;
 
 /// Whether [`pool_gemm`] takes `Y[t, n] = X[t, k] . W[n, k]^T` per pool entry: the sm_90 kernels
 /// are loaded (TMA and mbarriers are Hopper instructions), at most 32 tokens, whole 128-row tiles
@@ -697,6 +697,7 @@ pub fn pool_gemm(
     n: usize,
     k: usize,
     entries: usize,
+    gated: bool,
 ) -> CudaResult<()> {
     if !pool_gemm_supported(gpu, tokens, n, k) {
         return unsupported(format!("pool GEMM of {tokens} x {n} x {k}"));
@@ -721,7 +722,8 @@ pub fn pool_gemm(
         tokens as i32,
         n as i32,
         k as i32,
-        entries as i32
+        entries as i32,
+        i32::from(gated)
     )
 }
 

@@ -72,11 +72,7 @@ pub const MODULES: &[PtxModule] = &[
         name: "router",
         ptx: include_str!("ptx/router.ptx"),
         ptx_sm90: include_str!("ptx/router.sm90.ptx"),
-        functions: &[
-            "route_topk",
-            "route_block",
-            "moe_dispatch",
-        ],
+        functions: &["route_topk", "route_block", "moe_dispatch"],
         max_dynamic_shared: ROUTER_MAX_SHARED,
     },
     PtxModule {
