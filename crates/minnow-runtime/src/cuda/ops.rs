@@ -656,11 +656,11 @@ fn launch_route_block(
     )
 }
 
-/// Dynamic shared memory of `pool_gemm_tma`: 4 stages of 128 weight rows and 32 token rows in
+/// Dynamic shared memory of `pool_gemm_tma`: 5 stages of 128 weight rows and 32 token rows in
 /// two 64-column halves (BF16), 1 KB to align them to the swizzle atom, the gated epilogue's
-/// 64 x 32 F32 exchange, then 8 mbarriers (minnow_pool::SMEM_BYTES in kernels/pool_gemm.cu).
+/// 64 x 32 F32 exchange, then 10 mbarriers (minnow_pool::SMEM_BYTES in kernels/pool_gemm.cu).
 pub const fn pool_gemm_smem_bytes() -> usize {
-    4 * (2 * 128 + 2 * 32) * 64 * 2 + 1024 + 64 * 32 * 4 + 2 * 4 * 8
+    5 * (2 * 128 + 2 * 32) * 64 * 2 + 1024 + 64 * 32 * 4 + 2 * 5 * 8
 }
 
 /// Rows of a token box of `pool_gemm_tma` (its X tensor maps are made with these).

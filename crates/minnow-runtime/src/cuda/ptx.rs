@@ -80,7 +80,7 @@ pub const MODULES: &[PtxModule] = &[
         ptx: include_str!("ptx/pool_gemm.ptx"),
         ptx_sm90: include_str!("ptx/pool_gemm.sm90.ptx"),
         functions: &["pool_gemm_tma"],
-        max_dynamic_shared: 176 * 1024,
+        max_dynamic_shared: 216 * 1024,
     },
     PtxModule {
         name: "moe",
