@@ -5,7 +5,7 @@
 
 use half::bf16;
 use minnow_runtime::cuda::ops::{self, AttentionShape, RouterShape};
-use minnow_runtime::cuda::tma::{Bf16Rows, TensorMaps};
+use minnow_runtime::cuda::tma::TensorMaps;
 use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu, Profile};
 
 use super::weights::{DenseMlp, Mlp, Moe, RouterWeights, SharedExpert, Weights};
@@ -160,19 +160,14 @@ impl Workspace {
             && ops::pool_gemm_supported(gpu, 1, 2 * iw, d)
             && ops::pool_gemm_supported(gpu, 1, d, iw)
         {
-            let rows = |base: u64, cols: usize, rows: usize| Bf16Rows {
-                base,
-                cols,
-                rows,
-                box_rows: ops::POOL_GEMM_TOKEN_ROWS,
-            };
-            Some(TensorMaps::new(
+            TensorMaps::try_rows(
                 gpu,
+                ops::POOL_GEMM_TOKEN_ROWS,
                 &[
-                    rows(a_rows.ptr(), d, a_alloc_rows),
-                    rows(expert_act.ptr(), iw, expert_rows),
+                    (a_rows.ptr(), d, a_alloc_rows),
+                    (expert_act.ptr(), iw, expert_rows),
                 ],
-            )?)
+            )
         } else {
             None
         };

@@ -6,8 +6,8 @@
 
 use half::bf16;
 use minnow_format::TensorSource;
-use minnow_runtime::cuda::tma::{Bf16Rows, TensorMaps};
-use minnow_runtime::cuda::{ops, CudaResult, DeviceBuffer, Gpu};
+use minnow_runtime::cuda::tma::TensorMaps;
+use minnow_runtime::cuda::{ops, DeviceBuffer, Gpu};
 use minnow_runtime::dtype::widen;
 use minnow_runtime::DType;
 
@@ -72,7 +72,7 @@ impl Moe {
         experts_gate_up: DeviceBuffer<bf16>,
         experts_down: DeviceBuffer<bf16>,
         shared: SharedExpert,
-    ) -> CudaResult<Self> {
+    ) -> Self {
         let (d, w) = (c.hidden_size, c.moe_intermediate_size);
         let slots = c.num_experts + usize::from(shared_packs(c));
         let pooled = c.expert_capacity.is_some()
@@ -80,30 +80,25 @@ impl Moe {
             && ops::pool_gemm_supported(gpu, 1, 2 * w, d)
             && ops::pool_gemm_supported(gpu, 1, d, w);
         let pool_maps = if pooled {
-            let rows = |base: u64, cols: usize, rows: usize| Bf16Rows {
-                base,
-                cols,
-                rows,
-                box_rows: ops::POOL_GEMM_WEIGHT_ROWS,
-            };
-            Some(TensorMaps::new(
+            TensorMaps::try_rows(
                 gpu,
+                ops::POOL_GEMM_WEIGHT_ROWS,
                 &[
-                    rows(experts_gate_up.ptr(), d, slots * 2 * w),
-                    rows(experts_down.ptr(), w, slots * d),
+                    (experts_gate_up.ptr(), d, slots * 2 * w),
+                    (experts_down.ptr(), w, slots * d),
                 ],
-            )?)
+            )
         } else {
             None
         };
-        Ok(Self {
+        Self {
             router,
             bias,
             experts_gate_up,
             experts_down,
             shared,
             pool_maps,
-        })
+        }
     }
 }
 
@@ -298,18 +293,15 @@ impl Weights {
                 } else {
                     SharedExpert::None
                 };
-                Mlp::Moe(
-                    Moe::new(
-                        gpu,
-                        config,
-                        router,
-                        bias,
-                        experts_gate_up,
-                        experts_down,
-                        shared,
-                    )
-                    .map_err(device_err)?,
-                )
+                Mlp::Moe(Moe::new(
+                    gpu,
+                    config,
+                    router,
+                    bias,
+                    experts_gate_up,
+                    experts_down,
+                    shared,
+                ))
             };
             layers.push(Layer {
                 input_norm: upload(gpu, &r.bf16(&format!("{p}.input_layernorm.weight"), &[d])?)?,
@@ -414,18 +406,15 @@ impl Weights {
                     SharedExpert::None
                 };
                 let slots = e + usize::from(packed);
-                Mlp::Moe(
-                    Moe::new(
-                        gpu,
-                        config,
-                        RouterWeights::Bf16(upload(gpu, &router)?),
-                        upload(gpu, &bias)?,
-                        rand(slots * 2 * w * d, d)?,
-                        rand(slots * d * w, w)?,
-                        shared,
-                    )
-                    .map_err(device_err)?,
-                )
+                Mlp::Moe(Moe::new(
+                    gpu,
+                    config,
+                    RouterWeights::Bf16(upload(gpu, &router)?),
+                    upload(gpu, &bias)?,
+                    rand(slots * 2 * w * d, d)?,
+                    rand(slots * d * w, w)?,
+                    shared,
+                ))
             };
             layers.push(Layer {
                 input_norm: ones(d)?,

@@ -48,6 +48,23 @@ impl TensorMaps {
         })
     }
 
+    /// Maps of row-major BF16 matrices `(base, cols, rows)` in boxes of `box_rows` rows, or `None`
+    /// (with a warning) when the driver refuses one: callers then run kernels without TMA.
+    pub fn try_rows(gpu: &Gpu, box_rows: u32, tensors: &[(u64, usize, usize)]) -> Option<Self> {
+        let rows: Vec<Bf16Rows> = tensors
+            .iter()
+            .map(|&(base, cols, rows)| Bf16Rows {
+                base,
+                cols,
+                rows,
+                box_rows,
+            })
+            .collect();
+        Self::new(gpu, &rows)
+            .inspect_err(|e| tracing::warn!("no tensor maps ({e}): using kernels without TMA"))
+            .ok()
+    }
+
     /// The `i`-th tensor, in the order given to [`TensorMaps::new`].
     pub fn get(&self, i: usize) -> MappedTensor {
         MappedTensor {
