@@ -139,12 +139,13 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
 }
 
 // Most tokens one route_block CTA routes, and the largest top-k it supports (mirrored in ops.rs).
-#define ROUTE_MAX_TOKENS 8
+#define ROUTE_MAX_TOKENS 32
 #define ROUTE_MAX_K 32
 
 // 2.2 block routing (docs/llada2-model.md §7.8): block admission and the top-k of `tpc` consecutive
-// tokens of one routing block per CTA; thread j owns expert j (blockDim = E rounded up to 32,
-// E <= 1024), grid = routing blocks * ceil(block / tpc), dynamic shared memory 2 * tpc * E floats.
+// tokens of one routing block per CTA; thread j < E owns expert j (blockDim >= E, a multiple of
+// 32, <= 1024; every thread takes (token, pool entry) pairs), grid = routing blocks *
+// ceil(block / tpc), dynamic shared memory 2 * tpc * E floats.
 // Every CTA recomputes its block's admission from the block's logits (32 x 256 floats from L2 for a
 // denoising step), so no CTA waits for another and the serial part is two short rank loops; a
 // one-CTA-per-block version spent 13 us on a 32-token block (docs/performance.md, attempt 19).

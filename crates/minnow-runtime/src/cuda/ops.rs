@@ -492,7 +492,7 @@ impl RouterShape {
 
 /// Most tokens one `route_block` CTA routes and the largest top-k it takes (ROUTE_MAX_TOKENS and
 /// ROUTE_MAX_K in kernels/router.cu).
-const ROUTE_MAX_TOKENS: usize = 8;
+const ROUTE_MAX_TOKENS: usize = 32;
 pub const ROUTE_MAX_K: usize = 32;
 
 /// Routes `tokens` rows of F32 router logits: writes `topk_idx [tokens, k]` (i32) and
@@ -600,10 +600,18 @@ pub fn route_pooled(
     )
 }
 
-/// Tokens per `route_block` CTA: one for a denoising step (32 CTAs side by side), more for long
-/// forwards so that the admission each CTA recomputes is shared by several tokens.
-fn route_tokens_per_cta(tokens: usize) -> usize {
-    tokens.div_ceil(256).clamp(1, ROUTE_MAX_TOKENS)
+/// Tokens per `route_block` CTA and its threads: one token and a thread per expert for short
+/// forwards (a denoising step's 32 CTAs work side by side), a whole routing block on 1,024
+/// threads for long ones (prefill: each block's admission computed once, as many CTAs as blocks),
+/// as far as the block's scores fit the shared-memory opt-in.
+fn route_launch_shape(tokens: usize, experts: usize, block: usize) -> (usize, u32) {
+    let per_expert = (experts.div_ceil(32) * 32) as u32;
+    if tokens <= 256 {
+        return (1, per_expert);
+    }
+    let fits = super::ptx::ROUTER_MAX_SHARED as usize / (8 * experts);
+    let tpc = block.min(ROUTE_MAX_TOKENS).min(fits).max(1);
+    (tpc, per_expert.max(1024))
 }
 
 /// `route_block` (kernels/router.cu): 2.2 admission and top-k, a few tokens per CTA; with a pool
@@ -621,13 +629,9 @@ fn launch_route_block(
     pool: Option<&ExpertPool>,
 ) -> CudaResult<()> {
     let e = shape.experts;
-    let tpc = route_tokens_per_cta(tokens);
+    let (tpc, threads) = route_launch_shape(tokens, e, shape.block);
     let ctas = tokens.div_ceil(shape.block) * shape.block.div_ceil(tpc);
-    let cfg = LaunchConfig::new(
-        (ctas as u32, 1, 1),
-        (e.div_ceil(32) * 32) as u32,
-        (2 * tpc * e * 4) as u32,
-    );
+    let cfg = LaunchConfig::new((ctas as u32, 1, 1), threads, (2 * tpc * e * 4) as u32);
     // No pool: null address arrays tell the kernel to skip the pool outputs.
     let p = pool.copied().unwrap_or_default();
     cuda_launch!(
@@ -934,6 +938,17 @@ mod tests {
             router(2048, 8, None, Some(48)).check().is_err(),
             "too many experts for one CTA"
         );
+    }
+
+    #[test]
+    fn route_block_shapes() {
+        // A denoising step: one token per CTA, a thread per expert.
+        assert_eq!(route_launch_shape(32, 256, 32), (1, 256));
+        assert_eq!(route_launch_shape(5, 16, 32), (1, 32));
+        // Prefill: a routing block per CTA on 1,024 threads, as far as its scores fit.
+        assert_eq!(route_launch_shape(4096, 256, 32), (32, 1024));
+        assert_eq!(route_launch_shape(4096, 1024, 32), (8, 1024));
+        assert!(2 * 32 * 256 * 4 <= super::super::ptx::ROUTER_MAX_SHARED as usize);
     }
 
     #[test]

@@ -20,8 +20,9 @@ pub struct PtxModule {
     pub max_dynamic_shared: u32,
 }
 
-/// Dynamic shared memory the router kernels may use: `route_block` holds 2 x 8 tokens x 1,024
-/// experts of F32 scores at most (its static part is 9 KiB more).
+/// Dynamic shared memory the router kernels may use: `route_block` holds the F32 scores of 2 x its
+/// tokens x the experts (a routing block of 32 tokens over 256 experts; fewer tokens per CTA
+/// when there are more experts); its static part is 12 KiB more.
 pub const ROUTER_MAX_SHARED: u32 = 64 * 1024;
 
 /// Prefix of the first line of every generated PTX file; the hex hash follows.
