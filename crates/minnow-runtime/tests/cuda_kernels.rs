@@ -1067,7 +1067,6 @@ fn pool_gemm_matches_reference() {
             k,
             b,
             gated,
-            !gated,
         )
         .unwrap();
         let got = read_bf16(&g, &out);
@@ -1107,5 +1106,156 @@ fn pool_gemm_matches_reference() {
             &gv,
             &wv,
         );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pool_route_gate_up_matches_reference() {
+    let g = gpu();
+    if !ops::pool_gemm_supported(&g, 32, 128, 128) {
+        eprintln!(
+            "pool_route_gate_up needs the sm_90 kernels: skipped on {}",
+            g.name()
+        );
+        return;
+    }
+    let mut rng = rng();
+    let (e, k, cap) = (256usize, 8usize, 48usize);
+    let shape = RouterShape {
+        experts: e,
+        top_k: k,
+        groups: None,
+        capacity: Some(cap),
+        block: 32,
+        scale: 2.5,
+    };
+    // (tokens, d, expert width): a full denoising block and a partial one.
+    for &(t, d, iw) in &[(32usize, 256usize, 128usize), (5, 384, 64)] {
+        assert!(ops::pool_route_supported(&g, &shape, t, 2 * iw, d));
+        let logits = randn(&mut rng, t * e, 3.0);
+        let bias = randn(&mut rng, e, 0.1);
+        let wgu = to_bf16(&randn(&mut rng, (e + 1) * 2 * iw * d, 0.05));
+        let x = to_bf16(&randn(&mut rng, 32 * d, 1.0));
+        let (dl, db, dwgu, dx) = (
+            g.upload(&logits).unwrap(),
+            g.upload(&bias).unwrap(),
+            g.upload(&wgu).unwrap(),
+            g.upload(&x).unwrap(),
+        );
+        // The down weights are only addressed, never read: any buffer of the right size.
+        let dwd = g.alloc::<bf16>((e + 1) * d * iw).unwrap();
+        let idx = g.upload(&vec![-1i32; t * k]).unwrap();
+        let tw = poisoned_f32(&g, t * k);
+        let slot = g.upload(&vec![-1i32; t * k + t]).unwrap();
+        let down_ptrs = g.upload(&vec![0u64; cap + 1]).unwrap();
+        let act = poisoned_bf16(&g, (cap + 1) * 32 * iw);
+        let xs = g.upload(&vec![dx.ptr(); cap + 1]).unwrap();
+        let acts: Vec<u64> = (0..=cap)
+            .map(|q| act.ptr() + (q * 32 * iw * 2) as u64)
+            .collect();
+        let dacts = g.upload(&acts).unwrap();
+        let maps = TensorMaps::new(
+            &g,
+            &[
+                Bf16Rows {
+                    base: dx.ptr(),
+                    cols: d,
+                    rows: 32,
+                    box_rows: ops::POOL_GEMM_TOKEN_ROWS,
+                },
+                Bf16Rows {
+                    base: dwgu.ptr(),
+                    cols: d,
+                    rows: (e + 1) * 2 * iw,
+                    box_rows: ops::POOL_GEMM_WEIGHT_ROWS,
+                },
+            ],
+        )
+        .unwrap();
+        let pool = ops::ExpertPool {
+            gate_up: dwgu.ptr(),
+            gate_up_stride: 2 * iw * d,
+            down: dwd.ptr(),
+            down_stride: d * iw,
+            gate_up_ptrs: 0,
+            down_ptrs: down_ptrs.ptr(),
+            slot_pos: slot.ptr(),
+            row_stride: 32,
+        };
+        ops::pool_route_gate_up(
+            &g,
+            &shape,
+            dl.ptr(),
+            db.ptr(),
+            idx.ptr(),
+            tw.ptr(),
+            t,
+            &pool,
+            maps.get(0),
+            maps.get(1),
+            xs.ptr(),
+            dacts.ptr(),
+            2 * iw,
+            d,
+        )
+        .unwrap();
+        // Routing: the same choices and weights as route_block's reference.
+        let (want_ids, want_w) = router_ref(&logits, &bias, t, &shape);
+        let got_ids: Vec<usize> = read(&g, &idx).iter().map(|&v| v as usize).collect();
+        assert_eq!(got_ids, want_ids, "routed choices ({t} tokens)");
+        check_f32("routed weights", &read(&g, &tw), &want_w);
+        // The pool in admission order; entry cap is the shared expert.
+        let gmax: Vec<Option<f32>> = (0..e)
+            .map(|j| {
+                Some(
+                    (0..t)
+                        .map(|r| sigmoid(logits[r * e + j]) + bias[j])
+                        .fold(f32::NEG_INFINITY, f32::max),
+                )
+            })
+            .collect();
+        let mut pool_experts = topk(&gmax, cap);
+        pool_experts.push(e);
+        let down: Vec<u64> = read(&g, &down_ptrs);
+        for (q, &ex) in pool_experts.iter().enumerate() {
+            assert_eq!(
+                down[q],
+                dwd.ptr() + (ex * d * iw * 2) as u64,
+                "down address of entry {q}"
+            );
+        }
+        let slots = read(&g, &slot);
+        for i in 0..t * k {
+            let q = pool_experts
+                .iter()
+                .position(|&ex| ex == want_ids[i])
+                .unwrap();
+            assert_eq!(slots[i] as usize, q * 32 + i / k, "row of assignment {i}");
+        }
+        for ti in 0..t {
+            assert_eq!(slots[t * k + ti] as usize, cap * 32 + ti);
+        }
+        // act_q = BF16(BF16(silu(BF16 gate)) * BF16 up) of the entry's expert.
+        let got = read_bf16(&g, &act);
+        let xf: Vec<f32> = x[..t * d].iter().map(|v| v.to_f32()).collect();
+        let (mut gv, mut wv) = (vec![], vec![]);
+        for (q, &ex) in pool_experts.iter().enumerate() {
+            let wf: Vec<f32> = wgu[ex * 2 * iw * d..(ex + 1) * 2 * iw * d]
+                .iter()
+                .map(|v| v.to_f32())
+                .collect();
+            for row in matmul_t(&xf, &wf, t, 2 * iw, d).chunks(2 * iw) {
+                for c in 0..iw {
+                    let gate = r(row[c]);
+                    wv.push(r(r(gate / (1.0 + (-gate).exp())) * r(row[iw + c])));
+                }
+            }
+            gv.extend_from_slice(&got[q * 32 * iw..(q * 32 + t) * iw]);
+            assert!(got[(q * 32 + t) * iw..(q + 1) * 32 * iw]
+                .iter()
+                .all(|v| v.is_nan()));
+        }
+        check_bf16(&format!("routed gate/up t{t} d{d} iw{iw}"), &gv, &wv);
     }
 }
