@@ -24,12 +24,7 @@
 //   Y_q[t, c] = BF16( BF16(silu(BF16 gate)) * BF16 up )      (row pitch I)
 // exactly as silu_mul does on the BF16 gate/up outputs, so the SiLU launch and the round trip of
 // the gate/up rows through memory go away.
-//
-// `pool_route_gate_up` also does the block's routing (block_route.cuh) first: every CTA computes
-// the admission from the router logits (the pool's experts: its weight rows), CTA t < T then
-// takes token t's top-k, CTA 0 writes the down projection's weight addresses. That replaces the
-// route_block launch (attempt 21).
-#include "block_route.cuh"
+#include "common.cuh"
 
 namespace minnow_pool {
 constexpr int ROWS = 128;    // weight rows per tile
@@ -46,15 +41,10 @@ constexpr int W_HALF = ROWS * BOX_K * 2;       // the tile's 128 rows of one 64-
 static_assert(W_HALF == 2 * W_BOX, "a tile's half is two weight boxes");
 constexpr int X_BOX = TOKENS * BOX_K * 2;      // 4 KB
 constexpr int STAGE_BYTES = 2 * W_HALF + 2 * X_BOX;
-// Scratch shared by the gated epilogue (the up half of a tile in F32) and the routing
-// (3 E + k floats, so E <= 640 with k <= 32).
-constexpr int SCRATCH_BYTES = TOKENS * 64 * 4;
-constexpr int MAX_EXPERTS = 640;
-constexpr int POOL_BYTES = MAX_EXPERTS * 4;  // the routed pool's experts
-static_assert(4 * (3 * MAX_EXPERTS + 32) <= SCRATCH_BYTES, "routing scratch");
-// + 1 KB to align the stages to the 1,024-byte swizzle atom, then the scratch, pool, barriers
-constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + SCRATCH_BYTES + POOL_BYTES + 2 * STAGES * 8;
-static_assert(SMEM_BYTES == 5 * 40960 + 1024 + 8192 + 2560 + 80, "host mirror: pool_gemm_smem_bytes in ops.rs");
+constexpr int UP_BYTES = TOKENS * 64 * 4;      // gated epilogue: the up half of a tile in F32
+// + 1 KB to align the stages to the 1,024-byte swizzle atom, the up exchange, the barriers
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + UP_BYTES + 2 * STAGES * 8;
+static_assert(SMEM_BYTES == 5 * 40960 + 1024 + 8192 + 80, "host mirror: pool_gemm_smem_bytes in ops.rs");
 }  // namespace minnow_pool
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -106,90 +96,97 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
 }  // namespace minnow_pool
 #endif
 
+// grid = min(tiles, SMs) with tiles = B * N / 128, block = minnow_pool::THREADS (288), dynamic
+// shared memory = minnow_pool::SMEM_BYTES (mirrored by pool_gemm_smem_bytes in ops.rs).
+// x_map / w_map: 2D BF16 tensor maps [rows, K] (boxes of 32 / 64 rows x 64 columns, 128-byte
+// swizzle) whose first element is at x_base / w_base; x_ptrs[q] / w_ptrs[q] lie inside them.
+// Y_q has row pitch N, or N / 2 when `gated`. `weights_ready`: w_ptrs was written before the
+// kernel preceding this one started, so the producer may read it and stream the first stages'
+// weights before waiting for that kernel (an exception to the rule of common.cuh that the caller
+// vouches for: the down projection after route_block -> gate/up).
+extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
+    pool_gemm_tma(const void* __restrict__ x_map, unsigned long long x_base, const void* __restrict__ w_map,
+                  unsigned long long w_base, const unsigned long long* __restrict__ x_ptrs,
+                  const unsigned long long* __restrict__ w_ptrs, const unsigned long long* __restrict__ y_ptrs, int T,
+                  int N, int K, int B, int gated, int weights_ready) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-namespace minnow_pool {
-// One launch's operands. Entry q's weight rows: from `pool` (shared memory, the routed experts of
-// entries q < B - 1, entry B - 1 being expert `shared_expert`; ready once the routing threads
-// arrive at named barrier 2) when it is non-null, else from w_ptrs[q].
-struct Operands {
-    const void* x_map;
-    unsigned long long x_base;
-    const void* w_map;
-    unsigned long long w_base;
-    const unsigned long long* x_ptrs;
-    const unsigned long long* w_ptrs;
-    const unsigned long long* y_ptrs;
-    const int* pool;
-    int shared_expert;
-    int T, N, K, B;
-    bool gated;
-};
-
-// Shared-memory layout (addresses for the asynchronous proxy, pointers for threads).
-struct Layout {
-    unsigned stages, full0, empty0;
-    float* scratch;
-    int* pool;
-};
-__device__ __forceinline__ Layout layout(unsigned char* smem_raw) {
-    Layout l;
+    using namespace minnow_pool;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw = smem_addr(smem_raw);
-    l.stages = (raw + 1023) & ~1023u;
-    unsigned char* after = smem_raw + (l.stages - raw) + STAGES * STAGE_BYTES;
-    l.scratch = reinterpret_cast<float*>(after);
-    l.pool = reinterpret_cast<int*>(after + SCRATCH_BYTES);
-    l.full0 = l.stages + STAGES * STAGE_BYTES + SCRATCH_BYTES + POOL_BYTES;
-    l.empty0 = l.full0 + 8 * STAGES;
-    return l;
-}
-
-__device__ __forceinline__ void init_barriers(const Layout& l) {
+    const unsigned stages = (raw + 1023) & ~1023u;
+    float* up = reinterpret_cast<float*>(smem_raw + (stages - raw) + STAGES * STAGE_BYTES);  // [64][TOKENS]
+    const unsigned full0 = stages + STAGES * STAGE_BYTES + UP_BYTES, empty0 = full0 + 8 * STAGES;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(l.full0 + 8 * s, 1);
-            mbar_init(l.empty0 + 8 * s, CONSUMERS);
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, CONSUMERS);
         }
     }
     __syncthreads();
-}
+    const int tiles_per_entry = N / ROWS, tiles = B * tiles_per_entry, k_steps = K / BK;
+    const unsigned long long row_bytes = 2ull * K;
 
-// The producer (lane 0 of warp CONSUMERS, after the programmatic wait): every copy of the CTA's
-// tiles, the pipeline running straight across them.
-__device__ void produce(const Operands& a, const Layout& l) {
-    const int tiles_per_entry = a.N / ROWS, tiles = a.B * tiles_per_entry, k_steps = a.K / BK;
-    const unsigned long long row_bytes = 2ull * a.K;
-    int it = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int q = tile / tiles_per_entry, n0 = (tile % tiles_per_entry) * ROWS;
-        const int w_row = a.pool ? (q < a.B - 1 ? a.pool[q] : a.shared_expert) * a.N
-                                 : (int)((a.w_ptrs[q] - a.w_base) / row_bytes);
-        // The tile's two 64-row weight boxes: consecutive rows, or the gate and up rows of the same
-        // intermediate columns. x_ptrs is never written by a kernel.
-        const int row_a = w_row + (a.gated ? n0 / 2 : n0);
-        const int row_b = a.gated ? w_row + a.N / 2 + n0 / 2 : row_a + W_BOX_ROWS;
-        const int x_row = (int)((a.x_ptrs[q] - a.x_base) / row_bytes);
-        for (int ks = 0; ks < k_steps; ++ks, ++it) {
-            const int s = it % STAGES;
-            const unsigned bar = l.full0 + 8 * s, dst = l.stages + s * STAGE_BYTES;
-            mbar_wait(l.empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
-            mbar_expect_tx(bar, STAGE_BYTES);
+    if (warp == CONSUMERS) {  // producer: one thread issues every copy
+        if (lane != 0) return;
+        // A tile's two 64-row weight boxes (consecutive rows, or the gate and up rows of the same
+        // intermediate columns) and its first token row. x_ptrs is never written by a kernel.
+        int row_a = 0, row_b = 0, x_row = 0;
+        auto locate = [&](int tile, unsigned long long w_addr) {
+            const int q = tile / tiles_per_entry, n0 = (tile % tiles_per_entry) * ROWS;
+            const int w_row = (int)((w_addr - w_base) / row_bytes);
+            row_a = w_row + (gated ? n0 / 2 : n0);
+            row_b = gated ? w_row + N / 2 + n0 / 2 : row_a + W_BOX_ROWS;
+            x_row = (int)((x_ptrs[q] - x_base) / row_bytes);
+        };
+        auto load_weights = [&](int ks, unsigned bar, unsigned dst) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                tma_load_2d(dst + h * W_HALF, a.w_map, ks * BK + h * BOX_K, row_a, bar);
-                tma_load_2d(dst + h * W_HALF + W_BOX, a.w_map, ks * BK + h * BOX_K, row_b, bar);
-                tma_load_2d(dst + 2 * W_HALF + h * X_BOX, a.x_map, ks * BK + h * BOX_K, x_row, bar);
+                tma_load_2d(dst + h * W_HALF, w_map, ks * BK + h * BOX_K, row_a, bar);
+                tma_load_2d(dst + h * W_HALF + W_BOX, w_map, ks * BK + h * BOX_K, row_b, bar);
             }
+        };
+        const int first = blockIdx.x;
+        // With `weights_ready` the weight addresses were final before the previous kernel started
+        // (written two launches back), so the first stages' weights stream while it finishes.
+        int pre = 0;
+        if (weights_ready && first < tiles) {
+            locate(first, w_ptrs[first / tiles_per_entry]);
+            pre = min(STAGES, k_steps);
+            for (int ks = 0; ks < pre; ++ks) {
+                mbar_expect_tx(full0 + 8 * ks, STAGE_BYTES);
+                load_weights(ks, full0 + 8 * ks, stages + ks * STAGE_BYTES);
+            }
+            pdl_enter();
+        } else {
+            pdl_enter();  // the address arrays and X come from the kernels before
+            if (first < tiles) locate(first, w_ptrs[first / tiles_per_entry]);
         }
+        int it = 0;
+        for (int tile = first; tile < tiles; tile += gridDim.x) {
+            // The next tile's weight address, loaded now and used after this tile's stages.
+            const int next = tile + gridDim.x;
+            const unsigned long long w_next = next < tiles ? w_ptrs[next / tiles_per_entry] : 0;
+            for (int ks = 0; ks < k_steps; ++ks, ++it) {
+                const int s = it % STAGES;
+                const unsigned bar = full0 + 8 * s, dst = stages + s * STAGE_BYTES;
+                if (it >= pre) {
+                    mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+                    mbar_expect_tx(bar, STAGE_BYTES);
+                    load_weights(ks, bar, dst);
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    tma_load_2d(dst + 2 * W_HALF + h * X_BOX, x_map, ks * BK + h * BOX_K, x_row, bar);
+            }
+            if (next < tiles) locate(next, w_next);
+        }
+        return;
     }
-}
+    pdl_enter();  // consumers write Y
 
-// The 8 consumer warps: warp w owns weight rows 16w..16w+15 of each tile.
-__device__ void consume(const Operands& a, const Layout& l) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int tiles_per_entry = a.N / ROWS, tiles = a.B * tiles_per_entry, k_steps = a.K / BK;
-    const int T = a.T, N = a.N;
-    float* up = l.scratch;  // [64][TOKENS] in the gated epilogue
-    // ldmatrix rows: the A fragment (16 weight rows x 16 k) and the B fragments of 16 tokens x 16 k.
+    // Consumers: warp w owns weight rows 16w..16w+15 of each tile. ldmatrix rows: the A fragment
+    // (16 weight rows x 16 k) and the B fragments of 16 tokens x 16 k.
     const int g = lane >> 2, t4 = lane & 3;
     const int a_row = warp * 16 + (lane & 15), a_half = lane >> 4;
     const int b_row = ((lane >> 4) << 3) + (lane & 7), b_half = (lane >> 3) & 1;
@@ -201,27 +198,27 @@ __device__ void consume(const Operands& a, const Layout& l) {
         for (int nb = 0; nb < TOKENS / 8; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
         for (int ks = 0; ks < k_steps; ++ks, ++it) {
             const int s = it % STAGES;
-            mbar_wait(l.full0 + 8 * s, (it / STAGES) & 1);
-            const unsigned base = l.stages + s * STAGE_BYTES;
+            mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+            const unsigned base = stages + s * STAGE_BYTES;
 #pragma unroll
             for (int kk = 0; kk < BK / 16; ++kk) {
                 const int box = kk >> 2, chunk = (kk & 3) << 1;
-                unsigned af[4];
-                ldmatrix_x4(af, base + box * W_HALF + swizzled(a_row, chunk | a_half));
+                unsigned a[4];
+                ldmatrix_x4(a, base + box * W_HALF + swizzled(a_row, chunk | a_half));
 #pragma unroll
                 for (int nb2 = 0; nb2 < TOKENS / 16; ++nb2) {
                     unsigned b[4];
                     ldmatrix_x4(b, base + 2 * W_HALF + box * X_BOX + swizzled(nb2 * 16 + b_row, chunk | b_half));
-                    mma16816(acc[2 * nb2], af, b[0], b[1]);
-                    mma16816(acc[2 * nb2 + 1], af, b[2], b[3]);
+                    mma16816(acc[2 * nb2], a, b[0], b[1]);
+                    mma16816(acc[2 * nb2 + 1], a, b[2], b[3]);
                 }
             }
             __syncwarp();
-            if (lane == 0) mbar_arrive(l.empty0 + 8 * s);
+            if (lane == 0) mbar_arrive(empty0 + 8 * s);
         }
         // acc[nb][0..1]: row g, tokens nb*8 + 2*t4 (+1); acc[nb][2..3]: row g + 8.
-        if (!a.gated) {
-            bf16* y = reinterpret_cast<bf16*>(a.y_ptrs[q]) + n0 + warp * 16 + g;
+        if (!gated) {
+            bf16* y = reinterpret_cast<bf16*>(y_ptrs[q]) + n0 + warp * 16 + g;
 #pragma unroll
             for (int nb = 0; nb < TOKENS / 8; ++nb) {
                 const int t0 = nb * 8 + 2 * t4;
@@ -249,10 +246,10 @@ __device__ void consume(const Operands& a, const Layout& l) {
                 up[(col + 8) * TOKENS + t0 + 1] = to_f32(to_bf16(acc[nb][3]));
             }
         }
-        route_sync(CONSUMERS * 32);
+        asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 32));
         if (warp < 4) {
             const int I = N / 2;
-            bf16* y = reinterpret_cast<bf16*>(a.y_ptrs[q]) + n0 / 2 + col;
+            bf16* y = reinterpret_cast<bf16*>(y_ptrs[q]) + n0 / 2 + col;
             auto gate_up = [&](float gate, int c, int t) {
                 const float gv = to_f32(to_bf16(gate));
                 return mul_bf16(to_bf16(gv / (1.f + expf(-gv))), to_bf16(up[c * TOKENS + t]));
@@ -270,80 +267,9 @@ __device__ void consume(const Operands& a, const Layout& l) {
                 }
             }
         }
-        route_sync(CONSUMERS * 32);  // `up` is free for the next tile
+        asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 32));  // `up` is free for the next tile
     }
-}
-}  // namespace minnow_pool
-#endif
-
-// grid = min(tiles, SMs) with tiles = B * N / 128, block = minnow_pool::THREADS (288), dynamic
-// shared memory = minnow_pool::SMEM_BYTES (mirrored by pool_gemm_smem_bytes in ops.rs).
-// x_map / w_map: 2D BF16 tensor maps [rows, K] (boxes of 32 / 64 rows x 64 columns, 128-byte
-// swizzle) whose first element is at x_base / w_base; x_ptrs[q] / w_ptrs[q] lie inside them.
-// Y_q has row pitch N, or N / 2 when `gated`.
-extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
-    pool_gemm_tma(const void* __restrict__ x_map, unsigned long long x_base, const void* __restrict__ w_map,
-                  unsigned long long w_base, const unsigned long long* __restrict__ x_ptrs,
-                  const unsigned long long* __restrict__ w_ptrs, const unsigned long long* __restrict__ y_ptrs, int T,
-                  int N, int K, int B, int gated) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    using namespace minnow_pool;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const Layout l = layout(smem_raw);
-    init_barriers(l);
-    const Operands a{x_map, x_base, w_map, w_base, x_ptrs, w_ptrs, y_ptrs, nullptr, 0, T, N, K, B, gated != 0};
-    pdl_enter();  // the address arrays and X come from the kernels before; Y is written
-    if (threadIdx.x >> 5 == CONSUMERS) {
-        if ((threadIdx.x & 31) == 0) produce(a, l);
-        return;
-    }
-    consume(a, l);
 #else
     __trap();  // launched only where the sm_90 build is loaded (ops::pool_gemm_supported)
-#endif
-}
-
-// The gate/up projection of a 2.2 denoising step with its routing (attempt 21): the block's T
-// tokens' router logits [T, E] route as route_block does (writing topk_idx, topk_w and slot_pos:
-// assignment rows q * row_stride + t, then T entries of shared-expert rows), CTA 0 writes the
-// down weights' addresses wd_ptrs[q] (entry capacity: the shared expert E), and the pool's
-// entries (capacity routed experts + the shared one) run as pool_gemm_tma with `gated`, weights
-// through w_map over the packed [E + 1, N, K] gate/up weights. grid = min(tiles, SMs) >= T,
-// E <= 640, k <= 32, the rest as pool_gemm_tma.
-extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
-    pool_route_gate_up(const float* __restrict__ logits, const float* __restrict__ bias, int E, int capacity, int k,
-                       float scale, int* __restrict__ topk_idx, float* __restrict__ topk_w, int* __restrict__ slot_pos,
-                       int row_stride, const bf16* __restrict__ wd, long long wd_stride,
-                       unsigned long long* __restrict__ wd_ptrs, const void* __restrict__ x_map,
-                       unsigned long long x_base, const void* __restrict__ w_map,
-                       const unsigned long long* __restrict__ x_ptrs, const unsigned long long* __restrict__ y_ptrs,
-                       int T, int N, int K) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    using namespace minnow_pool;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const Layout l = layout(smem_raw);
-    init_barriers(l);
-    const Operands a{x_map, x_base, w_map, 0, x_ptrs, nullptr, y_ptrs, l.pool, E, T, N, K, capacity + 1, true};
-    pdl_enter();  // the logits and X come from the kernels before
-    const int tid = threadIdx.x, consumers = CONSUMERS * 32;
-    if (tid >= consumers) {  // the producer warp waits for the pool, then lane 0 streams
-        asm volatile("bar.sync 2, %0;\n" ::"n"(THREADS) : "memory");
-        if ((tid & 31) == 0) produce(a, l);
-        return;
-    }
-    const int tok = (int)blockIdx.x < T ? (int)blockIdx.x : 0, ntok = (int)blockIdx.x < T ? 1 : 0;
-    const BlockRouteScratch s{l.scratch, l.pool, l.scratch + E, l.scratch + 2 * E, l.scratch + 3 * E};
-    block_admit(logits, bias, 0, T, E, capacity, tok, ntok, s, tid, consumers);
-    asm volatile("bar.arrive 2, %0;\n" ::"n"(THREADS) : "memory");  // the pool is ready
-    if (blockIdx.x == 0) {
-        for (int q = tid; q <= capacity; q += consumers)
-            wd_ptrs[q] = (unsigned long long)(wd + (q < capacity ? l.pool[q] : E) * wd_stride);
-        for (int t = tid; t < T; t += consumers) slot_pos[T * k + t] = capacity * row_stride + t;
-    }
-    block_topk(s, 0, tok, ntok, E, capacity, k, scale, topk_idx, topk_w, slot_pos, row_stride, tid, consumers);
-    route_sync(consumers);  // the scratch becomes the gated epilogue's exchange
-    consume(a, l);
-#else
-    __trap();  // launched only where the sm_90 build is loaded (ops::pool_route_supported)
 #endif
 }

@@ -1,7 +1,14 @@
 // MoE router on the GPU (docs/llada2-model.md §7.6-7.8), all in F32, plus the dispatch that groups
 // the (token, slot) assignments by expert for the grouped expert GEMM. Ties always go to the lower
 // expert (or group) index; selection uses exact comparisons (no perturbation).
-#include "block_route.cuh"
+#include "common.cuh"
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
+
+// "a ranks before b": larger value first, lower index on ties.
+__device__ __forceinline__ bool ranks_before(float va, int a, float vb, int b) {
+    return va > vb || (va == vb && a < b);
+}
 
 // 2.0/2.1 token top-k (one CTA per token, blockDim = E <= 1024). The candidates are the experts of
 // the `topk_group` best groups (group score = sum of the two largest biased scores of its
@@ -135,12 +142,18 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
 #define ROUTE_MAX_TOKENS 32
 #define ROUTE_MAX_K 32
 
-// 2.2 block routing (block_route.cuh): block admission and the top-k of `tpc` consecutive tokens
-// of one routing block per CTA; grid = routing blocks * ceil(block / tpc), blockDim a multiple of
-// 32 (<= 1024), dynamic shared memory 2 * tpc * E floats. Every CTA recomputes its block's
-// admission from the block's logits (32 x 256 floats from L2 for a denoising step), so no CTA
-// waits for another; a one-CTA-per-block version spent 13 us on a 32-token block
-// (docs/performance.md, attempt 19).
+// 2.2 block routing (docs/llada2-model.md §7.8): block admission and the top-k of `tpc` consecutive
+// tokens of one routing block per CTA; thread j < E owns expert j (blockDim >= E, a multiple of
+// 32, <= 1024; every thread takes (token, pool entry) pairs), grid = routing blocks *
+// ceil(block / tpc), dynamic shared memory 2 * tpc * E floats.
+// Every CTA recomputes its block's admission from the block's logits (32 x 256 floats from L2 for a
+// denoising step), so no CTA waits for another and the serial part is two short rank loops; a
+// one-CTA-per-block version spent 13 us on a 32-token block (docs/performance.md, attempt 19).
+// Ties go to the lower expert index, as in the reference.
+//   admission: g_j = max over the block's rows of sigmoid(logit) + bias; the `capacity` largest g
+//              are admitted, pool entry q = the expert of admission rank q.
+//   top-k:     each token's k largest biased scores among the admitted experts, in rank order, with
+//              weights w = s / (sum s + 1e-20) * scale from the unbiased scores s.
 // With `pool_wgu_ptrs` non-null (a forward of one routing block whose experts run as a batched GEMM
 // over the admitted pool, ops::route_pooled) it also writes, for pool entry q < capacity and
 // q = capacity (the packed shared expert E), the addresses of its gate/up and down weights, and
@@ -154,27 +167,88 @@ extern "C" __global__ void __launch_bounds__(1024)
                 unsigned long long* __restrict__ pool_wd_ptrs, int* __restrict__ pool_slot_pos,
                 int pool_row_stride) {
     extern __shared__ float sh[];
+    float* tok_biased = sh;        // tpc x E biased scores of this CTA's tokens
+    float* tok_score = sh + tpc * E;  // tpc x E unbiased scores
     __shared__ float g[1024];
     __shared__ int pool[1024];
-    __shared__ float chosen[ROUTE_MAX_TOKENS * ROUTE_MAX_K];
-    const BlockRouteScratch s{g, pool, sh, sh + tpc * E, chosen};
-    const int j = threadIdx.x, n = blockDim.x;
+    __shared__ float chosen[ROUTE_MAX_TOKENS * ROUTE_MAX_K];  // unbiased scores in rank order
+    const int j = threadIdx.x;
     const int ctas_per_block = (block + tpc - 1) / tpc;
     const int r0 = (blockIdx.x / ctas_per_block) * block, rows = min(block, T - r0);
     const int u0 = (blockIdx.x % ctas_per_block) * tpc, nu = min(tpc, rows - u0);
+    const float bias_j = j < E ? bias[j] : 0.f;  // weights: readable before the wait
     pdl_enter();
     if (nu <= 0) return;  // past the end of a partial last block (the whole CTA)
-    block_admit(logits, bias, r0, rows, E, capacity, u0, nu, s, j, n);
+    float best = -INFINITY;
+    if (j < E) {
+        // 32 rows' loads in flight at once (one L2 round trip per 32 rows, not per row).
+        for (int r = 0; r < rows; r += 32) {
+            float v[32];
+#pragma unroll
+            for (int u = 0; u < 32; ++u) v[u] = r + u < rows ? logits[(size_t)(r0 + r + u) * E + j] : 0.f;
+#pragma unroll
+            for (int u = 0; u < 32; ++u) {
+                if (r + u >= rows) break;
+                const float s = sigmoidf(v[u]), biased = s + bias_j;
+                best = fmaxf(best, biased);
+                const int lu = r + u - u0;
+                if (lu >= 0 && lu < nu) {
+                    tok_score[lu * E + j] = s;
+                    tok_biased[lu * E + j] = biased;
+                }
+            }
+        }
+        g[j] = best;
+    }
+    __syncthreads();
+    int q = -1;  // admission rank of expert j = its pool entry, when admitted
+    if (j < E) {
+        int rank = 0;
+#pragma unroll 8
+        for (int i = 0; i < E; ++i) rank += ranks_before(g[i], i, best, j);
+        if (rank < capacity) {
+            q = rank;
+            pool[rank] = j;
+        }
+    }
     if (pool_wgu_ptrs) {
         if (u0 == 0) {  // one CTA per block writes the pool's weight addresses
-            for (int q = j; q <= capacity; q += n) {
-                const int e = q < capacity ? pool[q] : E;  // the shared expert, packed after the routed ones
-                pool_wgu_ptrs[q] = (unsigned long long)(pool_wgu + e * pool_wgu_stride);
-                pool_wd_ptrs[q] = (unsigned long long)(pool_wd + e * pool_wd_stride);
+            if (q >= 0) {
+                pool_wgu_ptrs[q] = (unsigned long long)(pool_wgu + j * pool_wgu_stride);
+                pool_wd_ptrs[q] = (unsigned long long)(pool_wd + j * pool_wd_stride);
+            }
+            if (j == 0) {  // the shared expert, packed after the routed ones
+                pool_wgu_ptrs[capacity] = (unsigned long long)(pool_wgu + E * pool_wgu_stride);
+                pool_wd_ptrs[capacity] = (unsigned long long)(pool_wd + E * pool_wd_stride);
             }
         }
         if (j < nu) pool_slot_pos[T * k + r0 + u0 + j] = capacity * pool_row_stride + u0 + j;
     }
-    block_topk(s, r0, u0, nu, E, capacity, k, scale, topk_idx, topk_w, pool_wgu_ptrs ? pool_slot_pos : nullptr,
-               pool_row_stride, j, n);
+    __syncthreads();
+    // Each token's top-k among the admitted: one thread per (token, pool entry) pair.
+    for (int item = j; item < nu * capacity; item += blockDim.x) {
+        const int lu = item / capacity, qi = item % capacity, e = pool[qi];
+        const float* row = tok_biased + lu * E;
+        const float v = row[e];
+        int rank = 0;
+#pragma unroll 8
+        for (int p = 0; p < capacity; ++p) {
+            const int jj = pool[p];
+            rank += ranks_before(row[jj], jj, v, e);
+        }
+        if (rank < k) {
+            const int t = r0 + u0 + lu;
+            topk_idx[t * k + rank] = e;
+            chosen[lu * k + rank] = tok_score[lu * E + e];
+            if (pool_wgu_ptrs) pool_slot_pos[t * k + rank] = qi * pool_row_stride + u0 + lu;
+        }
+    }
+    __syncthreads();
+    if (j < nu) {
+        const float* c = chosen + j * k;
+        float sum = 0.f;
+        for (int i = 0; i < k; ++i) sum += c[i];
+        const int t = r0 + u0 + j;
+        for (int i = 0; i < k; ++i) topk_w[t * k + i] = k > 1 ? c[i] / (sum + 1e-20f) * scale : c[i] * scale;
+    }
 }

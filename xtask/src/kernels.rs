@@ -1,6 +1,6 @@
 //! `cargo xtask kernels`: compiles every `kernels/*.cu` with nvcc into PTX under
 //! `crates/minnow-runtime/src/cuda/ptx/`, each file headed by the BLAKE3 hash of its source
-//! (the `.cu` file, then every `kernels/*.cuh` in name order). The PTX is committed so users need no nvcc; a
+//! (the `.cu` file, then `kernels/common.cuh`). The PTX is committed so users need no nvcc; a
 //! minnow-runtime test fails when a source and its PTX disagree.
 //!
 //! Environment: `NVCC` (default `nvcc`), `NVCC_FLAGS` (extra flags, whitespace separated, e.g.
@@ -37,34 +37,19 @@ fn workspace_root() -> Result<PathBuf, String> {
     }
 }
 
-fn source_hash(cu: &Path, headers: &[u8]) -> Result<String, String> {
+fn source_hash(cu: &Path, common: &[u8]) -> Result<String, String> {
     let source = std::fs::read(cu).map_err(|e| format!("{}: {e}", cu.display()))?;
     let mut hasher = blake3::Hasher::new();
     hasher.update(&source);
-    hasher.update(headers);
+    hasher.update(common);
     Ok(hasher.finalize().to_hex().to_string())
-}
-
-/// Every `kernels/*.cuh`, concatenated in name order: part of each kernel's source hash (a
-/// header change regenerates every PTX, whether or not a kernel includes it).
-fn headers(root: &Path) -> Result<Vec<u8>, String> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(root.join("kernels"))
-        .map_err(|e| format!("kernels/: {e}"))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cuh"))
-        .collect();
-    paths.sort();
-    let mut bytes = Vec::new();
-    for p in paths {
-        bytes.extend(std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?);
-    }
-    Ok(bytes)
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let check_only = args.iter().any(|a| a == "--check");
     let root = workspace_root()?;
-    let header_bytes = headers(&root)?;
+    let common = std::fs::read(root.join("kernels/common.cuh"))
+        .map_err(|e| format!("kernels/common.cuh: {e}"))?;
     let mut sources: Vec<PathBuf> = std::fs::read_dir(root.join("kernels"))
         .map_err(|e| format!("kernels/: {e}"))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -80,7 +65,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut stale = Vec::new();
     for cu in &sources {
         let stem = cu.file_stem().unwrap().to_string_lossy().to_string();
-        let hash = source_hash(cu, &header_bytes)?;
+        let hash = source_hash(cu, &common)?;
         for (arch, suffix) in ARCHS {
             let out = root.join(PTX_DIR).join(format!("{stem}{suffix}.ptx"));
             if check_only {

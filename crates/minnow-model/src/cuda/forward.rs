@@ -543,49 +543,60 @@ fn queue_pooled_experts(
         slot_pos: ws.slot_pos.ptr(),
         row_stride: rows,
     };
+    ops::route_pooled(
+        gpu,
+        router,
+        ws.router_logits.ptr(),
+        moe.bias.ptr(),
+        ws.topk_idx.ptr(),
+        ws.topk_w.ptr(),
+        t,
+        &pool,
+    )?;
+    mark("router")?;
     let b = ws.pool_entries;
     match (&ws.pool_maps, &moe.pool_maps) {
-        // On Hopper (whole tiles, both operands mapped): the routing and the gate/up projection
-        // with SiLU in one TMA kernel, then the down projection in another.
+        // The TMA kernel where it applies (Hopper, whole tiles), SiLU in its gate/up epilogue.
         (Some(xm), Some(wm))
-            if ops::pool_route_supported(gpu, router, t, 2 * iw, d)
+            if ops::pool_gemm_supported(gpu, t, 2 * iw, d)
                 && ops::pool_gemm_supported(gpu, t, d, iw) =>
         {
-            mark("router")?;
-            ops::pool_route_gate_up(
+            let (x, w) = (ws.pool_x.ptr(), ws.pool_w_gate_up.ptr());
+            ops::pool_gemm(
                 gpu,
-                router,
-                ws.router_logits.ptr(),
-                moe.bias.ptr(),
-                ws.topk_idx.ptr(),
-                ws.topk_w.ptr(),
-                t,
-                &pool,
                 xm.get(0),
                 wm.get(0),
-                ws.pool_x.ptr(),
+                x,
+                w,
                 ws.pool_act.ptr(),
+                t,
                 2 * iw,
                 d,
+                b,
+                true,
+                false,
             )?;
             mark("experts gate/up")?;
+            // The down projection's weight addresses came from the router two launches back, so
+            // its first weights may stream while the gate/up kernel finishes.
             let (x, w) = (ws.pool_act.ptr(), ws.pool_w_down.ptr());
-            let out = ws.pool_out.ptr();
-            ops::pool_gemm(gpu, xm.get(1), wm.get(1), x, w, out, t, d, iw, b, false)?;
-        }
-        // Elsewhere the route kernel, cuBLAS's batched GEMM, SiLU and the down projection.
-        _ => {
-            ops::route_pooled(
+            ops::pool_gemm(
                 gpu,
-                router,
-                ws.router_logits.ptr(),
-                moe.bias.ptr(),
-                ws.topk_idx.ptr(),
-                ws.topk_w.ptr(),
+                xm.get(1),
+                wm.get(1),
+                x,
+                w,
+                ws.pool_out.ptr(),
                 t,
-                &pool,
+                d,
+                iw,
+                b,
+                false,
+                true,
             )?;
-            mark("router")?;
+        }
+        // Elsewhere cuBLAS's batched GEMM, then SiLU, then the down projection.
+        _ => {
             blas.gemm_bf16_batched(
                 ws.pool_x.ptr(),
                 ws.pool_w_gate_up.ptr(),

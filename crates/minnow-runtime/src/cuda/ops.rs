@@ -660,17 +660,12 @@ fn launch_route_block(
     )
 }
 
-/// Dynamic shared memory of `pool_gemm_tma` and `pool_route_gate_up`: 5 stages of 128 weight
-/// rows and 32 token rows in two 64-column halves (BF16), 1 KB to align them to the swizzle atom,
-/// 8 KB of scratch (the gated epilogue's 64 x 32 F32 exchange, or the routing's scores), the
-/// routed pool (640 experts at most), then 10 mbarriers (minnow_pool::SMEM_BYTES in
-/// kernels/pool_gemm.cu).
+/// Dynamic shared memory of `pool_gemm_tma`: 5 stages of 128 weight rows and 32 token rows in
+/// two 64-column halves (BF16), 1 KB to align them to the swizzle atom, the gated epilogue's
+/// 64 x 32 F32 exchange, then 10 mbarriers (minnow_pool::SMEM_BYTES in kernels/pool_gemm.cu).
 pub const fn pool_gemm_smem_bytes() -> usize {
-    5 * (2 * 128 + 2 * 32) * 64 * 2 + 1024 + 64 * 32 * 4 + POOL_ROUTE_MAX_EXPERTS * 4 + 2 * 5 * 8
+    5 * (2 * 128 + 2 * 32) * 64 * 2 + 1024 + 64 * 32 * 4 + 2 * 5 * 8
 }
-
-/// Most experts `pool_route_gate_up` routes (its scratch holds 3 E + k scores).
-pub const POOL_ROUTE_MAX_EXPERTS: usize = 640;
 
 /// Rows of a token box of `pool_gemm_tma` (its X tensor maps are made with these).
 pub const POOL_GEMM_TOKEN_ROWS: u32 = 32;
@@ -707,12 +702,14 @@ pub fn pool_gemm(
     k: usize,
     entries: usize,
     gated: bool,
+    weights_ready: bool,
 ) -> CudaResult<()> {
     if !pool_gemm_supported(gpu, tokens, n, k) {
         return unsupported(format!("pool GEMM of {tokens} x {n} x {k}"));
     }
+    let tiles = entries * n / 128;
     let cfg = LaunchConfig::new(
-        (pool_grid(entries, n, gpu), 1, 1),
+        ((tiles as u32).min(gpu.sm_count()).max(1), 1, 1),
         288,
         pool_gemm_smem_bytes() as u32,
     );
@@ -731,92 +728,8 @@ pub fn pool_gemm(
         n as i32,
         k as i32,
         entries as i32,
-        i32::from(gated)
-    )
-}
-
-/// Whether [`pool_route_gate_up`] can run a denoising step of `tokens` tokens under `shape` with
-/// gate/up weights of `n` (= 2I) rows over `k` columns.
-pub fn pool_route_supported(
-    gpu: &Gpu,
-    shape: &RouterShape,
-    tokens: usize,
-    n: usize,
-    k: usize,
-) -> bool {
-    let entries = shape.capacity.unwrap_or(0) + 1;
-    pool_gemm_supported(gpu, tokens, n, k)
-        && pooled_experts_supported(shape, tokens)
-        && shape.experts <= POOL_ROUTE_MAX_EXPERTS
-        && pool_grid(entries, n, gpu) as usize >= tokens
-}
-
-fn pool_grid(entries: usize, n: usize, gpu: &Gpu) -> u32 {
-    ((entries * n / 128) as u32).min(gpu.sm_count()).max(1)
-}
-
-/// A 2.2 denoising step's routing and gate/up projection in one launch: routes the block's
-/// `tokens` rows of F32 router logits as [`route_pooled`] does (writing `topk_idx`, `topk_w`,
-/// `pool.slot_pos` and the down weights' addresses `pool.down_ptrs`; not `pool.gate_up_ptrs`,
-/// which it does not need), then computes `act_q = silu(gate) * up` for every pool entry as
-/// [`pool_gemm`] with `gated` would, the pool's gate/up weights read through `w` (a map over the
-/// packed `[E + 1, n, k]` weights at `pool.gate_up`). Check [`pool_route_supported`] first.
-#[allow(clippy::too_many_arguments)]
-pub fn pool_route_gate_up(
-    gpu: &Gpu,
-    shape: &RouterShape,
-    logits: u64,
-    bias: u64,
-    topk_idx: u64,
-    topk_w: u64,
-    tokens: usize,
-    pool: &ExpertPool,
-    x: MappedTensor,
-    w: MappedTensor,
-    x_ptrs: u64,
-    act_ptrs: u64,
-    n: usize,
-    k: usize,
-) -> CudaResult<()> {
-    if !pool_route_supported(gpu, shape, tokens, n, k)
-        || pool.row_stride < tokens
-        || w.base != pool.gate_up
-    {
-        return unsupported(format!(
-            "routed pool GEMM of {tokens} tokens under {shape:?} ({n} x {k})"
-        ));
-    }
-    let capacity = shape.capacity.unwrap_or(0);
-    let cfg = LaunchConfig::new(
-        (pool_grid(capacity + 1, n, gpu), 1, 1),
-        288,
-        pool_gemm_smem_bytes() as u32,
-    );
-    cuda_launch!(
-        gpu,
-        "pool_route_gate_up",
-        cfg,
-        logits,
-        bias,
-        shape.experts as i32,
-        capacity as i32,
-        shape.top_k as i32,
-        shape.scale,
-        topk_idx,
-        topk_w,
-        pool.slot_pos,
-        pool.row_stride as i32,
-        pool.down,
-        pool.down_stride as i64,
-        pool.down_ptrs,
-        x.map,
-        x.base,
-        w.map,
-        x_ptrs,
-        act_ptrs,
-        tokens as i32,
-        n as i32,
-        k as i32
+        i32::from(gated),
+        i32::from(weights_ready)
     )
 }
 
