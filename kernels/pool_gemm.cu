@@ -100,12 +100,15 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
 // shared memory = minnow_pool::SMEM_BYTES (mirrored by pool_gemm_smem_bytes in ops.rs).
 // x_map / w_map: 2D BF16 tensor maps [rows, K] (boxes of 32 / 64 rows x 64 columns, 128-byte
 // swizzle) whose first element is at x_base / w_base; x_ptrs[q] / w_ptrs[q] lie inside them.
-// Y_q has row pitch N, or N / 2 when `gated`.
+// Y_q has row pitch N, or N / 2 when `gated`. `weights_ready`: w_ptrs was written before the
+// kernel preceding this one started, so the producer may read it and stream the first stages'
+// weights before waiting for that kernel (an exception to the rule of common.cuh that the caller
+// vouches for: the down projection after route_block -> gate/up).
 extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
     pool_gemm_tma(const void* __restrict__ x_map, unsigned long long x_base, const void* __restrict__ w_map,
                   unsigned long long w_base, const unsigned long long* __restrict__ x_ptrs,
                   const unsigned long long* __restrict__ w_ptrs, const unsigned long long* __restrict__ y_ptrs, int T,
-                  int N, int K, int B, int gated) {
+                  int N, int K, int B, int gated, int weights_ready) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace minnow_pool;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -121,36 +124,66 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
         }
     }
     __syncthreads();
-    pdl_enter();  // the address arrays and X come from the kernels before; Y is written
     const int tiles_per_entry = N / ROWS, tiles = B * tiles_per_entry, k_steps = K / BK;
     const unsigned long long row_bytes = 2ull * K;
 
     if (warp == CONSUMERS) {  // producer: one thread issues every copy
         if (lane != 0) return;
-        int it = 0;
-        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        // A tile's two 64-row weight boxes (consecutive rows, or the gate and up rows of the same
+        // intermediate columns) and its first token row. x_ptrs is never written by a kernel.
+        int row_a = 0, row_b = 0, x_row = 0;
+        auto locate = [&](int tile, unsigned long long w_addr) {
             const int q = tile / tiles_per_entry, n0 = (tile % tiles_per_entry) * ROWS;
-            const int w_row = (int)((w_ptrs[q] - w_base) / row_bytes);
-            // The tile's two 64-row weight boxes: consecutive rows, or the gate and up rows of the
-            // same intermediate columns. x_ptrs is never written by a kernel.
-            const int row_a = w_row + (gated ? n0 / 2 : n0);
-            const int row_b = gated ? w_row + N / 2 + n0 / 2 : row_a + W_BOX_ROWS;
-            const int x_row = (int)((x_ptrs[q] - x_base) / row_bytes);
+            const int w_row = (int)((w_addr - w_base) / row_bytes);
+            row_a = w_row + (gated ? n0 / 2 : n0);
+            row_b = gated ? w_row + N / 2 + n0 / 2 : row_a + W_BOX_ROWS;
+            x_row = (int)((x_ptrs[q] - x_base) / row_bytes);
+        };
+        auto load_weights = [&](int ks, unsigned bar, unsigned dst) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                tma_load_2d(dst + h * W_HALF, w_map, ks * BK + h * BOX_K, row_a, bar);
+                tma_load_2d(dst + h * W_HALF + W_BOX, w_map, ks * BK + h * BOX_K, row_b, bar);
+            }
+        };
+        const int first = blockIdx.x;
+        // With `weights_ready` the weight addresses were final before the previous kernel started
+        // (written two launches back), so the first stages' weights stream while it finishes.
+        int pre = 0;
+        if (weights_ready && first < tiles) {
+            locate(first, w_ptrs[first / tiles_per_entry]);
+            pre = min(STAGES, k_steps);
+            for (int ks = 0; ks < pre; ++ks) {
+                mbar_expect_tx(full0 + 8 * ks, STAGE_BYTES);
+                load_weights(ks, full0 + 8 * ks, stages + ks * STAGE_BYTES);
+            }
+            pdl_enter();
+        } else {
+            pdl_enter();  // the address arrays and X come from the kernels before
+            if (first < tiles) locate(first, w_ptrs[first / tiles_per_entry]);
+        }
+        int it = 0;
+        for (int tile = first; tile < tiles; tile += gridDim.x) {
+            // The next tile's weight address, loaded now and used after this tile's stages.
+            const int next = tile + gridDim.x;
+            const unsigned long long w_next = next < tiles ? w_ptrs[next / tiles_per_entry] : 0;
             for (int ks = 0; ks < k_steps; ++ks, ++it) {
                 const int s = it % STAGES;
                 const unsigned bar = full0 + 8 * s, dst = stages + s * STAGE_BYTES;
-                mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
-                mbar_expect_tx(bar, STAGE_BYTES);
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    tma_load_2d(dst + h * W_HALF, w_map, ks * BK + h * BOX_K, row_a, bar);
-                    tma_load_2d(dst + h * W_HALF + W_BOX, w_map, ks * BK + h * BOX_K, row_b, bar);
-                    tma_load_2d(dst + 2 * W_HALF + h * X_BOX, x_map, ks * BK + h * BOX_K, x_row, bar);
+                if (it >= pre) {
+                    mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+                    mbar_expect_tx(bar, STAGE_BYTES);
+                    load_weights(ks, bar, dst);
                 }
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    tma_load_2d(dst + 2 * W_HALF + h * X_BOX, x_map, ks * BK + h * BOX_K, x_row, bar);
             }
+            if (next < tiles) locate(next, w_next);
         }
         return;
     }
+    pdl_enter();  // consumers write Y
 
     // Consumers: warp w owns weight rows 16w..16w+15 of each tile. ldmatrix rows: the A fragment
     // (16 weight rows x 16 k) and the B fragments of 16 tokens x 16 k.

@@ -1067,6 +1067,7 @@ fn pool_gemm_matches_reference() {
             k,
             b,
             gated,
+            !gated,
         )
         .unwrap();
         let got = read_bf16(&g, &out);

@@ -574,8 +574,11 @@ fn queue_pooled_experts(
                 d,
                 b,
                 true,
+                false,
             )?;
             mark("experts gate/up")?;
+            // The down projection's weight addresses came from the router two launches back, so
+            // its first weights may stream while the gate/up kernel finishes.
             let (x, w) = (ws.pool_act.ptr(), ws.pool_w_down.ptr());
             ops::pool_gemm(
                 gpu,
@@ -589,6 +592,7 @@ fn queue_pooled_experts(
                 iw,
                 b,
                 false,
+                true,
             )?;
         }
         // Elsewhere cuBLAS's batched GEMM, then SiLU, then the down projection.

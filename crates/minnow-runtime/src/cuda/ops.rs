@@ -702,6 +702,7 @@ pub fn pool_gemm(
     k: usize,
     entries: usize,
     gated: bool,
+    weights_ready: bool,
 ) -> CudaResult<()> {
     if !pool_gemm_supported(gpu, tokens, n, k) {
         return unsupported(format!("pool GEMM of {tokens} x {n} x {k}"));
@@ -727,7 +728,8 @@ pub fn pool_gemm(
         n as i32,
         k as i32,
         entries as i32,
-        i32::from(gated)
+        i32::from(gated),
+        i32::from(weights_ready)
     )
 }
 
