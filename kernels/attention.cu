@@ -11,7 +11,6 @@
 // the scaled scores to BF16 first; that differs at BF16 noise level (the fixture README accepts
 // SDPA-style kernels).
 #include "common.cuh"
-#include <cooperative_groups.h>
 #include <mma.h>
 using namespace nvcuda;
 
@@ -243,78 +242,10 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return *reinterpret_cast<unsigned*>(&v);
 }
 
-// The key splits of one (token group, KV head) launched as one thread-block cluster (sm_90+,
-// gridDim.z = splits = the cluster size, a power of two <= 16): each CTA leaves its unnormalised
-// (O, m, l) rows in its own shared memory, then CTA z merges rows [z * 64 / splits, ...) of every
-// split through distributed shared memory and writes the BF16 output. Same order and arithmetic
-// as attention_combine, so bit-identical to the separate merge, minus one launch per layer.
-template <int D>
-__device__ void cluster_merge(const float (&o)[D / 8][4], float ma, float mb, float la, float lb, int ra, int rb,
-                              int tok0, int tq, int kvh, int group, int T, int n_heads, bf16* __restrict__ out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    constexpr int ND = D / 8;
-    extern __shared__ __align__(128) unsigned char smem[];
-    float* so = reinterpret_cast<float*>(smem);  // [ROWS][D] (the Q/K/V tiles are done with)
-    float* sml = so + ROWS * D;                  // [ROWS][2]
-    __shared__ float merge_m[ROWS], merge_l[ROWS], merge_se[ROWS], merge_total[ROWS / 2];
-    const int tid = threadIdx.x, lane = tid & 31, t4 = lane & 3;
-    __syncthreads();  // every warp has read its Q fragments and the last K/V tile
-#pragma unroll
-    for (int n = 0; n < ND; ++n) {
-        *reinterpret_cast<float2*>(so + ra * D + n * 8 + 2 * t4) = make_float2(o[n][0], o[n][1]);
-        *reinterpret_cast<float2*>(so + rb * D + n * 8 + 2 * t4) = make_float2(o[n][2], o[n][3]);
-    }
-    if (t4 == 0) {
-        sml[ra * 2] = ma;
-        sml[ra * 2 + 1] = la;
-        sml[rb * 2] = mb;
-        sml[rb * 2 + 1] = lb;
-    }
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    const int splits = gridDim.z, rows = ROWS / splits, r0 = blockIdx.z * rows;
-    for (int i = tid; i < rows * splits; i += THREADS) {  // (m, l) of every split, this CTA's rows
-        const float* ml = cluster.map_shared_rank(sml, i % splits) + (r0 + i / splits) * 2;
-        merge_m[i] = ml[0];
-        merge_l[i] = ml[1];
-    }
-    __syncthreads();
-    for (int r = tid; r < rows; r += THREADS) {
-        const float* sm = merge_m + r * splits;
-        float m = -INFINITY;
-        for (int sp = 0; sp < splits; ++sp) m = fmaxf(m, sm[sp]);
-        float l = 0.f;
-        for (int sp = 0; sp < splits; ++sp) {
-            const float e = sm[sp] != -INFINITY ? expf(sm[sp] - m) : 0.f;
-            merge_se[r * splits + sp] = e;
-            if (sm[sp] != -INFINITY) l += merge_l[r * splits + sp] * e;
-        }
-        merge_total[r] = l;
-    }
-    __syncthreads();
-    for (int i = tid; i < rows * D; i += THREADS) {
-        const int r = i / D, d = i % D, row = r0 + r, tok = tok0 + row % tq;
-        float v[16];
-#pragma unroll
-        for (int sp = 0; sp < 16; ++sp)
-            v[sp] = sp < splits && merge_se[r * splits + sp] != 0.f ? cluster.map_shared_rank(so, sp)[row * D + d] : 0.f;
-        float acc = 0.f;
-#pragma unroll
-        for (int sp = 0; sp < 16; ++sp)
-            if (sp < splits && merge_m[r * splits + sp] != -INFINITY) acc += v[sp] * merge_se[r * splits + sp];
-        if (tok < T) out[((size_t)tok * n_heads + kvh * group + row / tq) * D + d] = to_bf16(acc / merge_total[r]);
-    }
-    cluster.sync();  // every CTA's shared memory stays until the others have read it
-#else
-    __trap();  // the host merges in a cluster only where the sm_90 build is loaded
-#endif
-}
-
 template <int D>
 __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-                        float* __restrict__ part_o, float* __restrict__ part_ml, bf16* __restrict__ out,
-                        const int* __restrict__ pos0_ptr, int T, int n_heads, int n_kv, int block, float scale) {
+                        float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos0_ptr,
+                        int T, int n_heads, int n_kv, int block, float scale) {
     using L = FaSmem<D>;
     constexpr int LD = L::LD, CH = D / 8, KS = D / 16, ND = D / 8;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -466,10 +397,6 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
         la += __shfl_xor_sync(0xffffffffu, la, off);
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
-    if (out) {  // merged inside the cluster of the key splits (sm_90+ only: see ops::attention)
-        cluster_merge<D>(o, ma, mb, la, lb, ra, rb, tok0, tq, kvh, group, T, n_heads, out);
-        return;
-    }
     const int heada = kvh * group + ra / tq, headb = kvh * group + rb / tq;
     float* oa = part_o + (((size_t)blockIdx.z * T + toka) * n_heads + heada) * D;
     float* ob = part_o + (((size_t)blockIdx.z * T + tokb) * n_heads + headb) * D;
@@ -494,14 +421,13 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
 }  // namespace minnow_fa
 
 // grid = (ceil(T / (64 / group)), G, splits), block = 128; dynamic shared memory =
-// FaSmem<D>::total (mirrored by attention_smem_bytes in ops.rs). `out` null: every split writes
-// its partial for attention_combine; non-null: the splits are one cluster and write `out`.
-#define FA_ENTRY(D)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(minnow_fa::THREADS) attention_fa_d##D(                        \
-        const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml, bf16* out,      \
-        const int* pos0, int T, int n_heads, int n_kv, int block, float scale) {                                \
-        pdl_enter();                                                                                            \
-        minnow_fa::fa_tile<D>(q, k_cache, v_cache, part_o, part_ml, out, pos0, T, n_heads, n_kv, block, scale); \
+// FaSmem<D>::total (mirrored by attention_smem_bytes in ops.rs).
+#define FA_ENTRY(D)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(minnow_fa::THREADS) attention_fa_d##D(                   \
+        const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,            \
+        const int* pos0, int T, int n_heads, int n_kv, int block, float scale) {                           \
+        pdl_enter();                                                                                       \
+        minnow_fa::fa_tile<D>(q, k_cache, v_cache, part_o, part_ml, pos0, T, n_heads, n_kv, block, scale); \
     }
 FA_ENTRY(64)
 FA_ENTRY(128)

@@ -37,14 +37,12 @@ impl Drop for GpuContext {
     }
 }
 
-/// Grid, block and dynamic shared memory of one launch, and its thread-block cluster (sm_90+;
-/// `(1, 1, 1)`: none).
+/// Grid, block and dynamic shared memory of one launch.
 #[derive(Clone, Copy, Debug)]
 pub struct LaunchConfig {
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
     pub shared_bytes: u32,
-    pub cluster: (u32, u32, u32),
 }
 
 impl LaunchConfig {
@@ -53,7 +51,6 @@ impl LaunchConfig {
             grid,
             block: (block, 1, 1),
             shared_bytes,
-            cluster: (1, 1, 1),
         }
     }
 }
@@ -218,18 +215,6 @@ impl Gpu {
                 }
                 .ctx(|| format!("raising the shared-memory limit of {func}"))?;
             }
-            // Clusters of up to 16 CTAs (8 is the portable limit) for the attention's key splits.
-            if module.clusters && self.uses_sm90_ptx() {
-                // SAFETY: f is a valid function.
-                unsafe {
-                    result::function::set_function_attribute(
-                        f,
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                        1,
-                    )
-                }
-                .ctx(|| format!("allowing clusters of 16 for {func}"))?;
-            }
             self.functions.insert(func, f);
         }
         Ok(())
@@ -357,8 +342,7 @@ impl Gpu {
             .iter_mut()
             .map(|b| b as *mut u64 as *mut c_void)
             .collect();
-        let clustered = cfg.cluster != (1, 1, 1);
-        if !self.pdl && !clustered {
+        if !self.pdl {
             // SAFETY: the argument list matches the kernel's signature (the ops module is the
             // only caller and mirrors kernels/*.cu); all pointers are live device buffers.
             return unsafe {
@@ -373,31 +357,15 @@ impl Gpu {
             }
             .ctx(|| format!("launching {name} with {cfg:?}"));
         }
-        let mut attrs = Vec::with_capacity(2);
-        if self.pdl {
-            // Programmatic stream serialization: the kernel may begin launching before the
-            // previous one ends; its `pdl_enter` waits for it (kernels/common.cuh).
-            attrs.push(sys::CUlaunchAttribute {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                pad: [0; 4],
-                value: sys::CUlaunchAttributeValue {
-                    programmaticStreamSerializationAllowed: 1,
-                },
-            });
-        }
-        if clustered {
-            attrs.push(sys::CUlaunchAttribute {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-                pad: [0; 4],
-                value: sys::CUlaunchAttributeValue {
-                    clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
-                        x: cfg.cluster.0,
-                        y: cfg.cluster.1,
-                        z: cfg.cluster.2,
-                    },
-                },
-            });
-        }
+        // Programmatic stream serialization: the kernel may begin launching before the previous
+        // one ends; its `pdl_enter` waits for it (kernels/common.cuh).
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
         let config = sys::CUlaunchConfig {
             gridDimX: cfg.grid.0,
             gridDimY: cfg.grid.1,
@@ -407,14 +375,14 @@ impl Gpu {
             blockDimZ: cfg.block.2,
             sharedMemBytes: cfg.shared_bytes,
             hStream: self.stream,
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: attrs.len() as u32,
+            attrs: &mut attr,
+            numAttrs: 1,
         };
-        // SAFETY: as above; `config` and `attrs` outlive the call.
+        // SAFETY: as above; `config` and `attr` outlive the call.
         unsafe {
             sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()).result()
         }
-        .ctx(|| format!("launching {name} with {cfg:?} (launch attributes)"))
+        .ctx(|| format!("launching {name} with {cfg:?} (programmatic dependent launch)"))
     }
 
     /// Starts a per-stage profile of the work queued from now on.

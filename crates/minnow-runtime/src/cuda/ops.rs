@@ -375,8 +375,7 @@ pub fn attention_scratch_len(
 
 /// Block-causal attention of `tokens` queries (positions `pos0[0]..`) over the layer's K/V
 /// cache rows `0..pos0 + tokens`, the key range split over `splits` CTAs, merged into
-/// `out [tokens, H, d]` (BF16): inside a cluster of the splits where
-/// [`attention_merges_in_cluster`] says so, else by `attention_combine` through the partials.
+/// `out [tokens, H, d]` (BF16).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     gpu: &Gpu,
@@ -391,102 +390,41 @@ pub fn attention(
     tokens: usize,
     splits: usize,
 ) -> CudaResult<()> {
-    let cluster = attention_merges_in_cluster(gpu, shape, splits);
-    attention_with(
-        gpu, shape, q, k_cache, v_cache, part_o, part_ml, out, pos0, tokens, splits, cluster,
-    )
-}
-
-/// Whether [`attention`] merges the key splits inside the kernel: the sm_90 kernels are loaded
-/// (thread-block clusters), the tensor-core kernel serves the head dim, and the split count is a
-/// power of two from 2 to 16 (a cluster per (token group, KV head); 64 rows divide evenly).
-pub fn attention_merges_in_cluster(gpu: &Gpu, shape: &AttentionShape, splits: usize) -> bool {
-    gpu.uses_sm90_ptx()
-        && super::tuning::tuning().attn_cluster
-        && attention_uses_fa(shape.head_dim)
-        && splits.is_power_of_two()
-        && (2..=16).contains(&splits)
-}
-
-/// [`attention`] with the merge chosen by the caller (`cluster` needs
-/// [`attention_merges_in_cluster`]); tests compare both merges.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_with(
-    gpu: &Gpu,
-    shape: &AttentionShape,
-    q: u64,
-    k_cache: u64,
-    v_cache: u64,
-    part_o: u64,
-    part_ml: u64,
-    out: u64,
-    pos0: u64,
-    tokens: usize,
-    splits: usize,
-    cluster: bool,
-) -> CudaResult<()> {
     shape.check()?;
-    if cluster && !attention_merges_in_cluster(gpu, shape, splits) {
-        return unsupported(format!("attention merged in clusters of {splits}"));
-    }
     let group = shape.heads / shape.kv_heads;
     let tq = 64 / group;
     let d = shape.head_dim;
-    let splits = splits.max(1);
     let cfg = LaunchConfig {
         grid: (
             tokens.div_ceil(tq) as u32,
             shape.kv_heads as u32,
-            splits as u32,
+            splits.max(1) as u32,
         ),
         block: (128, 1, 1),
         shared_bytes: attention_smem_bytes(d) as u32,
-        cluster: if cluster {
-            (1, 1, splits as u32)
-        } else {
-            (1, 1, 1)
-        },
     };
     let scale = 1.0 / (d as f32).sqrt();
-    if attention_uses_fa(d) {
-        cuda_launch!(
-            gpu,
-            &format!("attention_fa_d{d}"),
-            cfg,
-            q,
-            k_cache,
-            v_cache,
-            part_o,
-            part_ml,
-            if cluster { out } else { 0 },
-            pos0,
-            tokens as i32,
-            shape.heads as i32,
-            shape.kv_heads as i32,
-            shape.block as i32,
-            scale
-        )?;
-        if cluster {
-            return Ok(());
-        }
+    let name = if attention_uses_fa(d) {
+        format!("attention_fa_d{d}")
     } else {
-        cuda_launch!(
-            gpu,
-            &format!("attention_d{d}"),
-            cfg,
-            q,
-            k_cache,
-            v_cache,
-            part_o,
-            part_ml,
-            pos0,
-            tokens as i32,
-            shape.heads as i32,
-            shape.kv_heads as i32,
-            shape.block as i32,
-            scale
-        )?;
-    }
+        format!("attention_d{d}")
+    };
+    cuda_launch!(
+        gpu,
+        &name,
+        cfg,
+        q,
+        k_cache,
+        v_cache,
+        part_o,
+        part_ml,
+        pos0,
+        tokens as i32,
+        shape.heads as i32,
+        shape.kv_heads as i32,
+        shape.block as i32,
+        scale
+    )?;
     let cfg = LaunchConfig::new((tokens as u32, shape.heads as u32, 1), d.min(256) as u32, 0);
     cuda_launch!(
         gpu,
@@ -498,7 +436,7 @@ pub fn attention_with(
         tokens as i32,
         shape.heads as i32,
         d as i32,
-        splits as i32
+        splits.max(1) as i32
     )
 }
 

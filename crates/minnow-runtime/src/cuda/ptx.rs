@@ -18,8 +18,6 @@ pub struct PtxModule {
     /// Dynamic shared memory the module's kernels may ask for beyond the 48 KiB default
     /// (0: none do).
     pub max_dynamic_shared: u32,
-    /// Its kernels may be launched in clusters of up to 16 CTAs on sm_90+ (non-portable sizes).
-    pub clusters: bool,
 }
 
 /// Dynamic shared memory the router kernels may use: `route_block` holds the F32 scores of 2 x its
@@ -47,7 +45,6 @@ pub const MODULES: &[PtxModule] = &[
             "fill_random_bf16",
         ],
         max_dynamic_shared: 0,
-        clusters: false,
     },
     PtxModule {
         name: "rope",
@@ -55,7 +52,6 @@ pub const MODULES: &[PtxModule] = &[
         ptx_sm90: include_str!("ptx/rope.sm90.ptx"),
         functions: &["qk_norm_rope"],
         max_dynamic_shared: 0,
-        clusters: false,
     },
     PtxModule {
         name: "attention",
@@ -72,7 +68,6 @@ pub const MODULES: &[PtxModule] = &[
             "attention_combine",
         ],
         max_dynamic_shared: 200 * 1024,
-        clusters: true,
     },
     PtxModule {
         name: "router",
@@ -80,7 +75,6 @@ pub const MODULES: &[PtxModule] = &[
         ptx_sm90: include_str!("ptx/router.sm90.ptx"),
         functions: &["route_topk", "route_block", "moe_dispatch"],
         max_dynamic_shared: ROUTER_MAX_SHARED,
-        clusters: false,
     },
     PtxModule {
         name: "pool_gemm",
@@ -88,7 +82,6 @@ pub const MODULES: &[PtxModule] = &[
         ptx_sm90: include_str!("ptx/pool_gemm.sm90.ptx"),
         functions: &["pool_gemm_tma"],
         max_dynamic_shared: 216 * 1024,
-        clusters: false,
     },
     PtxModule {
         name: "moe",
@@ -96,7 +89,6 @@ pub const MODULES: &[PtxModule] = &[
         ptx_sm90: include_str!("ptx/moe.sm90.ptx"),
         functions: &["grouped_gemm_m16", "grouped_gemm_m16s3", "grouped_gemm_m64"],
         max_dynamic_shared: 64 * 1024,
-        clusters: false,
     },
 ];
 

@@ -3,9 +3,8 @@
 //! `MINNOW_MOE16_STAGES` (3 or 4: pipeline depth of the 16-row expert GEMM; 3 measured 3 % faster
 //! per refinement step on the H200) and `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
 //! short forward's attention; 16 beat 8 and 32); `MINNOW_MOE_POOLED=0` turns off the batched
-//! experts of 2.2 denoising steps, `MINNOW_POOL_GEMM=0` runs them with cuBLAS instead of the
-//! TMA kernel, and `MINNOW_ATTN_CLUSTER=0` merges the attention's key splits in a second launch
-//! instead of inside a cluster, for A/B runs.
+//! experts of 2.2 denoising steps, and `MINNOW_POOL_GEMM=0` runs them with cuBLAS instead of the
+//! bulk-copy kernel, for A/B runs.
 
 use std::sync::OnceLock;
 
@@ -19,9 +18,6 @@ pub struct Tuning {
     /// The pooled experts use the bulk-copy kernel where it applies (`MINNOW_POOL_GEMM=0`: cuBLAS's
     /// batched GEMM).
     pub pool_gemm: bool,
-    /// Short forwards merge the attention's key splits inside a thread-block cluster
-    /// (`MINNOW_ATTN_CLUSTER=0`: the `attention_combine` launch).
-    pub attn_cluster: bool,
 }
 
 impl Default for Tuning {
@@ -31,7 +27,6 @@ impl Default for Tuning {
             attn_max_splits: 16,
             moe_pooled: true,
             pool_gemm: true,
-            attn_cluster: true,
         }
     }
 }
@@ -59,8 +54,6 @@ pub fn tuning() -> &'static Tuning {
                 .unwrap_or(d.attn_max_splits),
             moe_pooled: env_usize("MINNOW_MOE_POOLED", |v| v <= 1).map_or(d.moe_pooled, |v| v == 1),
             pool_gemm: env_usize("MINNOW_POOL_GEMM", |v| v <= 1).map_or(d.pool_gemm, |v| v == 1),
-            attn_cluster: env_usize("MINNOW_ATTN_CLUSTER", |v| v <= 1)
-                .map_or(d.attn_cluster, |v| v == 1),
         }
     })
 }
