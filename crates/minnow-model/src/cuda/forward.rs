@@ -514,8 +514,9 @@ pub(crate) fn queue_forward(
 /// Marks the end of a profiled stage (a no-op without a profile).
 type Mark<'a> = dyn FnMut(&'static str) -> CudaResult<()> + 'a;
 
-/// The experts of a 2.2 denoising step (one routing block) as two batched GEMMs over the block's
-/// admitted pool (`ops::ExpertPool`), after the router logits. Returns the shared expert's
+/// The experts of a 2.2 denoising step (one routing block) as two GEMMs over the block's admitted
+/// pool (`ops::ExpertPool`), after the router logits: the TMA pool kernel on Hopper (SiLU in its
+/// gate/up epilogue), else cuBLAS's batched GEMM around `silu_mul`. Returns the shared expert's
 /// (`shared`, `shared_rows`) inputs of the combine.
 fn queue_pooled_experts(
     gpu: &Gpu,
