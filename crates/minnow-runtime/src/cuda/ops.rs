@@ -941,6 +941,19 @@ mod tests {
     }
 
     #[test]
+    fn pool_gemm_shared_memory_fits_its_opt_in() {
+        // minnow_pool::SMEM_BYTES in kernels/pool_gemm.cu (static_assert there) within the
+        // module's opt-in and a multiprocessor's 227 KiB.
+        assert_eq!(pool_gemm_smem_bytes(), 5 * 40960 + 1024 + 8192 + 80);
+        let module = super::super::ptx::MODULES
+            .iter()
+            .find(|m| m.name == "pool_gemm")
+            .unwrap();
+        assert!(pool_gemm_smem_bytes() <= module.max_dynamic_shared as usize);
+        assert!(module.max_dynamic_shared as usize <= 227 * 1024);
+    }
+
+    #[test]
     fn route_block_shapes() {
         // A denoising step: one token per CTA, a thread per expert.
         assert_eq!(route_launch_shape(32, 256, 32), (1, 256));
