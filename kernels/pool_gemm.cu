@@ -30,7 +30,8 @@ namespace minnow_pool {
 constexpr int ROWS = 128;    // weight rows per tile
 constexpr int BK = 128;      // K per stage: two 64-column (128-byte) boxes
 constexpr int BOX_K = 64;
-static_assert(BK == 2 * BOX_K, "a stage is two boxes per operand");
+constexpr int HALVES = BK / BOX_K;  // 64-column boxes per operand and stage
+static_assert(BK % BOX_K == 0, "a stage is whole boxes");
 constexpr int TOKENS = 32;   // most tokens (the mma N side: 4 blocks of 8)
 constexpr int STAGES = 5;  // 4 measured 0.06 ms slower per refinement step: bytes in flight matter
 constexpr int CONSUMERS = ROWS / 16;           // 8 warps
@@ -40,7 +41,7 @@ constexpr int W_BOX = W_BOX_ROWS * BOX_K * 2;
 constexpr int W_HALF = ROWS * BOX_K * 2;       // the tile's 128 rows of one 64-column half: 16 KB
 static_assert(W_HALF == 2 * W_BOX, "a tile's half is two weight boxes");
 constexpr int X_BOX = TOKENS * BOX_K * 2;      // 4 KB
-constexpr int STAGE_BYTES = 2 * W_HALF + 2 * X_BOX;
+constexpr int STAGE_BYTES = HALVES * (W_HALF + X_BOX);
 constexpr int UP_BYTES = TOKENS * 64 * 4;      // gated epilogue: the up half of a tile in F32
 // + 1 KB to align the stages to the 1,024-byte swizzle atom, the up exchange, the barriers
 constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + UP_BYTES + 2 * STAGES * 8;
@@ -134,7 +135,7 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
         };
         auto load_weights = [&](int ks, unsigned bar, unsigned dst) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
+            for (int h = 0; h < HALVES; ++h) {
                 tma_load_2d(dst + h * W_HALF, w_map, ks * BK + h * BOX_K, row_a, bar);
                 tma_load_2d(dst + h * W_HALF + W_BOX, w_map, ks * BK + h * BOX_K, row_b, bar);
             }
@@ -169,8 +170,8 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
                     load_weights(ks, bar, dst);
                 }
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    tma_load_2d(dst + 2 * W_HALF + h * X_BOX, x_map, ks * BK + h * BOX_K, x_row, bar);
+                for (int h = 0; h < HALVES; ++h)
+                    tma_load_2d(dst + HALVES * W_HALF + h * X_BOX, x_map, ks * BK + h * BOX_K, x_row, bar);
             }
             if (next < tiles) locate(next, w_next);
         }
@@ -201,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
 #pragma unroll
                 for (int nb2 = 0; nb2 < TOKENS / 16; ++nb2) {
                     unsigned b[4];
-                    ldmatrix_x4(b, base + 2 * W_HALF + box * X_BOX + swizzled(nb2 * 16 + b_row, chunk | b_half));
+                    ldmatrix_x4(b, base + HALVES * W_HALF + box * X_BOX + swizzled(nb2 * 16 + b_row, chunk | b_half));
                     mma16816(acc[2 * nb2], a, b[0], b[1]);
                     mma16816(acc[2 * nb2 + 1], a, b[2], b[3]);
                 }
