@@ -112,6 +112,8 @@ pub struct Gpu {
     pdl: bool,
     /// `MINNOW_PTX=sm80`: the portable PTX even on sm_90+.
     force_sm80: bool,
+    /// Most shared memory one CTA may opt in to (227 KiB on Hopper, ~99 KiB on consumer GPUs).
+    max_shared_optin: u32,
 }
 
 // SAFETY: all handles are used with the context bound; the stream orders the work.
@@ -152,6 +154,9 @@ impl Gpu {
             attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
+        let max_shared_optin = attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )? as u32;
         // MINNOW_PTX=sm80 loads the portable build everywhere (for A/B runs); it has no
         // `pdl_enter`, so it must not be launched with programmatic serialization.
         let force_sm80 = std::env::var("MINNOW_PTX").is_ok_and(|v| v == "sm80");
@@ -172,6 +177,7 @@ impl Gpu {
             capability,
             pdl,
             force_sm80,
+            max_shared_optin,
         };
         for module in ptx::MODULES {
             gpu.load_module(module)?;
@@ -203,14 +209,16 @@ impl Gpu {
             // SAFETY: the module is loaded.
             let f = unsafe { result::module::get_function(handle, CString::new(func).unwrap()) }
                 .ctx(|| format!("finding kernel {func} in kernels/{}.cu", module.name))?;
-            // Kernels that take more than 48 KiB of dynamic shared memory must opt in.
+            // Kernels that take more than 48 KiB of dynamic shared memory must opt in, as far as
+            // the device allows (launchers check `max_shared_optin` for the shapes that need more).
             if module.max_dynamic_shared > 0 {
+                let limit = module.max_dynamic_shared.min(self.max_shared_optin);
                 // SAFETY: f is a valid function.
                 unsafe {
                     result::function::set_function_attribute(
                         f,
                         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        module.max_dynamic_shared as i32,
+                        limit as i32,
                     )
                 }
                 .ctx(|| format!("raising the shared-memory limit of {func}"))?;
@@ -242,6 +250,12 @@ impl Gpu {
 
     pub fn sm_count(&self) -> u32 {
         self.sm_count
+    }
+
+    /// Most dynamic shared memory a kernel of this device may use (what it can opt in to; the
+    /// kernels' static shared memory comes on top).
+    pub fn max_shared_optin(&self) -> u32 {
+        self.max_shared_optin
     }
 
     /// (free, total) device memory in bytes.

@@ -673,10 +673,12 @@ pub const POOL_GEMM_TOKEN_ROWS: u32 = 32;
 pub const POOL_GEMM_WEIGHT_ROWS: u32 = 64;
 
 /// Whether [`pool_gemm`] takes `Y[t, n] = X[t, k] . W[n, k]^T` per pool entry: the sm_90 kernels
-/// are loaded (TMA and mbarriers are Hopper instructions), at most 32 tokens, whole 128-row tiles
-/// and 128-deep stages, and the knob leaves it on.
+/// are loaded (TMA and mbarriers are Hopper instructions), the device grants its shared memory
+/// (datacenter Hopper and Blackwell do; GPUs with ~99 KiB per CTA do not), at most 32 tokens,
+/// whole 128-row tiles and 128-deep stages, and the knob leaves it on.
 pub fn pool_gemm_supported(gpu: &Gpu, tokens: usize, n: usize, k: usize) -> bool {
     gpu.uses_sm90_ptx()
+        && gpu.max_shared_optin() as usize >= pool_gemm_smem_bytes()
         && super::tuning::tuning().pool_gemm
         && (1..=32).contains(&tokens)
         && n.is_multiple_of(128)
