@@ -26,6 +26,12 @@ __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16_rn(x); }
 // A BF16 x BF16 product as PyTorch computes it: exact in F32, rounded once.
 __device__ __forceinline__ bf16 mul_bf16(bf16 a, bf16 b) { return to_bf16(to_f32(a) * to_f32(b)); }
+// The SwiGLU activation of one column from the BF16 gate and up outputs (as F32 values):
+// BF16( BF16(silu(gate)) * up ). silu_mul and the pool GEMM's gated epilogue both use it, which
+// keeps them bit-identical.
+__device__ __forceinline__ bf16 silu_mul_bf16(float gate, float up) {
+    return mul_bf16(to_bf16(gate / (1.f + expf(-gate))), to_bf16(up));
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

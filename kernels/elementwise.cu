@@ -96,7 +96,7 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restric
     unpack8(reinterpret_cast<const uint4*>(gu + (size_t)r * 2 * width + width)[v], u);
     bf16 o[8];
 #pragma unroll
-    for (int c = 0; c < 8; ++c) o[c] = mul_bf16(to_bf16(g[c] / (1.f + expf(-g[c]))), to_bf16(u[c]));
+    for (int c = 0; c < 8; ++c) o[c] = silu_mul_bf16(g[c], u[c]);
     reinterpret_cast<uint4*>(out + (size_t)r * width)[v] = pack8(o);
 }
 

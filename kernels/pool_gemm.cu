@@ -245,8 +245,7 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
             const int I = N / 2;
             bf16* y = reinterpret_cast<bf16*>(y_ptrs[q]) + n0 / 2 + col;
             auto gate_up = [&](float gate, int c, int t) {
-                const float gv = to_f32(to_bf16(gate));
-                return mul_bf16(to_bf16(gv / (1.f + expf(-gv))), to_bf16(up[c * TOKENS + t]));
+                return silu_mul_bf16(to_f32(to_bf16(gate)), up[c * TOKENS + t]);
             };
 #pragma unroll
             for (int nb = 0; nb < TOKENS / 8; ++nb) {

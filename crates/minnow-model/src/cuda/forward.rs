@@ -403,9 +403,9 @@ pub(crate) fn queue_forward(
                         blas.gemm_f32(ws.a_f32.ptr(), w.ptr(), ws.router_logits.ptr(), t, e, d)?;
                     }
                 }
-                // A denoising step of 2.2 (one routing block) runs its experts as two batched
-                // cuBLAS GEMMs over the admitted pool; other forwards as grouped GEMMs over
-                // the dispatched assignments.
+                // A denoising step of 2.2 (one routing block) runs its experts over the admitted
+                // pool (queue_pooled_experts); other forwards as grouped GEMMs over the
+                // dispatched assignments.
                 let pooled = ws.pool_entries > 0
                     && packed
                     && minnow_runtime::cuda::tuning::tuning().moe_pooled

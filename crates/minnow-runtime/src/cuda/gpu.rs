@@ -137,25 +137,29 @@ impl Gpu {
         let ctx = Arc::new(GpuContext { ctx, device });
         ctx.bind()?;
         let name = result::device::get_name(device).ctx(|| "reading the device name".into())?;
-        // SAFETY: valid device and attribute.
-        let sm_count = unsafe {
-            result::device::get_attribute(
-                device,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-        }
-        .ctx(|| "reading the multiprocessor count".into())? as u32;
-        let attribute = |a| {
+        let attribute = |a, what: &str| {
             // SAFETY: valid device and attribute.
             unsafe { result::device::get_attribute(device, a) }
-                .ctx(|| "reading the compute capability".into())
+                .ctx(|| format!("reading the {what}"))
         };
+        use sys::CUdevice_attribute as A;
+        let sm_count = attribute(
+            A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            "multiprocessor count",
+        )? as u32;
         let capability = (
-            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            attribute(
+                A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                "compute capability",
+            )?,
+            attribute(
+                A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                "compute capability",
+            )?,
         );
         let max_shared_optin = attribute(
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            "shared-memory opt-in limit",
         )? as u32;
         // MINNOW_PTX=sm80 loads the portable build everywhere (for A/B runs); it has no
         // `pdl_enter`, so it must not be launched with programmatic serialization.

@@ -508,19 +508,13 @@ pub fn route(
     tokens: usize,
 ) -> CudaResult<()> {
     shape.check()?;
-    if let Some(capacity) = shape.capacity {
-        return launch_route_block(
-            gpu, shape, capacity, logits, bias, topk_idx, topk_w, tokens, None,
-        );
+    if shape.capacity.is_some() {
+        return launch_route_block(gpu, shape, logits, bias, topk_idx, topk_w, tokens, None);
     }
     let e = shape.experts;
     let (n_group, topk_group) = shape.groups.unwrap_or((1, 1));
     let shared = 4 * (2 * e + 64 + shape.top_k);
-    let cfg = LaunchConfig::new(
-        (tokens as u32, 1, 1),
-        (e.div_ceil(32) * 32) as u32,
-        shared as u32,
-    );
+    let cfg = LaunchConfig::new((tokens as u32, 1, 1), thread_per_expert(e), shared as u32);
     cuda_launch!(
         gpu,
         "route_topk",
@@ -586,11 +580,9 @@ pub fn route_pooled(
             pool.row_stride
         ));
     }
-    let capacity = shape.capacity.unwrap_or(0);
     launch_route_block(
         gpu,
         shape,
-        capacity,
         logits,
         bias,
         topk_idx,
@@ -600,12 +592,17 @@ pub fn route_pooled(
     )
 }
 
+/// A thread per expert, rounded up to whole warps (the router kernels' thread j owns expert j).
+fn thread_per_expert(experts: usize) -> u32 {
+    (experts.div_ceil(32) * 32) as u32
+}
+
 /// Tokens per `route_block` CTA and its threads: one token and a thread per expert for short
 /// forwards (a denoising step's 32 CTAs work side by side), a whole routing block on 1,024
 /// threads for long ones (prefill: each block's admission computed once, as many CTAs as blocks),
 /// as far as the block's scores fit the shared-memory opt-in.
 fn route_launch_shape(tokens: usize, experts: usize, block: usize) -> (usize, u32) {
-    let per_expert = (experts.div_ceil(32) * 32) as u32;
+    let per_expert = thread_per_expert(experts);
     if tokens <= 256 {
         return (1, per_expert);
     }
@@ -620,7 +617,6 @@ fn route_launch_shape(tokens: usize, experts: usize, block: usize) -> (usize, u3
 fn launch_route_block(
     gpu: &Gpu,
     shape: &RouterShape,
-    capacity: usize,
     logits: u64,
     bias: u64,
     topk_idx: u64,
@@ -628,7 +624,7 @@ fn launch_route_block(
     tokens: usize,
     pool: Option<&ExpertPool>,
 ) -> CudaResult<()> {
-    let e = shape.experts;
+    let (e, capacity) = (shape.experts, shape.capacity.unwrap_or(0));
     let (tpc, threads) = route_launch_shape(tokens, e, shape.block);
     let ctas = tokens.div_ceil(shape.block) * shape.block.div_ceil(tpc);
     let cfg = LaunchConfig::new((ctas as u32, 1, 1), threads, (2 * tpc * e * 4) as u32);
