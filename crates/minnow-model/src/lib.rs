@@ -1,12 +1,13 @@
 //! minnow-model is the LLaDA2.x network (2.0, 2.1 and 2.2; mini and flash): the parsed
 //! `config.json`, the validated weight set, and the forward pass with the block-causal mask,
 //! partial RoPE, GQA attention, the dense MLP and the MoE layers (group-limited router for
-//! 2.0/2.1, block router for 2.2), plus the K/V cache of committed blocks.
+//! 2.0/2.1, block router for 2.2), plus the paged K/V pool and the batched forward over it.
 //!
 //! Decoding code talks to a model only through [`ModelRunner`], so the CPU reference path and the
-//! CUDA path are interchangeable, and a later batching or prefix-cache layer can own sequences
-//! without knowing which device holds them.
+//! CUDA path are interchangeable; the engine owns the pages of its sequences without knowing
+//! which device holds them.
 
+pub mod batch;
 pub mod checkpoint;
 pub mod config;
 pub mod cpu;
@@ -17,8 +18,9 @@ pub mod runner;
 pub mod trace;
 pub mod weights;
 
+pub use batch::{PageId, Segment, SegmentOutput, Want};
 pub use config::{Config, Family};
-pub use cpu::{CpuModel, CpuRunner, KvCache};
+pub use cpu::{CpuModel, CpuRunner, KvPool};
 pub use error::{ModelError, Result};
-pub use runner::{LogitsRows, ModelRunner, SeqId};
+pub use runner::{LogitsRows, ModelRunner, SeqId, SequenceTable};
 pub use trace::{RouterTrace, Trace};

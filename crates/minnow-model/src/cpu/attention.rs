@@ -7,6 +7,8 @@ use rayon::prelude::*;
 use minnow_runtime::cpu::{linear, matmul_nn, rms_norm, rope_rotate_half, scaled_softmax, Par};
 use minnow_runtime::MatRef;
 
+use super::kv_pool::{Half, KvPool};
+use crate::batch::PageId;
 use crate::config::Config;
 use crate::weights::Attention;
 
@@ -19,15 +21,16 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
-    pub fn new(c: &Config, start: usize, n: usize) -> Self {
+    /// The table for a run of positions, one row each (a batch's segments concatenated).
+    pub fn for_positions(c: &Config, positions: impl Iterator<Item = usize>) -> Self {
         let r = c.rotary_dim;
         let half = r / 2;
         let inv_freq: Vec<f32> = (0..half)
             .map(|j| 1.0 / c.rope_theta.powf((2 * j) as f32 / r as f32))
             .collect();
-        let mut cos = Vec::with_capacity(n * half);
-        let mut sin = Vec::with_capacity(n * half);
-        for p in start..start + n {
+        let mut cos = Vec::new();
+        let mut sin = Vec::new();
+        for p in positions {
             for &f in &inv_freq {
                 let a = p as f32 * f;
                 cos.push(a.cos());
@@ -43,20 +46,31 @@ impl RopeTable {
     }
 }
 
-/// Runs attention for `n` rows `a` (already input-normed) at positions `start..start+n`,
-/// appends their K/V to `cache_k`/`cache_v` and returns the output projection `[n, D]`.
+/// One segment's rows inside a batched forward.
+pub struct SegmentRows<'a> {
+    /// Rows of the concatenated batch that belong to this segment.
+    pub rows: std::ops::Range<usize>,
+    /// Absolute position of the segment's first row.
+    pub start: usize,
+    /// The segment's block table.
+    pub pages: &'a [PageId],
+}
+
+/// Runs attention of `layer` for the rows `a` (already input-normed) of every segment, writes
+/// their K/V into the segments' pages, and returns the output projection `[rows, D]`. Each row
+/// attends block-causally within its own segment only.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     c: &Config,
     w: &Attention,
     a: &[f32],
-    n: usize,
-    start: usize,
+    segments: &[SegmentRows<'_>],
     rope: &RopeTable,
-    cache_k: &mut [Vec<f32>],
-    cache_v: &mut [Vec<f32>],
+    pool: &mut KvPool,
+    layer: usize,
 ) -> Vec<f32> {
     let (h, g, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    let n = a.len() / c.hidden_size;
     let qkv_w = (h + 2 * g) * d;
     let mut qkv = vec![0.0f32; n * qkv_w];
     linear(a, n, w.qkv.view(), &mut qkv, Par::Rayon);
@@ -75,28 +89,41 @@ pub fn attention(
         }
     });
 
-    for row in qkv.chunks_exact(qkv_w) {
-        for kvh in 0..g {
-            cache_k[kvh].extend_from_slice(&row[(h + kvh) * d..(h + kvh + 1) * d]);
-            cache_v[kvh].extend_from_slice(&row[(h + g + kvh) * d..(h + g + kvh + 1) * d]);
+    for seg in segments {
+        for (pos, r) in (seg.start..).zip(seg.rows.clone()) {
+            let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
+            for kvh in 0..g {
+                let k = &row[(h + kvh) * d..(h + kvh + 1) * d];
+                let v = &row[(h + g + kvh) * d..(h + g + kvh + 1) * d];
+                pool.write(seg.pages, pos, layer, Half::K, kvh, k);
+                pool.write(seg.pages, pos, layer, Half::V, kvh, v);
+            }
         }
     }
-    let total = start + n;
 
-    // Query rows grouped by absolute block: every row of a block sees the same keys,
-    // `0 .. min(end of its block, total)`.
+    // Query rows grouped by (segment, absolute block): every row of a block sees the same keys,
+    // `0 .. min(end of its block, end of the segment)`.
     let b = c.block_size;
     let mut groups = Vec::new();
-    let mut i0 = 0;
-    while i0 < n {
-        let block_end = ((start + i0) / b + 1) * b;
-        let i1 = (block_end - start).min(n);
-        groups.push((i0, i1, block_end.min(total)));
-        i0 = i1;
+    for (si, seg) in segments.iter().enumerate() {
+        let n_seg = seg.rows.len();
+        let total = seg.start + n_seg;
+        let mut i0 = 0;
+        while i0 < n_seg {
+            let block_end = ((seg.start + i0) / b + 1) * b;
+            let i1 = (block_end - seg.start).min(n_seg);
+            groups.push((
+                si,
+                seg.rows.start + i0,
+                seg.rows.start + i1,
+                block_end.min(total),
+            ));
+            i0 = i1;
+        }
     }
     let scale = 1.0 / (d as f32).sqrt();
     let per_kv = h / g;
-    let (keys, values) = (&cache_k[..], &cache_v[..]);
+    let pool = &*pool;
     // One task per (row group, KV head): the `per_kv` query heads sharing a KV head are stacked
     // into one matrix so each key row is read once for all of them.
     let tasks: Vec<(usize, usize)> = (0..groups.len())
@@ -105,7 +132,10 @@ pub fn attention(
     let outputs: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&(gi, kvh)| {
-            let (i0, i1, keys_len) = groups[gi];
+            let (si, i0, i1, keys_len) = groups[gi];
+            let pages = segments[si].pages;
+            let keys = pool.gather(pages, keys_len, layer, Half::K, kvh);
+            let values = pool.gather(pages, keys_len, layer, Half::V, kvh);
             let rows = i1 - i0;
             let mq = per_kv * rows;
             // Q rows ordered (query head, row).
@@ -117,29 +147,20 @@ pub fn attention(
             }
             // Scores [mq, keys_len] = Q · Kᵀ, scaled, softmaxed per row.
             let mut scores = vec![0.0f32; mq * keys_len];
-            let k_mat = MatRef::from_f32(keys_len, d, &keys[kvh][..keys_len * d]);
+            let k_mat = MatRef::from_f32(keys_len, d, &keys);
             linear(&q, mq, k_mat, &mut scores, Par::Seq);
             for row in scores.chunks_exact_mut(keys_len) {
                 scaled_softmax(row, scale);
             }
             // Output [mq, d] = P · V.
             let mut out = vec![0.0f32; mq * d];
-            matmul_nn(
-                mq,
-                d,
-                keys_len,
-                &scores,
-                keys_len,
-                &values[kvh][..keys_len * d],
-                &mut out,
-                d,
-            );
+            matmul_nn(mq, d, keys_len, &scores, keys_len, &values, &mut out, d);
             out
         })
         .collect();
     let mut attn = vec![0.0f32; n * h * d];
     for (&(gi, kvh), out) in tasks.iter().zip(&outputs) {
-        let (i0, i1, _) = groups[gi];
+        let (_, i0, i1, _) = groups[gi];
         let rows = i1 - i0;
         for (qi, src) in out.chunks_exact(d).enumerate() {
             let head = kvh * per_kv + qi / rows;

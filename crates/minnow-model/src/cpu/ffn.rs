@@ -28,9 +28,18 @@ pub fn mlp(w: &Mlp, x: &[f32], n: usize, par: Par) -> Vec<f32> {
     out
 }
 
-/// The MoE layer for `n` rows of `m` (post-attention-normed). With block routing the first row
-/// must sit at a block start (the caller checks). Fills `trace` when given.
-pub fn moe(c: &Config, w: &Moe, m: &[f32], n: usize, trace: Option<&mut RouterTrace>) -> Vec<f32> {
+/// The MoE layer for `n` rows of `m` (post-attention-normed). With block routing, `blocks` are
+/// the row ranges of the routing blocks (each starts at a block boundary of its own sequence, so
+/// a block of one request never shares an admission pool with another's); token-level routing
+/// ignores them. Fills `trace` when given.
+pub fn moe(
+    c: &Config,
+    w: &Moe,
+    m: &[f32],
+    n: usize,
+    blocks: &[std::ops::Range<usize>],
+    trace: Option<&mut RouterTrace>,
+) -> Vec<f32> {
     let (e, k, dm) = (c.num_experts, c.num_experts_per_tok, c.hidden_size);
 
     // Router in F32: logits, sigmoid scores, biased selection scores.
@@ -48,15 +57,30 @@ pub fn moe(c: &Config, w: &Moe, m: &[f32], n: usize, trace: Option<&mut RouterTr
         .flat_map(|row| row.iter().zip(&w.expert_bias).map(|(s, b)| s + b))
         .collect();
     let routing: Routing = match c.expert_capacity {
-        Some(capacity) => route_blocks(
-            &scores,
-            &biased,
-            e,
-            k,
-            capacity,
-            c.block_size,
-            c.routed_scaling_factor,
-        ),
+        Some(capacity) => {
+            let mut all = Routing {
+                admitted: Some(Vec::new()),
+                ..Routing::default()
+            };
+            for rows in blocks {
+                let part = route_blocks(
+                    &scores[rows.start * e..rows.end * e],
+                    &biased[rows.start * e..rows.end * e],
+                    e,
+                    k,
+                    capacity,
+                    c.block_size,
+                    c.routed_scaling_factor,
+                );
+                all.ids.extend(part.ids);
+                all.weights.extend(part.weights);
+                if let (Some(a), Some(p)) = (all.admitted.as_mut(), part.admitted) {
+                    a.extend(p);
+                }
+            }
+            debug_assert_eq!(all.ids.len(), n * k, "routing blocks must cover every row");
+            all
+        }
         None => route_grouped(
             &scores,
             &biased,

@@ -4,25 +4,27 @@
 
 mod attention;
 mod ffn;
-mod kv_cache;
+mod kv_pool;
 mod profile;
 
-use std::collections::HashMap;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
 use minnow_format::TensorSource;
 use minnow_runtime::cpu::{linear, rms_norm_rows, Par};
 
+use crate::batch::{pages_for, Segment, SegmentOutput, Want};
 use crate::config::Config;
-use crate::error::{ModelError, Result};
-use crate::runner::{LogitsRows, ModelRunner, SeqId};
+use crate::error::Result;
+use crate::runner::{top1, LogitsRows, ModelRunner, SeqId, SequenceTable};
 use crate::trace::{RouterTrace, Trace};
 use crate::weights::{FeedForward, Weights};
+use attention::SegmentRows;
 
-pub use kv_cache::KvCache;
+pub use kv_pool::KvPool;
 
-/// A loaded model: config plus validated weights. Stateless; caches live in [`KvCache`].
+/// A loaded model: config plus validated weights. Stateless; K/V live in a [`KvPool`].
 pub struct CpuModel {
     config: Config,
     weights: Weights,
@@ -46,52 +48,65 @@ impl CpuModel {
         &self.config
     }
 
-    /// An empty cache sized for this model.
-    pub fn new_cache(&self) -> KvCache {
-        let c = &self.config;
-        KvCache::new(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
-    }
-
-    /// Runs `ids` at positions `cache.len()..`, appends their K/V to `cache` and returns F32
-    /// logits `[rows, vocab]` for the requested rows. With `trace`, records every intermediate
-    /// (and computes the final norm of every row).
-    pub fn forward(
+    /// Runs a batch (see [`ModelRunner::forward_batch`]) over `pool`. With `trace`, records
+    /// every intermediate over the batch's concatenated rows (and computes the final norm of
+    /// every row).
+    pub fn forward_batch(
         &self,
-        cache: &mut KvCache,
-        ids: &[u32],
-        rows: LogitsRows,
+        pool: &mut KvPool,
+        segments: &[Segment<'_>],
         mut trace: Option<&mut Trace>,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Vec<SegmentOutput>> {
         let c = &self.config;
         let w = &self.weights;
-        let (n, dm) = (ids.len(), c.hidden_size);
-        let start = cache.len();
-        self.check_input(start, ids)?;
-        let rows = rows.resolve(n);
-        // An inverted range asks for no rows (rather than slicing out of order).
-        let rows = rows.start.min(rows.end)..rows.end;
+        let dm = c.hidden_size;
+        crate::batch::validate(c, pool.pages(), segments)?;
+
+        // The batch's rows: every segment's ids, concatenated.
+        let mut rows = Vec::with_capacity(segments.len());
+        let mut ids = Vec::new();
+        for seg in segments {
+            rows.push(SegmentRows {
+                rows: ids.len()..ids.len() + seg.ids.len(),
+                start: seg.start,
+                pages: seg.pages,
+            });
+            ids.extend_from_slice(seg.ids);
+        }
+        let n = ids.len();
         if n == 0 {
             return Ok(Vec::new());
         }
+        // 2.2 routing blocks: each segment's rows cut at its own block boundaries.
+        let routing_blocks: Vec<Range<usize>> = rows
+            .iter()
+            .flat_map(|r| {
+                (r.rows.start..r.rows.end)
+                    .step_by(c.block_size)
+                    .map(move |b0| b0..(b0 + c.block_size).min(r.rows.end))
+            })
+            .collect();
 
         // Embedding: widen the looked-up rows.
         let embed = w.embed.view();
         let mut h = vec![0.0f32; n * dm];
-        for (row, &id) in h.chunks_exact_mut(dm).zip(ids) {
+        for (row, &id) in h.chunks_exact_mut(dm).zip(&ids) {
             embed.widen_row(id as usize, row);
         }
         if let Some(t) = trace.as_deref_mut() {
             t.embed = h.clone();
         }
 
-        let mut profile = profile::StageTimes::start(n, start);
-        let rope = attention::RopeTable::new(c, start, n);
+        let first_start = segments.first().map_or(0, |s| s.start);
+        let mut profile = profile::StageTimes::start(n, first_start);
+        let rope = attention::RopeTable::for_positions(
+            c,
+            segments.iter().flat_map(|s| s.start..s.start + s.ids.len()),
+        );
         for (i, layer) in w.layers.iter().enumerate() {
             let mut a = h.clone();
             rms_norm_rows(&mut a, &layer.input_norm, c.rms_norm_eps);
-            let (k_cache, v_cache) = &mut cache.layers[i];
-            let o =
-                attention::attention(c, &layer.attention, &a, n, start, &rope, k_cache, v_cache);
+            let o = attention::attention(c, &layer.attention, &a, &rows, &rope, pool, i);
             add_in_place(&mut h, &o);
             profile.lap("attention");
 
@@ -101,7 +116,7 @@ impl CpuModel {
                 FeedForward::Dense(mlp) => ffn::mlp(mlp, &m, n, Par::Rayon),
                 FeedForward::Moe(moe) => {
                     let mut rt = trace.as_ref().map(|_| RouterTrace::default());
-                    let out = ffn::moe(c, moe, &m, n, rt.as_mut());
+                    let out = ffn::moe(c, moe, &m, n, &routing_blocks, rt.as_mut());
                     if let (Some(t), Some(rt)) = (trace.as_deref_mut(), rt) {
                         t.routers.insert(i, rt);
                     }
@@ -114,49 +129,66 @@ impl CpuModel {
                 t.layers.push(h.clone());
             }
         }
-        cache.commit_appended(n);
 
         // Final norm and lm_head only for the rows that need logits (all rows when tracing).
-        let norm_rows = if trace.is_some() { 0..n } else { rows.clone() };
-        let mut hf = h[norm_rows.start * dm..norm_rows.end * dm].to_vec();
+        let wanted: Vec<Range<usize>> = segments
+            .iter()
+            .zip(&rows)
+            .map(|(seg, r)| {
+                let want = seg.want.rows();
+                r.rows.start + want.start..r.rows.start + want.end
+            })
+            .collect();
+        let head_rows: Vec<usize> = if trace.is_some() {
+            (0..n).collect()
+        } else {
+            wanted.iter().flat_map(|r| r.clone()).collect()
+        };
+        let mut hf = Vec::with_capacity(head_rows.len() * dm);
+        for &r in &head_rows {
+            hf.extend_from_slice(&h[r * dm..(r + 1) * dm]);
+        }
         rms_norm_rows(&mut hf, &w.final_norm, c.rms_norm_eps);
-        if let Some(t) = trace {
+        if let Some(t) = trace.as_deref_mut() {
             t.final_norm = hf.clone();
         }
-        let hf = &hf[(rows.start - norm_rows.start) * dm..(rows.end - norm_rows.start) * dm];
-        let mut logits = vec![0.0f32; rows.len() * c.vocab_size];
-        linear(hf, rows.len(), w.lm_head.view(), &mut logits, Par::Rayon);
+        let mut logits = vec![0.0f32; head_rows.len() * c.vocab_size];
+        linear(
+            &hf,
+            head_rows.len(),
+            w.lm_head.view(),
+            &mut logits,
+            Par::Rayon,
+        );
         profile.lap("lm_head");
         profile.finish();
-        Ok(logits)
-    }
 
-    fn check_input(&self, start: usize, ids: &[u32]) -> Result<()> {
-        let c = &self.config;
-        if let Some((i, &id)) = ids
+        // Hand each segment its rows; `head_rows` lists the wanted rows in batch order (or
+        // every row when tracing).
+        let v = c.vocab_size;
+        let row_logits = |r: usize| {
+            let at = if trace.is_some() {
+                r
+            } else {
+                head_rows.partition_point(|&x| x < r)
+            };
+            &logits[at * v..(at + 1) * v]
+        };
+        Ok(segments
             .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= c.vocab_size)
-        {
-            return Err(ModelError::InvalidInput(format!(
-                "token id {id} at input index {i} is outside the vocabulary (size {})",
-                c.vocab_size
-            )));
-        }
-        if c.block_routing() && !start.is_multiple_of(c.block_size) && !ids.is_empty() {
-            return Err(ModelError::InvalidInput(format!(
-                "a forward must start at a multiple of the block size {} with 2.2 block routing (start {start})",
-                c.block_size
-            )));
-        }
-        if start + ids.len() > c.max_position_embeddings {
-            return Err(ModelError::InvalidInput(format!(
-                "positions up to {} exceed max_position_embeddings = {}",
-                start + ids.len() - 1,
-                c.max_position_embeddings
-            )));
-        }
-        Ok(())
+            .zip(&wanted)
+            .map(|(seg, rows)| match seg.want {
+                Want::Nothing => SegmentOutput::Nothing,
+                Want::Logits(_) => SegmentOutput::Logits(
+                    rows.clone()
+                        .flat_map(|r| row_logits(r).iter().copied())
+                        .collect(),
+                ),
+                Want::Top1(_) => {
+                    SegmentOutput::Top1(rows.clone().map(|r| top1(row_logits(r))).collect())
+                }
+            })
+            .collect())
     }
 }
 
@@ -166,11 +198,15 @@ fn add_in_place(h: &mut [f32], x: &[f32]) {
     }
 }
 
-/// [`ModelRunner`] on the CPU: one model, many sequences each with its own [`KvCache`].
+/// Default K/V budget of a CPU runner: the pool is zeroed lazily, so only pages in use cost
+/// resident memory, and the budget only caps how much can be cached.
+pub const DEFAULT_CPU_KV_BYTES: usize = 4 << 30;
+
+/// [`ModelRunner`] on the CPU: one model and one K/V pool.
 pub struct CpuRunner {
     model: Arc<CpuModel>,
-    sequences: HashMap<SeqId, KvCache>,
-    next_id: u64,
+    pool: KvPool,
+    table: SequenceTable,
 }
 
 impl CpuRunner {
@@ -179,11 +215,29 @@ impl CpuRunner {
         Ok(CpuRunner::new(Arc::new(CpuModel::load(dir)?)))
     }
 
+    /// A runner with the default K/V budget.
     pub fn new(model: Arc<CpuModel>) -> CpuRunner {
+        Self::with_kv_budget(model, DEFAULT_CPU_KV_BYTES)
+    }
+
+    /// A runner whose pool holds as many pages as fit in `bytes`, capped at what 64 sequences
+    /// of the full context would use (and at least one full-context sequence).
+    pub fn with_kv_budget(model: Arc<CpuModel>, bytes: usize) -> CpuRunner {
+        let c = model.config();
+        let per_context = pages_for(c.max_position_embeddings, c.block_size);
+        let pages = (bytes / KvPool::page_bytes(c).max(1))
+            .min(64 * per_context)
+            .max(1);
+        Self::with_pages(model, pages)
+    }
+
+    /// A runner whose pool holds exactly `pages` pages.
+    pub fn with_pages(model: Arc<CpuModel>, pages: usize) -> CpuRunner {
+        let pool = KvPool::new(model.config(), pages);
         CpuRunner {
             model,
-            sequences: HashMap::new(),
-            next_id: 0,
+            pool,
+            table: SequenceTable::new(pages),
         }
     }
 
@@ -199,16 +253,32 @@ impl CpuRunner {
         rows: LogitsRows,
         trace: &mut Trace,
     ) -> Result<Vec<f32>> {
-        let cache = self
-            .sequences
-            .get_mut(&seq)
-            .ok_or_else(|| unknown_sequence(seq))?;
-        self.model.forward(cache, ids, rows, Some(trace))
+        let rows = rows.resolve(ids.len());
+        let start = self.sequence_len(seq);
+        self.table
+            .reserve(seq, start + ids.len(), self.model.config().block_size)?;
+        let pages = self.table.get(seq)?.0.clone();
+        let want = if rows.is_empty() {
+            Want::Nothing
+        } else {
+            Want::Logits(rows)
+        };
+        let segment = Segment {
+            pages: &pages,
+            start,
+            ids,
+            want,
+        };
+        let out = self
+            .model
+            .forward_batch(&mut self.pool, &[segment], Some(trace))?;
+        self.table.set_len(seq, start + ids.len());
+        Ok(out
+            .into_iter()
+            .next()
+            .and_then(SegmentOutput::into_logits)
+            .unwrap_or_default())
     }
-}
-
-fn unknown_sequence(seq: SeqId) -> ModelError {
-    ModelError::InvalidInput(format!("unknown sequence {}", seq.0))
 }
 
 impl ModelRunner for CpuRunner {
@@ -228,42 +298,23 @@ impl ModelRunner for CpuRunner {
         )
     }
 
-    fn create_sequence(&mut self) -> Result<SeqId> {
-        let id = SeqId(self.next_id);
-        self.next_id += 1;
-        self.sequences.insert(id, self.model.new_cache());
-        Ok(id)
+    fn kv_pages(&self) -> usize {
+        self.pool.pages()
     }
 
-    fn release_sequence(&mut self, seq: SeqId) {
-        self.sequences.remove(&seq);
+    fn kv_page_bytes(&self) -> usize {
+        KvPool::page_bytes(self.model.config())
     }
 
-    fn sequence_len(&self, seq: SeqId) -> usize {
-        self.sequences.get(&seq).map_or(0, KvCache::len)
+    fn forward_batch(&mut self, segments: &[Segment<'_>]) -> Result<Vec<SegmentOutput>> {
+        self.model.forward_batch(&mut self.pool, segments, None)
     }
 
-    fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> Result<()> {
-        let cache = self
-            .sequences
-            .get_mut(&seq)
-            .ok_or_else(|| unknown_sequence(seq))?;
-        if len > cache.len() {
-            return Err(ModelError::InvalidInput(format!(
-                "cannot truncate sequence {} to {len}: it holds {} positions",
-                seq.0,
-                cache.len()
-            )));
-        }
-        cache.truncate(len);
-        Ok(())
+    fn sequence_table(&mut self) -> &mut SequenceTable {
+        &mut self.table
     }
 
-    fn forward(&mut self, seq: SeqId, ids: &[u32], rows: LogitsRows) -> Result<Vec<f32>> {
-        let cache = self
-            .sequences
-            .get_mut(&seq)
-            .ok_or_else(|| unknown_sequence(seq))?;
-        self.model.forward(cache, ids, rows, None)
+    fn sequence_table_ref(&self) -> &SequenceTable {
+        &self.table
     }
 }

@@ -32,6 +32,7 @@ pub struct CudaRunner {
     weights: Weights,
     config: Config,
     next_seq: u64,
+    table: crate::runner::SequenceTable,
     use_graphs: bool,
     gpu: Gpu,
 }
@@ -68,6 +69,7 @@ impl CudaRunner {
             weights,
             config,
             next_seq: 0,
+            table: Default::default(),
             use_graphs,
             gpu,
         }
@@ -250,75 +252,38 @@ impl ModelRunner for CudaRunner {
         format!("cuda:{} ({}, bf16)", self.gpu.ordinal(), self.gpu.name())
     }
 
-    fn create_sequence(&mut self) -> Result<SeqId> {
-        let id = SeqId(self.next_seq);
-        self.next_seq += 1;
-        let cache = KvCache::new(
-            &self.gpu,
-            &self.config,
-            1024.min(self.config.max_position_embeddings.max(1)),
-        )
-        .map_err(device_err)?;
-        self.sequences.insert(id, cache);
-        Ok(id)
+    fn kv_pages(&self) -> usize {
+        0
     }
 
-    fn release_sequence(&mut self, seq: SeqId) {
-        self.graphs.retain(|k, _| k.seq != seq);
-        self.sequences.remove(&seq);
+    fn kv_page_bytes(&self) -> usize {
+        0
     }
 
-    fn sequence_len(&self, seq: SeqId) -> usize {
-        self.sequences.get(&seq).map_or(0, |c| c.len)
-    }
-
-    fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> Result<()> {
-        let cache = self
-            .sequences
-            .get_mut(&seq)
-            .ok_or_else(|| ModelError::InvalidInput(format!("unknown sequence {seq:?}")))?;
-        if len > cache.len {
-            return Err(ModelError::InvalidInput(format!(
-                "cannot truncate a sequence of {} positions to {len}",
-                cache.len
-            )));
-        }
-        cache.len = len;
-        Ok(())
-    }
-
-    fn forward(&mut self, seq: SeqId, ids: &[u32], rows: LogitsRows) -> Result<Vec<f32>> {
-        let r = rows.resolve(ids.len());
-        let n = r.len();
-        self.run(seq, ids, Output::for_rows(r, false))?;
-        let mut out = vec![0f32; n * self.config.vocab_size];
-        if n > 0 {
-            let ws = self
-                .workspace
-                .as_ref()
-                .expect("run() creates the workspace");
-            self.gpu
-                .read(&ws.logits_f32, 0, &mut out)
-                .map_err(device_err)?;
-            if out.iter().any(|x| x.is_nan()) {
-                return Err(ModelError::Device(
-                    "the GPU forward produced NaN logits".into(),
-                ));
-            }
-        }
-        Ok(out)
-    }
-
-    /// The argmax and its probability computed on the GPU; only these pairs are read back.
-    fn forward_top1(
+    // TRANSITIONAL: the paged, batched GPU forward replaces this (the per-sequence path above
+    // is what it is rebuilt from).
+    fn forward_batch(
         &mut self,
-        seq: SeqId,
-        ids: &[u32],
-        rows: LogitsRows,
-    ) -> Result<Vec<(u32, f32)>> {
-        let r = rows.resolve(ids.len());
-        let n = r.len();
-        self.run(seq, ids, Output::for_rows(r, true))?;
+        _segments: &[crate::batch::Segment<'_>],
+    ) -> Result<Vec<crate::batch::SegmentOutput>> {
+        let _ = (Self::run, Self::read_top1, self.next_seq);
+        let _ = super::forward::Output::for_rows;
+        Err(ModelError::Device(
+            "the paged GPU forward is not built yet".into(),
+        ))
+    }
+
+    fn sequence_table(&mut self) -> &mut crate::runner::SequenceTable {
+        &mut self.table
+    }
+
+    fn sequence_table_ref(&self) -> &crate::runner::SequenceTable {
+        &self.table
+    }
+}
+
+impl CudaRunner {
+    fn read_top1(&mut self, n: usize) -> Result<Vec<(u32, f32)>> {
         let ws = self
             .workspace
             .as_ref()
