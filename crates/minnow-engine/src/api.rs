@@ -44,6 +44,12 @@ pub struct GenerateRequest {
     pub forced_prefix: Option<String>,
     /// Declared tool names; when non-empty, generated tool-call markup is parsed.
     pub tool_names: Vec<String>,
+    /// Whether the prompt may take blocks from the prefix cache and leave its own there
+    /// (llama-server's `cache_prompt`). `None` = yes.
+    pub cache_prompt: Option<bool>,
+    /// Tenant key of the prefix cache (vLLM's `cache_salt`): blocks are shared only between
+    /// requests with the same salt (no salt is a salt of its own).
+    pub cache_salt: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,6 +1,7 @@
 //! The embeddable engine: load a checkpoint, render prompts, submit requests, stream events,
-//! cancel. One worker thread owns the model runner; up to `parallel` requests are decoded at once
-//! (interleaved one forward at a time), the rest wait in a bounded FIFO queue.
+//! cancel. One worker thread owns the model runner; up to `parallel` requests are decoded at once,
+//! their forwards batched into one per step over a shared paged K/V pool with a prefix cache;
+//! the rest wait in a bounded FIFO queue.
 //!
 //! ```no_run
 //! use minnow_engine::{Engine, EngineOptions, Event, GenerateRequest};
@@ -25,7 +26,10 @@
 //!
 //! CONTRACT: the signatures in this file are what minnow-server and the CLI are written against.
 
+mod scheduler;
 mod worker;
+
+pub use scheduler::BATCH_SIZE_BUCKETS;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,6 +67,9 @@ pub enum EngineError {
     /// The wait queue is full (HTTP 429).
     #[error("the request queue is full")]
     QueueFull,
+    /// The server cannot take the request with the memory it has (HTTP 503).
+    #[error("{0}")]
+    Overloaded(String),
     /// The chat template failed to render.
     #[error("chat template: {0}")]
     Template(String),
@@ -78,8 +85,14 @@ pub struct EngineOptions {
     pub device: DeviceRequest,
     /// CPU worker threads; `None` = all cores.
     pub threads: Option<usize>,
-    /// Requests decoded at once.
+    /// Requests decoded at once: the most sequences in one batched forward. 0 = the device's
+    /// default ([`default_parallel`]).
     pub parallel: usize,
+    /// Tokens of prefill one step's batch may hold (besides every request's denoising block).
+    pub step_tokens: usize,
+    /// K/V cache budget in bytes; `None` = the device's default (the GPU: what is left after
+    /// weights and workspace minus a margin; the CPU: a fixed budget).
+    pub kv_cache_bytes: Option<usize>,
     /// Requests that may wait for a free slot; more are refused with `QueueFull`.
     pub queue_capacity: usize,
     /// Context limit in tokens; `None` = the checkpoint's `max_position_embeddings`.
@@ -94,11 +107,25 @@ impl Default for EngineOptions {
             device: DeviceRequest::Auto,
             threads: None,
             parallel: 1,
+            step_tokens: 512,
+            kv_cache_bytes: None,
             queue_capacity: 64,
             max_context: None,
             defaults: DecodeParams::default(),
         }
     }
+}
+
+/// What the worker reports about its K/V cache and batches (for `/metrics`, `/slots`, `/props`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    pub cache: crate::prefix_cache::CacheStats,
+    /// Batched forwards per batch size bucket: `batch_size_counts[i]` counts forwards of at
+    /// most [`BATCH_SIZE_BUCKETS`]`[i]` sequences (and more than the bucket before); the last
+    /// entry counts larger ones.
+    pub batch_size_counts: Vec<u64>,
+    /// Sum of the batch sizes of every forward.
+    pub batch_size_sum: u64,
 }
 
 /// Static facts about the loaded model, for `inspect`, `/props` and `/v1/models`.
@@ -119,6 +146,18 @@ pub struct ModelInfo {
     pub mask_token_id: u32,
     pub eos_token_id: u32,
     pub role_end_token_id: Option<u32>,
+    /// Requests decoded at once (the resolved `EngineOptions::parallel`).
+    pub parallel: usize,
+}
+
+/// Requests batched at once when none is asked for: a GPU's forward costs about the same for
+/// 16 blocks as for one (it is bound by reading the weights), a CPU's grows with every row.
+pub fn default_parallel(device: &str) -> usize {
+    if device.starts_with("cuda") {
+        16
+    } else {
+        4
+    }
 }
 
 /// The per-forward trace of one request ([`Engine::submit_traced`]): the block tokens after
@@ -167,12 +206,12 @@ pub fn select_runner_with_progress(
                 )));
             }
             Ok(Box::new(
-                load_cuda_runner(path, n, progress).map_err(load_error)?,
+                load_cuda_runner(path, n, options, progress).map_err(load_error)?,
             ))
         }
         DeviceRequest::Auto => {
             if minnow_model::cuda::is_available() {
-                match load_cuda_runner(path, 0, progress) {
+                match load_cuda_runner(path, 0, options, progress) {
                     Ok(runner) => {
                         tracing::info!("device auto: using CUDA GPU 0");
                         return Ok(Box::new(runner));
@@ -192,11 +231,17 @@ pub fn select_runner_with_progress(
 fn load_cuda_runner(
     path: &Path,
     ordinal: usize,
+    options: &EngineOptions,
     progress: &(dyn Fn(LoadProgress) + Sync),
 ) -> minnow_model::Result<minnow_model::cuda::CudaRunner> {
     let (config, source) = minnow_model::checkpoint::open(path)?;
     let counted = ProgressSource::new(&source, progress);
-    minnow_model::cuda::CudaRunner::new(config, &counted, ordinal)
+    minnow_model::cuda::CudaRunner::new_with_kv_budget(
+        config,
+        &counted,
+        ordinal,
+        options.kv_cache_bytes,
+    )
 }
 
 fn load_cpu_runner(
@@ -224,8 +269,12 @@ fn load_cpu_runner(
         bytes_done: bytes_total,
         bytes_total,
     });
-    Ok(Box::new(minnow_model::cpu::CpuRunner::new(
+    let budget = options
+        .kv_cache_bytes
+        .unwrap_or(minnow_model::cpu::DEFAULT_CPU_KV_BYTES);
+    Ok(Box::new(minnow_model::cpu::CpuRunner::with_kv_budget(
         std::sync::Arc::new(model),
+        budget,
     )))
 }
 
@@ -259,6 +308,8 @@ struct Inner {
     tool_format: ToolCallFormat,
     decoder: DecoderContext,
     defaults: DecodeParams,
+    /// Pages in the runner's K/V pool.
+    kv_pages: usize,
     queue: Arc<worker::Queue>,
     next_id: AtomicU64,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -305,9 +356,6 @@ impl Engine {
         runner: Box<dyn ModelRunner>,
         options: EngineOptions,
     ) -> EngineResult<Engine> {
-        if options.parallel == 0 {
-            return Err(EngineError::Load("parallel must be at least 1".into()));
-        }
         let config = runner.config().clone();
         let tokenizer = Tokenizer::from_dir(path)?;
         let template = if has_chat_template(path) {
@@ -333,6 +381,7 @@ impl Engine {
         let decoder = DecoderContext {
             control,
             stops: StopTokens::from_ids(tokenizer.stop_token_ids()),
+            vocab_size: config.vocab_size,
         };
         let max_pos = config.max_position_embeddings;
         let n_ctx = options.max_context.map_or(max_pos, |m| m.min(max_pos));
@@ -354,10 +403,21 @@ impl Engine {
             mask_token_id: special.mask,
             eos_token_id: special.eos,
             role_end_token_id: special.role_end,
+            parallel: options.parallel,
         };
         let tokenizer = Arc::new(tokenizer);
-        let queue = Arc::new(worker::Queue::new(options.parallel, options.queue_capacity));
-        let worker = worker::spawn(runner, Arc::clone(&queue), Arc::clone(&tokenizer))?;
+        let kv_pages = runner.kv_pages();
+        let parallel = match options.parallel {
+            0 => default_parallel(&info.device),
+            n => n,
+        };
+        let info = ModelInfo { parallel, ..info };
+        let queue = Arc::new(worker::Queue::new(parallel, options.queue_capacity));
+        let settings = scheduler::SchedulerSettings {
+            token_budget: options.step_tokens.max(config.block_size),
+            model_identity: format!("{} {}", path.display(), info.device),
+        };
+        let worker = worker::spawn(runner, Arc::clone(&queue), Arc::clone(&tokenizer), settings)?;
         Ok(Engine {
             inner: Arc::new(Inner {
                 info,
@@ -368,6 +428,7 @@ impl Engine {
                 tool_format,
                 decoder,
                 defaults: options.defaults,
+                kv_pages,
                 queue,
                 next_id: AtomicU64::new(1),
                 worker: Mutex::new(Some(worker)),
@@ -468,6 +529,13 @@ impl Engine {
                 return Err(EngineError::InvalidRequest("the prompt is empty".into()))
             }
         };
+        let pages = minnow_model::batch::pages_for(layout.total_len, layout.block);
+        if pages > inner.kv_pages {
+            return Err(EngineError::Overloaded(format!(
+                "the request needs {pages} K/V pages ({} tokens) but the K/V cache holds {}; raise --kv-cache-mib or send less",
+                layout.total_len, inner.kv_pages
+            )));
+        }
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, events) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancelToken::default();
@@ -494,6 +562,11 @@ impl Engine {
     /// Requests being decoded now.
     pub fn busy_slots(&self) -> usize {
         self.inner.queue.busy()
+    }
+
+    /// The K/V cache and batch statistics, as of the worker's last step.
+    pub fn stats(&self) -> EngineStats {
+        self.inner.queue.stats()
     }
 }
 

@@ -9,6 +9,7 @@ pub mod api;
 pub mod chat_template;
 pub mod decode;
 pub mod engine;
+pub mod prefix_cache;
 pub mod sampling;
 pub mod text_stream;
 pub mod tokenizer;
@@ -16,6 +17,6 @@ pub mod tool_calls;
 
 pub use api::*;
 pub use engine::{
-    CancelToken, Engine, EngineError, EngineOptions, EngineResult, LoadProgress, ModelInfo,
-    RequestHandle,
+    CancelToken, Engine, EngineError, EngineOptions, EngineResult, EngineStats, LoadProgress,
+    ModelInfo, RequestHandle, BATCH_SIZE_BUCKETS,
 };

@@ -91,6 +91,43 @@ impl SequenceTable {
             *held = len;
         }
     }
+
+    /// A new empty sequence.
+    pub fn create(&mut self) -> SeqId {
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        self.sequences.insert(id, (Vec::new(), 0));
+        id
+    }
+
+    /// Frees the sequence's pages. Unknown ids are ignored.
+    pub fn release(&mut self, seq: SeqId) {
+        if let Some((pages, _)) = self.sequences.remove(&seq) {
+            self.free.extend(pages.into_iter().rev());
+        }
+    }
+
+    /// Positions whose K/V the sequence holds (0 for unknown ids).
+    pub fn len(&self, seq: SeqId) -> usize {
+        self.sequences.get(&seq).map_or(0, |(_, len)| *len)
+    }
+
+    /// Keeps positions `0..len` (freeing whole pages beyond them).
+    pub fn truncate(&mut self, seq: SeqId, len: usize, page_size: usize) -> Result<()> {
+        let current = self.get(seq)?.1;
+        if len > current {
+            return Err(ModelError::InvalidInput(format!(
+                "cannot truncate sequence {} to {len}: it holds {current} positions",
+                seq.0
+            )));
+        }
+        let (pages, held) = self.sequences.get_mut(&seq).expect("checked above");
+        *held = len;
+        let keep = pages_for(len, page_size);
+        let freed: Vec<PageId> = pages.drain(keep..).rev().collect();
+        self.free.extend(freed);
+        Ok(())
+    }
 }
 
 /// A LLaDA2 forward implementation (CPU reference or CUDA) with the K/V pool it owns.
@@ -115,45 +152,23 @@ pub trait ModelRunner: Send {
 
     /// Starts an empty sequence (no cached positions).
     fn create_sequence(&mut self) -> Result<SeqId> {
-        let table = self.sequence_table();
-        let id = SeqId(table.next_id);
-        table.next_id += 1;
-        table.sequences.insert(id, (Vec::new(), 0));
-        Ok(id)
+        Ok(self.sequence_table().create())
     }
 
     /// Frees everything the sequence holds. Unknown ids are ignored.
     fn release_sequence(&mut self, seq: SeqId) {
-        let table = self.sequence_table();
-        if let Some((pages, _)) = table.sequences.remove(&seq) {
-            table.free.extend(pages.into_iter().rev());
-        }
+        self.sequence_table().release(seq);
     }
 
     /// Number of positions whose K/V are cached.
     fn sequence_len(&self, seq: SeqId) -> usize {
-        self.sequence_table_ref()
-            .get(seq)
-            .map_or(0, |(_, len)| *len)
+        self.sequence_table_ref().len(seq)
     }
 
     /// Drops cached positions `len..`. `len` greater than the current length is an error.
     fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> Result<()> {
         let page_size = self.config().block_size;
-        let table = self.sequence_table();
-        let current = table.get(seq)?.1;
-        if len > current {
-            return Err(ModelError::InvalidInput(format!(
-                "cannot truncate sequence {} to {len}: it holds {current} positions",
-                seq.0
-            )));
-        }
-        let (pages, held) = table.sequences.get_mut(&seq).expect("checked above");
-        *held = len;
-        let keep = pages_for(len, page_size);
-        let freed: Vec<PageId> = pages.drain(keep..).rev().collect();
-        table.free.extend(freed);
-        Ok(())
+        self.sequence_table().truncate(seq, len, page_size)
     }
 
     /// Runs `ids` at absolute positions `sequence_len(seq)..` as a batch of one, attending

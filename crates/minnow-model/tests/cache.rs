@@ -1,81 +1,66 @@
-//! K/V cache semantics: a forward over one block that attends to cached blocks equals the full
-//! forward; a discarded (truncated) denoising forward leaves no trace; prefill in chunks builds
-//! the same cache as one pass.
+//! K/V semantics of the paged pool through the single-sequence calls: a forward over one block
+//! that attends to cached blocks equals the full forward; a discarded (truncated) denoising
+//! forward leaves no trace; prefill in chunks builds the same cache as one pass.
 //!
 //! Tolerance 1e-4 rather than bit equality: the full forward multiplies 96-row matrices while a
 //! block forward multiplies 32-row ones, and the CPU linear picks its kernel by row count
 //! (direct AVX-512 kernel ≤ 48 rows, packed `gemm` above), so the F32 sums are accumulated in a
 //! different order. That changes values at the 1e-6 level (observed ≤ 4e-6 on these logits of
 //! magnitude ≤ 34); a real cache bug (wrong position, missing block, stale K/V) shows up as
-//! errors of order 1.
+//! errors of order 1. The cache's contents are compared through the logits of a probe block
+//! that attends to them.
 
 mod common;
 
 use common::*;
-use minnow_model::{CpuModel, LogitsRows};
+use minnow_model::{CpuRunner, LogitsRows, ModelRunner, SeqId};
 
-fn model(name: &str) -> CpuModel {
-    CpuModel::load(&fixture(name)).unwrap()
+fn runner(name: &str) -> CpuRunner {
+    CpuRunner::load(&fixture(name)).unwrap()
+}
+
+/// Logits of the golden's last block (positions 64..96) after `seq`'s 64 cached positions.
+fn probe(r: &mut CpuRunner, seq: SeqId, ids: &[u32]) -> Vec<f32> {
+    assert_eq!(r.sequence_len(seq), 64);
+    let out = r.forward(seq, &ids[64..], LogitsRows::All).unwrap();
+    r.truncate_sequence(seq, 64).unwrap();
+    out
 }
 
 #[test]
 fn block_by_block_with_cache_equals_full_forward() {
     for name in ALL {
-        let m = model(name);
+        let mut r = runner(name);
         let ids = Golden::load(name).input_ids();
-        let mut full_cache = m.new_cache();
-        let full = m
-            .forward(&mut full_cache, &ids, LogitsRows::All, None)
-            .unwrap();
+        let full_seq = r.create_sequence().unwrap();
+        let full = r.forward(full_seq, &ids, LogitsRows::All).unwrap();
 
-        let mut cache = m.new_cache();
+        let seq = r.create_sequence().unwrap();
         let mut stepwise = Vec::new();
         for block in ids.chunks(32) {
-            stepwise.extend(m.forward(&mut cache, block, LogitsRows::All, None).unwrap());
+            stepwise.extend(r.forward(seq, block, LogitsRows::All).unwrap());
         }
-        assert_eq!(cache.len(), 96);
+        assert_eq!(r.sequence_len(seq), 96);
         assert_close(&format!("{name} cached vs full"), &stepwise, &full, 1e-4);
-        for i in 0..m.config().num_hidden_layers {
-            let (k1, v1) = cache.layer(i);
-            let (k2, v2) = full_cache.layer(i);
-            assert_close(
-                &format!("{name} layer {i} K"),
-                &k1.concat(),
-                &k2.concat(),
-                1e-4,
-            );
-            assert_close(
-                &format!("{name} layer {i} V"),
-                &v1.concat(),
-                &v2.concat(),
-                1e-4,
-            );
-        }
     }
 }
 
 #[test]
 fn discarded_denoising_forward_leaves_no_trace() {
     for name in ALL {
-        let m = model(name);
+        let mut r = runner(name);
         let ids = Golden::load(name).input_ids();
-        let vocab = m.config().vocab_size as u32;
-        let mut cache = m.new_cache();
-        m.forward(&mut cache, &ids[..64], LogitsRows::None, None)
-            .unwrap();
+        let vocab = r.config().vocab_size as u32;
+        let seq = r.create_sequence().unwrap();
+        r.forward(seq, &ids[..64], LogitsRows::None).unwrap();
         // A denoising step over other ids, then discarded.
         let other: Vec<u32> = ids[64..].iter().map(|&t| (t + 7) % vocab).collect();
-        m.forward(&mut cache, &other, LogitsRows::All, None)
-            .unwrap();
-        cache.truncate(64);
-        let again = m
-            .forward(&mut cache, &ids[64..], LogitsRows::All, None)
-            .unwrap();
+        r.forward(seq, &other, LogitsRows::All).unwrap();
+        r.truncate_sequence(seq, 64).unwrap();
+        let again = r.forward(seq, &ids[64..], LogitsRows::All).unwrap();
 
-        let mut fresh = m.new_cache();
-        let full = m
-            .forward(&mut fresh, &ids, LogitsRows::Range(64..96), None)
-            .unwrap();
+        let fresh = r.create_sequence().unwrap();
+        let full = r.forward(fresh, &ids, LogitsRows::Range(64..96)).unwrap();
         assert_close(&format!("{name} after discard"), &again, &full, 1e-4);
     }
 }
@@ -83,36 +68,16 @@ fn discarded_denoising_forward_leaves_no_trace() {
 #[test]
 fn chunked_prefill_builds_the_same_cache() {
     for name in ALL {
-        let m = model(name);
+        let mut r = runner(name);
         let ids = Golden::load(name).input_ids();
-        let mut one = m.new_cache();
-        m.forward(&mut one, &ids[..64], LogitsRows::None, None)
-            .unwrap();
-        let mut chunked = m.new_cache();
+        let one = r.create_sequence().unwrap();
+        r.forward(one, &ids[..64], LogitsRows::None).unwrap();
+        let chunked = r.create_sequence().unwrap();
         for chunk in ids[..64].chunks(32) {
-            m.forward(&mut chunked, chunk, LogitsRows::None, None)
-                .unwrap();
+            r.forward(chunked, chunk, LogitsRows::None).unwrap();
         }
-        for i in 0..m.config().num_hidden_layers {
-            assert_close(
-                &format!("{name} K{i}"),
-                &one.layer(i).0.concat(),
-                &chunked.layer(i).0.concat(),
-                1e-4,
-            );
-            assert_close(
-                &format!("{name} V{i}"),
-                &one.layer(i).1.concat(),
-                &chunked.layer(i).1.concat(),
-                1e-4,
-            );
-        }
-        let a = m
-            .forward(&mut one, &ids[64..], LogitsRows::All, None)
-            .unwrap();
-        let b = m
-            .forward(&mut chunked, &ids[64..], LogitsRows::All, None)
-            .unwrap();
+        let a = probe(&mut r, one, &ids);
+        let b = probe(&mut r, chunked, &ids);
         assert_close(
             &format!("{name} logits after chunked prefill"),
             &a,
@@ -128,34 +93,30 @@ fn chunked_prefill_builds_the_same_cache() {
 /// call is accepted and that complete earlier blocks are unaffected.)
 #[test]
 fn unaligned_forward_start() {
-    let m = model("llada2-tiny-v21");
+    let mut r = runner("llada2-tiny-v21");
     let ids = Golden::load("llada2-tiny-v21").input_ids();
-    let mut cache = m.new_cache();
-    m.forward(&mut cache, &ids[..40], LogitsRows::None, None)
-        .unwrap();
-    m.forward(&mut cache, &ids[40..], LogitsRows::All, None)
-        .unwrap();
-    assert_eq!(cache.len(), 96);
-    let mut fresh = m.new_cache();
-    m.forward(&mut fresh, &ids, LogitsRows::None, None).unwrap();
-    for i in 0..m.config().num_hidden_layers {
-        let row = 32 * m.config().head_dim;
-        for (a, b) in cache.layer(i).0.iter().zip(fresh.layer(i).0) {
-            assert_close("block 0 K", &a[..row], &b[..row], 1e-4);
-        }
-    }
+    let seq = r.create_sequence().unwrap();
+    r.forward(seq, &ids[..40], LogitsRows::None).unwrap();
+    r.forward(seq, &ids[40..], LogitsRows::All).unwrap();
+    assert_eq!(r.sequence_len(seq), 96);
+    // Block 0 of both sequences is the same: a probe of block 1 over it agrees.
+    r.truncate_sequence(seq, 32).unwrap();
+    let fresh = r.create_sequence().unwrap();
+    r.forward(fresh, &ids[..32], LogitsRows::None).unwrap();
+    let a = r.forward(seq, &ids[32..64], LogitsRows::All).unwrap();
+    let b = r.forward(fresh, &ids[32..64], LogitsRows::All).unwrap();
+    assert_close("block 1 over block 0", &a, &b, 1e-4);
 
-    let m = model("llada2-tiny-v22");
-    let mut cache = m.new_cache();
-    m.forward(&mut cache, &ids[..40], LogitsRows::None, None)
-        .unwrap();
-    let err = m
-        .forward(&mut cache, &ids[40..], LogitsRows::All, None)
+    let mut r = runner("llada2-tiny-v22");
+    let seq = r.create_sequence().unwrap();
+    r.forward(seq, &ids[..40], LogitsRows::None).unwrap();
+    let err = r
+        .forward(seq, &ids[40..], LogitsRows::All)
         .unwrap_err()
         .to_string();
     assert!(err.contains("multiple of the block size 32"), "{err}");
     assert_eq!(
-        cache.len(),
+        r.sequence_len(seq),
         40,
         "a rejected forward must not touch the cache"
     );
@@ -166,14 +127,12 @@ fn unaligned_forward_start() {
 #[test]
 fn v22_partial_last_block() {
     let name = "llada2-tiny-v22";
-    let m = model(name);
+    let mut r = runner(name);
     let g = Golden::load(name);
     let ids = g.input_ids();
-    let vocab = m.config().vocab_size;
-    let mut cache = m.new_cache();
-    let logits = m
-        .forward(&mut cache, &ids[..70], LogitsRows::All, None)
-        .unwrap();
+    let vocab = r.config().vocab_size;
+    let seq = r.create_sequence().unwrap();
+    let logits = r.forward(seq, &ids[..70], LogitsRows::All).unwrap();
     assert_close(
         "v22 first 64 rows",
         &logits[..64 * vocab],
@@ -184,18 +143,31 @@ fn v22_partial_last_block() {
 
 #[test]
 fn bad_input_ids_are_errors() {
-    let m = model("llada2-tiny-v21");
-    let mut cache = m.new_cache();
-    let err = m
-        .forward(&mut cache, &[1, 2, 512], LogitsRows::All, None)
+    let mut r = runner("llada2-tiny-v21");
+    let seq = r.create_sequence().unwrap();
+    let err = r
+        .forward(seq, &[1, 2, 512], LogitsRows::All)
         .unwrap_err()
         .to_string();
     assert!(err.contains("token id 512 at input index 2"), "{err}");
-    assert_eq!(cache.len(), 0);
+    assert_eq!(r.sequence_len(seq), 0);
     let too_long = vec![0u32; 513];
-    assert!(m
-        .forward(&mut cache, &too_long, LogitsRows::None, None)
-        .is_err());
+    assert!(r.forward(seq, &too_long, LogitsRows::None).is_err());
+}
+
+/// A pool too small for the sequence is an error naming the budget, not a panic.
+#[test]
+fn a_full_pool_is_an_error() {
+    let model = std::sync::Arc::new(minnow_model::CpuModel::load(&fixture(ALL[0])).unwrap());
+    let mut r = CpuRunner::with_pages(model, 2);
+    let ids = Golden::load(ALL[0]).input_ids();
+    let seq = r.create_sequence().unwrap();
+    let err = r
+        .forward(seq, &ids, LogitsRows::None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("K/V pool is full"), "{err}");
+    r.forward(seq, &ids[..64], LogitsRows::None).unwrap();
 }
 
 /// Every output element is computed by one thread in a fixed order, so the thread count does
@@ -203,7 +175,6 @@ fn bad_input_ids_are_errors() {
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
     for name in ALL {
-        let m = model(name);
         // 288 rows: above the direct kernels' 192-row limit, so the `gemm` paths run too.
         let ids = Golden::load(name).input_ids().repeat(3);
         let run = |threads: usize| {
@@ -212,8 +183,9 @@ fn results_do_not_depend_on_the_thread_count() {
                 .build()
                 .unwrap()
                 .install(|| {
-                    let mut cache = m.new_cache();
-                    m.forward(&mut cache, &ids, LogitsRows::All, None).unwrap()
+                    let mut r = runner(name);
+                    let seq = r.create_sequence().unwrap();
+                    r.forward(seq, &ids, LogitsRows::All).unwrap()
                 })
         };
         let one = run(1);

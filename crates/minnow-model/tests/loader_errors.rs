@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use common::*;
-use minnow_model::{CpuModel, LogitsRows};
+use minnow_model::{CpuModel, CpuRunner, LogitsRows, ModelRunner};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
@@ -195,11 +195,11 @@ fn sharded_checkpoint_with_mixed_dtypes_matches_single_file() {
     )
     .unwrap();
 
-    let m = CpuModel::load(dir.path()).unwrap();
+    let mut runner = CpuRunner::load(dir.path()).unwrap();
     let g = Golden::load(NAME);
-    let mut cache = m.new_cache();
-    let logits = m
-        .forward(&mut cache, &g.input_ids(), LogitsRows::All, None)
+    let seq = runner.create_sequence().unwrap();
+    let logits = runner
+        .forward(seq, &g.input_ids(), LogitsRows::All)
         .unwrap();
     assert_close("sharded logits", &logits, &g.f32("logits"), 1e-3);
 

@@ -12,7 +12,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use minnow_model::{Config, CpuModel, LogitsRows};
+use minnow_model::{Config, CpuModel, CpuRunner, LogitsRows, ModelRunner};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
@@ -266,12 +266,10 @@ fn naive_forward(c: &Config, t: &Tensors, ids: &[u32]) -> Vec<f64> {
 }
 
 fn compare(dir: &Path, ids: &[u32], what: &str) {
-    let model = CpuModel::load(dir).unwrap();
-    let mut cache = model.new_cache();
-    let got = model
-        .forward(&mut cache, ids, LogitsRows::All, None)
-        .unwrap();
-    let want: Vec<f32> = naive_forward(model.config(), &Tensors::load(dir), ids)
+    let mut runner = CpuRunner::load(dir).unwrap();
+    let seq = runner.create_sequence().unwrap();
+    let got = runner.forward(seq, ids, LogitsRows::All).unwrap();
+    let want: Vec<f32> = naive_forward(runner.config(), &Tensors::load(dir), ids)
         .into_iter()
         .map(|v| v as f32)
         .collect();

@@ -1,9 +1,9 @@
-//! The shared per-block loop (decoding doc §3) and the K/V commit rule (§8), one forward per call
-//! so the engine can interleave requests.
+//! The shared per-block loop (decoding doc §3) and the K/V commit rule (§8), split into a plan (what
+//! the next forward is) and an apply (the step on its scores), so the engine can batch the
+//! forwards of many requests.
 //!
-//! The runner appends K/V on every forward. A denoising forward of the block at `start` therefore
-//! first truncates the sequence back to `start`; the K/V left in the cache always describe
-//! `last_input`, the ids of the latest forward. Committing a final block keeps that K/V when
+//! Every forward of the block writes its K/V into the block's page, so the K/V there always
+//! describe `last_input`, the ids of the latest forward. Committing a final block keeps that K/V when
 //! `last_input` equals the final ids, and otherwise truncates and runs one forward of the final
 //! ids without logits. Never is K/V of different ids committed.
 
@@ -48,6 +48,9 @@ pub struct BlockRun {
     cleanup_pending: bool,
     forced_cleanup_ran: bool,
     state: BlockState,
+    /// When the block was first planned, and the time from then until it became final (and
+    /// committed, once that ran).
+    first_planned: Option<Instant>,
     elapsed: Duration,
 }
 
@@ -71,6 +74,7 @@ impl BlockRun {
             cleanup_pending: false,
             forced_cleanup_ran: false,
             state: BlockState::Refining,
+            first_planned: None,
             elapsed: Duration::ZERO,
         }
     }
@@ -92,29 +96,23 @@ impl BlockRun {
     pub fn forced_cleanup_ran(&self) -> bool {
         self.forced_cleanup_ran
     }
-    /// Wall time spent in this block's forwards and steps (commit included once it ran).
+    /// Wall time from the block's first step until it was final (commit included once it ran).
     pub fn elapsed(&self) -> Duration {
         self.elapsed
     }
 
-    /// Runs at most one denoising forward. Returns the state afterwards; once `Final`, the block's
-    /// tokens are final and contain no MASK/DELETE/SPLIT at generated slots.
-    pub fn advance(
-        &mut self,
-        runner: &mut dyn ModelRunner,
-        seq: SeqId,
-        rng: &mut StdRng,
-    ) -> minnow_model::Result<BlockState> {
+    /// Decides the block's next step: `Some(kind)` when it needs a denoising forward of
+    /// [`BlockRun::tokens`] returning `kind` scores, `None` when it became final without one.
+    pub fn plan(&mut self) -> Option<ScoreKind> {
         if self.state == BlockState::Final {
-            return Ok(BlockState::Final);
+            return None;
         }
-        let began = Instant::now();
+        self.first_planned.get_or_insert_with(Instant::now);
         if !self.cleanup_pending {
             if self.algorithm.exit_before_forward(&self.block) {
                 if self.is_clean() {
-                    self.state = BlockState::Final;
-                    self.elapsed += began.elapsed();
-                    return Ok(self.state);
+                    self.finalize();
+                    return None;
                 }
                 self.cleanup_pending = true;
             } else if self.forwards >= self.algorithm.forward_limit() {
@@ -126,54 +124,80 @@ impl BlockRun {
                 self.cleanup_pending = true;
             }
         }
+        Some(self.algorithm.scores_needed(self.cleanup_pending))
+    }
 
-        if runner.sequence_len(seq) > self.start {
-            runner.truncate_sequence(seq, self.start)?;
-        }
+    /// Applies the scores of the forward [`BlockRun::plan`] asked for (a forward of the ids
+    /// `tokens()` had then): the algorithm's step. Returns the state afterwards; once `Final`,
+    /// the block's tokens are final and contain no MASK/DELETE/SPLIT at generated slots.
+    pub fn apply(&mut self, scores: StepScores<'_>, rng: &mut StdRng) -> BlockState {
         let forced = self.cleanup_pending;
-        let outcome = match self.algorithm.scores_needed(forced) {
-            ScoreKind::Logits => {
-                let data = runner.forward(seq, &self.block, LogitsRows::All)?;
-                let vocab = runner.config().vocab_size;
-                if data.len() != self.block.len() * vocab {
-                    return Err(minnow_model::ModelError::InvalidInput(format!(
-                        "forward returned {} logits for a block of {} × vocab {vocab}",
-                        data.len(),
-                        self.block.len()
-                    )));
-                }
-                self.record_forward();
-                let scores = StepScores::Logits(BlockLogits::new(&data, vocab));
-                self.algorithm.step(&mut self.block, scores, rng, forced)
-            }
-            ScoreKind::Top1 => {
-                let pairs = runner.forward_top1(seq, &self.block, LogitsRows::All)?;
-                if pairs.len() != self.block.len() {
-                    return Err(minnow_model::ModelError::InvalidInput(format!(
-                        "forward returned {} top-1 pairs for a block of {}",
-                        pairs.len(),
-                        self.block.len()
-                    )));
-                }
-                self.record_forward();
-                let scores = StepScores::Top1(&pairs);
-                self.algorithm.step(&mut self.block, scores, rng, forced)
-            }
-        };
+        self.record_forward();
+        let outcome = self.algorithm.step(&mut self.block, scores, rng, forced);
         if forced {
             self.forced_cleanup_ran = true;
             self.cleanup_pending = false;
-            self.state = BlockState::Final;
+            self.finalize();
             debug_assert!(self.is_clean(), "forced cleanup left control ids");
         } else if outcome == StepOutcome::Converged {
             if self.is_clean() {
-                self.state = BlockState::Final;
+                self.finalize();
             } else {
                 self.cleanup_pending = true;
             }
         }
-        self.elapsed += began.elapsed();
-        Ok(self.state)
+        self.state
+    }
+
+    fn finalize(&mut self) {
+        self.state = BlockState::Final;
+        if let Some(t) = self.first_planned {
+            self.elapsed = t.elapsed();
+        }
+    }
+
+    /// Whether committing the final block needs one more forward of its final ids (no logits):
+    /// the K/V in its page came from a forward of other ids (or from none).
+    pub fn needs_refresh(&self) -> bool {
+        self.last_input.as_deref() != Some(self.block.as_slice())
+    }
+
+    /// Records that the refresh forward of the final ids ran.
+    pub fn refreshed(&mut self) {
+        self.last_input = Some(self.block.clone());
+        if let Some(t) = self.first_planned {
+            self.elapsed = t.elapsed();
+        }
+    }
+
+    /// Runs at most one denoising forward on a single-sequence runner ([`BlockRun::plan`], the
+    /// forward, [`BlockRun::apply`]). The batched engine runs the same two halves around its
+    /// batched forward instead.
+    pub fn advance(
+        &mut self,
+        runner: &mut dyn ModelRunner,
+        seq: SeqId,
+        rng: &mut StdRng,
+    ) -> minnow_model::Result<BlockState> {
+        let Some(kind) = self.plan() else {
+            return Ok(self.state);
+        };
+        if runner.sequence_len(seq) > self.start {
+            runner.truncate_sequence(seq, self.start)?;
+        }
+        Ok(match kind {
+            ScoreKind::Logits => {
+                let data = runner.forward(seq, &self.block, LogitsRows::All)?;
+                let vocab = runner.config().vocab_size;
+                check_scores(data.len(), self.block.len() * vocab)?;
+                self.apply(StepScores::Logits(BlockLogits::new(&data, vocab)), rng)
+            }
+            ScoreKind::Top1 => {
+                let pairs = runner.forward_top1(seq, &self.block, LogitsRows::All)?;
+                check_scores(pairs.len(), self.block.len())?;
+                self.apply(StepScores::Top1(&pairs), rng)
+            }
+        })
     }
 
     /// Bookkeeping after a denoising forward of `self.block`, before the step edits it.
@@ -186,29 +210,36 @@ impl BlockRun {
         !has_control_tokens(&self.block, self.prompt_in_block, &self.control)
     }
 
-    /// Commits the final block's K/V (§8): reuse the last forward if it saw exactly the final ids,
-    /// else truncate and forward the final ids once without logits.
+    /// Commits the final block's K/V (§8) on a single-sequence runner: reuse the last forward
+    /// if it saw exactly the final ids, else truncate and forward the final ids once without
+    /// logits.
     pub fn commit(
         &mut self,
         runner: &mut dyn ModelRunner,
         seq: SeqId,
     ) -> minnow_model::Result<Commit> {
         debug_assert_eq!(self.state, BlockState::Final);
-        let began = Instant::now();
         let end = self.start + self.block.len();
-        if self.last_input.as_deref() == Some(self.block.as_slice())
-            && runner.sequence_len(seq) == end
-        {
+        if !self.needs_refresh() && runner.sequence_len(seq) == end {
             return Ok(Commit::Reused);
         }
         if runner.sequence_len(seq) > self.start {
             runner.truncate_sequence(seq, self.start)?;
         }
         runner.forward(seq, &self.block, LogitsRows::None)?;
-        self.last_input = Some(self.block.clone());
-        self.elapsed += began.elapsed();
+        self.refreshed();
         Ok(Commit::Refreshed)
     }
+}
+
+/// A forward that returned the wrong number of scores is a runner bug, reported as an error.
+pub fn check_scores(got: usize, expected: usize) -> minnow_model::Result<()> {
+    if got != expected {
+        return Err(minnow_model::ModelError::InvalidInput(format!(
+            "the forward returned {got} scores where the block needs {expected}"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

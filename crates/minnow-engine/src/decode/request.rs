@@ -1,25 +1,24 @@
-//! One request as a state machine over a [`ModelRunner`]: prefill the complete prompt blocks in
-//! whole-block chunks, then decode blocks in order (§1–§3), commit each block's K/V when another
-//! block follows (§8), stop at a stop token or the token budget (§9). Every call of
-//! [`RequestDecoder::advance`] runs at most one denoising or prefill forward (plus a commit
-//! refresh when a block finishes), so the engine can interleave requests step by step and check
-//! cancellation between forwards.
+//! One request as a plan/apply state machine: prefill the complete prompt blocks in whole-block
+//! chunks (skipping those a prefix-cache hit provides), then decode blocks in order (§1–§3),
+//! commit each block's K/V when another block follows (§8), stop at a stop token or the token
+//! budget (§9). Each step is at most one forward (a prefill chunk, a denoising forward or a commit
+//! refresh), which the engine batches with other requests' and checks cancellation between.
 
 use std::time::{Duration, Instant};
 
-use minnow_model::{LogitsRows, ModelRunner, SeqId};
+use minnow_model::{ModelRunner, SegmentOutput, SeqId, Want};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
 
-use super::block::{BlockRun, BlockState, Commit};
+use super::block::{check_scores, BlockRun, BlockState};
 use super::indel::{Indel, IndelSettings};
 use super::joint::{Joint, JointSettings};
 use super::layout::Layout;
 use super::low_confidence::{schedule, LowConfidence};
 use super::params::ResolvedParams;
 use super::stop_tokens::StopTokens;
-use super::{BlockAlgorithm, ControlTokens};
+use super::{BlockAlgorithm, BlockLogits, ControlTokens, ScoreKind, StepScores};
 use crate::api::{Algorithm, BlockStats, FinishReason, GenerationStats};
 
 /// Prefill chunk size in tokens (rounded down to whole blocks). Bounds the time one request holds
@@ -63,12 +62,45 @@ pub enum Update {
 pub struct DecoderContext {
     pub control: ControlTokens,
     pub stops: StopTokens,
+    pub vocab_size: usize,
 }
 
 enum Phase {
-    Prefill { done: usize },
-    Block { index: usize, run: BlockRun },
+    Prefill {
+        done: usize,
+    },
+    Block {
+        index: usize,
+        run: BlockRun,
+    },
+    /// The block is final but its page holds K/V of other ids: one refresh forward commits it,
+    /// then `finished` goes out.
+    Commit {
+        index: usize,
+        run: BlockRun,
+        finished: FinishedBlock,
+    },
     Finished,
+}
+
+/// The forward a request needs next: `ids` at positions `start..` of its canvas.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedForward {
+    pub start: usize,
+    pub ids: Vec<u32>,
+    pub want: Want,
+}
+
+/// What [`RequestDecoder::plan`] decided.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Next {
+    /// Run this forward, then [`RequestDecoder::apply`] its output.
+    Forward(PlannedForward),
+    /// Progress made without a forward (a block that was final before its next step).
+    Update(Update),
+    /// Nothing to do this step (a prefill chunk that the step's token budget cannot hold, or a
+    /// finished request).
+    Idle,
 }
 
 /// Builds the algorithm of one block.
@@ -126,15 +158,23 @@ pub fn check_algorithm(params: &ResolvedParams, control: ControlTokens) -> Resul
     Ok(())
 }
 
-/// One request's decoding state.
+/// One request's decoding state, as a plan/apply state machine: [`RequestDecoder::plan`] says
+/// which forward comes next, the engine runs it (batched with other requests'), and
+/// [`RequestDecoder::apply`] takes its output.
 pub struct RequestDecoder {
     layout: Layout,
     prompt: Vec<u32>,
     params: ResolvedParams,
     ctx: DecoderContext,
     rng: StdRng,
+    /// The single-sequence runner's sequence ([`RequestDecoder::advance`] only).
     seq: Option<SeqId>,
     phase: Phase,
+    /// The forward planned and not yet applied (its end, for a prefill chunk).
+    pending: Option<PlannedForward>,
+    /// Canvas ids whose K/V are final in the request's pages (prompt blocks and committed
+    /// blocks): what the prefix cache may publish.
+    committed: Vec<u32>,
     output: Vec<u32>,
     finish: Option<FinishReason>,
     stats: GenerationStats,
@@ -171,12 +211,27 @@ impl RequestDecoder {
             } else {
                 Phase::Prefill { done: 0 }
             },
+            pending: None,
+            committed: Vec::new(),
             output: Vec::new(),
             finish: finished.then_some(FinishReason::Length),
             trace: trace.then(Vec::new),
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
         })
+    }
+
+    /// Starts after `cached` prompt positions whose K/V the request's pages already hold (a
+    /// prefix-cache hit; whole blocks of the prefill part only).
+    pub fn with_cached_prefix(mut self, cached: usize) -> Self {
+        let b = self.layout.block;
+        let cached = (cached.min(self.layout.prefill_len) / b) * b;
+        if let Phase::Prefill { done } = &mut self.phase {
+            *done = cached;
+        }
+        self.committed = self.prompt[..cached].to_vec();
+        self.stats.cached_tokens = cached;
+        self
     }
 
     pub fn is_finished(&self) -> bool {
@@ -197,6 +252,16 @@ impl RequestDecoder {
         &self.layout
     }
 
+    /// Canvas ids whose K/V are final in the request's pages, from position 0.
+    pub fn committed(&self) -> &[u32] {
+        &self.committed
+    }
+
+    /// Whether the request is still prefilling its prompt.
+    pub fn is_prefilling(&self) -> bool {
+        matches!(self.phase, Phase::Prefill { .. })
+    }
+
     /// Statistics so far (timing totals are up to date after every call).
     pub fn stats(&self) -> GenerationStats {
         let mut stats = self.stats.clone();
@@ -214,23 +279,6 @@ impl RequestDecoder {
     /// The per-forward trace, when enabled.
     pub fn trace(&self) -> Option<&[TraceStep]> {
         self.trace.as_deref()
-    }
-
-    /// Frees the runner's sequence. Call once the request is over (finished, cancelled, failed).
-    pub fn release(&mut self, runner: &mut dyn ModelRunner) {
-        if let Some(seq) = self.seq.take() {
-            runner.release_sequence(seq);
-        }
-        self.phase = Phase::Finished;
-    }
-
-    fn sequence(&mut self, runner: &mut dyn ModelRunner) -> Result<SeqId, String> {
-        if let Some(seq) = self.seq {
-            return Ok(seq);
-        }
-        let seq = runner.create_sequence().map_err(|e| e.to_string())?;
-        self.seq = Some(seq);
-        Ok(seq)
     }
 
     fn start_block(&mut self, index: usize) -> Result<Phase, String> {
@@ -256,73 +304,160 @@ impl RequestDecoder {
         Ok(Phase::Block { index, run })
     }
 
-    /// Runs the next unit of work: one prefill chunk, or one denoising forward (plus the commit
-    /// refresh when the block finishes and another follows). Errors are one line.
-    pub fn advance(&mut self, runner: &mut dyn ModelRunner) -> Result<Update, String> {
-        let seq = self.sequence(runner)?;
+    /// Decides the next step. A prefill chunk holds at most `prefill_budget` tokens (whole
+    /// blocks, at most [`PREFILL_CHUNK_TOKENS`]); with less than a block of budget a prefilling
+    /// request waits ([`Next::Idle`]). Errors are one line.
+    pub fn plan(&mut self, prefill_budget: usize) -> Result<Next, String> {
+        if self.pending.is_some() {
+            return Err("a forward is already planned".into());
+        }
+        loop {
+            match std::mem::replace(&mut self.phase, Phase::Finished) {
+                Phase::Finished => return Ok(Next::Idle),
+                Phase::Prefill { done } => {
+                    let total = self.layout.prefill_len;
+                    if done >= total {
+                        // Prefill complete (or nothing to prefill): start decoding.
+                        self.phase = self.start_block(0)?;
+                        continue;
+                    }
+                    self.phase = Phase::Prefill { done };
+                    let b = self.layout.block;
+                    let chunk = (prefill_budget.min(PREFILL_CHUNK_TOKENS) / b) * b;
+                    if chunk == 0 {
+                        return Ok(Next::Idle);
+                    }
+                    let end = (done + chunk).min(total);
+                    return Ok(Next::Forward(self.planned(PlannedForward {
+                        start: done,
+                        ids: self.prompt[done..end].to_vec(),
+                        want: Want::Nothing,
+                    })));
+                }
+                Phase::Block { index, mut run } => match run.plan() {
+                    Some(kind) => {
+                        let rows = 0..run.tokens().len();
+                        let forward = PlannedForward {
+                            start: run.start(),
+                            ids: run.tokens().to_vec(),
+                            want: match kind {
+                                ScoreKind::Logits => Want::Logits(rows),
+                                ScoreKind::Top1 => Want::Top1(rows),
+                            },
+                        };
+                        self.phase = Phase::Block { index, run };
+                        return Ok(Next::Forward(self.planned(forward)));
+                    }
+                    None => {
+                        if let Some(finished) = self.finish_block(index, run)? {
+                            return Ok(Next::Update(Update::Block(finished)));
+                        }
+                    }
+                },
+                Phase::Commit {
+                    index,
+                    run,
+                    finished,
+                } => {
+                    let forward = PlannedForward {
+                        start: run.start(),
+                        ids: run.tokens().to_vec(),
+                        want: Want::Nothing,
+                    };
+                    self.phase = Phase::Commit {
+                        index,
+                        run,
+                        finished,
+                    };
+                    return Ok(Next::Forward(self.planned(forward)));
+                }
+            }
+        }
+    }
+
+    fn planned(&mut self, forward: PlannedForward) -> PlannedForward {
+        self.pending = Some(forward.clone());
+        forward
+    }
+
+    /// Takes the output of the planned forward, which took `elapsed` (the whole batch's time).
+    pub fn apply(&mut self, output: SegmentOutput, elapsed: Duration) -> Result<Update, String> {
+        let planned = self
+            .pending
+            .take()
+            .ok_or("apply without a planned forward")?;
         match std::mem::replace(&mut self.phase, Phase::Finished) {
             Phase::Finished => Err("the request is already finished".into()),
-            Phase::Prefill { done } => {
-                let total = self.layout.prefill_len;
-                if total == 0 {
-                    // No complete prompt block: nothing to prefill, start decoding at once.
-                    self.phase = self.start_block(0)?;
-                    return self.advance(runner);
-                }
-                let began = Instant::now();
-                let chunk = (PREFILL_CHUNK_TOKENS / self.layout.block).max(1) * self.layout.block;
-                let end = (done + chunk).min(total);
-                if end > done {
-                    runner
-                        .forward(seq, &self.prompt[done..end], LogitsRows::None)
-                        .map_err(|e| e.to_string())?;
-                }
-                self.prefill_time += began.elapsed();
-                self.phase = if end >= total {
-                    self.start_block(0)?
-                } else {
-                    Phase::Prefill { done: end }
-                };
+            Phase::Prefill { .. } => {
+                self.prefill_time += elapsed;
+                let end = planned.start + planned.ids.len();
+                self.committed.extend_from_slice(&planned.ids);
+                self.phase = Phase::Prefill { done: end };
                 Ok(Update::Prefill {
                     processed: end,
-                    total,
+                    total: self.layout.prefill_len,
                 })
             }
             Phase::Block { index, mut run } => {
-                let began = Instant::now();
-                let forwards_before = run.forwards();
-                let state = run
-                    .advance(runner, seq, &mut self.rng)
-                    .map_err(|e| e.to_string())?;
-                if run.forwards() > forwards_before {
-                    self.stats.denoise_forwards += 1;
-                    if let Some(trace) = &mut self.trace {
-                        trace.push(TraceStep {
-                            block: run.start() / self.layout.block,
-                            block_tokens: run.tokens().to_vec(),
-                        });
+                self.decode_time += elapsed;
+                let n = planned.ids.len();
+                let state = match output {
+                    SegmentOutput::Logits(data) => {
+                        let vocab = self.ctx.vocab_size;
+                        check_scores(data.len(), n * vocab).map_err(|e| e.to_string())?;
+                        run.apply(
+                            StepScores::Logits(BlockLogits::new(&data, vocab)),
+                            &mut self.rng,
+                        )
                     }
+                    SegmentOutput::Top1(pairs) => {
+                        check_scores(pairs.len(), n).map_err(|e| e.to_string())?;
+                        run.apply(StepScores::Top1(&pairs), &mut self.rng)
+                    }
+                    SegmentOutput::Nothing => {
+                        return Err("a denoising forward returned no scores".into())
+                    }
+                };
+                self.stats.denoise_forwards += 1;
+                if let Some(trace) = &mut self.trace {
+                    trace.push(TraceStep {
+                        block: run.start() / self.layout.block,
+                        block_tokens: run.tokens().to_vec(),
+                    });
                 }
                 if state == BlockState::Refining {
-                    self.decode_time += began.elapsed();
                     self.phase = Phase::Block { index, run };
                     return Ok(Update::Refining);
                 }
-                let finished = self.finish_block(index, &mut run, runner, seq)?;
-                self.decode_time += began.elapsed();
+                Ok(match self.finish_block(index, run)? {
+                    Some(finished) => Update::Block(finished),
+                    None => Update::Refining,
+                })
+            }
+            Phase::Commit {
+                index,
+                mut run,
+                mut finished,
+            } => {
+                self.decode_time += elapsed;
+                run.refreshed();
+                self.stats.commit_forwards += 1;
+                finished.stats.forwards += 1;
+                finished.stats.seconds = run.elapsed().as_secs_f64();
+                self.committed.extend_from_slice(run.tokens());
+                self.phase = self.start_block(index + 1)?;
                 Ok(Update::Block(finished))
             }
         }
     }
 
-    /// Stop-token scan, output assembly, and the commit of a final block.
+    /// Stop-token scan and output assembly of a final block. Returns the finished block, or
+    /// `None` when it first needs its commit refresh (the phase is then `Commit`).
     fn finish_block(
         &mut self,
         index: usize,
-        run: &mut BlockRun,
-        runner: &mut dyn ModelRunner,
-        seq: SeqId,
-    ) -> Result<FinishedBlock, String> {
+        run: BlockRun,
+    ) -> Result<Option<FinishedBlock>, String> {
         let slots = self.layout.output_slots(index);
         let (tokens, stopped) = self.ctx.stops.cut(&run.tokens()[slots]);
         let tokens = tokens.to_vec();
@@ -336,35 +471,75 @@ impl RequestDecoder {
         } else {
             None
         };
-        let mut forwards = run.forwards();
-        if finish.is_none() {
-            // Another block follows: its forwards attend to this block's committed K/V.
-            if run.commit(runner, seq).map_err(|e| e.to_string())? == Commit::Refreshed {
-                self.stats.commit_forwards += 1;
-                forwards += 1;
-            }
-        }
         self.stats.blocks += 1;
         self.stats.steps_per_block.push(run.forwards());
-        let stats = BlockStats {
-            block_index: run.start() / self.layout.block,
-            steps: run.forwards(),
-            forwards,
-            tokens: tokens.len(),
-            seconds: run.elapsed().as_secs_f64(),
+        let finished = FinishedBlock {
+            stats: BlockStats {
+                block_index: run.start() / self.layout.block,
+                steps: run.forwards(),
+                forwards: run.forwards(),
+                tokens: tokens.len(),
+                seconds: run.elapsed().as_secs_f64(),
+            },
+            tokens,
+            finish,
         };
         match finish {
             Some(reason) => {
                 self.finish = Some(reason);
                 self.phase = Phase::Finished;
+                Ok(Some(finished))
             }
-            None => self.phase = self.start_block(index + 1)?,
+            // Another block follows: its forwards attend to this block's committed K/V.
+            None if run.needs_refresh() => {
+                self.phase = Phase::Commit {
+                    index,
+                    run,
+                    finished,
+                };
+                Ok(None)
+            }
+            None => {
+                self.committed.extend_from_slice(run.tokens());
+                self.phase = self.start_block(index + 1)?;
+                Ok(Some(finished))
+            }
         }
-        Ok(FinishedBlock {
-            tokens,
-            stats,
-            finish,
-        })
+    }
+
+    /// Runs the next step on a single-sequence runner: plan, forward, apply (one prefill chunk,
+    /// one denoising forward, or one commit refresh). The engine batches the same steps.
+    pub fn advance(&mut self, runner: &mut dyn ModelRunner) -> Result<Update, String> {
+        let forward = match self.plan(PREFILL_CHUNK_TOKENS)? {
+            Next::Forward(forward) => forward,
+            Next::Update(update) => return Ok(update),
+            Next::Idle => return Err("the request is already finished".into()),
+        };
+        let seq = match self.seq {
+            Some(seq) => seq,
+            None => {
+                let seq = runner.create_sequence().map_err(|e| e.to_string())?;
+                self.seq = Some(seq);
+                seq
+            }
+        };
+        let began = Instant::now();
+        let run = |runner: &mut dyn ModelRunner| -> minnow_model::Result<SegmentOutput> {
+            if runner.sequence_len(seq) > forward.start {
+                runner.truncate_sequence(seq, forward.start)?;
+            }
+            runner.forward_one(seq, &forward.ids, forward.want.clone())
+        };
+        let output = run(runner).map_err(|e| e.to_string())?;
+        self.apply(output, began.elapsed())
+    }
+
+    /// Frees the single-sequence runner's sequence ([`RequestDecoder::advance`] only).
+    pub fn release(&mut self, runner: &mut dyn ModelRunner) {
+        if let Some(seq) = self.seq.take() {
+            runner.release_sequence(seq);
+        }
+        self.phase = Phase::Finished;
     }
 }
 
@@ -374,7 +549,7 @@ mod tests {
     use crate::api::DecodeParams;
     use crate::decode::params::resolve;
     use crate::decode::testing::{logits_for, toy_config, ScriptedRunner, M};
-    use minnow_model::Family;
+    use minnow_model::{Family, LogitsRows};
 
     const EOS: u32 = 6;
 
@@ -386,6 +561,7 @@ mod tests {
                 split: None,
             },
             stops: StopTokens::new(EOS, Some(5)),
+            vocab_size: crate::decode::testing::VOCAB,
         }
     }
 

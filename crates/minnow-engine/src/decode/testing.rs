@@ -2,10 +2,10 @@
 //! every forward and truncation (used to test the block loop, the K/V commit rule and requests
 //! without a model).
 
-use std::collections::HashMap;
-
 use minnow_model::runner::top1;
-use minnow_model::{Config, Family, LogitsRows, ModelRunner, SeqId};
+use minnow_model::{
+    Config, Family, LogitsRows, ModelRunner, Segment, SegmentOutput, SeqId, SequenceTable, Want,
+};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -107,6 +107,8 @@ pub fn toy_config(family: Family, block_size: usize) -> Config {
     config.family = family;
     config.vocab_size = VOCAB;
     config.block_size = block_size;
+    // Room for the long-prompt tests (the fixture's own context is 512).
+    config.max_position_embeddings = 1 << 16;
     config.delete_token_id = (family == Family::V22).then_some(D);
     config.split_token_id = (family == Family::V22).then_some(S);
     config
@@ -130,22 +132,20 @@ pub fn confident_rows(
 /// One recorded forward.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Call {
-    pub seq: SeqId,
     pub start: usize,
     pub ids: Vec<u32>,
     pub rows: LogitsRows,
-    /// Whether it was a `forward_top1` (top-1 pairs returned, not logits).
+    /// Whether it asked for top-1 pairs (not logits).
     pub top1: bool,
 }
 
 type LogitsFn = Box<dyn FnMut(usize, &[u32]) -> Vec<f32> + Send>;
 
 /// A [`ModelRunner`] whose logits come from a closure `(start position, ids) → [ids.len(), V]`
-/// with `V` = the config's `vocab_size`.
+/// with `V` = the config's `vocab_size`. It records every segment it runs and every truncation.
 pub struct ScriptedRunner {
     config: Config,
-    lens: HashMap<SeqId, usize>,
-    next_id: u64,
+    table: SequenceTable,
     logits: LogitsFn,
     pub calls: Vec<Call>,
     pub truncations: Vec<(SeqId, usize)>,
@@ -158,8 +158,7 @@ impl ScriptedRunner {
     ) -> Self {
         Self {
             config,
-            lens: HashMap::new(),
-            next_id: 1,
+            table: SequenceTable::new(PAGES),
             logits: Box::new(logits),
             calls: Vec::new(),
             truncations: Vec::new(),
@@ -180,6 +179,9 @@ impl ScriptedRunner {
     }
 }
 
+/// Pages of the scripted pool.
+const PAGES: usize = 4096;
+
 impl ModelRunner for ScriptedRunner {
     fn config(&self) -> &Config {
         &self.config
@@ -187,72 +189,60 @@ impl ModelRunner for ScriptedRunner {
     fn device_name(&self) -> String {
         "scripted".into()
     }
-    fn create_sequence(&mut self) -> minnow_model::Result<SeqId> {
-        let id = SeqId(self.next_id);
-        self.next_id += 1;
-        self.lens.insert(id, 0);
-        Ok(id)
+    fn kv_pages(&self) -> usize {
+        PAGES
     }
-    fn release_sequence(&mut self, seq: SeqId) {
-        self.lens.remove(&seq);
+    fn kv_page_bytes(&self) -> usize {
+        1
     }
-    fn sequence_len(&self, seq: SeqId) -> usize {
-        self.lens.get(&seq).copied().unwrap_or(0)
+    fn forward_batch(
+        &mut self,
+        segments: &[Segment<'_>],
+    ) -> minnow_model::Result<Vec<SegmentOutput>> {
+        minnow_model::batch::validate(&self.config, PAGES, segments)?;
+        let vocab = self.config.vocab_size;
+        let mut out = Vec::with_capacity(segments.len());
+        for seg in segments {
+            let rows = seg.want.rows();
+            self.calls.push(Call {
+                start: seg.start,
+                ids: seg.ids.to_vec(),
+                rows: if rows.is_empty() {
+                    LogitsRows::None
+                } else if rows == (0..seg.ids.len()) {
+                    LogitsRows::All
+                } else {
+                    LogitsRows::Range(rows.clone())
+                },
+                top1: matches!(seg.want, Want::Top1(_)),
+            });
+            let all = (self.logits)(seg.start, seg.ids);
+            assert_eq!(
+                all.len(),
+                seg.ids.len() * vocab,
+                "scripted logits have the wrong shape"
+            );
+            let logits = &all[rows.start * vocab..rows.end * vocab];
+            out.push(match seg.want {
+                Want::Nothing => SegmentOutput::Nothing,
+                Want::Logits(_) => SegmentOutput::Logits(logits.to_vec()),
+                Want::Top1(_) => {
+                    SegmentOutput::Top1(logits.chunks_exact(vocab).map(top1).collect())
+                }
+            });
+        }
+        Ok(out)
+    }
+    fn sequence_table(&mut self) -> &mut SequenceTable {
+        &mut self.table
+    }
+    fn sequence_table_ref(&self) -> &SequenceTable {
+        &self.table
     }
     fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> minnow_model::Result<()> {
-        let cur = self.sequence_len(seq);
-        if len > cur {
-            return Err(minnow_model::ModelError::InvalidInput(format!(
-                "truncate to {len} beyond length {cur}"
-            )));
-        }
+        let block = self.config.block_size;
+        self.table.truncate(seq, len, block)?;
         self.truncations.push((seq, len));
-        self.lens.insert(seq, len);
         Ok(())
-    }
-    fn forward(
-        &mut self,
-        seq: SeqId,
-        ids: &[u32],
-        rows: LogitsRows,
-    ) -> minnow_model::Result<Vec<f32>> {
-        let start = self.sequence_len(seq);
-        self.calls.push(Call {
-            seq,
-            start,
-            ids: ids.to_vec(),
-            rows: rows.clone(),
-            top1: false,
-        });
-        self.lens.insert(seq, start + ids.len());
-        let range = rows.resolve(ids.len());
-        if range.is_empty() {
-            return Ok(Vec::new());
-        }
-        let vocab = self.config.vocab_size;
-        let all = (self.logits)(start, ids);
-        assert_eq!(
-            all.len(),
-            ids.len() * vocab,
-            "scripted logits have the wrong shape"
-        );
-        Ok(all[range.start * vocab..range.end * vocab].to_vec())
-    }
-    /// The default computation (top-1 of `forward`'s rows), recorded as a top-1 call.
-    fn forward_top1(
-        &mut self,
-        seq: SeqId,
-        ids: &[u32],
-        rows: LogitsRows,
-    ) -> minnow_model::Result<Vec<(u32, f32)>> {
-        let logits = self.forward(seq, ids, rows)?;
-        self.calls
-            .last_mut()
-            .expect("forward recorded its call")
-            .top1 = true;
-        Ok(logits
-            .chunks_exact(self.config.vocab_size)
-            .map(top1)
-            .collect())
     }
 }

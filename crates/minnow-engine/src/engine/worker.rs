@@ -1,14 +1,19 @@
-//! The engine's worker thread: it owns the model runner, admits queued requests into at most
-//! `parallel` slots, and advances every active request by one unit of work (one prefill chunk or
-//! one denoising forward) per round, so requests interleave step by step. Cancellation is checked
-//! before every step; events go out over each request's unbounded channel.
+//! The engine's worker thread: it owns the model runner and loops over scheduler steps. Each step
+//! admits queued requests into the batch (at most `parallel`, each with every page its canvas
+//! needs: cached prompt blocks from the prefix cache plus fresh ones), asks the scheduler for one
+//! batch holding every running request's next forward, runs it as one batched forward, and hands
+//! each request its output. Cancellation is checked before every step; events go out over each
+//! request's unbounded channel.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use minnow_model::ModelRunner;
+use minnow_model::{ModelRunner, PageId};
 use tokio::sync::mpsc::UnboundedSender;
+
+use super::scheduler::{Admission, Scheduler, SchedulerSettings};
+use crate::prefix_cache::{BlockHash, PrefixCache};
 
 use super::{CancelToken, EngineError, EngineResult, TraceLog};
 use crate::api::{Event, FinishReason, GenerateRequest, ToolCallDelta};
@@ -18,6 +23,7 @@ use crate::decode::request::{DecoderContext, RequestDecoder, Update};
 use crate::text_stream::OutputStream;
 use crate::tokenizer::Tokenizer;
 use crate::tool_calls::{StreamParser, ToolCallFormat};
+use crate::EngineStats;
 
 /// A validated request waiting for a slot.
 pub(crate) struct Job {
@@ -52,6 +58,8 @@ pub(crate) struct Queue {
     wake: Condvar,
     parallel: usize,
     capacity: usize,
+    /// What the worker last reported about its cache and batches.
+    stats: Mutex<EngineStats>,
 }
 
 impl Queue {
@@ -65,7 +73,20 @@ impl Queue {
             wake: Condvar::new(),
             parallel,
             capacity,
+            stats: Mutex::new(EngineStats::default()),
         }
+    }
+
+    /// The worker's latest report.
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn publish_stats(&self, scheduler: &Scheduler) {
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.cache = scheduler.cache.stats();
+        stats.batch_size_counts = scheduler.batch_sizes.to_vec();
+        stats.batch_size_sum = scheduler.batch_size_sum;
     }
 
     fn lock(&self) -> MutexGuard<'_, QueueState> {
@@ -114,75 +135,108 @@ pub(crate) fn spawn(
     runner: Box<dyn ModelRunner>,
     queue: Arc<Queue>,
     tokenizer: Arc<Tokenizer>,
+    settings: SchedulerSettings,
 ) -> EngineResult<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("minnow-engine".into())
-        .spawn(move || run(runner, &queue, &tokenizer))
+        .spawn(move || run(runner, &queue, &tokenizer, settings))
         .map_err(|e| EngineError::Load(format!("cannot start the engine thread: {e}")))
 }
 
-fn run(mut runner: Box<dyn ModelRunner>, queue: &Queue, tokenizer: &Tokenizer) {
-    let mut active: Vec<Active> = Vec::new();
+fn run(
+    mut runner: Box<dyn ModelRunner>,
+    queue: &Queue,
+    tokenizer: &Tokenizer,
+    settings: SchedulerSettings,
+) {
+    let block = runner.config().block_size;
+    let mut scheduler = Scheduler::new(PrefixCache::new(runner.kv_pages(), block), settings);
+    queue.publish_stats(&scheduler);
     loop {
         {
             let mut state = queue.lock();
             loop {
                 if state.shutdown {
                     drop(state);
-                    for mut request in active.drain(..) {
-                        request.fail(runner.as_mut(), "the engine was shut down".into());
+                    for request in scheduler.running.drain(..) {
+                        let mut request = request;
+                        request.fail(&mut scheduler.cache, "the engine was shut down".into());
                     }
                     return;
                 }
                 state.drop_abandoned();
-                while active.len() < queue.parallel {
+                while scheduler.running.len() < queue.parallel {
                     let Some(job) = state.waiting.pop_front() else {
                         break;
                     };
-                    active.push(Active::start(job));
+                    match scheduler.admit(job) {
+                        Admission::Running => {}
+                        Admission::Refused(mut job, error) => {
+                            let _ = job.events.send(Event::Error(error.to_string()));
+                            job.events = closed_sender();
+                        }
+                        Admission::Wait(job) => {
+                            // Not enough pages now: it keeps its place at the head of the queue
+                            // until running requests free theirs.
+                            state.waiting.push_front(job);
+                            break;
+                        }
+                    }
                 }
-                state.busy = active.len();
-                if !active.is_empty() {
+                state.busy = scheduler.running.len();
+                if !scheduler.running.is_empty() {
                     break;
                 }
                 state = queue.wake.wait(state).unwrap_or_else(|e| e.into_inner());
             }
         }
-        for request in active.iter_mut() {
-            // A bug in a runner or decoder must fail its request, not the engine thread (which
-            // would leave every queued request waiting forever).
-            let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                request.step(runner.as_mut(), tokenizer)
-            }));
-            if let Err(panic) = stepped {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                tracing::error!(request = request.id, "internal error: {message}");
-                request.fail(runner.as_mut(), format!("internal error: {message}"));
+        // A bug in a runner or decoder must fail the requests of the step, not the engine thread
+        // (which would leave every queued request waiting forever).
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            scheduler.step(runner.as_mut(), tokenizer)
+        }));
+        if let Err(panic) = stepped {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            tracing::error!("internal error: {message}");
+            for request in scheduler.running.iter_mut() {
+                request.fail(&mut scheduler.cache, format!("internal error: {message}"));
             }
         }
-        active.retain(|request| !request.done);
-        queue.lock().busy = active.len();
+        scheduler.retire_finished();
+        queue.publish_stats(&scheduler);
+        queue.lock().busy = scheduler.running.len();
     }
 }
 
-/// One request in a decoding slot.
-struct Active {
-    id: u64,
-    decoder: Option<RequestDecoder>,
+/// A sender whose receiver is gone (a refused job's channel, once its error went out).
+fn closed_sender() -> UnboundedSender<Event> {
+    tokio::sync::mpsc::unbounded_channel().0
+}
+
+/// One request in the batch.
+pub(crate) struct Active {
+    pub id: u64,
+    pub decoder: Option<RequestDecoder>,
     output: OutputStream,
     events: UnboundedSender<Event>,
-    cancel: CancelToken,
+    pub cancel: CancelToken,
     trace: Option<TraceLog>,
     started: Instant,
-    done: bool,
+    pub done: bool,
+    /// The request's block table: one page per block of its canvas.
+    pub pages: Vec<PageId>,
+    /// Where the request's chain of block hashes starts; `None` when it opted out of the cache.
+    pub cache_root: Option<BlockHash>,
+    /// Hash of the last published block, and how many blocks are published.
+    pub chain: (Option<BlockHash>, usize),
 }
 
 impl Active {
-    fn start(job: Job) -> Active {
+    pub fn start(job: Job, pages: Vec<PageId>, cached: usize, root: Option<BlockHash>) -> Active {
         let parser = StreamParser::new(
             job.tool_format,
             job.request.tool_names.clone(),
@@ -190,13 +244,15 @@ impl Active {
             format!("call_{}", job.id),
         );
         let output = OutputStream::new(job.request.stop.clone(), parser);
+        let block = job.layout.block;
         let decoder = RequestDecoder::new(
             job.request.prompt_ids,
             job.layout,
             job.params,
             job.decoder,
             job.trace.is_some(),
-        );
+        )
+        .map(|d| d.with_cached_prefix(cached));
         let mut active = Active {
             id: job.id,
             decoder: None,
@@ -206,7 +262,15 @@ impl Active {
             trace: job.trace,
             started: Instant::now(),
             done: false,
+            pages,
+            cache_root: root,
+            // The cached blocks are published already (that is how they were found).
+            chain: (None, 0),
         };
+        if let (Some(root), Ok(decoder)) = (root, &decoder) {
+            let hashes = BlockHash::chain(root, decoder.committed(), block);
+            active.chain = (hashes.last().copied(), hashes.len());
+        }
         match decoder {
             Ok(decoder) => active.decoder = Some(decoder),
             Err(message) => {
@@ -224,40 +288,61 @@ impl Active {
         }
     }
 
-    /// One unit of work (or the end of the request).
-    fn step(&mut self, runner: &mut dyn ModelRunner, tokenizer: &Tokenizer) {
+    /// Ends the request early when it was cancelled or has nothing to decode; true when it is
+    /// over (and its pages released).
+    pub fn check_finished(&mut self, cache: &mut PrefixCache, tokenizer: &Tokenizer) -> bool {
         if self.done {
-            return;
+            return true;
         }
-        let Some(decoder) = self.decoder.as_mut() else {
+        let Some(decoder) = self.decoder.as_ref() else {
             self.done = true;
-            return;
+            return true;
         };
         if self.cancel.is_cancelled() {
-            self.finish(runner, tokenizer, FinishReason::Cancelled, Vec::new(), None);
-            return;
+            self.finish(cache, tokenizer, FinishReason::Cancelled, Vec::new(), None);
+            return true;
         }
         if decoder.is_finished() {
             // Nothing to decode (max_tokens 0).
             let reason = decoder.finish_reason().unwrap_or(FinishReason::Length);
-            self.finish(runner, tokenizer, reason, Vec::new(), None);
-            return;
+            self.finish(cache, tokenizer, reason, Vec::new(), None);
+            return true;
         }
-        let update = match decoder.advance(runner) {
-            Ok(update) => update,
-            Err(message) => {
-                tracing::warn!(request = self.id, "generation failed: {message}");
-                self.fail(runner, message);
-                return;
-            }
+        false
+    }
+
+    /// Publishes the blocks whose K/V became final since the last call to the prefix cache.
+    pub fn publish_committed(&mut self, cache: &mut PrefixCache) {
+        let (Some(root), Some(decoder)) = (self.cache_root, self.decoder.as_ref()) else {
+            return;
+        };
+        let block = cache.block();
+        let committed = decoder.committed();
+        let (mut parent, mut published) = self.chain;
+        while (published + 1) * block <= committed.len() {
+            let hash = parent
+                .unwrap_or(root)
+                .child(&committed[published * block..(published + 1) * block]);
+            cache.publish(self.pages[published], hash);
+            parent = Some(hash);
+            published += 1;
+        }
+        self.chain = (parent, published);
+    }
+
+    /// Turns one step's result into events (and the end of the request when it finished).
+    pub fn on_update(&mut self, update: Update, cache: &mut PrefixCache, tokenizer: &Tokenizer) {
+        let Some(decoder) = self.decoder.as_mut() else {
+            return;
         };
         match update {
             Update::Refining => {}
             Update::Prefill { processed, total } => {
                 let elapsed_ms = self.started.elapsed().as_millis() as u64;
+                let cached = decoder.stats().cached_tokens;
                 self.send(Event::PrefillProgress {
                     total,
-                    cached: 0,
+                    cached,
                     processed,
                     elapsed_ms,
                 });
@@ -266,7 +351,7 @@ impl Active {
                 let all_ids = decoder.output().to_vec();
                 let text = match self.output.push_block(tokenizer, &all_ids) {
                     Ok(text) => text,
-                    Err(e) => return self.fail(runner, e.to_string()),
+                    Err(e) => return self.fail(cache, e.to_string()),
                 };
                 let mut tokens = block.tokens;
                 let finish = match &text.stop {
@@ -287,7 +372,7 @@ impl Active {
                     }),
                     // The last block also carries whatever the end of the stream releases.
                     Some(reason) => self.finish(
-                        runner,
+                        cache,
                         tokenizer,
                         reason,
                         vec![(text.text_delta, text.tool_call_deltas)],
@@ -302,17 +387,17 @@ impl Active {
     /// `Done`, and the runner's sequence released.
     fn finish(
         &mut self,
-        runner: &mut dyn ModelRunner,
+        cache: &mut PrefixCache,
         tokenizer: &Tokenizer,
         reason: FinishReason,
         mut pending: Vec<(String, Vec<ToolCallDelta>)>,
         last_block: Option<(Vec<u32>, crate::api::BlockStats)>,
     ) {
-        let Some(mut decoder) = self.decoder.take() else {
+        let Some(decoder) = self.decoder.take() else {
             self.done = true;
             return;
         };
-        decoder.release(runner);
+        self.release_pages(cache);
         let ids = decoder.output().to_vec();
         let final_text = match self.output.finish(tokenizer, &ids, reason) {
             Ok(f) => f,
@@ -349,11 +434,18 @@ impl Active {
         self.done = true;
     }
 
-    fn fail(&mut self, runner: &mut dyn ModelRunner, message: String) {
-        if let Some(mut decoder) = self.decoder.take() {
-            decoder.release(runner);
+    pub fn fail(&mut self, cache: &mut PrefixCache, message: String) {
+        if self.done {
+            return;
         }
+        tracing::warn!(request = self.id, "generation failed: {message}");
+        self.decoder = None;
+        self.release_pages(cache);
         let _ = self.events.send(Event::Error(message));
         self.done = true;
+    }
+
+    fn release_pages(&mut self, cache: &mut PrefixCache) {
+        cache.release(&std::mem::take(&mut self.pages));
     }
 }
