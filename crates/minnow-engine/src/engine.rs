@@ -26,6 +26,7 @@
 //!
 //! CONTRACT: the signatures in this file are what minnow-server and the CLI are written against.
 
+mod error;
 mod scheduler;
 mod worker;
 
@@ -50,34 +51,7 @@ use crate::decode::ControlTokens;
 use crate::tokenizer::Tokenizer;
 use crate::tool_calls::ToolCallFormat;
 
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    /// The checkpoint could not be loaded (bad config, missing tensor, ...).
-    #[error("{0}")]
-    Load(String),
-    /// The request is invalid (maps to HTTP 400 invalid_request_error).
-    #[error("{0}")]
-    InvalidRequest(String),
-    /// The prompt plus the requested output does not fit (HTTP 400 exceed_context_size_error).
-    #[error("the request needs {n_prompt_tokens} prompt tokens plus output, but the context holds {n_ctx}")]
-    ContextExceeded {
-        n_prompt_tokens: usize,
-        n_ctx: usize,
-    },
-    /// The wait queue is full (HTTP 429).
-    #[error("the request queue is full")]
-    QueueFull,
-    /// The server cannot take the request with the memory it has (HTTP 503).
-    #[error("{0}")]
-    Overloaded(String),
-    /// The chat template failed to render.
-    #[error("chat template: {0}")]
-    Template(String),
-    #[error("{0}")]
-    Internal(String),
-}
-
-pub type EngineResult<T> = std::result::Result<T, EngineError>;
+pub use error::{EngineError, EngineResult};
 
 /// How to load an engine.
 #[derive(Clone, Debug)]
@@ -301,8 +275,9 @@ fn family_name(family: Family) -> &'static str {
 struct Inner {
     info: ModelInfo,
     family: Family,
-    /// Rows of the model's embedding table (may exceed the tokenizer's vocabulary).
-    model_vocab: usize,
+    /// The checkpoint's configuration (its vocabulary is the embedding table's rows, which may
+    /// exceed the tokenizer's).
+    config: minnow_model::Config,
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     tool_format: ToolCallFormat,
@@ -422,7 +397,7 @@ impl Engine {
             inner: Arc::new(Inner {
                 info,
                 family: config.family,
-                model_vocab: config.vocab_size,
+                config: config.clone(),
                 tokenizer,
                 template,
                 tool_format,
@@ -466,6 +441,18 @@ impl Engine {
         template.render(prompt, self.inner.tool_format)
     }
 
+    /// The one check of prompt ids, shared by [`Engine::submit`] and callers that want to refuse
+    /// a prompt early: not empty, inside the model's vocabulary, and free of the decoder-internal
+    /// MASK/DELETE/SPLIT tokens.
+    pub fn check_prompt(&self, ids: &[u32]) -> EngineResult<()> {
+        if ids.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        minnow_model::batch::check_ids(&self.inner.config, ids)
+            .map_err(|e| EngineError::InvalidRequest(format!("prompt: {e}")))?;
+        self.inner.tokenizer.check_prompt(ids)
+    }
+
     /// Validates and queues a request. Errors here are the request's fault (or `QueueFull`);
     /// errors during generation arrive as `Event::Error`.
     pub fn submit(&self, request: GenerateRequest) -> EngineResult<RequestHandle> {
@@ -490,20 +477,7 @@ impl Engine {
     ) -> EngineResult<RequestHandle> {
         let inner = &self.inner;
         let prompt = &request.prompt_ids;
-        if prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-        }
-        if let Some((pos, &id)) = prompt
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= inner.model_vocab)
-        {
-            return Err(EngineError::InvalidRequest(format!(
-                "prompt token id {id} at position {pos} is outside the vocabulary (size {})",
-                inner.model_vocab
-            )));
-        }
-        inner.tokenizer.check_prompt(prompt)?;
+        self.check_prompt(prompt)?;
         let params = resolve(&request.params, &inner.defaults, inner.family)
             .map_err(EngineError::InvalidRequest)?;
         check_algorithm(&params, inner.decoder.control).map_err(EngineError::InvalidRequest)?;

@@ -81,6 +81,22 @@ pub fn pages_for(len: usize, page_size: usize) -> usize {
     len.div_ceil(page_size)
 }
 
+/// Checks that every id is inside the model's vocabulary (the check of a forward's ids, also used
+/// by the engine to refuse a prompt before queuing it).
+pub fn check_ids(config: &Config, ids: &[u32]) -> Result<()> {
+    match ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= config.vocab_size)
+    {
+        Some((i, &id)) => Err(ModelError::InvalidInput(format!(
+            "token id {id} at input index {i} is outside the vocabulary (size {})",
+            config.vocab_size
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Checks every segment of a batch against the model and the pool: ids inside the vocabulary,
 /// positions inside the context, forwards starting at a block boundary when 2.2 block routing is
 /// on, a block table that covers the segment and names only pages of the pool, wanted rows inside
@@ -94,16 +110,8 @@ pub fn validate(config: &Config, pool_pages: usize, segments: &[Segment<'_>]) ->
         if n == 0 {
             return bad("a forward of zero tokens".into());
         }
-        if let Some((i, &id)) = seg
-            .ids
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= config.vocab_size)
-        {
-            return bad(format!(
-                "token id {id} at input index {i} is outside the vocabulary (size {})",
-                config.vocab_size
-            ));
+        if let Err(e) = check_ids(config, seg.ids) {
+            return bad(e.to_string());
         }
         let end = seg.start + n;
         if end > config.max_position_embeddings {

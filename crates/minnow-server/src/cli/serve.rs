@@ -33,9 +33,15 @@ pub struct Args {
     /// Context limit in tokens (default: the checkpoint's max_position_embeddings).
     #[arg(long)]
     pub max_context: Option<usize>,
-    /// Requests decoded at once.
-    #[arg(long, default_value_t = 1)]
-    pub parallel: usize,
+    /// Requests decoded at once: the most sequences batched into one forward (default: 16 on a
+    /// GPU, 4 on the CPU).
+    #[arg(long)]
+    pub parallel: Option<usize>,
+    /// K/V cache budget in MiB (fractions allowed), shared by every request and the prefix
+    /// cache (default: on a GPU what is left after weights and workspace, minus a margin; on the
+    /// CPU 4096).
+    #[arg(long)]
+    pub kv_cache_mib: Option<f64>,
     /// Requests that may wait for a free slot; more get HTTP 429.
     #[arg(long, default_value_t = 64)]
     pub queue_capacity: usize,
@@ -105,8 +111,14 @@ pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
 }
 
 fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
-    if args.parallel == 0 {
+    if args.parallel == Some(0) {
         return Err("--parallel must be at least 1".into());
+    }
+    if args
+        .kv_cache_mib
+        .is_some_and(|mib| !(mib.is_finite() && mib > 0.0))
+    {
+        return Err("--kv-cache-mib must be a positive number".into());
     }
     if args.max_context == Some(0) {
         return Err("--max-context must be at least 1".into());
@@ -141,7 +153,12 @@ fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
         engine: EngineOptions {
             device: cli.device,
             threads: cli.threads,
-            parallel: args.parallel,
+            // 0: the engine picks the device's default.
+            parallel: args.parallel.unwrap_or(0),
+            kv_cache_bytes: args
+                .kv_cache_mib
+                .map(|mib| (mib * (1u64 << 20) as f64) as usize),
+            step_tokens: EngineOptions::default().step_tokens,
             queue_capacity: args.queue_capacity,
             max_context: args.max_context,
             defaults: args.decode.params()?,

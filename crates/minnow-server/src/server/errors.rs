@@ -154,6 +154,15 @@ impl From<EngineError> for ApiError {
                 api
             }
             EngineError::QueueFull => ApiError::queue_full(),
+            EngineError::Overloaded(message) => {
+                let mut api = ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable_error",
+                    message,
+                );
+                api.code = Some("kv_cache_full");
+                api
+            }
             EngineError::Load(message) | EngineError::Internal(message) => {
                 ApiError::internal(message)
             }
@@ -192,6 +201,10 @@ mod tests {
         assert_eq!(
             ApiError::from(EngineError::QueueFull).status,
             StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            ApiError::from(EngineError::Overloaded("x".into())).status,
+            StatusCode::SERVICE_UNAVAILABLE
         );
         assert_eq!(
             ApiError::from(EngineError::InvalidRequest("x".into())).status,

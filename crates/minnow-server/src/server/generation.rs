@@ -94,6 +94,8 @@ pub async fn prepare_chat(state: &Arc<AppState>, chat: ChatRequest) -> Result<Jo
             params: chat.common.params.clone(),
             forced_prefix: rendered.forced_prefix,
             tool_names: chat.tool_names,
+            cache_prompt: chat.common.cache_prompt,
+            cache_salt: chat.common.cache_salt.clone(),
         },
         common: chat.common,
         single_tool_call: !chat.parallel_tool_calls,
@@ -120,6 +122,8 @@ pub async fn prepare_completion(
             params: completion.common.params.clone(),
             forced_prefix: None,
             tool_names: Vec::new(),
+            cache_prompt: completion.common.cache_prompt,
+            cache_salt: completion.common.cache_salt.clone(),
         },
         common: completion.common,
         single_tool_call: false,
@@ -151,29 +155,9 @@ fn resolve_max_tokens(state: &AppState, requested: MaxTokens) -> Option<usize> {
 /// Prompts must be non-empty, in the vocabulary, and free of the mask token (a mask in the
 /// prompt would be "denoised" like output). The engine also refuses edit tokens it knows about.
 fn check_prompt_ids(engine: &Engine, ids: &[u32], param: &str) -> Result<(), ApiError> {
-    let info = engine.info();
-    if ids.is_empty() {
-        return Err(ApiError::invalid(param, "the prompt is empty"));
-    }
-    if let Some(bad) = ids.iter().find(|&&id| id as usize >= info.vocab_size) {
-        return Err(ApiError::invalid(
-            param,
-            format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                info.vocab_size
-            ),
-        ));
-    }
-    if ids.contains(&info.mask_token_id) {
-        return Err(ApiError::invalid(
-            param,
-            format!(
-                "the prompt contains the mask token (id {}), which only the decoder may place",
-                info.mask_token_id
-            ),
-        ));
-    }
-    Ok(())
+    engine
+        .check_prompt(ids)
+        .map_err(|e| ApiError::invalid(param, e.to_string()))
 }
 
 /// Non-streaming: submit, wait for `Done`, answer with one JSON object. If the client goes

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use minnow_engine::GenerationStats;
+use minnow_engine::{EngineStats, GenerationStats, BATCH_SIZE_BUCKETS};
 
 /// Upper bounds (seconds) of the latency histogram buckets.
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -71,6 +71,8 @@ pub struct Gauges {
     pub busy_slots: usize,
     pub total_slots: usize,
     pub ready: bool,
+    /// The engine's K/V cache and batch statistics (zero while loading).
+    pub engine: EngineStats,
 }
 
 impl Metrics {
@@ -201,6 +203,38 @@ impl Metrics {
             "1 once the model is loaded.",
             usize::from(gauges.ready),
         );
+        let cache = &gauges.engine.cache;
+        gauge(
+            &mut out,
+            "minnow_kv_pages_total",
+            "Pages (one 32-token block each) in the K/V pool.",
+            cache.pages_total,
+        );
+        gauge(
+            &mut out,
+            "minnow_kv_pages_used",
+            "K/V pages held by running requests.",
+            cache.pages_held,
+        );
+        gauge(
+            &mut out,
+            "minnow_kv_pages_cached",
+            "Unreferenced K/V pages kept for prefix-cache hits.",
+            cache.pages_cached,
+        );
+        counter(
+            &mut out,
+            "minnow_prefix_cache_hit_tokens_total",
+            "Prompt tokens whose K/V came from the prefix cache.",
+            cache.hit_tokens,
+        );
+        counter(
+            &mut out,
+            "minnow_prefix_cache_evicted_pages_total",
+            "Cached K/V pages evicted to make room.",
+            cache.evicted_pages,
+        );
+        render_batch_sizes(&mut out, &gauges.engine);
         if let Ok(latency) = self.latency.lock() {
             latency.as_ref().unwrap_or(&Histogram::new()).render(
                 &mut out,
@@ -217,6 +251,22 @@ impl Metrics {
         }
         out
     }
+}
+
+/// `minnow_forward_batch_size`: sequences per batched forward, as a cumulative histogram.
+fn render_batch_sizes(out: &mut String, stats: &EngineStats) {
+    let name = "minnow_forward_batch_size";
+    let _ = writeln!(out, "# HELP {name} Sequences per batched forward.");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    let mut cumulative = 0;
+    for (i, bound) in BATCH_SIZE_BUCKETS.iter().enumerate() {
+        cumulative += stats.batch_size_counts.get(i).copied().unwrap_or(0);
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+    }
+    let count: u64 = stats.batch_size_counts.iter().sum();
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum {}", stats.batch_size_sum);
+    let _ = writeln!(out, "{name}_count {count}");
 }
 
 #[cfg(test)]
@@ -239,7 +289,25 @@ mod tests {
             busy_slots: 2,
             total_slots: 4,
             ready: true,
+            engine: EngineStats {
+                cache: minnow_engine::prefix_cache::CacheStats {
+                    pages_total: 100,
+                    pages_held: 7,
+                    pages_cached: 3,
+                    hit_tokens: 64,
+                    evicted_pages: 2,
+                },
+                batch_size_counts: vec![2, 0, 1, 0, 0, 0, 0, 0, 0],
+                batch_size_sum: 6,
+            },
         });
+        assert!(text.contains("minnow_kv_pages_total 100"));
+        assert!(text.contains("minnow_kv_pages_used 7"));
+        assert!(text.contains("minnow_prefix_cache_hit_tokens_total 64"));
+        assert!(text.contains("minnow_prefix_cache_evicted_pages_total 2"));
+        assert!(text.contains("minnow_forward_batch_size_bucket{le=\"2\"} 2"));
+        assert!(text.contains("minnow_forward_batch_size_bucket{le=\"4\"} 3"));
+        assert!(text.contains("minnow_forward_batch_size_count 3"));
         assert!(
             text.contains("minnow_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2")
         );

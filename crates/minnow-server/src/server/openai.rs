@@ -31,6 +31,11 @@ pub struct CommonOptions {
     pub return_progress: bool,
     /// llama-server `timings_per_token`: `timings` on every streamed chunk, not only the last.
     pub timings_per_token: bool,
+    /// llama-server `cache_prompt` (default true): whether the prompt may use and feed the
+    /// prefix cache.
+    pub cache_prompt: Option<bool>,
+    /// vLLM `cache_salt`: cached blocks are shared only between requests with the same salt.
+    pub cache_salt: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -309,8 +314,8 @@ fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, ApiError> {
         }
     }
     // Settings of the disabled samplers above (inert while their switch is neutral), the sampler
-    // order (this engine's order is fixed), llama-server's prompt cache switch and slot pinning,
-    // and OpenAI's end-user tag: none of them can change the output here.
+    // order (this engine's order is fixed), llama-server's slot pinning, and OpenAI's end-user
+    // tag: none of them can change the output here.
     for key in [
         "dynatemp_exponent",
         "xtc_threshold",
@@ -323,12 +328,14 @@ fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, ApiError> {
         "mirostat_tau",
         "mirostat_eta",
         "samplers",
-        "cache_prompt",
         "id_slot",
         "user",
     ] {
         fields.accept_any(key);
     }
+
+    let cache_prompt = fields.bool("cache_prompt")?;
+    let cache_salt = fields.string("cache_salt")?;
 
     Ok(CommonOptions {
         model,
@@ -339,6 +346,8 @@ fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, ApiError> {
         include_usage,
         return_progress,
         timings_per_token,
+        cache_prompt,
+        cache_salt,
     })
 }
 

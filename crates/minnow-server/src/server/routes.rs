@@ -354,6 +354,7 @@ fn model(state: &AppState, id: &str) -> Result<Response<Body>, ApiError> {
 /// then sends back and what the request validator accepts.
 fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
     let engine = state.engine()?;
+    let cache = engine.stats().cache;
     let info = engine.info();
     let d = &info.default_params;
     let n_predict = state.config.max_tokens.map_or(-1, |n| n as i64);
@@ -404,7 +405,7 @@ fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
             "is_processing": engine.busy_slots() > 0,
             "params": params,
         },
-        "total_slots": state.config.engine.parallel,
+        "total_slots": info.parallel,
         "model_alias": state.model_id,
         "model_path": info.path.display().to_string(),
         "modalities": {"vision": false, "audio": false},
@@ -427,9 +428,14 @@ fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
             "queue_depth": engine.queue_depth(),
             "busy_slots": engine.busy_slots(),
             "cache": {
-                "type": "block-causal kv cache, one per slot",
+                "type": "paged block-causal kv cache with a shared prefix cache",
                 "n_ctx": info.n_ctx,
                 "granularity_tokens": info.block_size,
+                "pages_total": cache.pages_total,
+                "pages_used": cache.pages_held,
+                "pages_cached": cache.pages_cached,
+                "prefix_cache_hit_tokens": cache.hit_tokens,
+                "prefix_cache_evicted_pages": cache.evicted_pages,
             },
             "generation_settings": info.default_params,
         },
@@ -443,7 +449,8 @@ fn slots(state: &AppState) -> Result<Response<Body>, ApiError> {
     let engine = state.engine()?;
     let n_ctx = engine.info().n_ctx;
     let busy = engine.busy_slots();
-    let slots: Vec<Value> = (0..state.config.engine.parallel)
+    let cache = engine.stats().cache;
+    let slots: Vec<Value> = (0..engine.info().parallel)
         .map(|id| {
             json!({
                 "id": id,
@@ -451,6 +458,13 @@ fn slots(state: &AppState) -> Result<Response<Body>, ApiError> {
                 "n_ctx": n_ctx,
                 "speculative": false,
                 "is_processing": id < busy,
+                // The K/V pool and its prefix cache are shared by every slot.
+                "kv_cache": {
+                    "pages_total": cache.pages_total,
+                    "pages_used": cache.pages_held,
+                    "pages_cached": cache.pages_cached,
+                    "prefix_cache_hit_tokens": cache.hit_tokens,
+                },
             })
         })
         .collect();

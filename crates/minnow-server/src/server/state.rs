@@ -56,8 +56,9 @@ impl AppState {
         Gauges {
             queue_depth: engine.map_or(0, Engine::queue_depth),
             busy_slots: engine.map_or(0, Engine::busy_slots),
-            total_slots: self.config.engine.parallel,
+            total_slots: engine.map_or(self.config.engine.parallel, |e| e.info().parallel),
             ready: engine.is_some(),
+            engine: engine.map(Engine::stats).unwrap_or_default(),
         }
     }
 }
