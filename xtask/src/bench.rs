@@ -270,17 +270,18 @@ fn step<'a>(
 /// One batched denoising step at each concurrency (every request a 32-token block over its own
 /// 1,024-token prefix, top-1 of every row read back, CUDA graph), against its floor; then the
 /// aggregate generated tokens/s of a fixed-schedule decode (8 blocks x (8 steps + 1 commit)) of
-/// that many requests in lockstep.
+/// that many requests in lockstep, against `single_rate` (the single-sequence decode of the same
+/// schedule measured before).
 fn batched_benchmarks(
     runner: &mut CudaRunner,
     o: &Opts,
     bw: f64,
     peak: f64,
+    single_rate: f64,
     rows: &mut Vec<String>,
 ) -> Result<(), String> {
     let config = runner.config().clone();
     let prefix = 1024;
-    let mut single_rate = None;
     for &n in &o.concurrency {
         let tables = prefill_requests(runner, n, prefix, 8)?;
         let blocks: Vec<Vec<u32>> = (0..n).map(|r| ids(32, 5000 + r as u64)).collect();
@@ -354,7 +355,7 @@ fn batched_benchmarks(
         runner.gpu().synchronize().map_err(err)?;
         let secs = start.elapsed().as_secs_f64();
         let rate = (n * 8 * 32) as f64 / secs;
-        let base = *single_rate.get_or_insert(rate);
+        let base = single_rate;
         println!(
             "decode x{n} (8 blocks x (8 steps + commit) each, lockstep): {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request; digest {digest:016x})",
             secs * 1e3,
@@ -520,7 +521,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     // Decode 8 blocks after a 1024-token prompt with a fixed schedule: 8 refinement forwards
     // (top-1 readback) then one commit forward per block.
-    {
+    let single_rate = {
         let seq = runner.create_sequence().map_err(err)?;
         runner
             .forward(seq, &ids(1024, 3), LogitsRows::None)
@@ -562,9 +563,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
             256.0 / s,
             s * 1e3 / 72.0
         ));
-    }
+        256.0 / s
+    };
 
-    batched_benchmarks(&mut runner, &o, bw, peak, &mut rows)?;
+    batched_benchmarks(&mut runner, &o, bw, peak, single_rate, &mut rows)?;
 
     println!();
     println!(

@@ -299,8 +299,9 @@ pub(crate) struct Workspace {
     pool_maps: Option<TensorMaps>,
     pub logits_bf16: DeviceBuffer<bf16>,
     pub logits_f32: DeviceBuffer<f32>,
-    pub top_token: DeviceBuffer<u32>,
-    pub top_conf: DeviceBuffer<f32>,
+    /// The wanted rows' argmax tokens (`[0, rows)`) then their confidences as F32 bits
+    /// (`[rows, 2 rows)`): a step reads both back in one copy.
+    pub top: DeviceBuffer<u32>,
     top_scratch: DeviceBuffer<f32>,
 }
 
@@ -407,8 +408,7 @@ impl Workspace {
             pool_maps,
             logits_bf16: gpu.alloc(r * c.vocab_size)?,
             logits_f32: gpu.alloc(r * c.vocab_size)?,
-            top_token: gpu.alloc(r)?,
-            top_conf: gpu.alloc(r)?,
+            top: gpu.alloc(2 * r)?,
             top_scratch: gpu.alloc(r * ops::TOP1_SLICES * 3)?,
         })
     }
@@ -709,8 +709,8 @@ pub(crate) fn queue_forward(
             gpu,
             ws.logits_bf16.ptr(),
             ws.top_scratch.ptr(),
-            ws.top_token.ptr(),
-            ws.top_conf.ptr(),
+            ws.top.ptr(),
+            ws.top.ptr_at(rows),
             rows,
             v,
         )?;

@@ -310,14 +310,14 @@ impl CudaRunner {
         let v = self.config.vocab_size;
         let (mut tokens, mut conf) = (Vec::new(), Vec::new());
         if layout.top1 {
-            tokens = vec![0u32; rows];
-            conf = vec![0f32; rows];
-            self.gpu
-                .read(&ws.top_token, 0, &mut tokens)
-                .map_err(device_err)?;
-            self.gpu
-                .read(&ws.top_conf, 0, &mut conf)
-                .map_err(device_err)?;
+            // Tokens then confidences (F32 bits), in one copy.
+            tokens = vec![0u32; 2 * rows];
+            self.gpu.read(&ws.top, 0, &mut tokens).map_err(device_err)?;
+            conf = tokens
+                .split_off(rows)
+                .into_iter()
+                .map(f32::from_bits)
+                .collect();
         }
         if !layout.top1 && !layout.logits {
             // Nothing to read: still wait, so device faults surface in this call.

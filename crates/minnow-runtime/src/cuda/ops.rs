@@ -795,12 +795,12 @@ pub fn pool_gemm(
 
 /// Rows per tile of the grouped expert GEMM for `assignments` rows over `experts` that can get
 /// them: 16 when experts get few rows each (decoding; the kernel then streams weights), 64 when
-/// they get more than about 12 (prefill, batches of many denoising blocks: a 16-row tile would
+/// they get 12 or more (`MINNOW_MOE64_ROWS`; prefill, batches of many denoising blocks: a 16-row tile would
 /// stream the same expert's weights once per tile; a 128-row tile with these 4-warp CTAs measured
 /// slower, docs/performance.md).
 pub fn moe_tile_rows(assignments: usize, experts: usize) -> usize {
     let busy = experts.min(assignments).max(1);
-    if assignments / busy >= 12 {
+    if assignments / busy >= super::tuning::tuning().moe64_rows {
         64
     } else {
         16
@@ -1077,6 +1077,5 @@ mod tests {
         assert_eq!(moe_max_tiles(4, 256, 16), 1 + 4);
         assert_eq!(grouped_gemm_smem_bytes(16, 3), 3 * 80 * 72 * 2);
         assert_eq!(grouped_gemm_smem_bytes(64, 3), 3 * 128 * 72 * 2);
-
     }
 }
