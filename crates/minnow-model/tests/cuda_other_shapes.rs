@@ -190,7 +190,10 @@ fn check(name: &str, gpu: &[f32], cpu: &[f32], vocab: usize) {
     println!(
         "{name}: {close}/{rows} rows within 0.5; relative error {rel:.2e}; argmax equal on all {clear} clear rows"
     );
-    assert!(10 * close >= 9 * rows, "{name}: only {close}/{rows} rows within 0.5");
+    assert!(
+        10 * close >= 9 * rows,
+        "{name}: only {close}/{rows} rows within 0.5"
+    );
 }
 
 /// A 70-token forward, then a 64-token prefill and one 32-token block over it (the denoising
