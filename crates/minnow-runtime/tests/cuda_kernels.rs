@@ -501,6 +501,9 @@ fn check_attention_batch(
     }
 }
 
+/// (heads, kv heads, head dim, segments (prefix, tokens), key splits).
+type AttentionCase = (usize, usize, usize, Vec<(usize, usize)>, usize);
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_matches_reference() {
@@ -508,7 +511,7 @@ fn attention_matches_reference() {
     // (heads, kv, d, segments (prefix, tokens), splits): prefill-like, decode-like with splits,
     // tiny shapes, a prefix that is not block aligned, a forward that straddles blocks, GQA
     // groups that do not divide 64, and batches of segments of different lengths and prefixes.
-    let cases: Vec<(usize, usize, usize, Vec<(usize, usize)>, usize)> = vec![
+    let cases: Vec<AttentionCase> = vec![
         (16, 4, 128, vec![(0, 96)], 1),
         (16, 4, 128, vec![(1024, 32)], 33),
         (16, 4, 128, vec![(70, 45)], 3),
