@@ -1,8 +1,11 @@
 // Block-causal flash attention over the cached prefix plus the current forward's own keys
 // (docs/llada2-model.md §6, §7.4 step 6). Tiled with an online softmax: no [n, n] score matrix.
 //
-// One CTA owns 64 query rows: the `group = H / G` query heads that share KV head g, times
-// 64 / group consecutive tokens, so K/V tiles are loaded once for all heads of the group (GQA).
+// A batched forward holds several segments (one per sequence); each attends only to its own
+// sequence, whose K/V live in pages of the layer's pool named by the segment's block table.
+// One CTA owns up to 64 query rows of one segment: the `group = H / G` query heads that share KV
+// head g, times floor(64 / group) consecutive tokens (the last 64 mod group rows stay idle when
+// the group does not divide 64), so K/V tiles are loaded once for all heads of the group (GQA).
 // The key range can be split over gridDim.z CTAs ("split-K", for short forwards over long
 // prefixes); each split writes an unnormalised partial (O, m, l) and attn_combine merges them.
 //
@@ -41,11 +44,38 @@ __device__ __forceinline__ int key_limit(int pos, int block, int end) {
     const int lim = (pos / block + 1) * block;  // floor(p_k / B) <= floor(p_q / B)
     return lim < end ? lim : end;
 }
+}  // namespace minnow_attention
+
+// The work of one attention CTA in a batched forward. segs[s] = (first row of segment s in the
+// batch, its length, the absolute position of its first row, the start of its block table in
+// `tables`); tiles[blockIdx.x] = (segment, first token of the segment this CTA takes).
+struct AttnTile {
+    int row0, len, pos0, tok0;
+    const int* table;
+};
+__device__ __forceinline__ AttnTile attn_tile(const int4* __restrict__ segs, const int2* __restrict__ tiles,
+                                              const int* __restrict__ tables) {
+    const int2 t = tiles[blockIdx.x];
+    const int4 s = segs[t.x];
+    return AttnTile{s.x, s.y, s.z, t.y, tables + s.w};
+}
+// Row of key position `key` in the layer's pool [pages * page, G, D]: page table[key / page]
+// (a shift and a mask for the power-of-two page sizes every checkpoint uses).
+__device__ __forceinline__ size_t kv_row(const int* table, int key, int page) {
+    if ((page & (page - 1)) == 0) {
+        const int shift = __ffs(page) - 1;
+        return (size_t)table[key >> shift] * page + (key & (page - 1));
+    }
+    return (size_t)table[key / page] * page + key % page;
+}
+
+namespace minnow_attention {
 
 template <int D>
 __device__ void attention_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
                                const bf16* __restrict__ v_cache, float* __restrict__ part_o,
-                               float* __restrict__ part_ml, const int* __restrict__ pos0_ptr, int T,
+                               float* __restrict__ part_ml, const int4* __restrict__ segs,
+                               const int2* __restrict__ tiles, const int* __restrict__ tables, int T,
                                int n_heads, int n_kv, int block, float scale) {
     using L = Smem<D>;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -60,16 +90,19 @@ __device__ void attention_tile(const bf16* __restrict__ q, const bf16* __restric
     int* sLim = reinterpret_cast<int*>(sL + 2 * ROWS);
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int group = n_heads / n_kv, tq = ROWS / group;
-    const int g = blockIdx.y, tok0 = blockIdx.x * tq;
-    const int pos0 = pos0_ptr[0], end = pos0 + T;
+    const int group = n_heads / n_kv, tq = ROWS / group, used = tq * group;
+    const int g = blockIdx.y;
+    const AttnTile tile = attn_tile(segs, tiles, tables);
+    const int tok0 = tile.tok0, len = tile.len, row0 = tile.row0;
+    const int pos0 = tile.pos0, end = pos0 + len;
     constexpr int CH = D / 8;  // 16-byte chunks per row
 
     for (int i = tid; i < ROWS * CH; i += THREADS) {
         const int r = i / CH, c = i % CH;
         const int tok = tok0 + r % tq, head = g * group + r / tq;
         uint4 val = make_uint4(0, 0, 0, 0);
-        if (tok < T) val = *reinterpret_cast<const uint4*>(q + ((size_t)tok * n_heads + head) * D + c * 8);
+        if (r < used && tok < len)
+            val = *reinterpret_cast<const uint4*>(q + ((size_t)(row0 + tok) * n_heads + head) * D + c * 8);
         *reinterpret_cast<uint4*>(sQ + r * L::LDQ + c * 8) = val;
     }
     for (int i = tid; i < ROWS * L::LDO; i += THREADS) sO[i] = 0.f;
@@ -77,9 +110,9 @@ __device__ void attention_tile(const bf16* __restrict__ q, const bf16* __restric
         const int tok = tok0 + tid % tq;
         sM[tid] = -INFINITY;
         sL[tid] = 0.f;
-        sLim[tid] = tok < T ? key_limit(pos0 + tok, block, end) : 0;
+        sLim[tid] = tid < used && tok < len ? key_limit(pos0 + tok, block, end) : 0;
     }
-    const int last_tok = min(T - 1, tok0 + tq - 1);
+    const int last_tok = min(len - 1, tok0 + tq - 1);
     const int tile_lim = key_limit(pos0 + last_tok, block, end);
     // This split's key range, in whole key tiles.
     const int n_tiles = (tile_lim + KT - 1) / KT;
@@ -93,7 +126,7 @@ __device__ void attention_tile(const bf16* __restrict__ q, const bf16* __restric
             const int r = i / CH, c = i % CH, key = kb + r;
             uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
             if (key < kend) {
-                const size_t off = ((size_t)key * n_kv + g) * D + c * 8;
+                const size_t off = (kv_row(tile.table, key, block) * n_kv + g) * D + c * 8;
                 kv = *reinterpret_cast<const uint4*>(k_cache + off);
                 vv = *reinterpret_cast<const uint4*>(v_cache + off);
             }
@@ -175,12 +208,13 @@ __device__ void attention_tile(const bf16* __restrict__ q, const bf16* __restric
     for (int i = tid; i < ROWS * D; i += THREADS) {
         const int r = i / D, c = i % D;
         const int tok = tok0 + r % tq, head = g * group + r / tq;
-        if (tok < T) part_o[(((size_t)blockIdx.z * T + tok) * n_heads + head) * D + c] = sO[r * L::LDO + c];
+        if (r < used && tok < len)
+            part_o[(((size_t)blockIdx.z * T + row0 + tok) * n_heads + head) * D + c] = sO[r * L::LDO + c];
     }
     if (tid < ROWS) {
         const int tok = tok0 + tid % tq, head = g * group + tid / tq;
-        if (tok < T) {
-            float* ml = part_ml + (((size_t)blockIdx.z * T + tok) * n_heads + head) * 2;
+        if (tid < used && tok < len) {
+            float* ml = part_ml + (((size_t)blockIdx.z * T + row0 + tok) * n_heads + head) * 2;
             ml[0] = sM[tid];
             ml[1] = sL[tid];
         }
@@ -189,14 +223,17 @@ __device__ void attention_tile(const bf16* __restrict__ q, const bf16* __restric
 }  // namespace minnow_attention
 using namespace minnow_attention;
 
-// grid = (ceil(T / (64 / group)), G, splits), block = 128; dynamic shared memory = Smem<D>::total
-// (the host computes the same layout: attention_smem_bytes in crates/minnow-runtime/src/cuda/ops.rs).
-#define ATTENTION_ENTRY(D)                                                                              \
-    extern "C" __global__ void __launch_bounds__(THREADS) attention_d##D(                               \
-        const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,         \
-        const int* pos0, int T, int n_heads, int n_kv, int block, float scale) {                        \
-        pdl_enter();                                                                                    \
-        attention_tile<D>(q, k_cache, v_cache, part_o, part_ml, pos0, T, n_heads, n_kv, block, scale); \
+// grid = (tiles, G, splits), block = 128; dynamic shared memory = Smem<D>::total (the host
+// computes the same layout: attention_smem_bytes in crates/minnow-runtime/src/cuda/ops.rs). T is
+// the batch's row count; `block` is both the block-causal mask's block and the page size.
+#define ATTENTION_ENTRY(D)                                                                               \
+    extern "C" __global__ void __launch_bounds__(THREADS) attention_d##D(                                \
+        const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,          \
+        const int4* segs, const int2* tiles, const int* tables, int T, int n_heads, int n_kv, int block, \
+        float scale) {                                                                                   \
+        pdl_enter();                                                                                     \
+        attention_tile<D>(q, k_cache, v_cache, part_o, part_ml, segs, tiles, tables, T, n_heads, n_kv,   \
+                          block, scale);                                                                 \
     }
 
 ATTENTION_ENTRY(16)
@@ -236,8 +273,9 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 
 template <int D>
 __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-                        float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos0_ptr,
-                        int T, int n_heads, int n_kv, int block, float scale) {
+                        float* __restrict__ part_o, float* __restrict__ part_ml, const int4* __restrict__ segs,
+                        const int2* __restrict__ tiles, const int* __restrict__ tables, int T, int n_heads,
+                        int n_kv, int block, float scale) {
     using L = FaSmem<D>;
     constexpr int LD = L::LD, CH = D / 8, KS = D / 16, ND = D / 8;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -245,28 +283,55 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
     bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
     bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int group = n_heads / n_kv, tq = ROWS / group;
-    const int kvh = blockIdx.y, tok0 = blockIdx.x * tq;
-    const int pos0 = pos0_ptr[0], end = pos0 + T;
+    const int group = n_heads / n_kv, tq = ROWS / group, used = tq * group;
+    const int kvh = blockIdx.y;
+    const AttnTile tile = attn_tile(segs, tiles, tables);
+    const int tok0 = tile.tok0, len = tile.len, row0 = tile.row0;
+    const int pos0 = tile.pos0, end = pos0 + len;
 
-    for (int i = tid; i < ROWS * CH; i += THREADS) {
-        const int r = i / CH, c = i % CH;
-        const int tok = tok0 + r % tq, head = kvh * group + r / tq;
-        uint4 val = make_uint4(0, 0, 0, 0);
-        if (tok < T) val = *reinterpret_cast<const uint4*>(q + ((size_t)tok * n_heads + head) * D + c * 8);
-        *reinterpret_cast<uint4*>(sQ + r * LD + c * 8) = val;
-    }
     // This thread's two rows (g and g + 8 of the warp's 16) and their key limits.
     const int ra = warp * 16 + g, rb = ra + 8;
     const int toka = tok0 + ra % tq, tokb = tok0 + rb % tq;
-    const int lima = toka < T ? key_limit(pos0 + toka, block, end) : 0;
-    const int limb = tokb < T ? key_limit(pos0 + tokb, block, end) : 0;
-    const int last_tok = min(T - 1, tok0 + tq - 1);
+    const bool va = ra < used && toka < len, vb = rb < used && tokb < len;
+    const int lima = va ? key_limit(pos0 + toka, block, end) : 0;
+    const int limb = vb ? key_limit(pos0 + tokb, block, end) : 0;
+    const int last_tok = min(len - 1, tok0 + tq - 1);
     const int tile_lim = key_limit(pos0 + last_tok, block, end);
     const int n_tiles = (tile_lim + KT - 1) / KT;
     const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
     const int kbeg = blockIdx.z * per_split * KT;
     const int kend = min(tile_lim, kbeg + per_split * KT);
+
+    auto load_tile = [&](int stage, int kb) {
+        bf16* dk = sK + stage * KT * LD;
+        bf16* dv = sV + stage * KT * LD;
+#pragma unroll
+        for (int i = 0; i < KT * CH / THREADS; ++i) {
+            const int c = tid + i * THREADS, r = c / CH, col = (c % CH) * 8, key = kb + r;
+            const bool ok = key < kend;
+            const size_t off = ((ok ? kv_row(tile.table, key, block) : 0) * n_kv + kvh) * D + col;
+            cp_async16(dk + r * LD + col, k_cache + off, ok);
+            cp_async16(dv + r * LD + col, v_cache + off, ok);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+
+
+    // The segment's cached prefix (keys below pos0) is written by no kernel of this forward, and
+    // the tile list, segments and block tables come from the host before the forward: a first
+    // key tile that lies wholly in the prefix streams in before waiting for the previous kernel
+    // (kernels/common.cuh, pdl_enter), overlapping QK-norm + RoPE's tail.
+    const bool early = kbeg < kend && kbeg + KT <= pos0;
+    if (early) load_tile(0, kbeg);
+    pdl_enter();
+    for (int i = tid; i < ROWS * CH; i += THREADS) {
+        const int r = i / CH, c = i % CH;
+        const int tok = tok0 + r % tq, head = kvh * group + r / tq;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (r < used && tok < len)
+            val = *reinterpret_cast<const uint4*>(q + ((size_t)(row0 + tok) * n_heads + head) * D + c * 8);
+        *reinterpret_cast<uint4*>(sQ + r * LD + c * 8) = val;
+    }
     __syncthreads();
 
     unsigned qa[KS][4];
@@ -283,21 +348,7 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
     for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
 
-    auto load_tile = [&](int stage, int kb) {
-        bf16* dk = sK + stage * KT * LD;
-        bf16* dv = sV + stage * KT * LD;
-#pragma unroll
-        for (int i = 0; i < KT * CH / THREADS; ++i) {
-            const int c = tid + i * THREADS, r = c / CH, col = (c % CH) * 8, key = kb + r;
-            const bool ok = key < kend;
-            const size_t off = ((size_t)(ok ? key : 0) * n_kv + kvh) * D + col;
-            cp_async16(dk + r * LD + col, k_cache + off, ok);
-            cp_async16(dv + r * LD + col, v_cache + off, ok);
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
-    };
-
-    if (kbeg < kend) load_tile(0, kbeg);
+    if (kbeg < kend && !early) load_tile(0, kbeg);
     int stage = 0;
     for (int kb = kbeg; kb < kend; kb += KT, stage ^= 1) {
         if (kb + KT < kend) {
@@ -390,21 +441,21 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
     const int heada = kvh * group + ra / tq, headb = kvh * group + rb / tq;
-    float* oa = part_o + (((size_t)blockIdx.z * T + toka) * n_heads + heada) * D;
-    float* ob = part_o + (((size_t)blockIdx.z * T + tokb) * n_heads + headb) * D;
+    float* oa = part_o + (((size_t)blockIdx.z * T + row0 + toka) * n_heads + heada) * D;
+    float* ob = part_o + (((size_t)blockIdx.z * T + row0 + tokb) * n_heads + headb) * D;
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
-        if (toka < T) *reinterpret_cast<float2*>(oa + n * 8 + 2 * t4) = make_float2(o[n][0], o[n][1]);
-        if (tokb < T) *reinterpret_cast<float2*>(ob + n * 8 + 2 * t4) = make_float2(o[n][2], o[n][3]);
+        if (va) *reinterpret_cast<float2*>(oa + n * 8 + 2 * t4) = make_float2(o[n][0], o[n][1]);
+        if (vb) *reinterpret_cast<float2*>(ob + n * 8 + 2 * t4) = make_float2(o[n][2], o[n][3]);
     }
     if (t4 == 0) {
-        if (toka < T) {
-            float* ml = part_ml + (((size_t)blockIdx.z * T + toka) * n_heads + heada) * 2;
+        if (va) {
+            float* ml = part_ml + (((size_t)blockIdx.z * T + row0 + toka) * n_heads + heada) * 2;
             ml[0] = ma;
             ml[1] = la;
         }
-        if (tokb < T) {
-            float* ml = part_ml + (((size_t)blockIdx.z * T + tokb) * n_heads + headb) * 2;
+        if (vb) {
+            float* ml = part_ml + (((size_t)blockIdx.z * T + row0 + tokb) * n_heads + headb) * 2;
             ml[0] = mb;
             ml[1] = lb;
         }
@@ -412,14 +463,16 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
 }
 }  // namespace minnow_fa
 
-// grid = (ceil(T / (64 / group)), G, splits), block = 128; dynamic shared memory =
-// FaSmem<D>::total (mirrored by attention_smem_bytes in ops.rs).
-#define FA_ENTRY(D)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(minnow_fa::THREADS) attention_fa_d##D(                   \
-        const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,            \
-        const int* pos0, int T, int n_heads, int n_kv, int block, float scale) {                           \
-        pdl_enter();                                                                                       \
-        minnow_fa::fa_tile<D>(q, k_cache, v_cache, part_o, part_ml, pos0, T, n_heads, n_kv, block, scale); \
+// grid = (tiles, G, splits), block = 128; dynamic shared memory = FaSmem<D>::total (mirrored by
+// attention_smem_bytes in ops.rs). Arguments as attention_d{D}; fa_tile waits for the previous
+// kernel itself (after starting the first key tile's copy when it can).
+#define FA_ENTRY(D)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(minnow_fa::THREADS) attention_fa_d##D(                 \
+        const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,          \
+        const int4* segs, const int2* tiles, const int* tables, int T, int n_heads, int n_kv, int block, \
+        float scale) {                                                                                   \
+        minnow_fa::fa_tile<D>(q, k_cache, v_cache, part_o, part_ml, segs, tiles, tables, T, n_heads,     \
+                              n_kv, block, scale);                                                       \
     }
 FA_ENTRY(64)
 FA_ENTRY(128)

@@ -150,3 +150,25 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 }
 static_assert(Tile<16, 4>::smem_bytes == 4 * 80 * 72 * 2, "host mirror");
 static_assert(Tile<64, 3>::smem_bytes == 3 * 128 * 72 * 2, "host mirror");
+
+// The grouped GEMM for shapes the tiled kernels refuse (N not a multiple of 64 or K not a multiple
+// of 32, e.g. 24-wide experts): one thread per output column of a tile, each walking the tile's
+// rows with an F32 dot product over K. Slow but general; same tiles, gather and rounding (one BF16
+// rounding of the F32 sum) as grouped_gemm_m*. grid = (ceil(N / 64), max_tiles), block = 64.
+extern "C" __global__ void grouped_gemm_any(const bf16* __restrict__ X, const int* __restrict__ row_token,
+                                            const bf16* __restrict__ W, bf16* __restrict__ Y,
+                                            const int4* __restrict__ tiles, const int* __restrict__ num_tiles,
+                                            int N, int K) {
+    pdl_enter();
+    if ((int)blockIdx.y >= num_tiles[0]) return;
+    const int4 tile = tiles[blockIdx.y];
+    const int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const bf16* w = W + ((size_t)tile.x * N + n) * K;
+    for (int p = tile.y; p < tile.z; ++p) {
+        const bf16* x = X + (size_t)(row_token ? row_token[p] : p) * K;
+        float acc = 0.f;
+        for (int k = 0; k < K; ++k) acc += to_f32(x[k]) * to_f32(w[k]);
+        Y[(size_t)p * N + n] = to_bf16(acc);
+    }
+}

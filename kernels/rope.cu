@@ -1,18 +1,19 @@
 // QK-norm + partial rotate-half RoPE on the fused QKV projection, writing Q for attention and
-// K (normed, rotated) / V (raw) into the layer's K/V cache (docs/llada2-model.md §7.4 steps 2-5).
+// K (normed, rotated) / V (raw) into the layer's K/V pool (docs/llada2-model.md §7.4 steps 2-5).
 #include "common.cuh"
 
 // qkv: [T, (H + 2G) * d] in the order [Q heads | K heads | V heads]. grid = (T, H + 2G), one warp
-// per (token, head); d <= 256. The token's absolute position is pos0[0] + t (pos0 lives in device
-// memory so that a captured graph can be replayed at another position).
-// q_out: [T, H, d]; k_cache, v_cache: [capacity, G, d] of this layer.
+// per (token, head); d <= 256. Row t of a batched forward is at absolute position tok_pos[t] and
+// its K/V go to row tok_slot[t] = page * page_size + (position % page_size) of the layer's pool
+// (both in device memory, so a captured graph can be replayed at other positions and pages).
+// q_out: [T, H, d]; k_pool, v_pool: [pages * page_size, G, d] of this layer.
 // Lane l owns the ceil(d / 32) adjacent elements from l * ceil(d / 32): all of a lane's loads are
 // issued together (a strided loop waited one memory round trip per element).
 #define ROPE_MAX_PER_LANE 8
 extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const bf16* __restrict__ q_weight,
                                         const bf16* __restrict__ k_weight, bf16* __restrict__ q_out,
                                         bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
-                                        const int* __restrict__ pos0, int n_heads, int n_kv_heads, int d,
+                                        const int* __restrict__ tok_pos, const int* __restrict__ tok_slot, int n_heads, int n_kv_heads, int d,
                                         int rot, float theta, float eps) {
     __shared__ float normed[256];
     const int t = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
@@ -24,20 +25,21 @@ extern "C" __global__ void qk_norm_rope(const bf16* __restrict__ qkv, const bf16
 #pragma unroll
     for (int u = 0; u < ROPE_MAX_PER_LANE; ++u) wv[u] = !is_v && u < per && i0 + u < d ? to_f32(w[i0 + u]) : 0.f;
     pdl_enter();
-    const int pos = pos0[0] + t;
+    const int pos = tok_pos[t];
+    const size_t slot = (size_t)tok_slot[t];
     const bf16* src = qkv + ((size_t)t * (n_heads + 2 * n_kv_heads) + head) * d;
     bf16 raw[ROPE_MAX_PER_LANE];
 #pragma unroll
     for (int u = 0; u < ROPE_MAX_PER_LANE; ++u) raw[u] = u < per && i0 + u < d ? src[i0 + u] : to_bf16(0.f);
     if (is_v) {  // V head: cached as is
-        bf16* dst = v_cache + ((size_t)pos * n_kv_heads + (head - n_heads - n_kv_heads)) * d;
+        bf16* dst = v_cache + (slot * n_kv_heads + (head - n_heads - n_kv_heads)) * d;
 #pragma unroll
         for (int u = 0; u < ROPE_MAX_PER_LANE; ++u)
             if (u < per && i0 + u < d) dst[i0 + u] = raw[u];
         return;
     }
     bf16* dst = is_q ? q_out + ((size_t)t * n_heads + head) * d
-                     : k_cache + ((size_t)pos * n_kv_heads + (head - n_heads)) * d;
+                     : k_cache + (slot * n_kv_heads + (head - n_heads)) * d;
     float ss = 0.f;
 #pragma unroll
     for (int u = 0; u < ROPE_MAX_PER_LANE; ++u) {

@@ -145,7 +145,9 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
 // 2.2 block routing (docs/llada2-model.md §7.8): block admission and the top-k of `tpc` consecutive
 // tokens of one routing block per CTA; thread j < E owns expert j (blockDim >= E, a multiple of
 // 32, <= 1024; every thread takes (token, pool entry) pairs), grid = routing blocks *
-// ceil(block / tpc), dynamic shared memory 2 * tpc * E floats.
+// ceil(block / tpc), dynamic shared memory 2 * tpc * E floats. Routing block b is the rows
+// blocks[b] = (first row, rows) of the batch (each segment of a batched forward cut at its own
+// block boundaries), or with `blocks` null rows b * block .. of a single sequence.
 // Every CTA recomputes its block's admission from the block's logits (32 x 256 floats from L2 for a
 // denoising step), so no CTA waits for another and the serial part is two short rank loops; a
 // one-CTA-per-block version spent 13 us on a 32-token block (docs/performance.md, attempt 19).
@@ -160,7 +162,8 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
 // for every assignment its row q * pool_row_stride + token in the pooled outputs
 // (pool_slot_pos[T * k + t]: token t's shared-expert row).
 extern "C" __global__ void __launch_bounds__(1024)
-    route_block(const float* __restrict__ logits, const float* __restrict__ bias, int T, int E, int block,
+    route_block(const float* __restrict__ logits, const float* __restrict__ bias, const int2* __restrict__ blocks,
+                int T, int E, int block,
                 int capacity, int k, float scale, int tpc, int* __restrict__ topk_idx, float* __restrict__ topk_w,
                 const bf16* __restrict__ pool_wgu, long long pool_wgu_stride, const bf16* __restrict__ pool_wd,
                 long long pool_wd_stride, unsigned long long* __restrict__ pool_wgu_ptrs,
@@ -173,11 +176,12 @@ extern "C" __global__ void __launch_bounds__(1024)
     __shared__ int pool[1024];
     __shared__ float chosen[ROUTE_MAX_TOKENS * ROUTE_MAX_K];  // unbiased scores in rank order
     const int j = threadIdx.x;
-    const int ctas_per_block = (block + tpc - 1) / tpc;
-    const int r0 = (blockIdx.x / ctas_per_block) * block, rows = min(block, T - r0);
-    const int u0 = (blockIdx.x % ctas_per_block) * tpc, nu = min(tpc, rows - u0);
+    const int ctas_per_block = (block + tpc - 1) / tpc, b = blockIdx.x / ctas_per_block;
     const float bias_j = j < E ? bias[j] : 0.f;  // weights: readable before the wait
     pdl_enter();
+    const int2 rb = blocks ? blocks[b] : make_int2(b * block, min(block, T - b * block));
+    const int r0 = rb.x, rows = rb.y;
+    const int u0 = (blockIdx.x % ctas_per_block) * tpc, nu = min(tpc, rows - u0);
     if (nu <= 0) return;  // past the end of a partial last block (the whole CTA)
     float best = -INFINITY;
     if (j < E) {

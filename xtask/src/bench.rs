@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use minnow_model::cuda::CudaRunner;
-use minnow_model::{Config, LogitsRows, ModelRunner};
+use minnow_model::{Config, LogitsRows, ModelRunner, PageId, Segment, Want};
 use minnow_runtime::cuda::Gpu;
 
 /// LLaDA2.2-mini (docs/llada2-model.md §3.1).
@@ -38,6 +38,7 @@ struct Opts {
     prefill: Vec<usize>,
     prefixes: Vec<usize>,
     profile_one: bool,
+    concurrency: Vec<usize>,
 }
 
 fn parse_list(s: &str) -> Result<Vec<usize>, String> {
@@ -53,6 +54,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         prefill: vec![512, 2048, 4096, 8192],
         prefixes: vec![1024, 8192],
         profile_one: false,
+        concurrency: vec![1, 4, 16, 64],
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -62,6 +64,9 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--profile-one" => o.profile_one = true,
             "--prefill" => o.prefill = parse_list(it.next().ok_or("--prefill needs a list")?)?,
             "--prefix" => o.prefixes = parse_list(it.next().ok_or("--prefix needs a list")?)?,
+            "--concurrency" => {
+                o.concurrency = parse_list(it.next().ok_or("--concurrency needs a list")?)?
+            }
             other => return Err(format!("unknown bench option {other}")),
         }
     }
@@ -142,6 +147,229 @@ fn refinement_bytes(c: &Config, prefix: usize, t: usize) -> f64 {
     c.num_hidden_layers as f64 * attn + dense + moe + kv + lm_head
 }
 
+/// Dense bf16 matrix rate (cuBLAS, 8192^3 on random data), the arithmetic ceiling of a floor.
+fn matmul_rate(gpu: &Gpu) -> Result<f64, String> {
+    let n = 8192usize;
+    let a = gpu.alloc::<half::bf16>(n * n).map_err(err)?;
+    let b = gpu.alloc::<half::bf16>(n * n).map_err(err)?;
+    let c = gpu.alloc::<half::bf16>(n * n).map_err(err)?;
+    minnow_runtime::cuda::ops::fill_random_bf16(gpu, a.ptr(), n * n, 3, 1.0).map_err(err)?;
+    minnow_runtime::cuda::ops::fill_random_bf16(gpu, b.ptr(), n * n, 4, 1.0).map_err(err)?;
+    let mut times = vec![];
+    for i in 0..12 {
+        let timer = gpu.timer().map_err(err)?;
+        timer.start().map_err(err)?;
+        gpu.blas()
+            .gemm_bf16(a.ptr(), b.ptr(), c.ptr(), n, n, n, n)
+            .map_err(err)?;
+        let ms = timer.stop_ms().map_err(err)? as f64;
+        if i >= 2 {
+            times.push(ms);
+        }
+    }
+    Ok(2.0 * (n as f64).powi(3) / (median(times) * 1e-3))
+}
+
+/// What one batched denoising step of `n` requests (32 tokens each over its own `prefix`) must
+/// read and compute at least: every dense weight once (attention projections, the dense MLP,
+/// routers, shared experts, the lm_head: every row wants its top-1), the union of the experts
+/// its tokens use in each MoE layer (`experts_used`, measured on the device), and each request's
+/// K/V; FLOPs of every row through its weights plus each request's attention over its keys.
+fn batched_step_cost(c: &Config, n: usize, prefix: usize, experts_used: &[usize]) -> (f64, f64) {
+    let d = c.hidden_size as f64;
+    let bf = 2.0;
+    let t = (32 * n) as f64;
+    let attn_params = c.qkv_rows() as f64 * d + d * (c.num_attention_heads * c.head_dim) as f64;
+    let expert_params = 3.0 * c.moe_intermediate_size as f64 * d;
+    let shared_params = c.shared_intermediate_size() as f64 * 3.0 * d;
+    let moe_layers = c.num_hidden_layers - c.first_k_dense_replace;
+    let dense_params = c.first_k_dense_replace as f64 * 3.0 * c.intermediate_size as f64 * d;
+    let router_params = moe_layers as f64 * c.num_experts as f64 * d;
+    let lm_head = c.vocab_size as f64 * d;
+    let used: f64 = experts_used.iter().map(|&u| u as f64).sum();
+    let keys = (prefix + 32) as f64;
+    let kv_row = (2 * c.num_key_value_heads * c.head_dim) as f64 * bf;
+    let bytes = (c.num_hidden_layers as f64 * attn_params
+        + dense_params
+        + router_params
+        + moe_layers as f64 * shared_params
+        + used * expert_params
+        + lm_head)
+        * bf
+        + n as f64 * c.num_hidden_layers as f64 * keys * kv_row;
+    let per_token = c.num_hidden_layers as f64 * attn_params
+        + dense_params
+        + router_params
+        + moe_layers as f64 * (shared_params + c.num_experts_per_tok as f64 * expert_params)
+        + lm_head;
+    // Q.K and P.V of every query row over its request's keys (the block-causal mask ignored).
+    let attention = 4.0 * (c.num_attention_heads * c.head_dim) as f64 * keys;
+    let flops = t * (2.0 * per_token + c.num_hidden_layers as f64 * attention);
+    (bytes, flops)
+}
+
+/// Pages `first..first + n` of the pool (the batched benchmarks manage their own pages, from the
+/// top of the pool, after the single-sequence measurements released theirs).
+fn page_run(first: usize, n: usize) -> Vec<PageId> {
+    (first as PageId..(first + n) as PageId).collect()
+}
+
+/// `n` requests, each with its own `prefix`-token prompt prefilled (eight per forward) on pages
+/// of its own; returns their block tables (room for `blocks` more blocks each).
+fn prefill_requests(
+    runner: &mut CudaRunner,
+    n: usize,
+    prefix: usize,
+    blocks: usize,
+) -> Result<Vec<Vec<PageId>>, String> {
+    let p = runner.config().block_size;
+    let per = (prefix + blocks * p).div_ceil(p);
+    let top = runner.kv_pages();
+    if top < n * per {
+        return Err(format!(
+            "the K/V pool holds {top} pages, {} needed",
+            n * per
+        ));
+    }
+    let tables: Vec<Vec<PageId>> = (0..n).map(|r| page_run(top - (r + 1) * per, per)).collect();
+    let prompts: Vec<Vec<u32>> = (0..n).map(|r| ids(prefix, 7 + 31 * r as u64)).collect();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(8) {
+        let segs: Vec<Segment<'_>> = chunk
+            .iter()
+            .map(|&r| Segment {
+                pages: &tables[r],
+                start: 0,
+                ids: &prompts[r],
+                want: Want::Nothing,
+            })
+            .collect();
+        runner.forward_batch(&segs).map_err(err)?;
+    }
+    Ok(tables)
+}
+
+/// One segment per request: its block at `start` over its own pages.
+fn step<'a>(
+    tables: &'a [Vec<PageId>],
+    blocks: &'a [Vec<u32>],
+    start: usize,
+    want: Want,
+) -> Vec<Segment<'a>> {
+    tables
+        .iter()
+        .zip(blocks)
+        .map(|(t, b)| Segment {
+            pages: t,
+            start,
+            ids: b,
+            want: want.clone(),
+        })
+        .collect()
+}
+
+/// One batched denoising step at each concurrency (every request a 32-token block over its own
+/// 1,024-token prefix, top-1 of every row read back, CUDA graph), against its floor; then the
+/// aggregate generated tokens/s of a fixed-schedule decode (8 blocks x (8 steps + 1 commit)) of
+/// that many requests in lockstep, against `single_rate` (the single-sequence decode of the same
+/// schedule measured before).
+fn batched_benchmarks(
+    runner: &mut CudaRunner,
+    o: &Opts,
+    bw: f64,
+    peak: f64,
+    single_rate: f64,
+    rows: &mut Vec<String>,
+) -> Result<(), String> {
+    let config = runner.config().clone();
+    let prefix = 1024;
+    for &n in &o.concurrency {
+        let tables = prefill_requests(runner, n, prefix, 8)?;
+        let blocks: Vec<Vec<u32>> = (0..n).map(|r| ids(32, 5000 + r as u64)).collect();
+        let segs = step(&tables, &blocks, prefix, Want::Top1(0..32));
+        let used = runner.experts_used(&segs).map_err(err)?;
+        let (bytes, flops) = batched_step_cost(&config, n, prefix, &used);
+        let floor = (bytes / bw).max(flops / peak);
+        let mut times = vec![];
+        for rep in 0..o.reps + 3 {
+            let start = Instant::now();
+            runner.forward_batch(&segs).map_err(err)?;
+            if rep >= 3 {
+                times.push(start.elapsed().as_secs_f64());
+            }
+        }
+        let s = median(times);
+        let mean_used = used.iter().sum::<usize>() as f64 / used.len().max(1) as f64;
+        println!(
+            "batched step x{n} (32 tokens each @ {prefix} prefix): {:.3} ms; reads >= {:.2} GB ({mean_used:.1} experts per MoE layer), {:.2} TFLOP; floor {:.3} ms ({}), ratio {:.2}",
+            s * 1e3,
+            bytes / 1e9,
+            flops / 1e12,
+            floor * 1e3,
+            if bytes / bw >= flops / peak { "bandwidth" } else { "compute" },
+            s / floor
+        );
+        rows.push(format!(
+            "| batched denoising step, {n} x 32 tokens @ {prefix} prefix (graph, top-1) | {:.3} ms | floor {:.3} ms ({:.2} GB, {:.2} TFLOP; {mean_used:.1} experts/layer) | {:.2}x floor |",
+            s * 1e3,
+            floor * 1e3,
+            bytes / 1e9,
+            flops / 1e12,
+            s / floor
+        ));
+        if n > 1 {
+            print_profile(
+                &format!("batched step x{n}"),
+                runner.profile_batch(&segs).map_err(err)?,
+            );
+        }
+        // Fixed-schedule decode of all n requests in lockstep.
+        let mut blocks = blocks;
+        runner.gpu().synchronize().map_err(err)?;
+        let start = Instant::now();
+        let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in 0..8usize {
+            let pos = prefix + 32 * b;
+            for (r, blk) in blocks.iter_mut().enumerate() {
+                *blk = ids(32, 1000 + b as u64 + 97 * r as u64);
+            }
+            for s in 0..8 {
+                let out = runner
+                    .forward_batch(&step(&tables, &blocks, pos, Want::Top1(0..32)))
+                    .map_err(err)?;
+                for (blk, o) in blocks.iter_mut().zip(out) {
+                    let top = o.into_top1().unwrap_or_default();
+                    for (i, (tok, _)) in top.iter().enumerate().skip(s * 4).take(4) {
+                        blk[i] = (*tok).min(149_999);
+                    }
+                }
+            }
+            runner
+                .forward_batch(&step(&tables, &blocks, pos, Want::Nothing))
+                .map_err(err)?;
+            for blk in &blocks {
+                for &tok in blk {
+                    digest = (digest ^ tok as u64).wrapping_mul(0x0100_0000_01b3);
+                }
+            }
+        }
+        runner.gpu().synchronize().map_err(err)?;
+        let secs = start.elapsed().as_secs_f64();
+        let rate = (n * 8 * 32) as f64 / secs;
+        let base = single_rate;
+        println!(
+            "decode x{n} (8 blocks x (8 steps + commit) each, lockstep): {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request; digest {digest:016x})",
+            secs * 1e3,
+            rate / base
+        );
+        rows.push(format!(
+            "| decode of {n} concurrent requests, 8 blocks x (8 steps + 1 commit), 1024 prompts | {:.2} ms | {rate:.0} generated tok/s aggregate | {:.2}x one request |",
+            secs * 1e3,
+            rate / base
+        ));
+    }
+    Ok(())
+}
+
 /// Prints a per-stage device-time breakdown (events between stages; a few µs of overhead each).
 fn print_profile(what: &str, stages: Vec<(&'static str, f32)>) {
     let total: f32 = stages.iter().map(|s| s.1).sum();
@@ -168,6 +396,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!(
         "device copy bandwidth (read + write): {:.2} TB/s",
         bw / 1e12
+    );
+    let peak = matmul_rate(runner.gpu())?;
+    println!(
+        "bf16 matrix rate (cuBLAS 8192^3, random data): {:.0} TFLOP/s",
+        peak / 1e12
     );
     let mut rows: Vec<String> = vec![];
 
@@ -288,7 +521,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     // Decode 8 blocks after a 1024-token prompt with a fixed schedule: 8 refinement forwards
     // (top-1 readback) then one commit forward per block.
-    {
+    let single_rate = {
         let seq = runner.create_sequence().map_err(err)?;
         runner
             .forward(seq, &ids(1024, 3), LogitsRows::None)
@@ -330,7 +563,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
             256.0 / s,
             s * 1e3 / 72.0
         ));
-    }
+        256.0 / s
+    };
+
+    batched_benchmarks(&mut runner, &o, bw, peak, single_rate, &mut rows)?;
 
     println!();
     println!(
@@ -343,6 +579,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     println!(
         "| device copy bandwidth | | {:.2} TB/s | 1 GiB D2D copy, read + write |",
         bw / 1e12
+    );
+    println!(
+        "| bf16 matrix rate | | {:.0} TFLOP/s | cuBLAS 8192^3, random data |",
+        peak / 1e12
     );
     for r in rows {
         println!("{r}");

@@ -10,6 +10,7 @@ use minnow_runtime::cuda::ops::{self, AttentionShape, RouterShape};
 use minnow_runtime::cuda::tma::{Bf16Rows, TensorMaps};
 use minnow_runtime::cuda::{DeviceBuffer, Gpu, Graph};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 fn gpu() -> Gpu {
@@ -276,7 +277,11 @@ fn qk_norm_rope_matches_reference() {
         let qkv = to_bf16(&randn(&mut rng, t * width, 1.0));
         let qw = to_bf16(&randn(&mut rng, d, 1.0));
         let kw = to_bf16(&randn(&mut rng, d, 1.0));
-        let cap = pos0 + t;
+        // The sequence's pages in a pool of twice as many, in scrambled order.
+        let n_pages = (pos0 + t).div_ceil(32);
+        let table = page_table(n_pages, 2 * n_pages);
+        let cap = 2 * n_pages * 32;
+        let slot = |pos: usize| table[pos / 32] as usize * 32 + pos % 32;
         let (dqkv, dqw, dkw) = (
             g.upload(&qkv).unwrap(),
             g.upload(&qw).unwrap(),
@@ -287,7 +292,12 @@ fn qk_norm_rope_matches_reference() {
             poisoned_bf16(&g, cap * kv * d),
             poisoned_bf16(&g, cap * kv * d),
         );
-        let dpos = g.upload(&[pos0 as i32]).unwrap();
+        let dpos = g
+            .upload(&(pos0..pos0 + t).map(|p| p as i32).collect::<Vec<_>>())
+            .unwrap();
+        let dslot = g
+            .upload(&(pos0..pos0 + t).map(|p| slot(p) as i32).collect::<Vec<_>>())
+            .unwrap();
         let theta = 600000.0;
         ops::qk_norm_rope(
             &g,
@@ -299,6 +309,7 @@ fn qk_norm_rope_matches_reference() {
             kc.ptr(),
             vc.ptr(),
             dpos.ptr(),
+            dslot.ptr(),
             t,
             theta,
             1e-6,
@@ -327,7 +338,7 @@ fn qk_norm_rope_matches_reference() {
             for h in 0..kv {
                 let kr = &row[(heads + h) * d..(heads + h + 1) * d];
                 wk.extend(rope_ref(kr, &kwf, pos0 + i, rot, theta));
-                let off = ((pos0 + i) * kv + h) * d;
+                let off = (slot(pos0 + i) * kv + h) * d;
                 gotk.extend_from_slice(&gk[off..off + d]);
                 wv.extend_from_slice(&row[(heads + kv + h) * d..(heads + kv + h + 1) * d]);
                 gotv.extend_from_slice(&gv[off..off + d]);
@@ -384,22 +395,142 @@ fn attention_ref(
     out
 }
 
+/// A block table of `n` pages drawn from a pool of `pool` pages, in a scrambled order.
+fn page_table(n: usize, pool: usize) -> Vec<u32> {
+    let mut pages: Vec<u32> = (0..pool as u32).collect();
+    let mut rng = rng();
+    pages.shuffle(&mut rng);
+    pages.truncate(n);
+    pages
+}
+
+/// One batched attention launch over `segments` (prefix, tokens), each with its own scrambled
+/// block table into one shared pool, against the per-segment reference.
+fn check_attention_batch(
+    g: &Gpu,
+    shape: &AttentionShape,
+    segments: &[(usize, usize)],
+    splits: usize,
+) {
+    let mut rng = rng();
+    let (heads, kv, d) = (shape.heads, shape.kv_heads, shape.head_dim);
+    let page = shape.block;
+    let pages: Vec<usize> = segments
+        .iter()
+        .map(|&(p, t)| (p + t).div_ceil(page))
+        .collect();
+    let pool_pages: usize = pages.iter().sum::<usize>() + 3;
+    let all = page_table(pool_pages, pool_pages);
+    let t_total: usize = segments.iter().map(|s| s.1).sum();
+    let q = to_bf16(&randn(&mut rng, t_total * heads * d, 2.0));
+    // The pool starts poisoned with NaN-free garbage; each segment's keys go to its pages.
+    let mut kpool = to_bf16(&randn(&mut rng, pool_pages * page * kv * d, 50.0));
+    let mut vpool = to_bf16(&randn(&mut rng, pool_pages * page * kv * d, 50.0));
+    let (mut segs, mut tables, mut logical) = (vec![], vec![], vec![]);
+    let (mut row0, mut used) = (0usize, 0usize);
+    for (si, &(pos0, t)) in segments.iter().enumerate() {
+        let end = pos0 + t;
+        let table: Vec<u32> = all[used..used + pages[si]].to_vec();
+        used += pages[si];
+        let k = to_bf16(&randn(&mut rng, end * kv * d, 2.0));
+        let v = to_bf16(&randn(&mut rng, end * kv * d, 1.0));
+        for pos in 0..end {
+            let slot = table[pos / page] as usize * page + pos % page;
+            kpool[slot * kv * d..(slot + 1) * kv * d]
+                .copy_from_slice(&k[pos * kv * d..(pos + 1) * kv * d]);
+            vpool[slot * kv * d..(slot + 1) * kv * d]
+                .copy_from_slice(&v[pos * kv * d..(pos + 1) * kv * d]);
+        }
+        segs.push([row0 as i32, t as i32, pos0 as i32, tables.len() as i32]);
+        tables.extend(table.iter().map(|&p| p as i32));
+        logical.push((k, v));
+        row0 += t;
+    }
+    let lens: Vec<usize> = segments.iter().map(|s| s.1).collect();
+    let tiles = ops::attention_tiles(shape, &lens);
+    let flat = |x: &[[i32; 4]]| x.iter().flatten().copied().collect::<Vec<i32>>();
+    let (dsegs, dtiles, dtables) = (
+        g.upload(&flat(&segs)).unwrap(),
+        g.upload(&tiles.iter().flatten().copied().collect::<Vec<i32>>())
+            .unwrap(),
+        g.upload(&tables).unwrap(),
+    );
+    let (dq, dk, dv) = (
+        g.upload(&q).unwrap(),
+        g.upload(&kpool).unwrap(),
+        g.upload(&vpool).unwrap(),
+    );
+    let (po, pml) = ops::attention_scratch_len(shape, t_total, splits);
+    let (dpo, dpml, out) = (
+        poisoned_f32(g, po),
+        poisoned_f32(g, pml),
+        poisoned_bf16(g, t_total * heads * d),
+    );
+    let batch = ops::AttentionBatch {
+        segs: dsegs.ptr(),
+        tiles: dtiles.ptr(),
+        tables: dtables.ptr(),
+        tiles_count: tiles.len(),
+    };
+    ops::attention(
+        g,
+        shape,
+        dq.ptr(),
+        dk.ptr(),
+        dv.ptr(),
+        dpo.ptr(),
+        dpml.ptr(),
+        out.ptr(),
+        &batch,
+        t_total,
+        splits,
+    )
+    .unwrap();
+    let got = read_bf16(g, &out);
+    let f = |x: &[bf16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+    let mut row0 = 0;
+    for (&(pos0, t), (k, v)) in segments.iter().zip(&logical) {
+        let qs = &q[row0 * heads * d..(row0 + t) * heads * d];
+        let want = attention_ref(&f(qs), &f(k), &f(v), t, pos0, heads, kv, d, page);
+        check_bf16(
+            &format!("attention h{heads} g{kv} d{d} prefix {pos0} t {t} splits {splits} in a batch of {}", segments.len()),
+            &got[row0 * heads * d..(row0 + t) * heads * d],
+            &want,
+        );
+        row0 += t;
+    }
+}
+
+/// (heads, kv heads, head dim, segments (prefix, tokens), key splits).
+type AttentionCase = (usize, usize, usize, Vec<(usize, usize)>, usize);
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_matches_reference() {
     let g = gpu();
-    let mut rng = rng();
-    // (heads, kv, d, prefix, tokens, splits): prefill-like, decode-like with splits, tiny shapes,
-    // a prefix that is not block aligned and a forward that straddles blocks.
-    let cases = [
-        (16usize, 4usize, 128usize, 0usize, 96usize, 1usize),
-        (16, 4, 128, 1024, 32, 33),
-        (16, 4, 128, 70, 45, 3),
-        (4, 2, 16, 32, 64, 1),
-        (4, 2, 16, 13, 40, 5),
-        (8, 8, 64, 200, 20, 2),
+    // (heads, kv, d, segments (prefix, tokens), splits): prefill-like, decode-like with splits,
+    // tiny shapes, a prefix that is not block aligned, a forward that straddles blocks, GQA
+    // groups that do not divide 64, and batches of segments of different lengths and prefixes.
+    let cases: Vec<AttentionCase> = vec![
+        (16, 4, 128, vec![(0, 96)], 1),
+        (16, 4, 128, vec![(1024, 32)], 33),
+        (16, 4, 128, vec![(70, 45)], 3),
+        (4, 2, 16, vec![(32, 64)], 1),
+        (4, 2, 16, vec![(13, 40)], 5),
+        (8, 8, 64, vec![(200, 20)], 2),
+        (
+            16,
+            4,
+            128,
+            vec![(1024, 32), (0, 45), (64, 32), (13, 7), (96, 32)],
+            4,
+        ),
+        (4, 2, 16, vec![(32, 64), (13, 40), (0, 1)], 1),
+        (6, 2, 64, vec![(0, 96), (40, 30)], 2),
+        (6, 2, 32, vec![(64, 32)], 1),
+        (48, 2, 128, vec![(32, 33)], 3),
     ];
-    for &(heads, kv, d, pos0, t, splits) in &cases {
+    for (heads, kv, d, segments, splits) in cases {
         let shape = AttentionShape {
             heads,
             kv_heads: kv,
@@ -407,43 +538,7 @@ fn attention_matches_reference() {
             rotary_dim: d / 2,
             block: 32,
         };
-        let end = pos0 + t;
-        let q = to_bf16(&randn(&mut rng, t * heads * d, 2.0));
-        let k = to_bf16(&randn(&mut rng, end * kv * d, 2.0));
-        let v = to_bf16(&randn(&mut rng, end * kv * d, 1.0));
-        let (dq, dk, dv) = (
-            g.upload(&q).unwrap(),
-            g.upload(&k).unwrap(),
-            g.upload(&v).unwrap(),
-        );
-        let (po, pml) = ops::attention_scratch_len(&shape, t, splits);
-        let (dpo, dpml, out) = (
-            poisoned_f32(&g, po),
-            poisoned_f32(&g, pml),
-            poisoned_bf16(&g, t * heads * d),
-        );
-        let dpos = g.upload(&[pos0 as i32]).unwrap();
-        ops::attention(
-            &g,
-            &shape,
-            dq.ptr(),
-            dk.ptr(),
-            dv.ptr(),
-            dpo.ptr(),
-            dpml.ptr(),
-            out.ptr(),
-            dpos.ptr(),
-            t,
-            splits,
-        )
-        .unwrap();
-        let f = |x: &[bf16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
-        let want = attention_ref(&f(&q), &f(&k), &f(&v), t, pos0, heads, kv, d, 32);
-        check_bf16(
-            &format!("attention h{heads} g{kv} d{d} prefix {pos0} t {t} splits {splits}"),
-            &read_bf16(&g, &out),
-            &want,
-        );
+        check_attention_batch(&g, &shape, &segments, splits);
     }
 }
 
@@ -559,7 +654,17 @@ fn router_matches_reference() {
         let (dl, db) = (g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
         let idx = g.upload(&vec![-1i32; t * s.top_k]).unwrap();
         let w = poisoned_f32(&g, t * s.top_k);
-        ops::route(&g, s, dl.ptr(), db.ptr(), idx.ptr(), w.ptr(), t).unwrap();
+        ops::route(
+            &g,
+            s,
+            dl.ptr(),
+            db.ptr(),
+            idx.ptr(),
+            w.ptr(),
+            t,
+            ops::RoutingBlocks::Uniform,
+        )
+        .unwrap();
         let (want_ids, want_w) = router_ref(&logits, &bias, t, s);
         let got_ids: Vec<usize> = read(&g, &idx).iter().map(|&x| x as usize).collect();
         assert_eq!(
@@ -571,6 +676,43 @@ fn router_matches_reference() {
             &read(&g, &w),
             &want_w,
         );
+    }
+    // A batch's routing blocks as listed (row, rows) pairs: segments of 37 (a block and a
+    // partial one), 20 and 64 rows, each cut at its own block boundaries, each block admitted on
+    // its own rows only.
+    for s in shapes.iter().filter(|s| s.capacity.is_some()) {
+        let blocks: Vec<[i32; 2]> = vec![[0, 32], [32, 5], [37, 20], [57, 32], [89, 32]];
+        let t = 121;
+        let logits = randn(&mut rng, t * s.experts, 3.0);
+        let bias = randn(&mut rng, s.experts, 0.1);
+        let (dl, db) = (g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
+        let dblocks = g
+            .upload(&blocks.iter().flatten().copied().collect::<Vec<i32>>())
+            .unwrap();
+        let idx = g.upload(&vec![-1i32; t * s.top_k]).unwrap();
+        let w = poisoned_f32(&g, t * s.top_k);
+        let listed = ops::RoutingBlocks::Listed {
+            ptr: dblocks.ptr(),
+            count: blocks.len(),
+        };
+        ops::route(&g, s, dl.ptr(), db.ptr(), idx.ptr(), w.ptr(), t, listed).unwrap();
+        let (got_ids, got_w) = (read(&g, &idx), read(&g, &w));
+        let k = s.top_k;
+        for &[r0, n] in &blocks {
+            let (r0, n) = (r0 as usize, n as usize);
+            let rows = &logits[r0 * s.experts..(r0 + n) * s.experts];
+            let (want_ids, want_w) = router_ref(rows, &bias, n, s);
+            let got: Vec<usize> = got_ids[r0 * k..(r0 + n) * k]
+                .iter()
+                .map(|&x| x as usize)
+                .collect();
+            assert_eq!(got, want_ids, "listed block at row {r0} of {s:?}");
+            check_f32(
+                &format!("listed block at row {r0}"),
+                &got_w[r0 * k..(r0 + n) * k],
+                &want_w,
+            );
+        }
     }
 }
 
@@ -590,6 +732,9 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
         (5, 2, 4, 128, 96, 64, false),
         // Rows wider than one pass of the fused combine + norm (8 columns x 256 threads).
         (7, 3, 5, 4608, 64, 16, true),
+        // 24-wide experts: the general kernel (gate/up 48 x 64, down 64 x 24).
+        (7, 2, 5, 48, 64, 16, true),
+        (40, 2, 3, 64, 24, 64, false),
     ];
     for &(t, k, e, n, kd, tile_rows, packed) in &cases {
         let routed = if packed { e - 1 } else { e };

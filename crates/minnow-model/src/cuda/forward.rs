@@ -5,53 +5,252 @@
 
 use half::bf16;
 use minnow_runtime::cuda::ops::{self, AttentionShape, RouterShape};
+
+use crate::batch::{pages_for, Segment, Want};
 use minnow_runtime::cuda::tma::TensorMaps;
 use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu, Profile};
 
 use super::weights::{DenseMlp, Mlp, Moe, RouterWeights, SharedExpert, Weights};
 use crate::config::Config;
 
-/// K/V cache of one sequence: per layer `[capacity, G, d]` BF16 for K (normed, rotated) and V.
-pub(crate) struct KvCache {
-    pub k: Vec<DeviceBuffer<bf16>>,
-    pub v: Vec<DeviceBuffer<bf16>>,
-    pub capacity: usize,
-    pub len: usize,
+/// The GPU's K/V pool: `pages` pages of `block_size` positions each, allocated once. One BF16
+/// allocation laid out `[layer][K | V][page][position in page][KV head][head_dim]`, so each
+/// layer's K (and V) is one `[pages * block_size, G, d]` array that the kernels index by
+/// `page * block_size + offset`, and a page id names the same positions in every layer.
+pub(crate) struct KvPool {
+    buf: DeviceBuffer<bf16>,
+    pages: usize,
+    /// Elements of one layer's K (or V).
+    half: usize,
 }
 
-impl KvCache {
-    pub fn new(gpu: &Gpu, config: &Config, capacity: usize) -> CudaResult<Self> {
-        let row = config.num_key_value_heads * config.head_dim;
-        let mut k = Vec::with_capacity(config.num_hidden_layers);
-        let mut v = Vec::with_capacity(config.num_hidden_layers);
-        for _ in 0..config.num_hidden_layers {
-            k.push(gpu.alloc(capacity * row)?);
-            v.push(gpu.alloc(capacity * row)?);
-        }
+impl KvPool {
+    /// Bytes of one page: every layer's K and V of `block_size` positions.
+    pub fn page_bytes(c: &Config) -> usize {
+        c.num_hidden_layers * 2 * c.block_size * c.num_key_value_heads * c.head_dim * 2
+    }
+
+    pub fn new(gpu: &Gpu, c: &Config, pages: usize) -> CudaResult<Self> {
+        let half = pages * c.block_size * c.num_key_value_heads * c.head_dim;
         Ok(Self {
-            k,
-            v,
-            capacity,
-            len: 0,
+            buf: gpu.alloc(2 * c.num_hidden_layers * half)?,
+            pages,
+            half,
         })
     }
 
-    /// Makes room for `needed` positions, reallocating (and copying the cached rows) by doubling.
-    /// Returns true when the buffers moved (captured graphs that use them are stale).
-    pub fn reserve(&mut self, gpu: &Gpu, config: &Config, needed: usize) -> CudaResult<bool> {
-        if needed <= self.capacity {
-            return Ok(false);
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.buf.bytes()
+    }
+
+    /// Layer `l`'s K rows `[pages * block_size, G, d]`.
+    pub fn k(&self, l: usize) -> u64 {
+        self.buf.ptr_at(2 * l * self.half)
+    }
+
+    /// Layer `l`'s V rows.
+    pub fn v(&self, l: usize) -> u64 {
+        self.buf.ptr_at((2 * l + 1) * self.half)
+    }
+}
+
+/// What one segment of a batch asks for, as far as the queued work depends on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum WantKind {
+    Nothing,
+    Logits,
+    Top1,
+}
+
+/// The shape of a batched forward: every segment's length and wanted rows. Everything the queued
+/// launches depend on (grids, offsets into the metadata buffer) follows from it, so it is the key
+/// of a captured graph; positions, block tables and ids travel in the metadata buffer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct BatchShape {
+    /// (tokens, wanted rows, what they want) per segment.
+    pub segments: Vec<(usize, std::ops::Range<usize>, WantKind)>,
+}
+
+impl BatchShape {
+    pub fn of(segments: &[Segment<'_>]) -> Self {
+        Self {
+            segments: segments
+                .iter()
+                .map(|s| {
+                    let kind = match s.want {
+                        Want::Nothing => WantKind::Nothing,
+                        Want::Logits(_) => WantKind::Logits,
+                        Want::Top1(_) => WantKind::Top1,
+                    };
+                    (s.ids.len(), s.want.rows(), kind)
+                })
+                .collect(),
         }
-        let capacity = needed.next_power_of_two().max(1024);
-        let mut grown = KvCache::new(gpu, config, capacity)?;
-        let row_bytes = config.num_key_value_heads * config.head_dim * 2;
-        for l in 0..self.k.len() {
-            gpu.copy_bytes(grown.k[l].ptr(), self.k[l].ptr(), self.len * row_bytes)?;
-            gpu.copy_bytes(grown.v[l].ptr(), self.v[l].ptr(), self.len * row_bytes)?;
+    }
+
+    /// Longest segment.
+    pub fn longest(&self) -> usize {
+        self.segments.iter().map(|s| s.0).max().unwrap_or(0)
+    }
+}
+
+/// Sections of the per-forward metadata buffer (u32 words, each section 16-byte aligned), in
+/// the order they are laid out. Block tables come last: their length grows with the prefixes
+/// without moving any other section.
+#[derive(Clone, Debug)]
+pub(crate) struct Layout {
+    pub tokens: usize,
+    /// Batch rows that need the lm_head, in batch order (segment by segment).
+    pub head_rows: Vec<u32>,
+    /// The same rows when they are one contiguous run (no gather needed).
+    pub head_range: Option<std::ops::Range<usize>>,
+    pub logits: bool,
+    pub top1: bool,
+    /// Attention CTAs: (segment, first token).
+    pub tiles: Vec<[i32; 2]>,
+    /// 2.2 routing blocks: (first row, rows).
+    pub blocks: Vec<[i32; 2]>,
+    off_pos: usize,
+    off_slot: usize,
+    off_head: usize,
+    off_segs: usize,
+    off_tiles: usize,
+    off_blocks: usize,
+    off_tables: usize,
+}
+
+fn align4(x: usize) -> usize {
+    x.div_ceil(4) * 4
+}
+
+impl Layout {
+    pub fn new(c: &Config, shape: &BatchShape) -> Self {
+        let lens: Vec<usize> = shape.segments.iter().map(|s| s.0).collect();
+        let tokens: usize = lens.iter().sum();
+        let mut head_rows = Vec::new();
+        let (mut logits, mut top1) = (false, false);
+        let mut row0 = 0;
+        let mut blocks = Vec::new();
+        for (n, rows, kind) in &shape.segments {
+            match kind {
+                WantKind::Nothing => {}
+                WantKind::Logits => logits |= !rows.is_empty(),
+                WantKind::Top1 => top1 |= !rows.is_empty(),
+            }
+            if *kind != WantKind::Nothing {
+                head_rows.extend(rows.clone().map(|r| (row0 + r) as u32));
+            }
+            for b0 in (0..*n).step_by(c.block_size.max(1)) {
+                blocks.push([(row0 + b0) as i32, (c.block_size.min(n - b0)) as i32]);
+            }
+            row0 += n;
         }
-        grown.len = self.len;
-        *self = grown;
-        Ok(true)
+        let head_range = match (head_rows.first(), head_rows.last()) {
+            (Some(&a), Some(&b)) if (b - a) as usize + 1 == head_rows.len() => {
+                Some(a as usize..b as usize + 1)
+            }
+            _ => None,
+        };
+        let tiles = ops::attention_tiles(&attention_shape(c), &lens);
+        let off_pos = align4(tokens);
+        let off_slot = off_pos + align4(tokens);
+        let off_head = off_slot + align4(tokens);
+        let off_segs = off_head + align4(head_rows.len());
+        let off_tiles = off_segs + 4 * lens.len();
+        let off_blocks = off_tiles + align4(2 * tiles.len());
+        let off_tables = off_blocks + align4(2 * blocks.len());
+        Self {
+            tokens,
+            head_rows,
+            head_range,
+            logits,
+            top1,
+            tiles,
+            blocks,
+            off_pos,
+            off_slot,
+            off_head,
+            off_segs,
+            off_tiles,
+            off_blocks,
+            off_tables,
+        }
+    }
+
+    /// The metadata of `segments` (whose shape this layout was made from): ids, positions, pool
+    /// rows, wanted rows, segments, attention tiles, routing blocks, then the block tables.
+    pub fn fill(&self, c: &Config, segments: &[Segment<'_>]) -> Vec<u32> {
+        let p = c.block_size;
+        let table_len: usize = segments
+            .iter()
+            .map(|s| pages_for(s.start + s.ids.len(), p))
+            .sum();
+        let mut m = vec![0u32; self.off_tables + table_len];
+        let mut row = 0;
+        let mut table_off = 0;
+        for (si, s) in segments.iter().enumerate() {
+            let pages = &s.pages[..pages_for(s.start + s.ids.len(), p)];
+            for (i, &id) in s.ids.iter().enumerate() {
+                let pos = s.start + i;
+                m[row + i] = id;
+                m[self.off_pos + row + i] = pos as u32;
+                m[self.off_slot + row + i] = pages[pos / p] * p as u32 + (pos % p) as u32;
+            }
+            let seg = [row, s.ids.len(), s.start, table_off];
+            for (k, v) in seg.iter().enumerate() {
+                m[self.off_segs + 4 * si + k] = *v as u32;
+            }
+            m[self.off_tables + table_off..self.off_tables + table_off + pages.len()]
+                .copy_from_slice(pages);
+            table_off += pages.len();
+            row += s.ids.len();
+        }
+        m[self.off_head..self.off_head + self.head_rows.len()].copy_from_slice(&self.head_rows);
+        for (i, t) in self.tiles.iter().enumerate() {
+            m[self.off_tiles + 2 * i] = t[0] as u32;
+            m[self.off_tiles + 2 * i + 1] = t[1] as u32;
+        }
+        for (i, b) in self.blocks.iter().enumerate() {
+            m[self.off_blocks + 2 * i] = b[0] as u32;
+            m[self.off_blocks + 2 * i + 1] = b[1] as u32;
+        }
+        m
+    }
+}
+
+/// Device addresses of a [`Layout`]'s sections inside the metadata buffer at `base`.
+struct Meta {
+    ids: u64,
+    pos: u64,
+    slot: u64,
+    head: u64,
+    attention: ops::AttentionBatch,
+    blocks: ops::RoutingBlocks,
+}
+
+impl Meta {
+    fn new(base: u64, l: &Layout) -> Self {
+        let at = |off: usize| base + 4 * off as u64;
+        Self {
+            ids: at(0),
+            pos: at(l.off_pos),
+            slot: at(l.off_slot),
+            head: at(l.off_head),
+            attention: ops::AttentionBatch {
+                segs: at(l.off_segs),
+                tiles: at(l.off_tiles),
+                tables: at(l.off_tables),
+                tiles_count: l.tiles.len(),
+            },
+            blocks: ops::RoutingBlocks::Listed {
+                ptr: at(l.off_blocks),
+                count: l.blocks.len(),
+            },
+        }
     }
 }
 
@@ -61,9 +260,9 @@ pub(crate) struct Workspace {
     pub logit_rows: usize,
     /// Capacity of the attention partials in (token x split) rows.
     attn_rows: usize,
-    pub ids: DeviceBuffer<u32>,
-    pub pos0: DeviceBuffer<i32>,
     h: DeviceBuffer<bf16>,
+    /// The rows that need the lm_head, gathered when they are not one contiguous run.
+    head: DeviceBuffer<bf16>,
     a: DeviceBuffer<bf16>,
     delta: DeviceBuffer<bf16>,
     qkv: DeviceBuffer<bf16>,
@@ -100,17 +299,18 @@ pub(crate) struct Workspace {
     pool_maps: Option<TensorMaps>,
     pub logits_bf16: DeviceBuffer<bf16>,
     pub logits_f32: DeviceBuffer<f32>,
-    pub top_token: DeviceBuffer<u32>,
-    pub top_conf: DeviceBuffer<f32>,
+    /// The wanted rows' argmax tokens (`[0, rows)`) then their confidences as F32 bits
+    /// (`[rows, 2 rows)`): a step reads both back in one copy.
+    pub top: DeviceBuffer<u32>,
     top_scratch: DeviceBuffer<f32>,
 }
 
-/// Key splits of the attention for a forward of `tokens` tokens: enough CTAs to fill the GPU
-/// (about two per multiprocessor) when the forward itself is short. Depends on the token count
-/// only, so a captured graph stays valid as the prefix grows (the split length adapts in-kernel).
-pub(crate) fn attention_splits(config: &Config, tokens: usize, sm_count: u32) -> usize {
-    let group = config.num_attention_heads / config.num_key_value_heads.max(1);
-    let ctas = tokens.div_ceil((64 / group.max(1)).max(1)) * config.num_key_value_heads;
+/// Key splits of the attention for a forward of `tiles` attention tiles: enough CTAs to fill the
+/// GPU (about two per multiprocessor) when the forward itself is short. Depends on the batch's
+/// shape only, so a captured graph stays valid as the prefixes grow (the split length adapts
+/// in-kernel).
+pub(crate) fn attention_splits(config: &Config, tiles: usize, sm_count: u32) -> usize {
+    let ctas = tiles * config.num_key_value_heads;
     (2 * sm_count as usize)
         .div_ceil(ctas.max(1))
         .clamp(1, minnow_runtime::cuda::tuning::tuning().attn_max_splits)
@@ -175,9 +375,8 @@ impl Workspace {
             tokens: t,
             logit_rows: r,
             attn_rows,
-            ids: gpu.alloc(t)?,
-            pos0: gpu.alloc(1)?,
             h: gpu.alloc(t * d)?,
+            head: gpu.alloc(r * d)?,
             a: a_rows,
             delta: gpu.alloc(t * d)?,
             qkv: gpu.alloc(t * qkv)?,
@@ -209,8 +408,7 @@ impl Workspace {
             pool_maps,
             logits_bf16: gpu.alloc(r * c.vocab_size)?,
             logits_f32: gpu.alloc(r * c.vocab_size)?,
-            top_token: gpu.alloc(r)?,
-            top_conf: gpu.alloc(r)?,
+            top: gpu.alloc(2 * r)?,
             top_scratch: gpu.alloc(r * ops::TOP1_SLICES * 3)?,
         })
     }
@@ -237,49 +435,24 @@ pub(crate) fn router_shape(c: &Config) -> RouterShape {
     }
 }
 
-/// What a forward leaves in the workspace for the caller to read back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Output {
-    /// Nothing (prefill, commit refresh): the lm_head is skipped.
-    None,
-    /// F32 logits of rows `start..end` in `logits_f32`.
-    Logits { start: usize, end: usize },
-    /// Argmax token and its softmax probability of rows `start..end` in `top_token`/`top_conf`.
-    Top1 { start: usize, end: usize },
-}
-
-impl Output {
-    /// What a forward leaves for `rows` of its tokens: nothing when no row is asked for, else
-    /// their logits or (`top1`) their argmax and confidence.
-    pub fn for_rows(rows: std::ops::Range<usize>, top1: bool) -> Self {
-        match (rows.is_empty(), top1) {
-            (true, _) => Output::None,
-            (false, false) => Output::Logits {
-                start: rows.start,
-                end: rows.end,
-            },
-            (false, true) => Output::Top1 {
-                start: rows.start,
-                end: rows.end,
-            },
-        }
-    }
-}
-
-/// Queues one forward of `tokens` tokens (ids already in `ws.ids`, start position in `ws.pos0`)
-/// over `cache`, whose rows `pos0..pos0 + tokens` it writes.
+/// Queues one batched forward laid out by `layout`, its metadata (`Layout::fill`) already in
+/// device memory at `meta`: every segment's rows at once, writing their K/V into the pool pages
+/// their block tables name, leaving the wanted rows' outputs in the workspace.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn queue_forward(
     gpu: &Gpu,
     c: &Config,
     w: &Weights,
-    cache: &KvCache,
+    pool: &KvPool,
     ws: &Workspace,
-    tokens: usize,
-    output: Output,
+    meta: u64,
+    layout: &Layout,
     mut prof: Option<&mut Profile>,
+    mut routing: Option<&mut Vec<Vec<i32>>>,
 ) -> CudaResult<()> {
-    let t = tokens;
+    let t = layout.tokens;
+    let m = Meta::new(meta, layout);
+    let wants_head = !layout.head_rows.is_empty();
     let mut mark = |label: &'static str| -> CudaResult<()> {
         match prof.as_deref_mut() {
             Some(p) => p.mark(label),
@@ -293,11 +466,11 @@ pub(crate) fn queue_forward(
     let qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd;
     let attn_width = c.num_attention_heads * hd;
     let blas = gpu.blas();
-    let splits = attention_splits(c, t, gpu.sm_count())
+    let splits = attention_splits(c, layout.tiles.len(), gpu.sm_count())
         .min(ws.attn_rows / t)
         .max(1);
 
-    ops::embed_rows(gpu, ws.ids.ptr(), w.embed.ptr(), ws.h.ptr(), t, d)?;
+    ops::embed_rows(gpu, m.ids, w.embed.ptr(), ws.h.ptr(), t, d)?;
     mark("embed")?;
     // True when the previous layer's MoE combine already added its output to `h` and wrote the
     // next RMSNorm (this layer's input norm, or the final norm) into `a`: one launch fewer.
@@ -337,9 +510,10 @@ pub(crate) fn queue_forward(
             layer.q_norm.ptr(),
             layer.k_norm.ptr(),
             ws.q.ptr(),
-            cache.k[l].ptr(),
-            cache.v[l].ptr(),
-            ws.pos0.ptr(),
+            pool.k(l),
+            pool.v(l),
+            m.pos,
+            m.slot,
             t,
             c.rope_theta,
             eps,
@@ -349,12 +523,12 @@ pub(crate) fn queue_forward(
             gpu,
             &shape,
             ws.q.ptr(),
-            cache.k[l].ptr(),
-            cache.v[l].ptr(),
+            pool.k(l),
+            pool.v(l),
             ws.part_o.ptr(),
             ws.part_ml.ptr(),
             ws.attn.ptr(),
-            ws.pos0.ptr(),
+            &m.attention,
             t,
             splits,
         )?;
@@ -388,12 +562,21 @@ pub(crate) fn queue_forward(
             Mlp::Moe(moe) => {
                 let router = router_shape(c);
                 let (e, k) = (c.num_experts, c.num_experts_per_tok);
+                // Experts that can get rows: with 2.2 block admission at most `capacity` per
+                // routing block, far fewer than all of them.
+                let busy = match router.capacity {
+                    Some(cap) => (cap * layout.blocks.len()).min(e),
+                    None => e,
+                };
+                let tile_rows = ops::moe_tile_rows(t * k, busy);
                 // A packed shared expert is expert `e` with one extra assignment per token.
-                // It joins the grouped GEMM when experts get few rows each
-                // (decoding: it then streams at the grouped kernel's bandwidth, with no extra
-                // launches); for prefill cuBLAS multiplies its slice of the packed buffers faster.
+                // It joins the grouped GEMM when experts get few rows each and the forward is at
+                // most four blocks (decoding: it then streams at the grouped kernel's bandwidth,
+                // with no extra launches); for longer forwards cuBLAS multiplies its slice of the
+                // packed buffers faster (reading it once, not once per 16-row tile).
                 let packed = matches!(moe.shared, SharedExpert::Packed)
-                    && ops::moe_tile_rows(t * k, e) == 16;
+                    && tile_rows == 16
+                    && t <= 4 * c.block_size.max(32);
                 match &moe.router {
                     RouterWeights::Bf16(w) => {
                         blas.gemm_bf16_f32out(ws.a.ptr(), w.ptr(), ws.router_logits.ptr(), t, e, d)?
@@ -403,25 +586,39 @@ pub(crate) fn queue_forward(
                         blas.gemm_f32(ws.a_f32.ptr(), w.ptr(), ws.router_logits.ptr(), t, e, d)?;
                     }
                 }
-                // A denoising step of 2.2 (one routing block) runs its experts over the admitted
-                // pool (queue_pooled_experts); other forwards as grouped GEMMs over the
-                // dispatched assignments.
+                // A denoising step of 2.2 (one routing block in the whole batch) runs its experts
+                // over the admitted pool (queue_pooled_experts); other forwards, batches of
+                // several blocks too, as grouped GEMMs over the dispatched assignments (each
+                // expert's weights read once for the rows of every block that admitted it).
                 let pooled = ws.pool_entries > 0
                     && packed
+                    && layout.blocks.len() == 1
                     && minnow_runtime::cuda::tuning::tuning().moe_pooled
                     && ops::pooled_experts_supported(&router, t);
                 let (shared, shared_rows) = if pooled {
                     queue_pooled_experts(gpu, c, ws, moe, &router, t, &mut mark)?
                 } else {
-                    queue_grouped_experts(gpu, c, ws, moe, &router, t, packed, &mut mark)?
+                    let grouping = Grouping {
+                        blocks: m.blocks,
+                        busy,
+                        tile_rows,
+                        packed,
+                    };
+                    queue_grouped_experts(gpu, c, ws, moe, &router, t, &grouping, &mut mark)?
                 };
+                if let Some(r) = routing.as_deref_mut() {
+                    // Diagnostics only (never under capture): this layer's expert choices.
+                    let mut ids = vec![0i32; t * k];
+                    gpu.read(&ws.topk_idx, 0, &mut ids)?;
+                    r.push(ids);
+                }
                 // The RMSNorm after this layer, fused into the combine: the next layer's input
                 // norm, or the final norm when logits follow (over all rows: the ones outside
                 // the logits range are normed but never read).
                 let next_norm = match w.layers.get(l + 1) {
                     _ if k > ops::COMBINE_NORM_MAX_K => None,
                     Some(next) => Some(next.input_norm.ptr()),
-                    None if output != Output::None => Some(w.final_norm.ptr()),
+                    None if wants_head => Some(w.final_norm.ptr()),
                     None => None,
                 };
                 match next_norm {
@@ -466,28 +663,39 @@ pub(crate) fn queue_forward(
             }
         }
     }
-    let (start, end) = match output {
-        Output::None => return Ok(()),
-        Output::Logits { start, end } | Output::Top1 { start, end } => (start, end),
+    if !wants_head {
+        return Ok(());
+    }
+    let rows = layout.head_rows.len();
+    // The final-normed rows that need logits: one contiguous run of `a`, or gathered.
+    let (start, normed_rows) = match &layout.head_range {
+        Some(r) => (r.start, r.len()),
+        None => (0, t),
     };
-    let rows = end - start;
     if !normed {
-        // Final residual add and norm only for the rows that need logits, then the lm_head.
+        // Final residual add and norm (only over the wanted run when there is one).
         ops::add_rmsnorm(
             gpu,
             ws.h.ptr_at(start * d),
             ws.delta.ptr_at(start * d),
             w.final_norm.ptr(),
             ws.a.ptr_at(start * d),
-            rows,
+            normed_rows,
             d,
             eps,
         )?;
         mark("final norm")?;
     }
+    let head_in = if layout.head_range.is_some() {
+        ws.a.ptr_at(start * d)
+    } else {
+        ops::embed_rows(gpu, m.head, ws.a.ptr(), ws.head.ptr(), rows, d)?;
+        mark("gather head rows")?;
+        ws.head.ptr()
+    };
     let v = c.vocab_size;
     blas.gemm_bf16(
-        ws.a.ptr_at(start * d),
+        head_in,
         w.lm_head.ptr(),
         ws.logits_bf16.ptr(),
         rows,
@@ -496,17 +704,19 @@ pub(crate) fn queue_forward(
         v,
     )?;
     mark("lm_head")?;
-    match output {
-        Output::Top1 { .. } => ops::top1_softmax(
+    if layout.top1 {
+        ops::top1_softmax(
             gpu,
             ws.logits_bf16.ptr(),
             ws.top_scratch.ptr(),
-            ws.top_token.ptr(),
-            ws.top_conf.ptr(),
+            ws.top.ptr(),
+            ws.top.ptr_at(rows),
             rows,
             v,
-        )?,
-        _ => ops::bf16_to_f32(gpu, ws.logits_bf16.ptr(), ws.logits_f32.ptr(), rows * v)?,
+        )?;
+    }
+    if layout.logits {
+        ops::bf16_to_f32(gpu, ws.logits_bf16.ptr(), ws.logits_f32.ptr(), rows * v)?;
     }
     mark("top-1 / logits")
 }
@@ -625,6 +835,15 @@ fn queue_pooled_experts(
     Ok((0, ws.slot_pos.ptr_at(t * k)))
 }
 
+/// How a grouped MoE layer runs: the batch's routing blocks, how many experts can get rows,
+/// the expert GEMM's tile rows and whether the shared expert rides in it.
+struct Grouping {
+    blocks: ops::RoutingBlocks,
+    busy: usize,
+    tile_rows: usize,
+    packed: bool,
+}
+
 /// The experts of any other forward, after the router logits: routing, the device-side dispatch,
 /// two grouped GEMMs over the used experts (with the packed shared expert among them when
 /// `packed`), or the shared expert on its own. Returns the combine's shared-expert inputs.
@@ -636,9 +855,10 @@ fn queue_grouped_experts(
     moe: &Moe,
     router: &RouterShape,
     t: usize,
-    packed: bool,
+    grouping: &Grouping,
     mark: &mut Mark,
 ) -> CudaResult<(u64, u64)> {
+    let packed = grouping.packed;
     let (d, e, k, iw) = (
         c.hidden_size,
         c.num_experts,
@@ -650,7 +870,7 @@ fn queue_grouped_experts(
     } else {
         (e, t * k)
     };
-    let tile_rows = ops::moe_tile_rows(a, slots);
+    let tile_rows = grouping.tile_rows;
     ops::route(
         gpu,
         router,
@@ -659,6 +879,7 @@ fn queue_grouped_experts(
         ws.topk_idx.ptr(),
         ws.topk_w.ptr(),
         t,
+        grouping.blocks,
     )?;
     mark("router")?;
     ops::moe_dispatch(
@@ -675,12 +896,7 @@ fn queue_grouped_experts(
         ws.num_tiles.ptr(),
     )?;
     mark("dispatch")?;
-    // Experts that can get rows: with 2.2 block admission at most `capacity` per
-    // routing block (plus the packed shared expert), far fewer than all of them.
-    let busy = match router.capacity {
-        Some(cap) => (cap * t.div_ceil(c.block_size.max(1))).min(e) + usize::from(packed),
-        None => slots,
-    };
+    let busy = grouping.busy + usize::from(packed);
     let max_tiles = ops::moe_max_tiles(a, busy, tile_rows);
     ops::grouped_gemm(
         gpu,

@@ -274,9 +274,9 @@ impl AttentionShape {
             ));
         }
         let group = s.heads / s.kv_heads;
-        if 64 % group != 0 {
+        if group > 64 {
             return unsupported(format!(
-                "GQA group of {group} query heads does not divide 64"
+                "GQA group of {group} query heads (an attention CTA holds at most 64)"
             ));
         }
         if ![16, 32, 64, 128, 256].contains(&s.head_dim) {
@@ -295,8 +295,10 @@ impl AttentionShape {
     }
 }
 
-/// QK-norm + partial RoPE of `tokens` rows of fused QKV at positions `pos0[0]..`; writes Q and
-/// the layer's K/V cache rows.
+/// QK-norm + partial RoPE of `tokens` rows of fused QKV, row `t` at absolute position
+/// `tok_pos[t]` (i32, device); writes Q and the K/V of row `t` into row `tok_slot[t]` (= page *
+/// page size + position within the page) of the layer's pools `k_pool`/`v_pool`
+/// (`[pages * page size, G, d]`).
 #[allow(clippy::too_many_arguments)]
 pub fn qk_norm_rope(
     gpu: &Gpu,
@@ -305,9 +307,10 @@ pub fn qk_norm_rope(
     q_weight: u64,
     k_weight: u64,
     q_out: u64,
-    k_cache: u64,
-    v_cache: u64,
-    pos0: u64,
+    k_pool: u64,
+    v_pool: u64,
+    tok_pos: u64,
+    tok_slot: u64,
     tokens: usize,
     theta: f32,
     eps: f32,
@@ -323,9 +326,10 @@ pub fn qk_norm_rope(
         q_weight,
         k_weight,
         q_out,
-        k_cache,
-        v_cache,
-        pos0,
+        k_pool,
+        v_pool,
+        tok_pos,
+        tok_slot,
         shape.heads as i32,
         shape.kv_heads as i32,
         shape.head_dim as i32,
@@ -373,30 +377,63 @@ pub fn attention_scratch_len(
     )
 }
 
-/// Block-causal attention of `tokens` queries (positions `pos0[0]..`) over the layer's K/V
-/// cache rows `0..pos0 + tokens`, the key range split over `splits` CTAs, merged into
-/// `out [tokens, H, d]` (BF16).
+/// Tokens of one segment that one attention CTA takes: the GQA group's heads times this many
+/// tokens fill its 64 query rows (some stay idle when the group does not divide 64).
+pub fn attention_tile_tokens(shape: &AttentionShape) -> usize {
+    (64 / (shape.heads / shape.kv_heads.max(1)).max(1)).max(1)
+}
+
+/// One segment of a batched forward as the attention kernels see it (`segs` entries, i32):
+/// its first row in the batch, its length, the absolute position of its first row and the
+/// offset of its block table in `tables`.
+pub type AttentionSegment = [i32; 4];
+
+/// The attention CTAs' work list for segments of these lengths: `(segment, first token)` i32
+/// pairs, [`attention_tile_tokens`] tokens each.
+pub fn attention_tiles(shape: &AttentionShape, lens: &[usize]) -> Vec<[i32; 2]> {
+    let tq = attention_tile_tokens(shape);
+    lens.iter()
+        .enumerate()
+        .flat_map(|(s, &n)| (0..n).step_by(tq).map(move |t| [s as i32, t as i32]))
+        .collect()
+}
+
+/// Device arrays describing a batched forward to the attention kernels: `segs`
+/// ([`AttentionSegment`] per segment), `tiles` (from [`attention_tiles`]; `tiles_count` of them)
+/// and `tables` (every segment's block table: page ids of the layer pools, page size = block).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionBatch {
+    pub segs: u64,
+    pub tiles: u64,
+    pub tables: u64,
+    pub tiles_count: usize,
+}
+
+/// Block-causal attention of a batch's `tokens` query rows, each segment over its own keys
+/// `0..pos0 + len` read through its block table from the layer's pools (`[pages * block, G, d]`),
+/// the key range split over `splits` CTAs, merged into `out [tokens, H, d]` (BF16).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     gpu: &Gpu,
     shape: &AttentionShape,
     q: u64,
-    k_cache: u64,
-    v_cache: u64,
+    k_pool: u64,
+    v_pool: u64,
     part_o: u64,
     part_ml: u64,
     out: u64,
-    pos0: u64,
+    batch: &AttentionBatch,
     tokens: usize,
     splits: usize,
 ) -> CudaResult<()> {
     shape.check()?;
-    let group = shape.heads / shape.kv_heads;
-    let tq = 64 / group;
+    if batch.tiles_count == 0 || tokens == 0 {
+        return Ok(());
+    }
     let d = shape.head_dim;
     let cfg = LaunchConfig {
         grid: (
-            tokens.div_ceil(tq) as u32,
+            batch.tiles_count as u32,
             shape.kv_heads as u32,
             splits.max(1) as u32,
         ),
@@ -414,11 +451,13 @@ pub fn attention(
         &name,
         cfg,
         q,
-        k_cache,
-        v_cache,
+        k_pool,
+        v_pool,
         part_o,
         part_ml,
-        pos0,
+        batch.segs,
+        batch.tiles,
+        batch.tables,
         tokens as i32,
         shape.heads as i32,
         shape.kv_heads as i32,
@@ -495,8 +534,18 @@ impl RouterShape {
 const ROUTE_MAX_TOKENS: usize = 32;
 pub const ROUTE_MAX_K: usize = 32;
 
+/// The 2.2 routing blocks of a forward.
+#[derive(Clone, Copy, Debug)]
+pub enum RoutingBlocks {
+    /// One sequence: rows cut every `block` rows (the last block may be partial).
+    Uniform,
+    /// `count` `(first row, rows)` i32 pairs in device memory (a batch's segments, each cut at its
+    /// own block boundaries).
+    Listed { ptr: u64, count: usize },
+}
+
 /// Routes `tokens` rows of F32 router logits: writes `topk_idx [tokens, k]` (i32) and
-/// `topk_w [tokens, k]` (F32).
+/// `topk_w [tokens, k]` (F32). 2.2 block routing admits experts per routing block of `blocks`.
 #[allow(clippy::too_many_arguments)]
 pub fn route(
     gpu: &Gpu,
@@ -506,10 +555,13 @@ pub fn route(
     topk_idx: u64,
     topk_w: u64,
     tokens: usize,
+    blocks: RoutingBlocks,
 ) -> CudaResult<()> {
     shape.check()?;
     if shape.capacity.is_some() {
-        return launch_route_block(gpu, shape, logits, bias, topk_idx, topk_w, tokens, None);
+        return launch_route_block(
+            gpu, shape, logits, bias, topk_idx, topk_w, tokens, blocks, None,
+        );
     }
     let e = shape.experts;
     let (n_group, topk_group) = shape.groups.unwrap_or((1, 1));
@@ -588,6 +640,7 @@ pub fn route_pooled(
         topk_idx,
         topk_w,
         tokens,
+        RoutingBlocks::Uniform,
         Some(pool),
     )
 }
@@ -622,11 +675,19 @@ fn launch_route_block(
     topk_idx: u64,
     topk_w: u64,
     tokens: usize,
+    blocks: RoutingBlocks,
     pool: Option<&ExpertPool>,
 ) -> CudaResult<()> {
     let (e, capacity) = (shape.experts, shape.capacity.unwrap_or(0));
     let (tpc, threads) = route_launch_shape(tokens, e, shape.block);
-    let ctas = tokens.div_ceil(shape.block) * shape.block.div_ceil(tpc);
+    let (blocks_ptr, n_blocks) = match blocks {
+        RoutingBlocks::Uniform => (0, tokens.div_ceil(shape.block)),
+        RoutingBlocks::Listed { ptr, count } => (ptr, count),
+    };
+    if n_blocks == 0 {
+        return Ok(());
+    }
+    let ctas = n_blocks * shape.block.div_ceil(tpc);
     let cfg = LaunchConfig::new((ctas as u32, 1, 1), threads, (2 * tpc * e * 4) as u32);
     // No pool: null address arrays tell the kernel to skip the pool outputs.
     let p = pool.copied().unwrap_or_default();
@@ -636,6 +697,7 @@ fn launch_route_block(
         cfg,
         logits,
         bias,
+        blocks_ptr,
         tokens as i32,
         e as i32,
         shape.block as i32,
@@ -731,11 +793,14 @@ pub fn pool_gemm(
     )
 }
 
-/// Rows per tile of the grouped expert GEMM: 16 when experts get few rows each (decoding; the
-/// kernel then streams weights), 64 when they get many (prefill; weights are reused).
+/// Rows per tile of the grouped expert GEMM for `assignments` rows over `experts` that can get
+/// them: 16 when experts get few rows each (decoding; the kernel then streams weights), 64 when
+/// they get 12 or more (`MINNOW_MOE64_ROWS`; prefill, batches of many denoising blocks: a 16-row tile would
+/// stream the same expert's weights once per tile; a 128-row tile with these 4-warp CTAs measured
+/// slower, docs/performance.md).
 pub fn moe_tile_rows(assignments: usize, experts: usize) -> usize {
     let busy = experts.min(assignments).max(1);
-    if assignments / busy >= 48 {
+    if assignments / busy >= super::tuning::tuning().moe64_rows {
         64
     } else {
         16
@@ -798,6 +863,12 @@ fn grouped_gemm_smem_bytes(tile_rows: usize, stages: usize) -> usize {
     stages * (tile_rows + 64) * 72 * 2
 }
 
+/// Whether the tiled tensor-core kernels take an expert GEMM of `n` outputs over `k` inputs
+/// (`n % 64 == 0`, `k % 32 == 0`); other shapes run `grouped_gemm_any`, slower but general.
+pub fn grouped_gemm_tiled(n: usize, k: usize) -> bool {
+    n.is_multiple_of(64) && k.is_multiple_of(32)
+}
+
 /// Grouped GEMM over the dispatched tiles (cut at `tile_rows`, 16 or 64): `Y[p] =
 /// X[row_token[p] or p] . W[e]^T` with `W [E, n, k]`. `row_token` 0 means rows are read in place.
 #[allow(clippy::too_many_arguments)]
@@ -814,16 +885,28 @@ pub fn grouped_gemm(
     n: usize,
     k: usize,
 ) -> CudaResult<()> {
-    if !n.is_multiple_of(64) || !k.is_multiple_of(32) {
-        return unsupported(format!(
-            "expert GEMM of {n} outputs over {k} inputs (needs n % 64 == 0, k % 32 == 0)"
-        ));
-    }
-    if tile_rows != 16 && tile_rows != 64 {
+    if ![16, 64].contains(&tile_rows) {
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
     }
     if max_tiles == 0 {
         return Ok(());
+    }
+    if !grouped_gemm_tiled(n, k) {
+        // Shapes the tiled kernels refuse (e.g. 24-wide experts): the general kernel.
+        let cfg = LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0);
+        return cuda_launch!(
+            gpu,
+            "grouped_gemm_any",
+            cfg,
+            x,
+            row_token,
+            w,
+            y,
+            tiles,
+            num_tiles,
+            n as i32,
+            k as i32
+        );
     }
     let (name, stages) = match (tile_rows, super::tuning::tuning().moe16_stages) {
         (16, 3) => ("grouped_gemm_m16s3", 3),
@@ -872,8 +955,13 @@ mod tests {
             "heads not a multiple of KV heads"
         );
         assert!(
-            attention(48, 2, 128, 64).check().is_err(),
-            "group of 24 does not divide 64"
+            attention(48, 2, 128, 64).check().is_ok(),
+            "a group of 24 leaves 16 of a CTA's 64 rows idle"
+        );
+        assert!(attention(6, 2, 64, 32).check().is_ok(), "GQA group 3");
+        assert!(
+            attention(130, 2, 128, 64).check().is_err(),
+            "a group of 65 does not fit a CTA"
         );
         assert!(
             attention(16, 4, 96, 48).check().is_err(),
@@ -881,6 +969,18 @@ mod tests {
         );
         assert!(attention(16, 4, 128, 65).check().is_err(), "odd rotary dim");
         assert!(attention(16, 0, 128, 64).check().is_err());
+    }
+
+    #[test]
+    fn attention_tiles_stay_inside_their_segment() {
+        // Group 3: 21 tokens per CTA; segments of 5, 21 and 43 tokens.
+        let s = attention(6, 2, 64, 32);
+        assert_eq!(attention_tile_tokens(&s), 21);
+        assert_eq!(
+            attention_tiles(&s, &[5, 21, 43]),
+            vec![[0, 0], [1, 0], [2, 0], [2, 21], [2, 42]]
+        );
+        assert_eq!(attention_tile_tokens(&attention(16, 4, 128, 64)), 16);
     }
 
     #[test]
@@ -966,8 +1066,12 @@ mod tests {
     fn expert_tiles_follow_rows_per_expert() {
         // A denoising step: 32 tokens x 8 picks over 256 experts -> few rows per expert.
         assert_eq!(moe_tile_rows(256, 256), 16);
-        // A 4K prefill: 32,768 picks -> 128 rows per expert on average.
-        assert_eq!(moe_tile_rows(32_768, 256), 64);
+        // An 8K prefill: 65,536 picks -> 256 rows per expert on average.
+        assert_eq!(moe_tile_rows(65_536, 256), 64);
+        // 4, 16 and 64 denoising blocks of 2.2 (up to 48 admitted experts per block).
+        assert_eq!(moe_tile_rows(4 * 32 * 8, 4 * 48), 16);
+        assert_eq!(moe_tile_rows(16 * 32 * 8, 256), 64);
+        assert_eq!(moe_tile_rows(64 * 32 * 8, 256), 64);
         // The bound covers the worst case: every expert gets a partial tile.
         assert_eq!(moe_max_tiles(256, 256, 16), 16 + 256);
         assert_eq!(moe_max_tiles(4, 256, 16), 1 + 4);

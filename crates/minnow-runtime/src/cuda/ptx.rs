@@ -87,7 +87,12 @@ pub const MODULES: &[PtxModule] = &[
         name: "moe",
         ptx: include_str!("ptx/moe.ptx"),
         ptx_sm90: include_str!("ptx/moe.sm90.ptx"),
-        functions: &["grouped_gemm_m16", "grouped_gemm_m16s3", "grouped_gemm_m64"],
+        functions: &[
+            "grouped_gemm_m16",
+            "grouped_gemm_m16s3",
+            "grouped_gemm_m64",
+            "grouped_gemm_any",
+        ],
         max_dynamic_shared: 64 * 1024,
     },
 ];
