@@ -175,14 +175,16 @@ async fn every_item_type_renders_like_its_chat_message() {
     .await;
     assert_eq!(json_mode, chat_json);
 
-    // And the conversation above generates: a history with calls and outputs is a valid prompt.
-    let response = created(
-        &server,
-        json!({"input": input, "tools": [flat_weather_tool()], "max_output_tokens": 8, "temperature": 0}),
-    )
-    .await;
-    assert_eq!(response["usage"]["input_tokens"], ids.len());
-    assert_eq!(response["tools"][0]["name"], "get_weather");
+    // A history with calls and outputs generates (a short one: the fixture's context is 512).
+    let short = json!({"input": [
+        {"role": "user", "content": "Weather?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "18C"},
+    ], "max_output_tokens": 4, "temperature": 0});
+    let short_ids = prompt_ids(&server, short.clone()).await;
+    let response = created(&server, short).await;
+    assert_eq!(response["usage"]["input_tokens"], short_ids.len());
+    assert_eq!(response["tools"], json!([]));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -327,6 +329,39 @@ async fn function_calls_and_their_outputs() {
         assert_eq!(streamed["call_id"], call["call_id"]);
     }
     assert_eq!(output_text(last), output_text(&plain));
+    // Each streamed call: its item added, its arguments streamed and done, the item done.
+    for (n, (_, event)) in events.iter().enumerate() {
+        assert_eq!(event["sequence_number"], n);
+        if !event["type"].as_str().unwrap().starts_with("minnow.") {
+            let _: ResponseStreamEvent = typed(event);
+        }
+    }
+    for call in &streamed_calls {
+        let of_call = |name: &str| -> Vec<usize> {
+            events
+                .iter()
+                .enumerate()
+                .filter(|(_, (n, e))| {
+                    n == name && (e["item_id"] == call["id"] || e["item"]["id"] == call["id"])
+                })
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let added = of_call("response.output_item.added");
+        let deltas = of_call("response.function_call_arguments.delta");
+        let done = of_call("response.function_call_arguments.done");
+        let item_done = of_call("response.output_item.done");
+        assert_eq!((added.len(), done.len(), item_done.len()), (1, 1, 1));
+        assert!(deltas.iter().all(|&d| added[0] < d && d < done[0]));
+        assert!(done[0] < item_done[0]);
+        let streamed_arguments: String = deltas
+            .iter()
+            .map(|&d| events[d].1["delta"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(streamed_arguments, call["arguments"].as_str().unwrap());
+        assert_eq!(events[done[0]].1["arguments"], call["arguments"]);
+        assert_eq!(events[item_done[0]].1["item"], *call);
+    }
 
     // Answer each call (or, without one, a call from the history) and continue.
     let (previous, call_ids) = if calls.is_empty() {
@@ -350,10 +385,10 @@ async fn function_calls_and_their_outputs() {
         .iter()
         .map(|id| json!({"type": "function_call_output", "call_id": id, "output": "18C"}))
         .collect();
+    // Tools are per request; leaving them out keeps the prompt within the fixture's context.
     let continued = json!({
         "previous_response_id": previous["id"],
         "input": outputs,
-        "tools": [flat_weather_tool()],
         "max_output_tokens": 8,
     });
     let continued_ids = prompt_ids(&server, continued.clone()).await;

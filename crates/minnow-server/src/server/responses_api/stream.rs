@@ -380,3 +380,230 @@ impl EventStream {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use minnow_engine::{DecodeParams, EngineOptions, GenerateRequest};
+    use serde_json::Map;
+
+    use super::*;
+    use crate::server::config::ServerConfig;
+    use crate::server::generation::Job;
+    use crate::server::openai::{CommonOptions, MaxTokens};
+    use crate::server::responses::{Endpoint, ResponseMeta};
+    use crate::server::responses_api::items::Role;
+    use crate::server::responses_api::object::Header;
+
+    fn user() -> Item {
+        Item::Message {
+            id: None,
+            role: Role::User,
+            text: "q".into(),
+        }
+    }
+
+    /// A stream over a bare state (no engine: the event methods never touch it).
+    fn stream() -> (EventStream, mpsc::Receiver<Bytes>) {
+        let config = ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            model_path: "m".into(),
+            model_is_fixture: false,
+            api_key: None,
+            alias: None,
+            ui_dir: None,
+            body_limit: 1 << 20,
+            max_tokens: None,
+            keep_alive: Duration::from_secs(5),
+            show_progress: false,
+            responses_max: 4,
+            engine: EngineOptions::default(),
+        };
+        let state = Arc::new(AppState::new(config));
+        let job = Job {
+            meta: ResponseMeta {
+                endpoint: Endpoint::Chat,
+                id: "unused".into(),
+                created: 0,
+                model: "m".into(),
+            },
+            common: CommonOptions {
+                model: None,
+                max_tokens: MaxTokens::ServerDefault,
+                stop: Vec::new(),
+                params: DecodeParams::default(),
+                stream: true,
+                include_usage: false,
+                return_progress: false,
+                timings_per_token: false,
+            },
+            request: GenerateRequest::default(),
+            single_tool_call: false,
+        };
+        let prepared = Prepared {
+            job,
+            header: Header {
+                id: "resp_test".into(),
+                created_at: 1,
+                model: "m".into(),
+                echo: Map::new(),
+            },
+            input: vec![user()],
+            parent: None,
+            store: true,
+            return_progress: false,
+        };
+        let log = Arc::new(RequestLog::new(
+            state.clone(),
+            1,
+            "POST",
+            "/v1/responses",
+            "/v1/responses",
+        ));
+        let (tx, rx) = mpsc::channel(256);
+        let stream = EventStream {
+            state,
+            prepared,
+            tx,
+            log,
+            sequence: 0,
+            items: Vec::new(),
+            message: None,
+            calls: Vec::new(),
+        };
+        (stream, rx)
+    }
+
+    fn events(mut rx: mpsc::Receiver<Bytes>) -> Vec<Value> {
+        let mut events = Vec::new();
+        while let Ok(frame) = rx.try_recv() {
+            let frame = std::str::from_utf8(&frame).unwrap().to_string();
+            let (name, data) = frame.trim_end().split_once('\n').unwrap();
+            let value: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+            assert_eq!(
+                Some(value["type"].as_str().unwrap()),
+                name.strip_prefix("event: ")
+            );
+            events.push(value);
+        }
+        events
+    }
+
+    /// Text, then a call, then more text: the message stays open (output index 0), the call is
+    /// item 1, and everything closes in output order at the end.
+    #[tokio::test]
+    async fn text_and_calls_stream_in_output_order() {
+        let (mut stream, rx) = stream();
+        let header = ToolCallDelta {
+            index: 0,
+            id: Some("call_0".into()),
+            name: Some("f".into()),
+            arguments: String::new(),
+        };
+        let arguments = ToolCallDelta {
+            index: 0,
+            id: None,
+            name: None,
+            arguments: "{\"a\":1}".into(),
+        };
+        assert!(stream.text_delta("Checking.").await.is_ok());
+        assert!(stream.call_delta(&header).await.is_ok());
+        assert!(stream.call_delta(&arguments).await.is_ok());
+        assert!(stream.text_delta(" Done.").await.is_ok());
+        let calls = [ToolCall {
+            id: "call_0".into(),
+            name: "f".into(),
+            arguments: "{\"a\":1}".into(),
+        }];
+        let stats = GenerationStats::default();
+        let finished = stream
+            .finish(FinishReason::ToolCalls, "Checking. Done.", &calls, &stats)
+            .await;
+        assert!(finished.is_ok());
+        let state = stream.state.clone();
+        drop(stream);
+
+        let events = events(rx);
+        let kinds: Vec<(&str, u64)> = events
+            .iter()
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap(),
+                    e["output_index"].as_u64().unwrap_or(99),
+                )
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                ("response.output_item.added", 0),
+                ("response.content_part.added", 0),
+                ("response.output_text.delta", 0),
+                ("response.output_item.added", 1),
+                ("response.function_call_arguments.delta", 1),
+                ("response.output_text.delta", 0),
+                ("response.output_text.done", 0),
+                ("response.content_part.done", 0),
+                ("response.output_item.done", 0),
+                ("response.function_call_arguments.done", 1),
+                ("response.output_item.done", 1),
+                ("response.completed", 99),
+            ]
+        );
+        for (n, event) in events.iter().enumerate() {
+            assert_eq!(event["sequence_number"], n);
+        }
+        assert_eq!(events[3]["item"]["type"], "function_call");
+        assert_eq!(events[3]["item"]["call_id"], "call_0");
+        assert_eq!(events[3]["item"]["arguments"], "");
+        assert_eq!(events[9]["arguments"], "{\"a\":1}");
+        assert_eq!(events[9]["name"], "f");
+        assert_eq!(events[6]["text"], "Checking. Done.");
+        let output = &events[11]["response"]["output"];
+        assert_eq!(output[0]["content"][0]["text"], "Checking. Done.");
+        assert_eq!(output[1]["status"], "completed");
+
+        // Stored: this turn's input, then the output in stream order.
+        let stored = state.responses.get("resp_test").unwrap();
+        let conversation = stored.turn.conversation();
+        assert_eq!(conversation.len(), 3);
+        assert_eq!(conversation[0], user());
+        assert!(
+            matches!(&conversation[1], Item::Message { text, .. } if text == "Checking. Done.")
+        );
+        assert!(
+            matches!(&conversation[2], Item::FunctionCall { call_id, .. } if call_id == "call_0")
+        );
+        assert_eq!(stored.object, events[11]["response"]);
+    }
+
+    /// A call cut by the token limit never streamed; an empty answer still gets its message.
+    #[tokio::test]
+    async fn an_empty_incomplete_answer_is_one_empty_message() {
+        let (mut stream, rx) = stream();
+        let stats = GenerationStats::default();
+        assert!(stream
+            .finish(FinishReason::Length, "", &[], &stats)
+            .await
+            .is_ok());
+        drop(stream);
+        let events = events(rx);
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.incomplete",
+            ]
+        );
+        let last = &events[5]["response"];
+        assert_eq!(last["status"], "incomplete");
+        assert_eq!(last["incomplete_details"]["reason"], "max_output_tokens");
+        assert_eq!(last["output"][0]["status"], "incomplete");
+    }
+}
