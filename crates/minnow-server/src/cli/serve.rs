@@ -9,7 +9,7 @@ use minnow_runtime::device::DeviceRequest;
 
 use super::decode_flags::DecodeFlags;
 use super::{Cli, BUNDLED_FIXTURE};
-use crate::server::{self, ServerConfig, DEFAULT_BODY_LIMIT};
+use crate::server::{self, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_RESPONSES_MAX};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Dtype {
@@ -57,6 +57,10 @@ pub struct Args {
     /// Seconds between SSE keep-alive comments on an otherwise idle stream.
     #[arg(long, default_value_t = 5.0)]
     pub keep_alive: f64,
+    /// Responses API responses kept in memory for `previous_response_id` and GET
+    /// /v1/responses/{id}; the least recently used are evicted beyond it (0: keep none).
+    #[arg(long, default_value_t = DEFAULT_RESPONSES_MAX)]
+    pub responses_max: usize,
     #[command(flatten)]
     pub decode: DecodeArgs,
 }
@@ -150,6 +154,7 @@ fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
         max_tokens: args.decode.max_tokens,
         keep_alive: Duration::from_secs_f64(args.keep_alive),
         show_progress: std::io::stderr().is_terminal(),
+        responses_max: args.responses_max,
         engine: EngineOptions {
             device: cli.device,
             threads: cli.threads,

@@ -8,6 +8,9 @@ use minnow_engine::EngineOptions;
 /// Default cap on request bodies (issue: 8 MiB).
 pub const DEFAULT_BODY_LIMIT: usize = 8 * 1024 * 1024;
 
+/// Default number of stored Responses API responses.
+pub const DEFAULT_RESPONSES_MAX: usize = 1024;
+
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     /// Address to bind ("127.0.0.1:8080"; port 0 picks a free port, logged at startup).
@@ -26,6 +29,8 @@ pub struct ServerConfig {
     pub keep_alive: Duration,
     /// Draw a progress bar while the weights load (stderr is a terminal).
     pub show_progress: bool,
+    /// Responses API responses kept for `previous_response_id` and GET (LRU beyond).
+    pub responses_max: usize,
     pub engine: EngineOptions,
 }
 
@@ -58,6 +63,7 @@ mod tests {
             max_tokens: None,
             keep_alive: Duration::from_secs(5),
             show_progress: false,
+            responses_max: DEFAULT_RESPONSES_MAX,
             engine: EngineOptions::default(),
         }
     }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use hyper::{Response, StatusCode};
 use minnow_engine::{
-    ChatPrompt, Engine, EngineError, Event, GenerateRequest, RenderedPrompt, ToolCall,
-    ToolCallDelta,
+    ChatPrompt, Engine, EngineError, Event, FinishReason, GenerateRequest, GenerationStats,
+    RenderedPrompt, ToolCall, ToolCallDelta,
 };
 use rand::Rng;
 
@@ -167,6 +167,35 @@ pub async fn complete(
     mut job: Job,
     log: &RequestLog,
 ) -> Result<Response<Body>, ApiError> {
+    let finished = run_to_end(state, &mut job, log).await?;
+    let tool_calls = job.filter_calls(&finished.tool_calls);
+    let body = responses::completion_response(
+        &job.meta,
+        &Outcome {
+            text: &finished.text,
+            tool_calls: &tool_calls,
+            finish: finished.finish_reason,
+            stats: &finished.stats,
+        },
+    );
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// The result of a generation run to its end (tool calls not yet filtered).
+pub struct Finished {
+    pub finish_reason: FinishReason,
+    pub text: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub stats: GenerationStats,
+}
+
+/// Submits the job's request and waits for `Done`, recording metrics and the log fields; shared
+/// by every non-streaming endpoint.
+pub async fn run_to_end(
+    state: &Arc<AppState>,
+    job: &mut Job,
+    log: &RequestLog,
+) -> Result<Finished, ApiError> {
     let engine = state.engine()?;
     let mut handle = engine.submit(std::mem::take(&mut job.request))?;
     let mut watch = CancelCounter {
@@ -186,17 +215,12 @@ pub async fn complete(
                 state.metrics.record_generation(&stats);
                 log.set_generation(&stats);
                 log.set_outcome(responses::finish_reason(finish_reason));
-                let tool_calls = job.filter_calls(&tool_calls);
-                let body = responses::completion_response(
-                    &job.meta,
-                    &Outcome {
-                        text: &text,
-                        tool_calls: &tool_calls,
-                        finish: finish_reason,
-                        stats: &stats,
-                    },
-                );
-                return Ok(json_response(StatusCode::OK, &body));
+                return Ok(Finished {
+                    finish_reason,
+                    text,
+                    tool_calls,
+                    stats,
+                });
             }
             Some(Event::Error(message)) => {
                 watch.finished = true;

@@ -7,7 +7,7 @@
 //!
 //! Map: `routes` (dispatch, auth, body limit) → `openai` + `fields` (request validation) →
 //! `generation` (prompt preparation, non-streaming) / `sse` (streaming) → `responses` (OpenAI
-//! JSON) ; `errors`, `metrics`, `static_files`, `auth`, `http`, `state`, `config` support them.
+//! JSON) ; `responses_api` serves the Responses API on the same path; `errors`, `metrics`, `static_files`, `auth`, `http`, `state`, `config` support them.
 
 mod auth;
 mod config;
@@ -18,6 +18,7 @@ mod http;
 mod metrics;
 mod openai;
 mod responses;
+mod responses_api;
 mod routes;
 mod sse;
 mod state;
@@ -33,7 +34,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use minnow_engine::{Engine, LoadProgress};
 use tokio::net::TcpListener;
 
-pub use config::{ServerConfig, DEFAULT_BODY_LIMIT};
+pub use config::{ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_RESPONSES_MAX};
 use state::AppState;
 
 /// How long a connection may take to send a request's headers.

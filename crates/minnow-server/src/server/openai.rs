@@ -185,7 +185,7 @@ pub fn parse_detokenize(body: &Value) -> Result<Vec<u32>, ApiError> {
     Ok(tokens)
 }
 
-fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, ApiError> {
+pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, ApiError> {
     let model = fields.string("model")?;
 
     let mut max_tokens = MaxTokens::ServerDefault;
@@ -612,7 +612,7 @@ fn parse_history_calls(value: &Value, path: &str) -> Result<Vec<ToolCall>, ApiEr
 }
 
 /// Tool definitions, validated and passed to the template unchanged.
-fn parse_tools(value: &Value) -> Result<Vec<Value>, ApiError> {
+pub(super) fn parse_tools(value: &Value) -> Result<Vec<Value>, ApiError> {
     let items = value
         .as_array()
         .ok_or_else(|| ApiError::invalid("tools", "'tools' must be a list"))?;
@@ -670,14 +670,17 @@ fn parse_tools(value: &Value) -> Result<Vec<Value>, ApiError> {
     Ok(items.clone())
 }
 
-fn tool_name(tool: &Value) -> String {
+pub(super) fn tool_name(tool: &Value) -> String {
     tool["function"]["name"]
         .as_str()
         .unwrap_or_default()
         .to_string()
 }
 
-fn parse_tool_choice(value: &Value, declared: &[String]) -> Result<ToolChoice, ApiError> {
+pub(super) fn parse_tool_choice(
+    value: &Value,
+    declared: &[String],
+) -> Result<ToolChoice, ApiError> {
     let choice = match value {
         Value::String(s) => match s.as_str() {
             "auto" => ToolChoice::Auto,
@@ -757,7 +760,7 @@ fn parse_response_format(value: &Value) -> Result<bool, ApiError> {
 }
 
 /// Appends the JSON instruction to a leading system message, or adds one.
-fn add_json_instruction(messages: &mut Vec<ChatMessage>) {
+pub(super) fn add_json_instruction(messages: &mut Vec<ChatMessage>) {
     match messages.first_mut() {
         Some(first) if first.role == "system" => {
             if !first.content.is_empty() {

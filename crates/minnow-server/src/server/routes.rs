@@ -20,7 +20,7 @@ use super::generation;
 use super::http::{error_response, json_response, text_response, Body};
 use super::openai;
 use super::state::{AppState, RequestLog};
-use super::{auth, sse, static_files};
+use super::{auth, responses_api, sse, static_files};
 
 /// The API routes. Anything else is a static UI file (with `--ui-dir`) or a 404.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +36,9 @@ enum Route {
     Tokenize,
     Detokenize,
     ApplyTemplate,
+    Responses,
+    ResponsesInputTokens,
+    StoredResponse,
 }
 
 impl Route {
@@ -51,7 +54,10 @@ impl Route {
             "/tokenize" => Route::Tokenize,
             "/detokenize" => Route::Detokenize,
             "/apply-template" => Route::ApplyTemplate,
+            "/v1/responses" | "/responses" => Route::Responses,
+            "/v1/responses/input_tokens" | "/responses/input_tokens" => Route::ResponsesInputTokens,
             _ if model_id_in_path(path).is_some() => Route::Model,
+            _ if response_id_in_path(path).is_some() => Route::StoredResponse,
             _ => return None,
         })
     }
@@ -63,9 +69,19 @@ impl Route {
             | Route::Model
             | Route::Props
             | Route::Slots
-            | Route::Metrics => Method::GET,
+            | Route::Metrics
+            | Route::StoredResponse => Method::GET,
             _ => Method::POST,
         }
+    }
+
+    /// Whether `method` may be used here: the route's method (GET also answers HEAD), and DELETE
+    /// on a stored response.
+    fn allows(self, method: &Method) -> bool {
+        let allowed = self.method();
+        *method == allowed
+            || (*method == Method::HEAD && allowed == Method::GET)
+            || (self == Route::StoredResponse && *method == Method::DELETE)
     }
 
     /// Metrics label.
@@ -82,8 +98,18 @@ impl Route {
             Route::Tokenize => "/tokenize",
             Route::Detokenize => "/detokenize",
             Route::ApplyTemplate => "/apply-template",
+            Route::Responses => "/v1/responses",
+            Route::ResponsesInputTokens => "/v1/responses/input_tokens",
+            Route::StoredResponse => "/v1/responses/{id}",
         }
     }
+}
+
+/// The id in `/v1/responses/{id}` (one path segment).
+fn response_id_in_path(path: &str) -> Option<&str> {
+    path.strip_prefix("/v1/responses/")
+        .or_else(|| path.strip_prefix("/responses/"))
+        .filter(|id| !id.is_empty() && !id.contains('/'))
 }
 
 fn model_id_in_path(path: &str) -> Option<&str> {
@@ -163,16 +189,14 @@ async fn dispatch(
     let Some(route) = route else {
         return serve_static(state, &request, &path).await;
     };
-    let allowed = route.method();
-    let head_of_get = method == Method::HEAD && allowed == Method::GET;
-    if method != allowed && !head_of_get {
+    if !route.allows(&method) {
         let mut response = error_response(&ApiError::method_not_allowed(method.as_str(), &path));
         response.headers_mut().insert(
             ALLOW,
-            HeaderValue::from_static(if allowed == Method::GET {
-                "GET, HEAD"
-            } else {
-                "POST"
+            HeaderValue::from_static(match route.method() {
+                _ if route == Route::StoredResponse => "GET, HEAD, DELETE",
+                Method::GET => "GET, HEAD",
+                _ => "POST",
             }),
         );
         return Ok(response);
@@ -240,6 +264,22 @@ async fn dispatch(
                 &json!({ "prompt": rendered.text }),
             ))
         }
+        Route::Responses => {
+            let body = read_json(state, request).await?;
+            responses_api::create(state, &body, log).await
+        }
+        Route::ResponsesInputTokens => {
+            let body = read_json(state, request).await?;
+            responses_api::input_tokens(state, &body).await
+        }
+        Route::StoredResponse => {
+            let id = percent_decoded(response_id_in_path(&path).unwrap_or_default());
+            if method == Method::DELETE {
+                responses_api::delete(state, &id)
+            } else {
+                responses_api::retrieve(state, &id)
+            }
+        }
     }
 }
 
@@ -261,7 +301,7 @@ fn preflight() -> Response<Body> {
     let headers = response.headers_mut();
     headers.insert(
         ACCESS_CONTROL_ALLOW_METHODS,
-        HeaderValue::from_static("GET, POST, OPTIONS"),
+        HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
     );
     headers.insert(
         ACCESS_CONTROL_ALLOW_HEADERS,
@@ -548,5 +588,19 @@ mod tests {
         assert_eq!(Route::find("/index.html"), None);
         assert_eq!(Route::Props.method(), Method::GET);
         assert_eq!(Route::Tokenize.method(), Method::POST);
+        assert_eq!(Route::find("/v1/responses"), Some(Route::Responses));
+        assert_eq!(Route::find("/responses"), Some(Route::Responses));
+        assert_eq!(
+            Route::find("/v1/responses/input_tokens"),
+            Some(Route::ResponsesInputTokens)
+        );
+        assert_eq!(
+            Route::find("/v1/responses/resp_1"),
+            Some(Route::StoredResponse)
+        );
+        assert_eq!(Route::find("/v1/responses/resp_1/input_items"), None);
+        assert!(Route::StoredResponse.allows(&Method::DELETE));
+        assert!(!Route::Responses.allows(&Method::DELETE));
+        assert!(Route::Props.allows(&Method::HEAD));
     }
 }

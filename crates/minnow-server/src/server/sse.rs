@@ -39,7 +39,11 @@ pub fn start(
         log,
     };
     tokio::spawn(stream.run(handle));
+    Ok(event_stream(body))
+}
 
+/// The response head of an event stream around `body`.
+pub fn event_stream(body: Body) -> Response<Body> {
     let mut response = Response::new(body);
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
@@ -47,7 +51,7 @@ pub fn start(
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Reverse proxies (nginx) must not buffer the stream.
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(response)
+    response
 }
 
 /// Timings so far, for `timings_per_token` (the engine's totals arrive only with `Done`).

@@ -10,6 +10,7 @@ use minnow_engine::{Engine, GenerationStats};
 use super::config::ServerConfig;
 use super::errors::ApiError;
 use super::metrics::{Gauges, Metrics};
+use super::responses_api::ResponseStore;
 
 pub struct AppState {
     pub config: ServerConfig,
@@ -19,12 +20,15 @@ pub struct AppState {
     next_id: AtomicU64,
     /// Unix time the server started; reported as the model's `created`.
     pub started_unix: u64,
+    /// Stored Responses API responses (`--responses-max`).
+    pub responses: ResponseStore,
 }
 
 impl AppState {
     pub fn new(config: ServerConfig) -> Self {
         let model_id = config.model_id();
         Self {
+            responses: ResponseStore::new(config.responses_max),
             config,
             model_id,
             engine: OnceLock::new(),
