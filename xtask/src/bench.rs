@@ -16,7 +16,7 @@ use minnow_model::{Config, LogitsRows, ModelRunner, PageId, Segment, Want};
 use minnow_runtime::cuda::Gpu;
 
 /// LLaDA2.2-mini (docs/llada2-model.md §3.1).
-const MINI_22: &str = r#"{
+pub(crate) const MINI_22: &str = r#"{
   "model_type": "llada2_moe", "architectures": ["LLaDA2MoeModelLM"],
   "vocab_size": 157184, "hidden_size": 2048, "intermediate_size": 5120,
   "num_hidden_layers": 20, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,

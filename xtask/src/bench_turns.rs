@@ -1,4 +1,5 @@
-//! `cargo xtask bench-turns --model DIR [--device cpu|cuda:N] [--prompt N]`: how much sooner a
+//! `cargo xtask bench-turns --model DIR [--device cpu|cuda:N] [--prompt N]` (or `--random-mini`
+//! for random LLaDA2.2-mini weights on GPU 0): how much sooner a
 //! conversation's second turn reaches its first denoising forward when the prefix cache holds the
 //! first turn (warm) than when it must prefill everything (cold).
 //!
@@ -21,8 +22,11 @@ use minnow_runtime::device::DeviceRequest;
 #[command(name = "bench-turns")]
 struct Args {
     /// Checkpoint directory.
+    #[arg(long, required_unless_present = "random_mini")]
+    model: Option<PathBuf>,
+    /// Instead of a checkpoint: random weights at LLaDA2.2-mini shapes on GPU 0.
     #[arg(long)]
-    model: PathBuf,
+    random_mini: bool,
     #[arg(long, default_value = "cpu")]
     device: DeviceRequest,
     /// Tokens of the first turn's prompt.

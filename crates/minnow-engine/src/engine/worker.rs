@@ -171,9 +171,8 @@ fn run(
                     };
                     match scheduler.admit(job) {
                         Admission::Running => {}
-                        Admission::Refused(mut job, error) => {
+                        Admission::Refused(job, error) => {
                             let _ = job.events.send(Event::Error(error.to_string()));
-                            job.events = closed_sender();
                         }
                         Admission::Wait(job) => {
                             // Not enough pages now: it keeps its place at the head of the queue
@@ -210,11 +209,6 @@ fn run(
         queue.publish_stats(&scheduler);
         queue.lock().busy = scheduler.running.len();
     }
-}
-
-/// A sender whose receiver is gone (a refused job's channel, once its error went out).
-fn closed_sender() -> UnboundedSender<Event> {
-    tokio::sync::mpsc::unbounded_channel().0
 }
 
 /// One request in the batch.
