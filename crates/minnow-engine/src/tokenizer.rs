@@ -255,22 +255,36 @@ impl Tokenizer {
     }
 
     /// Encodes a rendered prompt whose client text went through [`Tokenizer::protect`]: special
-    /// tokens written by the template become their ids, each placeholder becomes the plain-text
-    /// tokens of the string it stands for.
+    /// tokens written by the template become their ids, and each stretch of text between them
+    /// that holds placeholders is encoded as plain text with the placeholders turned back into
+    /// what the client wrote. The result is the ordinary tokenization of the prompt in which only
+    /// the client's special-token strings lose their meaning.
     pub fn encode_protected(&self, text: &str) -> EngineResult<Vec<u32>> {
         let mut ids = Vec::new();
-        let mut start = 0;
-        for (at, c) in text.char_indices() {
-            if let Some(string) = self.placeholder_string(c) {
-                if start < at {
-                    ids.extend(self.encode(&text[start..at])?);
-                }
-                ids.extend(self.encode_plain(string)?);
-                start = at + c.len_utf8();
+        let mut rest = text;
+        while !rest.is_empty() {
+            // The next special token the template wrote (the earliest, the longest at a tie).
+            let next = self
+                .placeholders
+                .iter()
+                .filter_map(|(string, _)| rest.find(string.as_str()).map(|at| (at, string)))
+                .min_by_key(|&(at, string)| (at, std::cmp::Reverse(string.len())));
+            let (piece, special) = match next {
+                Some((at, string)) => (&rest[..at], Some(string)),
+                None => (rest, None),
+            };
+            if piece.chars().any(|c| self.placeholder_string(c).is_some()) {
+                ids.extend(self.encode_plain(&self.unprotect(piece))?);
+            } else if !piece.is_empty() {
+                ids.extend(self.encode(piece)?);
             }
-        }
-        if start < text.len() {
-            ids.extend(self.encode(&text[start..])?);
+            match special {
+                Some(string) => {
+                    ids.extend(self.encode(string)?);
+                    rest = &rest[piece.len() + string.len()..];
+                }
+                None => break,
+            }
         }
         Ok(ids)
     }
@@ -557,6 +571,11 @@ mod tests {
             tok.decode(&ids, true).unwrap(),
             format!("<role>HUMAN</role>{typed}<|role_end|>")
         );
+        // Exactly the template's tokens around the plain tokenization of the typed text.
+        let mut expected = tok.encode("<role>HUMAN</role>").unwrap();
+        expected.extend(tok.encode_plain(typed).unwrap());
+        expected.extend(tok.encode("<|role_end|>").unwrap());
+        assert_eq!(ids, expected);
         // Plain encoding never yields a special id.
         let plain = tok.encode_plain("<|mask|><role>").unwrap();
         assert!(plain.iter().all(|&id| id < 480), "{plain:?}");

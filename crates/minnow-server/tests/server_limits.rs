@@ -101,6 +101,8 @@ async fn silent_and_stalled_connections_are_dropped() {
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_over_the_cap_are_refused_cleanly() {
     let server = Server::start(None, &["--max-connections", "3"]).await;
+    // Let the readiness probe's connection close first, so that the three below hold every slot.
+    std::thread::sleep(Duration::from_millis(500));
     let idle: Vec<TcpStream> = (0..3)
         .map(|_| TcpStream::connect(&server.addr).unwrap())
         .collect();

@@ -56,6 +56,23 @@ fn setup() -> Result<Setup, String> {
     Ok(Setup { ui_dir, chromium })
 }
 
+/// The tiny fixture with a 4096-token context: the UI declares two tools of its own (date and
+/// runtime info) with every message, which alone outgrows the fixture's 512 positions. RoPE
+/// works at any position, and the weights are random anyway.
+fn roomy_fixture() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(FIXTURE_V21).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+    }
+    let path = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["max_position_embeddings"] = serde_json::json!(4096);
+    std::fs::write(&path, config.to_string()).unwrap();
+    dir
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn llama_web_ui_chats_in_headless_chromium() {
     let setup = match setup() {
@@ -69,8 +86,10 @@ async fn llama_web_ui_chats_in_headless_chromium() {
         ),
     };
     let ui = setup.ui_dir.to_str().unwrap().to_string();
+    let model = roomy_fixture();
+    let model_arg = model.path().to_str().unwrap().to_string();
     // Short answers keep the test quick; the UI's own settings still travel with every request.
-    let server = Server::start(None, &["--ui-dir", &ui, "--max-tokens", "48"]).await;
+    let server = Server::start(Some(&model_arg), &["--ui-dir", &ui, "--max-tokens", "48"]).await;
     let profile = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let output = tokio::task::spawn_blocking({

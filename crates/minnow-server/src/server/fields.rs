@@ -52,6 +52,7 @@ impl FieldPolicy {
         Some(listed.join(", "))
     }
 
+    #[cfg(test)]
     pub fn ignored(&self) -> Vec<String> {
         self.ignored.borrow().clone()
     }

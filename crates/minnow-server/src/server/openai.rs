@@ -1000,7 +1000,7 @@ mod tests {
         );
         assert_eq!(
             lenient.ignored(),
-            vec!["future_field".to_string(), "messages[0].id".into()]
+            vec!["messages[0].id".to_string(), "future_field".into()]
         );
         // The same body under --strict-fields names the first unknown field.
         let error = parse_chat(
