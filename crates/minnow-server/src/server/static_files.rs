@@ -85,7 +85,8 @@ fn file_response(path: &Path, bytes: Vec<u8>, gzip: bool) -> Response<Body> {
     response
 }
 
-/// First path segments of llama-server's and OpenAI's APIs (and their `/v1` prefix). Such a path
+/// First path segments of llama-server's and OpenAI's APIs (and their `/v1` prefix; `/chat/...`
+/// stays a client-side route, the API's `/chat/completions` is matched before any file). Such a path
 /// is never answered with the UI's `index.html`: an endpoint this server lacks must be a JSON 404,
 /// which is also what llama-server answers for a feature that is off (`/tools` without
 /// `--tools`, `/cors-proxy` without its proxy, stream resumption, model loading).
@@ -101,9 +102,6 @@ const API_SEGMENTS: &[&str] = &[
     "cors-proxy",
     "completion",
     "completions",
-    "chat",
-    "responses",
-    "messages",
     "embedding",
     "embeddings",
     "rerank",
