@@ -259,10 +259,11 @@ fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, ApiError> {
     }
     let return_progress = fields.bool("return_progress")?.unwrap_or(false);
     let timings_per_token = fields.bool("timings_per_token")?.unwrap_or(false);
+    // -1: no pings; otherwise at least 0.1 s (0 would be a busy loop).
     let sse_ping_interval = match fields.number("sse_ping_interval", -1.0, 3600.0)? {
         None => None,
-        Some(x) if x == -1.0 => Some(None),
         Some(x) if x >= 0.1 => Some(Some(std::time::Duration::from_secs_f64(x))),
+        Some(x) if (x + 1.0).abs() < f64::EPSILON => Some(None),
         Some(_) => {
             return Err(ApiError::invalid(
                 "sse_ping_interval",

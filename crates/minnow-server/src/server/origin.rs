@@ -67,7 +67,7 @@ impl OriginPolicy {
         if self.cors_origins.iter().any(|o| o == "*") {
             return Ok(Verdict::Cors(HeaderValue::from_static("*")));
         }
-        if self.cors_origins.iter().any(|o| *o == origin_text) {
+        if self.cors_origins.contains(&origin_text) {
             return Ok(Verdict::Cors(origin.clone()));
         }
         Err(ApiError::forbidden(
