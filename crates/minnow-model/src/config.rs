@@ -69,6 +69,30 @@ pub struct Config {
 /// Block size used by 2.0/2.1 decoding, which have no `block_size` key (model doc §3.1 notes).
 pub const DEFAULT_BLOCK_SIZE: usize = 32;
 
+/// Upper bounds of the counts in `config.json`: generous multiples of the largest LLaDA2.x
+/// checkpoints (flash: 32 layers, 256 experts, hidden 4096, vocab 157184, 128k context), far
+/// below what would exhaust memory when shapes are derived from them. The tensors actually
+/// present are checked against the config afterwards (`weights.rs`).
+pub const COUNT_BOUNDS: &[(&str, u64)] = &[
+    ("vocab_size", 1 << 22),
+    ("hidden_size", 1 << 16),
+    ("intermediate_size", 1 << 20),
+    ("moe_intermediate_size", 1 << 18),
+    ("num_hidden_layers", 1024),
+    ("num_attention_heads", 1024),
+    ("num_key_value_heads", 1024),
+    ("head_dim", 4096),
+    ("num_experts", 4096),
+    ("num_experts_per_tok", 4096),
+    ("num_shared_experts", 64),
+    ("first_k_dense_replace", 1024),
+    ("max_position_embeddings", 1 << 24),
+    ("block_size", 4096),
+    ("expert_capacity", 4096),
+    ("n_group", 4096),
+    ("topk_group", 4096),
+];
+
 impl Config {
     /// Reads and validates `dir/config.json`. The family is 2.2 when the config has
     /// `expert_capacity`; otherwise 2.1 until [`Config::refine_family`] looks at the weights.
@@ -150,9 +174,23 @@ impl Parser<'_> {
     fn usize_opt(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
-                self.err(format!("'{key}' must be a non-negative integer, got {v}"))
-            }),
+            Some(v) => {
+                let n = v.as_u64().ok_or_else(|| {
+                    self.err(format!("'{key}' must be a non-negative integer, got {v}"))
+                })?;
+                // Every count is bounded before anything is sized from it, so a hostile or broken
+                // config fails here in microseconds instead of allocating for 10^9 layers.
+                if let Some(&(_, max)) = COUNT_BOUNDS.iter().find(|(k, _)| *k == key) {
+                    if n > max {
+                        return Err(self.err(format!(
+                            "'{key}' = {n} exceeds the largest supported value {max}"
+                        )));
+                    }
+                }
+                usize::try_from(n)
+                    .map(Some)
+                    .map_err(|_| self.err(format!("'{key}' = {n} does not fit this machine")))
+            }
         }
     }
 
@@ -597,6 +635,28 @@ mod tests {
             (c.delete_token_id, c.split_token_id),
             (Some(156930), Some(156931))
         );
+    }
+
+    #[test]
+    fn counts_are_bounded_before_use() {
+        let started = std::time::Instant::now();
+        for (key, _) in COUNT_BOUNDS {
+            // 2.2 configs do not read the group keys; 2.1 configs do.
+            let base = if key.ends_with("group") {
+                real_v21_mini()
+            } else {
+                real_v22_mini()
+            };
+            let error = err_of(&with(base, key, 1_000_000_000u64.into()));
+            assert!(
+                error.contains(key) && error.contains("exceeds"),
+                "{key}: {error}"
+            );
+            assert_eq!(error.lines().count(), 1, "{error}");
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        // The real configs sit well inside the bounds.
+        assert!(parse(&real_v21_mini()).is_ok());
     }
 
     #[test]

@@ -247,7 +247,9 @@ async fn previous_response_id_renders_the_full_resend() {
     // The continued turn starts with the first turn's prompt, whose complete blocks the prefix
     // cache holds (and maybe answer blocks too).
     let first_prompt = first["usage"]["input_tokens"].as_u64().unwrap();
-    let cached = usage["input_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let cached = usage["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     assert!(
         cached % 32 == 0 && cached >= first_prompt / 32 * 32 && cached < continued_ids.len() as u64,
         "cached {cached} after a first prompt of {first_prompt}"

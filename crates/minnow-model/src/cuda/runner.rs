@@ -77,16 +77,6 @@ impl CudaRunner {
         Self::with_weights(gpu, config, weights, kv_budget_bytes)
     }
 
-    /// TRANSITIONAL: [`CudaRunner::new`] with a K/V budget (the paged runner sizes its pool).
-    pub fn new_with_kv_budget(
-        config: Config,
-        source: &dyn TensorSource,
-        ordinal: usize,
-        _kv_budget_bytes: Option<usize>,
-    ) -> Result<Self> {
-        Self::new(config, source, ordinal)
-    }
-
     /// Reads `dir/config.json` and the safetensors weights of `dir` onto GPU `ordinal`.
     pub fn load(dir: &Path, ordinal: usize) -> Result<Self> {
         let (config, source) = crate::checkpoint::open(dir)?;

@@ -47,8 +47,11 @@ pub struct DecodeFlags {
     /// Sampling temperature (0 = greedy).
     #[arg(long)]
     pub temperature: Option<f32>,
+    /// Sample only among the K most likely tokens of each position (0 = no limit).
     #[arg(long)]
     pub top_k: Option<usize>,
+    /// Sample only among the most likely tokens whose probabilities add up to P (0-1; 1 = no
+    /// limit).
     #[arg(long)]
     pub top_p: Option<f32>,
     /// RNG seed (sampling and the 2.2 anti-loop guard).

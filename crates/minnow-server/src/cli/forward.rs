@@ -8,7 +8,7 @@ use minnow_model::{CpuRunner, LogitsRows, ModelRunner};
 use minnow_runtime::device::DeviceRequest;
 use safetensors::tensor::TensorView;
 
-use super::{required_model, Cli};
+use super::{model_or_fixture, output_file, Cli};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -25,13 +25,8 @@ pub struct Args {
 
 pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
     show_warnings();
-    let model = required_model(cli)?;
-    if args.output.exists() && !args.force {
-        return Err(format!(
-            "{} already exists (pass --force to overwrite)",
-            args.output.display()
-        ));
-    }
+    let model = &model_or_fixture(cli);
+    output_file::check_writable(&args.output, args.force)?;
     let ids = read_input_ids(&args.input)?;
     let mut runner = open_runner(cli.device, model)?;
     let vocab = runner.config().vocab_size;
@@ -39,7 +34,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
     let logits = runner
         .forward(seq, &ids, LogitsRows::All)
         .map_err(|e| e.to_string())?;
-    write_logits(&args.output, &logits, ids.len(), vocab)
+    write_logits(&args.output, args.force, &logits, ids.len(), vocab)
 }
 
 /// The runner for `--device`. `forward` is the validation command, so `auto` means the F32 CPU
@@ -121,26 +116,20 @@ fn le_bytes(values: &[f32]) -> std::borrow::Cow<'_, [u8]> {
     }
 }
 
-/// Writes `logits` to a temporary file next to `output`, then renames it into place, so a
-/// crash never leaves a half-written output.
-fn write_logits(output: &Path, logits: &[f32], n: usize, vocab: usize) -> Result<(), String> {
+/// Writes `logits` as a safetensors file (`output_file` guards the path and renames a complete
+/// temporary file into place).
+fn write_logits(
+    output: &Path,
+    force: bool,
+    logits: &[f32],
+    n: usize,
+    vocab: usize,
+) -> Result<(), String> {
     let bytes = le_bytes(logits);
     let view = TensorView::new(safetensors::Dtype::F32, vec![n, vocab], &bytes)
         .map_err(|e| format!("building the logits tensor: {e}"))?;
-    let file_name = output
-        .file_name()
-        .ok_or_else(|| format!("{}: not a file path", output.display()))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(file_name);
-    tmp_name.push(format!(".tmp-{}", std::process::id()));
-    let tmp = output.with_file_name(tmp_name);
-    let result = safetensors::serialize_to_file([("logits", view)], None, &tmp)
-        .map_err(|e| format!("{}: {e}", tmp.display()))
-        .and_then(|()| {
-            std::fs::rename(&tmp, output).map_err(|e| format!("{}: {e}", output.display()))
-        });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    output_file::write_atomically(output, force, |tmp| {
+        safetensors::serialize_to_file([("logits", view)], None, tmp)
+            .map_err(|e| format!("{}: {e}", tmp.display()))
+    })
 }

@@ -17,7 +17,7 @@ use minnow_engine::{
 use serde_json::json;
 
 use super::decode_flags::DecodeFlags;
-use super::{Cli, BUNDLED_FIXTURE};
+use super::Cli;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -49,15 +49,7 @@ pub struct Args {
 }
 
 fn model_path(cli: &Cli) -> PathBuf {
-    match &cli.model {
-        Some(path) => path.clone(),
-        None => {
-            eprintln!(
-                "minnow: no --model given; using the bundled tiny fixture {BUNDLED_FIXTURE} (random weights, the text is noise)"
-            );
-            PathBuf::from(BUNDLED_FIXTURE)
-        }
-    }
+    super::model_or_fixture(cli)
 }
 
 fn read_input_ids(path: &Path) -> Result<Vec<u32>, String> {
@@ -151,14 +143,19 @@ fn finish_reason_name(reason: FinishReason) -> &'static str {
     }
 }
 
+/// "1 token", "2 tokens".
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 fn print_stats(stats: &GenerationStats, reason: FinishReason) {
     eprintln!(
-        "[{}] prompt {} tokens, completion {} tokens in {} blocks; forwards: {} denoise + {} commit; \
+        "[{}] prompt {}, completion {} in {}; forwards: {} denoise + {} commit; \
          prefill {:.3} s, decode {:.3} s ({:.1} tokens/s); steps per block {:?}",
         finish_reason_name(reason),
-        stats.prompt_tokens,
-        stats.completion_tokens,
-        stats.blocks,
+        count(stats.prompt_tokens, "token", "tokens"),
+        count(stats.completion_tokens, "token", "tokens"),
+        count(stats.blocks, "block", "blocks"),
         stats.denoise_forwards,
         stats.commit_forwards,
         stats.prefill_seconds,

@@ -9,14 +9,14 @@ use minnow_format::{SafetensorsDir, TensorSource};
 use minnow_model::weights::{expert_bias_dtype, validate};
 use minnow_model::Config;
 
-use super::{required_model, Cli};
+use super::{model_or_fixture, Cli};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {}
 
 pub fn run(cli: &Cli, _args: &Args) -> Result<(), String> {
     super::forward::show_warnings();
-    let dir = required_model(cli)?;
+    let dir = &model_or_fixture(cli);
     let mut c = Config::from_dir(dir).map_err(|e| e.to_string())?;
     let source = SafetensorsDir::open(dir).map_err(|e| e.to_string())?;
     c.refine_family(expert_bias_dtype(&c, &source));

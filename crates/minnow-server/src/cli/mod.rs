@@ -9,10 +9,11 @@ mod decode_flags;
 mod forward;
 mod generate;
 mod inspect;
+mod output_file;
 mod serve;
 
-/// The tiny LLaDA2.1 fixture in the source tree, used by `generate` and `serve` when no `--model`
-/// is given (random weights: its text is noise).
+/// The tiny LLaDA2.1 fixture in the source tree, used by every command when no `--model` is given
+/// (random weights: its text is noise).
 pub const BUNDLED_FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../tests/fixtures/llada2-tiny-v21"
@@ -26,8 +27,8 @@ pub const BUNDLED_FIXTURE: &str = concat!(
     about = "Fast inference for LLaDA2.x block-diffusion models"
 )]
 pub struct Cli {
-    /// Checkpoint directory (Hugging Face layout). `generate` and `serve` fall back to the bundled
-    /// tiny fixture when omitted.
+    /// Checkpoint directory (Hugging Face layout). Every command falls back to the bundled tiny
+    /// fixture when omitted.
     #[arg(long, global = true, env = "MINNOW_MODEL")]
     pub model: Option<PathBuf>,
     /// auto (a CUDA GPU when usable, else the CPU), cpu, cuda or cuda:N.
@@ -74,8 +75,15 @@ fn rayon_threads(n: usize) -> Result<(), String> {
 }
 
 /// The checkpoint path a subcommand that needs one must have.
-pub fn required_model(cli: &Cli) -> Result<&PathBuf, String> {
-    cli.model
-        .as_ref()
-        .ok_or_else(|| "--model PATH is required for this command".to_string())
+/// `--model`, or the bundled tiny fixture (announced on stderr) when it is omitted.
+pub fn model_or_fixture(cli: &Cli) -> PathBuf {
+    match &cli.model {
+        Some(path) => path.clone(),
+        None => {
+            eprintln!(
+                "minnow: no --model given; using the bundled tiny fixture {BUNDLED_FIXTURE} (random weights, the text is noise)"
+            );
+            PathBuf::from(BUNDLED_FIXTURE)
+        }
+    }
 }

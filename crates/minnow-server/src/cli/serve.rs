@@ -9,7 +9,9 @@ use minnow_runtime::device::DeviceRequest;
 
 use super::decode_flags::DecodeFlags;
 use super::{Cli, BUNDLED_FIXTURE};
-use crate::server::{self, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_RESPONSES_MAX};
+use crate::server::{
+    self, ConnectionLimits, OriginPolicy, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_RESPONSES_MAX,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Dtype {
@@ -27,6 +29,14 @@ pub struct Args {
     /// Require `Authorization: Bearer KEY` on every API route (/health stays open).
     #[arg(long, env = "MINNOW_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// While bound to a loopback address, also accept requests whose Host is NAME (the guard
+    /// against DNS rebinding refuses other names); repeatable, `*` accepts any.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    pub allow_hosts: Vec<String>,
+    /// Let browser pages from ORIGIN (`https://app.example:8443`) call the API (CORS); other
+    /// cross-origin requests are refused. Repeatable; `*` allows every origin.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
     /// Model id reported by the API (default: the checkpoint directory name).
     #[arg(long)]
     pub alias: Option<String>,
@@ -61,6 +71,27 @@ pub struct Args {
     /// /v1/responses/{id}; the least recently used are evicted beyond it (0: keep none).
     #[arg(long, default_value_t = DEFAULT_RESPONSES_MAX)]
     pub responses_max: usize,
+    /// Refuse (HTTP 400) request fields this server does not know, instead of ignoring them and
+    /// listing them in the `x-minnow-ignored-fields` response header.
+    #[arg(long)]
+    pub strict_fields: bool,
+    /// Let special-token strings inside chat messages (`<role>`, `<|role_end|>`, ...) act as the
+    /// control tokens they name. By default they are plain text, so a user cannot forge turns.
+    #[arg(long)]
+    pub allow_special_in_content: bool,
+    /// Seconds a connection may take to send its first byte and then its request headers.
+    #[arg(long, default_value_t = 30.0, value_name = "SECS")]
+    pub header_timeout: f64,
+    /// Seconds a request body may pause between pieces before the request gets HTTP 408.
+    #[arg(long, default_value_t = 60.0, value_name = "SECS")]
+    pub body_timeout: f64,
+    /// Connections open at once; more are answered 503 and closed (default: sized to the
+    /// open-files limit).
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Seconds a shutdown waits for open requests before cutting them (exit status 1 then).
+    #[arg(long, default_value_t = 30.0, value_name = "SECS")]
+    pub shutdown_grace: f64,
     #[command(flatten)]
     pub decode: DecodeArgs,
 }
@@ -130,6 +161,17 @@ fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
     if !(args.keep_alive.is_finite() && args.keep_alive > 0.0) {
         return Err("--keep-alive must be a positive number of seconds".into());
     }
+    // An empty key would silently mean "no authentication"; say so instead.
+    if args
+        .api_key
+        .as_deref()
+        .is_some_and(|key| key.trim().is_empty())
+    {
+        return Err(
+            "--api-key (or MINNOW_API_KEY) is empty; give a key, or leave it unset to serve without one"
+                .into(),
+        );
+    }
     check_dtype(args.dtype, cli.device)?;
     if let Some(dir) = &args.ui_dir {
         if !dir.is_dir() {
@@ -147,7 +189,7 @@ fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
         listen: args.listen.clone(),
         model_path,
         model_is_fixture,
-        api_key: args.api_key.clone().filter(|key| !key.is_empty()),
+        api_key: args.api_key.clone(),
         alias: args.alias.clone(),
         ui_dir: args.ui_dir.clone(),
         body_limit: args.body_limit,
@@ -155,6 +197,31 @@ fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
         keep_alive: Duration::from_secs_f64(args.keep_alive),
         show_progress: std::io::stderr().is_terminal(),
         responses_max: args.responses_max,
+        strict_fields: args.strict_fields,
+        allow_special_in_content: args.allow_special_in_content,
+        limits: ConnectionLimits {
+            header_timeout: seconds("--header-timeout", args.header_timeout)?,
+            body_timeout: seconds("--body-timeout", args.body_timeout)?,
+            max_connections: match args.max_connections {
+                Some(0) => return Err("--max-connections must be at least 1".into()),
+                Some(n) => n,
+                None => server::default_max_connections(),
+            },
+            shutdown_grace: seconds("--shutdown-grace", args.shutdown_grace)?,
+        },
+        origin: OriginPolicy {
+            loopback_only: false,
+            allowed_hosts: args
+                .allow_hosts
+                .iter()
+                .map(|h| crate::server::host_name(h.trim()).to_ascii_lowercase())
+                .collect(),
+            cors_origins: args
+                .cors_origins
+                .iter()
+                .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+                .collect(),
+        },
         engine: EngineOptions {
             device: cli.device,
             threads: cli.threads,
@@ -169,6 +236,17 @@ fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
             defaults: args.decode.params()?,
         },
     })
+}
+
+/// A positive, finite number of seconds (at most a day).
+fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
+    if value.is_finite() && value > 0.0 && value <= 86_400.0 {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        Err(format!(
+            "{flag} must be a number of seconds between 0 and 86400"
+        ))
+    }
 }
 
 /// The engine has no dtype option (yet): the CPU runner computes in F32 and the CUDA runner in

@@ -18,12 +18,7 @@ pub fn authorized(expected: Option<&str>, headers: &HeaderMap) -> bool {
     let bearer = headers
         .get(AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| {
-            value
-                .strip_prefix("Bearer ")
-                .or_else(|| value.strip_prefix("bearer "))
-        })
-        .map(str::trim);
+        .and_then(bearer_token);
     let header_key = headers
         .get("x-api-key")
         .and_then(|value| value.to_str().ok());
@@ -31,6 +26,19 @@ pub fn authorized(expected: Option<&str>, headers: &HeaderMap) -> bool {
         .or(header_key)
         .is_some_and(|given| same_secret(given, expected))
 }
+
+/// The credentials of `Bearer TOKEN`; the scheme is case-insensitive (RFC 9110 §11.1), and
+/// any amount of whitespace may separate it from the token.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once([' ', '\t'])?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|token| !token.is_empty())
+}
+
+/// The `WWW-Authenticate` challenge every 401 carries.
+pub const CHALLENGE: &str = "Bearer";
 
 /// Compares without an early exit, so the time taken does not reveal how much of a guess matched.
 fn same_secret(given: &str, expected: &str) -> bool {
@@ -60,6 +68,10 @@ mod tests {
         assert!(!authorized(Some("k1"), &headers("Bearer k2")));
         assert!(!authorized(Some("k1"), &headers("Bearer k1x")));
         assert!(!authorized(Some("k1"), &headers("Basic k1")));
+        assert!(authorized(Some("k1"), &headers("BEARER k1")));
+        assert!(authorized(Some("k1"), &headers("bEaReR   k1 ")));
+        assert!(!authorized(Some("k1"), &headers("Bearer")));
+        assert!(!authorized(Some("k1"), &headers("Bearerk1")));
         assert!(!authorized(Some("k1"), &HeaderMap::new()));
         let mut x = HeaderMap::new();
         x.insert("x-api-key", HeaderValue::from_static("k1"));

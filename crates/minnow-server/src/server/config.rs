@@ -5,11 +5,36 @@ use std::time::Duration;
 
 use minnow_engine::EngineOptions;
 
+use super::origin::OriginPolicy;
+
 /// Default cap on request bodies (issue: 8 MiB).
 pub const DEFAULT_BODY_LIMIT: usize = 8 * 1024 * 1024;
 
 /// Default number of stored Responses API responses.
 pub const DEFAULT_RESPONSES_MAX: usize = 1024;
+/// Connection-level limits (`connections.rs`, `routes::read_json`).
+#[derive(Clone, Debug)]
+pub struct ConnectionLimits {
+    /// `--header-timeout`: time to the first byte, and to the end of the request head.
+    pub header_timeout: Duration,
+    /// `--body-timeout`: longest wait for the next piece of a request body.
+    pub body_timeout: Duration,
+    /// `--max-connections`: connections open at once; more get a 503 and are closed.
+    pub max_connections: usize,
+    /// `--shutdown-grace`: how long a shutdown waits for open requests.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -31,6 +56,14 @@ pub struct ServerConfig {
     pub show_progress: bool,
     /// Responses API responses kept for `previous_response_id` and GET (LRU beyond).
     pub responses_max: usize,
+    /// `--strict-fields`: an unknown request field is a 400 instead of being ignored and listed.
+    pub strict_fields: bool,
+    /// `--allow-host` / `--cors-origin`; `loopback_only` is set from the bound address.
+    pub origin: OriginPolicy,
+    /// `--allow-special-in-content`: special-token strings in chat messages act as control
+    /// tokens (off by default: they are plain text, see `special_text.rs`).
+    pub allow_special_in_content: bool,
+    pub limits: ConnectionLimits,
     pub engine: EngineOptions,
 }
 
@@ -64,6 +97,10 @@ mod tests {
             keep_alive: Duration::from_secs(5),
             show_progress: false,
             responses_max: DEFAULT_RESPONSES_MAX,
+            strict_fields: false,
+            origin: OriginPolicy::default(),
+            allow_special_in_content: false,
+            limits: ConnectionLimits::default(),
             engine: EngineOptions::default(),
         }
     }

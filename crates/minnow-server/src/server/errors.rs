@@ -52,6 +52,13 @@ impl ApiError {
         error
     }
 
+    /// 403 for a request refused for where it comes from (Host guard, cross-origin policy).
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        let mut error = Self::new(StatusCode::FORBIDDEN, "permission_error", message);
+        error.code = Some(code);
+        error
+    }
+
     pub fn route_not_found(path: &str) -> Self {
         let mut error = Self::new(
             StatusCode::NOT_FOUND,
@@ -91,6 +98,47 @@ impl ApiError {
         );
         error.code = Some("request_too_large");
         error
+    }
+
+    pub fn body_timeout(pause: std::time::Duration) -> Self {
+        let mut error = Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!(
+                "the request body stalled for more than {}s (--body-timeout)",
+                pause.as_secs_f64()
+            ),
+        );
+        error.code = Some("request_timeout");
+        error
+    }
+
+    /// 400 for a prompt text too long for the context, refused before tokenization; the
+    /// token count is a lower bound (llama-server's `exceed_context_size_error` shape).
+    pub fn prompt_too_long(param: &str, bytes: usize, min_tokens: usize, n_ctx: usize) -> Self {
+        let mut error = Self::new(
+            StatusCode::BAD_REQUEST,
+            "exceed_context_size_error",
+            format!(
+                "the prompt is {bytes} bytes long: at least {min_tokens} tokens, more than the context of {n_ctx} tokens holds"
+            ),
+        );
+        error.param = Some(param.to_string());
+        error.code = Some("exceed_context_size_error");
+        error.extra = vec![
+            ("n_prompt_tokens", json!(min_tokens)),
+            ("n_ctx", json!(n_ctx)),
+        ];
+        error
+    }
+
+    /// A numeric member of `extra` (0 when absent).
+    pub fn extra_count(&self, key: &str) -> usize {
+        self.extra
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, v)| v.as_u64())
+            .map_or(0, |n| n as usize)
     }
 
     pub fn queue_full() -> Self {

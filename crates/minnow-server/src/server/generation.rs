@@ -10,11 +10,13 @@ use minnow_engine::{
     RenderedPrompt, ToolCall, ToolCallDelta,
 };
 use rand::Rng;
+use tokio::sync::Semaphore;
 
 use super::errors::ApiError;
 use super::http::{json_response, Body};
 use super::openai::{ChatRequest, CommonOptions, CompletionRequest, MaxTokens, PromptInput};
 use super::responses::{self, Endpoint, Outcome, ResponseMeta};
+use super::special_text;
 use super::state::{unix_now, AppState, RequestLog};
 
 /// A request ready to submit.
@@ -69,19 +71,123 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError
     }
 }
 
+/// Tokenizations running at once (each holds a few hundred bytes per prompt byte while it runs);
+/// more wait their turn instead of multiplying the peak memory.
+static TOKENIZING: Semaphore = Semaphore::const_new(2);
+
+/// Normalization may shrink text a little; the byte bound allows for twice the plain estimate.
+const NORMALIZATION_SLACK: usize = 2;
+
+/// Refuses a prompt text that cannot fit the context, before it is rendered or tokenized: no
+/// token stands for more than `max_token_bytes` bytes, so `bytes` of text need at least
+/// `bytes / max_token_bytes` tokens.
+pub fn check_prompt_bytes(engine: &Engine, bytes: usize, param: &str) -> Result<(), ApiError> {
+    let n_ctx = engine.info().n_ctx;
+    let per_token = engine.tokenizer().max_token_bytes();
+    let bound = n_ctx
+        .saturating_mul(per_token)
+        .saturating_mul(NORMALIZATION_SLACK);
+    if bytes <= bound {
+        return Ok(());
+    }
+    Err(ApiError::prompt_too_long(
+        param,
+        bytes,
+        bytes.div_ceil(per_token * NORMALIZATION_SLACK),
+        n_ctx,
+    ))
+}
+
+/// Bytes of client text in a conversation (what the template will copy into the prompt).
+fn conversation_bytes(prompt: &ChatPrompt) -> usize {
+    let messages: usize = prompt
+        .messages
+        .iter()
+        .map(|m| {
+            m.content.len()
+                + m.reasoning_content.as_ref().map_or(0, String::len)
+                + m.tool_calls
+                    .iter()
+                    .map(|c| c.arguments.len() + c.name.len())
+                    .sum::<usize>()
+        })
+        .sum();
+    messages
+        + prompt
+            .tools
+            .iter()
+            .map(|t| t.to_string().len())
+            .sum::<usize>()
+}
+
+/// Renders a conversation as `/apply-template` shows it (the client's text as written).
 pub async fn render(state: &AppState, prompt: ChatPrompt) -> Result<RenderedPrompt, ApiError> {
     let engine = state.engine()?;
-    blocking(engine, move |engine| engine.render_chat(&prompt)).await
+    let protect = !state.config.allow_special_in_content;
+    blocking(engine, move |engine| {
+        let (rendered, _) = render_and_tokenize(engine, prompt, protect, false)?;
+        Ok(rendered)
+    })
+    .await
+}
+
+/// Renders a conversation and (when `tokenize`) its ids; with `protect`, special-token strings
+/// in the client's text stay plain text (`special_text`).
+fn render_and_tokenize(
+    engine: &Engine,
+    mut prompt: ChatPrompt,
+    protect: bool,
+    tokenize: bool,
+) -> Result<(RenderedPrompt, Vec<u32>), EngineError> {
+    let tokenizer = engine.tokenizer();
+    // The template adds its markup: check the rendered text too before tokenizing it.
+    let fits = |rendered: &RenderedPrompt| {
+        check_prompt_bytes(engine, rendered.text.len(), "messages").map_err(|e| {
+            EngineError::ContextExceeded {
+                n_prompt_tokens: e.extra_count("n_prompt_tokens"),
+                n_ctx: engine.info().n_ctx,
+            }
+        })
+    };
+    if !protect {
+        let rendered = engine.render_chat(&prompt)?;
+        fits(&rendered)?;
+        let ids = if tokenize {
+            engine.tokenize(&rendered.text)?
+        } else {
+            Vec::new()
+        };
+        return Ok((rendered, ids));
+    }
+    special_text::protect_prompt(tokenizer, &mut prompt);
+    let rendered = engine.render_chat(&prompt)?;
+    fits(&rendered)?;
+    let ids = if tokenize {
+        tokenizer.encode_protected(&rendered.text)?
+    } else {
+        Vec::new()
+    };
+    Ok((
+        RenderedPrompt {
+            text: tokenizer.unprotect(&rendered.text),
+            forced_prefix: rendered.forced_prefix.map(|p| tokenizer.unprotect(&p)),
+        },
+        ids,
+    ))
 }
 
 pub async fn prepare_chat(state: &Arc<AppState>, chat: ChatRequest) -> Result<Job, ApiError> {
     check_model(state, chat.common.model.as_deref())?;
     let engine = state.engine()?;
     let prompt = chat.prompt;
+    check_prompt_bytes(engine, conversation_bytes(&prompt), "messages")?;
+    let protect = !state.config.allow_special_in_content;
+    let _turn = TOKENIZING
+        .acquire()
+        .await
+        .map_err(|_| ApiError::internal("the tokenizer queue is closed"))?;
     let (rendered, ids) = blocking(engine, move |engine| {
-        let rendered = engine.render_chat(&prompt)?;
-        let ids = engine.tokenize(&rendered.text)?;
-        Ok((rendered, ids))
+        render_and_tokenize(engine, prompt, protect, true)
     })
     .await?;
     check_prompt_ids(engine, &ids, "messages")?;
@@ -110,7 +216,14 @@ pub async fn prepare_completion(
     let engine = state.engine()?;
     let ids = match completion.prompt {
         PromptInput::Ids(ids) => ids,
-        PromptInput::Text(text) => blocking(engine, move |engine| engine.tokenize(&text)).await?,
+        PromptInput::Text(text) => {
+            check_prompt_bytes(engine, text.len(), "prompt")?;
+            let _turn = TOKENIZING
+                .acquire()
+                .await
+                .map_err(|_| ApiError::internal("the tokenizer queue is closed"))?;
+            blocking(engine, move |engine| engine.tokenize(&text)).await?
+        }
     };
     check_prompt_ids(engine, &ids, "prompt")?;
     Ok(Job {

@@ -2,8 +2,10 @@
 //! over `minnow_engine::Engine`.
 //!
 //! Startup binds the socket first and loads the model on a blocking thread, so `/health` answers
-//! 503 while loading and 200 after. SIGINT/SIGTERM stop accepting connections and let in-flight
-//! requests (streams included) finish before the process exits; a second signal exits at once.
+//! 503 while loading and 200 after. SIGINT/SIGTERM during loading exit at once; after it they
+//! stop accepting connections and let in-flight requests (streams included) finish for up to
+//! `--shutdown-grace` seconds, after which the rest are cut and the exit status is non-zero; a
+//! second signal exits at once. `connections` bounds open and idle connections.
 //!
 //! Map: `routes` (dispatch, auth, body limit) → `openai` + `fields` (request validation) →
 //! `generation` (prompt preparation, non-streaming) / `sse` (streaming) → `responses` (OpenAI
@@ -11,15 +13,18 @@
 
 mod auth;
 mod config;
+mod connections;
 mod errors;
 mod fields;
 mod generation;
 mod http;
 mod metrics;
 mod openai;
+mod origin;
 mod responses;
 mod responses_api;
 mod routes;
+mod special_text;
 mod sse;
 mod state;
 mod static_files;
@@ -33,21 +38,25 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use minnow_engine::{Engine, LoadProgress};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
-pub use config::{ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_RESPONSES_MAX};
+pub use config::{ConnectionLimits, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_RESPONSES_MAX};
+pub use connections::default_max_connections;
+pub use origin::{host_name, OriginPolicy};
 use state::AppState;
 
-/// How long a connection may take to send a request's headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Runs the server until a shutdown signal; returns an error line if it cannot start or the model
-/// fails to load.
+/// Runs the server until a shutdown signal; returns an error line if it cannot start, the model
+/// fails to load, or the shutdown grace period ran out with streams still open.
 pub fn run(config: ServerConfig) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(serve(config))
+    let result = runtime.block_on(serve(config));
+    // Do not wait for blocking work: a signal during loading must not wait for the weights (the
+    // loader thread dies with the process).
+    runtime.shutdown_background();
+    result
 }
 
 async fn serve(config: ServerConfig) -> Result<(), String> {
@@ -65,6 +74,9 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
     }
     tracing::info!("listening on http://{address}");
 
+    let mut config = config;
+    // Bound to the loopback only: the Host guard against DNS rebinding applies.
+    config.origin.loopback_only = address.ip().is_loopback();
     let state = Arc::new(AppState::new(config));
     let (load_failed_tx, mut load_failed) = tokio::sync::oneshot::channel::<String>();
     tokio::spawn(load_model(state.clone(), load_failed_tx));
@@ -73,6 +85,8 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
     let mut loader_done = false;
     let graceful = GracefulShutdown::new();
     let mut shutdown = Box::pin(shutdown_signal());
+    let limits = state.config.limits.clone();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -85,17 +99,31 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
                         continue;
                     }
                 };
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    tracing::warn!(
+                        "refusing a connection: {} already open (--max-connections)",
+                        limits.max_connections
+                    );
+                    tokio::spawn(connections::refuse_over_capacity(stream, limits.max_connections));
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 let state = state.clone();
                 let watcher = graceful.watcher();
+                let header_timeout = limits.header_timeout;
                 tokio::spawn(async move {
+                    let _permit = permit;
+                    if !connections::first_bytes_arrive(&stream, header_timeout).await {
+                        tracing::debug!("dropping a connection that sent no request in time");
+                        return;
+                    }
                     let service = service_fn(move |request| routes::handle(state.clone(), request));
                     let mut builder = auto::Builder::new(TokioExecutor::new());
                     // A client that never finishes sending its headers is dropped.
                     builder
                         .http1()
                         .timer(TokioTimer::new())
-                        .header_read_timeout(HEADER_READ_TIMEOUT);
+                        .header_read_timeout(header_timeout);
                     let connection = builder.serve_connection(TokioIo::new(stream), service);
                     if let Err(e) = watcher.watch(connection).await {
                         tracing::debug!("connection ended with an error: {e}");
@@ -113,15 +141,27 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
     }
 
     drop(listener);
+    if !state.is_ready() {
+        // Nothing can be in flight before the model is ready; `run` does not wait for the loader.
+        tracing::info!("shutting down during loading");
+        return Ok(());
+    }
+    let open = graceful.count();
     tracing::info!(
-        "shutting down: draining {} open connection(s)",
-        graceful.count()
+        "shutting down: draining {open} open connection(s) (at most {}s, --shutdown-grace)",
+        limits.shutdown_grace.as_secs_f64()
     );
     tokio::select! {
-        () = graceful.shutdown() => tracing::info!("all requests finished; bye"),
-        () = shutdown_signal() => tracing::warn!("second signal: exiting without draining"),
+        () = graceful.shutdown() => {
+            tracing::info!("all requests finished; bye");
+            Ok(())
+        }
+        () = tokio::time::sleep(limits.shutdown_grace) => Err(format!(
+            "--shutdown-grace of {}s ran out: closed the connections still open",
+            limits.shutdown_grace.as_secs_f64()
+        )),
+        () = shutdown_signal() => Err("second signal: exited without draining".to_string()),
     }
-    Ok(())
 }
 
 /// Loads the engine on a blocking thread; a failure ends the server with that message.

@@ -1,12 +1,14 @@
 //! Parsing and validating OpenAI (and llama-server) request bodies into engine types. Every field
-//! is either honoured, accepted at a value that changes nothing, or refused with a 400 naming it
-//! (`fields::Fields::finish` catches unknown fields).
+//! of the OpenAI and llama-server request schemas is either honoured, accepted at a value that
+//! changes nothing, accepted because it cannot change the answer here, or refused with a 400
+//! naming it; a field of neither schema is left to the request's `FieldPolicy` (ignored and
+//! listed, or a 400 under `--strict-fields`).
 
 use minnow_engine::{Algorithm, ChatMessage, ChatPrompt, DecodeParams, ToolCall, ToolChoice};
 use serde_json::{Map, Value};
 
 use super::errors::ApiError;
-use super::fields::Fields;
+use super::fields::{FieldPolicy, Fields};
 
 /// How many new tokens a request may produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +38,9 @@ pub struct CommonOptions {
     pub cache_prompt: Option<bool>,
     /// vLLM `cache_salt`: cached blocks are shared only between requests with the same salt.
     pub cache_salt: Option<String>,
+    /// llama-server `sse_ping_interval`: `None` keeps `--keep-alive`; `Some(None)` (-1) sends no
+    /// keep-alive comments; `Some(Some(d))` sends one after `d` of silence.
+    pub sse_ping_interval: Option<Option<std::time::Duration>>,
 }
 
 #[derive(Clone, Debug)]
@@ -63,6 +68,8 @@ pub struct CompletionRequest {
 pub struct TokenizeRequest {
     pub content: String,
     pub with_pieces: bool,
+    /// llama-server `parse_special` (default true): special-token strings become their ids.
+    pub parse_special: bool,
 }
 
 /// Instruction added for `response_format: {"type": "json_object"}`; diffusion decoding cannot be
@@ -82,28 +89,35 @@ pub fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
     Ok(value)
 }
 
-pub fn parse_chat(body: &Value) -> Result<ChatRequest, ApiError> {
-    let mut fields = Fields::new(body, "request body")?;
+pub fn parse_chat(body: &Value, policy: &FieldPolicy) -> Result<ChatRequest, ApiError> {
+    let mut fields = Fields::new(body, "request body", policy)?;
     let common = parse_common(&mut fields)?;
 
     let messages_value = fields
         .value("messages")
         .ok_or_else(|| ApiError::invalid("messages", "'messages' is required"))?;
-    let mut messages = parse_messages(messages_value)?;
+    let mut messages = parse_messages(messages_value, policy)?;
 
     let tools = match fields.value("tools") {
         None => Vec::new(),
-        Some(value) => parse_tools(value)?,
+        Some(value) => parse_tools(value, policy)?,
     };
     let declared: Vec<String> = tools.iter().map(tool_name).collect();
     let tool_choice = match fields.value("tool_choice") {
         None => ToolChoice::Auto,
-        Some(value) => parse_tool_choice(value, &declared)?,
+        Some(value) => parse_tool_choice(value, &declared, policy)?,
     };
     let parallel_tool_calls = fields.bool("parallel_tool_calls")?.unwrap_or(true);
+    // llama-server's switch for parsing tool calls out of the output; without tools it is inert,
+    // and with tools this server always parses them.
+    fields.bool("parse_tool_calls")?;
+    let add_generation_prompt = fields.bool("add_generation_prompt")?.unwrap_or(true);
+    // Continuing the last assistant message needs the template to leave that turn open, which
+    // the LLaDA2 templates cannot do: refused rather than answered as a new turn.
+    fields.must_be_false("continue_final_message")?;
 
     if let Some(format) = fields.value("response_format") {
-        if parse_response_format(format)? {
+        if parse_response_format(format, policy)? {
             add_json_instruction(&mut messages);
         }
     }
@@ -113,8 +127,12 @@ pub fn parse_chat(body: &Value) -> Result<ChatRequest, ApiError> {
         Some(_) => return Err(fields.type_error("chat_template_kwargs", "an object")),
     };
     // The web UI sends `reasoning_format`; LLaDA2 templates hard-code "thinking off" and no
-    // reasoning is parsed out, so every value behaves like "none".
+    // reasoning is parsed out, so every value behaves like "none". For the same reason a thinking
+    // budget, a reasoning effort and llama-server's live reasoning control have nothing to act on.
     fields.string("reasoning_format")?;
+    fields.string("reasoning_effort")?;
+    fields.integer("thinking_budget_tokens", -1, i64::MAX)?;
+    fields.bool("reasoning_control")?;
     fields.finish()?;
 
     let tool_names = match &tool_choice {
@@ -128,7 +146,7 @@ pub fn parse_chat(body: &Value) -> Result<ChatRequest, ApiError> {
             messages,
             tools,
             tool_choice,
-            add_generation_prompt: true,
+            add_generation_prompt,
             template_kwargs,
         },
         tool_names,
@@ -136,8 +154,8 @@ pub fn parse_chat(body: &Value) -> Result<ChatRequest, ApiError> {
     })
 }
 
-pub fn parse_completion(body: &Value) -> Result<CompletionRequest, ApiError> {
-    let mut fields = Fields::new(body, "request body")?;
+pub fn parse_completion(body: &Value, policy: &FieldPolicy) -> Result<CompletionRequest, ApiError> {
+    let mut fields = Fields::new(body, "request body", policy)?;
     let common = parse_common(&mut fields)?;
     let prompt = match fields.value("prompt") {
         None => return Err(ApiError::invalid("prompt", "'prompt' is required")),
@@ -158,25 +176,26 @@ pub fn parse_completion(body: &Value) -> Result<CompletionRequest, ApiError> {
 }
 
 /// llama-server `/tokenize`: `{"content": "...", "add_special": bool, "with_pieces": bool}`.
-pub fn parse_tokenize(body: &Value) -> Result<TokenizeRequest, ApiError> {
-    let mut fields = Fields::new(body, "request body")?;
+pub fn parse_tokenize(body: &Value, policy: &FieldPolicy) -> Result<TokenizeRequest, ApiError> {
+    let mut fields = Fields::new(body, "request body", policy)?;
     let content = fields
         .string("content")?
         .ok_or_else(|| ApiError::invalid("content", "'content' is required"))?;
     // LLaDA2 tokenizers add no special tokens (no BOS), so `add_special` changes nothing.
     fields.bool("add_special")?;
-    fields.bool("parse_special")?;
+    let parse_special = fields.bool("parse_special")?.unwrap_or(true);
     let with_pieces = fields.bool("with_pieces")?.unwrap_or(false);
     fields.finish()?;
     Ok(TokenizeRequest {
         content,
         with_pieces,
+        parse_special,
     })
 }
 
 /// llama-server `/detokenize`: `{"tokens": [ids]}`.
-pub fn parse_detokenize(body: &Value) -> Result<Vec<u32>, ApiError> {
-    let mut fields = Fields::new(body, "request body")?;
+pub fn parse_detokenize(body: &Value, policy: &FieldPolicy) -> Result<Vec<u32>, ApiError> {
+    let mut fields = Fields::new(body, "request body", policy)?;
     let tokens = match fields.value("tokens") {
         None => Vec::new(),
         Some(value) => parse_ids(value, "tokens")?,
@@ -214,8 +233,8 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
     };
 
     let mut params = DecodeParams {
-        temperature: fields.number("temperature", 0.0, 2.0)?.map(|x| x as f32),
-        top_p: fields.number("top_p", 0.0, 1.0)?.map(|x| x as f32),
+        temperature: number_in(fields, "temperature")?.map(|x| x as f32),
+        top_p: number_in(fields, "top_p")?.map(|x| x as f32),
         top_k: fields.integer("top_k", 0, 1 << 24)?.map(|k| k as usize),
         ..DecodeParams::default()
     };
@@ -224,17 +243,11 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
         None | Some(-1) => None,
         Some(seed) => Some(seed as u64),
     };
-    params.threshold = fields.number("threshold", 0.0, 1.0)?.map(|x| x as f32);
-    params.editing_threshold = fields
-        .number("editing_threshold", 0.0, 1.0)?
-        .map(|x| x as f32);
-    params.max_post_steps = fields
-        .integer("max_post_steps", 0, 4096)?
-        .map(|n| n as usize);
-    params.steps = fields.integer("steps", 1, 4096)?.map(|n| n as usize);
-    params.num_to_transfer = fields
-        .integer("num_to_transfer", 1, 4096)?
-        .map(|n| n as usize);
+    params.threshold = number_in(fields, "threshold")?.map(|x| x as f32);
+    params.editing_threshold = number_in(fields, "editing_threshold")?.map(|x| x as f32);
+    params.max_post_steps = integer_in(fields, "max_post_steps")?.map(|n| n as usize);
+    params.steps = integer_in(fields, "steps")?.map(|n| n as usize);
+    params.num_to_transfer = integer_in(fields, "num_to_transfer")?.map(|n| n as usize);
     params.algorithm = match fields.string("algorithm")? {
         None => None,
         Some(name) => Some(parse_algorithm(&name).map_err(|m| ApiError::invalid("algorithm", m))?),
@@ -243,7 +256,7 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
     let stream = fields.bool("stream")?.unwrap_or(false);
     let mut include_usage = false;
     if let Some(options) = fields.value("stream_options") {
-        let mut sub = Fields::new(options, "stream_options")?;
+        let mut sub = Fields::new(options, "stream_options", fields.policy())?;
         include_usage = sub.bool("include_usage")?.unwrap_or(false);
         // OpenAI's newer flag; obfuscation padding is never added here.
         sub.bool("include_obfuscation")?;
@@ -251,10 +264,44 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
     }
     let return_progress = fields.bool("return_progress")?.unwrap_or(false);
     let timings_per_token = fields.bool("timings_per_token")?.unwrap_or(false);
+    // -1: no pings; otherwise at least 0.1 s (0 would be a busy loop).
+    let sse_ping_interval = match fields.number("sse_ping_interval", -1.0, 3600.0)? {
+        None => None,
+        Some(x) if x >= 0.1 => Some(Some(std::time::Duration::from_secs_f64(x))),
+        Some(x) if (x + 1.0).abs() < f64::EPSILON => Some(None),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "sse_ping_interval",
+                "'sse_ping_interval' must be -1 (no pings) or between 0.1 and 3600 seconds",
+            ))
+        }
+    };
 
-    if let Some(n) = fields.integer("n", 1, i64::MAX)? {
-        if n != 1 {
-            return Err(ApiError::invalid("n", "only 'n': 1 is supported"));
+    // OpenAI's `n` and llama-server's `n_cmpl`: one answer per request.
+    for key in ["n", "n_cmpl"] {
+        if let Some(n) = fields.integer(key, 1, i64::MAX)? {
+            if n != 1 {
+                return Err(ApiError::invalid(
+                    key,
+                    format!("only '{key}': 1 is supported"),
+                ));
+            }
+        }
+    }
+    // llama-server output options this server cannot produce: accepted only when off.
+    for key in ["ignore_eos", "return_tokens", "post_sampling_probs"] {
+        fields.must_be_false(key)?;
+    }
+    fields.unsupported("response_fields")?;
+    // LoRA adapters and images do not exist here; an empty list asks for none.
+    for key in ["lora", "image_data"] {
+        if let Some(value) = fields.value(key) {
+            if value.as_array().is_none_or(|list| !list.is_empty()) {
+                return Err(ApiError::invalid(
+                    key,
+                    format!("'{key}' is not supported by this server (only an empty list)"),
+                ));
+            }
         }
     }
     fields.must_be_false("logprobs")?;
@@ -291,6 +338,9 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
         ("dry_multiplier", 0.0),
         ("top_n_sigma", -1.0),
         ("mirostat", 0.0),
+        // llama-server's minimum indentation and time limit change the answer when set.
+        ("n_indent", 0.0),
+        ("t_max_predict_ms", 0.0),
     ] {
         fields.neutral_number(key, neutral)?;
     }
@@ -328,8 +378,21 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
         "mirostat_tau",
         "mirostat_eta",
         "samplers",
+        "min_keep",
+        "n_cache_reuse",
         "id_slot",
         "user",
+        // Context shifting never happens here (a prompt that does not fit is refused), so the
+        // tokens it would keep or discard are moot.
+        "n_keep",
+        "n_discard",
+        // Where llama-server runs its samplers, and its speculative-decoding knobs: speed only.
+        "backend_sampling",
+        "speculative.n_max",
+        "speculative.n_min",
+        "speculative.p_min",
+        // OpenAI's predicted outputs only speed a response up.
+        "prediction",
     ] {
         fields.accept_any(key);
     }
@@ -348,7 +411,39 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
         timings_per_token,
         cache_prompt,
         cache_salt,
+        sse_ping_interval,
     })
+}
+
+/// The accepted range of every bounded numeric request field, in one place: the parser reads it
+/// and a test checks docs/api.md's field table against it. `max_post_steps` stops at the engine's
+/// own limit (1000), so the server never passes on a value the engine would refuse.
+pub const FIELD_RANGES: &[(&str, f64, f64)] = &[
+    ("temperature", 0.0, 2.0),
+    ("top_p", 0.0, 1.0),
+    ("threshold", 0.0, 1.0),
+    ("editing_threshold", 0.0, 1.0),
+    ("max_post_steps", 0.0, 1000.0),
+    ("steps", 1.0, 4096.0),
+    ("num_to_transfer", 1.0, 4096.0),
+];
+
+fn range_of(key: &str) -> (f64, f64) {
+    FIELD_RANGES
+        .iter()
+        .find(|(k, _, _)| *k == key)
+        .map(|&(_, min, max)| (min, max))
+        .unwrap_or((f64::MIN, f64::MAX))
+}
+
+fn number_in<'a>(fields: &mut Fields<'a>, key: &'a str) -> Result<Option<f64>, ApiError> {
+    let (min, max) = range_of(key);
+    fields.number(key, min, max)
+}
+
+fn integer_in<'a>(fields: &mut Fields<'a>, key: &'a str) -> Result<Option<i64>, ApiError> {
+    let (min, max) = range_of(key);
+    fields.integer(key, min as i64, max as i64)
 }
 
 fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
@@ -436,7 +531,7 @@ fn parse_prompt(value: &Value) -> Result<PromptInput, ApiError> {
 }
 
 /// Normalizes OpenAI messages (chat-format doc §1.3).
-fn parse_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
+fn parse_messages(value: &Value, policy: &FieldPolicy) -> Result<Vec<ChatMessage>, ApiError> {
     let items = value
         .as_array()
         .ok_or_else(|| ApiError::invalid("messages", "'messages' must be a list"))?;
@@ -450,7 +545,7 @@ fn parse_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
     let mut call_ids: Vec<String> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let path = format!("messages[{i}]");
-        let mut fields = Fields::new(item, &path)?;
+        let mut fields = Fields::new(item, &path, policy)?;
         let role = fields.string("role")?.ok_or_else(|| {
             ApiError::invalid(fields.path("role"), format!("'{path}.role' is required"))
         })?;
@@ -468,7 +563,7 @@ fn parse_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
         };
         let content = match fields.value("content") {
             None => String::new(),
-            Some(value) => parse_content(value, &fields.path("content"))?,
+            Some(value) => parse_content(value, &fields.path("content"), policy)?,
         };
         let name = fields.string("name")?;
         let mut message = ChatMessage {
@@ -487,7 +582,8 @@ fn parse_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
                 ));
             }
             if let Some(calls) = fields.value("tool_calls") {
-                message.tool_calls = parse_history_calls(calls, &fields.path("tool_calls"))?;
+                message.tool_calls =
+                    parse_history_calls(calls, &fields.path("tool_calls"), policy)?;
                 call_ids.extend(message.tool_calls.iter().map(|call| call.id.clone()));
             }
         }
@@ -514,14 +610,14 @@ fn parse_messages(value: &Value) -> Result<Vec<ChatMessage>, ApiError> {
 
 /// A string, or a list of text parts joined with "\n" (OpenAI does not define a separator; a
 /// newline keeps separate parts from running into each other).
-fn parse_content(value: &Value, path: &str) -> Result<String, ApiError> {
+fn parse_content(value: &Value, path: &str, policy: &FieldPolicy) -> Result<String, ApiError> {
     match value {
         Value::String(s) => Ok(s.clone()),
         Value::Array(parts) => {
             let mut texts = Vec::with_capacity(parts.len());
             for (j, part) in parts.iter().enumerate() {
                 let part_path = format!("{path}[{j}]");
-                let mut fields = Fields::new(part, &part_path)?;
+                let mut fields = Fields::new(part, &part_path, policy)?;
                 match fields.string("type")?.as_deref() {
                     Some("text") => {}
                     Some(other) => {
@@ -557,14 +653,18 @@ fn parse_content(value: &Value, path: &str) -> Result<String, ApiError> {
 }
 
 /// Assistant `tool_calls` in the history: `[{id, type, function: {name, arguments}}]`.
-fn parse_history_calls(value: &Value, path: &str) -> Result<Vec<ToolCall>, ApiError> {
+fn parse_history_calls(
+    value: &Value,
+    path: &str,
+    policy: &FieldPolicy,
+) -> Result<Vec<ToolCall>, ApiError> {
     let items = value
         .as_array()
         .ok_or_else(|| ApiError::invalid(path, format!("'{path}' must be a list")))?;
     let mut calls = Vec::with_capacity(items.len());
     for (k, item) in items.iter().enumerate() {
         let call_path = format!("{path}[{k}]");
-        let mut fields = Fields::new(item, &call_path)?;
+        let mut fields = Fields::new(item, &call_path, policy)?;
         let id = fields.string("id")?.ok_or_else(|| {
             ApiError::invalid(fields.path("id"), format!("'{call_path}.id' is required"))
         })?;
@@ -585,7 +685,7 @@ fn parse_history_calls(value: &Value, path: &str) -> Result<Vec<ToolCall>, ApiEr
         fields.accept_any("index");
         fields.finish()?;
         let function_path = format!("{call_path}.function");
-        let mut function_fields = Fields::new(function, &function_path)?;
+        let mut function_fields = Fields::new(function, &function_path, policy)?;
         let name = function_fields.string("name")?.ok_or_else(|| {
             ApiError::invalid(
                 function_fields.path("name"),
@@ -612,14 +712,14 @@ fn parse_history_calls(value: &Value, path: &str) -> Result<Vec<ToolCall>, ApiEr
 }
 
 /// Tool definitions, validated and passed to the template unchanged.
-pub(super) fn parse_tools(value: &Value) -> Result<Vec<Value>, ApiError> {
+pub(super) fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<Value>, ApiError> {
     let items = value
         .as_array()
         .ok_or_else(|| ApiError::invalid("tools", "'tools' must be a list"))?;
     let mut names: Vec<String> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let path = format!("tools[{i}]");
-        let mut fields = Fields::new(item, &path)?;
+        let mut fields = Fields::new(item, &path, policy)?;
         match fields.string("type")?.as_deref() {
             Some("function") => {}
             _ => {
@@ -637,7 +737,7 @@ pub(super) fn parse_tools(value: &Value) -> Result<Vec<Value>, ApiError> {
         })?;
         fields.finish()?;
         let function_path = format!("{path}.function");
-        let mut function_fields = Fields::new(function, &function_path)?;
+        let mut function_fields = Fields::new(function, &function_path, policy)?;
         let name = function_fields.string("name")?.unwrap_or_default();
         let valid_name = !name.is_empty()
             && name.len() <= 64
@@ -680,6 +780,7 @@ pub(super) fn tool_name(tool: &Value) -> String {
 pub(super) fn parse_tool_choice(
     value: &Value,
     declared: &[String],
+    policy: &FieldPolicy,
 ) -> Result<ToolChoice, ApiError> {
     let choice = match value {
         Value::String(s) => match s.as_str() {
@@ -694,7 +795,7 @@ pub(super) fn parse_tool_choice(
             }
         },
         Value::Object(_) => {
-            let mut fields = Fields::new(value, "tool_choice")?;
+            let mut fields = Fields::new(value, "tool_choice", policy)?;
             if fields.string("type")?.as_deref() != Some("function") {
                 return Err(ApiError::invalid(
                     "tool_choice.type",
@@ -705,7 +806,7 @@ pub(super) fn parse_tool_choice(
                 ApiError::invalid("tool_choice.function", "'tool_choice.function' is required")
             })?;
             fields.finish()?;
-            let mut function_fields = Fields::new(function, "tool_choice.function")?;
+            let mut function_fields = Fields::new(function, "tool_choice.function", policy)?;
             let name = function_fields.string("name")?.ok_or_else(|| {
                 ApiError::invalid(
                     "tool_choice.function.name",
@@ -736,8 +837,8 @@ pub(super) fn parse_tool_choice(
 }
 
 /// `response_format`: true for `json_object`, false for `text`.
-fn parse_response_format(value: &Value) -> Result<bool, ApiError> {
-    let mut fields = Fields::new(value, "response_format")?;
+fn parse_response_format(value: &Value, policy: &FieldPolicy) -> Result<bool, ApiError> {
+    let mut fields = Fields::new(value, "response_format", policy)?;
     let kind = fields.string("type")?;
     let json = match kind.as_deref() {
         Some("text") => false,
@@ -785,7 +886,19 @@ mod tests {
     use serde_json::json;
 
     fn chat(body: Value) -> Result<ChatRequest, ApiError> {
-        parse_chat(&body)
+        parse_chat(&body, &FieldPolicy::new(true))
+    }
+
+    fn parse_completion_strict(body: &Value) -> Result<CompletionRequest, ApiError> {
+        parse_completion(body, &FieldPolicy::new(true))
+    }
+
+    fn tokenize_strict(body: &Value) -> Result<TokenizeRequest, ApiError> {
+        parse_tokenize(body, &FieldPolicy::new(true))
+    }
+
+    fn detokenize_strict(body: &Value) -> Result<Vec<u32>, ApiError> {
+        parse_detokenize(body, &FieldPolicy::new(true))
     }
 
     fn param_of(result: Result<ChatRequest, ApiError>) -> String {
@@ -880,6 +993,52 @@ mod tests {
     }
 
     #[test]
+    fn llama_server_fields_are_accepted_and_others_listed() {
+        let lenient = FieldPolicy::new(false);
+        let request = parse_chat(
+            &json!({"messages": [{"role": "user", "content": "hi", "id": 7}],
+                "sse_ping_interval": 1, "reasoning_control": true, "backend_sampling": false,
+                "reasoning_format": "auto", "thinking_budget_tokens": -1, "n_keep": 0,
+                "cache_prompt": true, "samplers": ["top_k"], "dry_base": 1.75,
+                "add_generation_prompt": true, "future_field": {"a": 1}}),
+            &lenient,
+        )
+        .unwrap();
+        assert_eq!(
+            request.common.sse_ping_interval,
+            Some(Some(std::time::Duration::from_secs(1)))
+        );
+        assert_eq!(
+            lenient.ignored(),
+            vec!["messages[0].id".to_string(), "future_field".into()]
+        );
+        // The same body under --strict-fields names the first unknown field.
+        let error = parse_chat(
+            &json!({"messages": [{"role": "user", "content": "hi"}], "future_field": 1}),
+            &FieldPolicy::new(true),
+        )
+        .unwrap_err();
+        assert_eq!(error.param.as_deref(), Some("future_field"));
+        // What would change the answer stays a 400 under either policy.
+        for (key, value) in [
+            ("n", json!(2)),
+            ("logprobs", json!(true)),
+            ("logit_bias", json!({"5": 1})),
+            ("presence_penalty", json!(0.5)),
+            ("json_schema", json!({})),
+            ("ignore_eos", json!(true)),
+            ("continue_final_message", json!(true)),
+            ("lora", json!([{"id": 0, "scale": 1.0}])),
+            ("sse_ping_interval", json!(0)),
+        ] {
+            let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+            body[key] = value;
+            let error = parse_chat(&body, &FieldPolicy::new(false)).unwrap_err();
+            assert_eq!(error.param.as_deref(), Some(key), "{key}");
+        }
+    }
+
+    #[test]
     fn message_errors_name_the_path() {
         assert_eq!(
             param_of(chat(
@@ -969,46 +1128,78 @@ mod tests {
 
     #[test]
     fn completion_prompts() {
-        let text = parse_completion(&json!({"prompt": "hello"})).unwrap();
+        let text = parse_completion_strict(&json!({"prompt": "hello"})).unwrap();
         assert_eq!(text.prompt, PromptInput::Text("hello".into()));
-        let ids = parse_completion(&json!({"prompt": [1, 2, 3]})).unwrap();
+        let ids = parse_completion_strict(&json!({"prompt": [1, 2, 3]})).unwrap();
         assert_eq!(ids.prompt, PromptInput::Ids(vec![1, 2, 3]));
-        let nested = parse_completion(&json!({"prompt": [[4, 5]]})).unwrap();
+        let nested = parse_completion_strict(&json!({"prompt": [[4, 5]]})).unwrap();
         assert_eq!(nested.prompt, PromptInput::Ids(vec![4, 5]));
         assert_eq!(
-            parse_completion(&json!({"prompt": ["a", "b"]}))
+            parse_completion_strict(&json!({"prompt": ["a", "b"]}))
                 .unwrap_err()
                 .param
                 .as_deref(),
             Some("prompt")
         );
         assert_eq!(
-            parse_completion(&json!({"prompt": [-1]}))
+            parse_completion_strict(&json!({"prompt": [-1]}))
                 .unwrap_err()
                 .param
                 .as_deref(),
             Some("prompt")
         );
         assert_eq!(
-            parse_completion(&json!({"prompt": "x", "echo": true}))
+            parse_completion_strict(&json!({"prompt": "x", "echo": true}))
                 .unwrap_err()
                 .param
                 .as_deref(),
             Some("echo")
         );
-        assert!(parse_completion(&json!({})).is_err());
+        assert!(parse_completion_strict(&json!({})).is_err());
     }
 
     #[test]
     fn tokenize_bodies() {
-        let request = parse_tokenize(&json!({"content": "hi", "with_pieces": true})).unwrap();
+        let request = tokenize_strict(&json!({"content": "hi", "with_pieces": true})).unwrap();
         assert!(request.with_pieces);
-        assert!(parse_tokenize(&json!({})).is_err());
+        assert!(tokenize_strict(&json!({})).is_err());
         assert_eq!(
-            parse_detokenize(&json!({"tokens": [1, 2]})).unwrap(),
+            detokenize_strict(&json!({"tokens": [1, 2]})).unwrap(),
             vec![1, 2]
         );
-        assert!(parse_detokenize(&json!({"tokens": "x"})).is_err());
+        assert!(detokenize_strict(&json!({"tokens": "x"})).is_err());
+    }
+
+    #[test]
+    fn docs_state_the_ranges_the_parser_enforces() {
+        let docs = include_str!("../../../../docs/api.md");
+        for &(key, min, max) in FIELD_RANGES {
+            let row = docs
+                .lines()
+                .find(|line| line.starts_with(&format!("| `{key}` |")))
+                .unwrap_or_else(|| panic!("docs/api.md has no row for {key}"));
+            let range = format!("{min}–{max}");
+            assert!(
+                row.contains(&range),
+                "{key}: docs say {row:?}, the code {range}"
+            );
+            // Just outside the range is a 400 naming the field; the ends are accepted.
+            for (value, ok) in [
+                (min, true),
+                (max, true),
+                (min - 1.0, false),
+                (max + 1.0, false),
+            ] {
+                let mut body = json!({"messages": [{"role": "user", "content": "x"}]});
+                body[key] = json!(value);
+                let result = chat(body);
+                if ok {
+                    assert!(result.is_ok(), "{key}={value}");
+                } else {
+                    assert_eq!(param_of(result), key, "{key}={value}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Request routing: method and path to handler, API-key check, body limit, CORS, and the
+//! Request routing: Host and origin guard (`origin.rs`), method and path to handler, API-key
+//! check, body limit, CORS for the origins `--cors-origin` allows, and the
 //! conversion of every failure into an OpenAI-shaped error response. No handler error or bad
 //! input escapes as a panic or a dropped connection.
 
@@ -10,15 +11,18 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{
     HeaderValue, ACCEPT_ENCODING, ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS,
-    ACCESS_CONTROL_ALLOW_ORIGIN, ALLOW, CONTENT_LENGTH, RETRY_AFTER,
+    ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_MAX_AGE, ALLOW,
+    CONNECTION, CONTENT_LENGTH, RETRY_AFTER, VARY, WWW_AUTHENTICATE,
 };
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::errors::ApiError;
+use super::fields::{FieldPolicy, IGNORED_FIELDS_HEADER};
 use super::generation;
 use super::http::{error_response, json_response, text_response, Body};
 use super::openai;
+use super::origin::Verdict;
 use super::state::{AppState, RequestLog};
 use super::{auth, responses_api, sse, static_files};
 
@@ -141,17 +145,39 @@ pub async fn handle(
         &path,
         label,
     ));
-    let mut response = match dispatch(&state, route, request, &log).await {
+    let verdict = state.config.origin.check(&request);
+    let outcome = match &verdict {
+        Ok(verdict) => dispatch(&state, route, request, &log, verdict).await,
+        Err(refused) => Err(refused.clone()),
+    };
+    let mut response = match outcome {
         Ok(response) => response,
         Err(error) => {
-            if error.status.is_server_error() {
+            if error.status.is_server_error() || error.status.is_client_error() {
+                // A client's 4xx is logged with its reason too: the operator sees why.
                 log.set_outcome(error.message.clone());
             }
             error_response(&error)
         }
     };
     log.set_status(response.status().as_u16());
-    allow_cross_origin(&mut response);
+    if let Ok(Verdict::Cors(origin)) = &verdict {
+        allow_cross_origin(&mut response, origin.clone());
+    }
+    if response.status() == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static(auth::CHALLENGE));
+    }
+    if matches!(
+        response.status(),
+        StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE
+    ) {
+        // The rest of that body is not worth waiting for.
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
     let headers = response.headers_mut();
     if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
         headers.insert("x-request-id", value);
@@ -168,10 +194,16 @@ pub async fn handle(
     Ok(response)
 }
 
-/// Browser clients on other origins (chat UIs) may call the API; the key still protects it.
-fn allow_cross_origin(response: &mut Response<Body>) {
+/// A browser client on an origin `--cors-origin` allows may read the answer; the key (if any)
+/// still protects the API.
+fn allow_cross_origin(response: &mut Response<Body>, origin: HeaderValue) {
     let headers = response.headers_mut();
-    headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+    headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    headers.insert(VARY, HeaderValue::from_static("Origin"));
+    headers.insert(
+        ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("x-request-id, x-minnow-ignored-fields, retry-after"),
+    );
 }
 
 async fn dispatch(
@@ -179,12 +211,25 @@ async fn dispatch(
     route: Option<Route>,
     request: Request<Incoming>,
     log: &Arc<RequestLog>,
+    verdict: &Verdict,
 ) -> Result<Response<Body>, ApiError> {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
 
     if method == Method::OPTIONS {
-        return Ok(preflight());
+        // Only an allowed cross-origin caller gets a CORS preflight answer; a same-origin page
+        // never sends one.
+        return Ok(match verdict {
+            Verdict::Cors(_) => preflight(),
+            Verdict::SameOrigin => {
+                let mut response = Response::new(super::http::full(Bytes::new()));
+                *response.status_mut() = StatusCode::NO_CONTENT;
+                response
+                    .headers_mut()
+                    .insert(ALLOW, HeaderValue::from_static("GET, HEAD, POST, OPTIONS"));
+                response
+            }
+        });
     }
     let Some(route) = route else {
         return serve_static(state, &request, &path).await;
@@ -223,23 +268,29 @@ async fn dispatch(
         Route::Slots => slots(state),
         Route::ChatCompletions => {
             let body = read_json(state, request).await?;
-            let chat = openai::parse_chat(&body)?;
+            let (chat, ignored) = parsed(state, |policy| openai::parse_chat(&body, policy))?;
+            // The parsed request holds what is needed; the raw JSON would only double the memory
+            // for as long as the generation runs.
+            drop(body);
             let job = generation::prepare_chat(state, chat).await?;
-            run(state, job, log).await
+            with_ignored(run(state, job, log).await, ignored)
         }
         Route::Completions => {
             let body = read_json(state, request).await?;
-            let completion = openai::parse_completion(&body)?;
+            let (completion, ignored) =
+                parsed(state, |policy| openai::parse_completion(&body, policy))?;
+            drop(body);
             let job = generation::prepare_completion(state, completion).await?;
-            run(state, job, log).await
+            with_ignored(run(state, job, log).await, ignored)
         }
         Route::Tokenize => {
             let body = read_json(state, request).await?;
-            tokenize(state, openai::parse_tokenize(&body)?).await
+            let (request, ignored) = parsed(state, |policy| openai::parse_tokenize(&body, policy))?;
+            with_ignored(tokenize(state, request).await, ignored)
         }
         Route::Detokenize => {
             let body = read_json(state, request).await?;
-            let ids = openai::parse_detokenize(&body)?;
+            let (ids, ignored) = parsed(state, |policy| openai::parse_detokenize(&body, policy))?;
             let engine = state.engine()?;
             let vocab = engine.info().vocab_size;
             if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
@@ -249,20 +300,26 @@ async fn dispatch(
                 ));
             }
             let content = engine.detokenize(&ids, true)?;
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({ "content": content }),
-            ))
+            with_ignored(
+                Ok(json_response(
+                    StatusCode::OK,
+                    &json!({ "content": content }),
+                )),
+                ignored,
+            )
         }
         Route::ApplyTemplate => {
             let body = read_json(state, request).await?;
-            let chat = openai::parse_chat(&body)?;
+            let (chat, ignored) = parsed(state, |policy| openai::parse_chat(&body, policy))?;
             generation::check_model(state, chat.common.model.as_deref())?;
             let rendered = generation::render(state, chat.prompt).await?;
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({ "prompt": rendered.text }),
-            ))
+            with_ignored(
+                Ok(json_response(
+                    StatusCode::OK,
+                    &json!({ "prompt": rendered.text }),
+                )),
+                ignored,
+            )
         }
         Route::Responses => {
             let body = read_json(state, request).await?;
@@ -281,6 +338,33 @@ async fn dispatch(
             }
         }
     }
+}
+
+/// Parses a body under the server's unknown-field policy; returns the parsed request and the
+/// `x-minnow-ignored-fields` value (`None` when nothing was ignored).
+fn parsed<T>(
+    state: &AppState,
+    parse: impl FnOnce(&FieldPolicy) -> Result<T, ApiError>,
+) -> Result<(T, Option<String>), ApiError> {
+    let policy = FieldPolicy::new(state.config.strict_fields);
+    let request = parse(&policy)?;
+    Ok((request, policy.header_value()))
+}
+
+/// Names the ignored fields on the response (errors included: a 400 for another reason may be
+/// explained by a misspelt field).
+fn with_ignored(
+    response: Result<Response<Body>, ApiError>,
+    ignored: Option<String>,
+) -> Result<Response<Body>, ApiError> {
+    let Some(ignored) = ignored else {
+        return response;
+    };
+    let mut response = response.unwrap_or_else(|error| error_response(&error));
+    if let Ok(value) = HeaderValue::from_str(&ignored) {
+        response.headers_mut().insert(IGNORED_FIELDS_HEADER, value);
+    }
+    Ok(response)
 }
 
 async fn run(
@@ -305,8 +389,9 @@ fn preflight() -> Response<Body> {
     );
     headers.insert(
         ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static("authorization, content-type, x-api-key"),
+        HeaderValue::from_static("authorization, content-type, x-api-key, x-conversation-id"),
     );
+    headers.insert(ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
     response
 }
 
@@ -329,7 +414,13 @@ async fn read_json(state: &AppState, request: Request<Incoming>) -> Result<Value
     let mut body = request.into_body();
     let mut buffer = Vec::new();
     let mut seen: u64 = 0;
-    while let Some(frame) = body.frame().await {
+    let pause = state.config.limits.body_timeout;
+    // A client that stops sending mid-body gets a 408 instead of holding the connection (and a
+    // graceful shutdown) forever.
+    while let Some(frame) = tokio::time::timeout(pause, body.frame())
+        .await
+        .map_err(|_| ApiError::body_timeout(pause))?
+    {
         let frame = frame
             .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
         let Ok(data) = frame.into_data() else {
@@ -517,11 +608,18 @@ async fn tokenize(
 ) -> Result<Response<Body>, ApiError> {
     let engine = state.engine()?;
     let content = request.content;
+    let parse_special = request.parse_special;
     let ids = {
         let engine = engine.clone();
-        tokio::task::spawn_blocking(move || engine.tokenize(&content))
-            .await
-            .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))??
+        tokio::task::spawn_blocking(move || {
+            if parse_special {
+                engine.tokenize(&content)
+            } else {
+                engine.tokenizer().encode_plain(&content)
+            }
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))??
     };
     let tokens: Vec<Value> = if request.with_pieces {
         ids.iter()

@@ -30,6 +30,7 @@ pub fn start(
     log: Arc<RequestLog>,
 ) -> Result<Response<Body>, ApiError> {
     let engine = state.engine()?;
+    let prompt_tokens = job.request.prompt_ids.len();
     let handle = engine.submit(std::mem::take(&mut job.request))?;
     let (tx, body) = ChannelBody::channel();
     let stream = Stream {
@@ -37,6 +38,7 @@ pub fn start(
         job,
         tx,
         log,
+        prompt_tokens,
     };
     tokio::spawn(stream.run(handle));
     Ok(event_stream(body))
@@ -82,6 +84,8 @@ struct Stream {
     job: Job,
     tx: mpsc::Sender<Bytes>,
     log: Arc<RequestLog>,
+    /// The prompt's length in tokens: llama-server's `prompt_progress.total`.
+    prompt_tokens: usize,
 }
 
 impl Stream {
@@ -106,16 +110,42 @@ impl Stream {
             .await
     }
 
+    /// A llama-server `prompt_progress` chunk: `processed` of the prompt's tokens are done.
+    async fn send_progress(&self, processed: usize, elapsed_ms: u64) -> Result<(), Disconnected> {
+        let mut chunk = responses::empty_chunk(&self.job.meta);
+        chunk["prompt_progress"] = json!({
+            "total": self.prompt_tokens,
+            "cache": 0,
+            "processed": processed,
+            "time_ms": elapsed_ms,
+        });
+        self.send(&chunk).await
+    }
+
     async fn pump(&self, handle: &mut RequestHandle) -> Result<(), Disconnected> {
         let meta = &self.job.meta;
         if meta.endpoint == Endpoint::Chat {
             self.send(&responses::chunk(meta, ChunkContent::Role))
                 .await?;
         }
-        let period = self.state.config.keep_alive;
-        let mut keep_alive = interval_at(Instant::now() + period, period);
-        keep_alive.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // A request's `sse_ping_interval` overrides `--keep-alive`; -1 turns the pings off.
+        let period = match self.job.common.sse_ping_interval {
+            None => Some(self.state.config.keep_alive),
+            Some(requested) => requested,
+        };
+        let mut keep_alive = period.map(|period| {
+            let mut ticks = interval_at(Instant::now() + period, period);
+            ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            ticks
+        });
         let mut running = RunningTimings::default();
+        // llama-server's progress counts the whole prompt: the first event says 0 of its tokens
+        // are processed; the engine's prefill events (whole blocks) follow; the first block
+        // completes the count (the prompt's last partial block is processed with it).
+        let mut progress_done = 0;
+        if self.job.common.return_progress {
+            self.send_progress(0, 0).await?;
+        }
 
         loop {
             let event = tokio::select! {
@@ -123,12 +153,14 @@ impl Stream {
                 biased;
                 _ = self.tx.closed() => return Err(Disconnected),
                 event = handle.next_event() => event,
-                _ = keep_alive.tick() => {
+                _ = next_tick(&mut keep_alive) => {
                     self.send_raw(Bytes::from_static(b": keep-alive\n\n")).await?;
                     continue;
                 }
             };
-            keep_alive.reset();
+            if let Some(ticks) = &mut keep_alive {
+                ticks.reset();
+            }
             match event {
                 Some(Event::PrefillProgress {
                     total,
@@ -136,16 +168,11 @@ impl Stream {
                     processed,
                     elapsed_ms,
                 }) => {
-                    running.prompt(total, cached, elapsed_ms);
+                    let _ = total; // whole prefill blocks only; the prompt's length is reported
+                    running.prompt(self.prompt_tokens, cached, elapsed_ms);
                     if self.job.common.return_progress {
-                        let mut chunk = responses::empty_chunk(meta);
-                        chunk["prompt_progress"] = json!({
-                            "total": total,
-                            "cache": cached,
-                            "processed": processed,
-                            "time_ms": elapsed_ms,
-                        });
-                        self.send(&chunk).await?;
+                        progress_done = processed.min(self.prompt_tokens);
+                        self.send_progress(progress_done, elapsed_ms).await?;
                     }
                 }
                 Some(Event::Block {
@@ -154,6 +181,11 @@ impl Stream {
                     stats,
                     ..
                 }) => {
+                    if self.job.common.return_progress && progress_done < self.prompt_tokens {
+                        progress_done = self.prompt_tokens;
+                        let elapsed_ms = (running.stats.prefill_seconds * 1000.0) as u64;
+                        self.send_progress(progress_done, elapsed_ms).await?;
+                    }
                     let deltas = self.job.filter_deltas(&tool_call_deltas);
                     let mut chunk = responses::chunk(
                         meta,
@@ -221,5 +253,15 @@ impl Stream {
         self.log.set_outcome(format!("error: {message}"));
         self.send(&ApiError::internal(message).to_json()).await?;
         self.send_raw(Bytes::from_static(b"data: [DONE]\n\n")).await
+    }
+}
+
+/// The next keep-alive tick; never, when pings are off.
+async fn next_tick(ticks: &mut Option<tokio::time::Interval>) {
+    match ticks {
+        Some(ticks) => {
+            ticks.tick().await;
+        }
+        None => std::future::pending().await,
     }
 }

@@ -36,8 +36,9 @@ pub async fn serve(
     if let Some(response) = try_file(&root, &target, accepts_gzip).await {
         return Ok(Some(response));
     }
-    // A client-side route ("/chat/abc") gets the app's entry point; a missing asset ("x.js") 404s.
-    if relative.extension().is_none() {
+    // A client-side route ("/chat/abc") gets the app's entry point; a missing asset ("x.js") 404s,
+    // and so does an API path the server lacks (a client must get JSON it can read, not the UI).
+    if relative.extension().is_none() && !looks_like_api(url_path) {
         return Ok(try_file(&root, &root.join("index.html"), accepts_gzip).await);
     }
     Ok(None)
@@ -82,6 +83,47 @@ fn file_response(path: &Path, bytes: Vec<u8>, gzip: bool) -> Response<Body> {
         headers.insert(VARY, HeaderValue::from_static("Accept-Encoding"));
     }
     response
+}
+
+/// First path segments of llama-server's and OpenAI's APIs (and their `/v1` prefix; `/chat/...`
+/// stays a client-side route, the API's `/chat/completions` is matched before any file). Such a path
+/// is never answered with the UI's `index.html`: an endpoint this server lacks must be a JSON 404,
+/// which is also what llama-server answers for a feature that is off (`/tools` without
+/// `--tools`, `/cors-proxy` without its proxy, stream resumption, model loading).
+const API_SEGMENTS: &[&str] = &[
+    "v1",
+    "api",
+    "health",
+    "props",
+    "slots",
+    "metrics",
+    "models",
+    "tools",
+    "cors-proxy",
+    "completion",
+    "completions",
+    "embedding",
+    "embeddings",
+    "rerank",
+    "reranking",
+    "infill",
+    "tokenize",
+    "detokenize",
+    "apply-template",
+    "lora-adapters",
+    "stream",
+    "streams",
+    "mcp",
+];
+
+/// True for a path under one of the API's first segments (`/tools`, `/v1/streams/lookup`, ...).
+pub fn looks_like_api(url_path: &str) -> bool {
+    let first = url_path
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    API_SEGMENTS.contains(&first.to_ascii_lowercase().as_str())
 }
 
 /// Decodes the URL path and returns it as a relative path of plain components, or `None` if it
@@ -133,6 +175,19 @@ fn content_type(path: &Path) -> &'static str {
         "js" | "mjs" => "text/javascript; charset=utf-8",
         "css" => "text/css; charset=utf-8",
         "json" | "map" => "application/json",
+        "webmanifest" => "application/manifest+json",
+        "xml" => "application/xml",
+        "pdf" => "application/pdf",
+        "md" => "text/markdown; charset=utf-8",
+        "csv" => "text/csv; charset=utf-8",
+        "avif" => "image/avif",
+        "bmp" => "image/bmp",
+        "otf" => "font/otf",
+        "mp3" => "audio/mpeg",
+        "wav" => "audio/wav",
+        "ogg" => "audio/ogg",
+        "mp4" => "video/mp4",
+        "webm" => "video/webm",
         "svg" => "image/svg+xml",
         "png" => "image/png",
         "jpg" | "jpeg" => "image/jpeg",
@@ -179,7 +234,38 @@ mod tests {
             .await
             .unwrap()
             .is_none());
+        // API paths the server lacks never get the app's HTML.
+        for api in [
+            "/tools",
+            "/cors-proxy",
+            "/v1/streams/lookup",
+            "/v1/stream",
+            "/models/load",
+        ] {
+            assert!(
+                serve(dir.path(), api, false).await.unwrap().is_none(),
+                "{api}"
+            );
+        }
         assert!(serve(dir.path(), "/../x", false).await.is_err());
+    }
+
+    #[test]
+    fn content_types_of_web_app_files() {
+        for (name, expected) in [
+            ("manifest.webmanifest", "application/manifest+json"),
+            ("a.wasm", "application/wasm"),
+            ("icon.svg", "image/svg+xml"),
+            ("sw.js", "text/javascript; charset=utf-8"),
+            ("favicon.ico", "image/x-icon"),
+            ("x.mjs", "text/javascript; charset=utf-8"),
+        ] {
+            assert_eq!(content_type(Path::new(name)), expected, "{name}");
+        }
+        assert!(looks_like_api("/tools"));
+        assert!(looks_like_api("/V1/anything"));
+        assert!(!looks_like_api("/c/123"));
+        assert!(!looks_like_api("/"));
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@ use minnow_engine::{ChatMessage, ToolCall};
 use serde_json::{json, Value};
 
 use super::super::errors::ApiError;
-use super::super::fields::Fields;
+use super::super::fields::{FieldPolicy, Fields};
 
 /// Who wrote a message item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,7 +166,7 @@ pub fn output_text(text: &str) -> Value {
 
 /// `input` (or `instructions` given as a list): a string is one user message; a list holds
 /// items. `path` is the request field, for error messages.
-pub fn parse_input(value: &Value, path: &str) -> Result<Vec<Item>, ApiError> {
+pub fn parse_input(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Vec<Item>, ApiError> {
     match value {
         Value::String(text) => Ok(vec![Item::Message {
             id: None,
@@ -176,7 +176,7 @@ pub fn parse_input(value: &Value, path: &str) -> Result<Vec<Item>, ApiError> {
         Value::Array(items) => items
             .iter()
             .enumerate()
-            .map(|(i, item)| parse_item(item, &format!("{path}[{i}]")))
+            .map(|(i, item)| parse_item(item, &format!("{path}[{i}]"), policy))
             .collect(),
         _ => Err(ApiError::invalid(
             path,
@@ -185,8 +185,8 @@ pub fn parse_input(value: &Value, path: &str) -> Result<Vec<Item>, ApiError> {
     }
 }
 
-fn parse_item(value: &Value, path: &str) -> Result<Item, ApiError> {
-    let mut fields = Fields::new(value, path)?;
+fn parse_item(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Item, ApiError> {
+    let mut fields = Fields::new(value, path, policy)?;
     // Easy input messages (`{"role", "content"}`) carry no type.
     let kind = fields.string("type")?.unwrap_or_else(|| "message".into());
     let id = fields.string("id")?;
@@ -211,7 +211,7 @@ fn parse_item(value: &Value, path: &str) -> Result<Item, ApiError> {
                     format!("'{path}.content' is required"),
                 )
             })?;
-            let text = parse_content(content, &fields.path("content"), role)?;
+            let text = parse_content(content, &fields.path("content"), role, policy)?;
             // `phase` (commentary / final answer) is output metadata of reasoning models.
             fields.accept_any("phase");
             Item::Message { id, role, text }
@@ -238,7 +238,7 @@ fn parse_item(value: &Value, path: &str) -> Result<Item, ApiError> {
                 }
                 Some(Value::String(s)) => s.clone(),
                 Some(parts @ Value::Array(_)) => {
-                    parse_content(parts, &fields.path("output"), Role::User)?
+                    parse_content(parts, &fields.path("output"), Role::User, policy)?
                 }
                 Some(_) => {
                     return Err(
@@ -280,7 +280,12 @@ fn required_string(
 /// parts the same way, so both APIs render one conversation identically). User, system and
 /// developer messages hold `input_text` parts; assistant messages `output_text` parts (their own
 /// earlier output) or `input_text`.
-fn parse_content(value: &Value, path: &str, role: Role) -> Result<String, ApiError> {
+fn parse_content(
+    value: &Value,
+    path: &str,
+    role: Role,
+    policy: &FieldPolicy,
+) -> Result<String, ApiError> {
     let parts = match value {
         Value::String(s) => return Ok(s.clone()),
         Value::Array(parts) => parts,
@@ -294,7 +299,7 @@ fn parse_content(value: &Value, path: &str, role: Role) -> Result<String, ApiErr
     let mut texts = Vec::with_capacity(parts.len());
     for (j, part) in parts.iter().enumerate() {
         let part_path = format!("{path}[{j}]");
-        let mut fields = Fields::new(part, &part_path)?;
+        let mut fields = Fields::new(part, &part_path, policy)?;
         let kind = fields.string("type")?.ok_or_else(|| {
             ApiError::invalid(
                 fields.path("type"),
@@ -429,11 +434,11 @@ mod tests {
     use super::*;
 
     fn items(value: Value) -> Vec<Item> {
-        parse_input(&value, "input").unwrap()
+        parse_input(&value, "input", &FieldPolicy::new(true)).unwrap()
     }
 
     fn param(value: Value) -> String {
-        parse_input(&value, "input")
+        parse_input(&value, "input", &FieldPolicy::new(true))
             .unwrap_err()
             .param
             .unwrap_or_default()

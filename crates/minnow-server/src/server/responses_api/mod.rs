@@ -26,6 +26,7 @@ use minnow_engine::ChatPrompt;
 use serde_json::{json, Map, Value};
 
 use super::errors::ApiError;
+use super::fields::FieldPolicy;
 use super::generation::{self, Job};
 use super::http::{json_response, Body};
 use super::openai::{self, ChatRequest};
@@ -72,7 +73,7 @@ pub async fn create(
     body: &Value,
     log: &Arc<RequestLog>,
 ) -> Result<Response<Body>, ApiError> {
-    let request = request::parse(body)?;
+    let request = request::parse(body, &FieldPolicy::new(state.config.strict_fields))?;
     let mut prepared = prepare(state, request).await?;
     if prepared.job.common.stream {
         return stream::start(state, prepared, log.clone());
@@ -89,7 +90,7 @@ pub async fn create(
 /// `POST /v1/responses/input_tokens`: the prompt a create request with this body would submit,
 /// counted, plus its token ids (`minnow.prompt_ids`, to check what the prefix cache sees).
 pub async fn input_tokens(state: &Arc<AppState>, body: &Value) -> Result<Response<Body>, ApiError> {
-    let request = request::parse(body)?;
+    let request = request::parse(body, &FieldPolicy::new(state.config.strict_fields))?;
     let prepared = prepare(state, request).await?;
     let ids = &prepared.job.request.prompt_ids;
     Ok(json_response(

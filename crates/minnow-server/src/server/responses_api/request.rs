@@ -10,7 +10,7 @@ use minnow_engine::ToolChoice;
 use serde_json::{json, Map, Value};
 
 use super::super::errors::ApiError;
-use super::super::fields::Fields;
+use super::super::fields::{FieldPolicy, Fields};
 use super::super::openai::{self, CommonOptions, MaxTokens};
 use super::items::{self, Item, Role};
 
@@ -70,8 +70,8 @@ pub struct ResponsesRequest {
     pub echo: Map<String, Value>,
 }
 
-pub fn parse(body: &Value) -> Result<ResponsesRequest, ApiError> {
-    let mut fields = Fields::new(body, "request body")?;
+pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, ApiError> {
+    let mut fields = Fields::new(body, "request body", policy)?;
 
     let mut shared = Map::new();
     for key in SHARED_OPTIONS {
@@ -79,15 +79,18 @@ pub fn parse(body: &Value) -> Result<ResponsesRequest, ApiError> {
             shared.insert(key.to_string(), value.clone());
         }
     }
-    let mut common =
-        openai::parse_common(&mut Fields::new(&Value::Object(shared), "request body")?)?;
+    let mut common = openai::parse_common(&mut Fields::new(
+        &Value::Object(shared),
+        "request body",
+        policy,
+    )?)?;
     common.max_tokens = match fields.integer("max_output_tokens", 1, i64::MAX)? {
         None => MaxTokens::ServerDefault,
         Some(n) => MaxTokens::Limit(usize::try_from(n).unwrap_or(usize::MAX)),
     };
     common.stream = fields.bool("stream")?.unwrap_or(false);
     if let Some(options) = fields.value("stream_options") {
-        let mut sub = Fields::new(options, "stream_options")?;
+        let mut sub = Fields::new(options, "stream_options", policy)?;
         // Obfuscation padding is never added here.
         sub.bool("include_obfuscation")?;
         sub.finish()?;
@@ -96,7 +99,7 @@ pub fn parse(body: &Value) -> Result<ResponsesRequest, ApiError> {
 
     let input = match fields.value("input") {
         None => Vec::new(),
-        Some(value) => items::parse_input(value, "input")?,
+        Some(value) => items::parse_input(value, "input", policy)?,
     };
     let instructions_value = fields.value("instructions");
     let instructions = match instructions_value {
@@ -106,18 +109,18 @@ pub fn parse(body: &Value) -> Result<ResponsesRequest, ApiError> {
             role: Role::System,
             text: text.clone(),
         }],
-        Some(value) => items::parse_input(value, "instructions")?,
+        Some(value) => items::parse_input(value, "instructions", policy)?,
     };
 
     let tools_value = fields.value("tools");
     let tools = match tools_value {
         None => Vec::new(),
-        Some(value) => parse_tools(value)?,
+        Some(value) => parse_tools(value, policy)?,
     };
     let declared: Vec<String> = tools.iter().map(openai::tool_name).collect();
     let tool_choice = match fields.value("tool_choice") {
         None => ToolChoice::Auto,
-        Some(value) => parse_tool_choice(value, &declared)?,
+        Some(value) => parse_tool_choice(value, &declared, policy)?,
     };
     let parallel_tool_calls = fields.bool("parallel_tool_calls")?.unwrap_or(true);
     let tool_names = match &tool_choice {
@@ -128,7 +131,7 @@ pub fn parse(body: &Value) -> Result<ResponsesRequest, ApiError> {
 
     let json_object = match fields.value("text") {
         None => false,
-        Some(text) => parse_text(text)?,
+        Some(text) => parse_text(text, policy)?,
     };
     let store = fields.bool("store")?.unwrap_or(true);
     let previous_response_id = fields.string("previous_response_id")?;
@@ -220,14 +223,14 @@ pub fn parse(body: &Value) -> Result<ResponsesRequest, ApiError> {
 ///
 /// `strict` is accepted at either value: the Responses API defaults it to true and agent SDKs
 /// send it on every tool, but arguments are not schema-constrained here (docs/api.md).
-fn parse_tools(value: &Value) -> Result<Vec<Value>, ApiError> {
+fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<Value>, ApiError> {
     let list = value
         .as_array()
         .ok_or_else(|| ApiError::invalid("tools", "'tools' must be a list"))?;
     let mut chat_tools = Vec::with_capacity(list.len());
     for (i, tool) in list.iter().enumerate() {
         let path = format!("tools[{i}]");
-        let mut fields = Fields::new(tool, &path)?;
+        let mut fields = Fields::new(tool, &path, policy)?;
         match fields.string("type")?.as_deref() {
             Some("function") => {}
             Some(other) => {
@@ -253,7 +256,7 @@ fn parse_tools(value: &Value) -> Result<Vec<Value>, ApiError> {
         fields.finish()?;
         chat_tools.push(json!({"type": "function", "function": function}));
     }
-    openai::parse_tools(&Value::Array(chat_tools)).map_err(flat_tool_paths)
+    openai::parse_tools(&Value::Array(chat_tools), policy).map_err(flat_tool_paths)
 }
 
 /// The chat parser names `tools[i].function.name`; in a Responses body that is `tools[i].name`.
@@ -269,10 +272,14 @@ fn flat_tool_paths(mut error: ApiError) -> ApiError {
 
 /// `"auto" | "none" | "required" | {"type": "function", "name"}`; hosted-tool choices and
 /// `allowed_tools` are refused.
-fn parse_tool_choice(value: &Value, declared: &[String]) -> Result<ToolChoice, ApiError> {
+fn parse_tool_choice(
+    value: &Value,
+    declared: &[String],
+    policy: &FieldPolicy,
+) -> Result<ToolChoice, ApiError> {
     let chat_form = match value {
         Value::Object(_) => {
-            let mut fields = Fields::new(value, "tool_choice")?;
+            let mut fields = Fields::new(value, "tool_choice", policy)?;
             match fields.string("type")?.as_deref() {
                 Some("function") => {}
                 Some(other) => {
@@ -296,7 +303,7 @@ fn parse_tool_choice(value: &Value, declared: &[String]) -> Result<ToolChoice, A
         }
         other => other.clone(),
     };
-    openai::parse_tool_choice(&chat_form, declared)
+    openai::parse_tool_choice(&chat_form, declared, policy)
 }
 
 fn tool_choice_json(choice: &ToolChoice) -> Value {
@@ -310,12 +317,12 @@ fn tool_choice_json(choice: &ToolChoice) -> Value {
 
 /// `text`: `{"format": {"type": "text" | "json_object"}, "verbosity": "medium"}`; true for
 /// json_object, which is steered by an instruction as in chat completions.
-fn parse_text(value: &Value) -> Result<bool, ApiError> {
-    let mut fields = Fields::new(value, "text")?;
+fn parse_text(value: &Value, policy: &FieldPolicy) -> Result<bool, ApiError> {
+    let mut fields = Fields::new(value, "text", policy)?;
     let json_object = match fields.value("format") {
         None => false,
         Some(format) => {
-            let mut format_fields = Fields::new(format, "text.format")?;
+            let mut format_fields = Fields::new(format, "text.format", policy)?;
             let json_object =
                 match format_fields.string("type")?.as_deref() {
                     Some("text") => false,
@@ -403,12 +410,15 @@ mod tests {
     use super::*;
 
     fn param(body: Value) -> String {
-        parse(&body).unwrap_err().param.unwrap_or_default()
+        parse(&body, &FieldPolicy::new(true))
+            .unwrap_err()
+            .param
+            .unwrap_or_default()
     }
 
     #[test]
     fn minimal_request() {
-        let request = parse(&json!({"input": "hi"})).unwrap();
+        let request = parse(&json!({"input": "hi"}), &FieldPolicy::new(true)).unwrap();
         assert!(request.store, "store defaults to true");
         assert!(!request.common.stream);
         assert_eq!(request.common.max_tokens, MaxTokens::ServerDefault);
@@ -427,7 +437,7 @@ mod tests {
             "reasoning": {"effort": "low"}, "truncation": "disabled", "parallel_tool_calls": false,
             "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": true}],
             "tool_choice": {"type": "function", "name": "f"},
-        }))
+        }), &FieldPolicy::new(true))
         .unwrap();
         assert_eq!(request.common.model.as_deref(), Some("m"));
         assert_eq!(request.common.max_tokens, MaxTokens::Limit(9));
@@ -455,8 +465,11 @@ mod tests {
             param(json!({"input": "x", "tools": [{"type": "web_search"}]})),
             "tools[0].type"
         );
-        let unknown_tool =
-            parse(&json!({"input": "x", "tools": [{"type": "file_search"}]})).unwrap_err();
+        let unknown_tool = parse(
+            &json!({"input": "x", "tools": [{"type": "file_search"}]}),
+            &FieldPolicy::new(true),
+        )
+        .unwrap_err();
         assert!(
             unknown_tool.message.contains("'file_search'"),
             "{}",
@@ -511,6 +524,10 @@ mod tests {
         );
         assert_eq!(param(json!({"input": "x", "bogus": 1})), "bogus");
         assert_eq!(param(json!({})), "input");
-        assert!(parse(&json!({"previous_response_id": "resp_1"})).is_ok());
+        assert!(parse(
+            &json!({"previous_response_id": "resp_1"}),
+            &FieldPolicy::new(true)
+        )
+        .is_ok());
     }
 }

@@ -418,6 +418,10 @@ mod tests {
             keep_alive: Duration::from_secs(5),
             show_progress: false,
             responses_max: 4,
+            strict_fields: false,
+            origin: crate::server::OriginPolicy::default(),
+            allow_special_in_content: false,
+            limits: crate::server::ConnectionLimits::default(),
             engine: EngineOptions::default(),
         };
         let state = Arc::new(AppState::new(config));
@@ -437,6 +441,9 @@ mod tests {
                 include_usage: false,
                 return_progress: false,
                 timings_per_token: false,
+                cache_prompt: None,
+                cache_salt: None,
+                sse_ping_interval: None,
             },
             request: GenerateRequest::default(),
             single_tool_call: false,
