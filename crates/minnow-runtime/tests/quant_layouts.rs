@@ -74,12 +74,12 @@ fn code_place(enc: QuantEncoding, n: usize, k: usize, kk: usize) -> Place {
 }
 
 /// Where the doc puts the scale of (n, k), in units of scales.
-fn scale_place(enc: QuantEncoding, n: usize, k: usize, nn: usize, kk: usize, g: usize) -> usize {
+fn scale_place(enc: QuantEncoding, n: usize, k: usize, kk: usize, g: usize) -> usize {
     match enc {
         QuantEncoding::I8Sym | QuantEncoding::I4Sym => n * (kk / g) + k / g,
         QuantEncoding::I8Mma | QuantEncoding::I4Mma => ((n / 8) * (kk / g) + k / g) * 8 + n % 8,
         QuantEncoding::Nvfp4 => ((n / 8) * (kk / 64) + k / 64) * 32 + (n % 8) * 4 + (k % 64) / 16,
-        QuantEncoding::Fp8Block => (n / 128) * kk.div_ceil(128) + k / 128 + 0 * nn,
+        QuantEncoding::Fp8Block => (n / 128) * kk.div_ceil(128) + k / 128,
     }
 }
 
@@ -134,7 +134,7 @@ fn reference_quantize(
                     } else {
                         f16::from_f32((max_abs / q).max(f16::from_bits(1).to_f32()))
                     };
-                    let sp = scale_place(enc, n, k0, nn, kk, g);
+                    let sp = scale_place(enc, n, k0, kk, g);
                     scales[2 * sp..2 * sp + 2].copy_from_slice(&scale.to_le_bytes());
                     for k in k0..k0 + g {
                         let c = (w[n * kk + k] / scale.to_f32())
@@ -164,7 +164,7 @@ fn reference_quantize(
                     } else {
                         f32_to_e4m3((bmax / 6.0) / global).max(1)
                     };
-                    scales[scale_place(enc, n, k0, nn, kk, 16)] = s;
+                    scales[scale_place(enc, n, k0, kk, 16)] = s;
                     for k in k0..k0 + 16 {
                         let c = f32_to_e2m1(w[n * kk + k] / (e4m3_to_f32(s) * global));
                         put(&mut codes, &code_place(enc, n, k, kk), c);
@@ -190,7 +190,7 @@ fn reference_quantize(
                     } else {
                         (bmax / 448.0).max(f32::MIN_POSITIVE)
                     };
-                    let sp = scale_place(enc, n, k, nn, kk, 128);
+                    let sp = scale_place(enc, n, k, kk, 128);
                     scales[4 * sp..4 * sp + 4].copy_from_slice(&s.to_le_bytes());
                     put(
                         &mut codes,
@@ -206,9 +206,9 @@ fn reference_quantize(
 
 /// The reference decoder: value (n, k) read through the position formulas.
 fn reference_value(enc: QuantEncoding, q: &QuantMat<'_>, n: usize, k: usize) -> f32 {
-    let (nn, kk, g) = (q.rows, q.cols, q.group_size);
+    let (kk, g) = (q.cols, q.group_size);
     let code = get(q.codes, &code_place(enc, n, k, kk));
-    let sp = scale_place(enc, n, k, nn, kk, g);
+    let sp = scale_place(enc, n, k, kk, g);
     match enc {
         QuantEncoding::I8Sym | QuantEncoding::I8Mma => {
             code as i8 as f32

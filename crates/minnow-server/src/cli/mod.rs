@@ -5,11 +5,13 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use minnow_runtime::device::DeviceRequest;
 
+mod convert;
 mod decode_flags;
 mod forward;
 mod generate;
 mod inspect;
 mod serve;
+mod validate;
 
 /// The tiny LLaDA2.1 fixture in the source tree, used by `generate` and `serve` when no `--model`
 /// is given (random weights: its text is noise).
@@ -26,8 +28,8 @@ pub const BUNDLED_FIXTURE: &str = concat!(
     about = "Fast inference for LLaDA2.x block-diffusion models"
 )]
 pub struct Cli {
-    /// Checkpoint directory (Hugging Face layout). `generate` and `serve` fall back to the bundled
-    /// tiny fixture when omitted.
+    /// Checkpoint: a directory (Hugging Face layout) or a .mnw file. `generate` and `serve` fall
+    /// back to the bundled tiny fixture when omitted.
     #[arg(long, global = true, env = "MINNOW_MODEL")]
     pub model: Option<PathBuf>,
     /// auto (a CUDA GPU when usable, else the CPU), cpu, cuda or cuda:N.
@@ -50,6 +52,10 @@ pub enum Command {
     Generate(generate::Args),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve::Args),
+    /// Write the checkpoint as a .mnw file, optionally with quantized experts.
+    Convert(convert::Args),
+    /// Check every byte of a .mnw file (digests, padding, structure).
+    Validate(validate::Args),
 }
 
 pub fn run() -> Result<(), String> {
@@ -65,6 +71,8 @@ pub fn run() -> Result<(), String> {
         Command::Forward(args) => forward::run(&cli, args),
         Command::Generate(args) => generate::run(&cli, args),
         Command::Serve(args) => serve::run(&cli, args),
+        Command::Convert(args) => convert::run(&cli, args),
+        Command::Validate(args) => validate::run(&cli, args),
     }
 }
 
