@@ -318,7 +318,8 @@ fn structurally_broken_files_are_refused_on_open() {
     std::fs::write(&p, &huge).unwrap();
     assert!(open_err(&p).contains("over the 128 MiB limit"));
 
-    let cases: Vec<(&str, Box<dyn Fn(&mut Manifest)>)> = vec![
+    type Edit = Box<dyn Fn(&mut Manifest)>;
+    let cases: Vec<(&str, Edit)> = vec![
         ("version 7", Box::new(|m| m.version = 7)),
         (
             "unknown encoding 'q5_k'",

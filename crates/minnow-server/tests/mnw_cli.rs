@@ -47,13 +47,24 @@ fn convert(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
 fn converts_identically_for_any_worker_count_and_validates() {
     let dir = tempfile::tempdir().unwrap();
     let flags = ["--experts", "int8", "--group-size", "32"];
-    let one = convert(dir.path(), "w1.mnw", &[&flags[..], &["--workers", "1"]].concat());
-    let four = convert(dir.path(), "w4.mnw", &[&flags[..], &["--workers", "4"]].concat());
+    let one = convert(
+        dir.path(),
+        "w1.mnw",
+        &[&flags[..], &["--workers", "1"]].concat(),
+    );
+    let four = convert(
+        dir.path(),
+        "w4.mnw",
+        &[&flags[..], &["--workers", "4"]].concat(),
+    );
     assert!(std::fs::read(&one).unwrap() == std::fs::read(&four).unwrap());
     let report = ok(minnow(&one, &["validate"]));
     assert!(report.contains(": ok ("), "{report}");
     let inspect = ok(minnow(&one, &["inspect"]));
-    assert!(inspect.contains("encoding       i8_mma, group size 32: 48 tensors"), "{inspect}");
+    assert!(
+        inspect.contains("encoding       i8_mma, group size 32: 48 tensors"),
+        "{inspect}"
+    );
     assert!(inspect.contains("LLaDA2.1"), "{inspect}");
     // Only the .mnw and nothing temporary is left in the directory.
     let mut left: Vec<_> = std::fs::read_dir(dir.path())
@@ -94,7 +105,10 @@ fn never_overwrites_an_existing_file() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("taken.mnw");
     std::fs::write(&out, b"keep me").unwrap();
-    let output = minnow(&fixture("llada2-tiny-v21"), &["convert", out.to_str().unwrap()]);
+    let output = minnow(
+        &fixture("llada2-tiny-v21"),
+        &["convert", out.to_str().unwrap()],
+    );
     assert!(error_text(&output).contains("already exists"));
     assert_eq!(std::fs::read(&out).unwrap(), b"keep me");
 }
@@ -102,7 +116,11 @@ fn never_overwrites_an_existing_file() {
 #[test]
 fn validate_names_the_damaged_tensor_and_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let file = convert(dir.path(), "x.mnw", &["--experts", "int4", "--group-size", "32"]);
+    let file = convert(
+        dir.path(),
+        "x.mnw",
+        &["--experts", "int4", "--group-size", "32"],
+    );
     let mut bytes = std::fs::read(&file).unwrap();
     // The first region after the header belongs to the first tensor in name order.
     bytes[4096 + 3] ^= 0x10;
@@ -115,18 +133,30 @@ fn validate_names_the_damaged_tensor_and_fails() {
     std::fs::write(&file, &bytes[..bytes.len() - 100]).unwrap();
     assert!(error_text(&minnow(&file, &["validate"])).contains("truncated or appended"));
     let err = error_text(&minnow(&file, &["inspect"]));
-    assert!(err.lines().count() == 1 && err.contains("truncated or appended"), "{err}");
+    assert!(
+        err.lines().count() == 1 && err.contains("truncated or appended"),
+        "{err}"
+    );
 }
 
 #[test]
 fn bad_rules_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.json");
-    std::fs::write(&rules, r#"[{"prefix": "model.nothing", "encoding": "i8_sym"}]"#).unwrap();
+    std::fs::write(
+        &rules,
+        r#"[{"prefix": "model.nothing", "encoding": "i8_sym"}]"#,
+    )
+    .unwrap();
     let out = dir.path().join("r.mnw");
     let output = minnow(
         &fixture("llada2-tiny-v21"),
-        &["convert", out.to_str().unwrap(), "--tensor-rules", rules.to_str().unwrap()],
+        &[
+            "convert",
+            out.to_str().unwrap(),
+            "--tensor-rules",
+            rules.to_str().unwrap(),
+        ],
     );
     assert!(error_text(&output).contains("matches no tensor"));
     assert!(!out.exists());
@@ -166,7 +196,14 @@ fn ctrl_c_mid_convert_leaves_nothing() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_minnow"))
         .arg("--model")
         .arg(src.path())
-        .args(["convert", out.to_str().unwrap(), "--experts", "int4", "--workers", "1"])
+        .args([
+            "convert",
+            out.to_str().unwrap(),
+            "--experts",
+            "int4",
+            "--workers",
+            "1",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -174,14 +211,23 @@ fn ctrl_c_mid_convert_leaves_nothing() {
     // Interrupt as soon as the temporary file exists, i.e. mid-conversion.
     let start = Instant::now();
     loop {
-        let partial = std::fs::read_dir(dir.path())
-            .unwrap()
-            .any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".partial"));
+        let partial = std::fs::read_dir(dir.path()).unwrap().any(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".partial")
+        });
         if partial {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "no temporary file appeared");
-        assert!(child.try_wait().unwrap().is_none(), "convert ended before it could be interrupted");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no temporary file appeared"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "convert ended before it could be interrupted"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     let status = Command::new("kill")

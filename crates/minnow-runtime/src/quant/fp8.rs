@@ -45,7 +45,7 @@ pub fn e4m3_positive_code(x: f32) -> u8 {
     let below = table.partition_point(|&v| v <= x) - 1;
     let (lo, hi) = (table[below], table[below + 1]);
     let (d_lo, d_hi) = (x - lo, hi - x);
-    let code = if d_lo < d_hi || (d_lo == d_hi && below % 2 == 0) {
+    let code = if d_lo < d_hi || (d_lo == d_hi && below.is_multiple_of(2)) {
         below
     } else {
         below + 1

@@ -133,7 +133,7 @@ pub fn unpack_codes(
     let at = |i: usize| -> i8 {
         if is_int4(encoding) {
             let b = bytes[i / 2];
-            sext4(if i % 2 == 0 { b & 0xF } else { b >> 4 })
+            sext4(if i.is_multiple_of(2) { b & 0xF } else { b >> 4 })
         } else {
             bytes[i] as i8
         }

@@ -30,7 +30,7 @@ pub fn f32_to_e2m1(x: f32) -> u8 {
     let mut idx = 7;
     for i in 0..7 {
         let mid = (E2M1[i] + E2M1[i + 1]) / 2.0;
-        if a < mid || (a == mid && i % 2 == 0) {
+        if a < mid || (a == mid && i.is_multiple_of(2)) {
             idx = i;
             break;
         }

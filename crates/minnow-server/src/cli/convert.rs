@@ -115,7 +115,10 @@ pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
     let result = convert(&input, &args.out, &options, &cancel, &progress);
     bar.finish_and_clear();
     if cancel.load(Ordering::Relaxed) {
-        return Err(format!("interrupted; {} was not written", args.out.display()));
+        return Err(format!(
+            "interrupted; {} was not written",
+            args.out.display()
+        ));
     }
     let summary = result.map_err(|e| e.to_string())?;
     for note in &summary.notes {
