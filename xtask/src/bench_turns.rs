@@ -49,8 +49,22 @@ pub fn run(args: &[String]) -> Result<(), String> {
         parallel: 1,
         ..Default::default()
     };
-    let runner =
-        minnow_engine::engine::select_runner(&args.model, &options).map_err(|e| e.to_string())?;
+    let runner: Box<dyn minnow_model::ModelRunner> = match &args.model {
+        Some(model) => {
+            minnow_engine::engine::select_runner(model, &options).map_err(|e| e.to_string())?
+        }
+        None => {
+            let config = minnow_model::Config::from_json_str(
+                crate::bench::MINI_22,
+                std::path::Path::new("<LLaDA2.2-mini shapes>"),
+            )
+            .map_err(|e| e.to_string())?;
+            Box::new(
+                minnow_model::cuda::CudaRunner::random(config, 0, 2201)
+                    .map_err(|e| e.to_string())?,
+            )
+        }
+    };
     let device = runner.device_name();
     let engine =
         Engine::with_runner(FIXTURE.as_ref(), runner, options).map_err(|e| e.to_string())?;

@@ -384,6 +384,7 @@ mod tests {
                 dtype_name: if s.f32 { "F32" } else { "BF16" },
                 shape: &s.shape,
                 data: &[],
+                quant: None,
             })
         }
         fn names(&self) -> Vec<&str> {

@@ -332,9 +332,11 @@ impl Engine {
         options: EngineOptions,
     ) -> EngineResult<Engine> {
         let config = runner.config().clone();
-        let tokenizer = Tokenizer::from_dir(path)?;
-        let template = if has_chat_template(path) {
-            Some(ChatTemplate::from_dir(path)?)
+        // A `.mnw` carries these files as assets.
+        let files = crate::model_files::ModelFiles::for_model(path)?;
+        let tokenizer = Tokenizer::from_dir(files.dir())?;
+        let template = if has_chat_template(files.dir()) {
+            Some(ChatTemplate::from_dir(files.dir())?)
         } else {
             tracing::warn!(path = %path.display(), "the checkpoint has no chat template; only raw prompts and token ids can be used");
             None

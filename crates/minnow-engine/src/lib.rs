@@ -9,6 +9,7 @@ pub mod api;
 pub mod chat_template;
 pub mod decode;
 pub mod engine;
+mod model_files;
 pub mod prefix_cache;
 pub mod sampling;
 pub mod text_stream;

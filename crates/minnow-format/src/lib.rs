@@ -1,15 +1,19 @@
-//! minnow-format reads checkpoints from disk: Hugging Face safetensors directories (one file or
-//! sharded through `model.safetensors.index.json`), memory-mapped, with tensors looked up by name
-//! and converted to the compute dtype on demand. The single-file `.mnw` container with quantized
-//! expert encodings (INT8/INT4/FP8/NVFP4) will live here too; callers see both through the same
-//! tensor-source interface ([`TensorSource`]).
+//! minnow-format reads and writes checkpoints: Hugging Face safetensors directories (one file
+//! or sharded through `model.safetensors.index.json`) and the single-file `.mnw` container
+//! (`mnw/`, docs/model-format.md) whose routed experts may be quantized (INT8/INT4/NVFP4, and
+//! our own FP8). Both are memory-mapped and seen through one tensor-source interface
+//! ([`TensorSource`]); [`Checkpoint`] opens either from a path.
 
+mod checkpoint;
 mod error;
+pub mod mnw;
 mod progress;
 mod safetensors_dir;
 mod source;
 
+pub use checkpoint::Checkpoint;
 pub use error::{FormatError, Result};
+pub use mnw::MnwFile;
 pub use progress::{total_bytes, LoadProgress, ProgressSource};
 pub use safetensors_dir::SafetensorsDir;
-pub use source::{TensorRef, TensorSource};
+pub use source::{QuantParts, TensorRef, TensorSource};

@@ -80,6 +80,7 @@ mod tests {
                 dtype_name: "U8",
                 shape: &[],
                 data,
+                quant: None,
             })
         }
         fn names(&self) -> Vec<&str> {

@@ -160,6 +160,7 @@ impl TensorSource for SafetensorsDir {
             dtype_name: &e.dtype_name,
             shape: &e.shape,
             data: &self.maps[e.file][e.start..e.end],
+            quant: None,
         })
     }
 

@@ -1,25 +1,68 @@
 //! The interface through which the model reads stored tensors, whatever the container.
 
+use minnow_runtime::quant::{Encoding, QuantEncoding, QuantMat};
 use minnow_runtime::DType;
 
-/// A borrowed stored tensor: its element type, shape and raw little-endian bytes.
+/// A borrowed stored tensor: its element type or encoding, shape and raw little-endian bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct TensorRef<'a> {
-    /// `None` for element types the CPU operators cannot compute with (I64, U8, ...).
+    /// The floating-point element type; `None` for element types the CPU operators cannot
+    /// compute with (I64, U8, ...) and for quantized tensors (see `quant`).
     pub dtype: Option<DType>,
-    /// The container's spelling of the element type ("BF16", "I64", ...).
+    /// The container's spelling of the element type or encoding ("BF16", "I64", "i4_mma", ...).
     pub dtype_name: &'a str,
     pub shape: &'a [usize],
+    /// The element bytes, or a quantized tensor's codes.
     pub data: &'a [u8],
+    /// The rest of a quantized tensor: encoding, group size, scales.
+    pub quant: Option<QuantParts<'a>>,
 }
 
-impl TensorRef<'_> {
+/// What a quantized tensor has beyond its codes.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantParts<'a> {
+    pub encoding: QuantEncoding,
+    /// Values per scale along K (the manifest's `group_size`).
+    pub group_size: usize,
+    pub scales: &'a [u8],
+    /// NVFP4's per-matrix scale; 1 for other encodings.
+    pub global_scale: f32,
+}
+
+impl<'a> TensorRef<'a> {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
+
+    /// How the tensor is stored, when minnow can compute with it.
+    pub fn encoding(&self) -> Option<Encoding> {
+        match (&self.quant, self.dtype) {
+            (Some(q), _) => Some(Encoding::Quant(q.encoding)),
+            (None, Some(d)) => Some(Encoding::Float(d)),
+            (None, None) => None,
+        }
+    }
+
+    /// A quantized 2-D tensor as a matrix (its lengths were checked when the container opened).
+    pub fn quant_mat(&self) -> Option<QuantMat<'a>> {
+        let q = self.quant?;
+        let [rows, cols] = *self.shape else {
+            return None;
+        };
+        QuantMat::new(
+            q.encoding,
+            rows,
+            cols,
+            q.group_size,
+            self.data,
+            q.scales,
+            q.global_scale,
+        )
+        .ok()
+    }
 }
 
-/// A set of named tensors (a safetensors directory today; a `.mnw` container later).
+/// A set of named tensors (a safetensors directory or a `.mnw` container).
 pub trait TensorSource: Send + Sync {
     /// The tensor called `name`, if present.
     fn tensor(&self, name: &str) -> Option<TensorRef<'_>>;

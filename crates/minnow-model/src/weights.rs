@@ -1,14 +1,17 @@
 //! The validated weight set of a checkpoint: every tensor the forward pass reads, checked for
 //! presence, element type and shape before any compute (model doc §4).
 //!
-//! Matrices are borrowed from the tensor source in their stored type (BF16/F16/F32 via mmap; a
-//! quantized `.mnw` source can hand out other encodings later) and widened where they are used,
-//! so a 16B checkpoint runs without an F32 copy. Small vectors (norm weights, `expert_bias`) and
-//! the F32 router matrix are widened once at load.
+//! Matrices are borrowed from the tensor source in their stored type (BF16/F16/F32 via mmap) and
+//! widened where they are used, so a 16B checkpoint runs without an F32 copy. MLP projections
+//! (routed experts in practice) may also be quantized in a `.mnw`: they stay compressed and are
+//! dequantized one matrix at a time by the product that reads them ([`MlpMat::linear`]). Small
+//! vectors (norm weights, `expert_bias`) and the F32 router matrix are widened once at load.
 
 use std::sync::Arc;
 
 use minnow_format::{TensorRef, TensorSource};
+use minnow_runtime::cpu::{linear, linear_quant, Par};
+use minnow_runtime::quant::{QuantEncoding, QuantMat};
 use minnow_runtime::{dtype::widen, DType, MatRef};
 
 use crate::config::Config;
@@ -49,11 +52,73 @@ impl StoredMat {
     }
 }
 
+/// A stored quantized matrix: codes and scales borrowed from a tensor source, which it keeps
+/// alive.
+pub struct QuantStoredMat {
+    encoding: QuantEncoding,
+    rows: usize,
+    cols: usize,
+    group_size: usize,
+    global_scale: f32,
+    codes: (*const u8, usize),
+    scales: (*const u8, usize),
+    _source: Arc<dyn TensorSource>,
+}
+
+// SAFETY: as for `StoredMat`: immutable bytes owned by the `Send + Sync` source.
+unsafe impl Send for QuantStoredMat {}
+unsafe impl Sync for QuantStoredMat {}
+
+impl QuantStoredMat {
+    pub fn view(&self) -> QuantMat<'_> {
+        // SAFETY: both ranges are slices of `_source`'s data, alive as long as `self`.
+        let (codes, scales) = unsafe {
+            (
+                std::slice::from_raw_parts(self.codes.0, self.codes.1),
+                std::slice::from_raw_parts(self.scales.0, self.scales.1),
+            )
+        };
+        QuantMat {
+            encoding: self.encoding,
+            rows: self.rows,
+            cols: self.cols,
+            group_size: self.group_size,
+            codes,
+            scales,
+            global_scale: self.global_scale,
+        }
+    }
+}
+
+/// One projection of an MLP, floating point or quantized.
+pub enum MlpMat {
+    Float(StoredMat),
+    Quant(QuantStoredMat),
+}
+
+impl MlpMat {
+    /// Output features (rows of the weight).
+    pub fn rows(&self) -> usize {
+        match self {
+            MlpMat::Float(m) => m.rows,
+            MlpMat::Quant(q) => q.rows,
+        }
+    }
+
+    /// `out[n, rows] = x[n, cols] · Wᵀ`; a quantized weight is dequantized for this product only.
+    pub fn linear(&self, x: &[f32], n: usize, out: &mut [f32], par: Par) {
+        match self {
+            MlpMat::Float(m) => linear(x, n, m.view(), out, par),
+            MlpMat::Quant(q) => linear_quant(x, n, &q.view(), out, par),
+        }
+    }
+}
+
 /// A SwiGLU MLP: `down(silu(gate(x)) ⊙ up(x))`.
 pub struct Mlp {
-    pub gate: StoredMat,
-    pub up: StoredMat,
-    pub down: StoredMat,
+    pub gate: MlpMat,
+    pub up: MlpMat,
+    pub down: MlpMat,
 }
 
 pub struct Attention {
@@ -99,13 +164,18 @@ pub struct Weights {
 struct Expected {
     name: String,
     shape: Vec<usize>,
+    /// An MLP projection, which may be stored quantized.
+    mlp: bool,
 }
 
 /// Every tensor name and shape the config implies, in checkpoint order (model doc §4).
 fn expected_tensors(c: &Config) -> Vec<Expected> {
     let (d_model, v) = (c.hidden_size, c.vocab_size);
     let mut out = Vec::new();
-    let mut push = |name: String, shape: Vec<usize>| out.push(Expected { name, shape });
+    let mut push = |name: String, shape: Vec<usize>| {
+        let mlp = name.ends_with("_proj.weight");
+        out.push(Expected { name, shape, mlp })
+    };
     push("model.word_embeddings.weight".into(), vec![v, d_model]);
     for i in 0..c.num_hidden_layers {
         let p = format!("model.layers.{i}");
@@ -169,19 +239,37 @@ fn expected_tensors(c: &Config) -> Vec<Expected> {
 /// bad one.
 pub fn validate(c: &Config, source: &dyn TensorSource) -> Result<()> {
     for e in expected_tensors(c) {
-        check(source, &e.name, &e.shape)?;
+        check(source, &e.name, &e.shape, e.mlp)?;
     }
     Ok(())
 }
 
-fn check<'a>(source: &'a dyn TensorSource, name: &str, shape: &[usize]) -> Result<TensorRef<'a>> {
+fn check<'a>(
+    source: &'a dyn TensorSource,
+    name: &str,
+    shape: &[usize],
+    may_be_quantized: bool,
+) -> Result<TensorRef<'a>> {
     let t = source.tensor(name).ok_or_else(|| {
         ModelError::Weights(format!(
             "tensor '{name}' is missing from {}",
             source.describe()
         ))
     })?;
-    if t.dtype.is_none() {
+    if let Some(q) = t.quant {
+        if !may_be_quantized {
+            return Err(ModelError::Weights(format!(
+                "tensor '{name}' is stored as {}; minnow runs quantized weights only in MLP projections",
+                q.encoding
+            )));
+        }
+        if t.quant_mat().is_none() {
+            return Err(ModelError::Weights(format!(
+                "tensor '{name}' ({}, shape {:?}) is not a well-formed quantized matrix",
+                q.encoding, t.shape
+            )));
+        }
+    } else if t.dtype.is_none() {
         return Err(ModelError::Weights(format!(
             "tensor '{name}' has dtype {}; expected BF16, F16 or F32",
             t.dtype_name
@@ -218,10 +306,26 @@ impl Weights {
             let t = get(&name);
             widen(t.dtype.expect("validated dtype"), t.data)
         };
+        let mlp_mat = |name: String| {
+            let t = get(&name);
+            match t.quant {
+                None => MlpMat::Float(mat(name)),
+                Some(q) => MlpMat::Quant(QuantStoredMat {
+                    encoding: q.encoding,
+                    rows: t.shape[0],
+                    cols: t.shape[1],
+                    group_size: q.group_size,
+                    global_scale: q.global_scale,
+                    codes: (t.data.as_ptr(), t.data.len()),
+                    scales: (q.scales.as_ptr(), q.scales.len()),
+                    _source: Arc::clone(&source),
+                }),
+            }
+        };
         let mlp = |p: &str| Mlp {
-            gate: mat(format!("{p}.gate_proj.weight")),
-            up: mat(format!("{p}.up_proj.weight")),
-            down: mat(format!("{p}.down_proj.weight")),
+            gate: mlp_mat(format!("{p}.gate_proj.weight")),
+            up: mlp_mat(format!("{p}.up_proj.weight")),
+            down: mlp_mat(format!("{p}.down_proj.weight")),
         };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {

@@ -6,6 +6,8 @@
 pub mod cpu;
 pub mod device;
 pub mod dtype;
+pub mod quant;
 
 pub use dtype::{DType, MatRef};
+pub use quant::{Encoding, QuantEncoding, QuantMat};
 pub mod cuda;

@@ -12,19 +12,19 @@ use crate::trace::RouterTrace;
 use crate::weights::{Mlp, Moe};
 
 /// `down(silu(gate(x)) ⊙ up(x))` for `n` rows of `x`.
+/// Each projection reads its weight as stored; a quantized one (a routed expert of a quantized
+/// `.mnw`) is dequantized for its own product only.
 pub fn mlp(w: &Mlp, x: &[f32], n: usize, par: Par) -> Vec<f32> {
-    let gate_w = w.gate.view();
-    let width = gate_w.rows;
+    let width = w.gate.rows();
     let mut gate = vec![0.0f32; n * width];
     let mut up = vec![0.0f32; n * width];
-    linear(x, n, gate_w, &mut gate, par);
-    linear(x, n, w.up.view(), &mut up, par);
+    w.gate.linear(x, n, &mut gate, par);
+    w.up.linear(x, n, &mut up, par);
     for (g, u) in gate.iter_mut().zip(&up) {
         *g = silu(*g) * u;
     }
-    let down_w = w.down.view();
-    let mut out = vec![0.0f32; n * down_w.rows];
-    linear(&gate, n, down_w, &mut out, par);
+    let mut out = vec![0.0f32; n * w.down.rows()];
+    w.down.linear(&gate, n, &mut out, par);
     out
 }
 

@@ -4,10 +4,12 @@
 
 mod linear;
 mod ops;
+mod quant_linear;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use linear::{linear, matmul, matmul_nn, widen, Par};
+pub use quant_linear::linear_quant;
 
 /// Whether the AVX-512 kernels run (the CPU has them and `MINNOW_CPU_PORTABLE` is unset);
 /// otherwise the portable path does the same work.

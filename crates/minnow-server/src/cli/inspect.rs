@@ -1,12 +1,12 @@
 //! `minnow inspect`: what a checkpoint is (family, shapes, parameter count, bytes per stored
-//! dtype, special token ids) and whether every tensor the forward pass needs is present with the
-//! right type and shape. Reads headers only; computes nothing.
+//! dtype or encoding, group sizes, special token ids) and whether every tensor the forward pass
+//! needs is present with the right type and shape. A directory or a `.mnw` file; reads headers
+//! and the manifest only, computes nothing.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use minnow_format::{SafetensorsDir, TensorSource};
-use minnow_model::weights::{expert_bias_dtype, validate};
+use minnow_format::{Checkpoint, TensorSource};
+use minnow_model::weights::validate;
 use minnow_model::Config;
 
 use super::{model_or_fixture, Cli};
@@ -16,16 +16,14 @@ pub struct Args {}
 
 pub fn run(cli: &Cli, _args: &Args) -> Result<(), String> {
     super::forward::show_warnings();
-    let dir = &model_or_fixture(cli);
-    let mut c = Config::from_dir(dir).map_err(|e| e.to_string())?;
-    let source = SafetensorsDir::open(dir).map_err(|e| e.to_string())?;
-    c.refine_family(expert_bias_dtype(&c, &source));
+    let path = &model_or_fixture(cli);
+    let (c, source) = minnow_model::checkpoint::open(path).map_err(|e| e.to_string())?;
     validate(&c, &source).map_err(|e| e.to_string())?;
-    print!("{}", report(dir, &c, &source));
+    print!("{}", report(&c, &source));
     Ok(())
 }
 
-fn report(dir: &Path, c: &Config, source: &SafetensorsDir) -> String {
+fn report(c: &Config, source: &Checkpoint) -> String {
     let mut out = String::new();
     let mut line = |s: String| {
         out.push_str(&s);
@@ -74,13 +72,22 @@ fn report(dir: &Path, c: &Config, source: &SafetensorsDir) -> String {
     let mut total = 0usize;
     let mut routed = 0usize;
     let mut bytes: BTreeMap<String, usize> = BTreeMap::new();
+    // Per encoding and group size: tensors and bytes (codes plus scales).
+    let mut encodings: BTreeMap<(String, usize), (usize, usize)> = BTreeMap::new();
     for name in source.names() {
         let t = source.tensor(name).expect("listed tensor");
         total += t.numel();
         if name.contains(".mlp.experts.") {
             routed += t.numel();
         }
-        *bytes.entry(t.dtype_name.to_string()).or_default() += t.data.len();
+        let stored = t.data.len() + t.quant.map_or(0, |q| q.scales.len());
+        *bytes.entry(t.dtype_name.to_string()).or_default() += stored;
+        let group = t.quant.map_or(0, |q| q.group_size);
+        let entry = encodings
+            .entry((t.dtype_name.to_string(), group))
+            .or_default();
+        entry.0 += 1;
+        entry.1 += stored;
     }
     let active =
         total - routed + routed / c.num_experts.max(1) * c.num_experts_per_tok.min(c.num_experts);
@@ -95,8 +102,39 @@ fn report(dir: &Path, c: &Config, source: &SafetensorsDir) -> String {
         .map(|(d, b)| format!("{d} {}", human_bytes(*b)))
         .collect();
     line(format!("stored bytes   {}", per_dtype.join(", ")));
+    if let Checkpoint::Mnw(file) = source {
+        line(format!(
+            "container      .mnw version {}, model_id {:?}, {} assets ({})",
+            file.manifest().version,
+            file.manifest().model_id,
+            file.manifest().assets.len(),
+            file.manifest()
+                .assets
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        for ((encoding, group), (tensors, stored)) in &encodings {
+            let group = if *group > 0 {
+                format!(", group size {group}")
+            } else {
+                String::new()
+            };
+            let ours = match minnow_runtime::QuantEncoding::parse(encoding) {
+                Some(q) if !q.is_published() => {
+                    " (minnow's own encoding; other .mnw readers do not read it)"
+                }
+                _ => "",
+            };
+            line(format!(
+                "encoding       {encoding}{group}: {tensors} tensors, {}{ours}",
+                human_bytes(*stored)
+            ));
+        }
+    }
 
-    let tokens = special_tokens(dir, c);
+    let tokens = special_tokens(source, c);
     line(format!("special tokens {}", tokens.join(", ")));
     line("tensors        all expected tensors present with the right dtype and shape".into());
     out
@@ -105,9 +143,9 @@ fn report(dir: &Path, c: &Config, source: &SafetensorsDir) -> String {
 /// Special token ids (model doc §8): by content from tokenizer.json `added_tokens`, else from
 /// generation_config.json / config.json, else the documented LLaDA2 constant (marked as such).
 /// DELETE/SPLIT come from config.json (2.2).
-fn special_tokens(dir: &Path, c: &Config) -> Vec<String> {
+fn special_tokens(source: &Checkpoint, c: &Config) -> Vec<String> {
     let read_json = |file: &str| -> Option<serde_json::Value> {
-        serde_json::from_str(&std::fs::read_to_string(dir.join(file)).ok()?).ok()
+        serde_json::from_str(&source.asset(file).ok()??).ok()
     };
     let added: BTreeMap<String, u64> = read_json("tokenizer.json")
         .and_then(|j| j.get("added_tokens").and_then(|a| a.as_array()).cloned())
@@ -179,7 +217,7 @@ fn human(n: usize) -> String {
     }
 }
 
-fn human_bytes(n: usize) -> String {
+pub fn human_bytes(n: usize) -> String {
     match n {
         n if n >= 1 << 30 => format!("{:.2} GiB", n as f64 / (1u64 << 30) as f64),
         n if n >= 1 << 20 => format!("{:.2} MiB", n as f64 / (1u64 << 20) as f64),

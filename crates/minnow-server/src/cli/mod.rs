@@ -5,12 +5,14 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use minnow_runtime::device::DeviceRequest;
 
+mod convert;
 mod decode_flags;
 mod forward;
 mod generate;
 mod inspect;
 mod output_file;
 mod serve;
+mod validate;
 
 /// The tiny LLaDA2.1 fixture in the source tree, used by every command when no `--model` is given
 /// (random weights: its text is noise).
@@ -27,8 +29,8 @@ pub const BUNDLED_FIXTURE: &str = concat!(
     about = "Fast inference for LLaDA2.x block-diffusion models"
 )]
 pub struct Cli {
-    /// Checkpoint directory (Hugging Face layout). Every command falls back to the bundled tiny
-    /// fixture when omitted.
+    /// Checkpoint: a directory (Hugging Face layout) or a .mnw file. Every command falls back to
+    /// the bundled tiny fixture when omitted.
     #[arg(long, global = true, env = "MINNOW_MODEL")]
     pub model: Option<PathBuf>,
     /// auto (a CUDA GPU when usable, else the CPU), cpu, cuda or cuda:N.
@@ -51,6 +53,10 @@ pub enum Command {
     Generate(generate::Args),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve::Args),
+    /// Write the checkpoint as a .mnw file, optionally with quantized experts.
+    Convert(convert::Args),
+    /// Check every byte of a .mnw file (digests, padding, structure).
+    Validate(validate::Args),
 }
 
 pub fn run() -> Result<(), String> {
@@ -66,6 +72,8 @@ pub fn run() -> Result<(), String> {
         Command::Forward(args) => forward::run(&cli, args),
         Command::Generate(args) => generate::run(&cli, args),
         Command::Serve(args) => serve::run(&cli, args),
+        Command::Convert(args) => convert::run(&cli, args),
+        Command::Validate(args) => validate::run(&cli, args),
     }
 }
 
@@ -74,7 +82,13 @@ fn rayon_threads(n: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// The checkpoint path a subcommand that needs one must have.
+/// The checkpoint path of a subcommand that has no sensible default (`convert`, `validate`).
+pub fn required_model(cli: &Cli) -> Result<&PathBuf, String> {
+    cli.model
+        .as_ref()
+        .ok_or_else(|| "--model PATH is required for this command".to_string())
+}
+
 /// `--model`, or the bundled tiny fixture (announced on stderr) when it is omitted.
 pub fn model_or_fixture(cli: &Cli) -> PathBuf {
     match &cli.model {

@@ -1,0 +1,618 @@
+//! Conversion of a checkpoint (safetensors directory or floating-point `.mnw`) into a new
+//! `.mnw`, quantizing the routed experts (or what `--tensor-rules` names).
+//!
+//! Every tensor's encoding and every region's offset are decided first ([`plan`]); then workers
+//! take tensors in turn and write each into its own regions. A tensor's bytes depend only on the
+//! tensor, so the output is identical for any number of workers. Memory stays bounded: a worker
+//! holds one band of rows of one matrix at a time (at most [`BAND_BYTES`] of F32), and copies
+//! are streamed in chunks from the memory-mapped source.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use minnow_runtime::dtype::widen_into;
+use minnow_runtime::quant::{
+    global_scale_for, quantize_rows, Encoding, QuantEncoding, DEFAULT_INT_GROUP, INT_GROUP_SIZES,
+    ROW_BAND,
+};
+use minnow_runtime::DType;
+use serde::Deserialize;
+
+use super::manifest::{AssetText, Manifest, Region, TensorRecord};
+use super::writer::{OutputFile, RegionPlanner};
+use super::{ARCHITECTURE, VERSION};
+use crate::error::{FormatError, Result};
+use crate::source::{TensorRef, TensorSource};
+
+/// F32 bytes of source rows a worker widens at once.
+pub const BAND_BYTES: usize = 16 << 20;
+/// Bytes copied per step when a tensor keeps its encoding.
+const COPY_CHUNK: usize = 8 << 20;
+
+/// What `--experts` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertChoice {
+    Original,
+    Int8,
+    Int4,
+    Nvfp4,
+    /// Ours: `fp8_e4m3_b128`.
+    Fp8,
+}
+
+/// `--quant-layout`: the tensor-core fragment order (default) or row-major.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantLayout {
+    Mma,
+    Row,
+}
+
+/// One entry of a `--tensor-rules` file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorRule {
+    pub prefix: String,
+    /// An encoding name; `null` keeps the source's.
+    pub encoding: Option<String>,
+    #[serde(default)]
+    pub group_size: Option<usize>,
+}
+
+impl TensorRule {
+    /// Parses a rules file: a JSON array of rules.
+    pub fn parse_file(path: &Path) -> Result<Vec<TensorRule>> {
+        let text = std::fs::read_to_string(path).map_err(|source| FormatError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|e| {
+            FormatError::invalid(
+                path,
+                format!(
+                    "not a JSON array of {{\"prefix\", \"encoding\", \"group_size\"}} rules: {e}"
+                ),
+            )
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ConvertOptions {
+    pub experts: ExpertChoice,
+    pub layout: QuantLayout,
+    /// Integer group size; `None` is 128 (or, for a matrix whose K 128 does not divide, the
+    /// largest of 64, 32, 16 that does).
+    pub group_size: Option<usize>,
+    pub workers: usize,
+    pub rules: Vec<TensorRule>,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        Self {
+            experts: ExpertChoice::Original,
+            layout: QuantLayout::Mma,
+            group_size: None,
+            workers: 1,
+            rules: Vec::new(),
+        }
+    }
+}
+
+impl ConvertOptions {
+    /// The encoding `--experts` gives routed experts, if it quantizes.
+    fn expert_encoding(&self) -> std::result::Result<Option<QuantEncoding>, String> {
+        Ok(match (self.experts, self.layout) {
+            (ExpertChoice::Original, _) => None,
+            (ExpertChoice::Int8, QuantLayout::Mma) => Some(QuantEncoding::I8Mma),
+            (ExpertChoice::Int8, QuantLayout::Row) => Some(QuantEncoding::I8Sym),
+            (ExpertChoice::Int4, QuantLayout::Mma) => Some(QuantEncoding::I4Mma),
+            (ExpertChoice::Int4, QuantLayout::Row) => Some(QuantEncoding::I4Sym),
+            (ExpertChoice::Nvfp4, QuantLayout::Mma) => Some(QuantEncoding::Nvfp4),
+            (ExpertChoice::Fp8, QuantLayout::Row) => Some(QuantEncoding::Fp8Block),
+            (ExpertChoice::Nvfp4, QuantLayout::Row) => {
+                return Err(
+                    "nvfp4 has only the fragment (mma) layout; drop --quant-layout row".into(),
+                )
+            }
+            (ExpertChoice::Fp8, QuantLayout::Mma) => Some(QuantEncoding::Fp8Block),
+        })
+    }
+}
+
+/// The input of a conversion.
+pub struct ConvertInput<'a> {
+    pub source: &'a dyn TensorSource,
+    pub assets: BTreeMap<String, String>,
+    pub model_id: String,
+}
+
+/// One tensor of the output.
+#[derive(Clone, Debug)]
+pub struct PlannedTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub source: Encoding,
+    pub target: Encoding,
+    /// Manifest group size (0 for floating point).
+    pub group_size: usize,
+    pub data_offset: u64,
+    pub data_bytes: u64,
+    pub scales: Option<(u64, u64)>,
+}
+
+/// The decided output: tensors with their regions, plus notes for the user.
+#[derive(Debug)]
+pub struct Plan {
+    pub tensors: Vec<PlannedTensor>,
+    pub data_end: u64,
+    /// Sentences about choices made (a projection kept in its source type, ...).
+    pub notes: Vec<String>,
+}
+
+impl Plan {
+    /// Bytes of every region.
+    pub fn region_bytes(&self) -> u64 {
+        self.tensors
+            .iter()
+            .map(|t| t.data_bytes + t.scales.map_or(0, |s| s.1))
+            .sum()
+    }
+}
+
+/// What a finished conversion reports.
+#[derive(Debug)]
+pub struct Summary {
+    pub file_bytes: u64,
+    pub notes: Vec<String>,
+    /// Tensors and bytes per target encoding.
+    pub per_encoding: BTreeMap<String, (usize, u64)>,
+}
+
+/// Whether `name` is a routed expert's projection matrix
+/// (`model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`).
+pub fn is_routed_expert(name: &str) -> bool {
+    expert_family(name).is_some()
+}
+
+/// The name with the expert index replaced by `*`: all experts of one layer and projection
+/// share it.
+fn expert_family(name: &str) -> Option<String> {
+    let (head, rest) = name.split_once(".mlp.experts.")?;
+    let (index, tail) = rest.split_once('.')?;
+    (index.parse::<usize>().is_ok() && tail.ends_with("_proj.weight"))
+        .then(|| format!("{head}.mlp.experts.*.{tail}"))
+}
+
+/// The default integer group size for a K dimension.
+fn default_group(k: usize) -> Option<usize> {
+    INT_GROUP_SIZES
+        .iter()
+        .rev()
+        .copied()
+        .find(|g| *g <= DEFAULT_INT_GROUP && k.is_multiple_of(*g))
+}
+
+/// Decides every tensor's encoding and region.
+pub fn plan(source: &dyn TensorSource, options: &ConvertOptions) -> Result<Plan> {
+    let bad = |m: String| FormatError::invalid(source.describe(), m);
+    if let Some(g) = options.group_size {
+        if !INT_GROUP_SIZES.contains(&g) {
+            return Err(bad(format!(
+                "--group-size must be 16, 32, 64 or 128, not {g}"
+            )));
+        }
+    }
+    let expert_encoding = options.expert_encoding().map_err(bad)?;
+    let mut rule_used = vec![false; options.rules.len()];
+    let mut notes = BTreeMap::<String, String>::new();
+    let mut planner = RegionPlanner::default();
+    let mut tensors = Vec::new();
+    for name in source.names() {
+        let t = source.tensor(name).expect("listed tensor");
+        let src = t.encoding().ok_or_else(|| {
+            bad(format!(
+                "tensor '{name}' has element type {}, which a .mnw file cannot hold",
+                t.dtype_name
+            ))
+        })?;
+        let k = t.shape.last().copied().unwrap_or(0);
+        let rows = if t.shape.len() == 2 { t.shape[0] } else { 0 };
+        let source_group = t.quant.map_or(0, |q| q.group_size);
+        // The default: routed experts get --experts when their shape allows it.
+        let mut target = (src, source_group);
+        if let (Some(q), true) = (
+            expert_encoding,
+            is_routed_expert(name) && t.shape.len() == 2,
+        ) {
+            if matches!(src, Encoding::Float(_)) {
+                let group = match options.group_size {
+                    Some(g) => Some(g),
+                    None => default_group(k),
+                };
+                let group = q.manifest_group(group.unwrap_or(DEFAULT_INT_GROUP));
+                match q.check_shape(rows, k, group) {
+                    Ok(()) => target = (Encoding::Quant(q), group),
+                    // An explicit --group-size that K does not allow is the user's error ...
+                    Err(why)
+                        if options.group_size.is_some_and(|g| !k.is_multiple_of(g))
+                            && !matches!(q, QuantEncoding::Nvfp4 | QuantEncoding::Fp8Block) =>
+                    {
+                        return Err(bad(format!("tensor '{name}': {why}")))
+                    }
+                    // ... a shape the encoding cannot hold keeps the projection as it is (all
+                    // experts of it alike), said in a note.
+                    Err(why) => {
+                        let family = expert_family(name).unwrap_or_default();
+                        notes.insert(family.clone(), format!("{family} kept in {src}: {why}"));
+                    }
+                }
+            }
+        }
+        // Then the rules, later ones winning.
+        for (i, rule) in options.rules.iter().enumerate() {
+            if !name.starts_with(&rule.prefix) {
+                continue;
+            }
+            rule_used[i] = true;
+            let Some(enc_name) = &rule.encoding else {
+                target = (src, source_group);
+                continue;
+            };
+            let enc = Encoding::parse(enc_name)
+                .ok_or_else(|| bad(format!("tensor rule {i}: unknown encoding '{enc_name}'")))?;
+            target = match enc {
+                Encoding::Float(_) => (enc, 0),
+                Encoding::Quant(q) => {
+                    if t.shape.len() != 2 {
+                        return Err(bad(format!(
+                            "tensor rule {i}: '{name}' has shape {:?}; only matrices can be {q}",
+                            t.shape
+                        )));
+                    }
+                    let group = rule
+                        .group_size
+                        .or(options.group_size)
+                        .or_else(|| default_group(k))
+                        .unwrap_or(DEFAULT_INT_GROUP);
+                    let group = q.manifest_group(group);
+                    q.check_shape(rows, k, group)
+                        .map_err(|why| bad(format!("tensor rule {i}: '{name}': {why}")))?;
+                    (enc, group)
+                }
+            };
+        }
+        let (target, group_size) = target;
+        if let (Encoding::Quant(_), true) = (src, src != target) {
+            return Err(bad(format!(
+                "tensor '{name}' is stored as {src}; only floating-point tensors can be re-encoded (to {target})"
+            )));
+        }
+        let numel = t.numel() as u64;
+        let (data_bytes, scale_bytes) = match target {
+            Encoding::Float(d) => (numel * d.size() as u64, None),
+            Encoding::Quant(q) => (
+                q.codes_bytes(rows, k).expect("checked shape") as u64,
+                Some(q.scales_bytes(rows, k, group_size).expect("checked shape") as u64),
+            ),
+        };
+        let data_offset = planner.place(data_bytes);
+        let scales = scale_bytes.map(|b| (planner.place(b), b));
+        tensors.push(PlannedTensor {
+            name: name.to_string(),
+            shape: t.shape.to_vec(),
+            source: src,
+            target,
+            group_size,
+            data_offset,
+            data_bytes,
+            scales,
+        });
+    }
+    if let Some(i) = rule_used.iter().position(|used| !used) {
+        return Err(bad(format!(
+            "tensor rule {i} (prefix '{}') matches no tensor",
+            options.rules[i].prefix
+        )));
+    }
+    // All experts of one layer and projection share one encoding and group size.
+    let mut families: BTreeMap<String, (Encoding, usize, &str)> = BTreeMap::new();
+    for t in &tensors {
+        if let Some(family) = expert_family(&t.name) {
+            let seen = families
+                .entry(family.clone())
+                .or_insert((t.target, t.group_size, &t.name));
+            if (seen.0, seen.1) != (t.target, t.group_size) {
+                return Err(bad(format!(
+                    "'{}' would be {} (group {}) but '{}' {} (group {}): all experts of one layer \
+                     and projection must share an encoding",
+                    t.name, t.target, t.group_size, seen.2, seen.0, seen.1
+                )));
+            }
+        }
+    }
+    Ok(Plan {
+        data_end: planner.end(),
+        tensors,
+        notes: notes.into_values().collect(),
+    })
+}
+
+/// Digests of one written tensor.
+struct Written {
+    data: String,
+    scales: Option<String>,
+    global_scale: Option<f32>,
+}
+
+/// Converts `input` into a new file at `out`. `cancel` stops the workers at their next step
+/// (the temporary file is removed); `progress(bytes_done, bytes_total)` reports written bytes.
+pub fn convert(
+    input: &ConvertInput<'_>,
+    out: &Path,
+    options: &ConvertOptions,
+    cancel: &AtomicBool,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<Summary> {
+    let plan = plan(input.source, options)?;
+    let output = OutputFile::create(out, plan.data_end)?;
+    let total = plan.region_bytes();
+    let done = AtomicU64::new(0);
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let results: Mutex<Vec<Option<Written>>> =
+        Mutex::new((0..plan.tensors.len()).map(|_| None).collect());
+    let first_error: Mutex<Option<FormatError>> = Mutex::new(None);
+    let workers = options.workers.clamp(1, 64);
+    let step = |bytes: usize| {
+        let d = done.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
+        progress(d, total);
+    };
+    let stop = || cancel.load(Ordering::Relaxed) || failed.load(Ordering::Relaxed);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                if stop() {
+                    return;
+                }
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(t) = plan.tensors.get(i) else {
+                    return;
+                };
+                let tensor = input.source.tensor(&t.name).expect("planned tensor");
+                match write_tensor(&output, t, &tensor, &step, &stop) {
+                    Ok(w) => results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(w),
+                    Err(e) => {
+                        failed.store(true, Ordering::Relaxed);
+                        first_error
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get_or_insert(e);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    if cancel.load(Ordering::Relaxed) {
+        return Err(FormatError::invalid(
+            out,
+            "interrupted; no file was written",
+        ));
+    }
+    let results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut per_encoding: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    let mut records = Vec::with_capacity(plan.tensors.len());
+    for (t, w) in plan.tensors.iter().zip(results) {
+        let w = w.expect("every tensor written when no worker failed");
+        let entry = per_encoding.entry(t.target.name().to_string()).or_default();
+        entry.0 += 1;
+        entry.1 += t.data_bytes + t.scales.map_or(0, |s| s.1);
+        records.push(TensorRecord {
+            name: t.name.clone(),
+            shape: t.shape.iter().map(|&d| d as u64).collect(),
+            encoding: t.target.name().to_string(),
+            data: Region {
+                offset: t.data_offset,
+                bytes: t.data_bytes,
+                blake3: w.data,
+            },
+            scales: t
+                .scales
+                .zip(w.scales)
+                .map(|((offset, bytes), blake3)| Region {
+                    offset,
+                    bytes,
+                    blake3,
+                }),
+            group_size: t.group_size as u64,
+            global_scale: w.global_scale,
+        });
+    }
+    let manifest = Manifest {
+        version: VERSION,
+        architecture: ARCHITECTURE.to_string(),
+        model_id: input.model_id.clone(),
+        assets: input
+            .assets
+            .iter()
+            .map(|(k, v)| (k.clone(), AssetText(v.clone())))
+            .collect(),
+        tensors: records,
+    };
+    let file_bytes = output.finish(&manifest, plan.data_end)?;
+    Ok(Summary {
+        file_bytes,
+        notes: plan.notes,
+        per_encoding,
+    })
+}
+
+fn interrupted(name: &str) -> FormatError {
+    FormatError::invalid(name, "interrupted")
+}
+
+/// Writes one tensor's regions and returns their digests.
+fn write_tensor(
+    output: &OutputFile,
+    t: &PlannedTensor,
+    src: &TensorRef<'_>,
+    step: &(dyn Fn(usize) + Sync),
+    stop: &(dyn Fn() -> bool + Sync),
+) -> Result<Written> {
+    match (t.source, t.target) {
+        (a, b) if a == b => {
+            let data = copy_region(output, src.data, t.data_offset, step, stop, &t.name)?;
+            let scales = match (t.scales, src.quant) {
+                (Some((offset, _)), Some(q)) => {
+                    Some(copy_region(output, q.scales, offset, step, stop, &t.name)?)
+                }
+                _ => None,
+            };
+            Ok(Written {
+                data,
+                scales,
+                global_scale: src
+                    .quant
+                    .filter(|q| q.encoding == QuantEncoding::Nvfp4)
+                    .map(|q| q.global_scale),
+            })
+        }
+        (Encoding::Float(from), Encoding::Float(to)) => {
+            recast(output, t, src.data, from, to, step, stop)
+        }
+        (Encoding::Float(from), Encoding::Quant(q)) => {
+            quantize_tensor(output, t, src.data, from, q, step, stop)
+        }
+        (Encoding::Quant(_), _) => unreachable!("plan refuses re-encoding quantized tensors"),
+    }
+}
+
+fn copy_region(
+    output: &OutputFile,
+    bytes: &[u8],
+    offset: u64,
+    step: &(dyn Fn(usize) + Sync),
+    stop: &(dyn Fn() -> bool + Sync),
+    name: &str,
+) -> Result<String> {
+    let mut hasher = blake3::Hasher::new();
+    for (i, chunk) in bytes.chunks(COPY_CHUNK).enumerate() {
+        if stop() {
+            return Err(interrupted(name));
+        }
+        output.write_at(chunk, offset + (i * COPY_CHUNK) as u64)?;
+        hasher.update(chunk);
+        step(chunk.len());
+    }
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
+/// Rounds F32 to a floating-point element type (nearest even).
+fn narrow(values: &[f32], to: DType, out: &mut Vec<u8>) {
+    out.clear();
+    for &v in values {
+        match to {
+            DType::BF16 => out.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+            DType::F16 => out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+            DType::F32 => out.extend_from_slice(&v.to_le_bytes()),
+        }
+    }
+}
+
+fn recast(
+    output: &OutputFile,
+    t: &PlannedTensor,
+    data: &[u8],
+    from: DType,
+    to: DType,
+    step: &(dyn Fn(usize) + Sync),
+    stop: &(dyn Fn() -> bool + Sync),
+) -> Result<Written> {
+    let per_chunk = COPY_CHUNK / 4;
+    let mut wide = vec![0.0f32; per_chunk];
+    let mut narrow_buf = Vec::new();
+    let mut hasher = blake3::Hasher::new();
+    let mut offset = t.data_offset;
+    for chunk in data.chunks(per_chunk * from.size()) {
+        if stop() {
+            return Err(interrupted(&t.name));
+        }
+        let n = chunk.len() / from.size();
+        widen_into(from, chunk, &mut wide[..n]);
+        narrow(&wide[..n], to, &mut narrow_buf);
+        output.write_at(&narrow_buf, offset)?;
+        hasher.update(&narrow_buf);
+        offset += narrow_buf.len() as u64;
+        step(narrow_buf.len());
+    }
+    Ok(Written {
+        data: hasher.finalize().to_hex().to_string(),
+        scales: None,
+        global_scale: None,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn quantize_tensor(
+    output: &OutputFile,
+    t: &PlannedTensor,
+    data: &[u8],
+    from: DType,
+    q: QuantEncoding,
+    step: &(dyn Fn(usize) + Sync),
+    stop: &(dyn Fn() -> bool + Sync),
+) -> Result<Written> {
+    let (rows, cols) = (t.shape[0], t.shape[1]);
+    let row_bytes = cols * from.size();
+    // Bands of whole 128-row units, each band's output contiguous in both regions.
+    let band = (BAND_BYTES / (cols.max(1) * 4) / ROW_BAND).max(1) * ROW_BAND;
+    let mut wide = vec![0.0f32; band.min(rows) * cols];
+    let global = if q == QuantEncoding::Nvfp4 {
+        // A first pass for the matrix's largest magnitude (NVFP4's global scale).
+        let mut max_abs = 0.0f32;
+        for chunk in data.chunks(band * row_bytes) {
+            let n = chunk.len() / from.size();
+            widen_into(from, chunk, &mut wide[..n]);
+            max_abs = wide[..n].iter().fold(max_abs, |m, v| m.max(v.abs()));
+        }
+        Some(global_scale_for(q, max_abs))
+    } else {
+        None
+    };
+    let (scales_offset, _) = t.scales.expect("quantized tensors have scales");
+    let (mut data_hash, mut scale_hash) = (blake3::Hasher::new(), blake3::Hasher::new());
+    let (mut data_at, mut scales_at) = (t.data_offset, scales_offset);
+    for (b, chunk) in data.chunks(band * row_bytes).enumerate() {
+        if stop() {
+            return Err(interrupted(&t.name));
+        }
+        let band_rows = chunk.len() / row_bytes;
+        let n = band_rows * cols;
+        widen_into(from, chunk, &mut wide[..n]);
+        let qz =
+            quantize_rows(q, band_rows, cols, t.group_size, &wide[..n], global).map_err(|e| {
+                FormatError::invalid(
+                    &t.name,
+                    format!("cannot quantize (rows from {}): {e}", b * band),
+                )
+            })?;
+        output.write_at(&qz.codes, data_at)?;
+        output.write_at(&qz.scales, scales_at)?;
+        data_hash.update(&qz.codes);
+        scale_hash.update(&qz.scales);
+        data_at += qz.codes.len() as u64;
+        scales_at += qz.scales.len() as u64;
+        step(qz.codes.len() + qz.scales.len());
+    }
+    Ok(Written {
+        data: data_hash.finalize().to_hex().to_string(),
+        scales: Some(scale_hash.finalize().to_hex().to_string()),
+        global_scale: global,
+    })
+}

@@ -1,0 +1,453 @@
+//! The `.mnw` container end to end: write with the converter, read back, and every way a file
+//! can be broken: caught by `validate` (any flipped byte) or refused on open (structure).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use minnow_format::mnw::convert::{
+    convert, ConvertInput, ConvertOptions, ExpertChoice, TensorRule,
+};
+use minnow_format::mnw::layout::Header;
+use minnow_format::mnw::manifest::Manifest;
+use minnow_format::mnw::validate::validate_file;
+use minnow_format::{MnwFile, TensorRef, TensorSource};
+use minnow_runtime::quant::{Encoding, QuantEncoding};
+use minnow_runtime::DType;
+
+/// An in-memory BF16 source with expert-shaped and other tensors.
+struct Memory(BTreeMap<String, (Vec<usize>, Vec<u8>)>);
+
+impl TensorSource for Memory {
+    fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
+        self.0.get(name).map(|(shape, data)| TensorRef {
+            dtype: Some(DType::BF16),
+            dtype_name: "BF16",
+            shape,
+            data,
+            quant: None,
+        })
+    }
+    fn names(&self) -> Vec<&str> {
+        self.0.keys().map(String::as_str).collect()
+    }
+    fn describe(&self) -> String {
+        "memory".into()
+    }
+}
+
+fn bf16_bytes(n: usize, seed: u32) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(2654435761) | 1;
+    (0..n)
+        .flat_map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            half::bf16::from_f32((s % 2001) as f32 / 1000.0 - 1.0).to_le_bytes()
+        })
+        .collect()
+}
+
+fn source() -> Memory {
+    let mut m = BTreeMap::new();
+    let mut add = |name: &str, shape: Vec<usize>, seed| {
+        let n = shape.iter().product();
+        m.insert(name.to_string(), (shape, bf16_bytes(n, seed)));
+    };
+    add("model.word_embeddings.weight", vec![40, 64], 1);
+    add("model.norm.weight", vec![64], 2);
+    for e in 0..3 {
+        add(
+            &format!("model.layers.1.mlp.experts.{e}.gate_proj.weight"),
+            vec![32, 64],
+            10 + e as u32,
+        );
+        add(
+            &format!("model.layers.1.mlp.experts.{e}.down_proj.weight"),
+            vec![64, 32],
+            20 + e as u32,
+        );
+    }
+    Memory(m)
+}
+
+fn assets() -> BTreeMap<String, String> {
+    [
+        "config.json",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "generation_config.json",
+    ]
+    .iter()
+    .map(|n| (n.to_string(), format!("contents of {n}")))
+    .collect()
+}
+
+fn write(dir: &Path, name: &str, options: &ConvertOptions) -> PathBuf {
+    let src = source();
+    let input = ConvertInput {
+        source: &src,
+        assets: assets(),
+        model_id: "memory-model".into(),
+    };
+    let out = dir.join(name);
+    convert(&input, &out, options, &AtomicBool::new(false), &|_, _| {}).unwrap();
+    out
+}
+
+fn int4(workers: usize) -> ConvertOptions {
+    ConvertOptions {
+        experts: ExpertChoice::Int4,
+        group_size: Some(32),
+        workers,
+        ..ConvertOptions::default()
+    }
+}
+
+#[test]
+fn original_round_trips_every_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "a.mnw", &ConvertOptions::default());
+    let f = MnwFile::open(&path).unwrap();
+    let src = source();
+    assert_eq!(f.names(), src.names());
+    for name in src.names() {
+        let (a, b) = (f.tensor(name).unwrap(), src.tensor(name).unwrap());
+        assert_eq!(a.data, b.data, "{name}");
+        assert_eq!(a.shape, b.shape);
+        assert_eq!(a.encoding(), Some(Encoding::Float(DType::BF16)));
+        // Regions start on 4096-byte boundaries of the file.
+        assert_eq!((a.data.as_ptr() as usize) % 4096, 0);
+    }
+    assert_eq!(
+        f.asset("generation_config.json"),
+        Some("contents of generation_config.json")
+    );
+    assert_eq!(f.manifest().model_id, "memory-model");
+    let header = f.header();
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert_eq!(header.file_len, len);
+    assert_eq!(header.manifest_offset + header.manifest_len, len);
+    assert!(validate_file(&path, &|_, _| {}).unwrap().is_ok());
+}
+
+#[test]
+fn quantized_experts_keep_their_encoding_and_the_rest_stays_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "q.mnw", &int4(2));
+    let f = MnwFile::open(&path).unwrap();
+    let gate = f
+        .tensor("model.layers.1.mlp.experts.0.gate_proj.weight")
+        .unwrap();
+    assert_eq!(gate.encoding(), Some(Encoding::Quant(QuantEncoding::I4Mma)));
+    let q = gate.quant_mat().unwrap();
+    assert_eq!((q.rows, q.cols, q.group_size), (32, 64, 32));
+    assert_eq!(q.codes.len(), 32 * 64 / 2);
+    let embed = f.tensor("model.word_embeddings.weight").unwrap();
+    assert_eq!(
+        embed.data,
+        source()
+            .tensor("model.word_embeddings.weight")
+            .unwrap()
+            .data
+    );
+    assert!(validate_file(&path, &|_, _| {}).unwrap().is_ok());
+}
+
+#[test]
+fn output_bytes_do_not_depend_on_the_worker_count() {
+    let dir = tempfile::tempdir().unwrap();
+    for options in [
+        int4(1),
+        ConvertOptions {
+            experts: ExpertChoice::Nvfp4,
+            ..int4(1)
+        },
+    ] {
+        let one = std::fs::read(write(dir.path(), "w1.mnw", &options)).unwrap();
+        let four = std::fs::read(write(
+            dir.path(),
+            "w4.mnw",
+            &ConvertOptions {
+                workers: 4,
+                ..options.clone()
+            },
+        ))
+        .unwrap();
+        assert!(one == four, "{:?}", options.experts);
+        std::fs::remove_file(dir.path().join("w1.mnw")).unwrap();
+        std::fs::remove_file(dir.path().join("w4.mnw")).unwrap();
+    }
+}
+
+#[test]
+fn never_overwrites_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.mnw");
+    std::fs::write(&out, b"precious").unwrap();
+    let src = source();
+    let input = ConvertInput {
+        source: &src,
+        assets: assets(),
+        model_id: "m".into(),
+    };
+    let err = convert(&input, &out, &int4(1), &AtomicBool::new(false), &|_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), b"precious");
+
+    // Cancelled: no output, no temporary file.
+    let out = dir.path().join("y.mnw");
+    let err = convert(&input, &out, &int4(2), &AtomicBool::new(true), &|_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("interrupted"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("x.mnw")]);
+}
+
+#[test]
+fn tensor_rules_apply_in_order_and_must_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules: Vec<TensorRule> = serde_json::from_str(
+        r#"[{"prefix": "model.layers.1.mlp.experts.", "encoding": "i8_sym", "group_size": 16},
+            {"prefix": "model.word_embeddings", "encoding": "f32"}]"#,
+    )
+    .unwrap();
+    let options = ConvertOptions {
+        experts: ExpertChoice::Int4,
+        rules,
+        ..ConvertOptions::default()
+    };
+    let f = MnwFile::open(&write(dir.path(), "r.mnw", &options)).unwrap();
+    let down = f
+        .tensor("model.layers.1.mlp.experts.2.down_proj.weight")
+        .unwrap();
+    assert_eq!(down.encoding(), Some(Encoding::Quant(QuantEncoding::I8Sym)));
+    assert_eq!(down.quant.unwrap().group_size, 16);
+    assert_eq!(
+        f.tensor("model.word_embeddings.weight").unwrap().dtype,
+        Some(DType::F32)
+    );
+
+    let src = source();
+    let input = ConvertInput {
+        source: &src,
+        assets: assets(),
+        model_id: "m".into(),
+    };
+    for (rules, want) in [
+        (
+            r#"[{"prefix": "nothing.", "encoding": null}]"#,
+            "matches no tensor",
+        ),
+        (
+            r#"[{"prefix": "model.layers.1.mlp.experts.1.", "encoding": "i8_mma"}]"#,
+            "must share an encoding",
+        ),
+        (
+            r#"[{"prefix": "model.norm", "encoding": "i8_sym"}]"#,
+            "only matrices",
+        ),
+    ] {
+        let options = ConvertOptions {
+            rules: serde_json::from_str(rules).unwrap(),
+            ..ConvertOptions::default()
+        };
+        let err = convert(
+            &input,
+            &dir.path().join("bad.mnw"),
+            &options,
+            &AtomicBool::new(false),
+            &|_, _| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(want), "{rules}: {err}");
+        assert!(!dir.path().join("bad.mnw").exists());
+    }
+}
+
+/// Replaces the manifest of a file with `edit`'s version, keeping everything else consistent
+/// (header lengths and digest), to build structurally broken files.
+fn rewrite_manifest(path: &Path, edit: impl FnOnce(&mut Manifest)) {
+    let bytes = std::fs::read(path).unwrap();
+    let h = Header::decode(&bytes, bytes.len() as u64).unwrap();
+    let mut m = Manifest::from_bytes(&bytes[h.manifest_offset as usize..]).unwrap();
+    edit(&mut m);
+    let new = m.to_bytes();
+    let mut out = bytes[..h.manifest_offset as usize].to_vec();
+    out.extend_from_slice(&new);
+    let header = Header {
+        manifest_offset: h.manifest_offset,
+        manifest_len: new.len() as u64,
+        file_len: out.len() as u64,
+        manifest_blake3: *blake3::hash(&new).as_bytes(),
+    };
+    out[..64].copy_from_slice(&header.encode());
+    std::fs::write(path, out).unwrap();
+}
+
+fn open_err(path: &Path) -> String {
+    MnwFile::open(path).unwrap_err().to_string()
+}
+
+#[test]
+fn structurally_broken_files_are_refused_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read(write(dir.path(), "g.mnw", &int4(1))).unwrap();
+    let p = dir.path().join("b.mnw");
+    let fresh = || std::fs::write(&p, &good).unwrap();
+
+    fresh();
+    let mut bytes = good.clone();
+    bytes[0] = b'X';
+    std::fs::write(&p, &bytes).unwrap();
+    assert!(open_err(&p).contains("not a .mnw file"));
+    bytes[0..8].copy_from_slice(b"MINNOW02");
+    std::fs::write(&p, &bytes).unwrap();
+    assert!(open_err(&p).contains("unsupported .mnw container version"));
+
+    let mut longer = good.clone();
+    longer.push(0);
+    std::fs::write(&p, &longer).unwrap();
+    assert!(open_err(&p).contains("the file has"), "{}", open_err(&p));
+
+    let mut huge = good.clone();
+    huge[16..24].copy_from_slice(&(129u64 << 20).to_le_bytes());
+    std::fs::write(&p, &huge).unwrap();
+    assert!(open_err(&p).contains("over the 128 MiB limit"));
+
+    type Edit = Box<dyn Fn(&mut Manifest)>;
+    let cases: Vec<(&str, Edit)> = vec![
+        ("version 7", Box::new(|m| m.version = 7)),
+        (
+            "unknown encoding 'q5_k'",
+            Box::new(|m| m.tensors[0].encoding = "q5_k".into()),
+        ),
+        (
+            "overlap",
+            Box::new(|m| m.tensors[1].data.offset = m.tensors[0].data.offset),
+        ),
+        ("needs", Box::new(|m| m.tensors[0].shape[0] += 1)),
+        (
+            "not a multiple of 4096",
+            Box::new(|m| m.tensors[0].data.offset += 8),
+        ),
+        (
+            "past the start of the manifest",
+            Box::new(|m| m.tensors[0].data.bytes = u64::MAX),
+        ),
+        (
+            "no scales region",
+            Box::new(|m| {
+                let t = m.tensors.iter_mut().find(|t| t.scales.is_some()).unwrap();
+                t.scales = None;
+            }),
+        ),
+        (
+            "group size",
+            Box::new(|m| {
+                let t = m.tensors.iter_mut().find(|t| t.scales.is_some()).unwrap();
+                t.group_size = 48;
+            }),
+        ),
+        (
+            "architecture",
+            Box::new(|m| m.architecture = "llama".into()),
+        ),
+        (
+            "'tokenizer.json' asset",
+            Box::new(|m| {
+                m.assets.remove("tokenizer.json");
+            }),
+        ),
+        (
+            "appears twice",
+            Box::new(|m| {
+                let t = m.tensors[0].clone();
+                m.tensors.push(t);
+            }),
+        ),
+        (
+            "64 lowercase hex",
+            Box::new(|m| m.tensors[0].data.blake3 = "ABC".into()),
+        ),
+    ];
+    for (want, edit) in cases {
+        fresh();
+        rewrite_manifest(&p, edit);
+        let err = open_err(&p);
+        assert!(err.contains(want), "{want}: {err}");
+        // validate says so too, and exits with a problem rather than an error.
+        let report = validate_file(&p, &|_, _| {}).unwrap();
+        assert!(!report.is_ok(), "{want}");
+    }
+}
+
+#[test]
+fn truncated_files_are_refused_at_every_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read(write(dir.path(), "g.mnw", &int4(1))).unwrap();
+    let p = dir.path().join("t.mnw");
+    let len = good.len();
+    let mut cuts: Vec<usize> = (0..200).collect();
+    cuts.extend((1..200).map(|i| len * i / 200));
+    cuts.extend(len - 64..len);
+    for cut in cuts {
+        std::fs::write(&p, &good[..cut]).unwrap();
+        assert!(MnwFile::open(&p).is_err(), "cut at {cut}");
+        assert!(
+            !validate_file(&p, &|_, _| {}).unwrap().is_ok(),
+            "cut at {cut}"
+        );
+    }
+}
+
+/// Flip one byte in the header, the header padding, every region, the padding between regions
+/// and the manifest: validate names a problem every time, and opening never panics.
+#[test]
+fn validate_catches_a_flipped_byte_anywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "g.mnw", &int4(1));
+    let good = std::fs::read(&path).unwrap();
+    let f = MnwFile::open(&path).unwrap();
+    let mut positions: Vec<(usize, String)> = (0..64).map(|i| (i, "header".to_string())).collect();
+    positions.push((100, "header padding".into()));
+    positions.push((4095, "header padding".into()));
+    for m in &f.manifest().tensors {
+        let d = m.data.offset as usize;
+        positions.push((d, format!("tensor '{}' data", m.name)));
+        positions.push((
+            d + m.data.bytes as usize - 1,
+            format!("tensor '{}' data", m.name),
+        ));
+        positions.push((d + m.data.bytes as usize, "padding after".into()));
+        if let Some(s) = &m.scales {
+            positions.push((s.offset as usize + 1, format!("tensor '{}' scales", m.name)));
+        }
+    }
+    let mo = f.header().manifest_offset as usize;
+    for i in (mo..good.len()).step_by(7) {
+        positions.push((i, "manifest".into()));
+    }
+    drop(f);
+    let p = dir.path().join("flip.mnw");
+    for (pos, what) in positions {
+        for mask in [0x01u8, 0x80] {
+            let mut bytes = good.clone();
+            bytes[pos] ^= mask;
+            std::fs::write(&p, &bytes).unwrap();
+            let report = validate_file(&p, &|_, _| {}).unwrap();
+            assert!(!report.is_ok(), "flip at {pos} ({what}) not caught");
+            if what != "header" && what != "manifest" {
+                assert!(
+                    report.problems.iter().any(|e| e.contains(&what)),
+                    "{pos} {what}: {:?}",
+                    report.problems
+                );
+            }
+            let _ = MnwFile::open(&p);
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! The E4M3 8-bit float (the "FN" variant: 4 exponent bits with bias 7, 3 mantissa bits, no
+//! infinities, largest finite 448, `0x7F`/`0xFF` NaN), used by NVFP4's block scales and by our
+//! own block-scaled FP8 encoding `fp8_e4m3_b128` (docs/model-format.md):
+//! codes row-major `[N][K]`, one F32 scale per 128 × 128 block in row-major
+//! `[ceil(N/128)][ceil(K/128)]`, scale = `max_abs / 448` (1 for an all-zero block, clamped up to
+//! the smallest positive normal F32), code = E4M3 nearest-even of value / scale.
+
+use super::{QuantMat, Quantized, FP8_BLOCK};
+
+/// The largest finite E4M3 value.
+pub const E4M3_MAX: f32 = 448.0;
+
+/// The value of an E4M3 byte.
+pub fn e4m3_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = (b >> 3) & 0xF;
+    let m = (b & 7) as f32;
+    if e == 0xF && b & 7 == 7 {
+        return f32::NAN;
+    }
+    let mag = if e == 0 {
+        m / 8.0 * (-6f32).exp2()
+    } else {
+        (1.0 + m / 8.0) * (e as f32 - 7.0).exp2()
+    };
+    sign * mag
+}
+
+/// The values of the positive codes 0..=126, ascending.
+fn positive_table() -> &'static [f32; 127] {
+    static TABLE: std::sync::OnceLock<[f32; 127]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|i| e4m3_to_f32(i as u8)))
+}
+
+/// The positive E4M3 code nearest to `x >= 0` (ties to the even code), saturating at 448.
+pub fn e4m3_positive_code(x: f32) -> u8 {
+    let table = positive_table();
+    if x.is_nan() || x <= 0.0 {
+        return 0;
+    }
+    if x >= E4M3_MAX {
+        return 126;
+    }
+    // The largest code not above x, then the nearer of it and the next one.
+    let below = table.partition_point(|&v| v <= x) - 1;
+    let (lo, hi) = (table[below], table[below + 1]);
+    let (d_lo, d_hi) = (x - lo, hi - x);
+    let code = if d_lo < d_hi || (d_lo == d_hi && below.is_multiple_of(2)) {
+        below
+    } else {
+        below + 1
+    };
+    code as u8
+}
+
+/// The E4M3 byte nearest to `x` (ties to even, saturating at ±448; zero keeps no sign).
+pub fn f32_to_e4m3(x: f32) -> u8 {
+    let code = e4m3_positive_code(x.abs());
+    if x < 0.0 && code != 0 {
+        code | 0x80
+    } else {
+        code
+    }
+}
+
+fn block_scale(max_abs: f32) -> f32 {
+    if max_abs == 0.0 {
+        1.0
+    } else {
+        (max_abs / E4M3_MAX).max(f32::MIN_POSITIVE)
+    }
+}
+
+pub(super) fn quantize_block(rows: usize, cols: usize, values: &[f32]) -> Quantized {
+    let (bn, bk) = (rows.div_ceil(FP8_BLOCK), cols.div_ceil(FP8_BLOCK));
+    let mut scales = vec![0.0f32; bn * bk];
+    for (i, s) in scales.iter_mut().enumerate() {
+        let (r0, c0) = ((i / bk) * FP8_BLOCK, (i % bk) * FP8_BLOCK);
+        let mut max_abs = 0.0f32;
+        for r in r0..(r0 + FP8_BLOCK).min(rows) {
+            for v in &values[r * cols + c0..r * cols + (c0 + FP8_BLOCK).min(cols)] {
+                max_abs = max_abs.max(v.abs());
+            }
+        }
+        *s = block_scale(max_abs);
+    }
+    let codes = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let (r, c) = (i / cols, i % cols);
+            f32_to_e4m3(v / scales[(r / FP8_BLOCK) * bk + c / FP8_BLOCK])
+        })
+        .collect();
+    Quantized {
+        codes,
+        scales: scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
+        global_scale: 1.0,
+    }
+}
+
+pub(super) fn dequantize_block(q: &QuantMat<'_>, dst: &mut [f32]) {
+    let (rows, cols) = (q.rows, q.cols);
+    let bk = cols.div_ceil(FP8_BLOCK);
+    let scale = |i: usize| {
+        let b = &q.scales[4 * i..4 * i + 4];
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    };
+    for r in 0..rows {
+        let row = &mut dst[r * cols..(r + 1) * cols];
+        for (c, o) in row.iter_mut().enumerate() {
+            *o = e4m3_to_f32(q.codes[r * cols + c]) * scale((r / FP8_BLOCK) * bk + c / FP8_BLOCK);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3_values() {
+        assert_eq!(e4m3_to_f32(0x7E), 448.0);
+        assert_eq!(e4m3_to_f32(0x38), 1.0);
+        assert_eq!(e4m3_to_f32(0x01), (-9f32).exp2());
+        assert_eq!(e4m3_to_f32(0xB8), -1.0);
+        assert!(e4m3_to_f32(0x7F).is_nan());
+        // Every finite code encodes back to itself.
+        for b in 0..=255u8 {
+            let v = e4m3_to_f32(b);
+            if v.is_finite() && b != 0x80 {
+                assert_eq!(f32_to_e4m3(v), b, "{b:#x} = {v}");
+            }
+        }
+    }
+
+    #[test]
+    fn e4m3_rounds_to_nearest_even_and_saturates() {
+        // 1.0 (0x38) and 1.125 (0x39): the midpoint goes to the even code.
+        assert_eq!(f32_to_e4m3(1.0625), 0x38);
+        // 1.125 and 1.25 (0x3A): midpoint 1.1875 goes to 0x3A.
+        assert_eq!(f32_to_e4m3(1.1875), 0x3A);
+        assert_eq!(f32_to_e4m3(1.07), 0x39);
+        assert_eq!(f32_to_e4m3(1e9), 0x7E);
+        assert_eq!(f32_to_e4m3(-1e9), 0xFE);
+        assert_eq!(f32_to_e4m3(1e-9), 0);
+        assert_eq!(f32_to_e4m3(-1e-9), 0);
+    }
+}

@@ -1,0 +1,254 @@
+//! Symmetric INT8 / INT4 with one FP16 scale per group of K-consecutive weights of a row.
+//!
+//! Quantization (docs/model-format.md): scale = FP16 rounding of `max_abs / 127` (INT8) or
+//! `max_abs / 7` (INT4), an all-zero group using 1 and a nonzero scale clamped up to the
+//! smallest positive FP16 before rounding; code = value / stored scale, rounded to nearest even,
+//! clamped to ±127 / ±7. Decoders accept -128 / -8 as well.
+//!
+//! Layouts: `*_sym` are row-major (INT4 two codes per byte, low nibble first); `*_mma` put each
+//! 8 × 16 tile in the lane order of the `mma.m16n8k16` B fragment: lane `l` holds row `l / 4`,
+//! columns `2 (l % 4) + {0, 1, 8, 9}`.
+
+use half::f16;
+
+use super::{QuantEncoding, QuantMat, Quantized};
+
+/// The largest code magnitude an encoder writes.
+fn qmax(encoding: QuantEncoding) -> f32 {
+    match encoding {
+        QuantEncoding::I8Sym | QuantEncoding::I8Mma => 127.0,
+        _ => 7.0,
+    }
+}
+
+fn is_int4(encoding: QuantEncoding) -> bool {
+    matches!(encoding, QuantEncoding::I4Sym | QuantEncoding::I4Mma)
+}
+
+fn is_mma(encoding: QuantEncoding) -> bool {
+    matches!(encoding, QuantEncoding::I4Mma | QuantEncoding::I8Mma)
+}
+
+/// The stored FP16 scale of a group whose largest magnitude is `max_abs`.
+pub fn group_scale(max_abs: f32, qmax: f32) -> f16 {
+    if max_abs == 0.0 {
+        return f16::ONE;
+    }
+    // Clamped up so that a tiny group never gets a zero scale; clamped down so that a huge one
+    // (only possible from F32/BF16 sources beyond FP16's range) stays finite, as the format
+    // requires; its codes then saturate.
+    let s = (max_abs / qmax).max(f16::from_bits(1).to_f32());
+    let h = f16::from_f32(s);
+    if h.is_infinite() {
+        f16::MAX
+    } else {
+        h
+    }
+}
+
+/// Row-major codes `[rows][cols]` and row-major scales `[rows][cols / group]`.
+pub fn quantize_row_major(
+    rows: usize,
+    cols: usize,
+    group: usize,
+    qmax: f32,
+    values: &[f32],
+) -> (Vec<i8>, Vec<f16>) {
+    let groups = cols / group;
+    let mut codes = vec![0i8; rows * cols];
+    let mut scales = Vec::with_capacity(rows * groups);
+    for (row, out) in values.chunks_exact(cols).zip(codes.chunks_exact_mut(cols)) {
+        for (vals, out) in row.chunks_exact(group).zip(out.chunks_exact_mut(group)) {
+            let max_abs = vals.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let scale = group_scale(max_abs, qmax);
+            let s = scale.to_f32();
+            for (c, v) in out.iter_mut().zip(vals) {
+                *c = (v / s).round_ties_even().clamp(-qmax, qmax) as i8;
+            }
+            scales.push(scale);
+        }
+    }
+    (codes, scales)
+}
+
+pub(super) fn quantize(
+    encoding: QuantEncoding,
+    rows: usize,
+    cols: usize,
+    group: usize,
+    values: &[f32],
+) -> Quantized {
+    let (codes, scales) = quantize_row_major(rows, cols, group, qmax(encoding), values);
+    Quantized {
+        codes: pack_codes(encoding, rows, cols, &codes),
+        scales: pack_scales(encoding, rows, cols / group, &scales),
+        global_scale: 1.0,
+    }
+}
+
+/// For each position of an `*_mma` code region in storage order, the (row, column) it holds.
+/// Tiles `[N/8][K/16]`, then lanes 0..32, then the lane's four columns.
+fn mma_positions(rows: usize, cols: usize) -> impl Iterator<Item = (usize, usize)> {
+    let tiles_k = cols / 16;
+    (0..rows / 8).flat_map(move |nb| {
+        (0..tiles_k).flat_map(move |kb| {
+            (0..32usize).flat_map(move |lane| {
+                let r = nb * 8 + lane / 4;
+                let c0 = kb * 16 + 2 * (lane % 4);
+                [c0, c0 + 1, c0 + 8, c0 + 9].map(|c| (r, c))
+            })
+        })
+    })
+}
+
+/// Packs row-major codes into the encoding's code bytes.
+pub fn pack_codes(encoding: QuantEncoding, rows: usize, cols: usize, codes: &[i8]) -> Vec<u8> {
+    let ordered: Vec<i8> = if is_mma(encoding) {
+        mma_positions(rows, cols)
+            .map(|(r, c)| codes[r * cols + c])
+            .collect()
+    } else {
+        codes.to_vec()
+    };
+    if is_int4(encoding) {
+        // Consecutive codes (in storage order) share a byte, the first in the low nibble.
+        ordered
+            .chunks(2)
+            .map(|p| (p[0] as u8 & 0xF) | ((*p.get(1).unwrap_or(&0) as u8 & 0xF) << 4))
+            .collect()
+    } else {
+        ordered.iter().map(|&c| c as u8).collect()
+    }
+}
+
+/// Unpacks code bytes into row-major codes (`out.len() == rows * cols`).
+pub fn unpack_codes(
+    encoding: QuantEncoding,
+    rows: usize,
+    cols: usize,
+    bytes: &[u8],
+    out: &mut [i8],
+) {
+    let sext4 = |nibble: u8| ((nibble << 4) as i8) >> 4;
+    let at = |i: usize| -> i8 {
+        if is_int4(encoding) {
+            let b = bytes[i / 2];
+            sext4(if i.is_multiple_of(2) { b & 0xF } else { b >> 4 })
+        } else {
+            bytes[i] as i8
+        }
+    };
+    if is_mma(encoding) {
+        for (i, (r, c)) in mma_positions(rows, cols).enumerate() {
+            out[r * cols + c] = at(i);
+        }
+    } else {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = at(i);
+        }
+    }
+}
+
+/// Packs row-major scales `[rows][groups]`: as they are for `*_sym`, `[N/8][groups][8]` for
+/// `*_mma`.
+pub fn pack_scales(encoding: QuantEncoding, rows: usize, groups: usize, scales: &[f16]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(scales.len() * 2);
+    if is_mma(encoding) {
+        for nb in 0..rows / 8 {
+            for g in 0..groups {
+                for r in 0..8 {
+                    out.extend_from_slice(&scales[(nb * 8 + r) * groups + g].to_le_bytes());
+                }
+            }
+        }
+    } else {
+        for s in scales {
+            out.extend_from_slice(&s.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// Row-major F32 scales `[rows][groups]` from the scale bytes.
+pub fn unpack_scales(
+    encoding: QuantEncoding,
+    rows: usize,
+    groups: usize,
+    bytes: &[u8],
+) -> Vec<f32> {
+    let read = |i: usize| f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32();
+    let mut out = vec![0.0f32; rows * groups];
+    if is_mma(encoding) {
+        for nb in 0..rows / 8 {
+            for g in 0..groups {
+                for r in 0..8 {
+                    out[(nb * 8 + r) * groups + g] = read((nb * groups + g) * 8 + r);
+                }
+            }
+        }
+    } else {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = read(i);
+        }
+    }
+    out
+}
+
+pub(super) fn dequantize(q: &QuantMat<'_>, dst: &mut [f32]) {
+    let (rows, cols, group) = (q.rows, q.cols, q.group_size);
+    let groups = cols / group;
+    let mut codes = vec![0i8; rows * cols];
+    unpack_codes(q.encoding, rows, cols, q.codes, &mut codes);
+    let scales = unpack_scales(q.encoding, rows, groups, q.scales);
+    for ((out, codes), scales) in dst
+        .chunks_exact_mut(cols)
+        .zip(codes.chunks_exact(cols))
+        .zip(scales.chunks_exact(groups))
+    {
+        for ((out, codes), &s) in out
+            .chunks_exact_mut(group)
+            .zip(codes.chunks_exact(group))
+            .zip(scales)
+        {
+            for (o, &c) in out.iter_mut().zip(codes) {
+                *o = c as f32 * s;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_rules() {
+        assert_eq!(group_scale(0.0, 127.0), f16::ONE);
+        assert_eq!(group_scale(127.0, 127.0), f16::ONE);
+        // Tiny groups get the smallest positive FP16, never zero.
+        assert_eq!(group_scale(1e-12, 127.0), f16::from_bits(1));
+        assert_eq!(group_scale(1e30, 7.0), f16::MAX);
+    }
+
+    #[test]
+    fn codes_round_to_nearest_even_and_clamp() {
+        // max 127 gives scale 1: 2.5 -> 2, 3.5 -> 4, -2.5 -> -2.
+        let mut v = vec![0.0f32; 16];
+        v[0] = 127.0;
+        v[1] = 2.5;
+        v[2] = 3.5;
+        v[3] = -2.5;
+        let (codes, scales) = quantize_row_major(1, 16, 16, 127.0, &v);
+        assert_eq!(scales, vec![f16::ONE]);
+        assert_eq!(&codes[..4], &[127, 2, 4, -2]);
+    }
+
+    #[test]
+    fn decoders_accept_the_most_negative_code() {
+        let mut out = [0i8; 2];
+        unpack_codes(QuantEncoding::I4Sym, 1, 2, &[0x78], &mut out);
+        assert_eq!(out, [-8, 7]);
+        unpack_codes(QuantEncoding::I8Sym, 1, 2, &[0x80, 0x7F], &mut out);
+        assert_eq!(out, [-128, 127]);
+    }
+}
