@@ -29,6 +29,9 @@ struct Args {
     random_mini: bool,
     #[arg(long, default_value = "cpu")]
     device: DeviceRequest,
+    /// Where the engine's tokenizer and template come from (the ids stay below its vocabulary).
+    #[arg(long, default_value = FIXTURE)]
+    tokenizer_dir: PathBuf,
     /// Tokens of the first turn's prompt.
     #[arg(long, default_value_t = 1000)]
     prompt: usize,
@@ -67,7 +70,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     };
     let device = runner.device_name();
     let engine =
-        Engine::with_runner(FIXTURE.as_ref(), runner, options).map_err(|e| e.to_string())?;
+        Engine::with_runner(&args.tokenizer_dir, runner, options).map_err(|e| e.to_string())?;
 
     let turn1 = pseudo_ids(args.prompt, 0x9E37_79B9);
     let (answer, _, _) = generate(&engine, turn1.clone(), true)?;

@@ -71,7 +71,7 @@ fn mixed_requests(n: usize, family: &str, seed: u64) -> Vec<GenerateRequest> {
         .map(|i| {
             let len = rng.gen_range(3..120);
             let mut prompt: Vec<u32> = (0..len).map(|_| rng.gen_range(0..400)).collect();
-            if i % 3 == 0 {
+            if i.is_multiple_of(3) {
                 prompt = [shared.clone(), prompt].concat();
             }
             let algorithm = match (family, i % 2) {

@@ -251,7 +251,9 @@ async fn previous_response_id_renders_the_full_resend() {
         .as_u64()
         .unwrap();
     assert!(
-        cached % 32 == 0 && cached >= first_prompt / 32 * 32 && cached < continued_ids.len() as u64,
+        cached.is_multiple_of(32)
+            && cached >= first_prompt / 32 * 32
+            && cached < continued_ids.len() as u64,
         "cached {cached} after a first prompt of {first_prompt}"
     );
     assert_eq!(
@@ -634,7 +636,6 @@ async fn refusals_and_unknown_ids() {
             "max_output_tokens",
         ),
         (json!({"input": "x", "store": "yes"}), "store"),
-        (json!({"input": "x", "wat": 1}), "wat"),
         (json!({}), "input"),
     ] {
         let (status, response) = create(&server, body).await;

@@ -11,14 +11,14 @@ use serde_json::{json, Value};
 
 fn request(i: usize) -> (&'static str, Value) {
     let max_tokens = 8 + (i * 7) % 60;
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         (
             "/v1/chat/completions",
             json!({
                 "messages": [{"role": "user", "content": format!("Question number {i}: why?")}],
                 "max_tokens": max_tokens,
                 "temperature": 0,
-                "stream": i % 4 == 0,
+                "stream": i.is_multiple_of(4),
             }),
         )
     } else {
@@ -137,7 +137,7 @@ async fn a_second_turn_reuses_the_first_turns_blocks() {
         .unwrap();
     let prompt = turn2["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(
-        cached >= 32 && cached % 32 == 0 && cached < prompt,
+        cached >= 32 && cached.is_multiple_of(32) && cached < prompt,
         "cached {cached} of {prompt}"
     );
     assert_eq!(turn2["timings"]["cache_n"].as_u64(), Some(cached));

@@ -266,7 +266,19 @@ impl Active {
             active.chain = (hashes.last().copied(), hashes.len());
         }
         match decoder {
-            Ok(decoder) => active.decoder = Some(decoder),
+            Ok(decoder) => {
+                if cached > 0 {
+                    // The cache hit is the first progress a client sees (a fully cached prompt
+                    // has no prefill forward to report after).
+                    active.send(Event::PrefillProgress {
+                        total: decoder.layout().prefill_len,
+                        cached,
+                        processed: cached,
+                        elapsed_ms: 0,
+                    });
+                }
+                active.decoder = Some(decoder);
+            }
             Err(message) => {
                 let _ = active.events.send(Event::Error(message));
                 active.done = true;
