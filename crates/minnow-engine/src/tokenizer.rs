@@ -230,7 +230,9 @@ impl Tokenizer {
                     }
                 }
             }
-            let next = rest[1..].find('<').map_or(rest.len(), |at| at + 1);
+            // Up to the next '<' after the first character (which may be several bytes long).
+            let first = rest.chars().next().map_or(1, char::len_utf8);
+            let next = rest[first..].find('<').map_or(rest.len(), |at| at + first);
             out.push_str(&rest[..next]);
             rest = &rest[next..];
         }
@@ -549,6 +551,24 @@ mod tests {
             "HUMANHelloASSISTANT",
             "special tokens are dropped when not kept"
         );
+    }
+
+    #[test]
+    fn protecting_multibyte_text_keeps_it_whole() {
+        let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
+        // Model output sent back as history: replacement characters and other multibyte text
+        // around '<' (a slice at byte 1 of such a character used to panic).
+        for typed in [
+            "\u{FFFD}6<role>x",
+            "é<b",
+            "<é",
+            "日本<|role_end|>語",
+            "\u{FFFD}",
+        ] {
+            let protected = tok.protect(typed);
+            assert!(!protected.contains("<role>") && !protected.contains("<|role_end|>"));
+            assert_eq!(tok.unprotect(&protected), typed);
+        }
     }
 
     #[test]
