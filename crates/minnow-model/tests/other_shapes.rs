@@ -13,7 +13,6 @@ use std::path::Path;
 
 use common::*;
 use minnow_model::{Config, CpuModel, CpuRunner, LogitsRows, ModelRunner};
-use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 /// All tensors of a checkpoint, widened to f64, by name.
@@ -289,117 +288,6 @@ fn naive_reference_matches_the_goldens() {
             .collect();
         assert_close(&format!("{name} naive vs golden"), &got, &want, 1e-3);
     }
-}
-
-/// Deterministic pseudo-random numbers (xorshift64*), uniform in [-1, 1).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let v = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        (v >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
-/// Writes a random checkpoint for `config` (BF16 weights; `expert_bias` in `bias_dtype`).
-fn random_checkpoint(config: serde_json::Value, bias_dtype: Dtype, seed: u64) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    let c = Config::from_dir(dir.path()).unwrap();
-    let (v, dm, d) = (c.vocab_size, c.hidden_size, c.head_dim);
-    let mut shapes: Vec<(String, Vec<usize>, f32)> = vec![
-        ("model.word_embeddings.weight".into(), vec![v, dm], 1.0),
-        ("model.norm.weight".into(), vec![dm], -1.0),
-        ("lm_head.weight".into(), vec![v, dm], 0.5),
-    ];
-    for i in 0..c.num_hidden_layers {
-        let p = format!("model.layers.{i}");
-        shapes.push((format!("{p}.input_layernorm.weight"), vec![dm], -1.0));
-        shapes.push((
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![dm],
-            -1.0,
-        ));
-        shapes.push((
-            format!("{p}.attention.query_key_value.weight"),
-            vec![c.qkv_rows(), dm],
-            0.3,
-        ));
-        shapes.push((
-            format!("{p}.attention.query_layernorm.weight"),
-            vec![d],
-            -1.0,
-        ));
-        shapes.push((format!("{p}.attention.key_layernorm.weight"), vec![d], -1.0));
-        shapes.push((
-            format!("{p}.attention.dense.weight"),
-            vec![dm, c.num_attention_heads * d],
-            0.3,
-        ));
-        let mut mlp = |q: String, width: usize| {
-            shapes.push((format!("{q}.gate_proj.weight"), vec![width, dm], 0.3));
-            shapes.push((format!("{q}.up_proj.weight"), vec![width, dm], 0.3));
-            shapes.push((format!("{q}.down_proj.weight"), vec![dm, width], 0.3));
-        };
-        if c.is_dense_layer(i) {
-            mlp(format!("{p}.mlp"), c.intermediate_size);
-        } else {
-            for e in 0..c.num_experts {
-                mlp(format!("{p}.mlp.experts.{e}"), c.moe_intermediate_size);
-            }
-            if c.num_shared_experts > 0 {
-                mlp(
-                    format!("{p}.mlp.shared_experts"),
-                    c.shared_intermediate_size(),
-                );
-            }
-            shapes.push((format!("{p}.mlp.gate.weight"), vec![c.num_experts, dm], 0.5));
-            shapes.push((
-                format!("{p}.mlp.gate.expert_bias"),
-                vec![c.num_experts],
-                0.1,
-            ));
-        }
-    }
-    let mut rng = Rng(seed | 1);
-    let data: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = shapes
-        .into_iter()
-        .map(|(name, shape, scale)| {
-            let count: usize = shape.iter().product();
-            // scale < 0 marks norm weights: 1 + 0.1·u.
-            let vals: Vec<f32> = (0..count)
-                .map(|_| {
-                    if scale < 0.0 {
-                        1.0 + 0.1 * rng.next()
-                    } else {
-                        scale * rng.next()
-                    }
-                })
-                .collect();
-            let dtype = if name.ends_with("expert_bias") {
-                bias_dtype
-            } else {
-                Dtype::BF16
-            };
-            let bytes: Vec<u8> = match dtype {
-                Dtype::F32 => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                _ => vals
-                    .iter()
-                    .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-                    .collect(),
-            };
-            (name, shape, dtype, bytes)
-        })
-        .collect();
-    let views: Vec<(String, TensorView)> = data
-        .iter()
-        .map(|(n, s, dt, b)| (n.clone(), TensorView::new(*dt, s.clone(), b).unwrap()))
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
-    dir
 }
 
 fn base_config() -> serde_json::Value {
