@@ -88,6 +88,25 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32) {
     assert!(d <= atol, "{what}: max abs error {d:e} > {atol:e}");
 }
 
+/// Asserts that `got` and `want` have the same length and the same bits in every element.
+pub fn assert_bit_identical(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let differ: Vec<usize> = (0..got.len())
+        .filter(|&i| got[i].to_bits() != want[i].to_bits())
+        .collect();
+    if let Some(&first) = differ.first() {
+        panic!(
+            "{what}: {} of {} values differ in their bits (first at {first}: {} vs {}; max abs \
+             error {:e})",
+            differ.len(),
+            got.len(),
+            got[first],
+            want[first],
+            max_abs_diff(got, want)
+        );
+    }
+}
+
 pub struct Rng(pub u64);
 
 impl Rng {

@@ -50,3 +50,14 @@ fn portable_forward_matches_the_goldens() {
         );
     }
 }
+
+#[path = "support/batched.rs"]
+mod support;
+
+/// The portable kernels are batch-invariant too: a segment's outputs inside a batch are the
+/// bits of its own forward.
+#[test]
+fn portable_batched_segments_are_bit_identical_to_unbatched() {
+    portable();
+    support::every_segment_gets_its_unbatched_outputs();
+}

@@ -287,11 +287,7 @@ impl ModelRunner for CpuRunner {
     }
 
     fn device_name(&self) -> String {
-        let kernels = if minnow_runtime::cpu::uses_avx512() {
-            "avx512"
-        } else {
-            "portable"
-        };
+        let kernels = minnow_runtime::cpu::kernel_name();
         format!(
             "cpu ({} threads, f32, {kernels})",
             rayon::current_num_threads()

@@ -1,16 +1,21 @@
 //! `y = x · Wᵀ` with `W` in its stored type, and plain strided F32 products.
 //!
-//! Two regimes, chosen by the number of input rows `m`:
-//! - few rows (denoising a 32-token block, routed experts with a handful of tokens): the product
-//!   is bound by reading `W` from memory, so register-tiled kernels read BF16/F16/F32 rows
-//!   directly and widen them on the fly (x86-64 with AVX-512; elsewhere the second regime):
-//!   outer products when `m` is a multiple of 16, dot products otherwise;
-//! - many rows (prefill, full forwards): compute-bound, so `W` is widened in row panels of
-//!   [`PANEL_ROWS`] into a scratch buffer and multiplied with the `gemm` crate, whose packing
-//!   and micro-kernels run near peak. The widening cost is amortized over `m` rows.
+//! [`linear`] is batch-invariant by construction: every output element `y[t, j]` is one dot
+//! product of row `t` of `x` with row `j` of `W`, computed in an order that depends only on `k`
+//! and the host's instruction set: `L` lane-partial sums (lane `l` takes the indices `q ≡ l
+//! (mod L)` in ascending order, one multiply-add each), then a fixed reduction tree over the
+//! lanes. How many rows `x` has, how the work is tiled and how many threads run it never change
+//! that order, so a row's result is bit-identical alone or among any other rows (a token's expert
+//! product does not depend on how many other tokens chose the expert, a segment's projections do
+//! not depend on the batch around it). One kernel family serves every `m`; the register tile and
+//! the lane width are chosen per host once (AVX-512, AVX2 with FMA, or portable Rust).
 //!
-//! Every output element is computed by exactly one thread in a fixed order, so results do not
-//! depend on the thread count.
+//! Work is split into tasks of [`W_BLOCK_ROWS`] weight rows × [`X_BLOCK_ROWS`] input rows: a
+//! task widens its weight rows once into a per-thread buffer (BF16/F16 → F32; aligned F32
+//! weights are read in place) and sweeps its input rows over them in register tiles, so the
+//! weights stay in L1/L2 while the input block streams from L2.
+
+use std::cell::RefCell;
 
 use rayon::prelude::*;
 
@@ -35,21 +40,88 @@ pub enum Par {
     Rayon,
 }
 
-/// Weight rows per panel in the many-rows regime: 1024 × 2048 F32 = 8 MiB, which stays in L3
-/// while `gemm` sweeps all input rows over it.
-const PANEL_ROWS: usize = 1024;
-/// Weight rows per parallel task in the few-rows regime.
-const SMALL_TASK_ROWS: usize = 64;
-/// Same for the outer-product kernel (a multiple of its 16/12/8/6-row register tiles).
-const BCAST_TASK_ROWS: usize = 48;
-/// Largest `m` handled by the direct kernel; above it `gemm` wins. Measured on Zen 5 with
-/// `[512, 2048]` BF16 weights: direct ≈ 95–115 GFLOP/s for m = 32..256, `gemm` (panel widening
-/// included) 25 / 46 / 66 / 101 GFLOP/s for m = 32 / 64 / 128 / 256.
-const SMALL_M_MAX: usize = 192;
+/// Weight rows per task: 64 × 2048 F32 = 512 KiB of widened weights, L2-resident.
+const W_BLOCK_ROWS: usize = 64;
+/// Input rows per task: 64 × 2048 F32 = 512 KiB, swept over the task's weight rows.
+const X_BLOCK_ROWS: usize = 64;
 
-/// `out[m, n] = x[m, k] · W[n, k]ᵀ` (row-major, `out` overwritten).
+/// The dot-product kernel this host runs: one per process, so every product on the host uses
+/// the same arithmetic (the lane width and reduction tree are part of the result's bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2Fma,
+    Portable,
+}
+
+fn kernel() -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::x86::has_avx512() {
+            return Kernel::Avx512;
+        }
+        if super::x86::has_avx2_fma() {
+            return Kernel::Avx2Fma;
+        }
+    }
+    Kernel::Portable
+}
+
+/// The name of the kernels this process runs (`avx512`, `avx2`, `portable`), for logs and the
+/// runner's device name.
+pub fn kernel_name() -> &'static str {
+    match kernel() {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 => "avx512",
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2Fma => "avx2",
+        Kernel::Portable => "portable",
+    }
+}
+
+thread_local! {
+    /// Widened weight rows of the task a thread is running (reused between tasks).
+    static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A weight matrix `[n, k]` that [`linear_rows`] reads one block of rows at a time, as F32.
+/// Stored floats ([`MatRef`]) widen their rows; a quantized matrix would dequantize them. Rows
+/// must come out exactly the same whatever block they are read in, which keeps the product
+/// batch-invariant.
+pub trait WeightRows: Sync {
+    /// `(n, k)`: rows (outputs) and columns (the reduced dimension).
+    fn shape(&self) -> (usize, usize);
+    /// Rows `r0..r1` in place, when they are stored as aligned F32.
+    fn f32_rows(&self, _r0: usize, _r1: usize) -> Option<&[f32]> {
+        None
+    }
+    /// Rows `r0..r1` as F32 into `dst` (`(r1 - r0) · k` values).
+    fn widen_rows(&self, r0: usize, r1: usize, dst: &mut [f32]);
+}
+
+impl WeightRows for MatRef<'_> {
+    fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+    fn f32_rows(&self, r0: usize, r1: usize) -> Option<&[f32]> {
+        self.rows_range(r0, r1).as_f32()
+    }
+    fn widen_rows(&self, r0: usize, r1: usize, dst: &mut [f32]) {
+        widen(self.dtype, self.row_bytes(r0, r1), dst)
+    }
+}
+
+/// `out[m, n] = x[m, k] · W[n, k]ᵀ` (row-major, `out` overwritten). Batch-invariant: row `t` of
+/// `out` depends only on row `t` of `x` and `W` (see the module docs).
 pub fn linear(x: &[f32], m: usize, w: MatRef<'_>, out: &mut [f32], par: Par) {
-    let (n, k) = (w.rows, w.cols);
+    linear_rows(x, m, &w, out, par)
+}
+
+/// [`linear`] for any [`WeightRows`].
+pub fn linear_rows<W: WeightRows + ?Sized>(x: &[f32], m: usize, w: &W, out: &mut [f32], par: Par) {
+    let (n, k) = w.shape();
     assert_eq!(x.len(), m * k, "linear: input is not [m, k]");
     assert_eq!(out.len(), m * n, "linear: output is not [m, n]");
     if m == 0 || n == 0 {
@@ -59,111 +131,112 @@ pub fn linear(x: &[f32], m: usize, w: MatRef<'_>, out: &mut [f32], par: Par) {
         out.fill(0.0);
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if m <= SMALL_M_MAX && m.is_multiple_of(16) && super::x86::has_avx512() {
-        let packed = super::x86::PackedRows::new(x, m, k);
-        let out_ptr = SendPtr(out.as_mut_ptr());
-        let task = |r0: usize| {
-            let r1 = (r0 + BCAST_TASK_ROWS).min(n);
-            // SAFETY: AVX-512 presence was checked; each task writes columns r0..r1 only.
-            unsafe { super::x86::linear_bcast(&packed, w, r0, r1, out_ptr.get(), n) }
-        };
-        match par {
-            Par::Seq => (0..n).step_by(BCAST_TASK_ROWS).for_each(task),
-            Par::Rayon => (0..n.div_ceil(BCAST_TASK_ROWS))
-                .into_par_iter()
-                .for_each(|t| task(t * BCAST_TASK_ROWS)),
-        }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if m <= SMALL_M_MAX && super::x86::has_avx512() {
-        let out_ptr = SendPtr(out.as_mut_ptr());
-        let task = |r0: usize| {
-            let r1 = (r0 + SMALL_TASK_ROWS).min(n);
-            // SAFETY: AVX-512 presence was checked; each task writes columns r0..r1 only.
-            unsafe { super::x86::linear_small_m(x, m, w, r0, r1, out_ptr.get(), n) }
-        };
-        match par {
-            Par::Seq => (0..n).step_by(SMALL_TASK_ROWS).for_each(task),
-            Par::Rayon => (0..n.div_ceil(SMALL_TASK_ROWS))
-                .into_par_iter()
-                .for_each(|t| task(t * SMALL_TASK_ROWS)),
-        }
-        return;
-    }
+    let kernel = kernel();
     let out_ptr = SendPtr(out.as_mut_ptr());
-    let panel = |p0: usize| {
-        let p1 = (p0 + PANEL_ROWS).min(n);
-        let rows = w.rows_range(p0, p1);
-        let mut scratch = Vec::new();
-        let wf: &[f32] = match rows.as_f32() {
-            Some(f) => f,
-            None => {
-                scratch.resize(rows.rows * k, 0.0);
-                widen(rows.dtype, rows.data, &mut scratch);
-                &scratch
-            }
-        };
-        // SAFETY: the panel writes columns p0..p1 of `out`, disjoint between panels; all
-        // strides describe buffers whose sizes were checked above.
-        unsafe {
-            // Computed as outᵀ = W · xᵀ: the panel is the left operand, which `gemm` packs
-            // once per panel (measured ~3% faster than x · Wᵀ on the lm_head).
-            gemm_raw(
-                p1 - p0,
-                m,
-                k,
-                out_ptr.get().add(p0),
-                1,
-                n as isize,
-                wf.as_ptr(),
-                k as isize,
-                1,
-                x.as_ptr(),
-                1,
-                k as isize,
-                gemm::Parallelism::None,
-            )
-        }
-    };
-    let panels = n.div_ceil(PANEL_ROWS);
-    match par {
-        Par::Seq => (0..panels).for_each(|p| panel(p * PANEL_ROWS)),
-        // With a single panel, let gemm split the rows itself.
-        Par::Rayon if panels == 1 => {
-            let wf_owned;
-            let wf: &[f32] = match w.as_f32() {
+    let w_blocks = n.div_ceil(W_BLOCK_ROWS);
+    let x_blocks = m.div_ceil(X_BLOCK_ROWS);
+    let task = |i: usize| {
+        let (wb, xb) = (i / x_blocks, i % x_blocks);
+        let (r0, r1) = (wb * W_BLOCK_ROWS, ((wb + 1) * W_BLOCK_ROWS).min(n));
+        let (t0, t1) = (xb * X_BLOCK_ROWS, ((xb + 1) * X_BLOCK_ROWS).min(m));
+        WIDENED.with_borrow_mut(|buf| {
+            let len = (r1 - r0) * k;
+            let wf: &[f32] = match w.f32_rows(r0, r1) {
                 Some(f) => f,
                 None => {
-                    let mut v = vec![0.0; n * k];
-                    widen(w.dtype, w.data, &mut v);
-                    wf_owned = v;
-                    &wf_owned
+                    buf.resize(len, 0.0);
+                    w.widen_rows(r0, r1, &mut buf[..len]);
+                    &buf[..len]
                 }
             };
-            // SAFETY: shapes checked above.
-            unsafe {
-                gemm_raw(
-                    m,
-                    n,
-                    k,
-                    out.as_mut_ptr(),
-                    n as isize,
-                    1,
-                    x.as_ptr(),
-                    k as isize,
-                    1,
-                    wf.as_ptr(),
-                    1,
-                    k as isize,
-                    gemm::Parallelism::Rayon(rayon::current_num_threads()),
-                )
-            }
+            let block = DotBlock {
+                w: wf.as_ptr(),
+                w_rows: r1 - r0,
+                x: x[t0 * k..t1 * k].as_ptr(),
+                x_rows: t1 - t0,
+                k,
+                // SAFETY: (t0, r0) is inside the [m, n] output.
+                out: unsafe { out_ptr.get().add(t0 * n + r0) },
+                out_stride: n,
+            };
+            // SAFETY: the block's pointers cover the slices above; each task writes the
+            // disjoint output rectangle rows t0..t1 × columns r0..r1.
+            unsafe { block.run(kernel) }
+        })
+    };
+    let tasks = w_blocks * x_blocks;
+    match par {
+        Par::Seq => (0..tasks).for_each(task),
+        Par::Rayon => (0..tasks).into_par_iter().for_each(task),
+    }
+}
+
+/// One task of [`linear`]: `out[t, j] = Σ_q x[t, q] · w[j, q]` for `x_rows × w_rows` outputs,
+/// all operands F32 and row-major (`w` and `x` rows of `k`, `out` rows at `out_stride`).
+pub(crate) struct DotBlock {
+    pub w: *const f32,
+    pub w_rows: usize,
+    pub x: *const f32,
+    pub x_rows: usize,
+    pub k: usize,
+    pub out: *mut f32,
+    pub out_stride: usize,
+}
+
+impl DotBlock {
+    /// # Safety
+    /// The pointers must cover the shapes described on [`DotBlock`], and no other thread may
+    /// touch the output rectangle.
+    unsafe fn run(&self, kernel: Kernel) {
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => super::x86::dot_block_avx512(self),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2Fma => super::x86::dot_block_avx2(self),
+            Kernel::Portable => dot_block_portable(self),
         }
-        Par::Rayon => (0..panels)
-            .into_par_iter()
-            .for_each(|p| panel(p * PANEL_ROWS)),
+    }
+}
+
+/// Lanes of the portable kernel's partial sums.
+const PORTABLE_LANES: usize = 8;
+
+/// The portable kernel: [`PORTABLE_LANES`] partial sums per output, one output at a time (the
+/// compiler vectorizes the lane loop). Multiply and add are separate operations unless the
+/// target has FMA at compile time, so the result does not depend on a libm `fmaf`.
+unsafe fn dot_block_portable(b: &DotBlock) {
+    let k = b.k;
+    for t in 0..b.x_rows {
+        let x = std::slice::from_raw_parts(b.x.add(t * k), k);
+        for j in 0..b.w_rows {
+            let w = std::slice::from_raw_parts(b.w.add(j * k), k);
+            *b.out.add(t * b.out_stride + j) = dot_portable(x, w);
+        }
+    }
+}
+
+#[inline]
+fn dot_portable(x: &[f32], w: &[f32]) -> f32 {
+    const L: usize = PORTABLE_LANES;
+    let mut acc = [0.0f32; L];
+    let full = x.len() / L * L;
+    for (xc, wc) in x[..full].chunks_exact(L).zip(w[..full].chunks_exact(L)) {
+        for l in 0..L {
+            acc[l] = madd(xc[l], wc[l], acc[l]);
+        }
+    }
+    for (l, (a, b)) in x[full..].iter().zip(&w[full..]).enumerate() {
+        acc[l] = madd(*a, *b, acc[l]);
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+#[inline(always)]
+fn madd(a: f32, b: f32, c: f32) -> f32 {
+    if cfg!(target_feature = "fma") {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
     }
 }
 
@@ -254,7 +327,61 @@ pub fn matmul_nn(
         unsafe { super::x86::matmul_nn(a, a_rs, m, k, b, n, out, out_rs) };
         return;
     }
-    matmul(m, n, k, a, a_rs, 1, b, n, 1, out, out_rs)
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::has_avx2_fma() {
+        // SAFETY: AVX2 and FMA checked; bounds asserted above.
+        unsafe { matmul_nn_fma(m, n, k, a, a_rs, b, out, out_rs) };
+        return;
+    }
+    matmul_nn_rows::<false>(m, n, k, a, a_rs, b, out, out_rs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_nn_fma(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    a_rs: usize,
+    b: &[f32],
+    out: &mut [f32],
+    out_rs: usize,
+) {
+    matmul_nn_rows::<true>(m, n, k, a, a_rs, b, out, out_rs)
+}
+
+/// [`matmul_nn`] one output row at a time: each output is a sequential sum over `j` (as in the
+/// AVX-512 kernel), so a row's result does not depend on how many rows or keys are around it
+/// (masked keys add exact zeros). The compiler vectorizes the column loop; `FUSED` uses
+/// multiply-add where the caller enabled FMA.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn matmul_nn_rows<const FUSED: bool>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    a_rs: usize,
+    b: &[f32],
+    out: &mut [f32],
+    out_rs: usize,
+) {
+    for r in 0..m {
+        let row = &mut out[r * out_rs..r * out_rs + n];
+        row.fill(0.0);
+        for (j, brow) in b.chunks_exact(n).take(k).enumerate() {
+            let av = a[r * a_rs + j];
+            for (o, bv) in row.iter_mut().zip(brow) {
+                *o = if FUSED {
+                    av.mul_add(*bv, *o)
+                } else {
+                    madd(av, *bv, *o)
+                };
+            }
+        }
+    }
 }
 
 /// `dst = lhs · rhs` through `gemm`, strides as (row stride, column stride).
@@ -375,6 +502,48 @@ mod tests {
                     (g - e).abs() <= 1e-4,
                     "unaligned F32 m{m} n{n} k{k}: {g} vs {e}"
                 );
+            }
+        }
+    }
+
+    /// The property the forward's batch invariance rests on: row `t`'s output is bit-identical
+    /// whatever rows surround it, for every `m` (tile edges, several input blocks), stored type
+    /// and parallelism mode.
+    #[test]
+    fn a_rows_output_is_bit_identical_whatever_rows_surround_it() {
+        let (n, k) = (70, 37);
+        let probe = pseudo(k, 11);
+        for dt in [DType::F32, DType::BF16] {
+            let wv = pseudo(n * k, 12);
+            let bytes: Vec<u8> = match dt {
+                DType::F32 => wv.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                _ => wv
+                    .iter()
+                    .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                    .collect(),
+            };
+            let w = MatRef::new(dt, n, k, &bytes).unwrap();
+            let mut alone = vec![0.0; n];
+            linear(&probe, 1, w, &mut alone, Par::Seq);
+            for m in [2, 3, 4, 5, 9, 16, 17, 63, 64, 65, 130] {
+                for pos in [0, m / 2, m - 1] {
+                    let mut x = pseudo(m * k, m as u32);
+                    x[pos * k..(pos + 1) * k].copy_from_slice(&probe);
+                    for par in [Par::Seq, Par::Rayon] {
+                        let mut out = vec![f32::NAN; m * n];
+                        linear(&x, m, w, &mut out, par);
+                        let got = &out[pos * n..(pos + 1) * n];
+                        let differ = got
+                            .iter()
+                            .zip(&alone)
+                            .filter(|(a, b)| a.to_bits() != b.to_bits())
+                            .count();
+                        assert_eq!(
+                            differ, 0,
+                            "{dt} m={m} row {pos} {par:?}: {differ} of {n} differ"
+                        );
+                    }
+                }
             }
         }
     }

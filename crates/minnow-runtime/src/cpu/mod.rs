@@ -8,7 +8,7 @@ mod quant_linear;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use linear::{linear, matmul, matmul_nn, widen, Par};
+pub use linear::{kernel_name, linear, linear_rows, matmul, matmul_nn, widen, Par, WeightRows};
 pub use quant_linear::linear_quant;
 
 /// Whether the AVX-512 kernels run (the CPU has them and `MINNOW_CPU_PORTABLE` is unset);

@@ -1,91 +1,99 @@
-//! AVX-512 kernel for `y = x · Wᵀ` with few input rows, reading `W` in its stored type.
+//! x86-64 kernels: the dot-product tiles of [`super::linear::linear`] (AVX-512 and AVX2 with
+//! FMA), BF16/F16 widening, attention's `P · V`, softmax.
 //!
-//! Memory-bound regime: each weight row is widened once per 4-row tile into an L1-resident
-//! buffer, then multiplied with every input row in 4×4 register tiles (16 accumulators, 8 loads
-//! per 16 FMAs). Input rows (≤ 48 × k floats) stay in L2.
+//! The `linear` tiles keep one vector accumulator per output element (lane `l` sums the indices
+//! `q ≡ l` mod the lane count, in order) and reduce it with a fixed tree at the end, so an
+//! output's bits do not depend on the tile it was computed in: the edge tiles (`1 × T`, `R × 1`,
+//! `1 × 1`) give the same bits as a full `R × T` tile.
 
 use std::arch::x86_64::*;
 
-use crate::dtype::{DType, MatRef};
-
-/// Weight rows per register tile.
-const R: usize = 4;
-/// Input rows per register tile.
-const T: usize = 4;
+use super::linear::DotBlock;
+use crate::dtype::DType;
 
 /// Whether the AVX-512 kernels may run: the CPU has AVX-512F and `MINNOW_CPU_PORTABLE` is not
-/// set. The variable forces the portable path (the `gemm` crate and plain loops) that CPUs
-/// without AVX-512 take, so that path can be tested, and compared, on any machine.
+/// set. The variable forces the portable path that CPUs without SIMD kernels take, so that path
+/// can be tested, and compared, on any machine.
 pub fn has_avx512() -> bool {
     static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(|| !forced_portable() && is_x86_feature_detected!("avx512f"))
+}
+
+/// Whether the AVX2 + FMA kernels may run (and `MINNOW_CPU_PORTABLE` is not set).
+pub fn has_avx2_fma() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *USABLE.get_or_init(|| {
-        std::env::var_os("MINNOW_CPU_PORTABLE").is_none() && is_x86_feature_detected!("avx512f")
+        !forced_portable() && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
     })
 }
 
-/// Columns `r0..r1` of `out[m, n] = x[m, k] · Wᵀ`.
-///
-/// # Safety
-/// The CPU must support AVX-512F; `out` must point to an `[m, n]` row-major buffer that no
-/// other thread writes in columns `r0..r1`; `x.len() == m * w.cols`; `r1 <= w.rows == n`.
-#[target_feature(enable = "avx512f")]
-pub unsafe fn linear_small_m(
-    x: &[f32],
-    m: usize,
-    w: MatRef<'_>,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-    n: usize,
-) {
-    let k = w.cols;
-    let mut wbuf = vec![0.0f32; R * k];
-    let mut r = r0;
-    while r < r1 {
-        let rr = R.min(r1 - r);
-        let wp: *const f32 = match w.dtype {
-            // Unaligned vector loads read F32 weights in place.
-            DType::F32 => w.row_bytes(r, r + rr).as_ptr() as *const f32,
-            dt => {
-                widen_rows(dt, w.row_bytes(r, r + rr), &mut wbuf[..rr * k]);
-                wbuf.as_ptr()
-            }
-        };
-        let mut t = 0;
-        while t < m {
-            let tt = T.min(m - t);
-            let xp = x.as_ptr().add(t * k);
-            let op = out.add(t * n + r);
-            match (rr, tt) {
-                (R, T) => tile::<R, T>(wp, xp, k, op, n),
-                (R, _) => {
+fn forced_portable() -> bool {
+    std::env::var_os("MINNOW_CPU_PORTABLE").is_some()
+}
+
+/// Runs `$tile::<R, T>` over a [`DotBlock`]: groups of `R` weight rows (outer, L1-resident)
+/// times tiles of `T` input rows (inner), with `R × 1`, `1 × T` and `1 × 1` tiles at the edges.
+macro_rules! tile_loops {
+    ($b:expr, $tile:ident, $r:literal, $t:literal) => {{
+        let b: &DotBlock = $b;
+        let (k, n) = (b.k, b.out_stride);
+        let mut r = 0;
+        while r < b.w_rows {
+            let rr = ($r as usize).min(b.w_rows - r);
+            let wp = b.w.add(r * k);
+            let mut t = 0;
+            while t < b.x_rows {
+                let tt = ($t as usize).min(b.x_rows - t);
+                let xp = b.x.add(t * k);
+                let op = b.out.add(t * n + r);
+                if rr == $r && tt == $t {
+                    $tile::<$r, $t>(wp, xp, k, op, n);
+                } else if rr == $r {
                     for j in 0..tt {
-                        tile::<R, 1>(wp, xp.add(j * k), k, op.add(j * n), n);
+                        $tile::<$r, 1>(wp, xp.add(j * k), k, op.add(j * n), n);
                     }
-                }
-                (_, T) => {
+                } else if tt == $t {
                     for i in 0..rr {
-                        tile::<1, T>(wp.add(i * k), xp, k, op.add(i), n);
+                        $tile::<1, $t>(wp.add(i * k), xp, k, op.add(i), n);
                     }
-                }
-                _ => {
+                } else {
                     for i in 0..rr {
                         for j in 0..tt {
-                            tile::<1, 1>(wp.add(i * k), xp.add(j * k), k, op.add(j * n + i), n);
+                            $tile::<1, 1>(wp.add(i * k), xp.add(j * k), k, op.add(j * n + i), n);
                         }
                     }
                 }
+                t += tt;
             }
-            t += tt;
+            r += rr;
         }
-        r += rr;
-    }
+    }};
+}
+
+/// [`DotBlock`] with AVX-512: 16 lanes, 4 × 4 register tiles (16 accumulators, 8 loads per 16
+/// FMAs).
+///
+/// # Safety
+/// AVX-512F required; the block's pointers as documented on [`DotBlock`].
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn dot_block_avx512(b: &DotBlock) {
+    tile_loops!(b, tile512, 4, 4)
+}
+
+/// [`DotBlock`] with AVX2 + FMA: 8 lanes, 3 × 3 register tiles (9 accumulators, 13 of the 16
+/// vector registers).
+///
+/// # Safety
+/// AVX2 and FMA required; the block's pointers as documented on [`DotBlock`].
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_block_avx2(b: &DotBlock) {
+    tile_loops!(b, tile256, 3, 3)
 }
 
 /// `out[j, i] = Σ_q w[i, q] · x[j, q]` for an `RR × TT` tile (row strides `k`, output stride `n`).
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn tile<const RR: usize, const TT: usize>(
+unsafe fn tile512<const RR: usize, const TT: usize>(
     wp: *const f32,
     xp: *const f32,
     k: usize,
@@ -125,6 +133,64 @@ unsafe fn tile<const RR: usize, const TT: usize>(
             *out.add(j * n + i) = _mm512_reduce_add_ps(*a);
         }
     }
+}
+
+/// [`tile512`] with 8-lane AVX2 vectors.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn tile256<const RR: usize, const TT: usize>(
+    wp: *const f32,
+    xp: *const f32,
+    k: usize,
+    out: *mut f32,
+    n: usize,
+) {
+    let mut acc = [[_mm256_setzero_ps(); TT]; RR];
+    let mut q = 0;
+    while q + 8 <= k {
+        let mut xv = [_mm256_setzero_ps(); TT];
+        for (j, v) in xv.iter_mut().enumerate() {
+            *v = _mm256_loadu_ps(xp.add(j * k + q));
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let wv = _mm256_loadu_ps(wp.add(i * k + q));
+            for (a, xj) in row.iter_mut().zip(&xv) {
+                *a = _mm256_fmadd_ps(wv, *xj, *a);
+            }
+        }
+        q += 8;
+    }
+    if q < k {
+        let rest = (k - q) as i32;
+        let mask = _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(rest),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        );
+        let mut xv = [_mm256_setzero_ps(); TT];
+        for (j, v) in xv.iter_mut().enumerate() {
+            *v = _mm256_maskload_ps(xp.add(j * k + q), mask);
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let wv = _mm256_maskload_ps(wp.add(i * k + q), mask);
+            for (a, xj) in row.iter_mut().zip(&xv) {
+                *a = _mm256_fmadd_ps(wv, *xj, *a);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        for (j, a) in row.iter().enumerate() {
+            *out.add(j * n + i) = hsum256(*a);
+        }
+    }
+}
+
+/// The sum of 8 lanes in a fixed order: halves, then pairs, then the last two.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
 /// Widens BF16/F16 bytes into `dst` with 16-lane conversions.
@@ -326,134 +392,5 @@ pub unsafe fn scaled_softmax(row: &mut [f32], scale: f32) {
         let v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p.add(i)), inv);
         _mm512_mask_storeu_ps(p.add(i), m, v);
         i += 16;
-    }
-}
-
-/// Input rows packed for [`linear_bcast`]: `x` transposed in groups of 16 rows,
-/// `packed[(v · k + q) · 16 + l] = x[16v + l, q]` (zero past `m`).
-pub struct PackedRows {
-    pub m: usize,
-    pub k: usize,
-    data: Vec<f32>,
-}
-
-impl PackedRows {
-    pub fn new(x: &[f32], m: usize, k: usize) -> Self {
-        let groups = m.div_ceil(16);
-        let mut data = vec![0.0f32; groups * k * 16];
-        for t in 0..m {
-            let (v, l) = (t / 16, t % 16);
-            let base = v * k * 16 + l;
-            for (q, &val) in x[t * k..(t + 1) * k].iter().enumerate() {
-                data[base + q * 16] = val;
-            }
-        }
-        PackedRows { m, k, data }
-    }
-}
-
-/// Columns `r0..r1` of `out[m, n] = x · Wᵀ` as outer products: each weight value is broadcast
-/// and multiplied with 16 input rows at once, so there are no horizontal reductions. Used when
-/// `m` is a multiple of 16 (no idle lanes): ~10–15% faster than [`linear_small_m`] for the
-/// 32-row lm_head of a denoising step and the 128-row attention score products.
-///
-/// # Safety
-/// AVX-512F required; `out` is `[m, n]` row-major and no other thread writes its columns
-/// `r0..r1`; `x` was packed from `m` rows of `w.cols` values; `r1 <= w.rows == n`.
-#[target_feature(enable = "avx512f")]
-pub unsafe fn linear_bcast(
-    x: &PackedRows,
-    w: MatRef<'_>,
-    r0: usize,
-    r1: usize,
-    out: *mut f32,
-    n: usize,
-) {
-    let k = w.cols;
-    assert_eq!(
-        x.k, k,
-        "linear_bcast: packed rows do not match the weight width"
-    );
-    let groups = x.m.div_ceil(16);
-    // At most 4 row groups (64 rows) per pass keeps ≤ 24 accumulators.
-    let mut v0 = 0;
-    let mut wbuf = vec![0.0f32; 16 * k];
-    while v0 < groups {
-        let mv = (groups - v0).min(4);
-        let rr = match mv {
-            1 => 16,
-            2 => 12,
-            3 => 8,
-            _ => 6,
-        };
-        let xp = x.data.as_ptr().add(v0 * k * 16);
-        let mut r = r0;
-        while r < r1 {
-            let rows = rr.min(r1 - r);
-            let wp: *const f32 = match w.dtype {
-                DType::F32 => w.row_bytes(r, r + rows).as_ptr() as *const f32,
-                dt => {
-                    widen_rows(dt, w.row_bytes(r, r + rows), &mut wbuf[..rows * k]);
-                    wbuf.as_ptr()
-                }
-            };
-            let mut acc = [[0.0f32; 64]; 16];
-            match (mv, rows) {
-                (1, 16) => bcast_tile::<16, 1>(xp, wp, k, &mut acc),
-                (2, 12) => bcast_tile::<12, 2>(xp, wp, k, &mut acc),
-                (3, 8) => bcast_tile::<8, 3>(xp, wp, k, &mut acc),
-                (4, 6) => bcast_tile::<6, 4>(xp, wp, k, &mut acc),
-                (1, _) => {
-                    (0..rows).for_each(|j| bcast_tile::<1, 1>(xp, wp.add(j * k), k, &mut acc[j..]))
-                }
-                (2, _) => {
-                    (0..rows).for_each(|j| bcast_tile::<1, 2>(xp, wp.add(j * k), k, &mut acc[j..]))
-                }
-                (3, _) => {
-                    (0..rows).for_each(|j| bcast_tile::<1, 3>(xp, wp.add(j * k), k, &mut acc[j..]))
-                }
-                _ => {
-                    (0..rows).for_each(|j| bcast_tile::<1, 4>(xp, wp.add(j * k), k, &mut acc[j..]))
-                }
-            }
-            let t_end = (x.m - v0 * 16).min(mv * 16);
-            for (j, row) in acc.iter().enumerate().take(rows) {
-                for (t, &val) in row.iter().enumerate().take(t_end) {
-                    *out.add((v0 * 16 + t) * n + r + j) = val;
-                }
-            }
-            r += rows;
-        }
-        v0 += mv;
-    }
-}
-
-/// `acc[j][16v + l] = Σ_q w[j, q] · packed[v][q][l]` for an `RR × (16·MV)` tile.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn bcast_tile<const RR: usize, const MV: usize>(
-    xp: *const f32,
-    wp: *const f32,
-    k: usize,
-    acc_out: &mut [[f32; 64]],
-) {
-    let mut acc = [[_mm512_setzero_ps(); MV]; RR];
-    for q in 0..k {
-        let mut xv = [_mm512_setzero_ps(); MV];
-        for (v, slot) in xv.iter_mut().enumerate() {
-            *slot = _mm512_loadu_ps(xp.add((v * k + q) * 16));
-        }
-        for (j, row) in acc.iter_mut().enumerate() {
-            // Unaligned read: F32 weights are read in place from the file, at any byte offset.
-            let b = _mm512_set1_ps(std::ptr::read_unaligned(wp.add(j * k + q)));
-            for (a, xs) in row.iter_mut().zip(&xv) {
-                *a = _mm512_fmadd_ps(b, *xs, *a);
-            }
-        }
-    }
-    for (j, row) in acc.iter().enumerate() {
-        for (v, a) in row.iter().enumerate() {
-            _mm512_storeu_ps(acc_out[j].as_mut_ptr().add(16 * v), *a);
-        }
     }
 }
