@@ -44,6 +44,20 @@ __device__ __forceinline__ int key_limit(int pos, int block, int end) {
     const int lim = (pos / block + 1) * block;  // floor(p_k / B) <= floor(p_q / B)
     return lim < end ? lim : end;
 }
+
+// Which key tiles split blockIdx.z takes. With chunk_tiles > 0 (batch-invariant mode) split z is
+// the fixed absolute key range [z * chunk_tiles * KT, (z + 1) * chunk_tiles * KT): a query row's
+// partials, and so its merged output, depend only on its own keys, never on how many CTAs or
+// rows the forward has. With chunk_tiles == 0 the tile's keys are cut into gridDim.z equal
+// parts (fewer launches for short forwards, but the cut moves with the batch).
+__device__ __forceinline__ int split_tiles(int tile_lim, int chunk_tiles) {
+    if (chunk_tiles > 0) return chunk_tiles;
+    const int n_tiles = (tile_lim + KT - 1) / KT;
+    return (n_tiles + gridDim.z - 1) / gridDim.z;
+}
+__device__ __forceinline__ int split_begin(int tile_lim, int chunk_tiles) {
+    return blockIdx.z * split_tiles(tile_lim, chunk_tiles);
+}
 }  // namespace minnow_attention
 
 // The work of one attention CTA in a batched forward. segs[s] = (first row of segment s in the
@@ -76,7 +90,7 @@ __device__ void attention_tile(const bf16* __restrict__ q, const bf16* __restric
                                const bf16* __restrict__ v_cache, float* __restrict__ part_o,
                                float* __restrict__ part_ml, const int4* __restrict__ segs,
                                const int2* __restrict__ tiles, const int* __restrict__ tables, int T,
-                               int n_heads, int n_kv, int block, float scale) {
+                               int n_heads, int n_kv, int block, float scale, int chunk_tiles) {
     using L = Smem<D>;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
@@ -115,9 +129,8 @@ __device__ void attention_tile(const bf16* __restrict__ q, const bf16* __restric
     const int last_tok = min(len - 1, tok0 + tq - 1);
     const int tile_lim = key_limit(pos0 + last_tok, block, end);
     // This split's key range, in whole key tiles.
-    const int n_tiles = (tile_lim + KT - 1) / KT;
-    const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
-    const int kbeg = blockIdx.z * per_split * KT;
+    const int kbeg = split_begin(tile_lim, chunk_tiles) * KT;
+    const int per_split = split_tiles(tile_lim, chunk_tiles);
     const int kend = min(tile_lim, kbeg + per_split * KT);
     __syncthreads();
 
@@ -208,7 +221,9 @@ __device__ void attention_tile(const bf16* __restrict__ q, const bf16* __restric
     for (int i = tid; i < ROWS * D; i += THREADS) {
         const int r = i / D, c = i % D;
         const int tok = tok0 + r % tq, head = g * group + r / tq;
-        if (r < used && tok < len)
+        // A row with no key in this split (max -inf) writes only its (m, l): the combine never
+        // reads its output.
+        if (r < used && tok < len && sM[r] != -INFINITY)
             part_o[(((size_t)blockIdx.z * T + row0 + tok) * n_heads + head) * D + c] = sO[r * L::LDO + c];
     }
     if (tid < ROWS) {
@@ -230,10 +245,10 @@ using namespace minnow_attention;
     extern "C" __global__ void __launch_bounds__(THREADS) attention_d##D(                                \
         const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,          \
         const int4* segs, const int2* tiles, const int* tables, int T, int n_heads, int n_kv, int block, \
-        float scale) {                                                                                   \
+        float scale, int chunk_tiles) {                                                                  \
         pdl_enter();                                                                                     \
         attention_tile<D>(q, k_cache, v_cache, part_o, part_ml, segs, tiles, tables, T, n_heads, n_kv,   \
-                          block, scale);                                                                 \
+                          block, scale, chunk_tiles);                                                    \
     }
 
 ATTENTION_ENTRY(16)
@@ -275,7 +290,7 @@ template <int D>
 __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
                         float* __restrict__ part_o, float* __restrict__ part_ml, const int4* __restrict__ segs,
                         const int2* __restrict__ tiles, const int* __restrict__ tables, int T, int n_heads,
-                        int n_kv, int block, float scale) {
+                        int n_kv, int block, float scale, int chunk_tiles) {
     using L = FaSmem<D>;
     constexpr int LD = L::LD, CH = D / 8, KS = D / 16, ND = D / 8;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -297,9 +312,8 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
     const int limb = vb ? key_limit(pos0 + tokb, block, end) : 0;
     const int last_tok = min(len - 1, tok0 + tq - 1);
     const int tile_lim = key_limit(pos0 + last_tok, block, end);
-    const int n_tiles = (tile_lim + KT - 1) / KT;
-    const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
-    const int kbeg = blockIdx.z * per_split * KT;
+    const int kbeg = split_begin(tile_lim, chunk_tiles) * KT;
+    const int per_split = split_tiles(tile_lim, chunk_tiles);
     const int kend = min(tile_lim, kbeg + per_split * KT);
 
     auto load_tile = [&](int stage, int kb) {
@@ -445,8 +459,9 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
     float* ob = part_o + (((size_t)blockIdx.z * T + row0 + tokb) * n_heads + headb) * D;
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
-        if (va) *reinterpret_cast<float2*>(oa + n * 8 + 2 * t4) = make_float2(o[n][0], o[n][1]);
-        if (vb) *reinterpret_cast<float2*>(ob + n * 8 + 2 * t4) = make_float2(o[n][2], o[n][3]);
+        // Rows with no key in this split write only (m, l) below: the combine skips their output.
+        if (va && ma != -INFINITY) *reinterpret_cast<float2*>(oa + n * 8 + 2 * t4) = make_float2(o[n][0], o[n][1]);
+        if (vb && mb != -INFINITY) *reinterpret_cast<float2*>(ob + n * 8 + 2 * t4) = make_float2(o[n][2], o[n][3]);
     }
     if (t4 == 0) {
         if (va) {
@@ -470,22 +485,24 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
     extern "C" __global__ void __launch_bounds__(minnow_fa::THREADS) attention_fa_d##D(                 \
         const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,          \
         const int4* segs, const int2* tiles, const int* tables, int T, int n_heads, int n_kv, int block, \
-        float scale) {                                                                                   \
+        float scale, int chunk_tiles) {                                                                  \
         minnow_fa::fa_tile<D>(q, k_cache, v_cache, part_o, part_ml, segs, tiles, tables, T, n_heads,     \
-                              n_kv, block, scale);                                                       \
+                              n_kv, block, scale, chunk_tiles);                                          \
     }
 FA_ENTRY(64)
 FA_ENTRY(128)
 static_assert(minnow_fa::FaSmem<128>::total == 64 * 136 * 2 * 5, "host mirror");
 
 // Merges the splits: out[t, h, :] = BF16( sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M) ).
-// grid = (T, H), block = min(D, 256) threads; splits <= 64. The (m, l) pairs of all splits are
+// grid = (T, H), block = min(D, 256) threads; splits <= 256. Splits whose max is -inf (no key of
+// the row in their range) are skipped, so a row's result does not depend on how many splits the
+// forward launched. The (m, l) pairs of all splits are
 // loaded at once and each split's scale e^(m_s - M) computed once (a loop of dependent loads per
 // split cost an L2 round trip each); the sums keep split order.
 extern "C" __global__ void attention_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                              bf16* __restrict__ out, int T, int n_heads, int d, int splits) {
     pdl_enter();
-    __shared__ float sm[64], sl[64], se[64];
+    __shared__ float sm[256], sl[256], se[256];
     __shared__ float total_l;
     const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     for (int s = tid; s < splits; s += blockDim.x) {

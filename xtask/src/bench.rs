@@ -282,6 +282,9 @@ fn batched_benchmarks(
 ) -> Result<(), String> {
     let config = runner.config().clone();
     let prefix = 1024;
+    // Request 0 has the same prompt, pages and schedule at every concurrency: its decode digest
+    // must not change with the batch around it (batch invariance, checked at every size).
+    let mut first_digest: Option<(usize, u64)> = None;
     for &n in &o.concurrency {
         let tables = prefill_requests(runner, n, prefix, 8)?;
         let blocks: Vec<Vec<u32>> = (0..n).map(|r| ids(32, 5000 + r as u64)).collect();
@@ -327,6 +330,7 @@ fn batched_benchmarks(
         runner.gpu().synchronize().map_err(err)?;
         let start = Instant::now();
         let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut digest0: u64 = 0xcbf2_9ce4_8422_2325;
         for b in 0..8usize {
             let pos = prefix + 32 * b;
             for (r, blk) in blocks.iter_mut().enumerate() {
@@ -351,6 +355,9 @@ fn batched_benchmarks(
                     digest = (digest ^ tok as u64).wrapping_mul(0x0100_0000_01b3);
                 }
             }
+            for &tok in &blocks[0] {
+                digest0 = (digest0 ^ tok as u64).wrapping_mul(0x0100_0000_01b3);
+            }
         }
         runner.gpu().synchronize().map_err(err)?;
         let secs = start.elapsed().as_secs_f64();
@@ -366,6 +373,18 @@ fn batched_benchmarks(
             secs * 1e3,
             rate / base
         ));
+        match first_digest {
+            None => first_digest = Some((n, digest0)),
+            Some((n0, d0)) => {
+                let verdict = if d0 == digest0 { "equal" } else { "DIFFERS" };
+                println!(
+                    "request 0 decode digest: x{n0} {d0:016x}, x{n} {digest0:016x}: {verdict}"
+                );
+                rows.push(format!(
+                    "| request 0's decode digest, alone (x{n0}) vs inside x{n} | {verdict} | {d0:016x} / {digest0:016x} | batch invariance |"
+                ));
+            }
+        }
     }
     Ok(())
 }

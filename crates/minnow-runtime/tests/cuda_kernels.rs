@@ -483,7 +483,7 @@ fn check_attention_batch(
         out.ptr(),
         &batch,
         t_total,
-        splits,
+        ops::AttentionSplits::Even(splits),
     )
     .unwrap();
     let got = read_bf16(g, &out);

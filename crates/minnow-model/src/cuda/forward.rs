@@ -73,6 +73,9 @@ pub(crate) enum WantKind {
 pub(crate) struct BatchShape {
     /// (tokens, wanted rows, what they want) per segment.
     pub segments: Vec<(usize, std::ops::Range<usize>, WantKind)>,
+    /// Fixed-position attention splits the longest key range needs (batch-invariant mode; the
+    /// launch grid depends on it, so it is part of a captured graph's key).
+    pub key_chunks: usize,
 }
 
 impl BatchShape {
@@ -89,6 +92,12 @@ impl BatchShape {
                     (s.ids.len(), s.want.rows(), kind)
                 })
                 .collect(),
+            key_chunks: segments
+                .iter()
+                .map(|s| (s.start + s.ids.len()).div_ceil(ops::ATTENTION_CHUNK_KEYS))
+                .max()
+                .unwrap_or(0)
+                .max(1),
         }
     }
 
@@ -112,6 +121,8 @@ pub(crate) struct Layout {
     pub top1: bool,
     /// Attention CTAs: (segment, first token).
     pub tiles: Vec<[i32; 2]>,
+    /// Fixed-position attention splits (see [`BatchShape::key_chunks`]).
+    pub key_chunks: usize,
     /// 2.2 routing blocks: (first row, rows).
     pub blocks: Vec<[i32; 2]>,
     off_pos: usize,
@@ -170,6 +181,7 @@ impl Layout {
             logits,
             top1,
             tiles,
+            key_chunks: shape.key_chunks,
             blocks,
             off_pos,
             off_slot,
@@ -259,7 +271,7 @@ pub(crate) struct Workspace {
     pub tokens: usize,
     pub logit_rows: usize,
     /// Capacity of the attention partials in (token x split) rows.
-    attn_rows: usize,
+    pub attn_rows: usize,
     h: DeviceBuffer<bf16>,
     /// The rows that need the lm_head, gathered when they are not one contiguous run.
     head: DeviceBuffer<bf16>,
@@ -317,7 +329,15 @@ pub(crate) fn attention_splits(config: &Config, tiles: usize, sm_count: u32) -> 
 }
 
 impl Workspace {
-    pub fn new(gpu: &Gpu, c: &Config, tokens: usize, logit_rows: usize) -> CudaResult<Self> {
+    /// `attn_rows`: (token x split) rows of attention partials wanted at least (batch-invariant
+    /// attention needs tokens x fixed-position splits).
+    pub fn new(
+        gpu: &Gpu,
+        c: &Config,
+        tokens: usize,
+        logit_rows: usize,
+        attn_rows: usize,
+    ) -> CudaResult<Self> {
         let t = tokens.max(1);
         let r = logit_rows.max(1);
         let d = c.hidden_size;
@@ -329,8 +349,9 @@ impl Workspace {
         let k = c.num_experts_per_tok.max(1);
         let a = t * (k + 1);
         let wide = (c.intermediate_size).max(c.moe_intermediate_size * c.num_shared_experts.max(1));
-        // Short forwards split their keys (attention_splits); t x splits stays under ~1100 rows.
-        let attn_rows = t.max(2048);
+        // Short forwards split their keys (attention_splits, or fixed-position splits that the
+        // runner grows this for).
+        let attn_rows = t.max(2048).max(attn_rows);
         let shape = attention_shape(c);
         let (po, pml) = ops::attention_scratch_len(&shape, attn_rows, 1);
         let max_tiles = ops::moe_max_tiles(a, e, 16);
@@ -466,9 +487,16 @@ pub(crate) fn queue_forward(
     let qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd;
     let attn_width = c.num_attention_heads * hd;
     let blas = gpu.blas();
-    let splits = attention_splits(c, layout.tiles.len(), gpu.sm_count())
-        .min(ws.attn_rows / t)
-        .max(1);
+    let invariant = minnow_runtime::cuda::tuning::tuning().invariant;
+    let splits = if invariant {
+        ops::AttentionSplits::FixedChunks(layout.key_chunks)
+    } else {
+        ops::AttentionSplits::Even(
+            attention_splits(c, layout.tiles.len(), gpu.sm_count())
+                .min(ws.attn_rows / t)
+                .max(1),
+        )
+    };
 
     ops::embed_rows(gpu, m.ids, w.embed.ptr(), ws.h.ptr(), t, d)?;
     mark("embed")?;
@@ -578,6 +606,26 @@ pub(crate) fn queue_forward(
                     && tile_rows == 16
                     && t <= 4 * c.block_size.max(32);
                 match &moe.router {
+                    RouterWeights::Bf16(w) if invariant => ops::router_logits(
+                        gpu,
+                        ws.a.ptr(),
+                        w.ptr(),
+                        false,
+                        ws.router_logits.ptr(),
+                        t,
+                        e,
+                        d,
+                    )?,
+                    RouterWeights::F32(w) if invariant => ops::router_logits(
+                        gpu,
+                        ws.a.ptr(),
+                        w.ptr(),
+                        true,
+                        ws.router_logits.ptr(),
+                        t,
+                        e,
+                        d,
+                    )?,
                     RouterWeights::Bf16(w) => {
                         blas.gemm_bf16_f32out(ws.a.ptr(), w.ptr(), ws.router_logits.ptr(), t, e, d)?
                     }
@@ -590,7 +638,10 @@ pub(crate) fn queue_forward(
                 // over the admitted pool (queue_pooled_experts); other forwards, batches of
                 // several blocks too, as grouped GEMMs over the dispatched assignments (each
                 // expert's weights read once for the rows of every block that admitted it).
-                let pooled = ws.pool_entries > 0
+                // Not in batch-invariant mode: the pool GEMM's tensor-core path rounds differently
+                // from the grouped GEMM that the same rows take inside a larger batch.
+                let pooled = !invariant
+                    && ws.pool_entries > 0
                     && packed
                     && layout.blocks.len() == 1
                     && minnow_runtime::cuda::tuning::tuning().moe_pooled
@@ -694,14 +745,14 @@ pub(crate) fn queue_forward(
         ws.head.ptr()
     };
     let v = c.vocab_size;
-    blas.gemm_bf16(
+    dense_gemm(
+        gpu,
         head_in,
         w.lm_head.ptr(),
         ws.logits_bf16.ptr(),
         rows,
         v,
         d,
-        v,
     )?;
     mark("lm_head")?;
     if layout.top1 {
@@ -955,9 +1006,14 @@ fn queue_grouped_experts(
     })
 }
 
-/// `Y[m, n] = X[m, k] . W[n, k]^T` (row pitch n) through cuBLAS.
+/// `Y[m, n] = X[m, k] . W[n, k]^T` (row pitch n): minnow's fixed-order kernel in batch-invariant
+/// mode (a row's outputs never depend on `m`), else cuBLAS (which picks its algorithm by `m`).
 fn dense_gemm(gpu: &Gpu, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize) -> CudaResult<()> {
-    gpu.blas().gemm_bf16(x, w, y, m, n, k, n)
+    if minnow_runtime::cuda::tuning::tuning().invariant {
+        ops::dense_gemm(gpu, x, w, y, m, n, k)
+    } else {
+        gpu.blas().gemm_bf16(x, w, y, m, n, k, n)
+    }
 }
 
 /// `out = down(BF16(silu(gate(x))) * up(x))` with gate and up stacked in one GEMM.

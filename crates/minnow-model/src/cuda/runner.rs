@@ -31,6 +31,10 @@ const GRAPH_CACHE: usize = 256;
 /// engine plans to use. Larger forwards grow it (and may fail for memory, with a clear error).
 const PLANNED_TOKENS: usize = 8192;
 const PLANNED_LOGIT_ROWS: usize = 2048;
+/// Attention partials planned for: (token x fixed-position key split) rows, e.g. 64 denoising
+/// blocks at 8K context or a 4K prefill chunk at 4K context (256 MiB on LLaDA2-mini); larger
+/// forwards grow the workspace.
+const PLANNED_ATTENTION_ROWS: usize = 32768;
 
 /// Device memory the default K/V budget leaves free: the larger of 4 GiB and 1/32 of the GPU,
 /// for cuBLAS's workspaces, captured graphs, the metadata buffer, a grown workspace and other
@@ -109,8 +113,14 @@ impl CudaRunner {
     ) -> Result<Self> {
         let use_graphs = std::env::var("MINNOW_CUDA_GRAPHS").map_or(true, |v| v != "0");
         let tokens = PLANNED_TOKENS.min(config.max_position_embeddings.max(1));
-        let workspace =
-            Workspace::new(&gpu, &config, tokens, PLANNED_LOGIT_ROWS).map_err(device_err)?;
+        let workspace = Workspace::new(
+            &gpu,
+            &config,
+            tokens,
+            PLANNED_LOGIT_ROWS,
+            PLANNED_ATTENTION_ROWS,
+        )
+        .map_err(device_err)?;
         let meta = gpu.alloc(4096).map_err(device_err)?;
         let page_bytes = KvPool::page_bytes(&config).max(1);
         let budget = match kv_budget_bytes {
@@ -244,14 +254,24 @@ impl CudaRunner {
         let t = layout.tokens;
         let rows = layout.head_rows.len();
         let gpu = &self.gpu;
-        if self.workspace.tokens < t || self.workspace.logit_rows < rows {
+        // Batch-invariant attention keeps a partial per (token, fixed-position key split).
+        let attn_rows = if minnow_runtime::cuda::tuning::tuning().invariant {
+            t * layout.key_chunks
+        } else {
+            0
+        };
+        if self.workspace.tokens < t
+            || self.workspace.logit_rows < rows
+            || self.workspace.attn_rows < attn_rows
+        {
             let tokens = t.max(self.workspace.tokens);
             let logit_rows = rows.max(self.workspace.logit_rows);
+            let attn_rows = attn_rows.max(self.workspace.attn_rows);
             self.graphs.clear();
             // Free the old workspace before allocating the larger one.
-            self.workspace = Workspace::new(gpu, &self.config, 1, 1).map_err(device_err)?;
-            self.workspace =
-                Workspace::new(gpu, &self.config, tokens, logit_rows).map_err(device_err)?;
+            self.workspace = Workspace::new(gpu, &self.config, 1, 1, 0).map_err(device_err)?;
+            self.workspace = Workspace::new(gpu, &self.config, tokens, logit_rows, attn_rows)
+                .map_err(device_err)?;
         }
         if self.meta.len() < meta.len() {
             self.graphs.clear();

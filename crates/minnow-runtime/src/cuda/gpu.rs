@@ -197,12 +197,13 @@ impl Gpu {
     }
 
     fn load_module(&mut self, module: &ptx::PtxModule) -> CudaResult<()> {
-        let text = if self.uses_sm90_ptx() {
-            module.ptx_sm90
-        } else {
-            module.ptx
+        let sm90 = self.uses_sm90_ptx();
+        let embedded = if sm90 { module.ptx_sm90 } else { module.ptx };
+        let text = match ptx::override_text(module.name, sm90)? {
+            Some(text) => std::borrow::Cow::Owned(text),
+            None => std::borrow::Cow::Borrowed(embedded),
         };
-        let image = CString::new(text).map_err(|_| {
+        let image = CString::new(text.as_bytes()).map_err(|_| {
             CudaError::Unsupported(format!("PTX of {} contains a NUL byte", module.name))
         })?;
         // SAFETY: image is a NUL-terminated PTX text.

@@ -409,6 +409,31 @@ pub struct AttentionBatch {
     pub tiles_count: usize,
 }
 
+/// Keys per split of the batch-invariant attention: split `z` covers key positions
+/// `[z · 256, (z + 1) · 256)` of every query row, whatever the forward around it.
+pub const ATTENTION_CHUNK_KEYS: usize = 256;
+/// Most splits `attention_combine` merges (a 64K-token context).
+pub const ATTENTION_MAX_SPLITS: usize = 256;
+
+/// How the attention cuts each query row's keys over CTAs (`gridDim.z`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionSplits {
+    /// Each tile's keys in this many equal parts: fills the GPU on short forwards, but the cut
+    /// (and so a row's rounding) moves with the batch.
+    Even(usize),
+    /// Splits of [`ATTENTION_CHUNK_KEYS`] at fixed key positions, this many of them (enough for
+    /// the forward's longest key range): a row's result depends on its own keys only.
+    FixedChunks(usize),
+}
+
+impl AttentionSplits {
+    pub fn count(self) -> usize {
+        match self {
+            AttentionSplits::Even(n) | AttentionSplits::FixedChunks(n) => n.max(1),
+        }
+    }
+}
+
 /// Block-causal attention of a batch's `tokens` query rows, each segment over its own keys
 /// `0..pos0 + len` read through its block table from the layer's pools (`[pages * block, G, d]`),
 /// the key range split over `splits` CTAs, merged into `out [tokens, H, d]` (BF16).
@@ -424,9 +449,19 @@ pub fn attention(
     out: u64,
     batch: &AttentionBatch,
     tokens: usize,
-    splits: usize,
+    splits: AttentionSplits,
 ) -> CudaResult<()> {
     shape.check()?;
+    let (splits, chunk_tiles) = match splits {
+        AttentionSplits::Even(n) => (n.max(1), 0),
+        AttentionSplits::FixedChunks(n) => (n.max(1), ATTENTION_CHUNK_KEYS / 64),
+    };
+    if splits > ATTENTION_MAX_SPLITS {
+        return unsupported(format!(
+            "{splits} attention key splits (at most {ATTENTION_MAX_SPLITS}: a context of {} keys)",
+            ATTENTION_MAX_SPLITS * ATTENTION_CHUNK_KEYS
+        ));
+    }
     if batch.tiles_count == 0 || tokens == 0 {
         return Ok(());
     }
@@ -462,7 +497,8 @@ pub fn attention(
         shape.heads as i32,
         shape.kv_heads as i32,
         shape.block as i32,
-        scale
+        scale,
+        chunk_tiles as i32
     )?;
     let cfg = LaunchConfig::new((tokens as u32, shape.heads as u32, 1), d.min(256) as u32, 0);
     cuda_launch!(
@@ -475,7 +511,7 @@ pub fn attention(
         tokens as i32,
         shape.heads as i32,
         d as i32,
-        splits.max(1) as i32
+        splits as i32
     )
 }
 
@@ -867,6 +903,91 @@ fn grouped_gemm_smem_bytes(tile_rows: usize, stages: usize) -> usize {
 /// (`n % 64 == 0`, `k % 32 == 0`); other shapes run `grouped_gemm_any`, slower but general.
 pub fn grouped_gemm_tiled(n: usize, k: usize) -> bool {
     n.is_multiple_of(64) && k.is_multiple_of(32)
+}
+
+/// The batch-invariant dense GEMM `Y[m, n] = X[m, k] · W[n, k]ᵀ` (BF16, F32 accumulation, row
+/// pitch `n`): the expert GEMM's tiles over one weight matrix, so every output is the same
+/// fixed-order sum whatever `m` (the tile height is chosen for speed only; it never changes an
+/// output's bits). Shapes the tiled kernels refuse run `dense_gemm_any`.
+pub fn dense_gemm(
+    gpu: &Gpu,
+    x: u64,
+    w: u64,
+    y: u64,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> CudaResult<()> {
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if !grouped_gemm_tiled(n, k) {
+        let cfg = LaunchConfig::new((n.div_ceil(64) as u32, m.div_ceil(16) as u32, 1), 64, 0);
+        return cuda_launch!(
+            gpu,
+            "dense_gemm_any",
+            cfg,
+            x,
+            w,
+            y,
+            m as i32,
+            n as i32,
+            k as i32
+        );
+    }
+    let tuning = super::tuning::tuning();
+    // 16-row tiles stream the weights with the most CTAs in flight; the lm_head (a vocabulary
+    // of rows) fills the GPU with 64-row tiles anyway and then reads each weight panel once.
+    let (name, rows, cols, threads, smem) = if m <= tuning.dense16_rows && n < 32768 {
+        (
+            "dense_gemm_m16",
+            16,
+            64,
+            128,
+            grouped_gemm_smem_bytes(16, 3),
+        )
+    } else if m < tuning.dense128_rows || !n.is_multiple_of(128) {
+        (
+            "dense_gemm_m64",
+            64,
+            64,
+            128,
+            grouped_gemm_smem_bytes(64, 3),
+        )
+    } else {
+        ("dense_gemm_m128", 128, 128, 256, 3 * 256 * 72 * 2)
+    };
+    let cfg = LaunchConfig::new(
+        (m.div_ceil(rows) as u32, (n / cols) as u32, 1),
+        threads,
+        smem as u32,
+    );
+    cuda_launch!(gpu, name, cfg, x, w, y, m as i32, n as i32, k as i32)
+}
+
+/// Router logits `logits[t, e] = X[t] · W[e]` in F32 with a fixed summation order per output
+/// (batch-invariant; `kernels/router.cu`). `w_f32` says whether `W [e, k]` is F32 or BF16.
+#[allow(clippy::too_many_arguments)]
+pub fn router_logits(
+    gpu: &Gpu,
+    x: u64,
+    w: u64,
+    w_f32: bool,
+    logits: u64,
+    t: usize,
+    e: usize,
+    k: usize,
+) -> CudaResult<()> {
+    if t == 0 || e == 0 {
+        return Ok(());
+    }
+    let name = if w_f32 {
+        "router_logits_f32w"
+    } else {
+        "router_logits_bf16w"
+    };
+    let cfg = LaunchConfig::new((t.div_ceil(16) as u32, e.div_ceil(8) as u32, 1), 256, 0);
+    cuda_launch!(gpu, name, cfg, x, w, logits, t as i32, e as i32, k as i32)
 }
 
 /// Grouped GEMM over the dispatched tiles (cut at `tile_rows`, 16 or 64): `Y[p] =

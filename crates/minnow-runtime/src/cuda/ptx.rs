@@ -73,7 +73,13 @@ pub const MODULES: &[PtxModule] = &[
         name: "router",
         ptx: include_str!("ptx/router.ptx"),
         ptx_sm90: include_str!("ptx/router.sm90.ptx"),
-        functions: &["route_topk", "route_block", "moe_dispatch"],
+        functions: &[
+            "route_topk",
+            "route_block",
+            "moe_dispatch",
+            "router_logits_f32w",
+            "router_logits_bf16w",
+        ],
         max_dynamic_shared: ROUTER_MAX_SHARED,
     },
     PtxModule {
@@ -92,10 +98,29 @@ pub const MODULES: &[PtxModule] = &[
             "grouped_gemm_m16s3",
             "grouped_gemm_m64",
             "grouped_gemm_any",
+            "dense_gemm_m16",
+            "dense_gemm_m64",
+            "dense_gemm_m128",
+            "dense_gemm_any",
         ],
-        max_dynamic_shared: 64 * 1024,
+        max_dynamic_shared: 112 * 1024,
     },
 ];
+
+/// Kernel developers' switch: with `MINNOW_PTX_DIR` set, modules load `<dir>/<name>.ptx` (or
+/// `<name>.sm90.ptx`) from disk instead of the embedded text, so kernels compiled on a GPU
+/// machine (`cargo xtask kernels` there) run with binaries built before them. Unset in normal
+/// use; a missing file is an error, never a silent fallback.
+pub fn override_text(name: &str, sm90: bool) -> crate::cuda::CudaResult<Option<String>> {
+    let Some(dir) = std::env::var_os("MINNOW_PTX_DIR") else {
+        return Ok(None);
+    };
+    let path =
+        std::path::Path::new(&dir).join(format!("{name}{}.ptx", if sm90 { ".sm90" } else { "" }));
+    std::fs::read_to_string(&path).map(Some).map_err(|e| {
+        crate::cuda::CudaError::Unsupported(format!("MINNOW_PTX_DIR: {}: {e}", path.display()))
+    })
+}
 
 /// The hash recorded in a PTX file's first line, if it has one.
 pub fn recorded_hash(ptx: &str) -> Option<&str> {

@@ -5,7 +5,9 @@
 //! short forward's attention; 16 beat 8 and 32), `MINNOW_MOE64_ROWS` (1..=1024: rows per busy
 //! expert from which the grouped expert GEMM takes 64-row tiles); `MINNOW_MOE_POOLED=0` turns off the batched
 //! experts of 2.2 denoising steps, and `MINNOW_POOL_GEMM=0` runs them with cuBLAS instead of the
-//! bulk-copy kernel, for A/B runs.
+//! bulk-copy kernel, for A/B runs. `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the
+//! default is on): cuBLAS for dense GEMMs and the router, the pooled experts, attention splits
+//! sized to the batch. Faster in places, but a request's tokens then depend on the load.
 
 use std::sync::OnceLock;
 
@@ -21,6 +23,16 @@ pub struct Tuning {
     /// The pooled experts use the bulk-copy kernel where it applies (`MINNOW_POOL_GEMM=0`: cuBLAS's
     /// batched GEMM).
     pub pool_gemm: bool,
+    /// Every row's arithmetic is independent of the batch around it (on by default; see
+    /// docs/performance.md for its cost): the dense GEMMs, the router and the lm_head run
+    /// minnow's fixed-order kernels, the experts always take the grouped GEMM, and attention
+    /// splits keys at fixed positions.
+    pub invariant: bool,
+    /// The batch-invariant dense GEMM's tile by row count (speed only: every tile gives the same
+    /// bits): 16-row tiles up to `dense16_rows` rows (`MINNOW_DENSE16_ROWS`), 128 x 128 tiles from
+    /// `dense128_rows` (`MINNOW_DENSE128_ROWS`), 64-row tiles between.
+    pub dense16_rows: usize,
+    pub dense128_rows: usize,
 }
 
 impl Default for Tuning {
@@ -31,6 +43,9 @@ impl Default for Tuning {
             moe64_rows: 12,
             moe_pooled: true,
             pool_gemm: true,
+            invariant: true,
+            dense16_rows: 32,
+            dense128_rows: 256,
         }
     }
 }
@@ -60,6 +75,10 @@ pub fn tuning() -> &'static Tuning {
                 .unwrap_or(d.moe64_rows),
             moe_pooled: env_usize("MINNOW_MOE_POOLED", |v| v <= 1).map_or(d.moe_pooled, |v| v == 1),
             pool_gemm: env_usize("MINNOW_POOL_GEMM", |v| v <= 1).map_or(d.pool_gemm, |v| v == 1),
+            invariant: env_usize("MINNOW_BATCH_INVARIANT", |v| v <= 1)
+                .map_or(d.invariant, |v| v == 1),
+            dense16_rows: env_usize("MINNOW_DENSE16_ROWS", |_| true).unwrap_or(d.dense16_rows),
+            dense128_rows: env_usize("MINNOW_DENSE128_ROWS", |_| true).unwrap_or(d.dense128_rows),
         }
     })
 }

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device-machine call for GPU work: compile the kernels with nvcc (cargo xtask kernels, from a
+# carried xtask binary), run the carried GPU test binaries against the fresh PTX
+# (MINNOW_PTX_DIR), then optionally the benchmark. Binaries come from `scripts/device/stage.sh`,
+# which copies them (stripped) into ./bin. The fresh PTX comes back as $OUT/ptx.tar.
+#
+#   bash scripts/device/gpu_check.sh [tests|bench|all] [extra bench args]
+set -uo pipefail
+what=${1:-all}; shift || true
+root=$PWD
+# Test binaries locate fixtures through the path they were built at.
+if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$root" /work/main; fi
+export PATH=/usr/local/cuda/bin:$PATH
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
+echo "== kernels"
+bin/xtask kernels 2>&1 | tail -3 || { echo "KERNELS FAILED"; exit 1; }
+tar cf "$OUT/ptx.tar" -C crates/minnow-runtime/src/cuda ptx
+export MINNOW_PTX_DIR=$root/crates/minnow-runtime/src/cuda/ptx
+status=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  grep -m1 "model name" /proc/cpuinfo; grep -o -m1 "avx512f" /proc/cpuinfo
+  for t in bin/cpu-*; do
+    echo "== $t"
+    "$t" 2>&1 | grep -E "^test |test result" | tail -8
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+fi
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  for t in bin/test-*; do
+    echo "== $t"
+    timeout 300 "$t" --ignored --nocapture --test-threads 1 2>&1 | grep -vE "^\s*$" | tail -40
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  echo "== bench (batch-invariant, the default)"
+  bin/xtask bench "$@" 2>&1 | tee "$OUT/bench_invariant.txt" | grep -E "^\|" 
+  echo "== bench (MINNOW_BATCH_INVARIANT=0)"
+  MINNOW_BATCH_INVARIANT=0 bin/xtask bench "$@" 2>&1 | tee "$OUT/bench_variant.txt" | grep -E "^\|"
+fi
+exit $status
