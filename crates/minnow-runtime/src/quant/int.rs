@@ -194,24 +194,58 @@ pub fn unpack_scales(
     out
 }
 
-pub(super) fn dequantize(q: &QuantMat<'_>, dst: &mut [f32]) {
-    let (rows, cols, group) = (q.rows, q.cols, q.group_size);
+/// Rows `r0..r1` of `q` in F32, row-major, read straight from the stored codes and scales.
+pub(super) fn dequantize_rows(q: &QuantMat<'_>, r0: usize, r1: usize, dst: &mut [f32]) {
+    let (cols, group) = (q.cols, q.group_size);
     let groups = cols / group;
-    let mut codes = vec![0i8; rows * cols];
-    unpack_codes(q.encoding, rows, cols, q.codes, &mut codes);
-    let scales = unpack_scales(q.encoding, rows, groups, q.scales);
-    for ((out, codes), scales) in dst
-        .chunks_exact_mut(cols)
-        .zip(codes.chunks_exact(cols))
-        .zip(scales.chunks_exact(groups))
-    {
-        for ((out, codes), &s) in out
-            .chunks_exact_mut(group)
-            .zip(codes.chunks_exact(group))
-            .zip(scales)
-        {
-            for (o, &c) in out.iter_mut().zip(codes) {
-                *o = c as f32 * s;
+    let scale = |i: usize| f16::from_le_bytes([q.scales[2 * i], q.scales[2 * i + 1]]).to_f32();
+    let int4 = is_int4(q.encoding);
+    // The code at storage index `i` (INT4: two per byte, the first in the low nibble).
+    let code = |i: usize| -> f32 {
+        if int4 {
+            let b = q.codes[i / 2];
+            let nibble = if i.is_multiple_of(2) {
+                b << 4
+            } else {
+                b & 0xF0
+            };
+            ((nibble as i8) >> 4) as f32
+        } else {
+            q.codes[i] as i8 as f32
+        }
+    };
+    if !is_mma(q.encoding) {
+        for (r, out) in (r0..r1).zip(dst.chunks_exact_mut(cols)) {
+            for (g, out) in out.chunks_exact_mut(group).enumerate() {
+                let s = scale(r * groups + g);
+                let base = r * cols + g * group;
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = code(base + j) * s;
+                }
+            }
+        }
+        return;
+    }
+    // Fragment order: 8-row bands of 16-column tiles; lane l of a tile holds row l / 4,
+    // columns 2 (l % 4) + {0, 1, 8, 9}, all in one scale group (groups are >= 16 wide).
+    let tiles_k = cols / 16;
+    for band in r0 / 8..r1.div_ceil(8) {
+        for kb in 0..tiles_k {
+            let g = kb * 16 / group;
+            let tile = (band * tiles_k + kb) * 128;
+            for lane in 0..32 {
+                let r = band * 8 + lane / 4;
+                if r < r0 || r >= r1 {
+                    continue;
+                }
+                let s = scale((band * groups + g) * 8 + r % 8);
+                let c0 = kb * 16 + 2 * (lane % 4);
+                let row = &mut dst[(r - r0) * cols..(r - r0 + 1) * cols];
+                let at = tile + lane * 4;
+                row[c0] = code(at) * s;
+                row[c0 + 1] = code(at + 1) * s;
+                row[c0 + 8] = code(at + 2) * s;
+                row[c0 + 9] = code(at + 3) * s;
             }
         }
     }
