@@ -481,3 +481,25 @@ fn nvfp4_bytes_follow_the_published_rules() {
     assert_eq!(deq[16], 0.0);
     assert_eq!(deq[7 * kk + 127], 2688.0);
 }
+
+/// Any range of rows decodes to exactly those rows of the whole matrix (ranges that start and
+/// end inside 8-row bands and 128-row FP8 blocks included), straight from the stored layout.
+#[test]
+fn row_ranges_decode_like_the_whole_matrix() {
+    for enc in QuantEncoding::ALL {
+        let (nn, kk, g) = shape_of(enc);
+        let qz = quantize(enc, nn, kk, g, &random(nn * kk, 13)).unwrap();
+        let q = qz.view(enc, nn, kk, g);
+        let mut whole = vec![0.0f32; nn * kk];
+        q.dequantize(&mut whole);
+        for (r0, r1) in [(0, nn), (0, 1), (3, 11), (nn - 5, nn), (8, 16), (7, 7)] {
+            let mut part = vec![f32::NAN; (r1 - r0) * kk];
+            q.dequantize_rows(r0, r1, &mut part);
+            let same = part
+                .iter()
+                .zip(&whole[r0 * kk..r1 * kk])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{enc}: rows {r0}..{r1}");
+        }
+    }
+}

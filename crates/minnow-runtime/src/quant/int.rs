@@ -194,61 +194,73 @@ pub fn unpack_scales(
     out
 }
 
-/// Rows `r0..r1` of `q` in F32, row-major, read straight from the stored codes and scales.
+/// Where the 16 codes one row has in an `*_mma` tile go, in storage order: the row's four lanes
+/// (`l % 4` = 0..3) hold columns `2 (l % 4) + {0, 1, 8, 9}` each, one after the other.
+const MMA_ROW_COLUMNS: [usize; 16] = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15];
+
+/// Rows `r0..r1` of `q` in F32, row-major, read straight from the stored codes and scales
+/// (`value = code × scale`, one rounding).
 pub(super) fn dequantize_rows(q: &QuantMat<'_>, r0: usize, r1: usize, dst: &mut [f32]) {
     let (cols, group) = (q.cols, q.group_size);
     let groups = cols / group;
     let scale = |i: usize| f16::from_le_bytes([q.scales[2 * i], q.scales[2 * i + 1]]).to_f32();
     let int4 = is_int4(q.encoding);
-    // The code at storage index `i` (INT4: two per byte, the first in the low nibble).
-    let code = |i: usize| -> f32 {
-        if int4 {
-            let b = q.codes[i / 2];
-            let nibble = if i.is_multiple_of(2) {
-                b << 4
-            } else {
-                b & 0xF0
-            };
-            ((nibble as i8) >> 4) as f32
-        } else {
-            q.codes[i] as i8 as f32
-        }
-    };
-    if !is_mma(q.encoding) {
-        for (r, out) in (r0..r1).zip(dst.chunks_exact_mut(cols)) {
-            for (g, out) in out.chunks_exact_mut(group).enumerate() {
+    // Bytes of one row's codes in a row-major layout, or of one row's part of an mma tile.
+    let unit = if int4 { 8 } else { 16 };
+    for (r, row) in (r0..r1).zip(dst.chunks_exact_mut(cols)) {
+        if !is_mma(q.encoding) {
+            let codes = &q.codes[r * cols * unit / 16..(r + 1) * cols * unit / 16];
+            for (g, out) in row.chunks_exact_mut(group).enumerate() {
                 let s = scale(r * groups + g);
-                let base = r * cols + g * group;
-                for (j, o) in out.iter_mut().enumerate() {
-                    *o = code(base + j) * s;
+                let codes = &codes[g * group * unit / 16..(g + 1) * group * unit / 16];
+                if int4 {
+                    for (o, &b) in out.chunks_exact_mut(2).zip(codes) {
+                        o[0] = low_nibble(b) * s;
+                        o[1] = high_nibble(b) * s;
+                    }
+                } else {
+                    for (o, &c) in out.iter_mut().zip(codes) {
+                        *o = c as i8 as f32 * s;
+                    }
+                }
+            }
+            continue;
+        }
+        // Fragment order: tiles `[N/8][K/16]`; row r % 8 of a band owns `unit` consecutive
+        // bytes of each tile. A group (>= 16 columns) spans whole tiles.
+        let (band, within) = (r / 8, r % 8);
+        let tiles_k = cols / 16;
+        for g in 0..groups {
+            let s = scale((band * groups + g) * 8 + within);
+            for kb in g * group / 16..(g + 1) * group / 16 {
+                let at = (band * tiles_k + kb) * 8 * unit + within * unit;
+                let codes = &q.codes[at..at + unit];
+                let out: &mut [f32; 16] = (&mut row[kb * 16..kb * 16 + 16])
+                    .try_into()
+                    .expect("16 columns");
+                if int4 {
+                    for (i, &b) in codes.iter().enumerate() {
+                        out[MMA_ROW_COLUMNS[2 * i]] = low_nibble(b) * s;
+                        out[MMA_ROW_COLUMNS[2 * i + 1]] = high_nibble(b) * s;
+                    }
+                } else {
+                    for (i, &c) in codes.iter().enumerate() {
+                        out[MMA_ROW_COLUMNS[i]] = c as i8 as f32 * s;
+                    }
                 }
             }
         }
-        return;
     }
-    // Fragment order: 8-row bands of 16-column tiles; lane l of a tile holds row l / 4,
-    // columns 2 (l % 4) + {0, 1, 8, 9}, all in one scale group (groups are >= 16 wide).
-    let tiles_k = cols / 16;
-    for band in r0 / 8..r1.div_ceil(8) {
-        for kb in 0..tiles_k {
-            let g = kb * 16 / group;
-            let tile = (band * tiles_k + kb) * 128;
-            for lane in 0..32 {
-                let r = band * 8 + lane / 4;
-                if r < r0 || r >= r1 {
-                    continue;
-                }
-                let s = scale((band * groups + g) * 8 + r % 8);
-                let c0 = kb * 16 + 2 * (lane % 4);
-                let row = &mut dst[(r - r0) * cols..(r - r0 + 1) * cols];
-                let at = tile + lane * 4;
-                row[c0] = code(at) * s;
-                row[c0 + 1] = code(at + 1) * s;
-                row[c0 + 8] = code(at + 2) * s;
-                row[c0 + 9] = code(at + 3) * s;
-            }
-        }
-    }
+}
+
+/// The signed INT4 code in a byte's low nibble.
+fn low_nibble(b: u8) -> f32 {
+    (((b << 4) as i8) >> 4) as f32
+}
+
+/// The signed INT4 code in a byte's high nibble.
+fn high_nibble(b: u8) -> f32 {
+    ((b as i8) >> 4) as f32
 }
 
 #[cfg(test)]
