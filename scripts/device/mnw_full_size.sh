@@ -31,29 +31,27 @@ trap 'rm -rf "$WORK"' EXIT
 
 say() { echo "$*" | tee -a "$REPORT"; }
 
-# measure LABEL CMD...: runs CMD, records its wall time and peak RSS (mapped file pages
-# included: the kernel's maximum resident set from wait4's rusage with python3, else the last
-# VmHWM seen sampling /proc every 50 ms), plus the largest anonymous and file-backed resident
-# sizes sampled. Its last line of output is "wall_s rss_mib" (or FAILED).
+# measure LABEL CMD...: runs CMD, appends its last output lines, wall time and peak RSS to the
+# report, and prints "wall_s rss_mib" (or FAILED). Peak RSS is the process's VmHWM (mapped file
+# pages included) sampled from /proc every 50 ms (it only grows, so the last sample is within
+# 50 ms of the end), with the largest anonymous and file-backed parts seen.
 measure() {
   local label=$1
   shift
   if command -v python3 >/dev/null; then
-    python3 - "$label" "$@" <<'PY' 2>&1 | tee -a "$REPORT" | tail -n 1
+    python3 - "$REPORT" "$label" "$@" <<'PY'
 import resource, subprocess, sys, time
-label, cmd = sys.argv[1], sys.argv[2:]
+report, label, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
 start = time.monotonic()
 child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-anon = filed = 0
+peak = {"VmHWM:": 0, "RssAnon:": 0, "RssFile:": 0}
 def sample():
-    global anon, filed
     try:
         with open(f"/proc/{child.pid}/status") as f:
             for line in f:
-                if line.startswith("RssAnon:"):
-                    anon = max(anon, int(line.split()[1]))
-                elif line.startswith("RssFile:"):
-                    filed = max(filed, int(line.split()[1]))
+                key = line.split(maxsplit=1)[0] if line.strip() else ""
+                if key in peak:
+                    peak[key] = max(peak[key], int(line.split()[1]))
     except OSError:
         pass
 while child.poll() is None:
@@ -61,12 +59,17 @@ while child.poll() is None:
     time.sleep(0.05)
 wall = time.monotonic() - start
 out = child.stdout.read().decode(errors="replace")
-peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB
-for line in out.strip().splitlines()[-8:]:
-    print(f"  | {line}")
-print(f"{label}: exit {child.returncode}, wall {wall:.1f} s, peak RSS {peak / 1024:.0f} MiB "
-      f"(sampled max anon {anon / 1024:.0f} MiB, file-backed {filed / 1024:.0f} MiB)")
-print(f"{wall:.3f} {peak / 1024:.0f}" if child.returncode == 0 else "FAILED")
+# rusage's maxrss also counts the forked launcher before exec (a floor of its own size).
+rusage = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+hwm = peak["VmHWM:"] or rusage
+with open(report, "a") as r:
+    for line in out.strip().splitlines()[-8:]:
+        print(f"  | {line}", file=r)
+    print(f"{label}: exit {child.returncode}, wall {wall:.1f} s, peak RSS {hwm / 1024:.0f} MiB "
+          f"(VmHWM sampled every 50 ms; rusage maxrss {rusage / 1024:.0f} MiB; largest anon "
+          f"{peak['RssAnon:'] / 1024:.0f} MiB, file-backed {peak['RssFile:'] / 1024:.0f} MiB)",
+          file=r)
+print(f"{wall:.3f} {hwm / 1024:.0f}" if child.returncode == 0 else "FAILED")
 PY
   else
     local log=$WORK/measure.log start end hwm=0 anon=0 filed=0 v pid rc=0
@@ -87,9 +90,9 @@ PY
     {
       tail -n 8 "$log" | sed 's/^/  | /'
       awk -v l="$label" -v rc="$rc" -v s="$start" -v e="$end" -v h="$hwm" -v a="$anon" -v f="$filed" \
-        'BEGIN {printf "%s: exit %d, wall %.1f s, peak RSS %.0f MiB (VmHWM sampled; max anon %.0f MiB, file-backed %.0f MiB)\n", l, rc, e - s, h / 1024, a / 1024, f / 1024}'
-      if [[ $rc == 0 ]]; then awk -v s="$start" -v e="$end" -v h="$hwm" 'BEGIN {printf "%.3f %.0f\n", e - s, h / 1024}'; else echo FAILED; fi
-    } 2>&1 | tee -a "$REPORT" | tail -n 1
+        'BEGIN {printf "%s: exit %d, wall %.1f s, peak RSS %.0f MiB (VmHWM sampled every 50 ms; largest anon %.0f MiB, file-backed %.0f MiB)\n", l, rc, e - s, h / 1024, a / 1024, f / 1024}'
+    } >>"$REPORT" 2>&1
+    if [[ $rc == 0 ]]; then awk -v s="$start" -v e="$end" -v h="$hwm" 'BEGIN {printf "%.3f %.0f\n", e - s, h / 1024}'; else echo FAILED; fi
   fi
 }
 
