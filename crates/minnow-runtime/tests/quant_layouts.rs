@@ -503,3 +503,36 @@ fn row_ranges_decode_like_the_whole_matrix() {
         }
     }
 }
+
+/// A row's quantized product is bit-identical alone and inside any batch: the weight rows decode
+/// the same in every block and the product's order does not depend on the number of rows.
+#[test]
+fn a_rows_quantized_product_does_not_depend_on_the_batch() {
+    // 72 weight rows: a full 64-row block and a partial one; 70 input rows: two input blocks.
+    let (m, nn, kk) = (70, 72, 256);
+    let x = random(m * kk, 31);
+    let w = random(nn * kk, 32);
+    for enc in QuantEncoding::ALL {
+        let g = match enc {
+            QuantEncoding::Nvfp4 => 16,
+            QuantEncoding::Fp8Block => 128,
+            _ => 32,
+        };
+        let qz = quantize(enc, nn, kk, g, &w).unwrap();
+        let q = qz.view(enc, nn, kk, g);
+        let mut batch = vec![0.0f32; m * nn];
+        linear_quant(&x, m, &q, &mut batch, Par::Rayon);
+        for (t0, t1) in [(0, 1), (33, 34), (69, 70), (20, 37), (60, 70)] {
+            let mut part = vec![0.0f32; (t1 - t0) * nn];
+            linear_quant(&x[t0 * kk..t1 * kk], t1 - t0, &q, &mut part, Par::Seq);
+            let same = part
+                .iter()
+                .zip(&batch[t0 * nn..t1 * nn])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{enc}: rows {t0}..{t1} differ from the same rows in the batch"
+            );
+        }
+    }
+}
