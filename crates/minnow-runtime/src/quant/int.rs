@@ -194,9 +194,12 @@ pub fn unpack_scales(
     out
 }
 
-/// Where the 16 codes one row has in an `*_mma` tile go, in storage order: the row's four lanes
-/// (`l % 4` = 0..3) hold columns `2 (l % 4) + {0, 1, 8, 9}` each, one after the other.
-const MMA_ROW_COLUMNS: [usize; 16] = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15];
+/// A row's 16 codes in an `*_mma` tile come in lane order: its four lanes (`l % 4` = 0..3) hold
+/// columns `2 (l % 4) + {0, 1, 8, 9}` each. Columns `2p` and `2p + 1` are always neighbours in
+/// storage: this is the slot of column `2p` (`2p + 1` follows it), for the column pairs
+/// p = 0..8. Reading the codes in column order (a gather with constant indices) lets the
+/// compiler turn the permutation into shuffles.
+const MMA_PAIR_SLOT: [usize; 8] = [0, 4, 8, 12, 2, 6, 10, 14];
 
 /// Rows `r0..r1` of `q` in F32, row-major, read straight from the stored codes and scales
 /// (`value = code × scale`, one rounding).
@@ -239,13 +242,16 @@ pub(super) fn dequantize_rows(q: &QuantMat<'_>, r0: usize, r1: usize, dst: &mut 
                     .try_into()
                     .expect("16 columns");
                 if int4 {
-                    for (i, &b) in codes.iter().enumerate() {
-                        out[MMA_ROW_COLUMNS[2 * i]] = low_nibble(b) * s;
-                        out[MMA_ROW_COLUMNS[2 * i + 1]] = high_nibble(b) * s;
+                    // Slots 2i and 2i + 1 share byte i (low nibble first).
+                    for (p, &slot) in MMA_PAIR_SLOT.iter().enumerate() {
+                        let b = codes[slot / 2];
+                        out[2 * p] = low_nibble(b) * s;
+                        out[2 * p + 1] = high_nibble(b) * s;
                     }
                 } else {
-                    for (i, &c) in codes.iter().enumerate() {
-                        out[MMA_ROW_COLUMNS[i]] = c as i8 as f32 * s;
+                    for (p, &slot) in MMA_PAIR_SLOT.iter().enumerate() {
+                        out[2 * p] = codes[slot] as i8 as f32 * s;
+                        out[2 * p + 1] = codes[slot + 1] as i8 as f32 * s;
                     }
                 }
             }
