@@ -118,4 +118,8 @@ impl TensorSource for Checkpoint {
     fn describe(&self) -> String {
         self.inner().describe()
     }
+
+    fn release(&self, name: &str) {
+        self.inner().release(name)
+    }
 }

@@ -174,6 +174,12 @@ impl TensorSource for SafetensorsDir {
             n => format!("{} ({n} shards)", self.dir.display()),
         }
     }
+
+    fn release(&self, name: &str) {
+        if let Some(e) = self.tensors.get(name) {
+            crate::source::release_pages(&self.maps[e.file], e.start..e.end);
+        }
+    }
 }
 
 /// Reads `weight_map` of an index file.

@@ -70,4 +70,23 @@ pub trait TensorSource: Send + Sync {
     fn names(&self) -> Vec<&str>;
     /// Where the tensors come from, for messages ("/models/x (3 shards)").
     fn describe(&self) -> String;
+    /// A hint that the caller is done reading `name`: a memory-mapped source drops the tensor's
+    /// pages from this process (they stay in the page cache), so that streaming once over a
+    /// checkpoint larger than memory (the converter) keeps a small resident set. A tensor read
+    /// again afterwards faults its pages back in, with the same bytes. Default: nothing.
+    fn release(&self, _name: &str) {}
+}
+
+/// Drops `map[range]`'s pages from the process (see [`TensorSource::release`]).
+pub(crate) fn release_pages(map: &memmap2::Mmap, range: std::ops::Range<usize>) {
+    if range.is_empty() {
+        return;
+    }
+    // SAFETY: `map` is a read-only shared file mapping: MADV_DONTNEED only unmaps its pages,
+    // and the next access reads the same file bytes back (the sources assume, as every
+    // mmap-based loader does, that nobody modifies the file while it is open). No byte any
+    // borrower sees changes. A failure only means the pages stay resident.
+    let _ = unsafe {
+        map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, range.len())
+    };
 }

@@ -1,99 +1,21 @@
 //! The `.mnw` container end to end: write with the converter, read back, and every way a file
 //! can be broken: caught by `validate` (any flipped byte) or refused on open (structure).
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
+use common::{assets, source, write};
 use minnow_format::mnw::convert::{
     convert, ConvertInput, ConvertOptions, ExpertChoice, TensorRule,
 };
 use minnow_format::mnw::layout::Header;
-use minnow_format::mnw::manifest::Manifest;
+use minnow_format::mnw::manifest::{Manifest, TensorRecord};
 use minnow_format::mnw::validate::validate_file;
-use minnow_format::{MnwFile, TensorRef, TensorSource};
+use minnow_format::{MnwFile, TensorSource};
 use minnow_runtime::quant::{Encoding, QuantEncoding};
 use minnow_runtime::DType;
-
-/// An in-memory BF16 source with expert-shaped and other tensors.
-struct Memory(BTreeMap<String, (Vec<usize>, Vec<u8>)>);
-
-impl TensorSource for Memory {
-    fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
-        self.0.get(name).map(|(shape, data)| TensorRef {
-            dtype: Some(DType::BF16),
-            dtype_name: "BF16",
-            shape,
-            data,
-            quant: None,
-        })
-    }
-    fn names(&self) -> Vec<&str> {
-        self.0.keys().map(String::as_str).collect()
-    }
-    fn describe(&self) -> String {
-        "memory".into()
-    }
-}
-
-fn bf16_bytes(n: usize, seed: u32) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(2654435761) | 1;
-    (0..n)
-        .flat_map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            half::bf16::from_f32((s % 2001) as f32 / 1000.0 - 1.0).to_le_bytes()
-        })
-        .collect()
-}
-
-fn source() -> Memory {
-    let mut m = BTreeMap::new();
-    let mut add = |name: &str, shape: Vec<usize>, seed| {
-        let n = shape.iter().product();
-        m.insert(name.to_string(), (shape, bf16_bytes(n, seed)));
-    };
-    add("model.word_embeddings.weight", vec![40, 64], 1);
-    add("model.norm.weight", vec![64], 2);
-    for e in 0..3 {
-        add(
-            &format!("model.layers.1.mlp.experts.{e}.gate_proj.weight"),
-            vec![32, 64],
-            10 + e as u32,
-        );
-        add(
-            &format!("model.layers.1.mlp.experts.{e}.down_proj.weight"),
-            vec![64, 32],
-            20 + e as u32,
-        );
-    }
-    Memory(m)
-}
-
-fn assets() -> BTreeMap<String, String> {
-    [
-        "config.json",
-        "tokenizer.json",
-        "chat_template.jinja",
-        "generation_config.json",
-    ]
-    .iter()
-    .map(|n| (n.to_string(), format!("contents of {n}")))
-    .collect()
-}
-
-fn write(dir: &Path, name: &str, options: &ConvertOptions) -> PathBuf {
-    let src = source();
-    let input = ConvertInput {
-        source: &src,
-        assets: assets(),
-        model_id: "memory-model".into(),
-    };
-    let out = dir.join(name);
-    convert(&input, &out, options, &AtomicBool::new(false), &|_, _| {}).unwrap();
-    out
-}
 
 fn int4(workers: usize) -> ConvertOptions {
     ConvertOptions {
@@ -288,6 +210,11 @@ fn rewrite_manifest(path: &Path, edit: impl FnOnce(&mut Manifest)) {
     std::fs::write(path, out).unwrap();
 }
 
+/// The record of the first tensor in name order.
+fn first(m: &mut Manifest) -> &mut TensorRecord {
+    m.tensors.values_mut().next().unwrap()
+}
+
 fn open_err(path: &Path) -> String {
     MnwFile::open(path).unwrap_err().to_string()
 }
@@ -323,32 +250,35 @@ fn structurally_broken_files_are_refused_on_open() {
         ("version 7", Box::new(|m| m.version = 7)),
         (
             "unknown encoding 'q5_k'",
-            Box::new(|m| m.tensors[0].encoding = "q5_k".into()),
+            Box::new(|m| first(m).encoding = "q5_k".into()),
         ),
         (
             "overlap",
-            Box::new(|m| m.tensors[1].data.offset = m.tensors[0].data.offset),
+            Box::new(|m| {
+                let offset = first(m).data.offset;
+                m.tensors.values_mut().nth(1).unwrap().data.offset = offset;
+            }),
         ),
-        ("needs", Box::new(|m| m.tensors[0].shape[0] += 1)),
+        ("needs", Box::new(|m| first(m).shape[0] += 1)),
         (
             "not a multiple of 4096",
-            Box::new(|m| m.tensors[0].data.offset += 8),
+            Box::new(|m| first(m).data.offset += 8),
         ),
         (
             "past the start of the manifest",
-            Box::new(|m| m.tensors[0].data.bytes = u64::MAX),
+            Box::new(|m| first(m).data.bytes = u64::MAX),
         ),
         (
             "no scales region",
             Box::new(|m| {
-                let t = m.tensors.iter_mut().find(|t| t.scales.is_some()).unwrap();
+                let t = m.tensors.values_mut().find(|t| t.scales.is_some()).unwrap();
                 t.scales = None;
             }),
         ),
         (
             "group size",
             Box::new(|m| {
-                let t = m.tensors.iter_mut().find(|t| t.scales.is_some()).unwrap();
+                let t = m.tensors.values_mut().find(|t| t.scales.is_some()).unwrap();
                 t.group_size = 48;
             }),
         ),
@@ -363,15 +293,12 @@ fn structurally_broken_files_are_refused_on_open() {
             }),
         ),
         (
-            "appears twice",
-            Box::new(|m| {
-                let t = m.tensors[0].clone();
-                m.tensors.push(t);
-            }),
+            "64 hex characters",
+            Box::new(|m| first(m).data.blake3 = "ABC".into()),
         ),
         (
-            "64 lowercase hex",
-            Box::new(|m| m.tensors[0].data.blake3 = "ABC".into()),
+            "64 hex characters",
+            Box::new(|m| first(m).data.blake3 = "g".repeat(64)),
         ),
     ];
     for (want, edit) in cases {
@@ -415,16 +342,16 @@ fn validate_catches_a_flipped_byte_anywhere() {
     let mut positions: Vec<(usize, String)> = (0..64).map(|i| (i, "header".to_string())).collect();
     positions.push((100, "header padding".into()));
     positions.push((4095, "header padding".into()));
-    for m in &f.manifest().tensors {
+    for (name, m) in &f.manifest().tensors {
         let d = m.data.offset as usize;
-        positions.push((d, format!("tensor '{}' data", m.name)));
+        positions.push((d, format!("tensor '{name}' data")));
         positions.push((
             d + m.data.bytes as usize - 1,
-            format!("tensor '{}' data", m.name),
+            format!("tensor '{name}' data"),
         ));
         positions.push((d + m.data.bytes as usize, "padding after".into()));
         if let Some(s) = &m.scales {
-            positions.push((s.offset as usize + 1, format!("tensor '{}' scales", m.name)));
+            positions.push((s.offset as usize + 1, format!("tensor '{name}' scales")));
         }
     }
     let mo = f.header().manifest_offset as usize;
@@ -450,4 +377,75 @@ fn validate_catches_a_flipped_byte_anywhere() {
             let _ = MnwFile::open(&p);
         }
     }
+}
+
+/// `--experts int4` from a file whose experts are INT8 is refused naming the tensor (quantizing
+/// stored codes again would round twice); the same encoding and `original` copy them.
+#[test]
+fn quantized_sources_are_copied_never_re_encoded() {
+    let dir = tempfile::tempdir().unwrap();
+    let int8 = ConvertOptions {
+        experts: ExpertChoice::Int8,
+        group_size: Some(32),
+        ..ConvertOptions::default()
+    };
+    let first = write(dir.path(), "int8.mnw", &int8);
+    let file = MnwFile::open(&first).unwrap();
+    let input = ConvertInput {
+        source: &file,
+        assets: assets(),
+        model_id: "memory-model".into(),
+    };
+    let run = |name: &str, options: &ConvertOptions| {
+        convert(
+            &input,
+            &dir.path().join(name),
+            options,
+            &AtomicBool::new(false),
+            &|_, _| {},
+        )
+    };
+    for (name, options) in [
+        ("int4.mnw", int4(1)),
+        (
+            "g16.mnw",
+            ConvertOptions {
+                group_size: Some(16),
+                ..int8.clone()
+            },
+        ),
+    ] {
+        let err = run(name, &options).unwrap_err().to_string();
+        assert!(
+            err.contains("is already quantized (i8_mma, group size 32)")
+                && err.contains("Convert from the floating-point checkpoint"),
+            "{err}"
+        );
+        assert!(!dir.path().join(name).exists());
+    }
+    for (name, options) in [
+        ("copy.mnw", ConvertOptions::default()),
+        ("same.mnw", int8.clone()),
+    ] {
+        run(name, &options).unwrap();
+        let bytes = std::fs::read(dir.path().join(name)).unwrap();
+        assert!(bytes == std::fs::read(&first).unwrap(), "{name}");
+    }
+}
+
+/// The output is created like any new file: mode 0666 less the process umask (read from
+/// /proc; tests share the process, so it is not changed here), not a private 0600.
+#[test]
+fn output_mode_follows_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let umask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .map(|v| u32::from_str_radix(v.trim(), 8).unwrap())
+        .expect("Umask in /proc/self/status");
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "m.mnw", &ConvertOptions::default());
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o666 & !umask, "umask {umask:o}");
 }

@@ -3,8 +3,8 @@
 //!
 //! Matrices are borrowed from the tensor source in their stored type (BF16/F16/F32 via mmap) and
 //! widened where they are used, so a 16B checkpoint runs without an F32 copy. MLP projections
-//! (routed experts in practice) may also be quantized in a `.mnw`: they stay compressed and are
-//! dequantized one matrix at a time by the product that reads them ([`MlpMat::linear`]). Small
+//! (routed experts in practice) may also be quantized in a `.mnw`: they stay compressed, and the
+//! product that reads them decodes one block of rows at a time ([`MlpMat::linear`]). Small
 //! vectors (norm weights, `expert_bias`) and the F32 router matrix are widened once at load.
 
 use std::sync::Arc;
@@ -105,7 +105,8 @@ impl MlpMat {
         }
     }
 
-    /// `out[n, rows] = x[n, cols] · Wᵀ`; a quantized weight is dequantized for this product only.
+    /// `out[n, rows] = x[n, cols] · Wᵀ`; a quantized weight's rows are decoded as the product
+    /// reads them.
     pub fn linear(&self, x: &[f32], n: usize, out: &mut [f32], par: Par) {
         match self {
             MlpMat::Float(m) => linear(x, n, m.view(), out, par),

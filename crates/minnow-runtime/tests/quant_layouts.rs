@@ -6,7 +6,7 @@
 use half::f16;
 use minnow_runtime::cpu::{linear, linear_quant, Par};
 use minnow_runtime::quant::fp8::{e4m3_to_f32, f32_to_e4m3};
-use minnow_runtime::quant::nvfp4::{e2m1_to_f32, f32_to_e2m1};
+use minnow_runtime::quant::nvfp4::e2m1_to_f32;
 use minnow_runtime::quant::{quantize, QuantEncoding, QuantMat};
 use minnow_runtime::MatRef;
 use rand::{Rng, SeedableRng};
@@ -97,6 +97,24 @@ fn get(bytes: &[u8], p: &Place) -> u8 {
     }
 }
 
+/// E2M1 by the doc's rule, written out as thresholds: nearest magnitude of 0, 0.5, 1, 1.5, 2,
+/// 3, 4, 6 with ties to the even code, and the sign bit of the input kept even when the
+/// magnitude rounds to zero.
+fn reference_e2m1(x: f32) -> u8 {
+    let a = x.abs();
+    let magnitude = match a {
+        a if a <= 0.25 => 0,
+        a if a < 0.75 => 1,
+        a if a <= 1.25 => 2,
+        a if a < 1.75 => 3,
+        a if a <= 2.5 => 4,
+        a if a < 3.5 => 5,
+        a if a <= 5.0 => 6,
+        _ => 7,
+    };
+    magnitude | if x.is_sign_negative() { 8 } else { 0 }
+}
+
 /// The reference encoder: (codes, scales, global scale), scales as raw bytes.
 fn reference_quantize(
     enc: QuantEncoding,
@@ -159,14 +177,15 @@ fn reference_quantize(
                 for k0 in (0..kk).step_by(16) {
                     let block = &w[n * kk + k0..n * kk + k0 + 16];
                     let bmax = block.iter().map(|v| v.abs()).fold(0.0, f32::max);
+                    // An all-zero block's scale is the code of 1.0.
                     let s = if bmax == 0.0 {
-                        1
+                        0x38
                     } else {
                         f32_to_e4m3((bmax / 6.0) / global).max(1)
                     };
                     scales[scale_place(enc, n, k0, kk, 16)] = s;
                     for k in k0..k0 + 16 {
-                        let c = f32_to_e2m1(w[n * kk + k] / (e4m3_to_f32(s) * global));
+                        let c = reference_e2m1(w[n * kk + k] / (e4m3_to_f32(s) * global));
                         put(&mut codes, &code_place(enc, n, k, kk), c);
                     }
                 }
@@ -389,5 +408,131 @@ fn zero_matrices_use_unit_scales() {
         let mut deq = vec![1.0f32; nn * kk];
         q.dequantize(&mut deq);
         assert!(deq.iter().all(|&v| v == 0.0), "{enc}");
+    }
+}
+
+/// NVFP4 files must be byte-identical to the published converter's: hand-made blocks with the
+/// codes and scales the format's rules give, written out literally. An [8, 128] matrix spans
+/// two 64-column K tiles; one value of 2688 makes the global scale exactly 1.
+#[test]
+fn nvfp4_bytes_follow_the_published_rules() {
+    let (nn, kk) = (8, 128);
+    let mut w = vec![0.0f32; nn * kk];
+    let mut want_codes = vec![0u8; nn * kk];
+    let mut want_scales = vec![0x38u8; nn * kk / 16];
+    let mut block = |row: usize, b: usize, values: &[f32], codes: &[u8], scale: u8| {
+        for (i, (&v, &c)) in values.iter().zip(codes).enumerate() {
+            w[row * kk + b * 16 + i] = v;
+            want_codes[row * kk + b * 16 + i] = c;
+        }
+        want_scales[row * (kk / 16) + b] = scale;
+    };
+    // Row 0, block 0: all +0.0 (left at zero): scale 1.0 (code 56), codes 0.
+    // Row 0, block 1: all -0.0: scale 56, and each code keeps the sign (nibble 8).
+    block(0, 1, &[-0.0; 16], &[8; 16], 0x38);
+    // Row 0, block 4 (second K tile): max 6 gives block scale 1.0; ties go to the even code,
+    // and negative values that round to zero are -0 (nibble 8).
+    block(
+        0,
+        4,
+        &[
+            6.0, -0.1, 0.1, -0.25, 0.25, 0.75, -1.25, 5.0, -6.0, 2.5, 3.5, -0.0, 1.75, -3.0, 0.5,
+            4.0,
+        ],
+        &[7, 8, 0, 8, 0, 2, 10, 6, 15, 4, 6, 8, 4, 13, 1, 6],
+        0x38,
+    );
+    // Row 3, block 2: a nonzero block too small for any scale gets the smallest code, 1.
+    let mut tiny = [0.0f32; 16];
+    tiny[0] = 1e-30;
+    tiny[1] = -1e-30;
+    let mut tiny_codes = [0u8; 16];
+    tiny_codes[1] = 8;
+    block(3, 2, &tiny, &tiny_codes, 1);
+    // Row 7, block 7 (last of the second K tile): the matrix's largest value: scale 448
+    // (code 126), code 6.0 (7).
+    let mut top = [0.0f32; 16];
+    top[15] = 2688.0;
+    let mut top_codes = [0u8; 16];
+    top_codes[15] = 7;
+    block(7, 7, &top, &top_codes, 126);
+
+    let got = quantize(QuantEncoding::Nvfp4, nn, kk, 16, &w).unwrap();
+    assert_eq!(got.global_scale, 1.0);
+    let mut codes = vec![0u8; nn * kk / 2];
+    let mut scales = vec![0u8; nn * kk / 16];
+    for n in 0..nn {
+        for k in 0..kk {
+            let enc = QuantEncoding::Nvfp4;
+            put(
+                &mut codes,
+                &code_place(enc, n, k, kk),
+                want_codes[n * kk + k],
+            );
+            scales[scale_place(enc, n, k, kk, 16)] = want_scales[n * (kk / 16) + k / 16];
+        }
+    }
+    assert_eq!(got.scales, scales, "scale bytes");
+    assert_eq!(got.codes, codes, "code bytes");
+    // A negative zero decodes to zero.
+    let mut deq = vec![1.0f32; nn * kk];
+    got.view(QuantEncoding::Nvfp4, nn, kk, 16)
+        .dequantize(&mut deq);
+    assert_eq!(deq[16], 0.0);
+    assert_eq!(deq[7 * kk + 127], 2688.0);
+}
+
+/// Any range of rows decodes to exactly those rows of the whole matrix (ranges that start and
+/// end inside 8-row bands and 128-row FP8 blocks included), straight from the stored layout.
+#[test]
+fn row_ranges_decode_like_the_whole_matrix() {
+    for enc in QuantEncoding::ALL {
+        let (nn, kk, g) = shape_of(enc);
+        let qz = quantize(enc, nn, kk, g, &random(nn * kk, 13)).unwrap();
+        let q = qz.view(enc, nn, kk, g);
+        let mut whole = vec![0.0f32; nn * kk];
+        q.dequantize(&mut whole);
+        for (r0, r1) in [(0, nn), (0, 1), (3, 11), (nn - 5, nn), (8, 16), (7, 7)] {
+            let mut part = vec![f32::NAN; (r1 - r0) * kk];
+            q.dequantize_rows(r0, r1, &mut part);
+            let same = part
+                .iter()
+                .zip(&whole[r0 * kk..r1 * kk])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{enc}: rows {r0}..{r1}");
+        }
+    }
+}
+
+/// A row's quantized product is bit-identical alone and inside any batch: the weight rows decode
+/// the same in every block and the product's order does not depend on the number of rows.
+#[test]
+fn a_rows_quantized_product_does_not_depend_on_the_batch() {
+    // 72 weight rows: a full 64-row block and a partial one; 70 input rows: two input blocks.
+    let (m, nn, kk) = (70, 72, 256);
+    let x = random(m * kk, 31);
+    let w = random(nn * kk, 32);
+    for enc in QuantEncoding::ALL {
+        let g = match enc {
+            QuantEncoding::Nvfp4 => 16,
+            QuantEncoding::Fp8Block => 128,
+            _ => 32,
+        };
+        let qz = quantize(enc, nn, kk, g, &w).unwrap();
+        let q = qz.view(enc, nn, kk, g);
+        let mut batch = vec![0.0f32; m * nn];
+        linear_quant(&x, m, &q, &mut batch, Par::Rayon);
+        for (t0, t1) in [(0, 1), (33, 34), (69, 70), (20, 37), (60, 70)] {
+            let mut part = vec![0.0f32; (t1 - t0) * nn];
+            linear_quant(&x[t0 * kk..t1 * kk], t1 - t0, &q, &mut part, Par::Seq);
+            let same = part
+                .iter()
+                .zip(&batch[t0 * nn..t1 * nn])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{enc}: rows {t0}..{t1} differ from the same rows in the batch"
+            );
+        }
     }
 }

@@ -21,6 +21,15 @@ fn minnow(model: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The binary with no --model (and no MINNOW_MODEL).
+fn minnow_bare(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_minnow"))
+        .env_remove("MINNOW_MODEL")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 fn ok(output: Output) -> String {
     assert!(
         output.status.success(),
@@ -60,7 +69,10 @@ fn converts_identically_for_any_worker_count_and_validates() {
     assert!(std::fs::read(&one).unwrap() == std::fs::read(&four).unwrap());
     let report = ok(minnow(&one, &["validate"]));
     assert!(report.contains(": ok ("), "{report}");
-    let inspect = ok(minnow(&one, &["inspect"]));
+    // FILE as a positional argument, without --model.
+    let report = ok(minnow_bare(&["validate", one.to_str().unwrap()]));
+    assert!(report.contains(": ok ("), "{report}");
+    let inspect = ok(minnow_bare(&["inspect", one.to_str().unwrap()]));
     assert!(
         inspect.contains("encoding       i8_mma, group size 32: 48 tensors"),
         "{inspect}"
@@ -241,4 +253,50 @@ fn ctrl_c_mid_convert_leaves_nothing() {
     assert!(stderr.contains("interrupted"), "{stderr}");
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Without --model, convert and validate use the bundled fixture like every other command; the
+/// file is created with the process umask (027 here: 0640, neither 0600 nor a fixed 0644).
+#[test]
+fn convert_and_validate_fall_back_to_the_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("fixture.mnw");
+    let output = Command::new("sh")
+        .arg("-c")
+        .arg("umask 027 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_minnow"))
+        .args(["convert", out.to_str().unwrap()])
+        .env_remove("MINNOW_MODEL")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    ok(output);
+    assert!(stderr.contains("bundled tiny fixture"), "{stderr}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640);
+    let report = ok(minnow_bare(&["validate", out.to_str().unwrap()]));
+    assert!(report.contains(": ok ("), "{report}");
+    // The fixture itself is a directory: its structure is checked (it has no digests).
+    let report = ok(minnow_bare(&["validate"]));
+    assert!(report.contains("llada2-tiny-v21: ok ("), "{report}");
+    assert!(report.contains("no digests"), "{report}");
+}
+
+/// Re-quantizing a quantized file is refused in one line naming the tensor; nothing is written.
+#[test]
+fn convert_refuses_to_re_encode_a_quantized_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let int8 = convert(dir.path(), "int8.mnw", &["--experts", "int8"]);
+    let out = dir.path().join("int4.mnw");
+    let err = error_text(&minnow(
+        &int8,
+        &["convert", out.to_str().unwrap(), "--experts", "int4"],
+    ));
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("is already quantized (i8_mma, group size") && err.contains("round twice"),
+        "{err}"
+    );
+    assert!(!out.exists());
 }

@@ -227,6 +227,21 @@ pub fn plan(source: &dyn TensorSource, options: &ConvertOptions) -> Result<Plan>
             expert_encoding,
             is_routed_expert(name) && t.shape.len() == 2,
         ) {
+            if let Encoding::Quant(stored) = src {
+                // Already quantized: kept only when it already is what was asked for.
+                // Re-encoding is refused rather than done from the stored values: those
+                // carry the first rounding, so the result would be worse than the same
+                // encoding made from the source checkpoint and would not match its bytes.
+                let group = q.manifest_group(options.group_size.unwrap_or(source_group));
+                if (stored, source_group) != (q, group) {
+                    return Err(bad(format!(
+                        "tensor '{name}' is already quantized ({stored}, group size \
+                         {source_group}); re-encoding it as {q} (group size {group}) would round \
+                         twice. Convert from the floating-point checkpoint instead, or use \
+                         --experts original to copy the quantized tensors as they are"
+                    )));
+                }
+            }
             if matches!(src, Encoding::Float(_)) {
                 let group = match options.group_size {
                     Some(g) => Some(g),
@@ -347,6 +362,16 @@ struct Written {
     global_scale: Option<f32>,
 }
 
+/// The two passes of a conversion, for progress reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Regions being encoded and written: bytes written of the regions' total.
+    Writing,
+    /// The finished temporary file being re-read and hashed (as `validate` does): bytes read of
+    /// the file's data part.
+    Verifying,
+}
+
 /// Converts `input` into a new file at `out`. `cancel` stops the workers at their next step
 /// (the temporary file is removed); `progress(bytes_done, bytes_total)` reports written bytes.
 pub fn convert(
@@ -355,6 +380,22 @@ pub fn convert(
     options: &ConvertOptions,
     cancel: &AtomicBool,
     progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<Summary> {
+    convert_in_stages(input, out, options, cancel, &|stage, done, total| {
+        if stage == Stage::Writing {
+            progress(done, total)
+        }
+    })
+}
+
+/// [`convert`], reporting both passes: `progress(stage, done, total)`. Calls come from several
+/// worker threads, so `done` may arrive slightly out of order.
+pub fn convert_in_stages(
+    input: &ConvertInput<'_>,
+    out: &Path,
+    options: &ConvertOptions,
+    cancel: &AtomicBool,
+    progress: &(dyn Fn(Stage, u64, u64) + Sync),
 ) -> Result<Summary> {
     let plan = plan(input.source, options)?;
     let output = OutputFile::create(out, plan.data_end)?;
@@ -368,7 +409,7 @@ pub fn convert(
     let workers = options.workers.clamp(1, 64);
     let step = |bytes: usize| {
         let d = done.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
-        progress(d, total);
+        progress(Stage::Writing, d, total);
     };
     let stop = || cancel.load(Ordering::Relaxed) || failed.load(Ordering::Relaxed);
     std::thread::scope(|s| {
@@ -382,7 +423,10 @@ pub fn convert(
                     return;
                 };
                 let tensor = input.source.tensor(&t.name).expect("planned tensor");
-                match write_tensor(&output, t, &tensor, &step, &stop) {
+                let written = write_tensor(&output, t, &tensor, &step, &stop);
+                // Read once: its mapped pages need not stay in this process.
+                input.source.release(&t.name);
+                match written {
                     Ok(w) => results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(w),
                     Err(e) => {
                         failed.store(true, Ordering::Relaxed);
@@ -407,14 +451,13 @@ pub fn convert(
     }
     let results = results.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut per_encoding: BTreeMap<String, (usize, u64)> = BTreeMap::new();
-    let mut records = Vec::with_capacity(plan.tensors.len());
+    let mut records = BTreeMap::new();
     for (t, w) in plan.tensors.iter().zip(results) {
         let w = w.expect("every tensor written when no worker failed");
         let entry = per_encoding.entry(t.target.name().to_string()).or_default();
         entry.0 += 1;
         entry.1 += t.data_bytes + t.scales.map_or(0, |s| s.1);
-        records.push(TensorRecord {
-            name: t.name.clone(),
+        let record = TensorRecord {
             shape: t.shape.iter().map(|&d| d as u64).collect(),
             encoding: t.target.name().to_string(),
             data: Region {
@@ -432,7 +475,8 @@ pub fn convert(
                 }),
             group_size: t.group_size as u64,
             global_scale: w.global_scale,
-        });
+        };
+        records.insert(t.name.clone(), record);
     }
     let manifest = Manifest {
         version: VERSION,
@@ -445,7 +489,9 @@ pub fn convert(
             .collect(),
         tensors: records,
     };
-    let file_bytes = output.finish(&manifest, plan.data_end)?;
+    let file_bytes = output.finish(&manifest, plan.data_end, &|done, total| {
+        progress(Stage::Verifying, done, total)
+    })?;
     Ok(Summary {
         file_bytes,
         notes: plan.notes,

@@ -152,12 +152,11 @@ pub fn check(header: &Header, manifest_bytes: &[u8]) -> Result<Checked, String> 
     }
     let mut entries = BTreeMap::new();
     let mut spans = Vec::new();
-    for t in &manifest.tensors {
-        let entry =
-            check_tensor(header, t, &mut spans).map_err(|e| format!("tensor '{}': {e}", t.name))?;
-        if entries.insert(t.name.clone(), entry).is_some() {
-            return Err(format!("tensor '{}' appears twice in the manifest", t.name));
-        }
+    // Names are unique: the manifest's reader refuses a repeated one.
+    for (name, t) in &manifest.tensors {
+        let entry = check_tensor(header, name, t, &mut spans)
+            .map_err(|e| format!("tensor '{name}': {e}"))?;
+        entries.insert(name.clone(), entry);
     }
     spans.sort_by_key(|s| (s.start, s.end));
     for pair in spans.windows(2) {
@@ -176,10 +175,12 @@ pub fn check(header: &Header, manifest_bytes: &[u8]) -> Result<Checked, String> 
     })
 }
 
-fn check_tensor(header: &Header, t: &TensorRecord, spans: &mut Vec<Span>) -> Result<Entry, String> {
-    if t.name.is_empty() {
-        return Err("a tensor has no name".into());
-    }
+fn check_tensor(
+    header: &Header,
+    name: &str,
+    t: &TensorRecord,
+    spans: &mut Vec<Span>,
+) -> Result<Entry, String> {
     let encoding =
         Encoding::parse(&t.encoding).ok_or_else(|| format!("unknown encoding '{}'", t.encoding))?;
     let shape: Vec<usize> = t
@@ -247,7 +248,7 @@ fn check_tensor(header: &Header, t: &TensorRecord, spans: &mut Vec<Span>) -> Res
             spans.push(Span {
                 start: range.start as u64,
                 end: range.end as u64,
-                tensor: t.name.clone(),
+                tensor: name.to_string(),
                 kind,
                 blake3: region.blake3.clone(),
                 encoding: quant.filter(|_| kind == RegionKind::Scales),
@@ -285,15 +286,10 @@ fn check_tensor(header: &Header, t: &TensorRecord, spans: &mut Vec<Span>) -> Res
 
 /// A region's byte range, checked against the alignment and the manifest.
 fn check_region(header: &Header, r: &Region, what: &str) -> Result<std::ops::Range<usize>, String> {
-    if r.blake3.len() != 64
-        || !r
-            .blake3
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        return Err(format!(
-            "its {what} digest is not 64 lowercase hex characters"
-        ));
+    // Written lowercase; either case is read (the published format compares digests
+    // case-insensitively).
+    if r.blake3.len() != 64 || !r.blake3.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("its {what} digest is not 64 hex characters"));
     }
     if r.offset < ALIGN || !r.offset.is_multiple_of(ALIGN) {
         return Err(format!(

@@ -1,9 +1,13 @@
-//! The manifest: a MessagePack map with named fields (docs/model-format.md §Manifest).
-//! Unknown fields are ignored (forward compatible within version 1); `version` is read first on
-//! its own so that a newer file gets "unsupported version" rather than a parse error.
+//! The manifest: a MessagePack map with named fields (docs/model-format.md §2). `tensors` is a
+//! map from each tensor's original checkpoint name to its record, written in sorted name order,
+//! which is the published form; the array of named records that minnow wrote before is still
+//! read. Unknown fields are ignored (forward compatible within version 1); `version` is read
+//! first on its own so that a newer file gets "unsupported version" rather than a parse error.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
+use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// The whole manifest.
@@ -14,33 +18,64 @@ pub struct Manifest {
     pub model_id: String,
     /// The source's text files by file name.
     pub assets: BTreeMap<String, AssetText>,
-    /// In file order. A map keyed by tensor name is accepted as well when reading (the facts
-    /// say each tensor carries its name; they do not say whether `tensors` is an array or a
-    /// map, so both are read and an array is written).
-    #[serde(deserialize_with = "tensors_list_or_map")]
-    pub tensors: Vec<TensorRecord>,
+    /// Every tensor by its original checkpoint name (`BTreeMap`: bytewise sorted, the order the
+    /// published files use).
+    #[serde(deserialize_with = "tensors_map_or_array")]
+    pub tensors: BTreeMap<String, TensorRecord>,
 }
 
-/// One tensor's entry.
+/// One tensor's record: exactly the published fields.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TensorRecord {
-    /// The original checkpoint name.
-    #[serde(default)]
-    pub name: String,
     pub shape: Vec<u64>,
+    /// The snake_case encoding name (`bf16`, `i4_mma`, `nvfp4`, ...).
     pub encoding: String,
     pub data: Region,
+    /// Absent (the key is not written) when the encoding has no scales.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scales: Option<Region>,
-    /// 0 for floating-point data.
+    /// Always written; 0 for floating-point data.
     #[serde(default)]
     pub group_size: u64,
-    /// NVFP4 only.
+    /// NVFP4 only; a MessagePack float32.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global_scale: Option<f32>,
 }
 
-/// A byte range of the file with its BLAKE3 digest (64 lowercase hex characters).
+/// A record as minnow wrote it before the published form was known: an element of an array,
+/// carrying its own name.
+#[derive(Deserialize)]
+struct NamedRecord {
+    name: String,
+    shape: Vec<u64>,
+    encoding: String,
+    data: Region,
+    #[serde(default)]
+    scales: Option<Region>,
+    #[serde(default)]
+    group_size: u64,
+    #[serde(default)]
+    global_scale: Option<f32>,
+}
+
+impl NamedRecord {
+    fn split(self) -> (String, TensorRecord) {
+        (
+            self.name,
+            TensorRecord {
+                shape: self.shape,
+                encoding: self.encoding,
+                data: self.data,
+                scales: self.scales,
+                group_size: self.group_size,
+                global_scale: self.global_scale,
+            },
+        )
+    }
+}
+
+/// A byte range of the file with its BLAKE3 digest: 64 hex characters, written lowercase,
+/// compared case-insensitively.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Region {
     pub offset: u64,
@@ -74,25 +109,49 @@ impl<'de> Deserialize<'de> for AssetText {
     }
 }
 
-fn tensors_list_or_map<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<TensorRecord>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Tensors {
-        List(Vec<TensorRecord>),
-        Map(BTreeMap<String, TensorRecord>),
+/// `tensors` as the published map `{name: record}`, or as the array of named records older
+/// minnow files have. A name given twice is an error in both forms (a map decoded naively would
+/// keep the last one silently).
+fn tensors_map_or_array<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, TensorRecord>, D::Error> {
+    struct TensorsVisitor;
+    fn insert<E: serde::de::Error>(
+        out: &mut BTreeMap<String, TensorRecord>,
+        (name, record): (String, TensorRecord),
+    ) -> Result<(), E> {
+        if name.is_empty() {
+            return Err(E::custom("a tensor has no name"));
+        }
+        if out.contains_key(&name) {
+            return Err(E::custom(format!(
+                "tensor '{name}' appears twice in the manifest"
+            )));
+        }
+        out.insert(name, record);
+        Ok(())
     }
-    Ok(match Tensors::deserialize(d)? {
-        Tensors::List(list) => list,
-        Tensors::Map(map) => map
-            .into_iter()
-            .map(|(name, mut t)| {
-                if t.name.is_empty() {
-                    t.name = name;
-                }
-                t
-            })
-            .collect(),
-    })
+    impl<'de> Visitor<'de> for TensorsVisitor {
+        type Value = BTreeMap<String, TensorRecord>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a map from tensor name to tensor record")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(entry) = map.next_entry::<String, TensorRecord>()? {
+                insert(&mut out, entry)?;
+            }
+            Ok(out)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(record) = seq.next_element::<NamedRecord>()? {
+                insert(&mut out, record.split())?;
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(TensorsVisitor)
 }
 
 #[derive(Deserialize)]
@@ -135,25 +194,28 @@ pub fn blake3_hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    fn record() -> TensorRecord {
+        TensorRecord {
+            shape: vec![2, 3],
+            encoding: "bf16".into(),
+            data: Region {
+                offset: 4096,
+                bytes: 12,
+                blake3: blake3_hex(b""),
+            },
+            scales: None,
+            group_size: 0,
+            global_scale: None,
+        }
+    }
+
     fn sample() -> Manifest {
         Manifest {
             version: 1,
             architecture: "llada2_moe".into(),
             model_id: "tiny".into(),
             assets: BTreeMap::from([("config.json".into(), AssetText("{}".into()))]),
-            tensors: vec![TensorRecord {
-                name: "a".into(),
-                shape: vec![2, 3],
-                encoding: "bf16".into(),
-                data: Region {
-                    offset: 4096,
-                    bytes: 12,
-                    blake3: blake3_hex(b""),
-                },
-                scales: None,
-                group_size: 0,
-                global_scale: None,
-            }],
+            tensors: BTreeMap::from([("b".into(), record()), ("a".into(), record())]),
         }
     }
 
@@ -166,29 +228,75 @@ mod tests {
         assert_eq!(Manifest::from_bytes(&bytes).unwrap(), m);
     }
 
+    /// The array of named records minnow wrote before, with an unknown field beside.
     #[test]
-    fn reads_tensors_as_a_map_and_ignores_unknown_fields() {
+    fn reads_the_older_array_form_and_ignores_unknown_fields() {
         #[derive(Serialize)]
-        struct Other<'a> {
+        struct Named {
+            name: String,
+            #[serde(flatten)]
+            record: TensorRecord,
+        }
+        #[derive(Serialize)]
+        struct Older {
             version: u64,
-            architecture: &'a str,
-            model_id: &'a str,
+            architecture: &'static str,
+            model_id: &'static str,
             assets: BTreeMap<String, String>,
-            tensors: BTreeMap<String, TensorRecord>,
+            tensors: Vec<Named>,
             extra: u32,
         }
-        let mut t = sample().tensors.remove(0);
-        t.name.clear();
-        let other = Other {
+        let named = |name: &str| Named {
+            name: name.into(),
+            record: record(),
+        };
+        let older = Older {
             version: 1,
             architecture: "llada2_moe",
             model_id: "x",
             assets: BTreeMap::new(),
-            tensors: BTreeMap::from([("w".to_string(), t)]),
+            tensors: vec![named("w"), named("v")],
             extra: 7,
         };
-        let m = Manifest::from_bytes(&rmp_serde::to_vec_named(&other).unwrap()).unwrap();
-        assert_eq!(m.tensors[0].name, "w");
+        let m = Manifest::from_bytes(&rmp_serde::to_vec_named(&older).unwrap()).unwrap();
+        assert_eq!(m.tensors.keys().collect::<Vec<_>>(), ["v", "w"]);
+        assert_eq!(m.tensors["w"], record());
+
+        let twice = Older {
+            tensors: vec![named("w"), named("w")],
+            ..older
+        };
+        let err = Manifest::from_bytes(&rmp_serde::to_vec_named(&twice).unwrap()).unwrap_err();
+        assert!(err.contains("tensor 'w' appears twice"), "{err}");
+    }
+
+    /// A MessagePack map may repeat a key; the reader refuses that instead of keeping one.
+    #[test]
+    fn a_name_repeated_in_the_map_is_refused() {
+        struct Repeated(Vec<(&'static str, TensorRecord)>);
+        impl Serialize for Repeated {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+            }
+        }
+        #[derive(Serialize)]
+        struct WithRepeat {
+            version: u64,
+            architecture: &'static str,
+            model_id: &'static str,
+            assets: BTreeMap<String, String>,
+            tensors: Repeated,
+        }
+        let bytes = rmp_serde::to_vec_named(&WithRepeat {
+            version: 1,
+            architecture: "llada2_moe",
+            model_id: "x",
+            assets: BTreeMap::new(),
+            tensors: Repeated(vec![("a", record()), ("a", record())]),
+        })
+        .unwrap();
+        let err = Manifest::from_bytes(&bytes).unwrap_err();
+        assert!(err.contains("tensor 'a' appears twice"), "{err}");
     }
 
     #[test]

@@ -126,4 +126,13 @@ impl TensorSource for MnwFile {
     fn describe(&self) -> String {
         format!("{}", self.path.display())
     }
+
+    fn release(&self, name: &str) {
+        if let Some(e) = self.entries.get(name) {
+            crate::source::release_pages(&self.map, e.data.clone());
+            if let Some(scales) = &e.scales {
+                crate::source::release_pages(&self.map, scales.clone());
+            }
+        }
+    }
 }

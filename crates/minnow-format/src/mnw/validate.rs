@@ -157,7 +157,7 @@ fn hash_region(
     }
     report.regions_checked += 1;
     let digest = hasher.finalize().to_hex();
-    if digest.as_str() != span.blake3 {
+    if !digest.as_str().eq_ignore_ascii_case(&span.blake3) {
         report.problems.push(format!(
             "{} (offset {}, {} bytes): BLAKE3 {digest} does not match the manifest's {}",
             span.label(),

@@ -5,7 +5,7 @@
 //! cancelled conversion) deletes the temporary file.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tempfile::NamedTempFile;
@@ -66,9 +66,13 @@ impl OutputFile {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "output.mnw".into());
+        // Created like any new file (mode 0666 less the process umask, 0644 typically), not
+        // tempfile's private 0600: the published file is meant to be shared. The no-clobber
+        // publish below does not depend on the mode.
         let temp = tempfile::Builder::new()
             .prefix(&format!(".{name}."))
             .suffix(".partial")
+            .permissions(std::fs::Permissions::from_mode(0o666))
             .tempfile_in(&dir)
             .map_err(|source| FormatError::Io {
                 path: dir.clone(),
@@ -114,9 +118,15 @@ impl OutputFile {
             .map_err(|e| self.write_error(e))
     }
 
-    /// Appends the manifest and the header, syncs, validates the whole file, and links it to
-    /// the output path (failing if that appeared meanwhile). Returns the file's length.
-    pub fn finish(self, manifest: &Manifest, data_end: u64) -> Result<u64> {
+    /// Appends the manifest and the header, syncs, validates the whole file (reporting
+    /// `verified(bytes_read, bytes_total)`), and links it to the output path (failing if that
+    /// appeared meanwhile). Returns the file's length.
+    pub fn finish(
+        self,
+        manifest: &Manifest,
+        data_end: u64,
+        verified: &dyn Fn(u64, u64),
+    ) -> Result<u64> {
         let bytes = manifest.to_bytes();
         if bytes.len() as u64 > MAX_MANIFEST {
             return Err(FormatError::invalid(
@@ -136,7 +146,7 @@ impl OutputFile {
         self.write_at(&bytes, data_end)?;
         self.write_at(&header.encode(), 0)?;
         self.file().sync_all().map_err(|e| self.write_error(e))?;
-        let report = validate_file(self.temp.path(), &|_, _| {})?;
+        let report = validate_file(self.temp.path(), verified)?;
         if let Some(problem) = report.problems.first() {
             return Err(FormatError::invalid(
                 &self.out,

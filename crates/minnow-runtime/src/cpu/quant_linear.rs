@@ -1,27 +1,24 @@
-//! `y = x · Wᵀ` with `W` quantized: the matrix is dequantized into an F32 scratch buffer of the
-//! calling thread, then multiplied by [`linear`]. Callers hand one selected expert's matrix at a
-//! time, so the widened copy is one expert projection (a few MiB), never the whole model.
+//! `y = x · Wᵀ` with `W` quantized, straight from its codes: [`linear_rows`] asks a quantized
+//! matrix for one block of weight rows at a time, and the matrix decodes exactly those rows
+//! from their codes and scales into the product's per-thread F32 buffer
+//! ([`QuantMat::dequantize_rows`]). No whole-matrix copy is made, and a row decodes to the same
+//! values in any block, so the product keeps [`linear_rows`]' batch invariance: a token's
+//! output is bit-identical alone or among any other tokens.
 
-use std::cell::Cell;
-
-use super::linear::{linear, Par};
-use crate::dtype::MatRef;
+use super::linear::{linear_rows, Par, WeightRows};
 use crate::quant::QuantMat;
 
-thread_local! {
-    /// The dequantized matrix of this thread's current product, kept to avoid a page-faulting
-    /// allocation per expert.
-    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+impl WeightRows for QuantMat<'_> {
+    fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    fn widen_rows(&self, r0: usize, r1: usize, dst: &mut [f32]) {
+        self.dequantize_rows(r0, r1, dst)
+    }
 }
 
 /// `out[m, n] = x[m, k] · W[n, k]ᵀ` for a quantized `W` (row-major `out`, overwritten).
 pub fn linear_quant(x: &[f32], m: usize, w: &QuantMat<'_>, out: &mut [f32], par: Par) {
-    // Taken out of the cell (not borrowed) so that a nested product that rayon runs on this
-    // thread while `linear` waits finds an empty buffer instead of a live borrow.
-    let mut scratch = SCRATCH.take();
-    scratch.clear();
-    scratch.resize(w.rows * w.cols, 0.0);
-    w.dequantize(&mut scratch);
-    linear(x, m, MatRef::from_f32(w.rows, w.cols, &scratch), out, par);
-    SCRATCH.set(scratch);
+    linear_rows(x, m, w, out, par)
 }

@@ -26,6 +26,12 @@ pub fn e4m3_to_f32(b: u8) -> f32 {
     sign * mag
 }
 
+/// The value of every E4M3 byte (NaN for `0x7F`/`0xFF`).
+pub fn e4m3_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|i| e4m3_to_f32(i as u8)))
+}
+
 /// The values of the positive codes 0..=126, ascending.
 fn positive_table() -> &'static [f32; 127] {
     static TABLE: std::sync::OnceLock<[f32; 127]> = std::sync::OnceLock::new();
@@ -99,17 +105,26 @@ pub(super) fn quantize_block(rows: usize, cols: usize, values: &[f32]) -> Quanti
     }
 }
 
-pub(super) fn dequantize_block(q: &QuantMat<'_>, dst: &mut [f32]) {
-    let (rows, cols) = (q.rows, q.cols);
+/// Rows `r0..r1` of a `fp8_e4m3_b128` matrix in F32, row-major.
+pub(super) fn dequantize_block_rows(q: &QuantMat<'_>, r0: usize, r1: usize, dst: &mut [f32]) {
+    let cols = q.cols;
     let bk = cols.div_ceil(FP8_BLOCK);
+    let table = e4m3_table();
     let scale = |i: usize| {
         let b = &q.scales[4 * i..4 * i + 4];
         f32::from_le_bytes([b[0], b[1], b[2], b[3]])
     };
-    for r in 0..rows {
-        let row = &mut dst[r * cols..(r + 1) * cols];
-        for (c, o) in row.iter_mut().enumerate() {
-            *o = e4m3_to_f32(q.codes[r * cols + c]) * scale((r / FP8_BLOCK) * bk + c / FP8_BLOCK);
+    for (r, row) in (r0..r1).zip(dst.chunks_exact_mut(cols)) {
+        let codes = &q.codes[r * cols..(r + 1) * cols];
+        for (b, (out, codes)) in row
+            .chunks_mut(FP8_BLOCK)
+            .zip(codes.chunks(FP8_BLOCK))
+            .enumerate()
+        {
+            let s = scale((r / FP8_BLOCK) * bk + b);
+            for (o, &c) in out.iter_mut().zip(codes) {
+                *o = table[c as usize] * s;
+            }
         }
     }
 }

@@ -194,27 +194,79 @@ pub fn unpack_scales(
     out
 }
 
-pub(super) fn dequantize(q: &QuantMat<'_>, dst: &mut [f32]) {
-    let (rows, cols, group) = (q.rows, q.cols, q.group_size);
+/// A row's 16 codes in an `*_mma` tile come in lane order: its four lanes (`l % 4` = 0..3) hold
+/// columns `2 (l % 4) + {0, 1, 8, 9}` each. Columns `2p` and `2p + 1` are always neighbours in
+/// storage: this is the slot of column `2p` (`2p + 1` follows it), for the column pairs
+/// p = 0..8. Reading the codes in column order (a gather with constant indices) lets the
+/// compiler turn the permutation into shuffles.
+const MMA_PAIR_SLOT: [usize; 8] = [0, 4, 8, 12, 2, 6, 10, 14];
+
+/// Rows `r0..r1` of `q` in F32, row-major, read straight from the stored codes and scales
+/// (`value = code × scale`, one rounding).
+pub(super) fn dequantize_rows(q: &QuantMat<'_>, r0: usize, r1: usize, dst: &mut [f32]) {
+    let (cols, group) = (q.cols, q.group_size);
     let groups = cols / group;
-    let mut codes = vec![0i8; rows * cols];
-    unpack_codes(q.encoding, rows, cols, q.codes, &mut codes);
-    let scales = unpack_scales(q.encoding, rows, groups, q.scales);
-    for ((out, codes), scales) in dst
-        .chunks_exact_mut(cols)
-        .zip(codes.chunks_exact(cols))
-        .zip(scales.chunks_exact(groups))
-    {
-        for ((out, codes), &s) in out
-            .chunks_exact_mut(group)
-            .zip(codes.chunks_exact(group))
-            .zip(scales)
-        {
-            for (o, &c) in out.iter_mut().zip(codes) {
-                *o = c as f32 * s;
+    let scale = |i: usize| f16::from_le_bytes([q.scales[2 * i], q.scales[2 * i + 1]]).to_f32();
+    let int4 = is_int4(q.encoding);
+    // Bytes of one row's codes in a row-major layout, or of one row's part of an mma tile.
+    let unit = if int4 { 8 } else { 16 };
+    for (r, row) in (r0..r1).zip(dst.chunks_exact_mut(cols)) {
+        if !is_mma(q.encoding) {
+            let codes = &q.codes[r * cols * unit / 16..(r + 1) * cols * unit / 16];
+            for (g, out) in row.chunks_exact_mut(group).enumerate() {
+                let s = scale(r * groups + g);
+                let codes = &codes[g * group * unit / 16..(g + 1) * group * unit / 16];
+                if int4 {
+                    for (o, &b) in out.chunks_exact_mut(2).zip(codes) {
+                        o[0] = low_nibble(b) * s;
+                        o[1] = high_nibble(b) * s;
+                    }
+                } else {
+                    for (o, &c) in out.iter_mut().zip(codes) {
+                        *o = c as i8 as f32 * s;
+                    }
+                }
+            }
+            continue;
+        }
+        // Fragment order: tiles `[N/8][K/16]`; row r % 8 of a band owns `unit` consecutive
+        // bytes of each tile. A group (>= 16 columns) spans whole tiles.
+        let (band, within) = (r / 8, r % 8);
+        let tiles_k = cols / 16;
+        for g in 0..groups {
+            let s = scale((band * groups + g) * 8 + within);
+            for kb in g * group / 16..(g + 1) * group / 16 {
+                let at = (band * tiles_k + kb) * 8 * unit + within * unit;
+                let codes = &q.codes[at..at + unit];
+                let out: &mut [f32; 16] = (&mut row[kb * 16..kb * 16 + 16])
+                    .try_into()
+                    .expect("16 columns");
+                if int4 {
+                    // Slots 2i and 2i + 1 share byte i (low nibble first).
+                    for (p, &slot) in MMA_PAIR_SLOT.iter().enumerate() {
+                        let b = codes[slot / 2];
+                        out[2 * p] = low_nibble(b) * s;
+                        out[2 * p + 1] = high_nibble(b) * s;
+                    }
+                } else {
+                    for (p, &slot) in MMA_PAIR_SLOT.iter().enumerate() {
+                        out[2 * p] = codes[slot] as i8 as f32 * s;
+                        out[2 * p + 1] = codes[slot + 1] as i8 as f32 * s;
+                    }
+                }
             }
         }
     }
+}
+
+/// The signed INT4 code in a byte's low nibble.
+fn low_nibble(b: u8) -> f32 {
+    (((b << 4) as i8) >> 4) as f32
+}
+
+/// The signed INT4 code in a byte's high nibble.
+fn high_nibble(b: u8) -> f32 {
+    ((b as i8) >> 4) as f32
 }
 
 #[cfg(test)]

@@ -262,14 +262,29 @@ impl<'a> QuantMat<'a> {
 
     /// The whole matrix in F32, row-major (`dst.len() == rows * cols`).
     pub fn dequantize(&self, dst: &mut [f32]) {
-        assert_eq!(dst.len(), self.rows * self.cols, "dequantize: output size");
+        self.dequantize_rows(0, self.rows, dst);
+    }
+
+    /// Rows `r0..r1` in F32, row-major (`dst.len() == (r1 - r0) * cols`), decoded straight from
+    /// their codes and scales (nothing else of the matrix is read). Each value depends only on
+    /// its own code and scale, so a row's values are the same whatever range it is read in.
+    pub fn dequantize_rows(&self, r0: usize, r1: usize, dst: &mut [f32]) {
+        assert!(
+            r0 <= r1 && r1 <= self.rows,
+            "dequantize_rows: rows {r0}..{r1}"
+        );
+        assert_eq!(
+            dst.len(),
+            (r1 - r0) * self.cols,
+            "dequantize_rows: output size"
+        );
         match self.encoding {
             QuantEncoding::I8Sym
             | QuantEncoding::I4Sym
             | QuantEncoding::I8Mma
-            | QuantEncoding::I4Mma => int::dequantize(self, dst),
-            QuantEncoding::Nvfp4 => nvfp4::dequantize(self, dst),
-            QuantEncoding::Fp8Block => fp8::dequantize_block(self, dst),
+            | QuantEncoding::I4Mma => int::dequantize_rows(self, r0, r1, dst),
+            QuantEncoding::Nvfp4 => nvfp4::dequantize_rows(self, r0, r1, dst),
+            QuantEncoding::Fp8Block => fp8::dequantize_block_rows(self, r0, r1, dst),
         }
     }
 

@@ -8,7 +8,7 @@
 //! `4j..4j+4` (the first value in the lowest nibble). Scales are bytes in the order
 //! `[N/8][K/64][row 0..8][block 0..4]`.
 
-use super::fp8::{e4m3_positive_code, e4m3_to_f32, E4M3_MAX};
+use super::fp8::{e4m3_positive_code, e4m3_table, e4m3_to_f32, E4M3_MAX};
 use super::{QuantMat, Quantized, NVFP4_GROUP};
 
 /// Magnitudes of the E2M1 codes 0..8.
@@ -24,7 +24,12 @@ pub fn e2m1_to_f32(code: u8) -> f32 {
     }
 }
 
-/// The E2M1 code nearest to `x` (ties to the even code, saturating at ±6; zero has no sign).
+/// The E2M1 code nearest to `x` (ties to the even code, saturating at ±6). The sign bit is
+/// `x`'s: a negative value that rounds to zero is stored as -0 (nibble 8), as the published
+/// format requires for byte-identical files. An input of -0.0 (an all-zero block holding
+/// negative zeros) is stored as -0 as well: the format doc speaks of "a negative value"
+/// without naming -0.0, and taking the IEEE sign bit is the one rule under which the sign is
+/// kept for every input.
 pub fn f32_to_e2m1(x: f32) -> u8 {
     let a = x.abs();
     let mut idx = 7;
@@ -35,7 +40,7 @@ pub fn f32_to_e2m1(x: f32) -> u8 {
             break;
         }
     }
-    if x < 0.0 && idx != 0 {
+    if x.is_sign_negative() {
         idx as u8 | 8
     } else {
         idx as u8
@@ -51,10 +56,15 @@ pub fn global_scale(max_abs: f32) -> f32 {
     }
 }
 
-/// The E4M3 block scale code of a block whose largest magnitude is `block_max`.
+/// The E4M3 code of 1.0, an all-zero block's scale.
+pub const E4M3_ONE: u8 = 0x38;
+
+/// The E4M3 block scale code of a block whose largest magnitude is `block_max`: nearest-even
+/// of `(block_max / 6) / global`, at least the smallest nonzero code for a nonzero block, and
+/// 1.0 (code 56) for an all-zero block.
 pub fn block_scale_code(block_max: f32, global: f32) -> u8 {
     if block_max == 0.0 {
-        return 1;
+        return E4M3_ONE;
     }
     e4m3_positive_code((block_max / 6.0) / global).max(1)
 }
@@ -155,19 +165,34 @@ pub(super) fn quantize(rows: usize, cols: usize, values: &[f32], global: Option<
     }
 }
 
-pub(super) fn dequantize(q: &QuantMat<'_>, dst: &mut [f32]) {
-    let (rows, cols) = (q.rows, q.cols);
-    let mut codes = vec![0u8; rows * cols];
-    unpack_codes(rows, cols, q.codes, &mut codes);
-    let scales = unpack_scales(rows, cols, q.scales);
-    for ((out, codes), &s) in dst
-        .chunks_exact_mut(NVFP4_GROUP)
-        .zip(codes.chunks_exact(NVFP4_GROUP))
-        .zip(&scales)
-    {
-        let s = e4m3_to_f32(s);
-        for (o, &c) in out.iter_mut().zip(codes) {
-            *o = e2m1_to_f32(c) * s * q.global_scale;
+/// Rows `r0..r1` of `q` in F32, row-major, read straight from the fragment-ordered codes and
+/// scales. A value is `(E2M1(code) × E4M3(scale)) × global`, in that order (the product of the
+/// first two is exact; only the last multiplication rounds).
+pub(super) fn dequantize_rows(q: &QuantMat<'_>, r0: usize, r1: usize, dst: &mut [f32]) {
+    let cols = q.cols;
+    let chunks = cols / 64;
+    let e4m3 = e4m3_table();
+    let e2m1: [f32; 16] = std::array::from_fn(|c| e2m1_to_f32(c as u8));
+    for band in r0 / 8..r1.div_ceil(8) {
+        for kb in 0..chunks {
+            let chunk = band * chunks + kb;
+            for reg in 0..2 {
+                for lane in 0..32 {
+                    let r = band * 8 + lane / 4;
+                    if r < r0 || r >= r1 {
+                        continue;
+                    }
+                    let at = ((chunk * 2 + reg) * 32 + lane) * 4;
+                    let word = u32::from_le_bytes(q.codes[at..at + 4].try_into().expect("4"));
+                    // Eight columns of one 16-value block: one scale.
+                    let c0 = kb * 64 + 32 * reg + 8 * (lane % 4);
+                    let s = e4m3[q.scales[chunk * 32 + (r % 8) * 4 + (c0 % 64) / 16] as usize];
+                    let out = &mut dst[(r - r0) * cols + c0..(r - r0) * cols + c0 + 8];
+                    for (j, o) in out.iter_mut().enumerate() {
+                        *o = (e2m1[((word >> (4 * j)) & 0xF) as usize] * s) * q.global_scale;
+                    }
+                }
+            }
         }
     }
 }
@@ -179,9 +204,7 @@ mod tests {
     #[test]
     fn e2m1_round_trip_and_ties() {
         for c in 0..16u8 {
-            if c != 8 {
-                assert_eq!(f32_to_e2m1(e2m1_to_f32(c)), c);
-            }
+            assert_eq!(f32_to_e2m1(e2m1_to_f32(c)), c);
         }
         assert_eq!(f32_to_e2m1(0.25), 0);
         assert_eq!(f32_to_e2m1(0.75), 2);
@@ -191,7 +214,12 @@ mod tests {
         assert_eq!(f32_to_e2m1(5.01), 7);
         assert_eq!(f32_to_e2m1(100.0), 7);
         assert_eq!(f32_to_e2m1(-3.0), 13);
-        assert_eq!(f32_to_e2m1(-0.1), 0);
+        // Negative values that round to zero keep the sign: nibble 8.
+        assert_eq!(f32_to_e2m1(-0.1), 8);
+        assert_eq!(f32_to_e2m1(-0.25), 8);
+        assert_eq!(f32_to_e2m1(-0.0), 8);
+        assert_eq!(f32_to_e2m1(0.0), 0);
+        assert_eq!(e2m1_to_f32(8), 0.0);
     }
 
     #[test]
@@ -199,7 +227,8 @@ mod tests {
         assert_eq!(global_scale(0.0), 1.0);
         assert_eq!(global_scale(2688.0), 1.0);
         assert_eq!(global_scale(1e-40), f32::MIN_POSITIVE);
-        assert_eq!(block_scale_code(0.0, 1.0), 1);
+        assert_eq!(block_scale_code(0.0, 1.0), 56);
+        assert_eq!(e4m3_to_f32(E4M3_ONE), 1.0);
         assert_eq!(block_scale_code(1e-30, 1.0), 1);
         assert_eq!(block_scale_code(6.0 * 448.0, 1.0), 126);
     }

@@ -1,18 +1,20 @@
 //! `minnow --model SRC convert OUT.mnw`: writes a `.mnw` container from a safetensors directory
-//! or a floating-point `.mnw`, optionally quantizing the routed experts (docs/model-format.md).
-//! The work is `minnow_format::mnw::convert`; this module parses the flags, shows a progress bar
-//! and turns Ctrl-C into a clean stop (the temporary file is removed, OUT never appears).
+//! or a `.mnw` (SRC defaults to the bundled fixture, like every command), optionally quantizing
+//! the routed experts (docs/model-format.md). The work is `minnow_format::mnw::convert`; this
+//! module parses the flags, shows a progress bar per pass (writing, then verifying) and turns
+//! Ctrl-C into a clean stop (the temporary file is removed, OUT never appears).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Once};
 
+use indicatif::{ProgressBar, ProgressState, ProgressStyle};
 use minnow_format::mnw::convert::{
-    convert, ConvertInput, ConvertOptions, ExpertChoice, QuantLayout, TensorRule,
+    convert_in_stages, ConvertInput, ConvertOptions, ExpertChoice, QuantLayout, Stage, TensorRule,
 };
 use minnow_format::Checkpoint;
 
-use super::{required_model, Cli};
+use super::{model_or_fixture, Cli};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum Experts {
@@ -60,8 +62,8 @@ pub struct Args {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
-    let model = required_model(cli)?;
-    let source = Checkpoint::open(model).map_err(|e| e.to_string())?;
+    let model = model_or_fixture(cli);
+    let source = Checkpoint::open(&model).map_err(|e| e.to_string())?;
     let assets = source.assets().map_err(|e| e.to_string())?;
     let rules = match &args.tensor_rules {
         Some(path) => TensorRule::parse_file(path).map_err(|e| e.to_string())?,
@@ -95,25 +97,20 @@ pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
         signal_hook::flag::register(signal, Arc::clone(&cancel))
             .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
     }
-    let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "converting [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
-        )
-        .map_err(|e| e.to_string())?
-        .progress_chars("=> "),
-    );
     let input = ConvertInput {
         source: &source,
         assets,
         model_id: source.model_id(),
     };
-    let progress = |done: u64, total: u64| {
-        bar.set_length(total);
-        bar.set_position(done);
-    };
-    let result = convert(&input, &args.out, &options, &cancel, &progress);
-    bar.finish_and_clear();
+    let bars = StageBars::new()?;
+    let result = convert_in_stages(
+        &input,
+        &args.out,
+        &options,
+        &cancel,
+        &|stage, done, total| bars.show(stage, done, total),
+    );
+    bars.clear();
     if cancel.load(Ordering::Relaxed) {
         return Err(format!(
             "interrupted; {} was not written",
@@ -136,4 +133,94 @@ pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// A bar style whose rate and ETA are the average since the bar started (bytes done / time
+/// elapsed). indicatif's own estimate weights the last few updates, and the converter's
+/// updates come in bursts (one per band of rows, from several workers), so it swung between
+/// 0 B/s and huge ETAs; the average is steady and converges on the real throughput.
+pub(super) fn steady_style(label: &str) -> Result<ProgressStyle, String> {
+    let rate = |state: &ProgressState| {
+        let secs = state.elapsed().as_secs_f64();
+        (secs > 0.5 && state.pos() > 0).then(|| state.pos() as f64 / secs)
+    };
+    Ok(ProgressStyle::with_template(&format!(
+        "{label} [{{bar:30}}] {{bytes}}/{{total_bytes}} {{avg_rate}} eta {{avg_eta}}"
+    ))
+    .map_err(|e| e.to_string())?
+    .progress_chars("=> ")
+    .with_key(
+        "avg_rate",
+        move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = match rate(state) {
+                Some(r) => write!(w, "{}/s", indicatif::BinaryBytes(r as u64)),
+                None => write!(w, "-"),
+            };
+        },
+    )
+    .with_key(
+        "avg_eta",
+        move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let left = state.len().unwrap_or(0).saturating_sub(state.pos());
+            let _ = match rate(state) {
+                Some(r) => write!(
+                    w,
+                    "{:#}",
+                    indicatif::HumanDuration(std::time::Duration::from_secs_f64(left as f64 / r))
+                ),
+                None => write!(w, "-"),
+            };
+        },
+    ))
+}
+
+/// One bar per pass of the conversion; workers report concurrently, so the position only moves
+/// forward (a late report of a smaller count is ignored).
+struct StageBars {
+    writing: ProgressBar,
+    verifying: ProgressBar,
+    high: [AtomicU64; 2],
+    started: [Once; 2],
+}
+
+impl StageBars {
+    fn new() -> Result<Self, String> {
+        let bar = |label: &str| -> Result<ProgressBar, String> {
+            let b = ProgressBar::hidden();
+            b.set_style(steady_style(label)?);
+            Ok(b)
+        };
+        Ok(Self {
+            writing: bar("converting")?,
+            verifying: bar("verifying ")?,
+            high: [AtomicU64::new(0), AtomicU64::new(0)],
+            started: [Once::new(), Once::new()],
+        })
+    }
+
+    fn show(&self, stage: Stage, done: u64, total: u64) {
+        let i = match stage {
+            Stage::Writing => 0,
+            Stage::Verifying => 1,
+        };
+        let bar = [&self.writing, &self.verifying][i];
+        // The first report of a pass starts its clock (not the bars' creation) and shows it.
+        self.started[i].call_once(|| {
+            if stage == Stage::Verifying {
+                self.writing.finish_and_clear();
+            }
+            bar.set_length(total);
+            bar.reset_elapsed();
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        });
+        let high = &self.high[i];
+        if high.fetch_max(done, Ordering::Relaxed) < done {
+            bar.set_position(done);
+        }
+    }
+
+    fn clear(&self) {
+        self.writing.finish_and_clear();
+        self.verifying.finish_and_clear();
+    }
 }

@@ -1,4 +1,4 @@
-//! `minnow inspect`: what a checkpoint is (family, shapes, parameter count, bytes per stored
+//! `minnow inspect [FILE]`: what a checkpoint is (family, shapes, parameter count, bytes per stored
 //! dtype or encoding, group sizes, special token ids) and whether every tensor the forward pass
 //! needs is present with the right type and shape. A directory or a `.mnw` file; reads headers
 //! and the manifest only, computes nothing.
@@ -9,14 +9,17 @@ use minnow_format::{Checkpoint, TensorSource};
 use minnow_model::weights::validate;
 use minnow_model::Config;
 
-use super::{model_or_fixture, Cli};
+use super::{file_or_model, Cli};
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// The checkpoint (directory or .mnw file); default: --model, else the bundled fixture.
+    pub file: Option<std::path::PathBuf>,
+}
 
-pub fn run(cli: &Cli, _args: &Args) -> Result<(), String> {
+pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
     super::forward::show_warnings();
-    let path = &model_or_fixture(cli);
+    let path = &file_or_model(cli, args.file.as_ref());
     let (c, source) = minnow_model::checkpoint::open(path).map_err(|e| e.to_string())?;
     validate(&c, &source).map_err(|e| e.to_string())?;
     print!("{}", report(&c, &source));

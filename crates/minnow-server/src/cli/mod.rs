@@ -55,7 +55,8 @@ pub enum Command {
     Serve(serve::Args),
     /// Write the checkpoint as a .mnw file, optionally with quantized experts.
     Convert(convert::Args),
-    /// Check every byte of a .mnw file (digests, padding, structure).
+    /// Check every byte of a .mnw file (digests, padding, structure); a checkpoint directory
+    /// gets the structural checks (it has no digests).
     Validate(validate::Args),
 }
 
@@ -82,11 +83,13 @@ fn rayon_threads(n: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// The checkpoint path of a subcommand that has no sensible default (`convert`, `validate`).
-pub fn required_model(cli: &Cli) -> Result<&PathBuf, String> {
-    cli.model
-        .as_ref()
-        .ok_or_else(|| "--model PATH is required for this command".to_string())
+/// A command's positional FILE (`minnow validate FILE`, `minnow inspect FILE`), which wins over
+/// `--model` and `MINNOW_MODEL`; else [`model_or_fixture`].
+pub fn file_or_model(cli: &Cli, file: Option<&PathBuf>) -> PathBuf {
+    match file {
+        Some(path) => path.clone(),
+        None => model_or_fixture(cli),
+    }
 }
 
 /// `--model`, or the bundled tiny fixture (announced on stderr) when it is omitted.

@@ -1,30 +1,31 @@
-//! `minnow --model X.mnw validate`: checks a `.mnw` file completely (structure, the manifest's
-//! and every region's BLAKE3, zero padding, quantized scales) with bounded memory and no GPU.
-//! Each problem is printed naming its tensor; any problem makes the exit status non-zero.
+//! `minnow validate [FILE]`: checks a `.mnw` file completely (structure, the manifest's and
+//! every region's BLAKE3, zero padding, quantized scales) with bounded memory and no GPU. Each
+//! problem is printed naming its tensor; any problem makes the exit status non-zero. FILE
+//! defaults to `--model`, then to the bundled fixture like every command; a checkpoint
+//! directory (the fixture is one) has no digests, so it gets what can be checked: its
+//! safetensors headers and the model's tensor set, as loading checks them.
+
+use std::path::{Path, PathBuf};
 
 use minnow_format::mnw::validate::validate_file;
+use minnow_format::TensorSource;
 
-use super::{required_model, Cli};
+use super::{file_or_model, Cli};
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// The .mnw file (or checkpoint directory) to check; default: --model, else the bundled
+    /// fixture.
+    pub file: Option<PathBuf>,
+}
 
-pub fn run(cli: &Cli, _args: &Args) -> Result<(), String> {
-    let path = required_model(cli)?;
+pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
+    let path = &file_or_model(cli, args.file.as_ref());
     if path.is_dir() {
-        return Err(format!(
-            "{} is a directory; validate checks .mnw files",
-            path.display()
-        ));
+        return validate_directory(path);
     }
     let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "validating [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}",
-        )
-        .map_err(|e| e.to_string())?
-        .progress_chars("=> "),
-    );
+    bar.set_style(super::convert::steady_style("validating")?);
     let report = validate_file(path, &|done, total| {
         bar.set_length(total);
         bar.set_position(done);
@@ -50,4 +51,18 @@ pub fn run(cli: &Cli, _args: &Args) -> Result<(), String> {
         report.problems.len(),
         if report.problems.len() == 1 { "" } else { "s" }
     ))
+}
+
+/// A safetensors directory: the headers, offsets and lengths (checked when it opens) and every
+/// tensor the model needs, with its type and shape.
+fn validate_directory(path: &Path) -> Result<(), String> {
+    let (config, source) = minnow_model::checkpoint::open(path).map_err(|e| e.to_string())?;
+    minnow_model::weights::validate(&config, &source).map_err(|e| e.to_string())?;
+    println!(
+        "{}: ok ({} tensors; a checkpoint directory has no digests, so its safetensors headers \
+         and tensor set were checked)",
+        path.display(),
+        source.names().len()
+    );
+    Ok(())
 }

@@ -68,15 +68,19 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// The model id clients see in `/v1/models` and in responses.
+    /// The model id clients see in `/v1/models` and in responses: the alias, else the
+    /// directory's name, or a `.mnw` file's name without its extension.
     pub fn model_id(&self) -> String {
         if let Some(alias) = &self.alias {
             return alias.clone();
         }
-        self.model_path
-            .file_name()
-            .map(|name| name.to_string_lossy().into_owned())
-            .unwrap_or_else(|| self.model_path.display().to_string())
+        let path = &self.model_path;
+        let name = match path.extension() {
+            Some(ext) if ext.eq_ignore_ascii_case("mnw") => path.file_stem(),
+            _ => path.file_name(),
+        };
+        name.map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.display().to_string())
     }
 }
 
@@ -113,5 +117,12 @@ mod tests {
             "LLaDA2.1-mini"
         );
         assert_eq!(config("/m/x", Some("mini")).model_id(), "mini");
+        assert_eq!(
+            config("/m/LLaDA2.2-mini-int4.mnw", None).model_id(),
+            "LLaDA2.2-mini-int4"
+        );
+        assert_eq!(config("/m/mini.MNW", None).model_id(), "mini");
+        // Only the container's extension goes; a directory's dots stay.
+        assert_eq!(config("/m/LLaDA2.2-mini", None).model_id(), "LLaDA2.2-mini");
     }
 }
