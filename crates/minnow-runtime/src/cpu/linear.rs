@@ -87,7 +87,7 @@ thread_local! {
 }
 
 /// A weight matrix `[n, k]` that [`linear_rows`] reads one block of rows at a time, as F32.
-/// Stored floats ([`MatRef`]) widen their rows; a quantized matrix would dequantize them. Rows
+/// Stored floats ([`MatRef`]) widen their rows; quantized matrices dequantize them. Rows
 /// must come out exactly the same whatever block they are read in, which keeps the product
 /// batch-invariant.
 pub trait WeightRows: Sync {
