@@ -4,6 +4,10 @@
 //! BF16 outputs must be within a relative error (‖gpu − ref‖ / ‖ref‖) of 1e-2, F32 outputs within
 //! 1e-5; discrete outputs (expert choices, argmax) must match exactly; NaN never passes. Outputs
 //! are poisoned (NaN) before each launch so that unwritten elements fail.
+//!
+//! Each test draws a fresh seed and prints it (libtest shows a failing test's output);
+//! `MINNOW_KERNEL_SEED=N` replays seed N. A test of a kernel this GPU cannot run fails, naming
+//! what is missing, unless `MINNOW_ALLOW_SKIPS=1` (then it prints that it was skipped).
 
 use half::bf16;
 use minnow_runtime::cuda::ops::{self, AttentionShape, RouterShape};
@@ -17,11 +21,31 @@ fn gpu() -> Gpu {
     Gpu::new(0).expect("these tests need a CUDA GPU")
 }
 
+/// Names the environment variable that replays a test's random inputs.
+const SEED_VAR: &str = "MINNOW_KERNEL_SEED";
+
 fn rng() -> StdRng {
-    // Fresh inputs every run; the seed is printed so a failure can be replayed.
-    let seed: u64 = rand::random();
-    println!("seed {seed}");
+    // Fresh inputs every run unless a seed is given; printed so a failure can be replayed.
+    let seed: u64 = match std::env::var(SEED_VAR) {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{SEED_VAR}={text:?} is not an unsigned integer")),
+        Err(_) => rand::random(),
+    };
+    println!("seed {seed} (replay with {SEED_VAR}={seed})");
     StdRng::seed_from_u64(seed)
+}
+
+/// A test that cannot run on this GPU: a failure naming the reason, or, with
+/// `MINNOW_ALLOW_SKIPS=1`, a printed "SKIPPED" (libtest has no skipped state).
+fn cannot_run(test: &str, reason: &str) {
+    if std::env::var("MINNOW_ALLOW_SKIPS").as_deref() == Ok("1") {
+        println!("SKIPPED {test}: {reason}");
+        eprintln!("SKIPPED {test}: {reason}");
+    } else {
+        panic!("{test} did not run: {reason} (MINNOW_ALLOW_SKIPS=1 accepts the skip)");
+    }
 }
 
 fn randn(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
@@ -1146,9 +1170,13 @@ fn pooled_experts_route_and_batched_gemms_match_reference() {
 fn pool_gemm_matches_reference() {
     let g = gpu();
     if !ops::pool_gemm_supported(&g, 32, 128, 128) {
-        eprintln!(
-            "pool_gemm_bulk needs the sm_90 kernels: skipped on {}",
-            g.name()
+        cannot_run(
+            "pool_gemm_matches_reference",
+            &format!(
+                "the TMA pool GEMM is off on {}: it needs the sm_90 kernels (Hopper, not forced \
+                 off by MINNOW_PTX=sm80), its shared memory, and MINNOW_POOL_GEMM not 0",
+                g.name()
+            ),
         );
         return;
     }
