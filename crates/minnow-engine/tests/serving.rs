@@ -291,23 +291,36 @@ fn a_request_larger_than_the_pool_is_refused_and_the_engine_recovers() {
 #[test]
 fn cancelling_one_request_leaves_the_others_unchanged() {
     let name = "llada2-tiny-v21";
-    let requests: Vec<GenerateRequest> = mixed_requests(4, "v21", 5)
+    let mut requests: Vec<GenerateRequest> = mixed_requests(4, "v21", 5)
         .into_iter()
         .map(|mut r| {
             r.max_tokens = Some(90);
             r
         })
         .collect();
+    // Request 1 runs long (ten blocks alone), so that it is still decoding when it is cancelled
+    // after its first block: the worker would have to finish nine more blocks in the moment
+    // between that block's event and the cancel.
+    requests[1].max_tokens = Some(320);
     let expected = alone(name, &requests);
+    assert_eq!(
+        (expected[1].reason, expected[1].ids.len()),
+        (FinishReason::Length, 320),
+        "request 1 must not end by itself (pick another seed)"
+    );
     let engine = engine(name, 4, None);
     let mut handles: Vec<_> = requests
         .iter()
         .map(|r| engine.submit(r.clone()).unwrap())
         .collect();
     // Cancel request 1 once its first block is out, while the others are mid-decode.
+    let mut streamed = Vec::new();
     loop {
         match handles[1].blocking_next_event() {
-            Some(Event::Block { .. }) => break,
+            Some(Event::Block { tokens, .. }) => {
+                streamed.extend(tokens);
+                break;
+            }
             Some(Event::Done { .. }) | Some(Event::Error(_)) | None => {
                 panic!("request 1 ended before it could be cancelled")
             }
@@ -315,13 +328,26 @@ fn cancelling_one_request_leaves_the_others_unchanged() {
         }
     }
     handles[1].cancel();
-    let mut cancelled = false;
+    let mut finished = None;
     while let Some(event) = handles[1].blocking_next_event() {
-        if let Event::Done { finish_reason, .. } = event {
-            cancelled = finish_reason == FinishReason::Cancelled;
+        match event {
+            Event::Block { tokens, .. } => streamed.extend(tokens),
+            Event::Done { finish_reason, .. } => finished = Some(finish_reason),
+            _ => {}
         }
     }
-    assert!(cancelled, "the cancelled request ends as cancelled");
+    assert_eq!(
+        finished,
+        Some(FinishReason::Cancelled),
+        "the cancelled request ends as cancelled ({} of its 320 tokens were out)",
+        streamed.len()
+    );
+    assert!(streamed.len() < 320);
+    assert_eq!(
+        streamed,
+        expected[1].ids[..streamed.len()],
+        "what request 1 streamed before the cancel is what it writes alone"
+    );
     for i in [0, 2, 3] {
         let (got, _) = finish(&mut handles[i]);
         assert_eq!(

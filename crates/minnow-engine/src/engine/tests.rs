@@ -376,30 +376,6 @@ fn a_queued_request_whose_handle_is_dropped_frees_its_queue_place() {
 }
 
 #[test]
-fn parallel_requests_interleave_and_match_a_lone_run() {
-    let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
-    let target = tok
-        .encode(&"one two three four five six ".repeat(12))
-        .unwrap();
-    let options = EngineOptions {
-        parallel: 2,
-        ..Default::default()
-    };
-    let engine = engine_writing(target.clone(), 40, Duration::ZERO, options);
-    let request = |max| GenerateRequest {
-        prompt_ids: prompt_ids(&engine, 40),
-        max_tokens: Some(max),
-        ..Default::default()
-    };
-    let mut a = engine.submit(request(70)).unwrap();
-    let mut b = engine.submit(request(30)).unwrap();
-    let (_, ids_a, _, _) = done(&collect(&mut a));
-    let (_, ids_b, _, _) = done(&collect(&mut b));
-    assert_eq!(ids_a, target[..70].to_vec());
-    assert_eq!(ids_b, target[..30].to_vec());
-}
-
-#[test]
 fn trace_records_every_denoising_forward() {
     let target: Vec<u32> = (0..64).map(|i| 100 + i).collect();
     let engine = engine_writing(target, 40, Duration::ZERO, EngineOptions::default());
