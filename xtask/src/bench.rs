@@ -271,7 +271,9 @@ fn step<'a>(
 /// 1,024-token prefix, top-1 of every row read back, CUDA graph), against its floor; then the
 /// aggregate generated tokens/s of a fixed-schedule decode (8 blocks x (8 steps + 1 commit)) of
 /// that many requests in lockstep, against `single_rate` (the single-sequence decode of the same
-/// schedule measured before).
+/// schedule measured before). Each decode's first and last request are decoded again alone and
+/// must generate the same ids: a mismatch is reported in its row and returned as an error once
+/// every concurrency has run.
 fn batched_benchmarks(
     runner: &mut CudaRunner,
     o: &Opts,
@@ -285,6 +287,7 @@ fn batched_benchmarks(
     // Request 0 has the same prompt, pages and schedule at every concurrency: its decode digest
     // must not change with the batch around it (batch invariance, checked at every size).
     let mut first_digest: Option<(usize, u64)> = None;
+    let mut mismatches = Vec::new();
     for &n in &o.concurrency {
         let tables = prefill_requests(runner, n, prefix, 8)?;
         let blocks: Vec<Vec<u32>> = (0..n).map(|r| ids(32, 5000 + r as u64)).collect();
@@ -326,50 +329,38 @@ fn batched_benchmarks(
             );
         }
         // Fixed-schedule decode of all n requests in lockstep.
-        let mut blocks = blocks;
+        let everyone: Vec<usize> = (0..n).collect();
         runner.gpu().synchronize().map_err(err)?;
         let start = Instant::now();
-        let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut digest0: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in 0..8usize {
-            let pos = prefix + 32 * b;
-            for (r, blk) in blocks.iter_mut().enumerate() {
-                *blk = ids(32, 1000 + b as u64 + 97 * r as u64);
-            }
-            for s in 0..8 {
-                let out = runner
-                    .forward_batch(&step(&tables, &blocks, pos, Want::Top1(0..32)))
-                    .map_err(err)?;
-                for (blk, o) in blocks.iter_mut().zip(out) {
-                    let top = o.into_top1().unwrap_or_default();
-                    for (i, (tok, _)) in top.iter().enumerate().skip(s * 4).take(4) {
-                        blk[i] = (*tok).min(149_999);
-                    }
-                }
-            }
-            runner
-                .forward_batch(&step(&tables, &blocks, pos, Want::Nothing))
-                .map_err(err)?;
-            for blk in &blocks {
-                for &tok in blk {
-                    digest = (digest ^ tok as u64).wrapping_mul(0x0100_0000_01b3);
-                }
-            }
-            for &tok in &blocks[0] {
-                digest0 = (digest0 ^ tok as u64).wrapping_mul(0x0100_0000_01b3);
-            }
-        }
+        let together = lockstep_decode(runner, &tables, &everyone, prefix)?;
         runner.gpu().synchronize().map_err(err)?;
         let secs = start.elapsed().as_secs_f64();
+        let digest = fnv1a(together.iter().flatten());
+        let digest0 = fnv1a(&together[0]);
+        // A speed-up over one request only counts if batching leaves what each request generates
+        // unchanged: the first and the last request, decoded again alone on the same pages, must
+        // generate the same ids (every request alone would take n times the decode's time).
+        let checked: Vec<usize> = if n > 1 { vec![0, n - 1] } else { vec![0] };
+        let mut differing = Vec::new();
+        for &r in &checked {
+            if lockstep_decode(runner, &tables, &[r], prefix)?[0] != together[r] {
+                differing.push(r);
+            }
+        }
+        let outputs = if differing.is_empty() {
+            format!("requests {checked:?} generate the same ids alone")
+        } else {
+            format!("OUTPUTS DIFFER: requests {differing:?} generate other ids alone")
+        };
         let rate = (n * 8 * 32) as f64 / secs;
         let base = single_rate;
         println!(
-            "decode x{n} (8 blocks x (8 steps + commit) each, lockstep): {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request; digest {digest:016x})",
+            "decode x{n} (8 blocks x (8 steps + commit) each, lockstep): {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request; digest {digest:016x}); {outputs}",
             secs * 1e3,
             rate / base
         );
         rows.push(format!(
-            "| decode of {n} concurrent requests, 8 blocks x (8 steps + 1 commit), 1024 prompts | {:.2} ms | {rate:.0} generated tok/s aggregate | {:.2}x one request |",
+            "| decode of {n} concurrent requests, 8 blocks x (8 steps + 1 commit), 1024 prompts | {:.2} ms | {rate:.0} generated tok/s aggregate | {:.2}x one request; {outputs} |",
             secs * 1e3,
             rate / base
         ));
@@ -385,8 +376,66 @@ fn batched_benchmarks(
                 ));
             }
         }
+        if !differing.is_empty() {
+            mismatches.push(format!("x{n}: {outputs}"));
+        }
+    }
+    if !mismatches.is_empty() {
+        return Err(format!(
+            "batched decodes generated other ids than the same requests alone ({}); the speed-ups above compare different work",
+            mismatches.join("; ")
+        ));
     }
     Ok(())
+}
+
+/// The fixed-schedule decode of requests `members` (indices into `tables`, each prefilled to
+/// `prefix`) in lockstep, one batch per step: 8 blocks of 8 top-1 steps (each fixing 4 positions
+/// with the model's choice) and a commit forward. Returns each member's 256 generated ids; the
+/// starting blocks depend on the request's index only, so a request decodes the same work alone
+/// as in any batch.
+fn lockstep_decode(
+    runner: &mut CudaRunner,
+    tables: &[Vec<PageId>],
+    members: &[usize],
+    prefix: usize,
+) -> Result<Vec<Vec<u32>>, String> {
+    let tables: Vec<Vec<PageId>> = members.iter().map(|&r| tables[r].clone()).collect();
+    let mut generated = vec![Vec::with_capacity(8 * 32); members.len()];
+    let mut blocks = vec![Vec::new(); members.len()];
+    for b in 0..8usize {
+        let pos = prefix + 32 * b;
+        for (blk, &r) in blocks.iter_mut().zip(members) {
+            *blk = ids(32, 1000 + b as u64 + 97 * r as u64);
+        }
+        for s in 0..8 {
+            let out = runner
+                .forward_batch(&step(&tables, &blocks, pos, Want::Top1(0..32)))
+                .map_err(err)?;
+            for (blk, o) in blocks.iter_mut().zip(out) {
+                let top = o.into_top1().unwrap_or_default();
+                for (i, (tok, _)) in top.iter().enumerate().skip(s * 4).take(4) {
+                    blk[i] = (*tok).min(149_999);
+                }
+            }
+        }
+        runner
+            .forward_batch(&step(&tables, &blocks, pos, Want::Nothing))
+            .map_err(err)?;
+        for (out, blk) in generated.iter_mut().zip(&blocks) {
+            out.extend_from_slice(blk);
+        }
+    }
+    Ok(generated)
+}
+
+/// FNV-1a over token ids: a short fingerprint of what a decode generated.
+fn fnv1a<'a>(tokens: impl IntoIterator<Item = &'a u32>) -> u64 {
+    tokens
+        .into_iter()
+        .fold(0xcbf2_9ce4_8422_2325, |digest, &tok| {
+            (digest ^ tok as u64).wrapping_mul(0x0100_0000_01b3)
+        })
 }
 
 /// Prints a per-stage device-time breakdown (events between stages; a few µs of overhead each).
@@ -585,7 +634,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         256.0 / s
     };
 
-    batched_benchmarks(&mut runner, &o, bw, peak, single_rate, &mut rows)?;
+    // Printed before any mismatch fails the command, so the numbers are never lost.
+    let invariance = batched_benchmarks(&mut runner, &o, bw, peak, single_rate, &mut rows);
 
     println!();
     println!(
@@ -606,5 +656,5 @@ pub fn run(args: &[String]) -> Result<(), String> {
     for r in rows {
         println!("{r}");
     }
-    Ok(())
+    invariance
 }

@@ -7,7 +7,9 @@
 //! answer plus 24 new ids, run once with the cache (warm) and once with `cache_prompt` off
 //! (cold), each as the only request. "Until the first denoising forward" is the engine's prefill
 //! time (`GenerationStats::prefill_seconds`: the forwards of the uncached prompt blocks); the
-//! wall time from submit to the first finished block is printed beside it. The engine's
+//! wall time from submit to the first finished block is printed beside it. Both runs must
+//! generate the same answer (the cache may change how fast, never what): the table says whether
+//! they did, and the command fails after printing it when they did not. The engine's
 //! tokenizer comes from the bundled fixture (the ids are below its vocabulary), so any random
 //! checkpoint from `make-checkpoint` works.
 
@@ -77,8 +79,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let turn2: Vec<u32> = [turn1, answer, pseudo_ids(24, 7)].concat();
     // Cold first, so the warm run cannot profit from anything the cold one left behind but the
     // first turn's blocks (cache_prompt off neither reads nor writes the cache).
-    let (_, cold, cold_first_block) = generate(&engine, turn2.clone(), false)?;
-    let (_, warm, warm_first_block) = generate(&engine, turn2.clone(), true)?;
+    let (cold_answer, cold, cold_first_block) = generate(&engine, turn2.clone(), false)?;
+    let (warm_answer, warm, warm_first_block) = generate(&engine, turn2.clone(), true)?;
+    let same_answer = match cold_answer
+        .iter()
+        .zip(&warm_answer)
+        .position(|(c, w)| c != w)
+    {
+        None if cold_answer.len() == warm_answer.len() => "equal".to_string(),
+        None => format!(
+            "DIFFERENT: {} vs {} tokens",
+            cold_answer.len(),
+            warm_answer.len()
+        ),
+        Some(i) => format!("DIFFERENT from token {i}"),
+    };
 
     println!(
         "| second turn of {} tokens ({device}) | cold | warm | cold / warm |",
@@ -101,6 +116,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
         warm_first_block * 1e3,
         cold_first_block / warm_first_block.max(1e-9)
     );
+    println!(
+        "| answer ({} tokens) | cold = warm: {same_answer} | | |",
+        cold_answer.len()
+    );
+    if cold_answer != warm_answer {
+        return Err(format!(
+            "the warm second turn generated another answer than the cold one ({same_answer}): the cache changed what was generated, so the speed-up above compares different work"
+        ));
+    }
     Ok(())
 }
 
