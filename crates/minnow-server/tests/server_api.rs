@@ -436,22 +436,27 @@ async fn stop_strings_and_server_max_tokens() {
     )
     .await;
     let text = free["choices"][0]["text"].as_str().unwrap().to_string();
-    if let Some(at) = text.char_indices().nth(3).map(|(i, _)| i) {
-        let stop = &text[at..at + text[at..].chars().next().unwrap().len_utf8()];
-        let (_, cut) = post_json(
-            &server,
-            "/v1/completions",
-            json!({"prompt": "abc", "temperature": 0, "max_tokens": 40, "stop": [stop]}),
-        )
-        .await;
-        let cut_text = cut["choices"][0]["text"].as_str().unwrap();
-        assert!(
-            !cut_text.contains(stop),
-            "stop string removed: {cut_text:?} vs {stop:?}"
-        );
-        assert!(text.starts_with(cut_text));
-        assert_eq!(cut["choices"][0]["finish_reason"], "stop");
-    }
+    // Greedy, so the same answer every run: it must be long enough to cut inside.
+    let at = text
+        .char_indices()
+        .nth(3)
+        .map(|(i, _)| i)
+        .unwrap_or_else(|| panic!("the 40-token answer {text:?} is too short to cut"));
+    let stop = &text[at..at + text[at..].chars().next().unwrap().len_utf8()];
+    let (_, cut) = post_json(
+        &server,
+        "/v1/completions",
+        json!({"prompt": "abc", "temperature": 0, "max_tokens": 40, "stop": [stop]}),
+    )
+    .await;
+    let cut_text = cut["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        !cut_text.contains(stop),
+        "stop string removed: {cut_text:?} vs {stop:?}"
+    );
+    assert!(text.starts_with(cut_text));
+    assert!(cut_text.len() < text.len(), "nothing was cut");
+    assert_eq!(cut["choices"][0]["finish_reason"], "stop");
 }
 
 fn weather_tools() -> Value {
@@ -462,12 +467,13 @@ fn weather_tools() -> Value {
     }}])
 }
 
-/// A random-weight model will not write a well-formed call by itself; a named `tool_choice`
-/// appends the steering prefix, so the parser sees a call start. What the model writes after it
-/// decides between a call (finish `tool_calls`), a length-truncated call, or text: each outcome
-/// must be well-formed OpenAI output, and streamed and plain answers must agree.
+/// A named `tool_choice` appends the steering prefix (the start of a call), so the parser sees a
+/// call start. The fixture's random weights then write no end of call within 64 tokens (greedy,
+/// so every run): the call cut off by `max_tokens` is left out entirely, plain and streamed alike
+/// (docs/api.md, "Tool calls"). Calls the model does write are checked with a scripted model in
+/// minnow-engine's `tests/scripted_model.rs`; no test here sees the server stream a real call.
 #[tokio::test(flavor = "multi_thread")]
-async fn named_tool_choice_steers_and_parses() {
+async fn named_tool_choice_cut_off_by_max_tokens_streams_like_plain() {
     let server = Server::start(None, &[]).await;
     let request = |stream: bool| {
         json!({
@@ -479,82 +485,35 @@ async fn named_tool_choice_steers_and_parses() {
             "stream": stream,
         })
     };
+    let (_, rendered) = post_json(&server, "/apply-template", request(false)).await;
+    assert!(
+        rendered["prompt"]
+            .as_str()
+            .unwrap()
+            .ends_with("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "),
+        "{rendered}"
+    );
     let (status, plain) = post_json(&server, "/v1/chat/completions", request(false)).await;
     assert_eq!(status, 200, "{plain}");
     let message = &plain["choices"][0]["message"];
-    let finish = plain["choices"][0]["finish_reason"].as_str().unwrap();
-    let calls = message["tool_calls"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    for call in &calls {
-        assert_eq!(call["type"], "function");
-        assert_eq!(
-            call["function"]["name"], "get_weather",
-            "only the declared tool"
-        );
-        assert!(call["id"].as_str().unwrap().len() > 3);
-        assert!(call["function"]["arguments"].is_string());
-    }
-    if finish == "tool_calls" {
-        assert!(!calls.is_empty());
-        for call in &calls {
-            let args: Value =
-                serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-            assert!(args.is_object(), "complete calls carry a JSON object");
-        }
-    }
+    assert_eq!(plain["choices"][0]["finish_reason"], "length", "{plain}");
+    assert!(message.get("tool_calls").is_none(), "{plain}");
+    assert_eq!(message["content"], "", "no markup of the cut-off call");
 
     let events = read_sse(post(&server, "/v1/chat/completions", request(true)).await).await;
     let chunks = data_events(&events);
-    // Rebuild the calls from the deltas, OpenAI-client style.
-    let mut rebuilt: Vec<(String, String, String)> = Vec::new();
     let mut content = String::new();
     for chunk in &chunks {
         let delta = &chunk["choices"][0]["delta"];
-        if let Some(text) = delta["content"].as_str() {
-            content.push_str(text);
-        }
-        for fragment in delta["tool_calls"].as_array().into_iter().flatten() {
-            let index = fragment["index"].as_u64().unwrap() as usize;
-            if index == rebuilt.len() {
-                assert!(
-                    fragment["id"].is_string(),
-                    "first fragment carries the id: {fragment}"
-                );
-                assert_eq!(fragment["type"], "function");
-                rebuilt.push((
-                    fragment["id"].as_str().unwrap().into(),
-                    fragment["function"]["name"].as_str().unwrap().into(),
-                    String::new(),
-                ));
-            } else {
-                assert!(
-                    fragment.get("id").is_none(),
-                    "later fragments only carry arguments"
-                );
-            }
-            rebuilt[index]
-                .2
-                .push_str(fragment["function"]["arguments"].as_str().unwrap_or(""));
-        }
+        content.push_str(delta["content"].as_str().unwrap_or(""));
+        assert!(delta.get("tool_calls").is_none(), "{chunk}");
     }
     let stream_finish = chunks
         .iter()
         .rev()
-        .find_map(|c| c["choices"][0]["finish_reason"].as_str())
-        .unwrap();
-    assert_eq!(stream_finish, finish);
-    assert_eq!(
-        rebuilt.len(),
-        calls.len(),
-        "stream {rebuilt:?} vs plain {calls:?}"
-    );
-    for ((_, name, arguments), call) in rebuilt.iter().zip(&calls) {
-        assert_eq!(name, call["function"]["name"].as_str().unwrap());
-        assert_eq!(arguments, call["function"]["arguments"].as_str().unwrap());
-    }
-    assert_eq!(content, message["content"].as_str().unwrap_or(""));
+        .find_map(|c| c["choices"][0]["finish_reason"].as_str());
+    assert_eq!(stream_finish, Some("length"));
+    assert_eq!(content, "");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -573,21 +532,26 @@ async fn tool_choice_none_and_required() {
     );
     assert_ne!(body["choices"][0]["finish_reason"], "tool_calls");
 
-    let (status, body) = post_json(
-        &server,
-        "/v1/chat/completions",
-        json!({"messages": [{"role": "user", "content": "hi"}], "tools": weather_tools(), "tool_choice": "required", "max_tokens": 32, "parallel_tool_calls": false}),
-    )
-    .await;
+    // `required` steers: the prompt ends with the start of a call. The random model writes no
+    // end of call within 32 tokens (greedy), so the cut-off call is left out: no call, no text.
+    // A model that does call under `required` is minnow-engine's tests/scripted_model.rs.
+    let required = json!({"messages": [{"role": "user", "content": "hi"}], "tools": weather_tools(), "tool_choice": "required", "max_tokens": 32, "temperature": 0, "parallel_tool_calls": false});
+    let (_, rendered) = post_json(&server, "/apply-template", required.clone()).await;
+    assert!(
+        rendered["prompt"]
+            .as_str()
+            .unwrap()
+            .ends_with("<tool_call>\n{\"name\": \""),
+        "{rendered}"
+    );
+    let (status, body) = post_json(&server, "/v1/chat/completions", required).await;
     assert_eq!(status, 200, "{body}");
-    let calls = body["choices"][0]["message"]["tool_calls"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert!(calls.len() <= 1, "parallel_tool_calls false keeps one call");
-    for call in calls {
-        assert_eq!(call["function"]["name"], "get_weather");
-    }
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+    assert!(
+        body["choices"][0]["message"].get("tool_calls").is_none(),
+        "{body}"
+    );
+    assert_eq!(body["choices"][0]["message"]["content"], "", "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -710,6 +674,10 @@ async fn v22_named_tool_choice_streams_like_plain() {
         .count();
     let plain_calls = plain_message["tool_calls"].as_array().map_or(0, Vec::len);
     assert_eq!(streamed_calls, plain_calls);
+    // What that compared: the random weights write no end of call within 64 tokens (greedy), so
+    // both answers leave the cut-off call out (real calls: minnow-engine's scripted_model.rs).
+    assert_eq!((plain_calls, content.as_str()), (0, ""), "{plain}");
+    assert_eq!(plain["choices"][0]["finish_reason"], "length", "{plain}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

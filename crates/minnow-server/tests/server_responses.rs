@@ -2,7 +2,7 @@
 //! the equivalent chat messages, `previous_response_id` continuing a conversation with the same
 //! prompt tokens as a full resend, function calls and their outputs, the streamed event sequence
 //! parsed event by event, stored responses (GET, DELETE, `store: false`, LRU eviction at
-//! `--responses-max`) and the error cases. Shapes are checked against `async-openai`'s strict
+//! `--responses-max`), the unknown-field policy in both modes, and the error cases. Shapes are checked against `async-openai`'s strict
 //! Responses types as well.
 
 #[path = "server_harness.rs"]
@@ -731,4 +731,76 @@ async fn stored_responses_get_delete_and_eviction() {
     assert_eq!(get(&r4["id"]).await.0, 404);
     assert_eq!(get(&r3["id"]).await.0, 200);
     assert_eq!(get(&r5["id"]).await.0, 200);
+}
+
+/// The server's field policy covers the Responses API: a field of no schema, at the top or inside
+/// an input item or a tool, is ignored and listed in `x-minnow-ignored-fields` (plain, streamed
+/// and counted requests alike), and `--strict-fields` makes it a 400 naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_fields_are_ignored_and_listed_unless_strict() {
+    let body = |extra: Value| {
+        let mut body = json!({
+            "input": [{"role": "user", "content": "Hello", "client_note": "n"}],
+            "tools": [flat_weather_tool()],
+            "max_output_tokens": 4,
+            "future_option": 1,
+        });
+        body["tools"][0]["x_cache"] = json!(true);
+        for (key, value) in extra.as_object().unwrap() {
+            body[key] = value.clone();
+        }
+        body
+    };
+    let listed = "future_option, input[0].client_note, tools[0].x_cache";
+    let server = Server::start(None, &[]).await;
+    let known = post(
+        &server,
+        "/v1/responses",
+        json!({"input": "Hello", "max_output_tokens": 4}),
+    )
+    .await;
+    assert_eq!(known.status(), 200);
+    assert!(known.headers().get("x-minnow-ignored-fields").is_none());
+    for (path, extra) in [
+        ("/v1/responses", json!({})),
+        ("/v1/responses", json!({"stream": true})),
+        ("/v1/responses/input_tokens", json!({})),
+    ] {
+        let response = post(&server, path, body(extra.clone())).await;
+        assert_eq!(response.status(), 200, "{path} {extra}");
+        let header = response
+            .headers()
+            .get("x-minnow-ignored-fields")
+            .unwrap_or_else(|| panic!("{path} {extra}: no x-minnow-ignored-fields"))
+            .to_str()
+            .unwrap()
+            .to_string();
+        let mut names: Vec<&str> = header.split(", ").collect();
+        names.sort_unstable();
+        assert_eq!(names.join(", "), listed, "{path} {extra}");
+        // The answer itself is whole.
+        response.bytes().await.unwrap();
+    }
+
+    let strict = Server::start(None, &["--strict-fields"]).await;
+    for (extra, param) in [
+        (json!({"future_option": 1}), "future_option"),
+        (
+            json!({"input": [{"role": "user", "content": "Hello", "client_note": "n"}]}),
+            "input[0].client_note",
+        ),
+    ] {
+        let mut request = json!({"input": "Hello", "max_output_tokens": 4});
+        for (key, value) in extra.as_object().unwrap() {
+            request[key] = value.clone();
+        }
+        for path in ["/v1/responses", "/v1/responses/input_tokens"] {
+            let (status, response) = post_json(&strict, path, request.clone()).await;
+            let error = assert_error(status, &response, 400, "invalid_request_error");
+            assert_eq!(error["param"], param, "{path}");
+        }
+    }
+    let (status, response) =
+        create(&strict, json!({"input": "Hello", "max_output_tokens": 4})).await;
+    assert_eq!(status, 200, "{response}");
 }

@@ -1,7 +1,9 @@
 //! The llama.cpp web UI end to end in a real browser: `minnow serve --ui-dir` with a current
 //! build of llama.cpp's UI, driven in Debian's headless Chromium by `tests/webui/chat.mjs`
-//! (npm `puppeteer-core`, which never downloads a browser): load, type, send, see the answer
-//! stream in, stop a generation, regenerate, no error dialog, no failed API call.
+//! (npm `puppeteer-core`, which never downloads a browser): load, type, send, see the streamed
+//! content on screen, regenerate, press stop while a long answer streams (and the server counts
+//! that request as cancelled), no unknown field in what the UI sends, no error dialog, no failed
+//! API call.
 //!
 //! The UI is never part of this repository: `MINNOW_WEBUI_DIR` names a build (default
 //! `../shared/webui/llama-ui-2026-08` beside the repository), `MINNOW_CHROMIUM` the browser
@@ -88,8 +90,25 @@ async fn llama_web_ui_chats_in_headless_chromium() {
     let ui = setup.ui_dir.to_str().unwrap().to_string();
     let model = roomy_fixture();
     let model_arg = model.path().to_str().unwrap().to_string();
-    // Short answers keep the test quick; the UI's own settings still travel with every request.
-    let server = Server::start(Some(&model_arg), &["--ui-dir", &ui, "--max-tokens", "48"]).await;
+    // The script sets the answers' lengths in the UI's settings (short ones, then a long one to
+    // stop). One position per forward (low-confidence decoding, a threshold nothing reaches, 32
+    // steps a block) keeps the long one streaming for seconds, so the click lands mid-generation.
+    let server = Server::start(
+        Some(&model_arg),
+        &[
+            "--ui-dir",
+            &ui,
+            "--seed",
+            "7",
+            "--algorithm",
+            "low-confidence",
+            "--threshold",
+            "1",
+            "--steps",
+            "32",
+        ],
+    )
+    .await;
     let profile = tempfile::tempdir().unwrap();
     let started = Instant::now();
     let output = tokio::task::spawn_blocking({
@@ -117,11 +136,20 @@ async fn llama_web_ui_chats_in_headless_chromium() {
         server.logs().join("\n")
     );
     assert!(started.elapsed() < Duration::from_secs(120));
-    // Every request the UI made was answered without an unknown-field refusal.
-    assert!(
-        !server.logs().iter().any(|l| l.contains("unknown field")),
-        "{}",
-        server.logs().join("\n")
-    );
+    // The stopped answer was cancelled on the server, not generated to its end: the server saw
+    // the client go and cancelled exactly that one generation.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let cancelled = server.metric("minnow_requests_cancelled_total").await;
+        if cancelled == 1.0 {
+            break;
+        }
+        assert!(
+            cancelled == 0.0 && Instant::now() < deadline,
+            "{cancelled} generations cancelled, 1 expected:\n{stdout}\nserver log:\n{}",
+            server.logs().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     eprintln!("{stdout}");
 }

@@ -323,11 +323,14 @@ async fn dispatch(
         }
         Route::Responses => {
             let body = read_json(state, request).await?;
-            responses_api::create(state, &body, log).await
+            let (request, ignored) = parsed(state, |policy| responses_api::parse(&body, policy))?;
+            drop(body);
+            with_ignored(responses_api::create(state, request, log).await, ignored)
         }
         Route::ResponsesInputTokens => {
             let body = read_json(state, request).await?;
-            responses_api::input_tokens(state, &body).await
+            let (request, ignored) = parsed(state, |policy| responses_api::parse(&body, policy))?;
+            with_ignored(responses_api::input_tokens(state, request).await, ignored)
         }
         Route::StoredResponse => {
             let id = percent_decoded(response_id_in_path(&path).unwrap_or_default());

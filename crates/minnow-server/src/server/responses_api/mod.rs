@@ -26,14 +26,13 @@ use minnow_engine::ChatPrompt;
 use serde_json::{json, Map, Value};
 
 use super::errors::ApiError;
-use super::fields::FieldPolicy;
 use super::generation::{self, Job};
 use super::http::{json_response, Body};
 use super::openai::{self, ChatRequest};
 use super::state::{unix_now, AppState, RequestLog};
 use items::Item;
 use object::{Header, Status};
-use request::ResponsesRequest;
+pub use request::{parse, ResponsesRequest};
 pub use store::ResponseStore;
 use store::{Stored, Turn};
 
@@ -67,13 +66,12 @@ impl Prepared {
     }
 }
 
-/// `POST /v1/responses`.
+/// `POST /v1/responses`, its body already parsed ([`parse`]).
 pub async fn create(
     state: &Arc<AppState>,
-    body: &Value,
+    request: ResponsesRequest,
     log: &Arc<RequestLog>,
 ) -> Result<Response<Body>, ApiError> {
-    let request = request::parse(body, &FieldPolicy::new(state.config.strict_fields))?;
     let mut prepared = prepare(state, request).await?;
     if prepared.job.common.stream {
         return stream::start(state, prepared, log.clone());
@@ -89,8 +87,10 @@ pub async fn create(
 
 /// `POST /v1/responses/input_tokens`: the prompt a create request with this body would submit,
 /// counted, plus its token ids (`minnow.prompt_ids`, to check what the prefix cache sees).
-pub async fn input_tokens(state: &Arc<AppState>, body: &Value) -> Result<Response<Body>, ApiError> {
-    let request = request::parse(body, &FieldPolicy::new(state.config.strict_fields))?;
+pub async fn input_tokens(
+    state: &Arc<AppState>,
+    request: ResponsesRequest,
+) -> Result<Response<Body>, ApiError> {
     let prepared = prepare(state, request).await?;
     let ids = &prepared.job.request.prompt_ids;
     Ok(json_response(
