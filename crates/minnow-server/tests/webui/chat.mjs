@@ -29,6 +29,8 @@ const step = (what) => console.log(`[webui] ${what}`);
 // Letters and digits only: how the on-screen text (markdown rendered, whitespace reflowed) is
 // compared with the streamed content.
 const alnum = (s) => (s || '').replace(/[^\p{L}\p{N}]/gu, '');
+// The input area's stop button (an icon button whose label is a screen-reader-only "Stop").
+const STOP = '::-p-xpath(//button[.//span[contains(@class, "sr-only") and normalize-space() = "Stop"]])';
 
 const browser = await puppeteer.launch({
   executablePath: chromium,
@@ -201,14 +203,14 @@ try {
   await page.waitForFunction(
     (n) => window.__minnowStreams.length > n && window.__minnowStreams[n].content.length > 0,
     { timeout: 30_000 }, before);
-  await page.click('[aria-label="Stop generation"]');
+  await page.click(STOP);
   await streamEnded(before + 1);
   const stopped = (await streams())[before];
   step(`stopped after ${stopped.content.length} characters (${stopped.ended})`);
   if (stopped.done || stopped.finish) {
     problems.push(`the stopped stream ran to its end (the stop came too late): ${JSON.stringify(stopped)}`);
   }
-  await page.waitForSelector('[aria-label="Stop generation"]', { hidden: true });
+  await page.waitForSelector(STOP, { hidden: true });
 
   const dialog = await errorDialog();
   if (dialog) problems.push(`error dialog: ${dialog}`);
