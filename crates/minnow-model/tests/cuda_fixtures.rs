@@ -500,7 +500,7 @@ fn batched_segments_match_unbatched_v22() {
 /// Sixteen requests, each a 32-token block over its own cached prefix (32 to 96 tokens of
 /// pseudo-random ids): each request's top-1 tokens and confidences inside the batch of sixteen
 /// must be those it gets alone, on every row.
-fn top1_alone_vs_batch_of_16(runner: &mut dyn ModelRunner) -> Result<String, String> {
+fn top1_batched_vs_alone(runner: &mut dyn ModelRunner) -> Result<String, String> {
     let c = runner.config().clone();
     let p = c.block_size;
     let vocab = c.vocab_size as u64;
@@ -569,7 +569,7 @@ fn top1_alone_vs_batch_of_16() {
     let mut failed = Vec::new();
     for name in ["llada2-tiny-v20", "llada2-tiny-v21", "llada2-tiny-v22"] {
         let mut runner = CudaRunner::load(&fixture(name), 0).unwrap();
-        match top1_alone_vs_batch_of_16(&mut runner) {
+        match top1_batched_vs_alone(&mut runner) {
             Ok(summary) => println!("{name}: {summary}"),
             Err(e) => {
                 println!("{name}: {e}");
@@ -682,15 +682,15 @@ fn the_batched_comparison_fails_on_one_ulp() {
 #[test]
 fn the_top1_comparison_fails_on_one_ulp_or_one_token() {
     let name = "llada2-tiny-v21";
-    top1_alone_vs_batch_of_16(&mut perturbed(name, Perturbation::None))
+    top1_batched_vs_alone(&mut perturbed(name, Perturbation::None))
         .expect("an invariant runner passes");
-    let err = top1_alone_vs_batch_of_16(&mut perturbed(name, Perturbation::OneUlp))
+    let err = top1_batched_vs_alone(&mut perturbed(name, Perturbation::OneUlp))
         .expect_err("a confidence one ulp off must fail");
     assert!(
         err.contains("tokens differ on 0/32 rows, confidences on 1/32"),
         "{err}"
     );
-    let err = top1_alone_vs_batch_of_16(&mut perturbed(name, Perturbation::OtherToken))
+    let err = top1_batched_vs_alone(&mut perturbed(name, Perturbation::OtherToken))
         .expect_err("another token must fail");
     assert!(err.contains("tokens differ on 1/32 rows"), "{err}");
 }
