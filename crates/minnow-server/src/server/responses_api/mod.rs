@@ -26,14 +26,13 @@ use minnow_engine::ChatPrompt;
 use serde_json::{json, Map, Value};
 
 use super::errors::ApiError;
-use super::fields::FieldPolicy;
 use super::generation::{self, Job};
-use super::http::{json_response, Body};
+use super::http::{json_response, text_response, Body};
 use super::openai::{self, ChatRequest};
 use super::state::{unix_now, AppState, RequestLog};
 use items::Item;
 use object::{Header, Status};
-use request::ResponsesRequest;
+pub use request::{parse, ResponsesRequest};
 pub use store::ResponseStore;
 use store::{Stored, Turn};
 
@@ -60,8 +59,8 @@ impl Prepared {
         state.responses.insert(
             self.header.id.clone(),
             Stored {
-                object: object.clone(),
-                turn: Turn::new(self.parent.clone(), items),
+                object: Arc::from(object.to_string()),
+                turn: state.responses.turn(self.parent.clone(), items),
             },
         );
     }
@@ -70,10 +69,9 @@ impl Prepared {
 /// `POST /v1/responses`.
 pub async fn create(
     state: &Arc<AppState>,
-    body: &Value,
+    request: ResponsesRequest,
     log: &Arc<RequestLog>,
 ) -> Result<Response<Body>, ApiError> {
-    let request = request::parse(body, &FieldPolicy::new(state.config.strict_fields))?;
     let mut prepared = prepare(state, request).await?;
     if prepared.job.common.stream {
         return stream::start(state, prepared, log.clone());
@@ -89,8 +87,10 @@ pub async fn create(
 
 /// `POST /v1/responses/input_tokens`: the prompt a create request with this body would submit,
 /// counted, plus its token ids (`minnow.prompt_ids`, to check what the prefix cache sees).
-pub async fn input_tokens(state: &Arc<AppState>, body: &Value) -> Result<Response<Body>, ApiError> {
-    let request = request::parse(body, &FieldPolicy::new(state.config.strict_fields))?;
+pub async fn input_tokens(
+    state: &Arc<AppState>,
+    request: ResponsesRequest,
+) -> Result<Response<Body>, ApiError> {
     let prepared = prepare(state, request).await?;
     let ids = &prepared.job.request.prompt_ids;
     Ok(json_response(
@@ -109,7 +109,11 @@ pub fn retrieve(state: &AppState, id: &str) -> Result<Response<Body>, ApiError> 
         .responses
         .get(id)
         .ok_or_else(|| response_not_found(id))?;
-    Ok(json_response(StatusCode::OK, &stored.object))
+    Ok(text_response(
+        StatusCode::OK,
+        "application/json",
+        stored.object.to_string(),
+    ))
 }
 
 /// `DELETE /v1/responses/{id}`.
@@ -207,9 +211,18 @@ fn check_not_resent(history: &[Item], input: &[Item]) -> Result<(), ApiError> {
              items, or the whole conversation without previous_response_id",
         ));
     }
+    // Sets: a long history and a long input are compared in linear time.
+    let old_ids: std::collections::HashSet<&str> = history.iter().filter_map(Item::id).collect();
+    let old_calls: std::collections::HashSet<&str> = history
+        .iter()
+        .filter_map(|old| match old {
+            Item::FunctionCall { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
     for (i, item) in input.iter().enumerate() {
         if let Some(id) = item.id() {
-            if history.iter().any(|old| old.id() == Some(id)) {
+            if old_ids.contains(id) {
                 return Err(ApiError::invalid(
                     format!("input[{i}].id"),
                     format!(
@@ -219,10 +232,7 @@ fn check_not_resent(history: &[Item], input: &[Item]) -> Result<(), ApiError> {
             }
         }
         if let Item::FunctionCall { call_id, .. } = item {
-            let repeated = history.iter().any(
-                |old| matches!(old, Item::FunctionCall { call_id: old_id, .. } if old_id == call_id),
-            );
-            if repeated {
+            if old_calls.contains(call_id.as_str()) {
                 return Err(ApiError::invalid(
                     format!("input[{i}].call_id"),
                     format!(
