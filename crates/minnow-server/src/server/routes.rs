@@ -651,8 +651,10 @@ fn slots(state: &AppState) -> Result<Response<Body>, ApiError> {
     Ok(json_response(StatusCode::OK, &Value::Array(slots)))
 }
 
-/// llama-server `/tokenize`, under the same bounds as a prompt: the text must fit the context
-/// (byte bound before any work, `generation::check_prompt_bytes`) and takes a tokenizer turn.
+/// llama-server `/tokenize`, under a prompt's byte bound: the text must be able to fit the
+/// context (`generation::check_prompt_bytes`, before any work), and it takes a tokenizer turn.
+/// Its ids are not held to the context (counting a prompt that is a little too long is a use of
+/// this route); the byte bound already bounds them.
 async fn tokenize(
     state: &AppState,
     request: openai::TokenizeRequest,
@@ -669,15 +671,6 @@ async fn tokenize(
         }
     })
     .await?;
-    let n_ctx = engine.info().n_ctx;
-    if ids.len() > n_ctx {
-        return Err(ApiError::from(
-            minnow_engine::EngineError::ContextExceeded {
-                n_prompt_tokens: ids.len(),
-                n_ctx,
-            },
-        ));
-    }
     let tokens: Vec<Value> = if request.with_pieces {
         ids.iter()
             .map(|&id| {
