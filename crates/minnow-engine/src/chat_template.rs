@@ -36,6 +36,21 @@ use crate::tool_calls::ToolCallFormat;
 const DEFAULT_TEMPLATE: &str = "default";
 const TOOL_USE_TEMPLATE: &str = "tool_use";
 
+/// Longest template source accepted (all of a checkpoint's templates together). Real chat
+/// templates are a few kilobytes; a template is code that every request runs.
+pub const MAX_TEMPLATE_BYTES: usize = 1024 * 1024;
+
+/// Instructions one render may execute (minijinja fuel). A long conversation through the Ling
+/// template costs a few hundred instructions per message (`render_fuel_is_ample_for_long_chats`
+/// measures it), so this leaves room for conversations far longer than any context, while a
+/// template that loops without end stops within about a second.
+pub const RENDER_FUEL: u64 = 5_000_000;
+
+/// Most bytes one render may write. Callers bound the prompt by the model's context before
+/// tokenizing it (the server does); this cap keeps a looping or exploding template from filling
+/// memory first.
+pub const MAX_RENDERED_BYTES: usize = 16 * 1024 * 1024;
+
 /// A compiled chat template plus the special-token variables it is rendered with.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -134,6 +149,12 @@ impl ChatTemplate {
             .ok_or_else(|| {
                 EngineError::Load("the chat template list has no entry named `default`".into())
             })?;
+        let total: usize = templates.iter().map(|(_, source)| source.len()).sum();
+        if total > MAX_TEMPLATE_BYTES {
+            return Err(EngineError::Load(format!(
+                "the chat template is {total} bytes; at most {MAX_TEMPLATE_BYTES} are accepted"
+            )));
+        }
         let mut env = transformers_environment();
         let mut names = Vec::new();
         for (name, source) in templates {
@@ -258,9 +279,46 @@ impl ChatTemplate {
             .env
             .get_template(name)
             .map_err(|e| EngineError::Template(e.to_string()))?;
+        let mut out = BoundedOutput {
+            bytes: Vec::new(),
+            limit: MAX_RENDERED_BYTES,
+            overflowed: false,
+        };
         template
-            .render(Value::from_serialize(&vars))
-            .map_err(|e| EngineError::Template(describe_error(&e)))
+            .render_captured_to(Value::from_serialize(&vars), &mut out)
+            .map_err(|e| {
+                if out.overflowed {
+                    EngineError::Template(format!(
+                        "the rendered prompt exceeds {MAX_RENDERED_BYTES} bytes"
+                    ))
+                } else {
+                    EngineError::Template(describe_error(&e))
+                }
+            })?;
+        String::from_utf8(out.bytes)
+            .map_err(|_| EngineError::Template("the template wrote invalid UTF-8".into()))
+    }
+}
+
+/// The render's output, refusing to grow past `limit` bytes.
+struct BoundedOutput {
+    bytes: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + data.len() > self.limit {
+            self.overflowed = true;
+            return Err(std::io::Error::other("rendered prompt too long"));
+        }
+        self.bytes.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -287,6 +345,7 @@ fn transformers_environment() -> Environment<'static> {
     // while attribute access on an undefined value is an error (as in Python).
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_fuel(Some(RENDER_FUEL));
     env.add_filter("tojson", tojson_filter);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
@@ -1253,5 +1312,59 @@ mod tests {
             ChatTemplate::from_dir(&crate::tokenizer::tests_support::fixture("llada2-tiny-v22"))
                 .unwrap_err();
         assert!(err.to_string().contains("no chat template"), "{err}");
+    }
+
+    #[test]
+    fn a_looping_template_runs_out_of_fuel() {
+        let looping =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let template = ChatTemplate::from_source(looping, Map::new()).unwrap();
+        let started = std::time::Instant::now();
+        let error = template
+            .render_json(
+                &[json!({"role": "user", "content": "hi"})],
+                &[],
+                true,
+                &Map::new(),
+            )
+            .unwrap_err();
+        assert!(error.to_string().contains("fuel"), "{error}");
+        assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_render_stops_at_the_output_cap() {
+        // 2,000 iterations of a 10 kB string: 20 MB of output, under the fuel limit.
+        let exploding = "{% set s = 'x' * 10000 %}{% for i in range(2000) %}{{ s }}{% endfor %}";
+        let template = ChatTemplate::from_source(exploding, Map::new()).unwrap();
+        let error = template
+            .render_json(
+                &[json!({"role": "user", "content": "hi"})],
+                &[],
+                true,
+                &Map::new(),
+            )
+            .unwrap_err();
+        assert!(error.to_string().contains("exceeds"), "{error}");
+        let huge = "x".repeat(MAX_TEMPLATE_BYTES + 1);
+        let error = ChatTemplate::from_source(&huge, Map::new()).unwrap_err();
+        assert!(error.to_string().contains("at most"), "{error}");
+    }
+
+    #[test]
+    fn render_fuel_is_ample_for_long_chats() {
+        // 20,000 messages (more than a 64k context holds at three tokens each) with the Ling
+        // template render within the fuel.
+        let template = ling_template();
+        let messages: Vec<Json> = (0..20_000)
+            .map(|i| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                json!({"role": role, "content": "a"})
+            })
+            .collect();
+        let rendered = template
+            .render_json(&messages, &[], true, &Map::new())
+            .unwrap();
+        assert!(rendered.len() > 20_000);
     }
 }

@@ -19,6 +19,7 @@
 
 use std::path::Path;
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::Value;
 
 use crate::engine::{EngineError, EngineResult};
@@ -131,6 +132,10 @@ pub struct Tokenizer {
     special: SpecialTokens,
     /// The special-token strings, longest first, each with its placeholder character.
     placeholders: Vec<(String, char)>,
+    /// Finds the strings of `placeholders` (pattern `i` is `placeholders[i]`), the earliest
+    /// first and the longest at a tie, in one pass over a text whatever their number: protecting
+    /// and encoding a prompt stay linear in its length.
+    special_strings: AhoCorasick,
     /// Bytes of the longest token string: no token covers more text than this.
     max_token_bytes: usize,
 }
@@ -160,6 +165,19 @@ impl Tokenizer {
         Self::new(inner, config.as_ref(), generation.as_ref())
     }
 
+    /// Parses a tokenizer from the text of its `tokenizer.json` (a `.mnw` asset) and resolves the
+    /// special ids with the parsed `config.json` / `generation_config.json` when present.
+    pub fn from_json(
+        tokenizer_json: &str,
+        config: Option<&Value>,
+        generation_config: Option<&Value>,
+    ) -> EngineResult<Tokenizer> {
+        let inner: tokenizers::Tokenizer = tokenizer_json
+            .parse()
+            .map_err(|e| EngineError::Load(format!("cannot parse tokenizer.json: {e}")))?;
+        Self::new(inner, config, generation_config)
+    }
+
     /// Wraps an already loaded tokenizer; `config` / `generation_config` are the parsed
     /// `config.json` / `generation_config.json` when present.
     pub fn new(
@@ -177,7 +195,7 @@ impl Tokenizer {
             .map(|token| token.content)
             .collect();
         strings.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-        let placeholders = strings
+        let placeholders: Vec<(String, char)> = strings
             .into_iter()
             .enumerate()
             .filter_map(|(i, s)| {
@@ -185,6 +203,12 @@ impl Tokenizer {
                 Some((s, char::from_u32(c)?))
             })
             .collect();
+        let special_strings = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(placeholders.iter().map(|(s, _)| s.as_str()))
+            .map_err(|e| {
+                EngineError::Load(format!("cannot index the special-token strings: {e}"))
+            })?;
         // Vocabulary strings are at least as long as the text they match (byte-level BPE writes
         // one or two UTF-8 bytes per byte of text), so their longest length bounds a token's text.
         let max_token_bytes = inner
@@ -199,6 +223,7 @@ impl Tokenizer {
             plain,
             special,
             placeholders,
+            special_strings,
             max_token_bytes,
         })
     }
@@ -215,27 +240,14 @@ impl Tokenizer {
     /// template's own markup as control tokens and the client's text as plain text
     /// ([`Tokenizer::encode_protected`]); docs/chat-format.md says why.
     pub fn protect(&self, text: &str) -> String {
-        if !text.contains('<') {
-            return text.to_string();
-        }
         let mut out = String::with_capacity(text.len());
-        let mut rest = text;
-        'outer: while !rest.is_empty() {
-            if rest.starts_with('<') {
-                for (string, placeholder) in &self.placeholders {
-                    if let Some(after) = rest.strip_prefix(string.as_str()) {
-                        out.push(*placeholder);
-                        rest = after;
-                        continue 'outer;
-                    }
-                }
-            }
-            // Up to the next '<' after the first character (which may be several bytes long).
-            let first = rest.chars().next().map_or(1, char::len_utf8);
-            let next = rest[first..].find('<').map_or(rest.len(), |at| at + first);
-            out.push_str(&rest[..next]);
-            rest = &rest[next..];
+        let mut last = 0;
+        for found in self.special_strings.find_iter(text) {
+            out.push_str(&text[last..found.start()]);
+            out.push(self.placeholders[found.pattern().as_usize()].1);
+            last = found.end();
         }
+        out.push_str(&text[last..]);
         out
     }
 
@@ -262,30 +274,38 @@ impl Tokenizer {
     /// what the client wrote. The result is the ordinary tokenization of the prompt in which only
     /// the client's special-token strings lose their meaning.
     pub fn encode_protected(&self, text: &str) -> EngineResult<Vec<u32>> {
+        self.encode_protected_unless(text, &|| false)
+    }
+
+    /// [`Tokenizer::encode_protected`] that stops with an error between two pieces of the text
+    /// once `cancelled` says so (the client that asked for it has gone away).
+    pub fn encode_protected_unless(
+        &self,
+        text: &str,
+        cancelled: &dyn Fn() -> bool,
+    ) -> EngineResult<Vec<u32>> {
         let mut ids = Vec::new();
-        let mut rest = text;
-        while !rest.is_empty() {
-            // The next special token the template wrote (the earliest, the longest at a tie).
-            let next = self
-                .placeholders
-                .iter()
-                .filter_map(|(string, _)| rest.find(string.as_str()).map(|at| (at, string)))
-                .min_by_key(|&(at, string)| (at, std::cmp::Reverse(string.len())));
-            let (piece, special) = match next {
-                Some((at, string)) => (&rest[..at], Some(string)),
-                None => (rest, None),
-            };
+        let mut last = 0;
+        let pieces = self
+            .special_strings
+            .find_iter(text)
+            .map(|found| (found.start(), Some(found)))
+            .chain(std::iter::once((text.len(), None)));
+        for (end, special) in pieces {
+            if cancelled() {
+                return Err(EngineError::InvalidRequest(
+                    "tokenization cancelled: the client went away".into(),
+                ));
+            }
+            let piece = &text[last..end];
             if piece.chars().any(|c| self.placeholder_string(c).is_some()) {
                 ids.extend(self.encode_plain(&self.unprotect(piece))?);
             } else if !piece.is_empty() {
                 ids.extend(self.encode(piece)?);
             }
-            match special {
-                Some(string) => {
-                    ids.extend(self.encode(string)?);
-                    rest = &rest[piece.len() + string.len()..];
-                }
-                None => break,
+            if let Some(found) = special {
+                ids.extend(self.encode(&text[found.start()..found.end()])?);
+                last = found.end();
             }
         }
         Ok(ids)
@@ -638,5 +658,22 @@ mod tests {
         // The mask string typed in text becomes the mask id and is rejected too.
         let ids = tok.encode("a<|mask|>b").unwrap();
         assert!(tok.check_prompt(&ids).is_err());
+    }
+
+    #[test]
+    fn protected_encoding_is_linear_in_the_number_of_turns() {
+        // 20,000 one-character turns: 40,000 template tokens between 20,000 client pieces. A
+        // search from each piece to the next special string over the rest of the text took
+        // quadratic time (16k turns: 33 s).
+        let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
+        let turn = format!("<role>HUMAN</role>{}<|role_end|>", tok.protect("<"));
+        let text = turn.repeat(20_000);
+        let started = std::time::Instant::now();
+        let ids = tok.encode_protected(&text).unwrap();
+        assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
+        assert_eq!(ids.iter().filter(|&&i| i == 483).count(), 20_000);
+        assert_eq!(ids.iter().filter(|&&i| i == 485).count(), 20_000);
+        // A cancelled encoding stops.
+        assert!(tok.encode_protected_unless(&text, &|| true).is_err());
     }
 }

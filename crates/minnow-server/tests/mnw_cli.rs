@@ -201,6 +201,17 @@ fn large_checkpoint(dir: &Path) {
 
 #[test]
 fn ctrl_c_mid_convert_leaves_nothing() {
+    signal_mid_convert_leaves_nothing("-INT");
+}
+
+/// A closed terminal (HUP) and a QUIT are cleaned up like Ctrl-C.
+#[test]
+fn hangup_and_quit_mid_convert_leave_nothing() {
+    signal_mid_convert_leaves_nothing("-HUP");
+    signal_mid_convert_leaves_nothing("-QUIT");
+}
+
+fn signal_mid_convert_leaves_nothing(signal: &str) {
     let src = tempfile::tempdir().unwrap();
     large_checkpoint(src.path());
     let dir = tempfile::tempdir().unwrap();
@@ -243,7 +254,7 @@ fn ctrl_c_mid_convert_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(2));
     }
     let status = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([signal, &child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());

@@ -90,10 +90,11 @@ pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
         rules,
     };
 
-    // Ctrl-C (or a TERM) sets the flag; the workers stop at their next chunk and the temporary
-    // file is deleted as the conversion unwinds.
+    // Ctrl-C (or a TERM, a HUP from a closed terminal, a QUIT) sets the flag; the workers stop
+    // at their next chunk and the temporary file is deleted as the conversion unwinds.
     let cancel = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+    for signal in [SIGINT, SIGTERM, SIGHUP, SIGQUIT] {
         signal_hook::flag::register(signal, Arc::clone(&cancel))
             .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
     }

@@ -44,6 +44,8 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once at startup: the size of the largest variant (serve's flags) costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Print the checkpoint's family, shapes, parameter count and special tokens.
     Inspect(inspect::Args),

@@ -11,6 +11,7 @@ use super::decode_flags::DecodeFlags;
 use super::{Cli, BUNDLED_FIXTURE};
 use crate::server::{
     self, ConnectionLimits, OriginPolicy, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_RESPONSES_MAX,
+    DEFAULT_RESPONSES_MAX_MIB,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -71,6 +72,10 @@ pub struct Args {
     /// /v1/responses/{id}; the least recently used are evicted beyond it (0: keep none).
     #[arg(long, default_value_t = DEFAULT_RESPONSES_MAX)]
     pub responses_max: usize,
+    /// Memory the stored Responses API responses may take, in MiB; the least recently used are
+    /// evicted beyond it.
+    #[arg(long, default_value_t = DEFAULT_RESPONSES_MAX_MIB, value_name = "MIB")]
+    pub responses_max_mib: usize,
     /// Refuse (HTTP 400) request fields this server does not know, instead of ignoring them and
     /// listing them in the `x-minnow-ignored-fields` response header.
     #[arg(long)]
@@ -82,13 +87,25 @@ pub struct Args {
     /// Seconds a connection may take to send its first byte and then its request headers.
     #[arg(long, default_value_t = 30.0, value_name = "SECS")]
     pub header_timeout: f64,
+    /// Seconds a connection (HTTP/1 or HTTP/2) may stay open with no request in flight before
+    /// it is closed.
+    #[arg(long, default_value_t = 30.0, value_name = "SECS")]
+    pub idle_timeout: f64,
     /// Seconds a request body may pause between pieces before the request gets HTTP 408.
     #[arg(long, default_value_t = 60.0, value_name = "SECS")]
     pub body_timeout: f64,
+    /// Bytes per second a request body must average from its first byte on (after a 2-second
+    /// allowance); slower bodies get HTTP 408 and the connection is closed. 0: no minimum.
+    #[arg(long, default_value_t = 1024, value_name = "BYTES")]
+    pub min_body_rate: u64,
     /// Connections open at once; more are answered 503 and closed (default: sized to the
     /// open-files limit).
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Connections open at once from one IP address; more are answered 503 and closed
+    /// (default: half of --max-connections).
+    #[arg(long, value_name = "N")]
+    pub max_connections_per_peer: Option<usize>,
     /// Seconds a shutdown waits for open requests before cutting them (exit status 1 then).
     #[arg(long, default_value_t = 30.0, value_name = "SECS")]
     pub shutdown_grace: f64,
@@ -197,18 +214,10 @@ fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
         keep_alive: Duration::from_secs_f64(args.keep_alive),
         show_progress: std::io::stderr().is_terminal(),
         responses_max: args.responses_max,
+        responses_max_bytes: args.responses_max_mib.saturating_mul(1 << 20),
         strict_fields: args.strict_fields,
         allow_special_in_content: args.allow_special_in_content,
-        limits: ConnectionLimits {
-            header_timeout: seconds("--header-timeout", args.header_timeout)?,
-            body_timeout: seconds("--body-timeout", args.body_timeout)?,
-            max_connections: match args.max_connections {
-                Some(0) => return Err("--max-connections must be at least 1".into()),
-                Some(n) => n,
-                None => server::default_max_connections(),
-            },
-            shutdown_grace: seconds("--shutdown-grace", args.shutdown_grace)?,
-        },
+        limits: connection_limits(args)?,
         origin: OriginPolicy {
             loopback_only: false,
             allowed_hosts: args
@@ -235,6 +244,28 @@ fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
             max_context: args.max_context,
             defaults: args.decode.params()?,
         },
+    })
+}
+
+fn connection_limits(args: &Args) -> Result<ConnectionLimits, String> {
+    let max_connections = match args.max_connections {
+        Some(0) => return Err("--max-connections must be at least 1".into()),
+        Some(n) => n,
+        None => server::default_max_connections(),
+    };
+    let max_connections_per_peer = match args.max_connections_per_peer {
+        Some(0) => return Err("--max-connections-per-peer must be at least 1".into()),
+        Some(n) => n.min(max_connections),
+        None => max_connections.div_ceil(2),
+    };
+    Ok(ConnectionLimits {
+        header_timeout: seconds("--header-timeout", args.header_timeout)?,
+        idle_timeout: seconds("--idle-timeout", args.idle_timeout)?,
+        body_timeout: seconds("--body-timeout", args.body_timeout)?,
+        min_body_rate: args.min_body_rate,
+        max_connections,
+        max_connections_per_peer,
+        shutdown_grace: seconds("--shutdown-grace", args.shutdown_grace)?,
     })
 }
 

@@ -12,15 +12,28 @@ pub const DEFAULT_BODY_LIMIT: usize = 8 * 1024 * 1024;
 
 /// Default number of stored Responses API responses.
 pub const DEFAULT_RESPONSES_MAX: usize = 1024;
+
+/// Default memory of the stored Responses API responses, in MiB (`--responses-max-mib`).
+pub const DEFAULT_RESPONSES_MAX_MIB: usize = 256;
+
 /// Connection-level limits (`connections.rs`, `routes::read_json`).
 #[derive(Clone, Debug)]
 pub struct ConnectionLimits {
-    /// `--header-timeout`: time to the first byte, and to the end of the request head.
+    /// `--header-timeout`: time to the first byte, to the end of the request head, and to the
+    /// start of a connection's first request (either protocol).
     pub header_timeout: Duration,
+    /// `--idle-timeout`: a connection with no request in flight for this long is closed (HTTP/2
+    /// with a GOAWAY first).
+    pub idle_timeout: Duration,
     /// `--body-timeout`: longest wait for the next piece of a request body.
     pub body_timeout: Duration,
+    /// `--min-body-rate`: bytes per second a request body must average once its first byte has
+    /// arrived (after a short allowance); 0 turns the check off.
+    pub min_body_rate: u64,
     /// `--max-connections`: connections open at once; more get a 503 and are closed.
     pub max_connections: usize,
+    /// `--max-connections-per-peer`: connections open at once from one IP address.
+    pub max_connections_per_peer: usize,
     /// `--shutdown-grace`: how long a shutdown waits for open requests.
     pub shutdown_grace: Duration,
 }
@@ -29,8 +42,11 @@ impl Default for ConnectionLimits {
     fn default() -> Self {
         Self {
             header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(60),
+            min_body_rate: 1024,
             max_connections: 1024,
+            max_connections_per_peer: 512,
             shutdown_grace: Duration::from_secs(30),
         }
     }
@@ -56,6 +72,8 @@ pub struct ServerConfig {
     pub show_progress: bool,
     /// Responses API responses kept for `previous_response_id` and GET (LRU beyond).
     pub responses_max: usize,
+    /// `--responses-max-mib`: memory the stored responses may take, in bytes (LRU beyond).
+    pub responses_max_bytes: usize,
     /// `--strict-fields`: an unknown request field is a 400 instead of being ignored and listed.
     pub strict_fields: bool,
     /// `--allow-host` / `--cors-origin`; `loopback_only` is set from the bound address.
@@ -101,6 +119,7 @@ mod tests {
             keep_alive: Duration::from_secs(5),
             show_progress: false,
             responses_max: DEFAULT_RESPONSES_MAX,
+            responses_max_bytes: DEFAULT_RESPONSES_MAX_MIB << 20,
             strict_fields: false,
             origin: OriginPolicy::default(),
             allow_special_in_content: false,

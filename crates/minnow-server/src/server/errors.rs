@@ -113,6 +113,18 @@ impl ApiError {
         error
     }
 
+    pub fn body_too_slow(rate: u64) -> Self {
+        let mut error = Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!(
+                "the request body arrived slower than {rate} bytes per second (--min-body-rate)"
+            ),
+        );
+        error.code = Some("request_timeout");
+        error
+    }
+
     /// 400 for a prompt text too long for the context, refused before tokenization; the
     /// token count is a lower bound (llama-server's `exceed_context_size_error` shape).
     pub fn prompt_too_long(param: &str, bytes: usize, min_tokens: usize, n_ctx: usize) -> Self {

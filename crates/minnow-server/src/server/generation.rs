@@ -2,6 +2,7 @@
 //! `GenerateRequest`, submit it, and (for non-streaming requests) wait for the result. Streaming
 //! lives in `sse`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use hyper::{Response, StatusCode};
@@ -72,8 +73,55 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError
 }
 
 /// Tokenizations running at once (each holds a few hundred bytes per prompt byte while it runs);
-/// more wait their turn instead of multiplying the peak memory.
+/// more wait their turn instead of multiplying the peak memory. A turn is held by the blocking
+/// task itself, so work whose client has gone keeps counting until it has stopped.
 static TOKENIZING: Semaphore = Semaphore::const_new(2);
+
+/// Tells blocking work that its request was dropped (the client went away): set when the
+/// request's future drops this guard, read by the work between pieces (`cancelled`).
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl CancelOnDrop {
+    fn new() -> Self {
+        CancelOnDrop(Arc::new(AtomicBool::new(false)))
+    }
+
+    /// A check for the blocking work.
+    fn cancelled(&self) -> impl Fn() -> bool + Send + 'static {
+        let flag = self.0.clone();
+        move || flag.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs a tokenizing job on a blocking thread in one of the `TOKENIZING` turns; the job stops
+/// early (between pieces) if the request is dropped meanwhile.
+pub async fn tokenizing<T: Send + 'static>(
+    engine: &Engine,
+    work: impl FnOnce(&Engine, &dyn Fn() -> bool) -> Result<T, EngineError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let turn = TOKENIZING
+        .acquire()
+        .await
+        .map_err(|_| ApiError::internal("the tokenizer queue is closed"))?;
+    let guard = CancelOnDrop::new();
+    let cancelled = guard.cancelled();
+    let result = blocking(engine, move |engine| {
+        let _turn = turn;
+        if cancelled() {
+            return Err(EngineError::InvalidRequest("the client went away".into()));
+        }
+        work(engine, &cancelled)
+    })
+    .await;
+    drop(guard);
+    result
+}
 
 /// Normalization may shrink text a little; the byte bound allows for twice the plain estimate.
 const NORMALIZATION_SLACK: usize = 2;
@@ -125,7 +173,7 @@ pub async fn render(state: &AppState, prompt: ChatPrompt) -> Result<RenderedProm
     let engine = state.engine()?;
     let protect = !state.config.allow_special_in_content;
     blocking(engine, move |engine| {
-        let (rendered, _) = render_and_tokenize(engine, prompt, protect, false)?;
+        let (rendered, _) = render_and_tokenize(engine, prompt, protect, false, &|| false)?;
         Ok(rendered)
     })
     .await
@@ -138,6 +186,7 @@ fn render_and_tokenize(
     mut prompt: ChatPrompt,
     protect: bool,
     tokenize: bool,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<(RenderedPrompt, Vec<u32>), EngineError> {
     let tokenizer = engine.tokenizer();
     // The template adds its markup: check the rendered text too before tokenizing it.
@@ -163,7 +212,7 @@ fn render_and_tokenize(
     let rendered = engine.render_chat(&prompt)?;
     fits(&rendered)?;
     let ids = if tokenize {
-        tokenizer.encode_protected(&rendered.text)?
+        tokenizer.encode_protected_unless(&rendered.text, cancelled)?
     } else {
         Vec::new()
     };
@@ -179,15 +228,12 @@ fn render_and_tokenize(
 pub async fn prepare_chat(state: &Arc<AppState>, chat: ChatRequest) -> Result<Job, ApiError> {
     check_model(state, chat.common.model.as_deref())?;
     let engine = state.engine()?;
+    check_algorithm(engine, &chat.common)?;
     let prompt = chat.prompt;
     check_prompt_bytes(engine, conversation_bytes(&prompt), "messages")?;
     let protect = !state.config.allow_special_in_content;
-    let _turn = TOKENIZING
-        .acquire()
-        .await
-        .map_err(|_| ApiError::internal("the tokenizer queue is closed"))?;
-    let (rendered, ids) = blocking(engine, move |engine| {
-        render_and_tokenize(engine, prompt, protect, true)
+    let (rendered, ids) = tokenizing(engine, move |engine, cancelled| {
+        render_and_tokenize(engine, prompt, protect, true, cancelled)
     })
     .await?;
     check_prompt_ids(engine, &ids, "messages")?;
@@ -214,15 +260,12 @@ pub async fn prepare_completion(
 ) -> Result<Job, ApiError> {
     check_model(state, completion.common.model.as_deref())?;
     let engine = state.engine()?;
+    check_algorithm(engine, &completion.common)?;
     let ids = match completion.prompt {
         PromptInput::Ids(ids) => ids,
         PromptInput::Text(text) => {
             check_prompt_bytes(engine, text.len(), "prompt")?;
-            let _turn = TOKENIZING
-                .acquire()
-                .await
-                .map_err(|_| ApiError::internal("the tokenizer queue is closed"))?;
-            blocking(engine, move |engine| engine.tokenize(&text)).await?
+            tokenizing(engine, move |engine, _| engine.tokenize(&text)).await?
         }
     };
     check_prompt_ids(engine, &ids, "prompt")?;
@@ -263,6 +306,23 @@ fn resolve_max_tokens(state: &AppState, requested: MaxTokens) -> Option<usize> {
         MaxTokens::Unlimited => None,
         MaxTokens::Limit(n) => Some(n),
     }
+}
+
+/// `algorithm: "indel"` needs the checkpoint's DELETE/SPLIT tokens (LLaDA2.2): refused naming the
+/// field before any work, rather than by the engine at submission with no field named.
+fn check_algorithm(engine: &Engine, common: &CommonOptions) -> Result<(), ApiError> {
+    let indel = common.params.algorithm == Some(minnow_engine::Algorithm::Indel);
+    // The engine gives the edit tokens their meaning on 2.2 checkpoints only.
+    let editable =
+        engine.info().family == "LLaDA2.2" && engine.tokenizer().special().edit_token_ids().is_ok();
+    if indel && !editable {
+        return Err(ApiError::invalid(
+            "algorithm",
+            "the indel algorithm needs a checkpoint with DELETE/SPLIT edit tokens (LLaDA2.2); \
+             this model has none",
+        ));
+    }
+    Ok(())
 }
 
 /// Prompts must be non-empty, in the vocabulary, and free of the mask token (a mask in the

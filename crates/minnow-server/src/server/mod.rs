@@ -5,7 +5,7 @@
 //! 503 while loading and 200 after. SIGINT/SIGTERM during loading exit at once; after it they
 //! stop accepting connections and let in-flight requests (streams included) finish for up to
 //! `--shutdown-grace` seconds, after which the rest are cut and the exit status is non-zero; a
-//! second signal exits at once. `connections` bounds open and idle connections.
+//! second signal exits at once. `connections` bounds open, idle and per-address connections.
 //!
 //! Map: `routes` (dispatch, auth, body limit) → `openai` + `fields` (request validation) →
 //! `generation` (prompt preparation, non-streaming) / `sse` (streaming) → `responses` (OpenAI
@@ -18,6 +18,7 @@ mod errors;
 mod fields;
 mod generation;
 mod http;
+mod json_body;
 mod metrics;
 mod openai;
 mod origin;
@@ -32,15 +33,14 @@ mod static_files;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use minnow_engine::{Engine, LoadProgress};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 
-pub use config::{ConnectionLimits, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_RESPONSES_MAX};
+pub use config::{
+    ConnectionLimits, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_RESPONSES_MAX,
+    DEFAULT_RESPONSES_MAX_MIB,
+};
 pub use connections::default_max_connections;
 pub use origin::{host_name, OriginPolicy};
 use state::AppState;
@@ -83,15 +83,17 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
 
     // Set once the loader has finished (its channel closes on success).
     let mut loader_done = false;
-    let graceful = GracefulShutdown::new();
+    // Turns true when the server shuts down: every connection finishes its requests and closes.
+    let (stopping, stop_watch) = watch::channel(false);
     let mut shutdown = Box::pin(shutdown_signal());
     let limits = state.config.limits.clone();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let peers = Arc::new(connections::PeerCounts::default());
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _peer)) => stream,
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
                     Err(e) => {
                         // Out of file descriptors and the like: keep serving the others.
                         tracing::warn!("accept failed: {e}");
@@ -104,30 +106,32 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
                         "refusing a connection: {} already open (--max-connections)",
                         limits.max_connections
                     );
-                    tokio::spawn(connections::refuse_over_capacity(stream, limits.max_connections));
+                    tokio::spawn(connections::refuse_over_capacity(stream, format!(
+                        "the server has reached its limit of {} open connections; retry later",
+                        limits.max_connections
+                    )));
+                    continue;
+                };
+                let Some(peer_slot) = peers.take(peer.ip(), limits.max_connections_per_peer) else {
+                    tracing::warn!(
+                        "refusing a connection from {}: {} already open from there \
+                         (--max-connections-per-peer)",
+                        peer.ip(),
+                        limits.max_connections_per_peer
+                    );
+                    tokio::spawn(connections::refuse_over_capacity(stream, format!(
+                        "this address has reached its limit of {} open connections; retry later",
+                        limits.max_connections_per_peer
+                    )));
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
                 let state = state.clone();
-                let watcher = graceful.watcher();
-                let header_timeout = limits.header_timeout;
+                let limits = limits.clone();
+                let stop_watch = stop_watch.clone();
                 tokio::spawn(async move {
-                    let _permit = permit;
-                    if !connections::first_bytes_arrive(&stream, header_timeout).await {
-                        tracing::debug!("dropping a connection that sent no request in time");
-                        return;
-                    }
-                    let service = service_fn(move |request| routes::handle(state.clone(), request));
-                    let mut builder = auto::Builder::new(TokioExecutor::new());
-                    // A client that never finishes sending its headers is dropped.
-                    builder
-                        .http1()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(header_timeout);
-                    let connection = builder.serve_connection(TokioIo::new(stream), service);
-                    if let Err(e) = watcher.watch(connection).await {
-                        tracing::debug!("connection ended with an error: {e}");
-                    }
+                    let _slots = (permit, peer_slot);
+                    connections::serve(stream, state, limits, stop_watch).await;
                 });
             }
             message = &mut load_failed, if !loader_done => {
@@ -146,13 +150,16 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
         tracing::info!("shutting down during loading");
         return Ok(());
     }
-    let open = graceful.count();
+    let open = limits.max_connections - slots.available_permits();
     tracing::info!(
         "shutting down: draining {open} open connection(s) (at most {}s, --shutdown-grace)",
         limits.shutdown_grace.as_secs_f64()
     );
+    let _ = stopping.send(true);
+    // Every connection holds one slot until it has closed: all slots back means all closed.
+    let all_closed = slots.acquire_many(limits.max_connections as u32);
     tokio::select! {
-        () = graceful.shutdown() => {
+        _ = all_closed => {
             tracing::info!("all requests finished; bye");
             Ok(())
         }

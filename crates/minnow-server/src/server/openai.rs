@@ -77,16 +77,10 @@ pub struct TokenizeRequest {
 pub const JSON_OBJECT_INSTRUCTION: &str =
     "Respond with a single valid JSON object and nothing else.";
 
-/// Parses a whole request body into JSON, refusing bodies that are not an object.
+/// Parses a whole request body into JSON, refusing bodies that are not an object (bounded work
+/// and memory, no repeated keys: `json_body`).
 pub fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
-    if !value.is_object() {
-        return Err(ApiError::bad_request(
-            "the request body must be a JSON object",
-        ));
-    }
-    Ok(value)
+    super::json_body::parse(body)
 }
 
 pub fn parse_chat(body: &Value, policy: &FieldPolicy) -> Result<ChatRequest, ApiError> {
@@ -542,7 +536,8 @@ fn parse_messages(value: &Value, policy: &FieldPolicy) -> Result<Vec<ChatMessage
         ));
     }
     let mut messages = Vec::with_capacity(items.len());
-    let mut call_ids: Vec<String> = Vec::new();
+    // A set: a history of many calls is checked in linear time.
+    let mut call_ids: std::collections::HashSet<String> = std::collections::HashSet::new();
     for (i, item) in items.iter().enumerate() {
         let path = format!("messages[{i}]");
         let mut fields = Fields::new(item, &path, policy)?;
@@ -716,7 +711,8 @@ pub(super) fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<Val
     let items = value
         .as_array()
         .ok_or_else(|| ApiError::invalid("tools", "'tools' must be a list"))?;
-    let mut names: Vec<String> = Vec::new();
+    // A set: many declared tools are checked in linear time.
+    let mut names: std::collections::HashSet<String> = std::collections::HashSet::new();
     for (i, item) in items.iter().enumerate() {
         let path = format!("tools[{i}]");
         let mut fields = Fields::new(item, &path, policy)?;
@@ -765,7 +761,7 @@ pub(super) fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<Val
         // Schema-constrained decoding is not available, so `strict: true` cannot be honoured.
         function_fields.must_be_false("strict")?;
         function_fields.finish()?;
-        names.push(name);
+        names.insert(name);
     }
     Ok(items.clone())
 }

@@ -38,7 +38,7 @@ pub enum Verdict {
 
 impl OriginPolicy {
     pub fn check<B>(&self, request: &Request<B>) -> Result<Verdict, ApiError> {
-        let host = request_host(request);
+        let host = request_host(request)?;
         if self.loopback_only {
             if let Some(host) = &host {
                 if !self.host_allowed(host) {
@@ -91,14 +91,26 @@ impl OriginPolicy {
     }
 }
 
-/// `Host` (HTTP/1) or the URI authority (HTTP/2), as sent.
-fn request_host<B>(request: &Request<B>) -> Option<String> {
-    request
-        .headers()
-        .get(HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| request.uri().authority().map(|a| a.as_str().to_string()))
+/// `Host` (HTTP/1) or the URI authority (HTTP/2), as sent. A request with several `Host`
+/// headers, or one that is not visible ASCII, is refused (400, as RFC 9112 §3.2 asks): a guard
+/// that skipped it would let a DNS-rebinding page through with `Host: evil.example` twice or in
+/// non-ASCII bytes.
+fn request_host<B>(request: &Request<B>) -> Result<Option<String>, ApiError> {
+    let mut hosts = request.headers().get_all(HOST).iter();
+    let Some(value) = hosts.next() else {
+        return Ok(request.uri().authority().map(|a| a.as_str().to_string()));
+    };
+    if hosts.next().is_some() {
+        return Err(ApiError::bad_request(
+            "the request has more than one Host header",
+        ));
+    }
+    let host = value
+        .to_str()
+        .ok()
+        .filter(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_graphic()))
+        .ok_or_else(|| ApiError::bad_request("the Host header is not a valid host name"))?;
+    Ok(Some(host.to_string()))
 }
 
 /// The host part of `host[:port]` (an IPv6 literal keeps its brackets).
@@ -170,6 +182,28 @@ mod tests {
         assert!(OriginPolicy::default()
             .check(&request(Some("evil.example"), None))
             .is_ok());
+    }
+
+    #[test]
+    fn a_doubled_or_non_ascii_host_is_refused() {
+        let doubled = Request::builder()
+            .uri("/v1/models")
+            .header(HOST, "127.0.0.1:8080")
+            .header(HOST, "evil.example")
+            .body(())
+            .unwrap();
+        let non_ascii = Request::builder()
+            .uri("/v1/models")
+            .header(HOST, HeaderValue::from_bytes(b"evil.example\xff").unwrap())
+            .body(())
+            .unwrap();
+        let empty = request(Some(""), None);
+        for policy in [loopback(), OriginPolicy::default()] {
+            for bad in [&doubled, &non_ascii, &empty] {
+                let error = policy.check(bad).unwrap_err();
+                assert_eq!(error.status, hyper::StatusCode::BAD_REQUEST);
+            }
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -292,6 +293,17 @@ async fn dispatch(
             let body = read_json(state, request).await?;
             let (ids, ignored) = parsed(state, |policy| openai::parse_detokenize(&body, policy))?;
             let engine = state.engine()?;
+            // The token bound of a prompt: no more ids than the context holds.
+            let n_ctx = engine.info().n_ctx;
+            if ids.len() > n_ctx {
+                return Err(ApiError::invalid(
+                    "tokens",
+                    format!(
+                        "{} token ids are more than the context of {n_ctx} tokens holds",
+                        ids.len()
+                    ),
+                ));
+            }
             let vocab = engine.info().vocab_size;
             if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
                 return Err(ApiError::invalid(
@@ -330,6 +342,7 @@ async fn dispatch(
         Route::ResponsesInputTokens => {
             let body = read_json(state, request).await?;
             let (request, ignored) = parsed(state, |policy| responses_api::parse(&body, policy))?;
+            drop(body);
             with_ignored(responses_api::input_tokens(state, request).await, ignored)
         }
         Route::StoredResponse => {
@@ -402,7 +415,15 @@ fn preflight() -> Response<Body> {
 /// still uploading gets the 413 instead of a broken pipe; beyond it the connection is dropped.
 const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
 
-/// Reads the body within `--body-limit` (413 beyond) and parses it as a JSON object.
+/// Time a request body gets after its first byte before `--min-body-rate` applies.
+const BODY_RATE_ALLOWANCE: Duration = Duration::from_secs(2);
+
+/// Bodies up to this size are parsed on the async thread; larger ones on a blocking thread, so
+/// that parsing megabytes never delays `/health` or another connection.
+const PARSE_INLINE_LIMIT: usize = 64 * 1024;
+
+/// Reads the body within `--body-limit` (413 beyond) and at `--min-body-rate` at least (408
+/// below), and parses it as a JSON object (`json_body`).
 async fn read_json(state: &AppState, request: Request<Incoming>) -> Result<Value, ApiError> {
     let limit = state.config.body_limit;
     let too_large = ApiError::body_too_large(limit);
@@ -418,17 +439,37 @@ async fn read_json(state: &AppState, request: Request<Incoming>) -> Result<Value
     let mut buffer = Vec::new();
     let mut seen: u64 = 0;
     let pause = state.config.limits.body_timeout;
-    // A client that stops sending mid-body gets a 408 instead of holding the connection (and a
-    // graceful shutdown) forever.
-    while let Some(frame) = tokio::time::timeout(pause, body.frame())
-        .await
-        .map_err(|_| ApiError::body_timeout(pause))?
-    {
+    let rate = state.config.limits.min_body_rate;
+    let mut first_byte: Option<Instant> = None;
+    loop {
+        // A client that stops sending mid-body gets a 408 instead of holding the connection (and
+        // a graceful shutdown) forever; one that trickles gets it once its average falls below
+        // the minimum rate.
+        let mut wait = pause;
+        let mut rate_bound = false;
+        if let (Some(start), true) = (first_byte, rate > 0) {
+            let due =
+                start + BODY_RATE_ALLOWANCE + Duration::from_secs_f64(seen as f64 / rate as f64);
+            let left = due.saturating_duration_since(Instant::now());
+            if left < wait {
+                wait = left;
+                rate_bound = true;
+            }
+        }
+        let frame = match tokio::time::timeout(wait, body.frame()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(_) if rate_bound => return Err(ApiError::body_too_slow(rate)),
+            Err(_) => return Err(ApiError::body_timeout(pause)),
+        };
         let frame = frame
             .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
+        if first_byte.is_none() && !data.is_empty() {
+            first_byte = Some(Instant::now());
+        }
         seen += data.len() as u64;
         if seen <= limit as u64 {
             buffer.extend_from_slice(&data);
@@ -439,7 +480,12 @@ async fn read_json(state: &AppState, request: Request<Incoming>) -> Result<Value
     if seen > limit as u64 {
         return Err(too_large);
     }
-    openai::parse_json(&buffer)
+    if buffer.len() <= PARSE_INLINE_LIMIT {
+        return openai::parse_json(&buffer);
+    }
+    tokio::task::spawn_blocking(move || openai::parse_json(&buffer))
+        .await
+        .map_err(|e| ApiError::internal(format!("the body parser failed: {e}")))?
 }
 
 fn health(state: &AppState) -> Result<Response<Body>, ApiError> {
@@ -605,25 +651,26 @@ fn slots(state: &AppState) -> Result<Response<Body>, ApiError> {
     Ok(json_response(StatusCode::OK, &Value::Array(slots)))
 }
 
+/// llama-server `/tokenize`, under a prompt's byte bound: the text must be able to fit the
+/// context (`generation::check_prompt_bytes`, before any work), and it takes a tokenizer turn.
+/// Its ids are not held to the context (counting a prompt that is a little too long is a use of
+/// this route); the byte bound already bounds them.
 async fn tokenize(
     state: &AppState,
     request: openai::TokenizeRequest,
 ) -> Result<Response<Body>, ApiError> {
     let engine = state.engine()?;
+    generation::check_prompt_bytes(engine, request.content.len(), "content")?;
     let content = request.content;
     let parse_special = request.parse_special;
-    let ids = {
-        let engine = engine.clone();
-        tokio::task::spawn_blocking(move || {
-            if parse_special {
-                engine.tokenize(&content)
-            } else {
-                engine.tokenizer().encode_plain(&content)
-            }
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))??
-    };
+    let ids = generation::tokenizing(engine, move |engine, _| {
+        if parse_special {
+            engine.tokenize(&content)
+        } else {
+            engine.tokenizer().encode_plain(&content)
+        }
+    })
+    .await?;
     let tokens: Vec<Value> = if request.with_pieces {
         ids.iter()
             .map(|&id| {

@@ -20,7 +20,7 @@ pub struct AppState {
     next_id: AtomicU64,
     /// Unix time the server started; reported as the model's `created`.
     pub started_unix: u64,
-    /// Stored Responses API responses (`--responses-max`).
+    /// Stored Responses API responses (`--responses-max`, `--responses-max-mib`).
     pub responses: ResponseStore,
 }
 
@@ -28,7 +28,7 @@ impl AppState {
     pub fn new(config: ServerConfig) -> Self {
         let model_id = config.model_id();
         Self {
-            responses: ResponseStore::new(config.responses_max),
+            responses: ResponseStore::new(config.responses_max, config.responses_max_bytes),
             config,
             model_id,
             engine: OnceLock::new(),

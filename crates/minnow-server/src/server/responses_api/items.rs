@@ -343,11 +343,14 @@ fn parse_content(
 /// `first_input` is the index of the first item of this request's `input` (the items before it
 /// come from `previous_response_id`), for the error's `param`.
 pub fn check_call_outputs(conversation: &[Item], first_input: usize) -> Result<(), ApiError> {
-    let mut calls: Vec<&str> = Vec::new();
+    // A set: a conversation of many calls is checked in linear time.
+    let mut calls: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for (index, item) in conversation.iter().enumerate() {
         match item {
-            Item::FunctionCall { call_id, .. } => calls.push(call_id),
-            Item::FunctionCallOutput { call_id, .. } if !calls.contains(&call_id.as_str()) => {
+            Item::FunctionCall { call_id, .. } => {
+                calls.insert(call_id);
+            }
+            Item::FunctionCallOutput { call_id, .. } if !calls.contains(call_id.as_str()) => {
                 let param = format!("input[{}].call_id", index.saturating_sub(first_input));
                 return Err(ApiError::invalid(
                     param,

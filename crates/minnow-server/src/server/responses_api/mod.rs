@@ -27,7 +27,7 @@ use serde_json::{json, Map, Value};
 
 use super::errors::ApiError;
 use super::generation::{self, Job};
-use super::http::{json_response, Body};
+use super::http::{json_response, text_response, Body};
 use super::openai::{self, ChatRequest};
 use super::state::{unix_now, AppState, RequestLog};
 use items::Item;
@@ -59,8 +59,8 @@ impl Prepared {
         state.responses.insert(
             self.header.id.clone(),
             Stored {
-                object: object.clone(),
-                turn: Turn::new(self.parent.clone(), items),
+                object: Arc::from(object.to_string()),
+                turn: state.responses.turn(self.parent.clone(), items),
             },
         );
     }
@@ -109,7 +109,11 @@ pub fn retrieve(state: &AppState, id: &str) -> Result<Response<Body>, ApiError> 
         .responses
         .get(id)
         .ok_or_else(|| response_not_found(id))?;
-    Ok(json_response(StatusCode::OK, &stored.object))
+    Ok(text_response(
+        StatusCode::OK,
+        "application/json",
+        stored.object.to_string(),
+    ))
 }
 
 /// `DELETE /v1/responses/{id}`.
@@ -207,9 +211,18 @@ fn check_not_resent(history: &[Item], input: &[Item]) -> Result<(), ApiError> {
              items, or the whole conversation without previous_response_id",
         ));
     }
+    // Sets: a long history and a long input are compared in linear time.
+    let old_ids: std::collections::HashSet<&str> = history.iter().filter_map(Item::id).collect();
+    let old_calls: std::collections::HashSet<&str> = history
+        .iter()
+        .filter_map(|old| match old {
+            Item::FunctionCall { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
     for (i, item) in input.iter().enumerate() {
         if let Some(id) = item.id() {
-            if history.iter().any(|old| old.id() == Some(id)) {
+            if old_ids.contains(id) {
                 return Err(ApiError::invalid(
                     format!("input[{i}].id"),
                     format!(
@@ -219,10 +232,7 @@ fn check_not_resent(history: &[Item], input: &[Item]) -> Result<(), ApiError> {
             }
         }
         if let Item::FunctionCall { call_id, .. } = item {
-            let repeated = history.iter().any(
-                |old| matches!(old, Item::FunctionCall { call_id: old_id, .. } if old_id == call_id),
-            );
-            if repeated {
+            if old_calls.contains(call_id.as_str()) {
                 return Err(ApiError::invalid(
                     format!("input[{i}].call_id"),
                     format!(

@@ -15,7 +15,7 @@ use super::super::openai::{self, CommonOptions, MaxTokens};
 use super::items::{self, Item, Role};
 
 /// Fields passed through to the chat parser's shared options (`openai::parse_common`).
-const SHARED_OPTIONS: [&str; 17] = [
+const SHARED_OPTIONS: [&str; 19] = [
     "model",
     "temperature",
     "top_p",
@@ -33,6 +33,9 @@ const SHARED_OPTIONS: [&str; 17] = [
     "service_tier",
     "prompt_cache_key",
     "safety_identifier",
+    // Prefix-cache tenancy, as on the chat and completions routes.
+    "cache_salt",
+    "cache_prompt",
 ];
 
 /// `include` values that ask for data of item types this server never produces (reasoning,

@@ -418,6 +418,7 @@ mod tests {
             keep_alive: Duration::from_secs(5),
             show_progress: false,
             responses_max: 4,
+            responses_max_bytes: usize::MAX,
             strict_fields: false,
             origin: crate::server::OriginPolicy::default(),
             allow_special_in_content: false,
@@ -582,7 +583,8 @@ mod tests {
         assert!(
             matches!(&conversation[2], Item::FunctionCall { call_id, .. } if call_id == "call_0")
         );
-        assert_eq!(stored.object, events[11]["response"]);
+        let object: serde_json::Value = serde_json::from_str(&stored.object).unwrap();
+        assert_eq!(object, events[11]["response"]);
     }
 
     /// A call cut by the token limit never streamed; an empty answer still gets its message.
