@@ -91,7 +91,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     stats.tokens_per_second
                 );
             }
-            Event::Error(message) => return Err(message.into()),
+            Event::Error(error) => return Err(error.into()),
         }
     }
     Ok(())

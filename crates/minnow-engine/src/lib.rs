@@ -9,8 +9,9 @@ pub mod api;
 pub mod chat_template;
 pub mod decode;
 pub mod engine;
+mod error;
+mod kv_cache;
 mod model_files;
-pub mod prefix_cache;
 pub mod sampling;
 pub mod text_stream;
 pub mod tokenizer;
@@ -21,3 +22,4 @@ pub use engine::{
     CancelToken, Engine, EngineError, EngineOptions, EngineResult, EngineStats, LoadProgress,
     ModelInfo, RequestHandle, BATCH_SIZE_BUCKETS,
 };
+pub use kv_cache::CacheStats;

@@ -491,10 +491,36 @@ fn a_panicking_runner_fails_the_request_but_not_the_engine() {
     };
     let mut first = engine.submit(request()).unwrap();
     match collect(&mut first).last() {
-        Some(Event::Error(message)) => assert!(message.contains("scripted runner failure")),
+        Some(Event::Error(error)) => {
+            assert!(matches!(error, EngineError::Internal(_)));
+            assert!(error.to_string().contains("scripted runner failure"));
+        }
         other => panic!("expected an error, got {other:?}"),
     }
     let mut second = engine.submit(request()).unwrap();
     let (reason, ids, _, _) = done(&collect(&mut second));
     assert_eq!((reason, ids), (FinishReason::Length, vec![100; 8]));
+}
+
+#[test]
+fn default_options_batch_the_devices_default_and_chats_end_with_the_assistant_turn() {
+    let engine = engine_writing(vec![], 40, Duration::ZERO, EngineOptions::default());
+    assert_eq!(engine.info().parallel, default_parallel("scripted"));
+    let messages = vec![crate::api::ChatMessage {
+        role: "user".into(),
+        content: "hi".into(),
+        ..Default::default()
+    }];
+    let render = |add: Option<bool>| {
+        let mut prompt = crate::api::ChatPrompt {
+            messages: messages.clone(),
+            ..Default::default()
+        };
+        if let Some(add) = add {
+            prompt.add_generation_prompt = add;
+        }
+        engine.render_chat(&prompt).unwrap().text
+    };
+    assert_eq!(render(None), render(Some(true)));
+    assert_ne!(render(None), render(Some(false)));
 }

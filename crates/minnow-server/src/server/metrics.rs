@@ -290,7 +290,7 @@ mod tests {
             total_slots: 4,
             ready: true,
             engine: EngineStats {
-                cache: minnow_engine::prefix_cache::CacheStats {
+                cache: minnow_engine::CacheStats {
                     pages_total: 100,
                     pages_held: 7,
                     pages_cached: 3,

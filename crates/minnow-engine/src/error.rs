@@ -2,7 +2,7 @@
 //! 429, 503 or 500) instead of parsing messages. A bad request fails only that request; a device
 //! failure fails the batch it happened in, with the device's message.
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EngineError {
     /// The checkpoint could not be loaded (bad config, missing tensor, ...).
     #[error("{0}")]
