@@ -4,12 +4,21 @@
 //! the rest wait in a bounded FIFO queue.
 //!
 //! ```no_run
-//! use minnow_engine::{Engine, EngineOptions, Event, GenerateRequest};
+//! use minnow_engine::{ChatMessage, ChatPrompt, Engine, EngineOptions, Event, GenerateRequest};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let engine = Engine::load("path/to/checkpoint".as_ref(), EngineOptions::default())?;
-//! let prompt_ids = engine.tokenize("Hello")?;
+//! let chat = ChatPrompt {
+//!     messages: vec![ChatMessage {
+//!         role: "user".into(),
+//!         content: "Hello".into(),
+//!         ..Default::default()
+//!     }],
+//!     ..Default::default()
+//! };
+//! let (prompt_ids, rendered) = engine.chat_prompt_ids(&chat)?;
 //! let mut handle = engine.submit(GenerateRequest {
 //!     prompt_ids,
+//!     forced_prefix: rendered.forced_prefix,
 //!     max_tokens: Some(64),
 //!     ..Default::default()
 //! })?;
@@ -224,6 +233,18 @@ fn load_cpu_runner(
     )))
 }
 
+/// Protects every string of a JSON value (a tool definition) in place.
+fn protect_json(tokenizer: &Tokenizer, value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::String(s) => *s = tokenizer.protect(s),
+        serde_json::Value::Array(items) => {
+            items.iter_mut().for_each(|v| protect_json(tokenizer, v))
+        }
+        serde_json::Value::Object(map) => map.values_mut().for_each(|v| protect_json(tokenizer, v)),
+        _ => {}
+    }
+}
+
 /// Whether a checkpoint directory carries a chat template at all (the 2.2 fixture has none; the
 /// engine still generates from ids then).
 fn has_chat_template(dir: &Path) -> bool {
@@ -394,7 +415,8 @@ impl Engine {
         &self.inner.tokenizer
     }
 
-    /// Tokenizes text without adding special tokens; special-token strings map to their ids.
+    /// Tokenizes text without adding special tokens; special-token strings map to their ids (a
+    /// raw prompt that is wholly the caller's; for a chat, see [`Engine::chat_prompt_ids`]).
     pub fn tokenize(&self, text: &str) -> EngineResult<Vec<u32>> {
         self.inner.tokenizer.encode(text)
     }
@@ -404,7 +426,43 @@ impl Engine {
         self.inner.tokenizer.decode(ids, keep_special)
     }
 
-    /// Renders a conversation with the checkpoint's own chat template.
+    /// Renders a conversation and tokenizes it: the way to turn a chat into prompt ids. Every
+    /// string a client wrote (message contents, reasoning, tool calls, tool definitions) stays
+    /// plain text, special-token strings included, so a user cannot open a system turn by
+    /// typing `<role>SYSTEM</role>`; only the template's own markup becomes control tokens.
+    /// Returns the ids and the rendered prompt (whose `forced_prefix` goes into
+    /// [`GenerateRequest::forced_prefix`]).
+    pub fn chat_prompt_ids(&self, prompt: &ChatPrompt) -> EngineResult<(Vec<u32>, RenderedPrompt)> {
+        let tokenizer = &self.inner.tokenizer;
+        let mut protected = prompt.clone();
+        for message in &mut protected.messages {
+            message.content = tokenizer.protect(&message.content);
+            if let Some(reasoning) = &mut message.reasoning_content {
+                *reasoning = tokenizer.protect(reasoning);
+            }
+            if let Some(id) = &mut message.tool_call_id {
+                *id = tokenizer.protect(id);
+            }
+            for call in &mut message.tool_calls {
+                call.id = tokenizer.protect(&call.id);
+                call.arguments = tokenizer.protect(&call.arguments);
+            }
+        }
+        for tool in &mut protected.tools {
+            protect_json(tokenizer, tool);
+        }
+        let rendered = self.render_chat(&protected)?;
+        let ids = tokenizer.encode_protected(&rendered.text)?;
+        let rendered = RenderedPrompt {
+            text: tokenizer.unprotect(&rendered.text),
+            forced_prefix: rendered.forced_prefix,
+        };
+        Ok((ids, rendered))
+    }
+
+    /// Renders a conversation with the checkpoint's own chat template, as text. To generate from
+    /// it, use [`Engine::chat_prompt_ids`]: tokenizing this text with [`Engine::tokenize`] would
+    /// turn special-token strings that a user typed into control tokens.
     pub fn render_chat(&self, prompt: &ChatPrompt) -> EngineResult<RenderedPrompt> {
         let template = self.inner.template.as_ref().ok_or_else(|| {
             EngineError::Template(format!(
@@ -454,7 +512,10 @@ impl Engine {
         self.check_prompt(prompt)?;
         let params = resolve(&request.params, &inner.defaults, inner.family)
             .map_err(EngineError::InvalidRequest)?;
-        check_algorithm(&params, inner.decoder.control)?;
+        check_algorithm(&params, inner.decoder.control).map_err(|e| EngineError::InvalidParam {
+            param: "algorithm",
+            message: e.to_string(),
+        })?;
         let n_ctx = inner.info.n_ctx;
         let max_new = match request.max_tokens {
             Some(n) => n,

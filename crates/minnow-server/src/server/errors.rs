@@ -194,6 +194,7 @@ impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> Self {
         match error {
             EngineError::InvalidRequest(message) => ApiError::bad_request(message),
+            EngineError::InvalidParam { param, message } => ApiError::invalid(param, message),
             EngineError::Template(_) => ApiError::bad_request(error.to_string()),
             EngineError::ContextExceeded {
                 n_prompt_tokens,
@@ -272,6 +273,12 @@ mod tests {
             ApiError::from(EngineError::InvalidRequest("x".into())).status,
             StatusCode::BAD_REQUEST
         );
+        let field = ApiError::from(EngineError::InvalidParam {
+            param: "algorithm",
+            message: "x".into(),
+        });
+        assert_eq!(field.status, StatusCode::BAD_REQUEST);
+        assert_eq!(field.to_json()["error"]["param"], "algorithm");
         assert_eq!(
             ApiError::from(EngineError::Internal("x".into())).status,
             StatusCode::INTERNAL_SERVER_ERROR
