@@ -400,15 +400,20 @@ fn requests_without_max_tokens_take_pages_as_they_go() {
         .iter()
         .map(|r| engine.submit(r.clone()).expect("none refused"))
         .collect();
-    let mut most_busy = 0;
-    while engine.busy_slots() + engine.queue_depth() > 0 && most_busy < 64 {
-        most_busy = most_busy.max(engine.busy_slots());
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
     let got: Vec<_> = handles.iter_mut().map(|h| finish(h).0).collect();
+    // Some forward held more requests than the pool holds full contexts: each held only the
+    // pages it had reached.
+    let stats = settled(&engine);
+    let over_16 = minnow_engine::BATCH_SIZE_BUCKETS
+        .iter()
+        .position(|&b| b == 16)
+        .unwrap()
+        + 1;
+    let large: u64 = stats.batch_size_counts[over_16..].iter().sum();
     assert!(
-        most_busy > 16,
-        "more requests than full contexts fit should run at once (saw {most_busy})"
+        large > 0,
+        "no forward held more than 16 requests: {:?}",
+        stats.batch_size_counts
     );
     // A sample decodes as it does alone.
     let alone_engine = engine_with(
