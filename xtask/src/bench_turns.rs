@@ -160,7 +160,7 @@ fn generate(
                 let first = first_block.unwrap_or(began.elapsed().as_secs_f64());
                 return Ok((output_ids, stats, first));
             }
-            Event::Error(e) => return Err(e),
+            Event::Error(e) => return Err(e.to_string()),
             Event::PrefillProgress { .. } => {}
         }
     }

@@ -38,20 +38,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         info.device
     );
 
-    // The checkpoint's chat template turns the conversation into the prompt text.
-    let rendered = engine.render_chat(&ChatPrompt {
+    // The checkpoint's chat template turns the conversation into prompt ids (what the user
+    // typed stays text, even if it spells a control token; the template ends with the
+    // assistant's turn by default).
+    let (prompt_ids, rendered) = engine.chat_prompt_ids(&ChatPrompt {
         messages: vec![ChatMessage {
             role: "user".into(),
             content: prompt,
             ..Default::default()
         }],
-        add_generation_prompt: true,
         ..Default::default()
     })?;
-    let prompt_ids = engine.tokenize(&rendered.text)?;
 
     let mut handle = engine.submit(GenerateRequest {
         prompt_ids,
+        forced_prefix: rendered.forced_prefix,
         max_tokens: Some(96),
         // Every decoding parameter can be overridden per request; `None` keeps the family's
         // default (LLaDA2.1: joint threshold 0.5, editing threshold 0.0, 16 post steps).
@@ -91,7 +92,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     stats.tokens_per_second
                 );
             }
-            Event::Error(message) => return Err(message.into()),
+            Event::Error(error) => return Err(error.into()),
         }
     }
     Ok(())

@@ -132,7 +132,7 @@ pub enum Event {
         tool_calls: Vec<ToolCall>,
         stats: GenerationStats,
     },
-    Error(String),
+    Error(crate::error::EngineError),
 }
 
 /// One chat message after OpenAI normalization (chat-format doc §1.3): `developer` becomes
@@ -164,15 +164,29 @@ pub enum ToolChoice {
 }
 
 /// A chat conversation to render with the checkpoint's own template.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ChatPrompt {
     pub messages: Vec<ChatMessage>,
     /// OpenAI tool objects `{"type":"function","function":{name,description,parameters}}`.
     pub tools: Vec<serde_json::Value>,
     pub tool_choice: ToolChoice,
+    /// End the rendering with the opening of the assistant's turn, so the model answers (the
+    /// default); `false` renders the conversation as it is.
     pub add_generation_prompt: bool,
     /// Extra template variables (`chat_template_kwargs`).
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for ChatPrompt {
+    fn default() -> Self {
+        ChatPrompt {
+            messages: Vec::new(),
+            tools: Vec::new(),
+            tool_choice: ToolChoice::default(),
+            add_generation_prompt: true,
+            template_kwargs: serde_json::Map::new(),
+        }
+    }
 }
 
 /// The rendered prompt text, plus the steering prefix appended for `required`/named tool choice

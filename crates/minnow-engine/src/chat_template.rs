@@ -30,7 +30,7 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
 use serde_json::{json, Map, Value as Json};
 
 use crate::api::{ChatMessage, ChatPrompt, RenderedPrompt, ToolChoice};
-use crate::engine::{EngineError, EngineResult};
+use crate::error::{EngineError, EngineResult};
 use crate::tool_calls::ToolCallFormat;
 
 const DEFAULT_TEMPLATE: &str = "default";

@@ -4,12 +4,21 @@
 //! the rest wait in a bounded FIFO queue.
 //!
 //! ```no_run
-//! use minnow_engine::{Engine, EngineOptions, Event, GenerateRequest};
+//! use minnow_engine::{ChatMessage, ChatPrompt, Engine, EngineOptions, Event, GenerateRequest};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let engine = Engine::load("path/to/checkpoint".as_ref(), EngineOptions::default())?;
-//! let prompt_ids = engine.tokenize("Hello")?;
+//! let chat = ChatPrompt {
+//!     messages: vec![ChatMessage {
+//!         role: "user".into(),
+//!         content: "Hello".into(),
+//!         ..Default::default()
+//!     }],
+//!     ..Default::default()
+//! };
+//! let (prompt_ids, rendered) = engine.chat_prompt_ids(&chat)?;
 //! let mut handle = engine.submit(GenerateRequest {
 //!     prompt_ids,
+//!     forced_prefix: rendered.forced_prefix,
 //!     max_tokens: Some(64),
 //!     ..Default::default()
 //! })?;
@@ -17,7 +26,7 @@
 //!     match event {
 //!         Event::Block { text_delta, .. } => print!("{text_delta}"),
 //!         Event::Done { finish_reason, .. } => println!("\n[{finish_reason:?}]"),
-//!         Event::Error(message) => eprintln!("error: {message}"),
+//!         Event::Error(error) => eprintln!("error: {error}"),
 //!         Event::PrefillProgress { .. } => {}
 //!     }
 //! }
@@ -26,14 +35,16 @@
 //!
 //! CONTRACT: the signatures in this file are what minnow-server and the CLI are written against.
 
-mod error;
-mod scheduler;
+mod core;
+mod handle;
 mod worker;
 
-pub use scheduler::BATCH_SIZE_BUCKETS;
+pub use self::core::BATCH_SIZE_BUCKETS;
+pub use handle::{CancelToken, RequestHandle, TraceLog};
+pub use worker::EngineStats;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use minnow_format::LoadProgress;
@@ -41,17 +52,17 @@ use minnow_format::ProgressSource;
 use minnow_model::{Family, ModelRunner};
 use minnow_runtime::device::DeviceRequest;
 
-use crate::api::{ChatPrompt, DecodeParams, Event, GenerateRequest, RenderedPrompt};
+use crate::api::{ChatPrompt, DecodeParams, GenerateRequest, RenderedPrompt};
 use crate::chat_template::ChatTemplate;
 use crate::decode::layout::{Layout, LayoutError};
 use crate::decode::params::{family_defaults, overlay, resolve};
-use crate::decode::request::{check_algorithm, DecoderContext, TraceStep};
+use crate::decode::request::{check_algorithm, DecoderContext};
 use crate::decode::stop_tokens::StopTokens;
 use crate::decode::ControlTokens;
 use crate::tokenizer::Tokenizer;
 use crate::tool_calls::ToolCallFormat;
 
-pub use error::{EngineError, EngineResult};
+pub use crate::error::{EngineError, EngineResult};
 
 /// How to load an engine.
 #[derive(Clone, Debug)]
@@ -80,7 +91,7 @@ impl Default for EngineOptions {
         Self {
             device: DeviceRequest::Auto,
             threads: None,
-            parallel: 1,
+            parallel: 0,
             step_tokens: 512,
             kv_cache_bytes: None,
             queue_capacity: 64,
@@ -88,18 +99,6 @@ impl Default for EngineOptions {
             defaults: DecodeParams::default(),
         }
     }
-}
-
-/// What the worker reports about its K/V cache and batches (for `/metrics`, `/slots`, `/props`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct EngineStats {
-    pub cache: crate::prefix_cache::CacheStats,
-    /// Batched forwards per batch size bucket: `batch_size_counts[i]` counts forwards of at
-    /// most [`BATCH_SIZE_BUCKETS`]`[i]` sequences (and more than the bucket before); the last
-    /// entry counts larger ones.
-    pub batch_size_counts: Vec<u64>,
-    /// Sum of the batch sizes of every forward.
-    pub batch_size_sum: u64,
 }
 
 /// Static facts about the loaded model, for `inspect`, `/props` and `/v1/models`.
@@ -131,24 +130,6 @@ pub fn default_parallel(device: &str) -> usize {
         16
     } else {
         4
-    }
-}
-
-/// The per-forward trace of one request ([`Engine::submit_traced`]): the block tokens after
-/// every denoising forward, filled in when the request ends (before `Done` is sent).
-#[derive(Clone, Debug, Default)]
-pub struct TraceLog(Arc<Mutex<Vec<TraceStep>>>);
-
-impl TraceLog {
-    /// The recorded steps (empty until the request has ended).
-    pub fn steps(&self) -> Vec<TraceStep> {
-        self.0.lock().map(|s| s.clone()).unwrap_or_default()
-    }
-
-    pub(crate) fn store(&self, steps: &[TraceStep]) {
-        if let Ok(mut s) = self.0.lock() {
-            *s = steps.to_vec();
-        }
     }
 }
 
@@ -250,6 +231,18 @@ fn load_cpu_runner(
         std::sync::Arc::new(model),
         budget,
     )))
+}
+
+/// Protects every string of a JSON value (a tool definition) in place.
+fn protect_json(tokenizer: &Tokenizer, value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::String(s) => *s = tokenizer.protect(s),
+        serde_json::Value::Array(items) => {
+            items.iter_mut().for_each(|v| protect_json(tokenizer, v))
+        }
+        serde_json::Value::Object(map) => map.values_mut().for_each(|v| protect_json(tokenizer, v)),
+        _ => {}
+    }
 }
 
 /// Whether a checkpoint directory carries a chat template at all (the 2.2 fixture has none; the
@@ -390,7 +383,7 @@ impl Engine {
         };
         let info = ModelInfo { parallel, ..info };
         let queue = Arc::new(worker::Queue::new(parallel, options.queue_capacity));
-        let settings = scheduler::SchedulerSettings {
+        let settings = self::core::CoreSettings {
             token_budget: options.step_tokens.max(config.block_size),
             model_identity: format!("{} {}", path.display(), info.device),
         };
@@ -422,7 +415,8 @@ impl Engine {
         &self.inner.tokenizer
     }
 
-    /// Tokenizes text without adding special tokens; special-token strings map to their ids.
+    /// Tokenizes text without adding special tokens; special-token strings map to their ids (a
+    /// raw prompt that is wholly the caller's; for a chat, see [`Engine::chat_prompt_ids`]).
     pub fn tokenize(&self, text: &str) -> EngineResult<Vec<u32>> {
         self.inner.tokenizer.encode(text)
     }
@@ -432,7 +426,43 @@ impl Engine {
         self.inner.tokenizer.decode(ids, keep_special)
     }
 
-    /// Renders a conversation with the checkpoint's own chat template.
+    /// Renders a conversation and tokenizes it: the way to turn a chat into prompt ids. Every
+    /// string a client wrote (message contents, reasoning, tool calls, tool definitions) stays
+    /// plain text, special-token strings included, so a user cannot open a system turn by
+    /// typing `<role>SYSTEM</role>`; only the template's own markup becomes control tokens.
+    /// Returns the ids and the rendered prompt (whose `forced_prefix` goes into
+    /// [`GenerateRequest::forced_prefix`]).
+    pub fn chat_prompt_ids(&self, prompt: &ChatPrompt) -> EngineResult<(Vec<u32>, RenderedPrompt)> {
+        let tokenizer = &self.inner.tokenizer;
+        let mut protected = prompt.clone();
+        for message in &mut protected.messages {
+            message.content = tokenizer.protect(&message.content);
+            if let Some(reasoning) = &mut message.reasoning_content {
+                *reasoning = tokenizer.protect(reasoning);
+            }
+            if let Some(id) = &mut message.tool_call_id {
+                *id = tokenizer.protect(id);
+            }
+            for call in &mut message.tool_calls {
+                call.id = tokenizer.protect(&call.id);
+                call.arguments = tokenizer.protect(&call.arguments);
+            }
+        }
+        for tool in &mut protected.tools {
+            protect_json(tokenizer, tool);
+        }
+        let rendered = self.render_chat(&protected)?;
+        let ids = tokenizer.encode_protected(&rendered.text)?;
+        let rendered = RenderedPrompt {
+            text: tokenizer.unprotect(&rendered.text),
+            forced_prefix: rendered.forced_prefix,
+        };
+        Ok((ids, rendered))
+    }
+
+    /// Renders a conversation with the checkpoint's own chat template, as text. To generate from
+    /// it, use [`Engine::chat_prompt_ids`]: tokenizing this text with [`Engine::tokenize`] would
+    /// turn special-token strings that a user typed into control tokens.
     pub fn render_chat(&self, prompt: &ChatPrompt) -> EngineResult<RenderedPrompt> {
         let template = self.inner.template.as_ref().ok_or_else(|| {
             EngineError::Template(format!(
@@ -482,7 +512,10 @@ impl Engine {
         self.check_prompt(prompt)?;
         let params = resolve(&request.params, &inner.defaults, inner.family)
             .map_err(EngineError::InvalidRequest)?;
-        check_algorithm(&params, inner.decoder.control).map_err(EngineError::InvalidRequest)?;
+        check_algorithm(&params, inner.decoder.control).map_err(|e| EngineError::InvalidParam {
+            param: "algorithm",
+            message: e.to_string(),
+        })?;
         let n_ctx = inner.info.n_ctx;
         let max_new = match request.max_tokens {
             Some(n) => n,
@@ -505,6 +538,8 @@ impl Engine {
                 return Err(EngineError::InvalidRequest("the prompt is empty".into()))
             }
         };
+        // Pages are taken as the request reaches its blocks, but its whole canvas must fit the
+        // pool at once (its last block attends to every block before it).
         let pages = minnow_model::batch::pages_for(layout.total_len, layout.block);
         if pages > inner.kv_pages {
             return Err(EngineError::Overloaded(format!(
@@ -515,15 +550,32 @@ impl Engine {
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, events) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancelToken::default();
+        let GenerateRequest {
+            prompt_ids,
+            stop,
+            forced_prefix,
+            tool_names,
+            cache_prompt,
+            cache_salt,
+            ..
+        } = request;
         let job = worker::Job {
-            id,
-            request,
-            layout,
-            params,
-            decoder: inner.decoder.clone(),
+            sequence: self::core::NewSequence {
+                id,
+                prompt_ids,
+                layout,
+                params,
+                decoder: inner.decoder.clone(),
+                trace: trace.is_some(),
+                cache_prompt: cache_prompt != Some(false),
+                cache_salt,
+                cancel: cancel.clone(),
+            },
+            stop,
+            tool_names,
+            forced_prefix,
             tool_format: inner.tool_format,
             events: sender,
-            cancel: cancel.clone(),
             trace,
         };
         inner.queue.push(job)?;
@@ -543,53 +595,6 @@ impl Engine {
     /// The K/V cache and batch statistics, as of the worker's last step.
     pub fn stats(&self) -> EngineStats {
         self.inner.queue.stats()
-    }
-}
-
-/// Cancels a request from any thread; cheap to clone.
-#[derive(Clone, Debug, Default)]
-pub struct CancelToken(Arc<AtomicBool>);
-
-impl CancelToken {
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// The caller's end of a submitted request. Dropping it cancels the request, so a server that
-/// loses its client frees the slot at once.
-pub struct RequestHandle {
-    pub id: u64,
-    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
-    cancel: CancelToken,
-}
-
-impl RequestHandle {
-    /// Next event, for async callers. `None` after `Done`/`Error`.
-    pub async fn next_event(&mut self) -> Option<Event> {
-        self.events.recv().await
-    }
-
-    /// Next event, for synchronous callers (not from inside a tokio runtime).
-    pub fn blocking_next_event(&mut self) -> Option<Event> {
-        self.events.blocking_recv()
-    }
-
-    pub fn cancel_token(&self) -> CancelToken {
-        self.cancel.clone()
-    }
-
-    pub fn cancel(&self) {
-        self.cancel.cancel();
-    }
-}
-
-impl Drop for RequestHandle {
-    fn drop(&mut self) {
-        self.cancel.cancel();
     }
 }
 

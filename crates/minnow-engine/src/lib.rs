@@ -2,22 +2,40 @@
 //! chat template, tokenizes, lays the request out in 32-token blocks, runs one of the three
 //! block-diffusion algorithms (2.0 low-confidence, 2.1 joint, 2.2 indel) over a
 //! [`minnow_model::ModelRunner`], and streams each finished block as text, tool-call deltas and
-//! statistics. Its public API ([`api`], [`engine`]) is what the server, the CLI and embedding
-//! programs use.
+//! statistics.
+//!
+//! The API is the items of this page: load an [`Engine`] with [`EngineOptions`], turn a
+//! [`ChatPrompt`] into prompt ids with [`Engine::chat_prompt_ids`], [`Engine::submit`] a
+//! [`GenerateRequest`], and read its [`Event`]s from the [`RequestHandle`]; every failure is an
+//! [`EngineError`]. The modules hidden from these docs are the engine's insides, public only for
+//! minnow's own server, benches and tests.
 
-pub mod api;
+mod api;
+#[doc(hidden)]
 pub mod chat_template;
+#[doc(hidden)]
 pub mod decode;
+#[doc(hidden)]
 pub mod engine;
+mod error;
+mod kv_cache;
 mod model_files;
-pub mod prefix_cache;
+#[doc(hidden)]
 pub mod sampling;
+#[doc(hidden)]
 pub mod text_stream;
+#[doc(hidden)]
 pub mod tokenizer;
+#[doc(hidden)]
 pub mod tool_calls;
 
 pub use api::*;
+pub use decode::request::TraceStep;
 pub use engine::{
-    CancelToken, Engine, EngineError, EngineOptions, EngineResult, EngineStats, LoadProgress,
-    ModelInfo, RequestHandle, BATCH_SIZE_BUCKETS,
+    select_runner, CancelToken, Engine, EngineOptions, EngineStats, LoadProgress, ModelInfo,
+    RequestHandle, TraceLog, BATCH_SIZE_BUCKETS,
 };
+pub use error::{EngineError, EngineResult};
+pub use kv_cache::CacheStats;
+pub use minnow_runtime::device::DeviceRequest;
+pub use tokenizer::{SpecialTokens, Tokenizer};

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use minnow_format::{Checkpoint, MnwFile};
 
-use crate::engine::{EngineError, EngineResult};
+use crate::error::{EngineError, EngineResult};
 
 /// Where a model's text files can be read from.
 pub struct ModelFiles {

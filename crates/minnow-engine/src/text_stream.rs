@@ -20,7 +20,7 @@
 //! applies to everything the model writes); the returned content excludes the stop string.
 
 use crate::api::{FinishReason, ToolCall, ToolCallDelta};
-use crate::engine::EngineResult;
+use crate::error::EngineResult;
 use crate::tokenizer::Tokenizer;
 use crate::tool_calls::StreamParser;
 

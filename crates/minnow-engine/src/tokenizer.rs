@@ -22,7 +22,7 @@ use std::path::Path;
 use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::Value;
 
-use crate::engine::{EngineError, EngineResult};
+use crate::error::{EngineError, EngineResult};
 
 /// Model doc §8 constants, used only when neither the configs nor the vocabulary name the token.
 const DEFAULT_MASK_ID: u32 = 156895;

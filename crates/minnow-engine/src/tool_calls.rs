@@ -44,7 +44,7 @@
 use serde_json::Value as Json;
 
 use crate::api::{FinishReason, ToolCall, ToolCallDelta};
-use crate::engine::{EngineError, EngineResult};
+use crate::error::{EngineError, EngineResult};
 use crate::text_stream::partial_prefix_suffix;
 use crate::tokenizer::markers::{ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, SECTION_BEGIN, SECTION_END};
 use crate::tokenizer::{Tokenizer, EOS_TOKEN, ROLE_END_TOKEN};

@@ -18,17 +18,30 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn engine(name: &str, parallel: usize, kv_cache_bytes: Option<usize>) -> Engine {
-    Engine::load(
-        &fixture(name),
+    engine_with(
+        name,
         EngineOptions {
-            device: DeviceRequest::Cpu,
             parallel,
             kv_cache_bytes,
             ..Default::default()
         },
     )
+}
+
+fn engine_with(name: &str, options: EngineOptions) -> Engine {
+    Engine::load(
+        &fixture(name),
+        EngineOptions {
+            device: DeviceRequest::Cpu,
+            ..options
+        },
+    )
     .unwrap()
 }
+
+/// Bytes of one K/V page of the tiny fixtures: 2 layers x K and V x 2 heads x 32 positions x
+/// 16 dims x 4 bytes = 16 KiB.
+const TINY_PAGE: usize = 2 * 2 * 2 * 32 * 16 * 4;
 
 /// What a finished request produced.
 #[derive(Debug, PartialEq)]
@@ -248,8 +261,7 @@ fn a_tiny_budget_evicts_and_keeps_every_request_correct() {
     let expected = alone(name, &requests);
     // Page = 2 layers x 2 x 2 heads x 32 x 16 x 4 bytes = 16 KiB; 12 pages hold three canvases
     // of up to 4 blocks at a time, so requests wait their turn and cached pages are evicted.
-    let page = 2 * 2 * 2 * 32 * 16 * 4;
-    let engine = engine(name, 4, Some(12 * page));
+    let engine = engine(name, 4, Some(12 * TINY_PAGE));
     let got = together(&engine, &requests);
     for (i, ((g, _), e)) in got.iter().zip(&expected).enumerate() {
         assert_eq!(g, e, "request {i} differs under a tiny budget");
@@ -266,8 +278,7 @@ fn a_tiny_budget_evicts_and_keeps_every_request_correct() {
 #[test]
 fn a_request_larger_than_the_pool_is_refused_and_the_engine_recovers() {
     let name = "llada2-tiny-v21";
-    let page = 2 * 2 * 2 * 32 * 16 * 4;
-    let engine = engine(name, 2, Some(3 * page));
+    let engine = engine(name, 2, Some(3 * TINY_PAGE));
     let big = GenerateRequest {
         prompt_ids: vec![7; 100],
         max_tokens: Some(64),
@@ -354,6 +365,97 @@ fn cancelling_one_request_leaves_the_others_unchanged() {
             got, expected[i],
             "request {i} changed when request 1 was cancelled"
         );
+    }
+    assert_eq!(settled(&engine).cache.pages_held, 0);
+}
+
+#[test]
+fn preempted_requests_decode_exactly_as_uninterrupted() {
+    // Four requests whose canvases take 6 pages each, on a pool of 10: they start together
+    // (pages are taken block by block), and the older ones preempt the newer ones as they grow.
+    for (name, family) in [("llada2-tiny-v21", "v21"), ("llada2-tiny-v22", "v22")] {
+        let requests: Vec<GenerateRequest> = mixed_requests(4, family, 13)
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut r)| {
+                r.prompt_ids.truncate(40);
+                r.prompt_ids[0] = i as u32;
+                r.max_tokens = Some(150);
+                r
+            })
+            .collect();
+        let expected = alone(name, &requests);
+        let engine = engine(name, 4, Some(10 * TINY_PAGE));
+        let got = together(&engine, &requests);
+        for (i, ((g, _), e)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(g, e, "{name}: request {i} changed by preemption");
+        }
+        let stats = settled(&engine);
+        assert!(
+            stats.preemptions > 0,
+            "{name}: the pool should have run out"
+        );
+        assert_eq!(stats.cache.pages_held, 0);
+    }
+}
+
+#[test]
+fn requests_without_max_tokens_take_pages_as_they_go() {
+    // A context of 128 tokens (4 pages); the pool holds 16 full contexts. 64 requests without
+    // max_tokens all run at once and all complete, none refused.
+    let name = "llada2-tiny-v21";
+    let options = EngineOptions {
+        parallel: 64,
+        max_context: Some(128),
+        kv_cache_bytes: Some(16 * 4 * TINY_PAGE),
+        ..Default::default()
+    };
+    let requests: Vec<GenerateRequest> = (0..64u32)
+        .map(|i| GenerateRequest {
+            prompt_ids: (0..20).map(|k| (i * 31 + k * 7) % 400).collect(),
+            max_tokens: None,
+            params: DecodeParams {
+                temperature: Some(0.0),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .collect();
+    let engine = engine_with(name, options.clone());
+    let mut handles: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).expect("none refused"))
+        .collect();
+    let got: Vec<_> = handles.iter_mut().map(|h| finish(h).0).collect();
+    // Some forward held more requests than the pool holds full contexts: each held only the
+    // pages it had reached.
+    let stats = settled(&engine);
+    let over_16 = minnow_engine::BATCH_SIZE_BUCKETS
+        .iter()
+        .position(|&b| b == 16)
+        .unwrap()
+        + 1;
+    let large: u64 = stats.batch_size_counts[over_16..].iter().sum();
+    assert!(
+        large > 0,
+        "no forward held more than 16 requests: {:?}",
+        stats.batch_size_counts
+    );
+    // A sample decodes as it does alone.
+    let alone_engine = engine_with(
+        name,
+        EngineOptions {
+            parallel: 1,
+            ..options
+        },
+    );
+    for i in [0, 21, 63] {
+        let request = GenerateRequest {
+            cache_prompt: Some(false),
+            ..requests[i].clone()
+        };
+        let (expected, _) = finish(&mut alone_engine.submit(request).unwrap());
+        assert_eq!(got[i], expected, "request {i} differs from its run alone");
     }
     assert_eq!(settled(&engine).cache.pages_held, 0);
 }

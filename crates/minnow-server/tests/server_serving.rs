@@ -178,12 +178,18 @@ async fn a_request_the_kv_budget_cannot_hold_is_503_and_the_server_recovers() {
     // 0.05 MiB holds three 16 KiB pages of the tiny model: 96 tokens of canvas.
     let server = Server::start(None, &["--parallel", "2", "--kv-cache-mib", "0.05"]).await;
     assert_eq!(server.metric("minnow_kv_pages_total").await, 3.0);
-    let (status, body) = post_json(
+    let refused = post(
         &server,
         "/v1/completions",
         json!({"prompt": "word ".repeat(60), "max_tokens": 64}),
     )
     .await;
+    assert!(
+        refused.headers().get("retry-after").is_none(),
+        "a request that can never fit is not to be retried"
+    );
+    let status = refused.status().as_u16();
+    let body: Value = refused.json().await.unwrap();
     let error = assert_error(status, &body, 503, "unavailable_error");
     assert_eq!(error["code"], "kv_cache_full");
     assert!(

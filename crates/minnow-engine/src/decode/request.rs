@@ -55,6 +55,9 @@ pub enum Update {
     /// A denoising forward; the block is not final yet.
     Refining,
     Block(FinishedBlock),
+    /// A chunk of committed ids recomputed after a preemption ([`RequestDecoder::preempt`]); no
+    /// visible progress.
+    Restoring,
 }
 
 /// Fixed per-checkpoint facts the decoder needs.
@@ -103,6 +106,23 @@ pub enum Next {
     Idle,
 }
 
+/// Why a request's decoding failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The request asks for what this checkpoint cannot do (the request's fault).
+    #[error("{0}")]
+    Unsupported(String),
+    /// A forward's output does not match what was planned (the runner's fault).
+    #[error("{0}")]
+    BadOutput(String),
+    /// `plan` and `apply` called out of turn (the caller's bug).
+    #[error("{0}")]
+    OutOfTurn(&'static str),
+    /// The single-sequence runner of [`RequestDecoder::advance`] failed.
+    #[error("{0}")]
+    Runner(String),
+}
+
 /// Builds the algorithm of one block.
 fn make_algorithm(
     params: &ResolvedParams,
@@ -110,7 +130,7 @@ fn make_algorithm(
     block: &[u32],
     prompt_in_block: usize,
     control: ControlTokens,
-) -> Result<Box<dyn BlockAlgorithm>, String> {
+) -> Result<Box<dyn BlockAlgorithm>, DecodeError> {
     Ok(match params.algorithm {
         Algorithm::LowConfidence => Box::new(LowConfidence::new(
             prompt_in_block,
@@ -131,29 +151,32 @@ fn make_algorithm(
             },
             control,
         )),
-        Algorithm::Indel => Box::new(Indel::new(
-            block,
-            prompt_in_block,
-            IndelSettings {
-                threshold: params.threshold,
-                editing_threshold: params.editing_threshold,
-                max_post_steps: params.max_post_steps,
-                steps: params.steps,
-                sampler: params.sampler,
-            },
-            control,
-        )?),
+        Algorithm::Indel => Box::new(
+            Indel::new(
+                block,
+                prompt_in_block,
+                IndelSettings {
+                    threshold: params.threshold,
+                    editing_threshold: params.editing_threshold,
+                    max_post_steps: params.max_post_steps,
+                    steps: params.steps,
+                    sampler: params.sampler,
+                },
+                control,
+            )
+            .map_err(DecodeError::Unsupported)?,
+        ),
     })
 }
 
 /// Checks that `params` can run with these control ids (indel needs DELETE and SPLIT).
-pub fn check_algorithm(params: &ResolvedParams, control: ControlTokens) -> Result<(), String> {
+pub fn check_algorithm(params: &ResolvedParams, control: ControlTokens) -> Result<(), DecodeError> {
     if params.algorithm == Algorithm::Indel && (control.delete.is_none() || control.split.is_none())
     {
-        return Err(
+        return Err(DecodeError::Unsupported(
             "the indel algorithm needs a LLaDA2.2 checkpoint (it has no DELETE/SPLIT tokens)"
                 .into(),
-        );
+        ));
     }
     Ok(())
 }
@@ -172,6 +195,12 @@ pub struct RequestDecoder {
     phase: Phase,
     /// The forward planned and not yet applied (its end, for a prefill chunk).
     pending: Option<PlannedForward>,
+    /// Set after a preemption, while the K/V of `committed` are recomputed into fresh pages: how
+    /// many positions are back.
+    restored: Option<usize>,
+    /// The forward planned before a preemption and never run: it runs once the K/V are back
+    /// (planning it again would repeat the algorithm's pre-forward check, which counts).
+    deferred: Option<PlannedForward>,
     /// Canvas ids whose K/V are final in the request's pages (prompt blocks and committed
     /// blocks): what the prefix cache may publish.
     committed: Vec<u32>,
@@ -192,7 +221,7 @@ impl RequestDecoder {
         params: ResolvedParams,
         ctx: DecoderContext,
         trace: bool,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, DecodeError> {
         check_algorithm(&params, ctx.control)?;
         let finished = layout.decode_blocks() == 0;
         Ok(Self {
@@ -212,6 +241,8 @@ impl RequestDecoder {
                 Phase::Prefill { done: 0 }
             },
             pending: None,
+            restored: None,
+            deferred: None,
             committed: Vec::new(),
             output: Vec::new(),
             finish: finished.then_some(FinishReason::Length),
@@ -257,9 +288,53 @@ impl RequestDecoder {
         &self.committed
     }
 
-    /// Whether the request is still prefilling its prompt.
+    /// Whether the request's next forward is a prefill chunk: it is prefilling its prompt, or
+    /// recomputing its committed ids after a preemption.
     pub fn is_prefilling(&self) -> bool {
         matches!(self.phase, Phase::Prefill { .. })
+            || self
+                .restored
+                .is_some_and(|done| done < self.committed.len())
+    }
+
+    /// End of the block the request is working on (the prompt's blocks and the first decoded
+    /// block while it prefills): the K/V positions its pages must cover now. 0 once finished.
+    pub fn current_block_end(&self) -> usize {
+        let b = self.layout.block;
+        match &self.phase {
+            Phase::Prefill { .. } => (self.layout.prefill_len + b).min(self.layout.total_len),
+            Phase::Block { index, .. } | Phase::Commit { index, .. } => {
+                self.layout.block_start(*index) + b
+            }
+            Phase::Finished => 0,
+        }
+    }
+
+    /// Positions of [`RequestDecoder::committed`] whose K/V are in the request's pages now (all
+    /// of them, except while they are recomputed after a preemption).
+    pub fn committed_in_pages(&self) -> usize {
+        self.restored.unwrap_or(self.committed.len())
+    }
+
+    /// The request lost its pages: its committed ids will be recomputed (from position 0, or
+    /// from where [`RequestDecoder::resume`] says the cache has them) before it goes on exactly
+    /// where it stopped. A forward planned and not run is kept for then.
+    pub fn preempt(&mut self) {
+        let pending = self.pending.take();
+        if self.restored.is_none() {
+            // (A restore chunk is simply recomputed again.)
+            self.deferred = self.deferred.take().or(pending);
+        }
+        self.restored = Some(0);
+    }
+
+    /// After [`RequestDecoder::preempt`]: the pages hold the K/V of the first `cached`
+    /// committed positions again (a prefix-cache hit; whole blocks).
+    pub fn resume(&mut self, cached: usize) {
+        let b = self.layout.block;
+        if self.restored.is_some() {
+            self.restored = Some(cached.min(self.committed.len()) / b * b);
+        }
     }
 
     /// Statistics so far (timing totals are up to date after every call).
@@ -281,7 +356,7 @@ impl RequestDecoder {
         self.trace.as_deref()
     }
 
-    fn start_block(&mut self, index: usize) -> Result<Phase, String> {
+    fn start_block(&mut self, index: usize) -> Result<Phase, DecodeError> {
         let b = self.layout.block;
         let start = self.layout.block_start(index);
         let prompt_in_block = self.layout.prompt_in_block(index);
@@ -304,12 +379,32 @@ impl RequestDecoder {
         Ok(Phase::Block { index, run })
     }
 
-    /// Decides the next step. A prefill chunk holds at most `prefill_budget` tokens (whole
-    /// blocks, at most [`PREFILL_CHUNK_TOKENS`]); with less than a block of budget a prefilling
-    /// request waits ([`Next::Idle`]). Errors are one line.
-    pub fn plan(&mut self, prefill_budget: usize) -> Result<Next, String> {
+    /// Decides the next step. A prefill chunk (or, after a preemption, a chunk of committed ids
+    /// recomputed) holds at most `prefill_budget` tokens in whole blocks; with less than a block
+    /// of budget a prefilling request waits ([`Next::Idle`]). Errors are one line.
+    pub fn plan(&mut self, prefill_budget: usize) -> Result<Next, DecodeError> {
         if self.pending.is_some() {
-            return Err("a forward is already planned".into());
+            return Err(DecodeError::OutOfTurn("a forward is already planned"));
+        }
+        if let Some(done) = self.restored {
+            let total = self.committed.len();
+            if done < total {
+                let b = self.layout.block;
+                let chunk = prefill_budget / b * b;
+                if chunk == 0 {
+                    return Ok(Next::Idle);
+                }
+                let end = (done + chunk).min(total);
+                return Ok(Next::Forward(self.planned(PlannedForward {
+                    start: done,
+                    ids: self.committed[done..end].to_vec(),
+                    want: Want::Nothing,
+                })));
+            }
+            self.restored = None;
+        }
+        if let Some(forward) = self.deferred.take() {
+            return Ok(Next::Forward(self.planned(forward)));
         }
         loop {
             match std::mem::replace(&mut self.phase, Phase::Finished) {
@@ -323,7 +418,7 @@ impl RequestDecoder {
                     }
                     self.phase = Phase::Prefill { done };
                     let b = self.layout.block;
-                    let chunk = (prefill_budget.min(PREFILL_CHUNK_TOKENS) / b) * b;
+                    let chunk = (prefill_budget / b) * b;
                     if chunk == 0 {
                         return Ok(Next::Idle);
                     }
@@ -381,13 +476,23 @@ impl RequestDecoder {
     }
 
     /// Takes the output of the planned forward, which took `elapsed` (the whole batch's time).
-    pub fn apply(&mut self, output: SegmentOutput, elapsed: Duration) -> Result<Update, String> {
+    pub fn apply(
+        &mut self,
+        output: SegmentOutput,
+        elapsed: Duration,
+    ) -> Result<Update, DecodeError> {
         let planned = self
             .pending
             .take()
-            .ok_or("apply without a planned forward")?;
+            .ok_or(DecodeError::OutOfTurn("apply without a planned forward"))?;
+        if let Some(done) = self.restored.as_mut() {
+            // While restoring, every planned forward is a chunk of committed ids.
+            *done = planned.start + planned.ids.len();
+            self.prefill_time += elapsed;
+            return Ok(Update::Restoring);
+        }
         match std::mem::replace(&mut self.phase, Phase::Finished) {
-            Phase::Finished => Err("the request is already finished".into()),
+            Phase::Finished => Err(DecodeError::OutOfTurn("the request is already finished")),
             Phase::Prefill { .. } => {
                 self.prefill_time += elapsed;
                 let end = planned.start + planned.ids.len();
@@ -404,18 +509,22 @@ impl RequestDecoder {
                 let state = match output {
                     SegmentOutput::Logits(data) => {
                         let vocab = self.ctx.vocab_size;
-                        check_scores(data.len(), n * vocab).map_err(|e| e.to_string())?;
+                        check_scores(data.len(), n * vocab)
+                            .map_err(|e| DecodeError::BadOutput(e.to_string()))?;
                         run.apply(
                             StepScores::Logits(BlockLogits::new(&data, vocab)),
                             &mut self.rng,
                         )
                     }
                     SegmentOutput::Top1(pairs) => {
-                        check_scores(pairs.len(), n).map_err(|e| e.to_string())?;
+                        check_scores(pairs.len(), n)
+                            .map_err(|e| DecodeError::BadOutput(e.to_string()))?;
                         run.apply(StepScores::Top1(&pairs), &mut self.rng)
                     }
                     SegmentOutput::Nothing => {
-                        return Err("a denoising forward returned no scores".into())
+                        return Err(DecodeError::BadOutput(
+                            "a denoising forward returned no scores".into(),
+                        ))
                     }
                 };
                 self.stats.denoise_forwards += 1;
@@ -457,7 +566,7 @@ impl RequestDecoder {
         &mut self,
         index: usize,
         run: BlockRun,
-    ) -> Result<Option<FinishedBlock>, String> {
+    ) -> Result<Option<FinishedBlock>, DecodeError> {
         let slots = self.layout.output_slots(index);
         let (tokens, stopped) = self.ctx.stops.cut(&run.tokens()[slots]);
         let tokens = tokens.to_vec();
@@ -509,16 +618,18 @@ impl RequestDecoder {
 
     /// Runs the next step on a single-sequence runner: plan, forward, apply (one prefill chunk,
     /// one denoising forward, or one commit refresh). The engine batches the same steps.
-    pub fn advance(&mut self, runner: &mut dyn ModelRunner) -> Result<Update, String> {
+    pub fn advance(&mut self, runner: &mut dyn ModelRunner) -> Result<Update, DecodeError> {
         let forward = match self.plan(PREFILL_CHUNK_TOKENS)? {
             Next::Forward(forward) => forward,
             Next::Update(update) => return Ok(update),
-            Next::Idle => return Err("the request is already finished".into()),
+            Next::Idle => return Err(DecodeError::OutOfTurn("the request is already finished")),
         };
         let seq = match self.seq {
             Some(seq) => seq,
             None => {
-                let seq = runner.create_sequence().map_err(|e| e.to_string())?;
+                let seq = runner
+                    .create_sequence()
+                    .map_err(|e| DecodeError::Runner(e.to_string()))?;
                 self.seq = Some(seq);
                 seq
             }
@@ -530,7 +641,7 @@ impl RequestDecoder {
             }
             runner.forward_one(seq, &forward.ids, forward.want.clone())
         };
-        let output = run(runner).map_err(|e| e.to_string())?;
+        let output = run(runner).map_err(|e| DecodeError::Runner(e.to_string()))?;
         self.apply(output, began.elapsed())
     }
 
@@ -668,7 +779,7 @@ mod tests {
         let err = RequestDecoder::new(vec![1; 4], layout, params(Family::V22), ctx(), false)
             .err()
             .unwrap();
-        assert!(err.contains("indel"));
+        assert!(matches!(&err, DecodeError::Unsupported(m) if m.contains("indel")));
     }
 
     #[test]

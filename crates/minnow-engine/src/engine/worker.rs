@@ -1,41 +1,52 @@
-//! The engine's worker thread: it owns the model runner and loops over scheduler steps. Each step
-//! admits queued requests into the batch (at most `parallel`, each with every page its canvas
-//! needs: cached prompt blocks from the prefix cache plus fresh ones), asks the scheduler for one
-//! batch holding every running request's next forward, runs it as one batched forward, and hands
-//! each request its output. Cancellation is checked before every step; events go out over each
-//! request's unbounded channel.
+//! The engine's worker thread: it owns the model runner and the [`Core`], and loops: admit queued
+//! requests (at most `parallel` admitted at once; preempted ones resume first), then one step of
+//! the core (schedule, one batched forward, apply). It turns what the core reports about each
+//! request into that request's events: detokenized text, stop strings, tool calls
+//! (`OutputStream`). Events go out over each request's unbounded channel.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use minnow_model::{ModelRunner, PageId};
+use minnow_model::ModelRunner;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::scheduler::{Admission, Scheduler, SchedulerSettings};
-use crate::prefix_cache::{BlockHash, PrefixCache};
-
-use super::{CancelToken, EngineError, EngineResult, TraceLog};
-use crate::api::{Event, FinishReason, GenerateRequest, ToolCallDelta};
-use crate::decode::layout::Layout;
-use crate::decode::params::ResolvedParams;
-use crate::decode::request::{DecoderContext, RequestDecoder, Update};
+use super::core::{Core, CoreSettings, NewSequence, Refusal, SequenceUpdate, StepPlan};
+use super::handle::TraceLog;
+use crate::api::{BlockStats, Event, FinishReason, ToolCallDelta};
+use crate::decode::request::{FinishedBlock, RequestDecoder};
+use crate::error::{EngineError, EngineResult};
+use crate::kv_cache::BlockPool;
+use crate::kv_cache::CacheStats;
 use crate::text_stream::OutputStream;
 use crate::tokenizer::Tokenizer;
 use crate::tool_calls::{StreamParser, ToolCallFormat};
-use crate::EngineStats;
 
-/// A validated request waiting for a slot.
+/// A validated request waiting for a slot: what the core decodes, and what its client's text
+/// stream needs.
 pub(crate) struct Job {
-    pub id: u64,
-    pub request: GenerateRequest,
-    pub layout: Layout,
-    pub params: ResolvedParams,
-    pub decoder: DecoderContext,
+    pub sequence: NewSequence,
+    pub stop: Vec<String>,
+    pub tool_names: Vec<String>,
+    pub forced_prefix: Option<String>,
     pub tool_format: ToolCallFormat,
     pub events: UnboundedSender<Event>,
-    pub cancel: CancelToken,
     pub trace: Option<TraceLog>,
+}
+
+/// What the worker reports about its K/V cache and batches (for `/metrics`, `/slots`, `/props`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    pub cache: CacheStats,
+    /// Batched forwards per batch size bucket: `batch_size_counts[i]` counts forwards of at
+    /// most [`crate::BATCH_SIZE_BUCKETS`]`[i]` sequences (and more than the bucket before); the last
+    /// entry counts larger ones.
+    pub batch_size_counts: Vec<u64>,
+    /// Sum of the batch sizes of every forward.
+    pub batch_size_sum: u64,
+    /// Requests preempted (their pages taken back, to be recomputed) when the K/V cache was
+    /// full, since start.
+    pub preemptions: u64,
 }
 
 struct QueueState {
@@ -82,11 +93,12 @@ impl Queue {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn publish_stats(&self, scheduler: &Scheduler) {
+    fn publish_stats(&self, core: &Core) {
         let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        stats.cache = scheduler.cache.stats();
-        stats.batch_size_counts = scheduler.batch_sizes.to_vec();
-        stats.batch_size_sum = scheduler.batch_size_sum;
+        stats.cache = core.cache_stats();
+        stats.batch_size_counts = core.counters.batch_sizes.to_vec();
+        stats.batch_size_sum = core.counters.batch_size_sum;
+        stats.preemptions = core.counters.preemptions;
     }
 
     fn lock(&self) -> MutexGuard<'_, QueueState> {
@@ -135,283 +147,348 @@ pub(crate) fn spawn(
     runner: Box<dyn ModelRunner>,
     queue: Arc<Queue>,
     tokenizer: Arc<Tokenizer>,
-    settings: SchedulerSettings,
+    settings: CoreSettings,
 ) -> EngineResult<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("minnow-engine".into())
-        .spawn(move || run(runner, &queue, &tokenizer, settings))
+        .spawn(move || {
+            let block = runner.config().block_size;
+            let core = Core::new(BlockPool::new(runner.kv_pages(), block), settings);
+            Worker {
+                runner,
+                core,
+                clients: HashMap::new(),
+                tokenizer,
+            }
+            .run(&queue)
+        })
         .map_err(|e| EngineError::Load(format!("cannot start the engine thread: {e}")))
 }
 
-fn run(
-    mut runner: Box<dyn ModelRunner>,
-    queue: &Queue,
-    tokenizer: &Tokenizer,
-    settings: SchedulerSettings,
-) {
-    let block = runner.config().block_size;
-    let mut scheduler = Scheduler::new(PrefixCache::new(runner.kv_pages(), block), settings);
-    queue.publish_stats(&scheduler);
-    loop {
-        {
-            let mut state = queue.lock();
-            loop {
-                if state.shutdown {
-                    drop(state);
-                    for request in scheduler.running.drain(..) {
-                        let mut request = request;
-                        request.fail(&mut scheduler.cache, "the engine was shut down".into());
+struct Worker {
+    runner: Box<dyn ModelRunner>,
+    core: Core,
+    /// The text side of every admitted request, by id.
+    clients: HashMap<u64, Client>,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl Worker {
+    fn run(mut self, queue: &Queue) {
+        queue.publish_stats(&self.core);
+        loop {
+            {
+                let mut state = queue.lock();
+                loop {
+                    if state.shutdown {
+                        drop(state);
+                        self.core
+                            .fail_all(|| EngineError::Internal("the engine was shut down".into()));
+                        self.deliver(None);
+                        return;
                     }
-                    return;
-                }
-                state.drop_abandoned();
-                while scheduler.running.len() < queue.parallel {
-                    let Some(job) = state.waiting.pop_front() else {
+                    state.drop_abandoned();
+                    self.admit(&mut state, queue.parallel);
+                    state.busy = self.core.active();
+                    if self.core.active() > 0 {
                         break;
-                    };
-                    match scheduler.admit(job) {
-                        Admission::Running => {}
-                        Admission::Refused(job, error) => {
-                            let _ = job.events.send(Event::Error(error.to_string()));
-                        }
-                        Admission::Wait(job) => {
-                            // Not enough pages now: it keeps its place at the head of the queue
-                            // until running requests free theirs.
-                            state.waiting.push_front(job);
-                            break;
-                        }
                     }
+                    state = queue.wake.wait(state).unwrap_or_else(|e| e.into_inner());
                 }
-                state.busy = scheduler.running.len();
-                if !scheduler.running.is_empty() {
+            }
+            // A bug in a runner or decoder must fail the requests of the step, not the engine
+            // thread (which would leave every queued request waiting forever).
+            let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step()));
+            if let Err(panic) = stepped {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!("internal error: {message}");
+                self.core
+                    .fail_all(|| EngineError::Internal(format!("internal error: {message}")));
+                self.deliver(None);
+            }
+            queue.publish_stats(&self.core);
+            queue.lock().busy = self.core.active();
+        }
+    }
+
+    /// Fills free slots: preempted requests resume first (oldest first), then queued ones in
+    /// order; a request that does not fit now keeps its place at the head.
+    fn admit(&mut self, state: &mut QueueState, parallel: usize) {
+        while self.core.running() < parallel {
+            if self.core.has_preempted() {
+                if !self.core.resume_oldest() {
                     break;
                 }
-                state = queue.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                continue;
             }
-        }
-        // A bug in a runner or decoder must fail the requests of the step, not the engine thread
-        // (which would leave every queued request waiting forever).
-        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            scheduler.step(runner.as_mut(), tokenizer)
-        }));
-        if let Err(panic) = stepped {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            tracing::error!("internal error: {message}");
-            for request in scheduler.running.iter_mut() {
-                request.fail(&mut scheduler.cache, format!("internal error: {message}"));
+            if self.core.active() >= parallel {
+                break;
             }
-        }
-        scheduler.retire_finished();
-        queue.publish_stats(&scheduler);
-        queue.lock().busy = scheduler.running.len();
-    }
-}
-
-/// One request in the batch.
-pub(crate) struct Active {
-    pub id: u64,
-    pub decoder: Option<RequestDecoder>,
-    output: OutputStream,
-    events: UnboundedSender<Event>,
-    pub cancel: CancelToken,
-    trace: Option<TraceLog>,
-    started: Instant,
-    pub done: bool,
-    /// The request's block table: one page per block of its canvas.
-    pub pages: Vec<PageId>,
-    /// Where the request's chain of block hashes starts; `None` when it opted out of the cache.
-    pub cache_root: Option<BlockHash>,
-    /// Hash of the last published block, and how many blocks are published.
-    pub chain: (Option<BlockHash>, usize),
-}
-
-impl Active {
-    pub fn start(job: Job, pages: Vec<PageId>, cached: usize, root: Option<BlockHash>) -> Active {
-        let parser = StreamParser::new(
-            job.tool_format,
-            job.request.tool_names.clone(),
-            job.request.forced_prefix.clone(),
-            format!("call_{}", job.id),
-        );
-        let output = OutputStream::new(job.request.stop.clone(), parser);
-        let block = job.layout.block;
-        let decoder = RequestDecoder::new(
-            job.request.prompt_ids,
-            job.layout,
-            job.params,
-            job.decoder,
-            job.trace.is_some(),
-        )
-        .map(|d| d.with_cached_prefix(cached));
-        let mut active = Active {
-            id: job.id,
-            decoder: None,
-            output,
-            events: job.events,
-            cancel: job.cancel,
-            trace: job.trace,
-            started: Instant::now(),
-            done: false,
-            pages,
-            cache_root: root,
-            // The cached blocks are published already (that is how they were found).
-            chain: (None, 0),
-        };
-        if let (Some(root), Ok(decoder)) = (root, &decoder) {
-            let hashes = BlockHash::chain(root, decoder.committed(), block);
-            active.chain = (hashes.last().copied(), hashes.len());
-        }
-        match decoder {
-            Ok(decoder) => {
-                if cached > 0 {
-                    // The cache hit is the first progress a client sees (a fully cached prompt
-                    // has no prefill forward to report after).
-                    active.send(Event::PrefillProgress {
-                        total: decoder.layout().prefill_len,
-                        cached,
-                        processed: cached,
-                        elapsed_ms: 0,
-                    });
+            let Some(job) = state.waiting.pop_front() else {
+                break;
+            };
+            let Job {
+                sequence,
+                stop,
+                tool_names,
+                forced_prefix,
+                tool_format,
+                events,
+                trace,
+            } = job;
+            let id = sequence.id;
+            match self.core.admit(sequence) {
+                Ok(()) => {
+                    let parser = StreamParser::new(
+                        tool_format,
+                        tool_names,
+                        forced_prefix,
+                        format!("call_{id}"),
+                    );
+                    self.clients.insert(
+                        id,
+                        Client {
+                            output: OutputStream::new(stop, parser),
+                            ids: Vec::new(),
+                            events,
+                            trace,
+                            started: Instant::now(),
+                        },
+                    );
+                    self.deliver(None);
                 }
-                active.decoder = Some(decoder);
+                Err(Refusal::Never(error)) => {
+                    let _ = events.send(Event::Error(error));
+                }
+                Err(Refusal::Wait(sequence)) => {
+                    state.waiting.push_front(Job {
+                        sequence: *sequence,
+                        stop,
+                        tool_names,
+                        forced_prefix,
+                        tool_format,
+                        events,
+                        trace,
+                    });
+                    break;
+                }
             }
-            Err(message) => {
-                let _ = active.events.send(Event::Error(message));
-                active.done = true;
-            }
-        }
-        active
-    }
-
-    fn send(&mut self, event: Event) {
-        if self.events.send(event).is_err() {
-            // The handle is gone; its Drop also set the cancel flag.
-            self.cancel.cancel();
         }
     }
 
-    /// Ends the request early when it was cancelled or has nothing to decode; true when it is
-    /// over (and its pages released).
-    pub fn check_finished(&mut self, cache: &mut PrefixCache, tokenizer: &Tokenizer) -> bool {
-        if self.done {
-            return true;
-        }
-        let Some(decoder) = self.decoder.as_ref() else {
-            self.done = true;
-            return true;
-        };
-        if self.cancel.is_cancelled() {
-            self.finish(cache, tokenizer, FinishReason::Cancelled, Vec::new(), None);
-            return true;
-        }
-        if decoder.is_finished() {
-            // Nothing to decode (max_tokens 0).
-            let reason = decoder.finish_reason().unwrap_or(FinishReason::Length);
-            self.finish(cache, tokenizer, reason, Vec::new(), None);
-            return true;
-        }
-        false
-    }
-
-    /// Publishes the blocks whose K/V became final since the last call to the prefix cache.
-    pub fn publish_committed(&mut self, cache: &mut PrefixCache) {
-        let (Some(root), Some(decoder)) = (self.cache_root, self.decoder.as_ref()) else {
+    /// One step: schedule, run the batch, apply its outputs; events go out after each part.
+    fn step(&mut self) {
+        let mut plan = self.core.schedule();
+        self.deliver(Some(&mut plan));
+        if plan.is_empty() {
             return;
-        };
-        let block = cache.block();
-        let committed = decoder.committed();
-        let (mut parent, mut published) = self.chain;
-        while (published + 1) * block <= committed.len() {
-            let hash = parent
-                .unwrap_or(root)
-                .child(&committed[published * block..(published + 1) * block]);
-            cache.publish(self.pages[published], hash);
-            parent = Some(hash);
-            published += 1;
         }
-        self.chain = (parent, published);
+        let began = Instant::now();
+        let outputs = self
+            .runner
+            .forward_batch(&plan.segments())
+            .map_err(|e| e.to_string());
+        self.core.apply(plan, outputs, began.elapsed());
+        self.deliver(None);
     }
 
-    /// Turns one step's result into events (and the end of the request when it finished).
-    pub fn on_update(&mut self, update: Update, cache: &mut PrefixCache, tokenizer: &Tokenizer) {
-        let Some(decoder) = self.decoder.as_mut() else {
-            return;
-        };
-        match update {
-            Update::Refining => {}
-            Update::Prefill { processed, total } => {
-                let elapsed_ms = self.started.elapsed().as_millis() as u64;
-                let cached = decoder.stats().cached_tokens;
-                self.send(Event::PrefillProgress {
+    /// Turns the core's updates into events. A request a stop string ends is ended in the core
+    /// too, and its forward taken out of `plan`.
+    fn deliver(&mut self, mut plan: Option<&mut StepPlan>) {
+        for update in self.core.take_updates() {
+            match update {
+                SequenceUpdate::Admitted { id, cached, total } => {
+                    if let Some(client) = self.clients.get_mut(&id) {
+                        // The cache hit is the first progress a client sees (a fully cached
+                        // prompt has no prefill forward to report after).
+                        client.send(Event::PrefillProgress {
+                            total,
+                            cached,
+                            processed: cached,
+                            elapsed_ms: 0,
+                        });
+                    }
+                }
+                SequenceUpdate::Prefill {
+                    id,
+                    processed,
                     total,
                     cached,
-                    processed,
-                    elapsed_ms,
-                });
-            }
-            Update::Block(block) => {
-                let all_ids = decoder.output().to_vec();
-                let text = match self.output.push_block(tokenizer, &all_ids) {
-                    Ok(text) => text,
-                    Err(e) => return self.fail(cache, e.to_string()),
-                };
-                let mut tokens = block.tokens;
-                let finish = match &text.stop {
-                    Some(hit) => {
-                        // Keep only this block's ids up to the token that completed the stop.
-                        let before = all_ids.len() - tokens.len();
-                        tokens.truncate(hit.keep_tokens.saturating_sub(before));
-                        Some(FinishReason::Stop)
+                } => {
+                    if let Some(client) = self.clients.get_mut(&id) {
+                        let elapsed_ms = client.started.elapsed().as_millis() as u64;
+                        client.send(Event::PrefillProgress {
+                            total,
+                            cached,
+                            processed,
+                            elapsed_ms,
+                        });
                     }
-                    None => block.finish,
-                };
-                match finish {
-                    None => self.send(Event::Block {
-                        text_delta: text.text_delta,
-                        tokens,
-                        tool_call_deltas: text.tool_call_deltas,
-                        stats: block.stats,
-                    }),
-                    // The last block also carries whatever the end of the stream releases.
-                    Some(reason) => self.finish(
-                        cache,
-                        tokenizer,
-                        reason,
-                        vec![(text.text_delta, text.tool_call_deltas)],
-                        Some((tokens, block.stats)),
-                    ),
+                }
+                SequenceUpdate::Block { id, block } => {
+                    let Some(client) = self.clients.get_mut(&id) else {
+                        continue;
+                    };
+                    match client.on_block(&self.tokenizer, block) {
+                        Ok(None) => {}
+                        Ok(Some(stopped)) => {
+                            let client = self.clients.remove(&id).expect("looked up above");
+                            if let Some(plan) = plan.as_deref_mut() {
+                                plan.remove(id);
+                            }
+                            match self.core.end(id) {
+                                Some(decoder) => client.finish(
+                                    &self.tokenizer,
+                                    FinishReason::Stop,
+                                    vec![stopped.0],
+                                    Some(stopped.1),
+                                    &decoder,
+                                ),
+                                None => client.fail(EngineError::Internal(
+                                    "the request ended unexpectedly".into(),
+                                )),
+                            }
+                        }
+                        Err(error) => {
+                            let client = self.clients.remove(&id).expect("looked up above");
+                            if let Some(plan) = plan.as_deref_mut() {
+                                plan.remove(id);
+                            }
+                            self.core.end(id);
+                            client.fail(error);
+                        }
+                    }
+                }
+                SequenceUpdate::Ended {
+                    id,
+                    reason,
+                    last_block,
+                    decoder,
+                } => {
+                    let Some(mut client) = self.clients.remove(&id) else {
+                        continue;
+                    };
+                    match last_block {
+                        None => client.finish(&self.tokenizer, reason, Vec::new(), None, &decoder),
+                        Some(block) => match client.last_block(&self.tokenizer, block) {
+                            Ok((pending, last)) => client.finish(
+                                &self.tokenizer,
+                                reason,
+                                vec![pending],
+                                Some(last),
+                                &decoder,
+                            ),
+                            Err(error) => client.fail(error),
+                        },
+                    }
+                }
+                SequenceUpdate::Failed { id, error } => {
+                    if let Some(client) = self.clients.remove(&id) {
+                        client.fail(error);
+                    }
                 }
             }
         }
+    }
+}
+
+/// Text and tool-call deltas not sent yet, and the last block's ids and statistics.
+type Pending = (String, Vec<ToolCallDelta>);
+type LastBlock = (Vec<u32>, BlockStats);
+
+/// The text side of one admitted request.
+struct Client {
+    output: OutputStream,
+    /// Output ids of the blocks so far.
+    ids: Vec<u32>,
+    events: UnboundedSender<Event>,
+    trace: Option<TraceLog>,
+    started: Instant,
+}
+
+impl Client {
+    fn send(&mut self, event: Event) {
+        // A send fails only when the handle is gone; its Drop also set the cancel flag, which
+        // the core sees at its next step.
+        let _ = self.events.send(event);
+    }
+
+    /// A block that did not end the request: its text goes out, unless it completed a stop
+    /// string, which ends the request (then its text and ids come back for the last `Block`).
+    fn on_block(
+        &mut self,
+        tokenizer: &Tokenizer,
+        block: FinishedBlock,
+    ) -> EngineResult<Option<(Pending, LastBlock)>> {
+        let (pending, last, stopped) = self.push(tokenizer, block)?;
+        if stopped {
+            return Ok(Some((pending, last)));
+        }
+        let (text_delta, tool_call_deltas) = pending;
+        let (tokens, stats) = last;
+        self.send(Event::Block {
+            text_delta,
+            tokens,
+            tool_call_deltas,
+            stats,
+        });
+        Ok(None)
+    }
+
+    /// The block that ended the request.
+    fn last_block(
+        &mut self,
+        tokenizer: &Tokenizer,
+        block: FinishedBlock,
+    ) -> EngineResult<(Pending, LastBlock)> {
+        let (pending, last, _) = self.push(tokenizer, block)?;
+        Ok((pending, last))
+    }
+
+    /// Detokenizes a block through the stop strings and tool-call parser; its ids are cut after
+    /// a stop string's last token.
+    fn push(
+        &mut self,
+        tokenizer: &Tokenizer,
+        block: FinishedBlock,
+    ) -> EngineResult<(Pending, LastBlock, bool)> {
+        let mut tokens = block.tokens;
+        self.ids.extend_from_slice(&tokens);
+        let text = self.output.push_block(tokenizer, &self.ids)?;
+        let stopped = match &text.stop {
+            Some(hit) => {
+                // Keep only this block's ids up to the token that completed the stop.
+                let before = self.ids.len() - tokens.len();
+                tokens.truncate(hit.keep_tokens.saturating_sub(before));
+                true
+            }
+            None => false,
+        };
+        Ok((
+            (text.text_delta, text.tool_call_deltas),
+            (tokens, block.stats),
+            stopped,
+        ))
     }
 
     /// Ends the request: final text and tool calls, the last `Block` (when a block ended it),
-    /// `Done`, and the runner's sequence released.
+    /// then `Done`.
     fn finish(
-        &mut self,
-        cache: &mut PrefixCache,
+        mut self,
         tokenizer: &Tokenizer,
         reason: FinishReason,
-        mut pending: Vec<(String, Vec<ToolCallDelta>)>,
-        last_block: Option<(Vec<u32>, crate::api::BlockStats)>,
+        mut pending: Vec<Pending>,
+        last_block: Option<LastBlock>,
+        decoder: &RequestDecoder,
     ) {
-        let Some(decoder) = self.decoder.take() else {
-            self.done = true;
-            return;
-        };
-        self.release_pages(cache);
         let ids = decoder.output().to_vec();
         let final_text = match self.output.finish(tokenizer, &ids, reason) {
             Ok(f) => f,
-            Err(e) => {
-                let _ = self.events.send(Event::Error(e.to_string()));
-                self.done = true;
-                return;
-            }
+            Err(error) => return self.fail(error),
         };
         pending.push((final_text.text_delta, final_text.tool_call_deltas));
         if let Some((tokens, stats)) = last_block {
@@ -430,28 +507,17 @@ impl Active {
         if let (Some(log), Some(steps)) = (&self.trace, decoder.trace()) {
             log.store(steps);
         }
-        let _ = self.events.send(Event::Done {
+        self.send(Event::Done {
             finish_reason: final_text.finish_reason,
             output_ids,
             text: final_text.content,
             tool_calls: final_text.tool_calls,
             stats,
         });
-        self.done = true;
     }
 
-    pub fn fail(&mut self, cache: &mut PrefixCache, message: String) {
-        if self.done {
-            return;
-        }
-        tracing::warn!(request = self.id, "generation failed: {message}");
-        self.decoder = None;
-        self.release_pages(cache);
-        let _ = self.events.send(Event::Error(message));
-        self.done = true;
-    }
-
-    fn release_pages(&mut self, cache: &mut PrefixCache) {
-        cache.release(&std::mem::take(&mut self.pages));
+    fn fail(mut self, error: EngineError) {
+        tracing::warn!("generation failed: {error}");
+        self.send(Event::Error(error));
     }
 }

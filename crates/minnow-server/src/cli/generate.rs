@@ -246,7 +246,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
                 print_stats(&stats, finish_reason);
                 return Ok(());
             }
-            Event::Error(message) => return Err(message),
+            Event::Error(error) => return Err(error.to_string()),
         }
     }
     Err("the engine stopped without finishing the request".into())

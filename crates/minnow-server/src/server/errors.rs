@@ -144,6 +144,12 @@ impl ApiError {
         error
     }
 
+    /// Whether the same request may succeed later (429 and 503 answers then carry
+    /// `Retry-After`): not when it can never fit the K/V cache.
+    pub fn retryable(&self) -> bool {
+        self.code != Some(KV_CACHE_TOO_SMALL)
+    }
+
     /// A numeric member of `extra` (0 when absent).
     pub fn extra_count(&self, key: &str) -> usize {
         self.extra
@@ -192,10 +198,15 @@ impl ApiError {
     }
 }
 
+/// The code of a request larger than the whole K/V cache (the engine's `Overloaded`: requests
+/// that fit wait for pages instead).
+const KV_CACHE_TOO_SMALL: &str = "kv_cache_full";
+
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> Self {
         match error {
             EngineError::InvalidRequest(message) => ApiError::bad_request(message),
+            EngineError::InvalidParam { param, message } => ApiError::invalid(param, message),
             EngineError::Template(_) => ApiError::bad_request(error.to_string()),
             EngineError::ContextExceeded {
                 n_prompt_tokens,
@@ -220,7 +231,7 @@ impl From<EngineError> for ApiError {
                     "unavailable_error",
                     message,
                 );
-                api.code = Some("kv_cache_full");
+                api.code = Some(KV_CACHE_TOO_SMALL);
                 api
             }
             EngineError::Load(message) | EngineError::Internal(message) => {
@@ -262,14 +273,24 @@ mod tests {
             ApiError::from(EngineError::QueueFull).status,
             StatusCode::TOO_MANY_REQUESTS
         );
-        assert_eq!(
-            ApiError::from(EngineError::Overloaded("x".into())).status,
-            StatusCode::SERVICE_UNAVAILABLE
+        let too_large = ApiError::from(EngineError::Overloaded("x".into()));
+        assert_eq!(too_large.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            !too_large.retryable(),
+            "a request the cache can never hold is not worth retrying"
         );
+        assert!(ApiError::queue_full().retryable());
+        assert!(ApiError::loading().retryable());
         assert_eq!(
             ApiError::from(EngineError::InvalidRequest("x".into())).status,
             StatusCode::BAD_REQUEST
         );
+        let field = ApiError::from(EngineError::InvalidParam {
+            param: "algorithm",
+            message: "x".into(),
+        });
+        assert_eq!(field.status, StatusCode::BAD_REQUEST);
+        assert_eq!(field.to_json()["error"]["param"], "algorithm");
         assert_eq!(
             ApiError::from(EngineError::Internal("x".into())).status,
             StatusCode::INTERNAL_SERVER_ERROR

@@ -395,10 +395,10 @@ pub async fn run_to_end(
                     stats,
                 });
             }
-            Some(Event::Error(message)) => {
+            Some(Event::Error(error)) => {
                 watch.finished = true;
-                log.set_outcome(format!("error: {message}"));
-                return Err(ApiError::internal(message));
+                log.set_outcome(format!("error: {error}"));
+                return Err(ApiError::from(error));
             }
             Some(_) => continue,
             None => {

@@ -234,6 +234,12 @@ impl Metrics {
             "Cached K/V pages evicted to make room.",
             cache.evicted_pages,
         );
+        counter(
+            &mut out,
+            "minnow_preemptions_total",
+            "Requests preempted (pages given back, recomputed on resume) when the K/V cache was full.",
+            gauges.engine.preemptions,
+        );
         render_batch_sizes(&mut out, &gauges.engine);
         if let Ok(latency) = self.latency.lock() {
             latency.as_ref().unwrap_or(&Histogram::new()).render(
@@ -290,7 +296,7 @@ mod tests {
             total_slots: 4,
             ready: true,
             engine: EngineStats {
-                cache: minnow_engine::prefix_cache::CacheStats {
+                cache: minnow_engine::CacheStats {
                     pages_total: 100,
                     pages_held: 7,
                     pages_cached: 3,
@@ -299,8 +305,10 @@ mod tests {
                 },
                 batch_size_counts: vec![2, 0, 1, 0, 0, 0, 0, 0, 0],
                 batch_size_sum: 6,
+                preemptions: 5,
             },
         });
+        assert!(text.contains("minnow_preemptions_total 5"));
         assert!(text.contains("minnow_kv_pages_total 100"));
         assert!(text.contains("minnow_kv_pages_used 7"));
         assert!(text.contains("minnow_prefix_cache_hit_tokens_total 64"));

@@ -151,9 +151,11 @@ pub async fn handle(
         Ok(verdict) => dispatch(&state, route, request, &log, verdict).await,
         Err(refused) => Err(refused.clone()),
     };
+    let mut retryable = true;
     let mut response = match outcome {
         Ok(response) => response,
         Err(error) => {
+            retryable = error.retryable();
             if error.status.is_server_error() || error.status.is_client_error() {
                 // A client's 4xx is logged with its reason too: the operator sees why.
                 log.set_outcome(error.message.clone());
@@ -183,11 +185,14 @@ pub async fn handle(
     if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
         headers.insert("x-request-id", value);
     }
-    // Busy or loading: OpenAI SDKs back off and retry on these statuses; tell them when.
-    if matches!(
-        response.status(),
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-    ) {
+    // Busy or loading: OpenAI SDKs back off and retry on these statuses; tell them when (and
+    // nothing when the request can never succeed here, so they do not retry it forever).
+    if retryable
+        && matches!(
+            response.status(),
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        )
+    {
         response
             .headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from_static("1"));

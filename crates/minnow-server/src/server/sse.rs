@@ -217,8 +217,8 @@ impl Stream {
                     let _ = self.send_tail(finish_reason, &stats).await;
                     return Ok(());
                 }
-                Some(Event::Error(message)) => {
-                    return self.fail(&message).await;
+                Some(Event::Error(error)) => {
+                    return self.fail(&error.to_string()).await;
                 }
                 None => {
                     return self

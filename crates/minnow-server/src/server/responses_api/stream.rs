@@ -169,9 +169,9 @@ impl EventStream {
                     let _ = self.finish(finish_reason, &text, &calls, &stats).await;
                     return Ok(());
                 }
-                Some(Event::Error(message)) => {
-                    self.log.set_outcome(format!("error: {message}"));
-                    let failed = self.object(&Status::Failed(message), None);
+                Some(Event::Error(error)) => {
+                    self.log.set_outcome(format!("error: {error}"));
+                    let failed = self.object(&Status::Failed(error.to_string()), None);
                     return self
                         .emit("response.failed", json!({ "response": failed }))
                         .await;

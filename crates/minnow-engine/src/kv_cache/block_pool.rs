@@ -1,4 +1,4 @@
-//! The K/V page manager with its cross-request prefix cache.
+//! The block pool: every page of the runner's K/V pool, with the cross-request prefix cache.
 //!
 //! Every page of the runner's pool is in exactly one of three states:
 //! - **held**: referenced by one or more running requests (a committed block may be held by many;
@@ -50,6 +50,7 @@ impl BlockHash {
     }
 
     /// The chain hashes of every complete block of `ids`, starting after `root`.
+    #[cfg(test)]
     pub fn chain(root: BlockHash, ids: &[u32], block: usize) -> Vec<BlockHash> {
         let mut parent = root;
         ids.chunks_exact(block)
@@ -91,8 +92,8 @@ struct Page {
     released_at: u64,
 }
 
-/// The page manager (see the module docs).
-pub struct PrefixCache {
+/// The pool of K/V pages (see the module docs).
+pub struct BlockPool {
     pages: Vec<Page>,
     free: Vec<PageId>,
     by_hash: HashMap<BlockHash, PageId>,
@@ -104,10 +105,10 @@ pub struct PrefixCache {
     evicted_pages: u64,
 }
 
-impl PrefixCache {
+impl BlockPool {
     /// A manager of `pages` pages of `block` positions each, all free.
     pub fn new(pages: usize, block: usize) -> Self {
-        PrefixCache {
+        BlockPool {
             pages: vec![Page::default(); pages],
             // Lower ids first, so a lightly used pool touches little memory.
             free: (0..pages as PageId).rev().collect(),
@@ -139,6 +140,11 @@ impl PrefixCache {
     /// Pages a request could get now: free ones plus evictable cached ones.
     pub fn available(&self) -> usize {
         self.free.len() + self.evictable.len()
+    }
+
+    /// Pages in the pool.
+    pub fn total(&self) -> usize {
+        self.pages.len()
     }
 
     /// The pages of the longest run of `hashes` (a prompt's complete blocks, in order) that are
@@ -241,7 +247,7 @@ mod tests {
 
     #[test]
     fn a_published_prefix_is_shared_and_counted_once() {
-        let mut cache = PrefixCache::new(8, 4);
+        let mut cache = BlockPool::new(8, 4);
         let prompt: Vec<u32> = (0..12).collect();
         let hashes = chain(&prompt);
         let a = cache.allocate(3).unwrap();
@@ -283,7 +289,7 @@ mod tests {
 
     #[test]
     fn a_hit_needs_the_whole_prefix() {
-        let mut cache = PrefixCache::new(4, 4);
+        let mut cache = BlockPool::new(4, 4);
         let ids: Vec<u32> = (0..8).collect();
         let hashes = chain(&ids);
         let pages = cache.allocate(2).unwrap();
@@ -294,7 +300,7 @@ mod tests {
 
     #[test]
     fn eviction_takes_free_pages_first_then_the_oldest_tail() {
-        let mut cache = PrefixCache::new(4, 4);
+        let mut cache = BlockPool::new(4, 4);
         let ids: Vec<u32> = (0..12).collect();
         let hashes = chain(&ids);
         let pages = cache.allocate(3).unwrap();
@@ -313,7 +319,7 @@ mod tests {
 
     #[test]
     fn a_duplicate_block_stays_private() {
-        let mut cache = PrefixCache::new(4, 4);
+        let mut cache = BlockPool::new(4, 4);
         let h = chain(&[1, 2, 3, 4])[0];
         let a = cache.allocate(1).unwrap();
         let b = cache.allocate(1).unwrap();

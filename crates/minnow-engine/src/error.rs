@@ -2,7 +2,7 @@
 //! 429, 503 or 500) instead of parsing messages. A bad request fails only that request; a device
 //! failure fails the batch it happened in, with the device's message.
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EngineError {
     /// The checkpoint could not be loaded (bad config, missing tensor, ...).
     #[error("{0}")]
@@ -10,6 +10,13 @@ pub enum EngineError {
     /// The request is invalid (maps to HTTP 400 invalid_request_error).
     #[error("{0}")]
     InvalidRequest(String),
+    /// One field of the request is invalid: `param` names it as the OpenAI-style APIs do (HTTP
+    /// 400 invalid_request_error with `param` set).
+    #[error("{message}")]
+    InvalidParam {
+        param: &'static str,
+        message: String,
+    },
     /// The prompt plus the requested output does not fit (HTTP 400 exceed_context_size_error).
     #[error("the request needs {n_prompt_tokens} prompt tokens plus output, but the context holds {n_ctx}")]
     ContextExceeded {
