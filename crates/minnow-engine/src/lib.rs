@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod chat_template;
+pub mod constraint;
 pub mod decode;
 pub mod engine;
 mod model_files;
