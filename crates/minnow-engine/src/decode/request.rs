@@ -12,6 +12,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use super::block::{check_scores, BlockRun, BlockState};
+use super::constrained::Constrained;
 use super::indel::{Indel, IndelSettings};
 use super::joint::{Joint, JointSettings};
 use super::layout::Layout;
@@ -181,6 +182,8 @@ pub struct RequestDecoder {
     trace: Option<Vec<TraceStep>>,
     prefill_time: Duration,
     decode_time: Duration,
+    /// The request's grammar between blocks (the running block holds it meanwhile).
+    constraint: Option<Constrained>,
 }
 
 impl RequestDecoder {
@@ -218,7 +221,14 @@ impl RequestDecoder {
             trace: trace.then(Vec::new),
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
+            constraint: None,
         })
+    }
+
+    /// Decodes the answer under a grammar (docs/decoding.md §13). Call before the first step.
+    pub fn with_constraint(mut self, constraint: Constrained) -> Self {
+        self.constraint = Some(constraint);
+        self
     }
 
     /// Starts after `cached` prompt positions whose K/V the request's pages already hold (a
@@ -300,7 +310,12 @@ impl RequestDecoder {
             prompt_in_block,
             self.ctx.control,
         )?;
-        let run = BlockRun::new(start, block, prompt_in_block, algorithm, self.ctx.control);
+        let mut run = BlockRun::new(start, block, prompt_in_block, algorithm, self.ctx.control);
+        if let Some(mut constraint) = self.constraint.take() {
+            let answer = self.layout.output_slots(index);
+            constraint.start_block(answer.start, answer.end);
+            run = run.with_constraint(constraint);
+        }
         Ok(Phase::Block { index, run })
     }
 
@@ -418,6 +433,9 @@ impl RequestDecoder {
                         return Err("a denoising forward returned no scores".into())
                     }
                 };
+                if let Some(failure) = run.take_failure() {
+                    return Err(failure);
+                }
                 self.stats.denoise_forwards += 1;
                 if let Some(trace) = &mut self.trace {
                     trace.push(TraceStep {
@@ -456,8 +474,11 @@ impl RequestDecoder {
     fn finish_block(
         &mut self,
         index: usize,
-        run: BlockRun,
+        mut run: BlockRun,
     ) -> Result<Option<FinishedBlock>, String> {
+        if let Some(constraint) = run.take_constraint() {
+            self.constraint = Some(constraint);
+        }
         let slots = self.layout.output_slots(index);
         let (tokens, stopped) = self.ctx.stops.cut(&run.tokens()[slots]);
         let tokens = tokens.to_vec();

@@ -17,6 +17,7 @@ use crate::prefix_cache::{BlockHash, PrefixCache};
 
 use super::{CancelToken, EngineError, EngineResult, TraceLog};
 use crate::api::{Event, FinishReason, GenerateRequest, ToolCallDelta};
+use crate::decode::constrained::Constrained;
 use crate::decode::layout::Layout;
 use crate::decode::params::ResolvedParams;
 use crate::decode::request::{DecoderContext, RequestDecoder, Update};
@@ -31,6 +32,8 @@ pub(crate) struct Job {
     pub request: GenerateRequest,
     pub layout: Layout,
     pub params: ResolvedParams,
+    /// The compiled grammar of a structured-output request.
+    pub constraint: Option<Constrained>,
     pub decoder: DecoderContext,
     pub tool_format: ToolCallFormat,
     pub events: UnboundedSender<Event>,
@@ -246,7 +249,11 @@ impl Active {
             job.decoder,
             job.trace.is_some(),
         )
-        .map(|d| d.with_cached_prefix(cached));
+        .map(|d| d.with_cached_prefix(cached))
+        .map(|d| match job.constraint {
+            Some(constraint) => d.with_constraint(constraint),
+            None => d,
+        });
         let mut active = Active {
             id: job.id,
             decoder: None,
