@@ -13,6 +13,8 @@ use super::super::errors::ApiError;
 use super::super::fields::{FieldPolicy, Fields};
 use super::super::openai::{self, CommonOptions, MaxTokens};
 use super::items::{self, Item, Role};
+use minnow_engine::constraint::tools::strict_tools;
+use minnow_engine::constraint::OutputConstraint;
 
 /// Fields passed through to the chat parser's shared options (`openai::parse_common`).
 const SHARED_OPTIONS: [&str; 17] = [
@@ -129,10 +131,25 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
         ToolChoice::Auto | ToolChoice::Required => declared,
     };
 
-    let json_object = match fields.value("text") {
-        None => false,
+    let text_format = match fields.value("text") {
+        None => TextFormat::default(),
         Some(text) => parse_text(text, policy)?,
     };
+    let json_object = text_format.instruct;
+    openai::set_constraint(&mut common, text_format.constraint, "text.format")?;
+    if tool_choice != ToolChoice::None {
+        if let Some(strict) = strict_tools(&tools) {
+            let choice = tool_choice.clone();
+            openai::set_constraint(
+                &mut common,
+                Some(OutputConstraint::ToolCalls {
+                    tools: strict,
+                    choice,
+                }),
+                "tools",
+            )?;
+        }
+    }
     let store = fields.bool("store")?.unwrap_or(true);
     let previous_response_id = fields.string("previous_response_id")?;
     let metadata = match fields.value("metadata") {
@@ -189,10 +206,7 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
     echo.insert("store".into(), json!(store));
     echo.insert("temperature".into(), json!(common.params.temperature));
     echo.insert("top_p".into(), json!(common.params.top_p));
-    echo.insert(
-        "text".into(),
-        json!({"format": {"type": if json_object { "json_object" } else { "text" }}}),
-    );
+    echo.insert("text".into(), json!({"format": text_format.echo}));
     echo.insert("tool_choice".into(), tool_choice_json(&tool_choice));
     echo.insert(
         "tools".into(),
@@ -252,7 +266,12 @@ fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<Value>, ApiErr
                 function.insert(key.to_string(), value.clone());
             }
         }
-        fields.bool("strict")?;
+        // Explicit `strict: true` constrains the call's arguments (constraint::tools); the
+        // Responses API's default of true is not applied, so tools sent without it keep free
+        // arguments as before.
+        if fields.bool("strict")? == Some(true) {
+            function.insert("strict".into(), Value::Bool(true));
+        }
         fields.finish()?;
         chat_tools.push(json!({"type": "function", "function": function}));
     }
@@ -315,32 +334,63 @@ fn tool_choice_json(choice: &ToolChoice) -> Value {
     }
 }
 
-/// `text`: `{"format": {"type": "text" | "json_object"}, "verbosity": "medium"}`; true for
-/// json_object, which is steered by an instruction as in chat completions.
-fn parse_text(value: &Value, policy: &FieldPolicy) -> Result<bool, ApiError> {
+/// What `text.format` asks for.
+struct TextFormat {
+    constraint: Option<OutputConstraint>,
+    /// `json_object`: the JSON instruction is added to the prompt, as in chat completions.
+    instruct: bool,
+    /// The format as the response object reports it.
+    echo: Value,
+}
+
+impl Default for TextFormat {
+    fn default() -> Self {
+        Self {
+            constraint: None,
+            instruct: false,
+            echo: json!({"type": "text"}),
+        }
+    }
+}
+
+/// `text`: `{"format": {"type": "text" | "json_object" | "json_schema", ...}, "verbosity":
+/// "medium"}`; a `json_schema` format is `{"type", "name", "schema", "description", "strict"}`.
+fn parse_text(value: &Value, policy: &FieldPolicy) -> Result<TextFormat, ApiError> {
     let mut fields = Fields::new(value, "text", policy)?;
-    let json_object = match fields.value("format") {
-        None => false,
+    let format = match fields.value("format") {
+        None => TextFormat::default(),
         Some(format) => {
             let mut format_fields = Fields::new(format, "text.format", policy)?;
-            let json_object =
+            let parsed =
                 match format_fields.string("type")?.as_deref() {
-                    Some("text") => false,
-                    Some("json_object") => true,
-                    Some("json_schema") => return Err(ApiError::invalid(
-                        "text.format.type",
-                        "'json_schema' formats are not supported (no constrained decoding); use \
-                         json_object",
-                    )),
-                    _ => {
-                        return Err(ApiError::invalid(
-                            "text.format.type",
-                            "'text.format.type' must be \"text\" or \"json_object\"",
-                        ))
+                    Some("text") => TextFormat::default(),
+                    Some("json_object") => TextFormat {
+                        constraint: Some(OutputConstraint::JsonObject),
+                        instruct: true,
+                        echo: json!({"type": "json_object"}),
+                    },
+                    Some("json_schema") => {
+                        // The same keys as chat's `json_schema` object, flattened next to `type`.
+                        let mut spec = format.as_object().cloned().unwrap_or_default();
+                        spec.remove("type");
+                        for key in ["name", "description", "schema", "strict"] {
+                            format_fields.value(key);
+                        }
+                        let schema =
+                            openai::json_schema_spec(&Value::Object(spec), "text.format", policy)?;
+                        TextFormat {
+                            constraint: Some(OutputConstraint::JsonSchema(schema)),
+                            instruct: false,
+                            echo: format.clone(),
+                        }
                     }
+                    _ => return Err(ApiError::invalid(
+                        "text.format.type",
+                        "'text.format.type' must be \"text\", \"json_object\" or \"json_schema\"",
+                    )),
                 };
             format_fields.finish()?;
-            json_object
+            parsed
         }
     };
     match fields.string("verbosity")?.as_deref() {
@@ -353,7 +403,7 @@ fn parse_text(value: &Value, policy: &FieldPolicy) -> Result<bool, ApiError> {
         }
     }
     fields.finish()?;
-    Ok(json_object)
+    Ok(format)
 }
 
 /// OpenAI's limits: at most 16 pairs, keys up to 64 and values up to 512 characters.
