@@ -129,16 +129,7 @@ pub fn parse_chat(body: &Value, policy: &FieldPolicy) -> Result<ChatRequest, Api
         }
         set_constraint(&mut common, constraint, "response_format")?;
     }
-    if tool_choice != ToolChoice::None {
-        if let Some(tools) = strict_tools(&tools) {
-            let choice = tool_choice.clone();
-            set_constraint(
-                &mut common,
-                Some(OutputConstraint::ToolCalls { tools, choice }),
-                "tools",
-            )?;
-        }
-    }
+    set_tool_constraint(&mut common, &tools, &tool_choice)?;
     let template_kwargs = match fields.value("chat_template_kwargs") {
         None => Map::new(),
         Some(Value::Object(map)) => map.clone(),
@@ -461,6 +452,31 @@ fn parse_grammar(text: &str) -> Result<OutputConstraint, ApiError> {
         "GBNF grammars are not supported: send a Lark grammar that starts with '%llguidance {}', \
          a 'json_schema', or 'response_format'",
     ))
+}
+
+/// Constrains tool calls when `strict: true` tools are declared. A call forced by `tool_choice`
+/// (`required` or a named function) replaces a text format (the answer is the call); with `auto`
+/// the two cannot be combined yet (a 400 naming `tools`).
+pub(super) fn set_tool_constraint(
+    common: &mut CommonOptions,
+    tools: &[Value],
+    choice: &ToolChoice,
+) -> Result<(), ApiError> {
+    if *choice == ToolChoice::None {
+        return Ok(());
+    }
+    let Some(strict) = strict_tools(tools) else {
+        return Ok(());
+    };
+    let constraint = OutputConstraint::ToolCalls {
+        tools: strict,
+        choice: choice.clone(),
+    };
+    if *choice != ToolChoice::Auto {
+        common.constraint = Some(constraint);
+        return Ok(());
+    }
+    set_constraint(common, Some(constraint), "tools")
 }
 
 /// Sets the request's one output constraint; two sources of one (say `response_format` and
@@ -1087,7 +1103,7 @@ mod tests {
             param_of(chat(base(
                 json!({"response_format": {"type": "json_schema"}})
             ))),
-            "response_format.type"
+            "response_format.json_schema"
         );
         assert_eq!(param_of(chat(base(json!({"store": true})))), "store");
         assert_eq!(
@@ -1138,7 +1154,8 @@ mod tests {
             ("logprobs", json!(true)),
             ("logit_bias", json!({"5": 1})),
             ("presence_penalty", json!(0.5)),
-            ("json_schema", json!({})),
+            ("json_schema", json!([])),
+            ("grammar", json!("root ::= \"a\"")),
             ("ignore_eos", json!(true)),
             ("continue_final_message", json!(true)),
             ("lora", json!([{"id": 0, "scale": 1.0}])),

@@ -13,7 +13,6 @@ use super::super::errors::ApiError;
 use super::super::fields::{FieldPolicy, Fields};
 use super::super::openai::{self, CommonOptions, MaxTokens};
 use super::items::{self, Item, Role};
-use minnow_engine::constraint::tools::strict_tools;
 use minnow_engine::constraint::OutputConstraint;
 
 /// Fields passed through to the chat parser's shared options (`openai::parse_common`).
@@ -119,6 +118,7 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
         None => Vec::new(),
         Some(value) => parse_tools(value, policy)?,
     };
+    let (tools, strict): (Vec<Value>, Vec<bool>) = tools.into_iter().unzip();
     let declared: Vec<String> = tools.iter().map(openai::tool_name).collect();
     let tool_choice = match fields.value("tool_choice") {
         None => ToolChoice::Auto,
@@ -137,19 +137,20 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
     };
     let json_object = text_format.instruct;
     openai::set_constraint(&mut common, text_format.constraint, "text.format")?;
-    if tool_choice != ToolChoice::None {
-        if let Some(strict) = strict_tools(&tools) {
-            let choice = tool_choice.clone();
-            openai::set_constraint(
-                &mut common,
-                Some(OutputConstraint::ToolCalls {
-                    tools: strict,
-                    choice,
-                }),
-                "tools",
-            )?;
-        }
-    }
+    // The template sees the tools without `strict` (as chat's tools without it); the grammar
+    // reads it from a marked copy.
+    let marked: Vec<Value> = tools
+        .iter()
+        .zip(&strict)
+        .map(|(tool, &strict)| {
+            let mut tool = tool.clone();
+            if strict {
+                tool["function"]["strict"] = Value::Bool(true);
+            }
+            tool
+        })
+        .collect();
+    openai::set_tool_constraint(&mut common, &marked, &tool_choice)?;
     let store = fields.bool("store")?.unwrap_or(true);
     let previous_response_id = fields.string("previous_response_id")?;
     let metadata = match fields.value("metadata") {
@@ -237,11 +238,12 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
 ///
 /// `strict` is accepted at either value: the Responses API defaults it to true and agent SDKs
 /// send it on every tool, but arguments are not schema-constrained here (docs/api.md).
-fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<Value>, ApiError> {
+fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<(Value, bool)>, ApiError> {
     let list = value
         .as_array()
         .ok_or_else(|| ApiError::invalid("tools", "'tools' must be a list"))?;
     let mut chat_tools = Vec::with_capacity(list.len());
+    let mut strict = Vec::with_capacity(list.len());
     for (i, tool) in list.iter().enumerate() {
         let path = format!("tools[{i}]");
         let mut fields = Fields::new(tool, &path, policy)?;
@@ -269,13 +271,13 @@ fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<Value>, ApiErr
         // Explicit `strict: true` constrains the call's arguments (constraint::tools); the
         // Responses API's default of true is not applied, so tools sent without it keep free
         // arguments as before.
-        if fields.bool("strict")? == Some(true) {
-            function.insert("strict".into(), Value::Bool(true));
-        }
+        strict.push(fields.bool("strict")? == Some(true));
         fields.finish()?;
         chat_tools.push(json!({"type": "function", "function": function}));
     }
-    openai::parse_tools(&Value::Array(chat_tools), policy).map_err(flat_tool_paths)
+    let chat_tools =
+        openai::parse_tools(&Value::Array(chat_tools), policy).map_err(flat_tool_paths)?;
+    Ok(chat_tools.into_iter().zip(strict).collect())
 }
 
 /// The chat parser names `tools[i].function.name`; in a Responses body that is `tools[i].name`.
@@ -500,6 +502,11 @@ mod tests {
         assert_eq!(request.tool_names, vec!["f".to_string()]);
         assert_eq!(request.tools[0]["function"]["name"], "f");
         assert!(request.tools[0]["function"].get("strict").is_none());
+        // The forced call's grammar takes the place of the json_object format.
+        assert!(matches!(
+            request.common.constraint,
+            Some(OutputConstraint::ToolCalls { .. })
+        ));
         assert_eq!(request.instructions.len(), 1);
         assert_eq!(request.echo["metadata"], json!({"k": "v"}));
         assert_eq!(request.echo["max_output_tokens"], 9);
@@ -554,7 +561,7 @@ mod tests {
         assert_eq!(param(json!({"input": "x", "max_tokens": 3})), "max_tokens");
         assert_eq!(
             param(json!({"input": "x", "text": {"format": {"type": "json_schema", "name": "s"}}})),
-            "text.format.type"
+            "text.format.schema"
         );
         assert_eq!(
             param(json!({"input": "x", "truncation": "auto"})),
