@@ -1,10 +1,11 @@
 //! `cargo xtask <task>`: kernels (CUDA C to committed PTX), make-checkpoint (random weights at real
-//! LLaDA2 shapes), bench, bench-cpu and bench-turns (the numbers in docs/performance.md).
+//! LLaDA2 shapes), bench, bench-cpu, bench-turns and bench-structured (the numbers in docs/performance.md).
 //!
 //! One module per task; each parses its own options, this file only dispatches.
 
 mod bench;
 mod bench_cpu;
+mod bench_structured;
 mod bench_turns;
 mod kernels;
 mod make_checkpoint;
@@ -32,6 +33,9 @@ enum Task {
     /// Warm vs cold second chat turn through the engine's prefix cache (`--model DIR`).
     #[command(disable_help_flag = true)]
     BenchTurns(Rest),
+    /// Structured outputs: compile + first mask, constrained vs plain decode throughput.
+    #[command(disable_help_flag = true)]
+    BenchStructured(Rest),
     /// Random-weight checkpoint at real shapes (`--out DIR [--preset P] [--family F] ...`).
     #[command(disable_help_flag = true)]
     MakeCheckpoint(Rest),
@@ -50,6 +54,7 @@ fn main() {
         Task::Bench(r) => bench::run(&r.args),
         Task::BenchCpu(r) => bench_cpu::run(&r.args),
         Task::BenchTurns(r) => bench_turns::run(&r.args),
+        Task::BenchStructured(r) => bench_structured::run(&r.args),
         Task::MakeCheckpoint(r) => make_checkpoint::run(&r.args),
     };
     if let Err(e) = result {

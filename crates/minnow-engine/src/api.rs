@@ -50,6 +50,8 @@ pub struct GenerateRequest {
     /// Tenant key of the prefix cache (vLLM's `cache_salt`): blocks are shared only between
     /// requests with the same salt (no salt is a salt of its own).
     pub cache_salt: Option<String>,
+    /// A grammar every answer obeys (structured outputs, docs/decoding.md §13).
+    pub constraint: Option<crate::constraint::OutputConstraint>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -54,6 +54,8 @@ use minnow_runtime::device::DeviceRequest;
 
 use crate::api::{ChatPrompt, DecodeParams, GenerateRequest, RenderedPrompt};
 use crate::chat_template::ChatTemplate;
+use crate::constraint::GrammarCompiler;
+use crate::decode::constrained::Constrained;
 use crate::decode::layout::{Layout, LayoutError};
 use crate::decode::params::{family_defaults, overlay, resolve};
 use crate::decode::request::{check_algorithm, DecoderContext};
@@ -275,6 +277,8 @@ struct Inner {
     template: Option<ChatTemplate>,
     tool_format: ToolCallFormat,
     decoder: DecoderContext,
+    /// Structured outputs: the checkpoint's grammar compiler.
+    grammars: GrammarCompiler,
     defaults: DecodeParams,
     /// Pages in the runner's K/V pool.
     kv_pages: usize,
@@ -339,6 +343,14 @@ impl Engine {
             .map(|t| t.source().to_string())
             .unwrap_or_default();
         let tool_format = ToolCallFormat::detect(&tokenizer, &template_source);
+        let tokenizer_json = std::fs::read(files.dir().join("tokenizer.json"))
+            .map_err(|e| EngineError::Load(format!("cannot read tokenizer.json: {e}")))?;
+        let grammars = GrammarCompiler::new(
+            tokenizer_json.into(),
+            config.vocab_size,
+            tokenizer.stop_token_ids(),
+            tool_format,
+        );
         let special = tokenizer.special().clone();
         // DELETE/SPLIT only mean something to 2.2 checkpoints (the 2.0/2.1 fixtures carry the
         // tokens in their vocabulary, but their decoders treat them as ordinary ids).
@@ -397,6 +409,7 @@ impl Engine {
                 template,
                 tool_format,
                 decoder,
+                grammars,
                 defaults: options.defaults,
                 kv_pages,
                 queue,
@@ -547,6 +560,21 @@ impl Engine {
                 layout.total_len, inner.kv_pages
             )));
         }
+        let constraint = match &request.constraint {
+            Some(spec) => {
+                let matcher = inner
+                    .grammars
+                    .matcher(spec)
+                    .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+                Some(Constrained::new(
+                    matcher,
+                    params.sampler,
+                    inner.decoder.control,
+                    inner.tokenizer.stop_token_ids(),
+                ))
+            }
+            None => None,
+        };
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, events) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancelToken::default();
@@ -570,6 +598,7 @@ impl Engine {
                 cache_prompt: cache_prompt != Some(false),
                 cache_salt,
                 cancel: cancel.clone(),
+                constraint,
             },
             stop,
             tool_names,

@@ -14,6 +14,8 @@ mod api;
 #[doc(hidden)]
 pub mod chat_template;
 #[doc(hidden)]
+pub mod constraint;
+#[doc(hidden)]
 pub mod decode;
 #[doc(hidden)]
 pub mod engine;

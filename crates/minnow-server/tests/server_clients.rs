@@ -45,7 +45,7 @@ async fn unknown_fields_are_ignored_and_listed_unless_strict() {
         (json!({"logprobs": true}), "logprobs"),
         (json!({"logit_bias": {"5": 2}}), "logit_bias"),
         (json!({"frequency_penalty": 0.4}), "frequency_penalty"),
-        (json!({"json_schema": {"type": "object"}}), "json_schema"),
+        (json!({"grammar": "root ::= \"a\""}), "grammar"),
     ] {
         let (status, body) = post_json(&server, "/v1/chat/completions", chat(extra)).await;
         let error = assert_error(status, &body, 400, "invalid_request_error");

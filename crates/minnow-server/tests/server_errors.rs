@@ -38,7 +38,7 @@ async fn invalid_requests_are_400_naming_the_field() {
         ),
         (
             json!({"response_format": {"type": "json_schema"}}),
-            "response_format.type",
+            "response_format.json_schema",
         ),
         (json!({"tool_choice": "required"}), "tool_choice"),
         (

@@ -628,7 +628,7 @@ async fn refusals_and_unknown_ids() {
             "input[0].type",
         ),
         (
-            json!({"input": "x", "text": {"format": {"type": "json_schema", "name": "s", "schema": {}}}}),
+            json!({"input": "x", "text": {"format": {"type": "yaml"}}}),
             "text.format.type",
         ),
         (

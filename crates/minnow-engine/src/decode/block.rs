@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use minnow_model::{LogitsRows, ModelRunner, SeqId};
 use rand::rngs::StdRng;
 
+use super::constrained::Constrained;
 use super::{
     has_control_tokens, BlockAlgorithm, BlockLogits, ControlTokens, ScoreKind, StepOutcome,
     StepScores,
@@ -52,6 +53,10 @@ pub struct BlockRun {
     /// committed, once that ran).
     first_planned: Option<Instant>,
     elapsed: Duration,
+    /// The request's grammar, while this block is decoded (docs/decoding.md §13).
+    constraint: Option<Constrained>,
+    /// Why the grammar layer failed (the request fails with it).
+    failure: Option<String>,
 }
 
 impl BlockRun {
@@ -76,7 +81,26 @@ impl BlockRun {
             state: BlockState::Refining,
             first_planned: None,
             elapsed: Duration::ZERO,
+            constraint: None,
+            failure: None,
         }
+    }
+
+    /// Decodes the block under `constraint` (whose block range is set): every step's result is
+    /// re-read by [`Constrained::enforce`].
+    pub fn with_constraint(mut self, constraint: Constrained) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// Hands the grammar state back (for the next block).
+    pub fn take_constraint(&mut self) -> Option<Constrained> {
+        self.constraint.take()
+    }
+
+    /// The grammar layer's failure, if it had one (the block is then final and unusable).
+    pub fn take_failure(&mut self) -> Option<String> {
+        self.failure.take()
     }
 
     pub fn tokens(&self) -> &[u32] {
@@ -124,6 +148,10 @@ impl BlockRun {
                 self.cleanup_pending = true;
             }
         }
+        if self.constraint.is_some() {
+            // Refused proposals are replaced from the logits restricted to the grammar.
+            return Some(ScoreKind::Logits);
+        }
         Some(self.algorithm.scores_needed(self.cleanup_pending))
     }
 
@@ -133,7 +161,23 @@ impl BlockRun {
     pub fn apply(&mut self, scores: StepScores<'_>, rng: &mut StdRng) -> BlockState {
         let forced = self.cleanup_pending;
         self.record_forward();
-        let outcome = self.algorithm.step(&mut self.block, scores, rng, forced);
+        let before = self.constraint.is_some().then(|| self.block.clone());
+        let mut outcome = self.algorithm.step(&mut self.block, scores, rng, forced);
+        if let (Some(constraint), Some(old)) = (self.constraint.as_mut(), before) {
+            if let Err(e) = constraint.enforce(&old, &mut self.block, scores.logits(), rng, forced)
+            {
+                self.failure = Some(e);
+                self.cleanup_pending = false;
+                self.finalize();
+                return self.state;
+            }
+            // The grammar may have undone the step's changes (or made some of its own).
+            outcome = if self.block == old && self.is_clean() {
+                StepOutcome::Converged
+            } else {
+                StepOutcome::Continue
+            };
+        }
         if forced {
             self.forced_cleanup_ran = true;
             self.cleanup_pending = false;

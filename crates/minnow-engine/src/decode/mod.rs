@@ -7,11 +7,13 @@
 //!   [`BlockAlgorithm`] that only sees one block's ids and the scores of its forwards: full
 //!   logits, or only each slot's greedy candidate when that is all a step needs ([`ScoreKind`]).
 //! - [`block`]: the shared per-block loop (§3) and the K/V commit rule (§8).
+//! - [`constrained`]: the grammar layer of the block loop (structured outputs, §13).
 //! - [`stop_tokens`]: end-of-answer token ids and output assembly (§9).
 //! - [`request`]: one request as a step-by-step state machine (prefill chunks, blocks, commit),
 //!   so the engine can interleave several requests one forward at a time.
 
 pub mod block;
+pub mod constrained;
 pub mod indel;
 pub mod joint;
 pub mod layout;

@@ -12,6 +12,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use super::block::{check_scores, BlockRun, BlockState};
+use super::constrained::Constrained;
 use super::indel::{Indel, IndelSettings};
 use super::joint::{Joint, JointSettings};
 use super::layout::Layout;
@@ -121,6 +122,9 @@ pub enum DecodeError {
     /// The single-sequence runner of [`RequestDecoder::advance`] failed.
     #[error("{0}")]
     Runner(String),
+    /// The grammar layer of a constrained request could not continue.
+    #[error("{0}")]
+    Grammar(String),
 }
 
 /// Builds the algorithm of one block.
@@ -210,6 +214,8 @@ pub struct RequestDecoder {
     trace: Option<Vec<TraceStep>>,
     prefill_time: Duration,
     decode_time: Duration,
+    /// The request's grammar between blocks (the running block holds it meanwhile).
+    constraint: Option<Constrained>,
 }
 
 impl RequestDecoder {
@@ -249,7 +255,14 @@ impl RequestDecoder {
             trace: trace.then(Vec::new),
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
+            constraint: None,
         })
+    }
+
+    /// Decodes the answer under a grammar (docs/decoding.md §13). Call before the first step.
+    pub fn with_constraint(mut self, constraint: Constrained) -> Self {
+        self.constraint = Some(constraint);
+        self
     }
 
     /// Starts after `cached` prompt positions whose K/V the request's pages already hold (a
@@ -375,7 +388,12 @@ impl RequestDecoder {
             prompt_in_block,
             self.ctx.control,
         )?;
-        let run = BlockRun::new(start, block, prompt_in_block, algorithm, self.ctx.control);
+        let mut run = BlockRun::new(start, block, prompt_in_block, algorithm, self.ctx.control);
+        if let Some(mut constraint) = self.constraint.take() {
+            let answer = self.layout.output_slots(index);
+            constraint.start_block(answer.start, answer.end);
+            run = run.with_constraint(constraint);
+        }
         Ok(Phase::Block { index, run })
     }
 
@@ -527,6 +545,9 @@ impl RequestDecoder {
                         ))
                     }
                 };
+                if let Some(failure) = run.take_failure() {
+                    return Err(DecodeError::Grammar(failure));
+                }
                 self.stats.denoise_forwards += 1;
                 if let Some(trace) = &mut self.trace {
                     trace.push(TraceStep {
@@ -565,8 +586,11 @@ impl RequestDecoder {
     fn finish_block(
         &mut self,
         index: usize,
-        run: BlockRun,
+        mut run: BlockRun,
     ) -> Result<Option<FinishedBlock>, DecodeError> {
+        if let Some(constraint) = run.take_constraint() {
+            self.constraint = Some(constraint);
+        }
         let slots = self.layout.output_slots(index);
         let (tokens, stopped) = self.ctx.stops.cut(&run.tokens()[slots]);
         let tokens = tokens.to_vec();

@@ -49,9 +49,9 @@ impl From<DecodeError> for EngineError {
     fn from(error: DecodeError) -> Self {
         match error {
             DecodeError::Unsupported(message) => EngineError::InvalidRequest(message),
-            DecodeError::BadOutput(message) | DecodeError::Runner(message) => {
-                EngineError::Internal(message)
-            }
+            DecodeError::BadOutput(message)
+            | DecodeError::Runner(message)
+            | DecodeError::Grammar(message) => EngineError::Internal(message),
             DecodeError::OutOfTurn(message) => EngineError::Internal(message.into()),
         }
     }
@@ -89,6 +89,8 @@ pub(crate) struct NewSequence {
     pub cache_prompt: bool,
     pub cache_salt: Option<String>,
     pub cancel: CancelToken,
+    /// The compiled grammar of a structured-output request.
+    pub constraint: Option<crate::decode::constrained::Constrained>,
 }
 
 /// Why [`Core::admit`] did not take a request.
@@ -293,7 +295,13 @@ impl Core {
             new.decoder,
             new.trace,
         ) {
-            Ok(decoder) => decoder.with_cached_prefix(cached),
+            Ok(decoder) => {
+                let decoder = decoder.with_cached_prefix(cached);
+                match new.constraint {
+                    Some(constraint) => decoder.with_constraint(constraint),
+                    None => decoder,
+                }
+            }
             Err(error) => {
                 pages.release(&mut self.pool);
                 self.updates.push(SequenceUpdate::Failed {

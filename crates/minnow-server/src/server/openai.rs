@@ -4,6 +4,8 @@
 //! naming it; a field of neither schema is left to the request's `FieldPolicy` (ignored and
 //! listed, or a 400 under `--strict-fields`).
 
+use minnow_engine::constraint::tools::strict_tools;
+use minnow_engine::constraint::OutputConstraint;
 use minnow_engine::{Algorithm, ChatMessage, ChatPrompt, DecodeParams, ToolCall, ToolChoice};
 use serde_json::{Map, Value};
 
@@ -41,6 +43,9 @@ pub struct CommonOptions {
     /// llama-server `sse_ping_interval`: `None` keeps `--keep-alive`; `Some(None)` (-1) sends no
     /// keep-alive comments; `Some(Some(d))` sends one after `d` of silence.
     pub sse_ping_interval: Option<Option<std::time::Duration>>,
+    /// Structured output: llama-server's `json_schema` / `grammar`, chat `response_format`,
+    /// Responses `text.format`, or strict tools (docs/api.md).
+    pub constraint: Option<OutputConstraint>,
 }
 
 #[derive(Clone, Debug)]
@@ -72,8 +77,8 @@ pub struct TokenizeRequest {
     pub parse_special: bool,
 }
 
-/// Instruction added for `response_format: {"type": "json_object"}`; diffusion decoding cannot be
-/// grammar-constrained here, so the request is steered by the prompt only (documented).
+/// Instruction added for `response_format: {"type": "json_object"}` (the grammar makes the answer
+/// a JSON object; the instruction tells the model why, so the object has something in it).
 pub const JSON_OBJECT_INSTRUCTION: &str =
     "Respond with a single valid JSON object and nothing else.";
 
@@ -110,11 +115,15 @@ pub fn parse_chat(body: &Value, policy: &FieldPolicy) -> Result<ChatRequest, Api
     // the LLaDA2 templates cannot do: refused rather than answered as a new turn.
     fields.must_be_false("continue_final_message")?;
 
+    let mut common = common;
     if let Some(format) = fields.value("response_format") {
-        if parse_response_format(format, policy)? {
+        let (constraint, instruct) = parse_response_format(format, policy)?;
+        if instruct {
             add_json_instruction(&mut messages);
         }
+        set_constraint(&mut common, constraint, "response_format")?;
     }
+    set_tool_constraint(&mut common, &tools, &tool_choice)?;
     let template_kwargs = match fields.value("chat_template_kwargs") {
         None => Map::new(),
         Some(Value::Object(map)) => map.clone(),
@@ -314,9 +323,25 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
             ));
         }
     }
-    for key in ["grammar", "json_schema", "tools_ts_str"] {
-        fields.unsupported(key)?;
+    let mut constraint = None;
+    if let Some(schema) = fields.value("json_schema") {
+        if !schema.is_object() {
+            return Err(fields.type_error("json_schema", "a JSON Schema object"));
+        }
+        constraint = Some(OutputConstraint::JsonSchema(schema.clone()));
     }
+    if let Some(grammar) = fields.string("grammar")? {
+        if !grammar.trim().is_empty() {
+            if constraint.is_some() {
+                return Err(ApiError::invalid(
+                    "grammar",
+                    "send either 'grammar' or 'json_schema', not both",
+                ));
+            }
+            constraint = Some(parse_grammar(&grammar)?);
+        }
+    }
+    fields.unsupported("tools_ts_str")?;
 
     // Samplers and penalties this engine does not implement: accepted only at the value that
     // disables them (the llama.cpp web UI sends all of them, at the values /props advertises).
@@ -406,9 +431,67 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
         cache_prompt,
         cache_salt,
         sse_ping_interval,
+        constraint,
     })
 }
 
+/// llama-server's `grammar`: a Lark grammar for llguidance when it starts with `%llguidance`
+/// (as llama.cpp's llguidance build reads it); GBNF otherwise, which this server cannot convert.
+fn parse_grammar(text: &str) -> Result<OutputConstraint, ApiError> {
+    if text.trim_start().starts_with("%llguidance") {
+        return Ok(OutputConstraint::Lark(text.to_string()));
+    }
+    Err(ApiError::invalid(
+        "grammar",
+        "GBNF grammars are not supported: send a Lark grammar that starts with '%llguidance {}', \
+         a 'json_schema', or 'response_format'",
+    ))
+}
+
+/// Constrains tool calls when `strict: true` tools are declared. A call forced by `tool_choice`
+/// (`required` or a named function) replaces a text format (the answer is the call); with `auto`
+/// the two cannot be combined yet (a 400 naming `tools`).
+pub(super) fn set_tool_constraint(
+    common: &mut CommonOptions,
+    tools: &[Value],
+    choice: &ToolChoice,
+) -> Result<(), ApiError> {
+    if *choice == ToolChoice::None {
+        return Ok(());
+    }
+    let Some(strict) = strict_tools(tools) else {
+        return Ok(());
+    };
+    let constraint = OutputConstraint::ToolCalls {
+        tools: strict,
+        choice: choice.clone(),
+    };
+    if *choice != ToolChoice::Auto {
+        common.constraint = Some(constraint);
+        return Ok(());
+    }
+    set_constraint(common, Some(constraint), "tools")
+}
+
+/// Sets the request's one output constraint; two sources of one (say `response_format` and
+/// `grammar`) are refused rather than one silently winning.
+pub(super) fn set_constraint(
+    common: &mut CommonOptions,
+    constraint: Option<OutputConstraint>,
+    param: &str,
+) -> Result<(), ApiError> {
+    let Some(constraint) = constraint else {
+        return Ok(());
+    };
+    if common.constraint.is_some() {
+        return Err(ApiError::invalid(
+            param,
+            format!("'{param}' constrains the answer, and so does another field; send one"),
+        ));
+    }
+    common.constraint = Some(constraint);
+    Ok(())
+}
 /// The accepted range of every bounded numeric request field, in one place: the parser reads it
 /// and a test checks docs/api.md's field table against it. `max_post_steps` stops at the engine's
 /// own limit (1000), so the server never passes on a value the engine would refuse.
@@ -758,8 +841,8 @@ pub(super) fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<Val
                 return Err(function_fields.type_error("parameters", "a JSON Schema object"));
             }
         }
-        // Schema-constrained decoding is not available, so `strict: true` cannot be honoured.
-        function_fields.must_be_false("strict")?;
+        // `strict: true` constrains a call's arguments to `parameters` (constraint::tools).
+        function_fields.bool("strict")?;
         function_fields.finish()?;
         names.insert(name);
     }
@@ -832,28 +915,74 @@ pub(super) fn parse_tool_choice(
     }
 }
 
-/// `response_format`: true for `json_object`, false for `text`.
-fn parse_response_format(value: &Value, policy: &FieldPolicy) -> Result<bool, ApiError> {
+/// `response_format`: the constraint it asks for, and whether the JSON instruction goes into the
+/// prompt (`json_object`, OpenAI's "JSON mode", where the client's prompt is expected to ask for
+/// JSON). llama-server's `{"type": "json_object", "schema": {...}}` and `{"type":
+/// "json_schema", "schema": {...}}` forms are read too.
+fn parse_response_format(
+    value: &Value,
+    policy: &FieldPolicy,
+) -> Result<(Option<OutputConstraint>, bool), ApiError> {
     let mut fields = Fields::new(value, "response_format", policy)?;
     let kind = fields.string("type")?;
-    let json = match kind.as_deref() {
-        Some("text") => false,
-        Some("json_object") => true,
+    let inline = match fields.value("schema") {
+        None => None,
+        Some(schema) if schema.is_object() => Some(schema.clone()),
+        Some(_) => return Err(fields.type_error("schema", "a JSON Schema object")),
+    };
+    let result = match kind.as_deref() {
+        Some("text") => (None, false),
+        Some("json_object") => match inline {
+            Some(schema) => (Some(OutputConstraint::JsonSchema(schema)), false),
+            None => (Some(OutputConstraint::JsonObject), true),
+        },
         Some("json_schema") => {
-            return Err(ApiError::invalid(
-                "response_format.type",
-                "'json_schema' response formats are not supported (no constrained decoding); use json_object",
-            ))
+            let schema = match (fields.value("json_schema"), inline) {
+                (Some(spec), _) => json_schema_spec(spec, "response_format.json_schema", policy)?,
+                (None, Some(schema)) => schema,
+                (None, None) => {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema",
+                        "'response_format.json_schema' is required",
+                    ))
+                }
+            };
+            (Some(OutputConstraint::JsonSchema(schema)), false)
         }
         _ => {
             return Err(ApiError::invalid(
                 "response_format.type",
-                "'response_format.type' must be \"text\" or \"json_object\"",
+                "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"",
             ))
         }
     };
     fields.finish()?;
-    Ok(json)
+    Ok(result)
+}
+
+/// OpenAI's `{"name", "description", "schema", "strict"}` object of a JSON Schema format; returns
+/// the schema. `strict: false` is honoured as strictly as `true`: every answer follows it.
+pub(super) fn json_schema_spec(
+    value: &Value,
+    path: &str,
+    policy: &FieldPolicy,
+) -> Result<Value, ApiError> {
+    let mut fields = Fields::new(value, path, policy)?;
+    fields.string("name")?;
+    fields.string("description")?;
+    fields.bool("strict")?;
+    let schema = match fields.value("schema") {
+        Some(schema) if schema.is_object() => schema.clone(),
+        Some(_) => return Err(fields.type_error("schema", "a JSON Schema object")),
+        None => {
+            return Err(ApiError::invalid(
+                fields.path("schema"),
+                format!("'{path}.schema' is required"),
+            ))
+        }
+    };
+    fields.finish()?;
+    Ok(schema)
 }
 
 /// Appends the JSON instruction to a leading system message, or adds one.
@@ -970,7 +1099,7 @@ mod tests {
             param_of(chat(base(
                 json!({"response_format": {"type": "json_schema"}})
             ))),
-            "response_format.type"
+            "response_format.json_schema"
         );
         assert_eq!(param_of(chat(base(json!({"store": true})))), "store");
         assert_eq!(
@@ -1021,7 +1150,8 @@ mod tests {
             ("logprobs", json!(true)),
             ("logit_bias", json!({"5": 1})),
             ("presence_penalty", json!(0.5)),
-            ("json_schema", json!({})),
+            ("json_schema", json!([])),
+            ("grammar", json!("root ::= \"a\"")),
             ("ignore_eos", json!(true)),
             ("continue_final_message", json!(true)),
             ("lora", json!([{"id": 0, "scale": 1.0}])),

@@ -52,6 +52,7 @@ fn sequence(id: u64, prompt_len: usize, max_new: usize) -> NewSequence {
         cache_prompt: true,
         cache_salt: None,
         cancel: CancelToken::default(),
+        constraint: None,
     }
 }
 

@@ -13,6 +13,7 @@ use super::super::errors::ApiError;
 use super::super::fields::{FieldPolicy, Fields};
 use super::super::openai::{self, CommonOptions, MaxTokens};
 use super::items::{self, Item, Role};
+use minnow_engine::constraint::OutputConstraint;
 
 /// Fields passed through to the chat parser's shared options (`openai::parse_common`).
 const SHARED_OPTIONS: [&str; 19] = [
@@ -120,6 +121,7 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
         None => Vec::new(),
         Some(value) => parse_tools(value, policy)?,
     };
+    let (tools, strict): (Vec<Value>, Vec<bool>) = tools.into_iter().unzip();
     let declared: Vec<String> = tools.iter().map(openai::tool_name).collect();
     let tool_choice = match fields.value("tool_choice") {
         None => ToolChoice::Auto,
@@ -132,10 +134,26 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
         ToolChoice::Auto | ToolChoice::Required => declared,
     };
 
-    let json_object = match fields.value("text") {
-        None => false,
+    let text_format = match fields.value("text") {
+        None => TextFormat::default(),
         Some(text) => parse_text(text, policy)?,
     };
+    let json_object = text_format.instruct;
+    openai::set_constraint(&mut common, text_format.constraint, "text.format")?;
+    // The template sees the tools without `strict` (as chat's tools without it); the grammar
+    // reads it from a marked copy.
+    let marked: Vec<Value> = tools
+        .iter()
+        .zip(&strict)
+        .map(|(tool, &strict)| {
+            let mut tool = tool.clone();
+            if strict {
+                tool["function"]["strict"] = Value::Bool(true);
+            }
+            tool
+        })
+        .collect();
+    openai::set_tool_constraint(&mut common, &marked, &tool_choice)?;
     let store = fields.bool("store")?.unwrap_or(true);
     let previous_response_id = fields.string("previous_response_id")?;
     let metadata = match fields.value("metadata") {
@@ -192,10 +210,7 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
     echo.insert("store".into(), json!(store));
     echo.insert("temperature".into(), json!(common.params.temperature));
     echo.insert("top_p".into(), json!(common.params.top_p));
-    echo.insert(
-        "text".into(),
-        json!({"format": {"type": if json_object { "json_object" } else { "text" }}}),
-    );
+    echo.insert("text".into(), json!({"format": text_format.echo}));
     echo.insert("tool_choice".into(), tool_choice_json(&tool_choice));
     echo.insert(
         "tools".into(),
@@ -226,11 +241,12 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
 ///
 /// `strict` is accepted at either value: the Responses API defaults it to true and agent SDKs
 /// send it on every tool, but arguments are not schema-constrained here (docs/api.md).
-fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<Value>, ApiError> {
+fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<(Value, bool)>, ApiError> {
     let list = value
         .as_array()
         .ok_or_else(|| ApiError::invalid("tools", "'tools' must be a list"))?;
     let mut chat_tools = Vec::with_capacity(list.len());
+    let mut strict = Vec::with_capacity(list.len());
     for (i, tool) in list.iter().enumerate() {
         let path = format!("tools[{i}]");
         let mut fields = Fields::new(tool, &path, policy)?;
@@ -255,11 +271,16 @@ fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<Value>, ApiErr
                 function.insert(key.to_string(), value.clone());
             }
         }
-        fields.bool("strict")?;
+        // Explicit `strict: true` constrains the call's arguments (constraint::tools); the
+        // Responses API's default of true is not applied, so tools sent without it keep free
+        // arguments as before.
+        strict.push(fields.bool("strict")? == Some(true));
         fields.finish()?;
         chat_tools.push(json!({"type": "function", "function": function}));
     }
-    openai::parse_tools(&Value::Array(chat_tools), policy).map_err(flat_tool_paths)
+    let chat_tools =
+        openai::parse_tools(&Value::Array(chat_tools), policy).map_err(flat_tool_paths)?;
+    Ok(chat_tools.into_iter().zip(strict).collect())
 }
 
 /// The chat parser names `tools[i].function.name`; in a Responses body that is `tools[i].name`.
@@ -318,32 +339,63 @@ fn tool_choice_json(choice: &ToolChoice) -> Value {
     }
 }
 
-/// `text`: `{"format": {"type": "text" | "json_object"}, "verbosity": "medium"}`; true for
-/// json_object, which is steered by an instruction as in chat completions.
-fn parse_text(value: &Value, policy: &FieldPolicy) -> Result<bool, ApiError> {
+/// What `text.format` asks for.
+struct TextFormat {
+    constraint: Option<OutputConstraint>,
+    /// `json_object`: the JSON instruction is added to the prompt, as in chat completions.
+    instruct: bool,
+    /// The format as the response object reports it.
+    echo: Value,
+}
+
+impl Default for TextFormat {
+    fn default() -> Self {
+        Self {
+            constraint: None,
+            instruct: false,
+            echo: json!({"type": "text"}),
+        }
+    }
+}
+
+/// `text`: `{"format": {"type": "text" | "json_object" | "json_schema", ...}, "verbosity":
+/// "medium"}`; a `json_schema` format is `{"type", "name", "schema", "description", "strict"}`.
+fn parse_text(value: &Value, policy: &FieldPolicy) -> Result<TextFormat, ApiError> {
     let mut fields = Fields::new(value, "text", policy)?;
-    let json_object = match fields.value("format") {
-        None => false,
+    let format = match fields.value("format") {
+        None => TextFormat::default(),
         Some(format) => {
             let mut format_fields = Fields::new(format, "text.format", policy)?;
-            let json_object =
+            let parsed =
                 match format_fields.string("type")?.as_deref() {
-                    Some("text") => false,
-                    Some("json_object") => true,
-                    Some("json_schema") => return Err(ApiError::invalid(
-                        "text.format.type",
-                        "'json_schema' formats are not supported (no constrained decoding); use \
-                         json_object",
-                    )),
-                    _ => {
-                        return Err(ApiError::invalid(
-                            "text.format.type",
-                            "'text.format.type' must be \"text\" or \"json_object\"",
-                        ))
+                    Some("text") => TextFormat::default(),
+                    Some("json_object") => TextFormat {
+                        constraint: Some(OutputConstraint::JsonObject),
+                        instruct: true,
+                        echo: json!({"type": "json_object"}),
+                    },
+                    Some("json_schema") => {
+                        // The same keys as chat's `json_schema` object, flattened next to `type`.
+                        let mut spec = format.as_object().cloned().unwrap_or_default();
+                        spec.remove("type");
+                        for key in ["name", "description", "schema", "strict"] {
+                            format_fields.value(key);
+                        }
+                        let schema =
+                            openai::json_schema_spec(&Value::Object(spec), "text.format", policy)?;
+                        TextFormat {
+                            constraint: Some(OutputConstraint::JsonSchema(schema)),
+                            instruct: false,
+                            echo: format.clone(),
+                        }
                     }
+                    _ => return Err(ApiError::invalid(
+                        "text.format.type",
+                        "'text.format.type' must be \"text\", \"json_object\" or \"json_schema\"",
+                    )),
                 };
             format_fields.finish()?;
-            json_object
+            parsed
         }
     };
     match fields.string("verbosity")?.as_deref() {
@@ -356,7 +408,7 @@ fn parse_text(value: &Value, policy: &FieldPolicy) -> Result<bool, ApiError> {
         }
     }
     fields.finish()?;
-    Ok(json_object)
+    Ok(format)
 }
 
 /// OpenAI's limits: at most 16 pairs, keys up to 64 and values up to 512 characters.
@@ -453,6 +505,11 @@ mod tests {
         assert_eq!(request.tool_names, vec!["f".to_string()]);
         assert_eq!(request.tools[0]["function"]["name"], "f");
         assert!(request.tools[0]["function"].get("strict").is_none());
+        // The forced call's grammar takes the place of the json_object format.
+        assert!(matches!(
+            request.common.constraint,
+            Some(OutputConstraint::ToolCalls { .. })
+        ));
         assert_eq!(request.instructions.len(), 1);
         assert_eq!(request.echo["metadata"], json!({"k": "v"}));
         assert_eq!(request.echo["max_output_tokens"], 9);
@@ -507,7 +564,7 @@ mod tests {
         assert_eq!(param(json!({"input": "x", "max_tokens": 3})), "max_tokens");
         assert_eq!(
             param(json!({"input": "x", "text": {"format": {"type": "json_schema", "name": "s"}}})),
-            "text.format.type"
+            "text.format.schema"
         );
         assert_eq!(
             param(json!({"input": "x", "truncation": "auto"})),

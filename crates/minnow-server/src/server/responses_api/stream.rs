@@ -445,6 +445,7 @@ mod tests {
                 cache_prompt: None,
                 cache_salt: None,
                 sse_ping_interval: None,
+                constraint: None,
             },
             request: GenerateRequest::default(),
             single_tool_call: false,

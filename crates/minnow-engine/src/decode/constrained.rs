@@ -1,0 +1,340 @@
+//! The grammar layer of the block loop (docs/decoding.md §13): after an algorithm's step, the
+//! block's answer slots are re-read left to right with the request's [`TokenMatcher`], so that
+//! the decided slots are always a prefix of the block that the grammar accepts and everything
+//! right of it is MASK again.
+//!
+//! - Decided slots the step edited (2.1/2.2 token-to-token edits, 2.2 deletions and splits) are
+//!   re-validated from the first edited slot on, the matcher rolled back to it; an edit the
+//!   grammar refuses keeps the slot's previous token when the grammar still allows that one.
+//! - The leftmost undecided slot is decided every step: the algorithm's proposal when the grammar
+//!   allows it, else the sampler's candidate over the logits restricted to the grammar's mask
+//!   (`compute_mask`). Every step therefore makes progress.
+//! - Proposals right of it are accepted while each is allowed after the ones before; the first
+//!   refused one and everything right of it go back to MASK, to be proposed again next step.
+//! - A stop id is allowed only where the grammar accepts; once one is decided the rest of the
+//!   answer slots take it too (the answer ends there).
+//! - The forced final round decides every remaining slot the same way, so a final block is
+//!   always a sentence prefix of the grammar with no MASK.
+
+use rand::rngs::StdRng;
+
+use super::{BlockLogits, ControlTokens};
+use crate::constraint::TokenMatcher;
+use crate::sampling::{OfficialSampler, SamplerSettings};
+
+/// One request's grammar state across its blocks.
+#[derive(Debug)]
+pub struct Constrained {
+    matcher: TokenMatcher,
+    sampler: SamplerSettings,
+    control: ControlTokens,
+    stop_ids: Vec<u32>,
+    /// The current block's answer slots `lo..hi`; slots past `hi` are not part of the answer.
+    lo: usize,
+    hi: usize,
+    /// Answer slots of this block the matcher has accepted (`lo..lo + decided`).
+    decided: usize,
+    /// Set once a stop id was decided in this block: the answer is complete.
+    stopped: bool,
+    /// Masks computed (for tests and statistics).
+    masks: usize,
+}
+
+impl Constrained {
+    pub fn new(
+        matcher: TokenMatcher,
+        sampler: SamplerSettings,
+        control: ControlTokens,
+        stop_ids: Vec<u32>,
+    ) -> Self {
+        Self {
+            matcher,
+            sampler,
+            control,
+            stop_ids,
+            lo: 0,
+            hi: 0,
+            decided: 0,
+            stopped: false,
+            masks: 0,
+        }
+    }
+
+    /// Starts a block whose answer slots are `lo..hi` (the prompt tail before, slots past the
+    /// token budget after). The matcher has accepted every earlier block's answer.
+    pub fn start_block(&mut self, lo: usize, hi: usize) {
+        self.lo = lo;
+        self.hi = hi.max(lo);
+        self.decided = 0;
+    }
+
+    /// Grammar masks computed so far.
+    pub fn masks_computed(&self) -> usize {
+        self.masks
+    }
+
+    /// Whether a stop id ended the answer.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+
+    fn is_stop(&self, token: u32) -> bool {
+        self.stop_ids.contains(&token)
+    }
+
+    /// Re-reads the block after a step (module doc). `old` is the block before the step (the
+    /// forward's input), `block` the step's result, rewritten in place. With `forced` every
+    /// answer slot is decided.
+    pub fn enforce(
+        &mut self,
+        old: &[u32],
+        block: &mut [u32],
+        logits: BlockLogits<'_>,
+        rng: &mut StdRng,
+        forced: bool,
+    ) -> Result<(), String> {
+        let (lo, hi) = (self.lo, self.hi);
+        if self.stopped {
+            // The answer ended in an earlier step; nothing in it may change.
+            block[lo..hi].copy_from_slice(&old[lo..hi]);
+            return Ok(());
+        }
+        let decided_end = lo + self.decided;
+        // Roll back to the first decided slot the step changed.
+        let first_edit = (lo..decided_end)
+            .find(|&p| block[p] != old[p])
+            .unwrap_or(decided_end);
+        self.matcher.rollback(decided_end - first_edit)?;
+        self.decided = first_edit - lo;
+        let mut p = first_edit;
+        // Re-validate the previously decided slots: the edit if allowed, else the old token.
+        while p < decided_end {
+            let edited = block[p];
+            if !self.control.is_control(edited) && self.accept(edited)? {
+                p += 1;
+                if self.stopped {
+                    break;
+                }
+                continue;
+            }
+            if edited != old[p] && self.accept(old[p])? {
+                block[p] = old[p];
+                p += 1;
+                if self.stopped {
+                    break;
+                }
+                continue;
+            }
+            break;
+        }
+        // The leftmost undecided slot is always decided; later ones while proposals are allowed.
+        let mut leftmost = true;
+        while p < hi && !self.stopped {
+            let proposal = block[p];
+            let proposed = !self.control.is_control(proposal);
+            if proposed && self.accept(proposal)? {
+                // Proposal taken.
+            } else if leftmost || forced {
+                block[p] = self.masked_candidate(logits.row(p), rng)?;
+            } else {
+                break;
+            }
+            leftmost = false;
+            p += 1;
+        }
+        if self.stopped {
+            // Everything after the stop id is cut from the answer; fill it with that id.
+            let stop = block[p - 1];
+            block[p..hi].fill(stop);
+        } else {
+            block[p..hi].fill(self.control.mask);
+        }
+        Ok(())
+    }
+
+    /// Feeds `token` to the matcher if allowed; records a decided slot and a stop.
+    fn accept(&mut self, token: u32) -> Result<bool, String> {
+        if !self.matcher.try_consume(token)? {
+            return Ok(false);
+        }
+        self.decided += 1;
+        if self.is_stop(token) {
+            self.stopped = true;
+        }
+        Ok(true)
+    }
+
+    /// The sampler's candidate among the ids the grammar allows here, accepted into the matcher.
+    fn masked_candidate(&mut self, row: &[f32], rng: &mut StdRng) -> Result<u32, String> {
+        let mask = self.matcher.mask()?;
+        self.masks += 1;
+        let mut masked = vec![f32::NEG_INFINITY; row.len()];
+        let mut any = false;
+        mask.iter_set_entries(|id| {
+            if id < row.len() && !self.control.is_control(id as u32) {
+                // A -inf logit (never the model's) stays below every allowed id's.
+                masked[id] = if row[id].is_finite() { row[id] } else { -1e30 };
+                any = true;
+            }
+        });
+        if !any {
+            return Err("grammar matcher: no token of the model's vocabulary can continue".into());
+        }
+        let token = OfficialSampler(self.sampler).candidate(&masked, rng).token;
+        if !self.accept(token)? {
+            return Err(format!(
+                "grammar matcher: the masked candidate {token} was refused"
+            ));
+        }
+        Ok(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use rand::SeedableRng;
+
+    use super::*;
+    use crate::constraint::{GrammarCompiler, OutputConstraint};
+    use crate::tokenizer::tests_support::fixture;
+
+    /// The tiny fixtures' vocabulary: 512 model rows, MASK 482, EOS 481; bytes 'a' = 64,
+    /// 'b' = 65, 'c' = 66, 'x' = 87.
+    const V: usize = 512;
+    const MASK: u32 = 482;
+    const EOS: u32 = 481;
+    const A: u32 = 64;
+    const B: u32 = 65;
+    const C: u32 = 66;
+    const X: u32 = 87;
+
+    fn compiler() -> &'static GrammarCompiler {
+        static COMPILER: OnceLock<GrammarCompiler> = OnceLock::new();
+        COMPILER.get_or_init(|| {
+            let json = std::fs::read(fixture("llada2-tiny-v21/tokenizer.json")).unwrap();
+            GrammarCompiler::new(
+                json.into(),
+                V,
+                vec![EOS],
+                crate::tool_calls::ToolCallFormat::TaggedJson,
+            )
+        })
+    }
+
+    fn regex(rx: &str) -> Constrained {
+        let matcher = compiler()
+            .matcher(&OutputConstraint::Regex(rx.into()))
+            .unwrap();
+        let control = ControlTokens {
+            mask: MASK,
+            delete: None,
+            split: None,
+        };
+        let mut c = Constrained::new(matcher, SamplerSettings::GREEDY, control, vec![EOS]);
+        c.start_block(0, 4);
+        c
+    }
+
+    /// Logits `[4, V]` whose argmax at slot `i` is `best[i]` and runner-up `second[i]`.
+    fn logits(best: [u32; 4], second: [u32; 4]) -> Vec<f32> {
+        let mut data = vec![0.0; 4 * V];
+        for i in 0..4 {
+            data[i * V + best[i] as usize] = 9.0;
+            data[i * V + second[i] as usize] = 8.0;
+        }
+        data
+    }
+
+    fn enforce(c: &mut Constrained, old: &[u32], new: &[u32], l: &[f32], forced: bool) -> Vec<u32> {
+        let mut block = new.to_vec();
+        let mut rng = StdRng::seed_from_u64(0);
+        c.enforce(old, &mut block, BlockLogits::new(l, V), &mut rng, forced)
+            .unwrap();
+        block
+    }
+
+    const M4: [u32; 4] = [MASK; 4];
+
+    #[test]
+    fn accepts_the_allowed_run_and_remasks_right_of_the_first_refusal() {
+        let mut c = regex("ab+c");
+        let l = logits([A, B, X, B], [X; 4]);
+        let block = enforce(&mut c, &M4, &[A, B, X, B], &l, false);
+        assert_eq!(block, vec![A, B, MASK, MASK]);
+        assert_eq!(c.masks_computed(), 0, "valid proposals need no mask");
+        // A proposal right of a gap is not decided either.
+        let mut c = regex("ab+c");
+        let block = enforce(&mut c, &M4, &[A, MASK, B, B], &l, false);
+        assert_eq!(block[2..], [MASK, MASK]);
+    }
+
+    #[test]
+    fn the_leftmost_slot_is_decided_from_the_masked_logits() {
+        let mut c = regex("ab+c");
+        // The model wants x, then c; the grammar allows only a first, then b.
+        let l = logits([X, C, C, C], [C, X, X, X]);
+        let block = enforce(&mut c, &M4, &[X, C, MASK, MASK], &l, false);
+        assert_eq!(block, vec![A, MASK, MASK, MASK]);
+        assert_eq!(c.masks_computed(), 1);
+        // Unproposed leftmost slot: decided all the same (b is the only allowed id).
+        let block = enforce(&mut c, &block.clone(), &block, &l, false);
+        assert_eq!(block, vec![A, B, MASK, MASK]);
+    }
+
+    #[test]
+    fn refused_edits_keep_the_decided_token_and_accepted_ones_roll_back() {
+        let mut c = regex("ab+c|ac+b");
+        let l = logits([A, B, B, B], [X; 4]);
+        let old = enforce(&mut c, &M4, &[A, B, B, MASK], &l, false);
+        assert_eq!(old, vec![A, B, B, MASK]);
+        // Editing slot 1 to x is refused: b stays; slot 3 then takes its proposal c.
+        let block = enforce(&mut c, &old, &[A, X, B, C], &l, false);
+        assert_eq!(block, vec![A, B, B, C]);
+        // Editing slot 1 to c is allowed ("ac" starts the second branch) and the old b still
+        // fits after it; "acb" is complete, so the leftmost undecided slot can only take EOS.
+        let mut c = regex("ab+c|ac+b");
+        let old = enforce(&mut c, &M4, &[A, B, B, MASK], &l, false);
+        let block = enforce(&mut c, &old, &[A, C, B, MASK], &l, false);
+        assert_eq!(block, vec![A, C, B, EOS]);
+        assert!(c.is_stopped());
+    }
+
+    #[test]
+    fn stop_ids_only_where_the_grammar_accepts_and_the_rest_follows_them() {
+        let mut c = regex("ab");
+        let l = logits([A, EOS, EOS, EOS], [B; 4]);
+        // EOS after "a" is refused (not the leftmost slot, so it is re-masked).
+        let block = enforce(&mut c, &M4, &[A, EOS, MASK, MASK], &l, false);
+        assert_eq!(block, vec![A, MASK, MASK, MASK]);
+        // As the leftmost slot it takes the best allowed id instead: b.
+        let block = enforce(&mut c, &block.clone(), &[A, EOS, MASK, MASK], &l, false);
+        assert_eq!(block, vec![A, B, MASK, MASK]);
+        // Now EOS is allowed; the slots after it take EOS too.
+        let block = enforce(&mut c, &block.clone(), &[A, B, EOS, X], &l, false);
+        assert_eq!(block, vec![A, B, EOS, EOS]);
+        // Later edits of a finished answer are undone.
+        let again = enforce(&mut c, &block, &[X, X, X, X], &l, false);
+        assert_eq!(again, block);
+    }
+
+    #[test]
+    fn the_forced_round_decides_every_slot() {
+        let mut c = regex("a[bc]*");
+        let l = logits([X, X, X, X], [C, C, C, C]);
+        let block = enforce(&mut c, &M4, &M4, &l, true);
+        assert_eq!(block, vec![A, C, C, C]);
+        assert_eq!(c.masks_computed(), 4);
+    }
+
+    #[test]
+    fn slots_past_the_answer_are_left_to_the_algorithm() {
+        let mut c = regex("a+");
+        c.start_block(1, 3);
+        let l = logits([X, X, X, X], [A; 4]);
+        // Slot 0 is the prompt tail, slot 3 past the token budget.
+        let block = enforce(&mut c, &[7, MASK, MASK, MASK], &[7, X, X, X], &l, false);
+        assert_eq!(block, vec![7, A, MASK, X]);
+    }
+}
