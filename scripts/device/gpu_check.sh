@@ -4,7 +4,9 @@
 # (MINNOW_PTX_DIR), then optionally the benchmark. Binaries come from `scripts/device/stage.sh`,
 # which copies them (stripped) into ./bin. The fresh PTX comes back as $OUT/ptx.tar.
 #
-#   bash scripts/device/gpu_check.sh [tests|bench|all] [extra bench args]
+#   bash scripts/device/gpu_check.sh [tests|bench|all|quant] [extra bench args]
+# `quant`: the quantized-expert kernel and model tests, then the bench with BF16, INT8 and INT4
+# routed experts.
 set -uo pipefail
 what=${1:-all}; shift || true
 root=$PWD
@@ -37,5 +39,17 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   bin/xtask bench "$@" 2>&1 | tee "$OUT/bench_invariant.txt" | grep -E "^\|" 
   echo "== bench (MINNOW_BATCH_INVARIANT=0)"
   MINNOW_BATCH_INVARIANT=0 bin/xtask bench "$@" 2>&1 | tee "$OUT/bench_variant.txt" | grep -E "^\|"
+fi
+if [ "$what" = quant ]; then
+  echo "== quantized kernels"
+  timeout 300 bin/test-cuda_kernels --ignored --nocapture grouped_gemm 2>&1 | grep -vE "^\s*$" | tail -20
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  echo "== quantized fixtures"
+  timeout 300 bin/test-cuda_quant --ignored --nocapture 2>&1 | grep -vE "^\s*$" | tail -40
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  for e in bf16 int8 int4; do
+    echo "== bench --experts $e"
+    bin/xtask bench --experts "$e" "$@" 2>&1 | tee "$OUT/bench_$e.txt" | grep -E "^\||weights"
+  done
 fi
 exit $status

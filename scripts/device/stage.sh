@@ -12,7 +12,7 @@ cargo build $flag --workspace --all-targets
 cp target/$profile/xtask bin/xtask
 cargo test $flag --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, shutil, sys
-wanted = {"cuda_invariance", "cuda_fixtures", "cuda_other_shapes", "cuda_kernels", "gpu_invariance",
+wanted = {"cuda_invariance", "cuda_fixtures", "cuda_quant", "cuda_other_shapes", "cuda_kernels", "gpu_invariance",
           "batched", "portable_cpu", "golden"}
 for line in sys.stdin:
     m = json.loads(line)

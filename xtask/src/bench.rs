@@ -14,6 +14,7 @@ use std::time::Instant;
 use minnow_model::cuda::CudaRunner;
 use minnow_model::{Config, LogitsRows, ModelRunner, PageId, Segment, Want};
 use minnow_runtime::cuda::Gpu;
+use minnow_runtime::quant::QuantEncoding;
 
 /// LLaDA2.2-mini (docs/llada2-model.md §3.1).
 pub(crate) const MINI_22: &str = r#"{
@@ -39,6 +40,26 @@ struct Opts {
     prefixes: Vec<usize>,
     profile_one: bool,
     concurrency: Vec<usize>,
+    /// The routed experts' encoding: `None` BF16, else random codes of an integer encoding.
+    experts: Option<QuantEncoding>,
+}
+
+impl Opts {
+    /// Bytes per routed-expert weight: codes plus one FP16 scale per 128 of them.
+    fn expert_bytes_per_weight(&self) -> f64 {
+        match self.experts {
+            None => 2.0,
+            Some(QuantEncoding::I8Mma) => 1.0 + 2.0 / 128.0,
+            Some(_) => 0.5 + 2.0 / 128.0,
+        }
+    }
+
+    fn experts_label(&self) -> &'static str {
+        match self.experts {
+            None => "bf16",
+            Some(e) => e.name(),
+        }
+    }
 }
 
 fn parse_list(s: &str) -> Result<Vec<usize>, String> {
@@ -55,6 +76,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         prefixes: vec![1024, 8192],
         profile_one: false,
         concurrency: vec![1, 4, 16, 64],
+        experts: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -64,6 +86,14 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--profile-one" => o.profile_one = true,
             "--prefill" => o.prefill = parse_list(it.next().ok_or("--prefill needs a list")?)?,
             "--prefix" => o.prefixes = parse_list(it.next().ok_or("--prefix needs a list")?)?,
+            "--experts" => {
+                o.experts = match it.next().map(String::as_str) {
+                    Some("bf16") => None,
+                    Some("int8") => Some(QuantEncoding::I8Mma),
+                    Some("int4") => Some(QuantEncoding::I4Mma),
+                    other => return Err(format!("--experts bf16|int8|int4, got {other:?}")),
+                }
+            }
             "--concurrency" => {
                 o.concurrency = parse_list(it.next().ok_or("--concurrency needs a list")?)?
             }
@@ -124,11 +154,11 @@ fn copy_bandwidth(gpu: &Gpu) -> Result<f64, String> {
 /// from BF16 checkpoints), the shared expert
 /// and at most `expert_capacity` admitted experts (all of them for 32 random tokens), the K/V of
 /// prefix + block, and the whole lm_head (every row of the block needs logits).
-fn refinement_bytes(c: &Config, prefix: usize, t: usize) -> f64 {
+fn refinement_bytes(c: &Config, prefix: usize, t: usize, expert_weight_bytes: f64) -> f64 {
     let d = c.hidden_size as f64;
     let bf = 2.0;
     let attn = (c.qkv_rows() as f64 * d + d * (c.num_attention_heads * c.head_dim) as f64) * bf;
-    let expert = 3.0 * c.moe_intermediate_size as f64 * d * bf;
+    let expert = 3.0 * c.moe_intermediate_size as f64 * d * expert_weight_bytes;
     let admitted = c
         .expert_capacity
         .unwrap_or(c.num_experts_per_tok * t)
@@ -175,7 +205,13 @@ fn matmul_rate(gpu: &Gpu) -> Result<f64, String> {
 /// routers, shared experts, the lm_head: every row wants its top-1), the union of the experts
 /// its tokens use in each MoE layer (`experts_used`, measured on the device), and each request's
 /// K/V; FLOPs of every row through its weights plus each request's attention over its keys.
-fn batched_step_cost(c: &Config, n: usize, prefix: usize, experts_used: &[usize]) -> (f64, f64) {
+fn batched_step_cost(
+    c: &Config,
+    n: usize,
+    prefix: usize,
+    experts_used: &[usize],
+    expert_weight_bytes: f64,
+) -> (f64, f64) {
     let d = c.hidden_size as f64;
     let bf = 2.0;
     let t = (32 * n) as f64;
@@ -193,9 +229,9 @@ fn batched_step_cost(c: &Config, n: usize, prefix: usize, experts_used: &[usize]
         + dense_params
         + router_params
         + moe_layers as f64 * shared_params
-        + used * expert_params
         + lm_head)
         * bf
+        + used * expert_params * expert_weight_bytes
         + n as f64 * c.num_hidden_layers as f64 * keys * kv_row;
     let per_token = c.num_hidden_layers as f64 * attn_params
         + dense_params
@@ -293,7 +329,8 @@ fn batched_benchmarks(
         let blocks: Vec<Vec<u32>> = (0..n).map(|r| ids(32, 5000 + r as u64)).collect();
         let segs = step(&tables, &blocks, prefix, Want::Top1(0..32));
         let used = runner.experts_used(&segs).map_err(err)?;
-        let (bytes, flops) = batched_step_cost(&config, n, prefix, &used);
+        let (bytes, flops) =
+            batched_step_cost(&config, n, prefix, &used, o.expert_bytes_per_weight());
         let floor = (bytes / bw).max(flops / peak);
         let mut times = vec![];
         for rep in 0..o.reps + 3 {
@@ -453,10 +490,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let config = Config::from_json_str(MINI_22, std::path::Path::new("<LLaDA2.2-mini shapes>"))
         .map_err(err)?;
     let t0 = Instant::now();
-    let mut runner = CudaRunner::random(config.clone(), 0, 2201).map_err(err)?;
+    let mut runner =
+        CudaRunner::random_with_experts(config.clone(), 0, 2201, o.experts, None).map_err(err)?;
     let device = runner.gpu().name().to_string();
     println!(
-        "random LLaDA2.2-mini weights on {device}: {:.2} GB in {:.1} s",
+        "random LLaDA2.2-mini weights ({} routed experts) on {device}: {:.2} GB in {:.1} s",
+        o.experts_label(),
         runner.weight_bytes() as f64 / 1e9,
         t0.elapsed().as_secs_f64()
     );
@@ -536,7 +575,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             .forward(seq, &ids(prefix, 7), LogitsRows::None)
             .map_err(err)?;
         let block = ids(32, prefix as u64 + 1);
-        let bytes = refinement_bytes(&config, prefix, 32);
+        let bytes = refinement_bytes(&config, prefix, 32, o.expert_bytes_per_weight());
         let floor = bytes / bw;
         for (label, graphs, top1) in [
             ("graph, top-1 on GPU", true, true),

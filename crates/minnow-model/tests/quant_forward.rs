@@ -12,54 +12,8 @@ use std::sync::Arc;
 
 use common::*;
 use minnow_format::mnw::convert::{convert, ConvertInput, ConvertOptions, ExpertChoice};
-use minnow_format::{Checkpoint, TensorRef, TensorSource};
+use minnow_format::{Checkpoint, TensorSource};
 use minnow_model::{Config, CpuModel, CpuRunner, LogitsRows, ModelRunner};
-use minnow_runtime::DType;
-
-/// A source that serves every quantized tensor of `inner` as F32 (dequantized once, here) and
-/// every other tensor as it is stored.
-struct Dequantized {
-    inner: Arc<Checkpoint>,
-    widened: BTreeMap<String, (Vec<usize>, Vec<u8>)>,
-}
-
-impl Dequantized {
-    fn new(inner: Arc<Checkpoint>) -> Self {
-        let mut widened = BTreeMap::new();
-        for name in inner.names() {
-            let t = inner.tensor(name).unwrap();
-            if let Some(q) = t.quant_mat() {
-                let mut values = vec![0.0f32; q.rows * q.cols];
-                q.dequantize(&mut values);
-                let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                widened.insert(name.to_string(), (t.shape.to_vec(), bytes));
-            }
-        }
-        assert!(!widened.is_empty(), "no quantized tensor to compare");
-        Self { inner, widened }
-    }
-}
-
-impl TensorSource for Dequantized {
-    fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
-        match self.widened.get(name) {
-            Some((shape, data)) => Some(TensorRef {
-                dtype: Some(DType::F32),
-                dtype_name: "F32",
-                shape,
-                data,
-                quant: None,
-            }),
-            None => self.inner.tensor(name),
-        }
-    }
-    fn names(&self) -> Vec<&str> {
-        self.inner.names()
-    }
-    fn describe(&self) -> String {
-        format!("{} (dequantized)", self.inner.describe())
-    }
-}
 
 fn logits(config: Config, source: Arc<dyn TensorSource>, ids: &[u32]) -> Vec<f32> {
     let model = CpuModel::from_source(config, source).unwrap();

@@ -970,6 +970,142 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
     }
 }
 
+/// The grouped GEMM over `*_mma` codes against the CPU's decoding of the same codes: uneven
+/// expert segments, both tile heights, K not a multiple of the 64-column stage, shapes for the
+/// general kernel, every group size. The reference multiplies BF16(code x scale), the weight the
+/// kernel feeds its tensor cores; the rows of one expert must also be bit-identical when the
+/// same tokens are dispatched alone.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grouped_gemm_over_codes_matches_reference() {
+    use minnow_runtime::quant::{self, QuantEncoding};
+    let g = gpu();
+    let mut rng = rng();
+    // (tokens, k, experts, n, k dim, tile rows, group)
+    let cases = [
+        (
+            32usize, 8usize, 64usize, 1024usize, 2048usize, 16usize, 128usize,
+        ),
+        (300, 4, 17, 128, 192, 64, 64),
+        (40, 2, 5, 64, 96, 16, 32),
+        (9, 3, 4, 64, 32, 64, 16),
+        // The general kernel: n not a multiple of 64.
+        (7, 2, 5, 40, 64, 16, 16),
+    ];
+    for encoding in [QuantEncoding::I8Mma, QuantEncoding::I4Mma] {
+        let bits = if encoding == QuantEncoding::I8Mma {
+            8
+        } else {
+            4
+        };
+        for &(t, k, e, n, kd, tile_rows, group) in &cases {
+            let x = to_bf16(&randn(&mut rng, t * kd, 1.0));
+            let mut codes = vec![];
+            let mut scales = vec![];
+            let mut wf = vec![0.0f32; e * n * kd];
+            for ex in 0..e {
+                let values = randn(&mut rng, n * kd, 0.05);
+                let q = quant::quantize(encoding, n, kd, group, &values).unwrap();
+                let out = &mut wf[ex * n * kd..(ex + 1) * n * kd];
+                q.view(encoding, n, kd, group).dequantize(out);
+                // The kernel's weight: one BF16 rounding of code x scale.
+                out.iter_mut().for_each(|v| *v = r(*v));
+                codes.extend_from_slice(&q.codes);
+                scales.extend_from_slice(&q.scales);
+            }
+            let mut idx = vec![];
+            for _ in 0..t {
+                let mut chosen: Vec<i32> = vec![];
+                while chosen.len() < k {
+                    let c = if rng.gen::<f32>() < 0.5 {
+                        rng.gen_range(0..e.min(3))
+                    } else {
+                        rng.gen_range(0..e)
+                    } as i32;
+                    if !chosen.contains(&c) {
+                        chosen.push(c);
+                    }
+                }
+                idx.extend(chosen);
+            }
+            let (dcodes, dscales) = (g.upload(&codes).unwrap(), g.upload(&scales).unwrap());
+            let w = ops::CodeMatrices {
+                bits,
+                group,
+                codes: dcodes.ptr(),
+                scales: dscales.ptr(),
+            };
+            let run = |idx: &[i32], t: usize, x: &[bf16]| -> (Vec<f32>, Vec<i32>) {
+                let a = t * k;
+                let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
+                let (dx, didx) = (g.upload(x).unwrap(), g.upload(idx).unwrap());
+                let slot = g.alloc::<i32>(a).unwrap();
+                let row_token = g.alloc::<i32>(a).unwrap();
+                let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
+                let nt = g.alloc::<i32>(1).unwrap();
+                let y = poisoned_bf16(&g, a * n);
+                ops::moe_dispatch(
+                    &g,
+                    didx.ptr(),
+                    t,
+                    k,
+                    e,
+                    tile_rows,
+                    None,
+                    slot.ptr(),
+                    row_token.ptr(),
+                    tiles.ptr(),
+                    nt.ptr(),
+                )
+                .unwrap();
+                ops::grouped_gemm_codes(
+                    &g,
+                    dx.ptr(),
+                    row_token.ptr(),
+                    &w,
+                    y.ptr(),
+                    tiles.ptr(),
+                    nt.ptr(),
+                    max_tiles,
+                    tile_rows,
+                    n,
+                    kd,
+                )
+                .unwrap();
+                (read_bf16(&g, &y), read(&g, &slot))
+            };
+            let (gy, slots) = run(&idx, t, &x);
+            let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+            let (mut got, mut want) = (vec![], vec![]);
+            for (i, &p) in slots.iter().enumerate() {
+                let (ex, ti, p) = (idx[i] as usize, i / k, p as usize);
+                got.extend_from_slice(&gy[p * n..(p + 1) * n]);
+                want.extend(matmul_t(
+                    &xf[ti * kd..(ti + 1) * kd],
+                    &wf[ex * n * kd..(ex + 1) * n * kd],
+                    1,
+                    n,
+                    kd,
+                ));
+            }
+            let name = format!(
+                "{encoding} grouped gemm t{t} k{k} e{e} n{n} k{kd} tiles of {tile_rows} group {group}"
+            );
+            check_bf16(&name, &got, &want);
+            // Token 0 alone: its rows are bit-identical to the ones it got in the full batch.
+            let (alone, alone_slots) = run(&idx[..k], 1, &x[..kd]);
+            for j in 0..k {
+                let (p_all, p_alone) = (slots[j] as usize, alone_slots[j] as usize);
+                assert!(
+                    gy[p_all * n..(p_all + 1) * n] == alone[p_alone * n..(p_alone + 1) * n],
+                    "{name}: token 0's expert {} output differs alone vs in the batch",
+                    idx[j]
+                );
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn top1_softmax_and_conversion() {

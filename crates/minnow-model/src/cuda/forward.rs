@@ -795,10 +795,16 @@ fn queue_pooled_experts(
     );
     let blas = gpu.blas();
     let rows = c.block_size;
+    // The pool path runs only with a packed shared expert, which needs BF16 routed experts.
+    let (Some(gate_up), Some(down)) = (moe.experts_gate_up.bf16(), moe.experts_down.bf16()) else {
+        return Err(minnow_runtime::cuda::CudaError::Unsupported(
+            "the expert pool GEMM over quantized experts".into(),
+        ));
+    };
     let pool = ops::ExpertPool {
-        gate_up: moe.experts_gate_up.ptr(),
+        gate_up: gate_up.ptr(),
         gate_up_stride: 2 * iw * d,
-        down: moe.experts_down.ptr(),
+        down: down.ptr(),
         down_stride: d * iw,
         gate_up_ptrs: ws.pool_w_gate_up.ptr(),
         down_ptrs: ws.pool_w_down.ptr(),
@@ -949,11 +955,10 @@ fn queue_grouped_experts(
     mark("dispatch")?;
     let busy = grouping.busy + usize::from(packed);
     let max_tiles = ops::moe_max_tiles(a, busy, tile_rows);
-    ops::grouped_gemm(
+    moe.experts_gate_up.grouped_gemm(
         gpu,
         ws.a.ptr(),
         ws.row_token.ptr(),
-        moe.experts_gate_up.ptr(),
         ws.expert_gu.ptr(),
         ws.tiles.ptr(),
         ws.num_tiles.ptr(),
@@ -965,11 +970,10 @@ fn queue_grouped_experts(
     mark("experts gate/up")?;
     ops::silu_mul(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), a, iw)?;
     mark("experts silu")?;
-    ops::grouped_gemm(
+    moe.experts_down.grouped_gemm(
         gpu,
         ws.expert_act.ptr(),
         0,
-        moe.experts_down.ptr(),
         ws.expert_out.ptr(),
         ws.tiles.ptr(),
         ws.num_tiles.ptr(),
@@ -988,11 +992,18 @@ fn queue_grouped_experts(
         // Its rows are where the dispatch put assignments t * k + t'.
         SharedExpert::Packed if packed => (0, ws.slot_pos.ptr_at(t * k)),
         SharedExpert::Packed => {
+            // Packed only beside BF16 routed experts (weights.rs).
+            let (Some(gate_up), Some(down)) = (moe.experts_gate_up.bf16(), moe.experts_down.bf16())
+            else {
+                return Err(minnow_runtime::cuda::CudaError::Unsupported(
+                    "a packed shared expert beside quantized experts".into(),
+                ));
+            };
             queue_swiglu_at(
                 gpu,
                 ws,
-                moe.experts_gate_up.ptr_at(e * 2 * iw * d),
-                moe.experts_down.ptr_at(e * d * iw),
+                gate_up.ptr_at(e * 2 * iw * d),
+                down.ptr_at(e * d * iw),
                 iw,
                 ws.a.ptr(),
                 ws.shared_out.ptr(),

@@ -99,9 +99,21 @@ impl CudaRunner {
         seed: u64,
         kv_budget_bytes: Option<usize>,
     ) -> Result<Self> {
+        Self::random_with_experts(config, ordinal, seed, None, kv_budget_bytes)
+    }
+
+    /// [`CudaRunner::random_with_kv_budget`] with the routed experts as random codes of an
+    /// integer `*_mma` encoding (`None`: BF16), as a quantized checkpoint would load.
+    pub fn random_with_experts(
+        config: Config,
+        ordinal: usize,
+        seed: u64,
+        experts: Option<minnow_runtime::quant::QuantEncoding>,
+        kv_budget_bytes: Option<usize>,
+    ) -> Result<Self> {
         let gpu = Gpu::new(ordinal).map_err(device_err)?;
         check_supported(&config)?;
-        let weights = Weights::random(&gpu, &config, seed)?;
+        let weights = Weights::random(&gpu, &config, seed, experts)?;
         Self::with_weights(gpu, config, weights, kv_budget_bytes)
     }
 
@@ -111,6 +123,21 @@ impl CudaRunner {
         weights: Weights,
         kv_budget_bytes: Option<usize>,
     ) -> Result<Self> {
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        let parts: Vec<String> = weights
+            .bytes_by_encoding()
+            .into_iter()
+            .map(|(name, b)| match name {
+                "other" => format!("other tensors in bf16 {:.2} GiB", gib(b)),
+                _ => format!("routed experts in {name} {:.2} GiB", gib(b)),
+            })
+            .collect();
+        tracing::info!(
+            "weights on {}: {:.2} GiB ({})",
+            gpu.name(),
+            gib(weights.bytes()),
+            parts.join(", ")
+        );
         let use_graphs = std::env::var("MINNOW_CUDA_GRAPHS").map_or(true, |v| v != "0");
         let tokens = PLANNED_TOKENS.min(config.max_position_embeddings.max(1));
         let workspace = Workspace::new(

@@ -4,13 +4,15 @@
 //! GEMM, and the router kept exact: BF16 when stored BF16, else F32; its bias in F32
 //! (docs/llada2-model.md §4, §7.6).
 
-use half::bf16;
+use half::{bf16, f16};
 use minnow_format::TensorSource;
 use minnow_runtime::cuda::tma::TensorMaps;
 use minnow_runtime::cuda::{ops, DeviceBuffer, Gpu};
 use minnow_runtime::dtype::widen;
+use minnow_runtime::quant::QuantEncoding;
 use minnow_runtime::DType;
 
+use super::experts::{keeps_codes, load_projection, ExpertMatrix, Projection};
 use crate::config::Config;
 use crate::{ModelError, Result};
 
@@ -47,7 +49,8 @@ pub(crate) enum SharedExpert {
     /// Own matrices, run through cuBLAS (widths other than one routed expert's).
     Separate(DenseMlp),
     /// Packed as expert `E` after the routed ones (one shared expert of the routed width, as in
-    /// every released checkpoint): the grouped GEMM computes it along with the routed experts.
+    /// every released checkpoint, with BF16 routed experts): the grouped GEMM computes it along
+    /// with the routed experts.
     Packed,
 }
 
@@ -55,8 +58,8 @@ pub(crate) struct Moe {
     pub router: RouterWeights,
     pub bias: DeviceBuffer<f32>,
     /// `[E (+1 packed shared), 2 I, D]` and `[E (+1), D, I]`.
-    pub experts_gate_up: DeviceBuffer<bf16>,
-    pub experts_down: DeviceBuffer<bf16>,
+    pub experts_gate_up: ExpertMatrix,
+    pub experts_down: ExpertMatrix,
     pub shared: SharedExpert,
     /// Tensor maps of `[experts_gate_up, experts_down]` for the TMA pool GEMM of 2.2 denoising
     /// steps, where the GPU and the shapes allow it (`ops::pool_gemm_supported`).
@@ -69,27 +72,27 @@ impl Moe {
         c: &Config,
         router: RouterWeights,
         bias: DeviceBuffer<f32>,
-        experts_gate_up: DeviceBuffer<bf16>,
-        experts_down: DeviceBuffer<bf16>,
+        experts_gate_up: ExpertMatrix,
+        experts_down: ExpertMatrix,
         shared: SharedExpert,
     ) -> Self {
         let (d, w) = (c.hidden_size, c.moe_intermediate_size);
-        let slots = c.num_experts + usize::from(shared_packs(c));
+        let packed = matches!(shared, SharedExpert::Packed);
+        let slots = c.num_experts + usize::from(packed);
         let pooled = c.expert_capacity.is_some()
-            && shared_packs(c)
+            && packed
             && ops::pool_gemm_supported(gpu, 1, 2 * w, d)
             && ops::pool_gemm_supported(gpu, 1, d, w);
-        let pool_maps = if pooled {
-            TensorMaps::try_rows(
+        let pool_maps = match (experts_gate_up.bf16(), experts_down.bf16()) {
+            (Some(gate_up), Some(down)) if pooled => TensorMaps::try_rows(
                 gpu,
                 ops::POOL_GEMM_WEIGHT_ROWS,
                 &[
-                    (experts_gate_up.ptr(), d, slots * 2 * w),
-                    (experts_down.ptr(), w, slots * d),
+                    (gate_up.ptr(), d, slots * 2 * w),
+                    (down.ptr(), w, slots * d),
                 ],
-            )
-        } else {
-            None
+            ),
+            _ => None,
         };
         Self {
             router,
@@ -102,14 +105,15 @@ impl Moe {
     }
 }
 
-/// Whether the shared expert can ride in the grouped GEMM as one more expert.
+/// Whether the config's shared expert can ride in the grouped GEMM as one more expert (when the
+/// routed experts are BF16 too).
 pub(crate) fn shared_packs(c: &Config) -> bool {
     c.num_shared_experts == 1
 }
 
 pub(crate) enum Mlp {
     Dense(DenseMlp),
-    Moe(Moe),
+    Moe(Box<Moe>),
 }
 
 pub(crate) struct Layer {
@@ -144,6 +148,12 @@ impl Reader<'_> {
                 "{name}: shape {:?}, expected {shape:?}",
                 t.shape
             )));
+        }
+        if let Some(q) = t.quant_mat() {
+            // A quantized tensor the device keeps in BF16 (see `experts`): its stored values.
+            let mut values = vec![0.0f32; q.rows * q.cols];
+            q.dequantize(&mut values);
+            return Ok(values);
         }
         let dtype = t.dtype.ok_or_else(|| {
             ModelError::Weights(format!("{name}: unsupported element type {}", t.dtype_name))
@@ -254,35 +264,48 @@ impl Weights {
                 } else {
                     upload(gpu, &vec![0f32; e])?
                 };
-                let packed = shared_packs(config);
-                let slots = e + usize::from(packed);
-                let experts_gate_up = gpu.alloc::<bf16>(slots * 2 * w * d).map_err(device_err)?;
-                let experts_down = gpu.alloc::<bf16>(slots * d * w).map_err(device_err)?;
-                for x in 0..slots {
+                // Routed experts stay in their stored integer codes when the kernels read
+                // them; the shared expert (never quantized) then cannot join their matrices.
+                let expert_names = |x: usize, proj: &str| -> Vec<String> {
                     let q = if x < e {
                         format!("{p}.mlp.experts.{x}")
                     } else {
                         format!("{p}.mlp.shared_experts")
                     };
-                    put(
-                        gpu,
-                        &experts_gate_up,
-                        x * 2 * w * d,
-                        &r.bf16(&format!("{q}.gate_proj.weight"), &[w, d])?,
-                    )?;
-                    put(
-                        gpu,
-                        &experts_gate_up,
-                        (x * 2 + 1) * w * d,
-                        &r.bf16(&format!("{q}.up_proj.weight"), &[w, d])?,
-                    )?;
-                    put(
-                        gpu,
-                        &experts_down,
-                        x * d * w,
-                        &r.bf16(&format!("{q}.down_proj.weight"), &[d, w])?,
-                    )?;
-                }
+                    match proj {
+                        "gate_up" => vec![
+                            format!("{q}.gate_proj.weight"),
+                            format!("{q}.up_proj.weight"),
+                        ],
+                        _ => vec![format!("{q}.down_proj.weight")],
+                    }
+                };
+                let projection = |slots: usize, proj: &str, rows, cols, label| Projection {
+                    names: (0..slots).flat_map(|x| expert_names(x, proj)).collect(),
+                    rows,
+                    cols,
+                    label,
+                };
+                let gate_up_label = format!("layer {i} experts gate/up");
+                let down_label = format!("layer {i} experts down");
+                let quantized =
+                    keeps_codes(source, &projection(e, "gate_up", w, d, &gate_up_label))
+                        || keeps_codes(source, &projection(e, "down", d, w, &down_label));
+                let packed = shared_packs(config) && !quantized;
+                let slots = e + usize::from(packed);
+                let widen = |name: &str, shape: &[usize]| r.bf16(name, shape);
+                let experts_gate_up = load_projection(
+                    gpu,
+                    source,
+                    &projection(slots, "gate_up", w, d, &gate_up_label),
+                    &widen,
+                )?;
+                let experts_down = load_projection(
+                    gpu,
+                    source,
+                    &projection(slots, "down", d, w, &down_label),
+                    &widen,
+                )?;
                 let shared = if packed {
                     SharedExpert::Packed
                 } else if config.num_shared_experts > 0 {
@@ -293,7 +316,7 @@ impl Weights {
                 } else {
                     SharedExpert::None
                 };
-                Mlp::Moe(Moe::new(
+                Mlp::Moe(Box::new(Moe::new(
                     gpu,
                     config,
                     router,
@@ -301,7 +324,7 @@ impl Weights {
                     experts_gate_up,
                     experts_down,
                     shared,
-                ))
+                )))
             };
             layers.push(Layer {
                 input_norm: upload(gpu, &r.bf16(&format!("{p}.input_layernorm.weight"), &[d])?)?,
@@ -354,9 +377,20 @@ impl Weights {
     /// Random weights at the config's shapes, made on the device (benchmarks: no checkpoint file
     /// of 32 GB has to exist). Matrices are uniform in ±sqrt(3/fan_in) (unit-variance outputs),
     /// norms are 1, the embedding and lm_head uniform in ±1 and ±sqrt(3/D).
-    pub fn random(gpu: &Gpu, config: &Config, seed: u64) -> Result<Self> {
+    ///
+    /// With `experts` an integer `*_mma` encoding, the routed experts are random codes in that
+    /// encoding (groups of 128, scales giving the same variance), the shared expert separate in
+    /// BF16: the layout a quantized checkpoint loads into. Every MoE layer gets the same codes
+    /// (made once on the host): the bytes a forward reads are what matters here.
+    pub fn random(
+        gpu: &Gpu,
+        config: &Config,
+        seed: u64,
+        experts: Option<QuantEncoding>,
+    ) -> Result<Self> {
         let dims = Dims::new(config);
         let d = dims.d;
+        let mut random_codes = RandomCodes::new(config, experts, seed)?;
         let mut counter = seed;
         let mut rand = |len: usize, fan_in: usize| -> Result<DeviceBuffer<bf16>> {
             let buf = gpu.alloc::<bf16>(len).map_err(device_err)?;
@@ -392,7 +426,7 @@ impl Weights {
                 let bias: Vec<f32> = (0..e)
                     .map(|j| 0.01 * hash_uniform(seed ^ 0xB1A5 ^ (i as u64) << 40, j))
                     .collect();
-                let packed = shared_packs(config);
+                let packed = shared_packs(config) && experts.is_none();
                 let shared = if packed {
                     SharedExpert::Packed
                 } else if config.num_shared_experts > 0 {
@@ -406,15 +440,21 @@ impl Weights {
                     SharedExpert::None
                 };
                 let slots = e + usize::from(packed);
-                Mlp::Moe(Moe::new(
+                Mlp::Moe(Box::new(Moe::new(
                     gpu,
                     config,
                     RouterWeights::Bf16(upload(gpu, &router)?),
                     upload(gpu, &bias)?,
-                    rand(slots * 2 * w * d, d)?,
-                    rand(slots * d * w, w)?,
+                    match random_codes.as_mut() {
+                        Some(codes) => codes.matrix(gpu, 0)?,
+                        None => ExpertMatrix::Bf16(rand(slots * 2 * w * d, d)?),
+                    },
+                    match random_codes.as_mut() {
+                        Some(codes) => codes.matrix(gpu, 1)?,
+                        None => ExpertMatrix::Bf16(rand(slots * d * w, w)?),
+                    },
                     shared,
-                ))
+                )))
             };
             layers.push(Layer {
                 input_norm: ones(d)?,
@@ -434,6 +474,28 @@ impl Weights {
         };
         gpu.synchronize().map_err(device_err)?;
         Ok(w)
+    }
+
+    /// Bytes of the routed experts in device memory per encoding (`bf16`, `i4_mma`, ...), and
+    /// of everything else (BF16) under `other`: what the load log reports.
+    pub fn bytes_by_encoding(&self) -> Vec<(&'static str, usize)> {
+        let mut out: Vec<(&'static str, usize)> = vec![];
+        let mut add = |name: &'static str, bytes: usize| match out.iter_mut().find(|e| e.0 == name)
+        {
+            Some(e) => e.1 += bytes,
+            None => out.push((name, bytes)),
+        };
+        let mut experts = 0;
+        for l in &self.layers {
+            if let Mlp::Moe(m) = &l.mlp {
+                for x in [&m.experts_gate_up, &m.experts_down] {
+                    add(x.encoding_name(), x.bytes());
+                    experts += x.bytes();
+                }
+            }
+        }
+        add("other", self.bytes() - experts);
+        out
     }
 
     /// Bytes of all weights in device memory.
@@ -467,6 +529,79 @@ impl Weights {
                         }
                 })
                 .sum::<usize>()
+    }
+}
+
+/// Random `*_mma` codes and scales for the two expert projections of a layer (gate/up
+/// `[E, 2 I, D]`, down `[E, D, I]`), made once on the host and uploaded for every layer.
+struct RandomCodes {
+    encoding: QuantEncoding,
+    /// Per projection: codes and scales.
+    host: [(Vec<u8>, Vec<u8>); 2],
+}
+
+impl RandomCodes {
+    const GROUP: usize = 128;
+
+    fn new(config: &Config, experts: Option<QuantEncoding>, seed: u64) -> Result<Option<Self>> {
+        let Some(encoding) = experts else {
+            return Ok(None);
+        };
+        let int4 = match encoding {
+            QuantEncoding::I8Mma => false,
+            QuantEncoding::I4Mma => true,
+            other => {
+                return Err(ModelError::Weights(format!(
+                    "random experts in {other}: only i8_mma and i4_mma have GPU kernels"
+                )))
+            }
+        };
+        let (e, w, d) = (
+            config.num_experts,
+            config.moe_intermediate_size,
+            config.hidden_size,
+        );
+        let mut state = seed | 1;
+        let mut make = |rows: usize, cols: usize| -> Result<(Vec<u8>, Vec<u8>)> {
+            if !(cols.is_multiple_of(Self::GROUP) && rows.is_multiple_of(8)) {
+                return Err(ModelError::Weights(format!(
+                    "random {encoding} experts need rows % 8 == 0 and columns % 128 == 0, got {rows} x {cols}"
+                )));
+            }
+            let bytes = encoding.codes_bytes(rows, cols).expect("small shape");
+            let mut codes = vec![0u8; bytes];
+            for chunk in codes.chunks_mut(8) {
+                // xorshift64: fast enough for gigabytes; any byte is a valid code.
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let v = state.to_le_bytes();
+                chunk.copy_from_slice(&v[..chunk.len()]);
+            }
+            // Uniform codes over the full range have a standard deviation of about 74 (INT8) or
+            // 4.6 (INT4): scales that give weights of standard deviation 1/sqrt(fan_in).
+            let spread = if int4 { 4.6 } else { 74.0 };
+            let scale = f16::from_f32(1.0 / (spread * (cols as f32).sqrt()));
+            let scales = scale.to_le_bytes().repeat(rows * cols / Self::GROUP);
+            Ok((codes, scales))
+        };
+        let gate_up = make(e * 2 * w, d)?;
+        let down = make(e * d, w)?;
+        Ok(Some(Self {
+            encoding,
+            host: [gate_up, down],
+        }))
+    }
+
+    /// Projection 0 (gate/up) or 1 (down) of one layer, uploaded.
+    fn matrix(&mut self, gpu: &Gpu, projection: usize) -> Result<ExpertMatrix> {
+        let (codes, scales) = &self.host[projection];
+        Ok(ExpertMatrix::Codes {
+            encoding: self.encoding,
+            group: Self::GROUP,
+            codes: upload(gpu, codes)?,
+            scales: upload(gpu, scales)?,
+        })
     }
 }
 

@@ -1042,6 +1042,118 @@ pub fn grouped_gemm(
     cuda_launch!(gpu, name, cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32)
 }
 
+/// Routed expert weights stored as `*_mma` codes (tiles of 8 rows x 16 columns in tensor-core
+/// fragment order) with FP16 group scales: what the quantized grouped GEMM reads.
+#[derive(Clone, Copy, Debug)]
+pub struct CodeMatrices {
+    /// 8 (`i8_mma`) or 4 (`i4_mma`).
+    pub bits: u32,
+    /// Columns per scale.
+    pub group: usize,
+    pub codes: u64,
+    pub scales: u64,
+}
+
+/// Dynamic shared memory of `grouped_gemm_i{8,4}_m{16,64}`; mirrors `Tile<BM, STAGES, BITS>` in
+/// kernels/moe.cu: per stage the activation tile, the codes as stored and their scales (512
+/// bytes), plus one decoded BF16 weight tile.
+fn grouped_gemm_codes_smem_bytes(tile_rows: usize, stages: usize, bits: usize) -> usize {
+    stages * (tile_rows * 72 * 2 + 64 * 64 * bits / 8 + 512) + 64 * 72 * 2
+}
+
+/// Dynamic shared memory of `grouped_gemm_i{8,4}_r{16,64}`: two chunks of the tile's activation
+/// rows, 256 columns each at a pitch of 264 (mirrors `codes_tile` in kernels/moe.cu).
+fn codes_tile_smem_bytes(tile_rows: usize) -> usize {
+    2 * tile_rows * 264 * 2
+}
+
+/// The grouped GEMM of [`grouped_gemm`] over quantized experts: each weight is used as
+/// BF16(code x scale), the products summed in F32 in the same fixed order as the BF16 kernels
+/// (so a row's result does not depend on the batch). Needs `n % 8 == 0`, `k % 16 == 0` and a
+/// group that divides `k` (the format's rules for `*_mma`).
+#[allow(clippy::too_many_arguments)]
+pub fn grouped_gemm_codes(
+    gpu: &Gpu,
+    x: u64,
+    row_token: u64,
+    w: &CodeMatrices,
+    y: u64,
+    tiles: u64,
+    num_tiles: u64,
+    max_tiles: usize,
+    tile_rows: usize,
+    n: usize,
+    k: usize,
+) -> CudaResult<()> {
+    if ![16, 64].contains(&tile_rows) {
+        return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
+    }
+    let prefix = match w.bits {
+        8 => "grouped_gemm_i8",
+        4 => "grouped_gemm_i4",
+        b => return unsupported(format!("{b}-bit expert codes")),
+    };
+    if !n.is_multiple_of(8) || !k.is_multiple_of(16) || w.group == 0 || !k.is_multiple_of(w.group) {
+        return unsupported(format!(
+            "quantized experts of {n} x {k} with groups of {}",
+            w.group
+        ));
+    }
+    if max_tiles == 0 {
+        return Ok(());
+    }
+    if !grouped_gemm_tiled(n, k) {
+        let cfg = LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0);
+        return cuda_launch!(
+            gpu,
+            &format!("{prefix}_any"),
+            cfg,
+            x,
+            row_token,
+            w.codes,
+            w.scales,
+            w.group as i32,
+            y,
+            tiles,
+            num_tiles,
+            n as i32,
+            k as i32
+        );
+    }
+    // Fragments straight from memory into registers (`codes_tile`), unless
+    // MINNOW_CODES_SMEM_DECODE=1 picks the kernels that decode a stage into shared memory
+    // (64-row tiles only; kept to compare).
+    let smem_decode =
+        tile_rows == 64 && std::env::var("MINNOW_CODES_SMEM_DECODE").as_deref() == Ok("1");
+    let (name, smem) = if smem_decode {
+        (
+            format!("{prefix}_m64"),
+            grouped_gemm_codes_smem_bytes(64, 3, w.bits as usize),
+        )
+    } else {
+        (
+            format!("{prefix}_r{tile_rows}"),
+            codes_tile_smem_bytes(tile_rows),
+        )
+    };
+    let cfg = LaunchConfig::new(((n / 64) as u32, max_tiles as u32, 1), 128, smem as u32);
+    cuda_launch!(
+        gpu,
+        &name,
+        cfg,
+        x,
+        row_token,
+        w.codes,
+        w.scales,
+        w.group as i32,
+        y,
+        tiles,
+        num_tiles,
+        n as i32,
+        k as i32
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1198,5 +1310,14 @@ mod tests {
         assert_eq!(moe_max_tiles(4, 256, 16), 1 + 4);
         assert_eq!(grouped_gemm_smem_bytes(16, 3), 3 * 80 * 72 * 2);
         assert_eq!(grouped_gemm_smem_bytes(64, 3), 3 * 128 * 72 * 2);
+        assert_eq!(codes_tile_smem_bytes(64), 67584);
+        assert_eq!(
+            grouped_gemm_codes_smem_bytes(16, 4, 8),
+            4 * (16 * 72 * 2 + 64 * 64 + 512) + 64 * 72 * 2
+        );
+        assert_eq!(
+            grouped_gemm_codes_smem_bytes(64, 3, 4),
+            3 * (64 * 72 * 2 + 64 * 32 + 512) + 64 * 72 * 2
+        );
     }
 }

@@ -1,0 +1,288 @@
+//! A MoE layer's routed experts in device memory, one matrix per projection with every expert
+//! stacked along the output rows: `[E (+1 packed shared), 2 I, D]` for gate/up (gate first) and
+//! `[E (+1), D, I]` for down. Each projection is either BF16 rows or, for a quantized checkpoint,
+//! the integer codes and FP16 scales exactly as the file stores them (`i8_mma` / `i4_mma`; the
+//! row-major `i8_sym` / `i4_sym` are repacked into that order once, at load), which the
+//! quantized grouped GEMM reads directly: the weights are never widened on the device.
+//! Encodings without a GPU kernel yet (NVFP4, FP8) are widened to BF16 at load, with a warning.
+
+use half::{bf16, f16};
+use minnow_format::{TensorRef, TensorSource};
+use minnow_runtime::cuda::ops::{self, CodeMatrices};
+use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu};
+use minnow_runtime::quant::{int, QuantEncoding};
+
+use super::weights::device_err;
+use crate::{ModelError, Result};
+
+/// One projection of a layer's routed experts.
+pub(crate) enum ExpertMatrix {
+    /// BF16 rows, `[slots, N, K]`.
+    Bf16(DeviceBuffer<bf16>),
+    /// `*_mma` codes (tiles of 8 rows x 16 columns) and their FP16 scales, experts concatenated
+    /// as the format lays them out.
+    Codes {
+        encoding: QuantEncoding,
+        group: usize,
+        codes: DeviceBuffer<u8>,
+        scales: DeviceBuffer<u8>,
+    },
+}
+
+impl ExpertMatrix {
+    pub fn bytes(&self) -> usize {
+        match self {
+            ExpertMatrix::Bf16(b) => b.bytes(),
+            ExpertMatrix::Codes { codes, scales, .. } => codes.bytes() + scales.bytes(),
+        }
+    }
+
+    /// The BF16 rows, when the projection is stored that way (the pool GEMM and the packed
+    /// shared expert need them).
+    pub fn bf16(&self) -> Option<&DeviceBuffer<bf16>> {
+        match self {
+            ExpertMatrix::Bf16(b) => Some(b),
+            ExpertMatrix::Codes { .. } => None,
+        }
+    }
+
+    /// The encoding's name as a file spells it (`bf16` for BF16 rows).
+    pub fn encoding_name(&self) -> &'static str {
+        match self {
+            ExpertMatrix::Bf16(_) => "bf16",
+            ExpertMatrix::Codes { encoding, .. } => encoding.name(),
+        }
+    }
+
+    /// `Y[p] = X[row_token[p] or p] . W[e]^T` over the dispatched tiles (see
+    /// [`ops::grouped_gemm`]), whatever the encoding.
+    #[allow(clippy::too_many_arguments)]
+    pub fn grouped_gemm(
+        &self,
+        gpu: &Gpu,
+        x: u64,
+        row_token: u64,
+        y: u64,
+        tiles: u64,
+        num_tiles: u64,
+        max_tiles: usize,
+        tile_rows: usize,
+        n: usize,
+        k: usize,
+    ) -> CudaResult<()> {
+        match self {
+            ExpertMatrix::Bf16(w) => ops::grouped_gemm(
+                gpu,
+                x,
+                row_token,
+                w.ptr(),
+                y,
+                tiles,
+                num_tiles,
+                max_tiles,
+                tile_rows,
+                n,
+                k,
+            ),
+            ExpertMatrix::Codes {
+                encoding,
+                group,
+                codes,
+                scales,
+            } => ops::grouped_gemm_codes(
+                gpu,
+                x,
+                row_token,
+                &CodeMatrices {
+                    bits: if is_int4(*encoding) { 4 } else { 8 },
+                    group: *group,
+                    codes: codes.ptr(),
+                    scales: scales.ptr(),
+                },
+                y,
+                tiles,
+                num_tiles,
+                max_tiles,
+                tile_rows,
+                n,
+                k,
+            ),
+        }
+    }
+}
+
+fn is_int4(e: QuantEncoding) -> bool {
+    matches!(e, QuantEncoding::I4Mma | QuantEncoding::I4Sym)
+}
+
+/// The fragment-order encoding of an integer encoding.
+fn mma_of(e: QuantEncoding) -> Option<QuantEncoding> {
+    match e {
+        QuantEncoding::I8Mma | QuantEncoding::I8Sym => Some(QuantEncoding::I8Mma),
+        QuantEncoding::I4Mma | QuantEncoding::I4Sym => Some(QuantEncoding::I4Mma),
+        _ => None,
+    }
+}
+
+/// One matrix of the projection, `[rows, cols]`: the tensor names stacked, in order.
+pub(crate) struct Projection<'a> {
+    pub names: Vec<String>,
+    pub rows: usize,
+    pub cols: usize,
+    /// Where the projection is logged ("layer 3 gate/up").
+    pub label: &'a str,
+}
+
+/// How a projection's tensors are stored, when they can stay quantized on the device: every
+/// tensor in one integer encoding and group size, at shapes the fragment order allows.
+fn stored_codes(source: &dyn TensorSource, p: &Projection<'_>) -> Option<(QuantEncoding, usize)> {
+    let mut common = None;
+    for name in &p.names {
+        let q = source.tensor(name)?.quant?;
+        let key = (q.encoding, q.group_size);
+        match common {
+            None => common = Some(key),
+            Some(c) if c == key => {}
+            Some(_) => return None,
+        }
+    }
+    let (encoding, group) = common?;
+    mma_of(encoding)?;
+    let shapes_ok = p.rows.is_multiple_of(8)
+        && p.cols.is_multiple_of(16)
+        && group > 0
+        && p.cols.is_multiple_of(group);
+    shapes_ok.then_some((encoding, group))
+}
+
+/// Whether the projection stays quantized on the device (see [`load_projection`]).
+pub(crate) fn keeps_codes(source: &dyn TensorSource, p: &Projection<'_>) -> bool {
+    stored_codes(source, p).is_some()
+}
+
+/// Whether any tensor of the projection is quantized (whatever the encoding).
+fn any_quantized(source: &dyn TensorSource, p: &Projection<'_>) -> bool {
+    p.names
+        .iter()
+        .any(|n| source.tensor(n).is_some_and(|t| t.quant.is_some()))
+}
+
+/// Reads a tensor as BF16 values of the given shape (dequantizing a quantized one).
+pub(crate) type WidenFn<'a> = dyn Fn(&str, &[usize]) -> Result<Vec<bf16>> + 'a;
+
+/// Loads one projection: codes as stored when possible, else BF16 through `widen` (which
+/// dequantizes a quantized tensor). A quantized projection that must be widened says so once.
+pub(crate) fn load_projection(
+    gpu: &Gpu,
+    source: &dyn TensorSource,
+    p: &Projection<'_>,
+    widen: &WidenFn<'_>,
+) -> Result<ExpertMatrix> {
+    if let Some((encoding, group)) = stored_codes(source, p) {
+        return load_codes(gpu, source, p, encoding, group);
+    }
+    if any_quantized(source, p) {
+        tracing::warn!(
+            "{}: quantized experts in an encoding the GPU kernels do not read yet (or mixed \
+             encodings); widened to BF16 on the device",
+            p.label
+        );
+    }
+    let matrix = p.rows * p.cols;
+    let buf = gpu
+        .alloc::<bf16>(p.names.len() * matrix)
+        .map_err(device_err)?;
+    for (i, name) in p.names.iter().enumerate() {
+        let values = widen(name, &[p.rows, p.cols])?;
+        gpu.write(&buf, i * matrix, &values).map_err(device_err)?;
+    }
+    Ok(ExpertMatrix::Bf16(buf))
+}
+
+fn load_codes(
+    gpu: &Gpu,
+    source: &dyn TensorSource,
+    p: &Projection<'_>,
+    stored: QuantEncoding,
+    group: usize,
+) -> Result<ExpertMatrix> {
+    let encoding = mma_of(stored).expect("an integer encoding");
+    let (rows, cols) = (p.rows, p.cols);
+    let groups = cols / group;
+    let code_bytes = encoding
+        .codes_bytes(rows, cols)
+        .ok_or_else(|| ModelError::Weights(format!("{}: shape overflows", p.label)))?;
+    let scale_bytes = groups * rows * 2;
+    let codes = gpu
+        .alloc::<u8>(p.names.len() * code_bytes)
+        .map_err(device_err)?;
+    let scales = gpu
+        .alloc::<u8>(p.names.len() * scale_bytes)
+        .map_err(device_err)?;
+    if stored != encoding {
+        tracing::info!(
+            "{}: {} experts repacked once into {} (the order the GPU kernels read)",
+            p.label,
+            stored.name(),
+            encoding.name()
+        );
+    }
+    for (i, name) in p.names.iter().enumerate() {
+        let t = tensor(source, name, &[rows, cols])?;
+        let q = t.quant.expect("checked by stored_codes");
+        let check = |what: &str, got: usize, want: usize| {
+            if got == want {
+                Ok(())
+            } else {
+                Err(ModelError::Weights(format!(
+                    "{name}: {what} of {got} bytes, expected {want}"
+                )))
+            }
+        };
+        if stored == encoding {
+            check("codes", t.data.len(), code_bytes)?;
+            check("scales", q.scales.len(), scale_bytes)?;
+            gpu.write(&codes, i * code_bytes, t.data)
+                .map_err(device_err)?;
+            gpu.write(&scales, i * scale_bytes, q.scales)
+                .map_err(device_err)?;
+        } else {
+            let row_major = stored
+                .codes_bytes(rows, cols)
+                .ok_or_else(|| ModelError::Weights(format!("{name}: shape overflows")))?;
+            check("codes", t.data.len(), row_major)?;
+            check("scales", q.scales.len(), scale_bytes)?;
+            let mut values = vec![0i8; rows * cols];
+            int::unpack_codes(stored, rows, cols, t.data, &mut values);
+            let packed = int::pack_codes(encoding, rows, cols, &values);
+            let row_scales: Vec<f16> = int::unpack_scales(stored, rows, groups, q.scales)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect();
+            let packed_scales = int::pack_scales(encoding, rows, groups, &row_scales);
+            gpu.write(&codes, i * code_bytes, &packed)
+                .map_err(device_err)?;
+            gpu.write(&scales, i * scale_bytes, &packed_scales)
+                .map_err(device_err)?;
+        }
+    }
+    Ok(ExpertMatrix::Codes {
+        encoding,
+        group,
+        codes,
+        scales,
+    })
+}
+
+fn tensor<'a>(source: &'a dyn TensorSource, name: &str, shape: &[usize]) -> Result<TensorRef<'a>> {
+    let t = source.tensor(name).ok_or_else(|| {
+        ModelError::Weights(format!("{}: missing tensor {name}", source.describe()))
+    })?;
+    if t.shape != shape {
+        return Err(ModelError::Weights(format!(
+            "{name}: shape {:?}, expected {shape:?}",
+            t.shape
+        )));
+    }
+    Ok(t)
+}
