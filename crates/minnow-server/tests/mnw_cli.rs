@@ -78,6 +78,16 @@ fn converts_identically_for_any_worker_count_and_validates() {
         "{inspect}"
     );
     assert!(inspect.contains("LLaDA2.1"), "{inspect}");
+    // The GPU keeps the INT8 codes and scales as stored: the same bytes as the file's.
+    let stored = inspect
+        .lines()
+        .find_map(|l| l.strip_prefix("encoding       i8_mma, group size 32: 48 tensors, "))
+        .expect("an i8_mma line");
+    let on_gpu = inspect
+        .lines()
+        .find(|l| l.starts_with("weights on GPU "))
+        .expect("a GPU line");
+    assert!(on_gpu.contains(&format!("i8_mma {stored}")), "{inspect}");
     // Only the .mnw and nothing temporary is left in the directory.
     let mut left: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()

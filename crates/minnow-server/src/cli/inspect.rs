@@ -77,8 +77,38 @@ fn report(c: &Config, source: &Checkpoint) -> String {
     let mut bytes: BTreeMap<String, usize> = BTreeMap::new();
     // Per encoding and group size: tensors and bytes (codes plus scales).
     let mut encodings: BTreeMap<(String, usize), (usize, usize)> = BTreeMap::new();
+    // What the CUDA loader holds on the GPU, per form: integer expert codes and scales as
+    // stored, the router's bias (and a router not stored in BF16) in F32, everything else in
+    // BF16 (NVFP4 and FP8 experts widened).
+    let mut on_gpu: BTreeMap<&'static str, usize> = BTreeMap::new();
     for name in source.names() {
         let t = source.tensor(name).expect("listed tensor");
+        let gpu_form = match t.quant.map(|q| q.encoding) {
+            Some(
+                e @ (minnow_runtime::QuantEncoding::I8Mma
+                | minnow_runtime::QuantEncoding::I4Mma
+                | minnow_runtime::QuantEncoding::I8Sym
+                | minnow_runtime::QuantEncoding::I4Sym),
+            ) => {
+                let form = if matches!(
+                    e,
+                    minnow_runtime::QuantEncoding::I8Mma | minnow_runtime::QuantEncoding::I8Sym
+                ) {
+                    "i8_mma"
+                } else {
+                    "i4_mma"
+                };
+                (form, t.data.len() + t.quant.map_or(0, |q| q.scales.len()))
+            }
+            // The router (when not stored in BF16) and its bias stay F32.
+            _ if name.ends_with(".mlp.gate.expert_bias")
+                || (name.ends_with(".mlp.gate.weight") && t.dtype_name != "BF16") =>
+            {
+                ("f32", t.numel() * 4)
+            }
+            _ => ("bf16", t.numel() * 2),
+        };
+        *on_gpu.entry(gpu_form.0).or_default() += gpu_form.1;
         total += t.numel();
         if name.contains(".mlp.experts.") {
             routed += t.numel();
@@ -105,6 +135,16 @@ fn report(c: &Config, source: &Checkpoint) -> String {
         .map(|(d, b)| format!("{d} {}", human_bytes(*b)))
         .collect();
     line(format!("stored bytes   {}", per_dtype.join(", ")));
+    let gpu_total: usize = on_gpu.values().sum();
+    let gpu_parts: Vec<String> = on_gpu
+        .iter()
+        .map(|(form, b)| format!("{form} {}", human_bytes(*b)))
+        .collect();
+    line(format!(
+        "weights on GPU {} ({})",
+        human_bytes(gpu_total),
+        gpu_parts.join(", ")
+    ));
     if let Checkpoint::Mnw(file) = source {
         line(format!(
             "container      .mnw version {}, model_id {:?}, {} assets ({})",
