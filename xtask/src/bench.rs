@@ -7,7 +7,10 @@
 //! Options: `--commit SHA` (else `git rev-parse`), `--quick` (fewer repetitions),
 //! `--prefill 512,2048,...`, `--prefix 1024,8192`, `--profile-one` (only one refinement forward
 //! at the first prefix, without a graph, between `cuProfilerStart`/`Stop`: for
-//! `ncu --profile-from-start off`).
+//! `ncu --profile-from-start off`), `--concurrency 1,4,16,64` (the batched steps),
+//! `--experts bf16|int8|int4` (random routed experts in that encoding: `i8_mma`/`i4_mma` codes
+//! with groups of 128), `--preset mini|flash` (the shapes; flash needs `--experts int4|int8` to
+//! fit one GPU).
 
 use std::time::Instant;
 
@@ -33,7 +36,28 @@ pub(crate) const MINI_22: &str = r#"{
   "use_sliding_window": false, "torch_dtype": "bfloat16"
 }"#;
 
+/// LLaDA2.2-flash at the shapes docs/llada2-model.md gives (hidden 4,096, 256 experts of width
+/// 1,024, top-8, block routing with 48 admitted experts; the values it marks unconfirmed are
+/// Ling-flash-2.0's). BF16 experts would need ~200 GB: run it with `--experts int4|int8`.
+pub(crate) const FLASH_22: &str = r#"{
+  "model_type": "llada2_moe", "architectures": ["LLaDA2MoeModelLM"],
+  "vocab_size": 157184, "hidden_size": 4096, "intermediate_size": 9216,
+  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+  "moe_intermediate_size": 1024, "num_experts": 256, "num_experts_per_tok": 8, "num_shared_experts": 1,
+  "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1,
+  "moe_router_enable_expert_bias": true, "norm_topk_prob": true, "score_function": "sigmoid",
+  "router_dtype": "fp32", "rms_norm_eps": 1e-6, "rope_theta": 3000000,
+  "rope_parameters": {"rope_type": "default", "rope_theta": 3000000, "partial_rotary_factor": 0.5},
+  "partial_rotary_factor": 0.5, "rotary_dim": 64, "rope_scaling": null,
+  "max_position_embeddings": 131072, "use_qk_norm": true, "use_qkv_bias": false, "use_bias": false,
+  "norm_head": false, "tie_word_embeddings": false, "hidden_act": "silu", "pad_token_id": 156892,
+  "block_size": 32, "expert_capacity": 48, "delete_token_id": 156930, "split_token_id": 156931,
+  "use_sliding_window": false, "torch_dtype": "bfloat16"
+}"#;
+
 struct Opts {
+    /// `mini` or `flash` (the shapes of the random model).
+    preset: String,
     commit: String,
     reps: usize,
     prefill: Vec<usize>,
@@ -70,6 +94,7 @@ fn parse_list(s: &str) -> Result<Vec<usize>, String> {
 
 fn parse(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
+        preset: "mini".into(),
         commit: String::new(),
         reps: 20,
         prefill: vec![512, 2048, 4096, 8192],
@@ -86,6 +111,12 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--profile-one" => o.profile_one = true,
             "--prefill" => o.prefill = parse_list(it.next().ok_or("--prefill needs a list")?)?,
             "--prefix" => o.prefixes = parse_list(it.next().ok_or("--prefix needs a list")?)?,
+            "--preset" => {
+                o.preset = match it.next().map(String::as_str) {
+                    Some(p @ ("mini" | "flash")) => p.to_string(),
+                    other => return Err(format!("--preset mini|flash, got {other:?}")),
+                }
+            }
             "--experts" => {
                 o.experts = match it.next().map(String::as_str) {
                     Some("bf16") => None,
@@ -487,14 +518,18 @@ fn print_profile(what: &str, stages: Vec<(&'static str, f32)>) {
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
-    let config = Config::from_json_str(MINI_22, std::path::Path::new("<LLaDA2.2-mini shapes>"))
+    let (shapes, label) = match o.preset.as_str() {
+        "flash" => (FLASH_22, "LLaDA2.2-flash"),
+        _ => (MINI_22, "LLaDA2.2-mini"),
+    };
+    let config = Config::from_json_str(shapes, std::path::Path::new(&format!("<{label} shapes>")))
         .map_err(err)?;
     let t0 = Instant::now();
     let mut runner =
         CudaRunner::random_with_experts(config.clone(), 0, 2201, o.experts, None).map_err(err)?;
     let device = runner.gpu().name().to_string();
     println!(
-        "random LLaDA2.2-mini weights ({} routed experts) on {device}: {:.2} GB in {:.1} s",
+        "random {label} weights ({} routed experts) on {device}: {:.2} GB in {:.1} s",
         o.experts_label(),
         runner.weight_bytes() as f64 / 1e9,
         t0.elapsed().as_secs_f64()
