@@ -13,6 +13,8 @@
 //! 4. a replica killed (SIGKILL) under load: requests in flight on it may fail (the router
 //!    cannot replay a response it has started forwarding); every later request succeeds.
 //!
+//! Replicas and router share one API key, as docs/deploy.md sets them up.
+//!
 //! The router comes from `MINNOW_ROUTER_PYTHON` (default `python3`) with `sglang-router` installed
 //! (`pip install sglang-router==0.3.2`); without it the test fails and says so, unless
 //! `MINNOW_SKIP_ROUTER_TEST=1`.
@@ -38,8 +40,22 @@ const CONVERSATIONS: usize = 24;
 const TURNS: usize = 3;
 const MODEL: &str = "tiny";
 
-/// Replica flags: the model under a short id, one thread each (three replicas share the host).
-const REPLICA_ARGS: &[&str] = &["--alias", MODEL, "--shutdown-grace", "20"];
+/// The key the replicas require and the router both requires from clients and sends on
+/// (sglang-router's `--api-key` is one key for both sides).
+const API_KEY: &str = "replica-key";
+
+/// Replica flags: the model under a short id, the key, a drain bound, one thread each (three
+/// replicas share the host).
+const REPLICA_ARGS: &[&str] = &[
+    "--threads",
+    "1",
+    "--alias",
+    MODEL,
+    "--api-key",
+    API_KEY,
+    "--shutdown-grace",
+    "20",
+];
 
 fn router_python() -> Option<String> {
     let python = std::env::var("MINNOW_ROUTER_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -72,11 +88,7 @@ fn free_port() -> u16 {
 }
 
 fn start_replica(listen: &str) -> Server {
-    Server::spawn_at(
-        listen,
-        Some(FIXTURE_V21),
-        &[REPLICA_ARGS, &["--threads", "1"]].concat(),
-    )
+    Server::spawn_at(listen, Some(FIXTURE_V21), REPLICA_ARGS)
 }
 
 /// The router process (the Python launcher runs the Rust router in-process).
@@ -101,6 +113,7 @@ impl Router {
             .arg("--worker-urls")
             .args(workers)
             .args(["--policy", policy])
+            .args(["--api-key", API_KEY])
             // Notice a draining or dead replica within a second, and take it back as soon as it
             // answers again (docs/deploy.md).
             .args(["--health-check-interval-secs", "1"])
@@ -258,6 +271,7 @@ async fn ask(
 ) -> Result<(String, Answer), String> {
     let response = client
         .post(format!("{router}/v1/chat/completions"))
+        .bearer_auth(API_KEY)
         .json(body)
         .send()
         .await
@@ -348,11 +362,27 @@ async fn run_conversations(router: &str, tag: &str, concurrency: usize) -> Vec<V
     results
 }
 
-/// Sums of per-replica counters, one entry per replica.
+/// A replica's metric (its `/metrics` needs the key).
+async fn metric(replica: &Server, name: &str) -> f64 {
+    let text = reqwest::Client::new()
+        .get(replica.url("/metrics"))
+        .bearer_auth(API_KEY)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing in:\n{text}"))
+}
+
+/// A counter of every replica, one entry per replica.
 async fn counters(replicas: &[Server], name: &str) -> Vec<f64> {
     let mut values = Vec::new();
     for replica in replicas {
-        values.push(replica.metric(name).await);
+        values.push(metric(replica, name).await);
     }
     values
 }
@@ -538,7 +568,7 @@ fn delta(now: &[f64], before: &[f64]) -> Vec<f64> {
 /// Waits until the replica is decoding something (so that a signal meets work in flight).
 async fn wait_busy(replica: &Server) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while replica.metric("minnow_busy_slots").await < 1.0 {
+    while metric(replica, "minnow_busy_slots").await < 1.0 {
         assert!(Instant::now() < deadline, "the replica never got work");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
