@@ -12,8 +12,9 @@ use futures_util::StreamExt;
 use harness::{assert_error, get_json, parse_sse, post, Server, Sse};
 use serde_json::{json, Value};
 
-/// A stream the tiny model takes a while over: nothing clears the threshold, so every block
-/// runs its whole step schedule.
+/// A stream the tiny model takes a while over (15-65 ms a block on the development host, 16
+/// blocks with `max_tokens: -1`): nothing clears the threshold, so every block runs its whole
+/// step schedule.
 fn slow_stream(max_tokens: i64) -> Value {
     json!({
         "messages": [{"role": "user", "content": "Tell a long story."}],
@@ -64,7 +65,7 @@ async fn probes_and_load_then_a_drain_that_finishes_streams() {
     assert_eq!(status, 200);
     assert_eq!(model["is_generation"], true);
 
-    let response = post(&server, "/v1/chat/completions", slow_stream(96)).await;
+    let response = post(&server, "/v1/chat/completions", slow_stream(-1)).await;
     assert_eq!(response.status(), 200);
     let mut stream = response.bytes_stream();
     let seen = first_block(&mut stream).await;
@@ -126,22 +127,38 @@ async fn probes_and_load_then_a_drain_that_finishes_streams() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stream_still_running_when_the_grace_ends_gets_an_error_event() {
-    let mut server = Server::start(None, &["--shutdown-grace", "1"]).await;
+    // One slot: the first stream decodes, three more wait behind it, so the last cannot finish
+    // within the grace however fast the host is.
+    let mut server = Server::start(None, &["--parallel", "1", "--shutdown-grace", "0.5"]).await;
     let response = post(&server, "/v1/chat/completions", slow_stream(-1)).await;
     assert_eq!(response.status(), 200);
-    let mut stream = response.bytes_stream();
-    let seen = first_block(&mut stream).await;
+    let mut first = response.bytes_stream();
+    let seen = first_block(&mut first).await;
+    let mut streams = vec![tokio::spawn(rest_of(first, seen))];
+    for _ in 0..3 {
+        let response = post(&server, "/v1/chat/completions", slow_stream(-1)).await;
+        assert_eq!(response.status(), 200);
+        streams.push(tokio::spawn(rest_of(
+            response.bytes_stream(),
+            String::new(),
+        )));
+    }
     server.signal("TERM");
-    let text = rest_of(stream, seen).await;
-    let events = parse_sse(&text);
-    assert_eq!(events.last(), Some(&Sse::Done), "{text}");
-    let error = events
+    let mut texts = Vec::new();
+    for stream in streams {
+        texts.push(stream.await.unwrap());
+    }
+    for text in &texts {
+        assert_eq!(parse_sse(text).last(), Some(&Sse::Done), "{text}");
+    }
+    let last = texts.last().unwrap();
+    let error = parse_sse(last)
         .iter()
         .find_map(|e| match e {
             Sse::Data(data) if data.get("error").is_some() => Some(data["error"].clone()),
             _ => None,
         })
-        .unwrap_or_else(|| panic!("no error event in {text}"));
+        .unwrap_or_else(|| panic!("no error event in {last}"));
     assert_eq!(error["code"], "shutdown_grace_over", "{error}");
     let status = server
         .wait_exit(Duration::from_secs(10))
