@@ -7,11 +7,11 @@
 //!    replicas' `minnow_prefix_cache_hit_generations_total` agree), and load spreads;
 //! 2. round-robin, 24 new conversations: the same measurement, for comparison (not asserted:
 //!    which replica a turn meets depends on how the conversations interleave);
-//! 3. a rolling restart under load (cache-aware): each replica in turn gets SIGTERM while it has
-//!    streams in flight, drains (its streams finish), exits 0 and comes back on its port; no
-//!    request fails;
-//! 4. a replica killed (SIGKILL) under load: requests in flight on it may fail (the router
-//!    cannot replay a response it has started forwarding); every later request succeeds.
+//! 3. a rolling restart under load (cache-aware, half the clients streaming): each replica in
+//!    turn gets SIGTERM while it is decoding, drains (its requests finish), exits 0 and comes
+//!    back on its port; no request fails;
+//! 4. a replica killed (SIGKILL) under the same load: requests in flight on it may fail (the
+//!    router cannot replay a stream it has started forwarding); every later request succeeds.
 //!
 //! Replicas and router share one API key, as docs/deploy.md sets them up.
 //!
@@ -209,6 +209,7 @@ fn opening(id: &str) -> String {
 #[derive(Debug, Clone)]
 struct Turn {
     turn: usize,
+    stream: bool,
     started: Instant,
     ended: Instant,
     /// The answer, or what went wrong.
@@ -251,6 +252,7 @@ async fn converse(client: &reqwest::Client, router: &str, id: &str, stream: bool
         }
         turns.push(Turn {
             turn,
+            stream,
             started,
             ended,
             outcome: outcome.map(|(_, answer)| answer),
@@ -544,10 +546,20 @@ async fn replicas_behind_sglang_router() {
     let turns = load.stop().await;
     let failed: Vec<_> = turns.iter().filter(|t| t.outcome.is_err()).collect();
     let after_kill = turns.iter().filter(|t| t.started > killed_at).count();
+    let in_flight = |stream: bool| {
+        turns
+            .iter()
+            .filter(|t| t.stream == stream && t.started < killed_at && t.ended > killed_at)
+            .count()
+    };
     eprintln!(
-        "killed replica 0: {} turns ({after_kill} started after the kill), {} failed: {:?}",
+        "killed replica 0: {} turns ({after_kill} started after the kill); in flight at the kill \
+         (on any replica): {} streamed, {} not; failed: {} streamed, {} not: {:?}",
         turns.len(),
-        failed.len(),
+        in_flight(true),
+        in_flight(false),
+        failed.iter().filter(|t| t.stream).count(),
+        failed.iter().filter(|t| !t.stream).count(),
         failed.iter().map(|t| t.outcome.clone()).collect::<Vec<_>>()
     );
     for turn in &failed {
@@ -574,7 +586,7 @@ async fn wait_busy(replica: &Server) {
     }
 }
 
-/// Streaming conversations started back to back until `stop`.
+/// Conversations started back to back until `stop`; half the clients stream.
 struct Load {
     stop: Arc<AtomicBool>,
     workers: Vec<tokio::task::JoinHandle<Vec<Turn>>>,
@@ -596,7 +608,8 @@ impl Load {
                     let mut n = 0;
                     while !stop.load(Ordering::SeqCst) {
                         let id = format!("{tag}-{w}-{n}");
-                        turns.extend(converse(&client, &router, &id, true).await);
+                        let stream = w % 2 == 0;
+                        turns.extend(converse(&client, &router, &id, stream).await);
                         n += 1;
                     }
                     turns
