@@ -32,12 +32,17 @@ impl Server {
     /// Starts `minnow [--model M] serve --listen 127.0.0.1:0 ARGS` and waits for the listening line
     /// (not for the model: see `wait_ready`).
     pub fn spawn(model: Option<&str>, args: &[&str]) -> Server {
+        Server::spawn_at("127.0.0.1:0", model, args)
+    }
+
+    /// `spawn` on a given address (a replica restarted on its port).
+    pub fn spawn_at(listen: &str, model: Option<&str>, args: &[&str]) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_minnow"));
         if let Some(model) = model {
             command.args(["--model", model]);
         }
         command
-            .args(["--device", "cpu", "serve", "--listen", "127.0.0.1:0"])
+            .args(["--device", "cpu", "serve", "--listen", listen])
             .args(args)
             .env("RUST_LOG", "info")
             .env_remove("MINNOW_API_KEY")

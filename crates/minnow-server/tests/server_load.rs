@@ -213,6 +213,15 @@ async fn health_is_503_while_loading() {
     assert_eq!(error["code"], "model_loading");
     let (status, body) = post_json(&server, "/v1/completions", json!({"prompt": "x"})).await;
     assert_error(status, &body, 503, "unavailable_error");
+    // Alive while loading (a liveness probe must not kill a replica that loads), with no load.
+    let (status, body) = get_json(&server, "/livez").await;
+    assert_eq!(
+        (status, body["phase"].as_str()),
+        (200, Some("loading")),
+        "{body}"
+    );
+    let (status, body) = get_json(&server, "/get_load").await;
+    assert_eq!((status, &body[0]["num_reqs"]), (200, &json!(0)), "{body}");
 
     // The loader may open config.json more than once: feed the FIFO once per reader (opening
     // it for writing waits for the next reader; the pause lets the last reader see its EOF).

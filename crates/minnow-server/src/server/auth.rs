@@ -1,12 +1,16 @@
-//! `--api-key`: Bearer-token check. Health probes and the static web UI stay open (a browser must
-//! load the UI before the user can type a key into it); every API route needs the key.
+//! `--api-key`: Bearer-token check. Health probes (readiness and liveness) and the static web UI
+//! stay open (a browser must load the UI before the user can type a key into it); every API route
+//! needs the key.
 
 use hyper::header::AUTHORIZATION;
 use hyper::HeaderMap;
 
 /// Routes answered without a key.
 pub fn is_public(path: &str) -> bool {
-    matches!(path, "/health" | "/v1/health")
+    matches!(
+        path,
+        "/health" | "/v1/health" | "/health_generate" | "/livez"
+    )
 }
 
 /// True when no key is configured or the request carries `Authorization: Bearer KEY`
@@ -82,6 +86,8 @@ mod tests {
     fn health_is_public() {
         assert!(is_public("/health"));
         assert!(is_public("/v1/health"));
+        assert!(is_public("/livez"));
+        assert!(!is_public("/get_load"));
         assert!(!is_public("/v1/models"));
     }
 }

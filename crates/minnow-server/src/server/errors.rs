@@ -179,6 +179,32 @@ impl ApiError {
         error
     }
 
+    /// 503 for a request that arrives after a shutdown signal (`lifecycle.rs`): this replica
+    /// finishes what it has and takes nothing new, so the request belongs elsewhere (retryable).
+    pub fn draining(in_flight: usize) -> Self {
+        let mut error = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable_error",
+            format!(
+                "the server is shutting down: it finishes the {in_flight} request(s) in flight and admits no new one; retry on another replica"
+            ),
+        );
+        error.code = Some("server_draining");
+        error
+    }
+
+    /// A request still running when `--shutdown-grace` ran out; a stream gets it as its last
+    /// event.
+    pub fn shutdown_grace_over() -> Self {
+        let mut error = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable_error",
+            "the server shut down before this request finished (--shutdown-grace ran out); retry it",
+        );
+        error.code = Some("shutdown_grace_over");
+        error
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }

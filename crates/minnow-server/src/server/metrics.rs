@@ -61,6 +61,9 @@ pub struct Metrics {
     commit_forwards: AtomicU64,
     blocks: AtomicU64,
     cancelled: AtomicU64,
+    generations: AtomicU64,
+    /// Finished generations whose prompt took at least one block from the prefix cache.
+    cache_hit_generations: AtomicU64,
     latency: Mutex<Option<Histogram>>,
     prefill: Mutex<Option<Histogram>>,
 }
@@ -70,7 +73,12 @@ pub struct Gauges {
     pub queue_depth: usize,
     pub busy_slots: usize,
     pub total_slots: usize,
+    /// Loaded and not draining: what `/health` answers.
     pub ready: bool,
+    /// A shutdown signal arrived: no new generation is admitted.
+    pub draining: bool,
+    /// Generation requests admitted and not yet fully answered (`lifecycle.rs`).
+    pub admitted: usize,
     /// The engine's K/V cache and batch statistics (zero while loading).
     pub engine: EngineStats,
 }
@@ -86,6 +94,10 @@ impl Metrics {
     }
 
     pub fn record_generation(&self, stats: &GenerationStats) {
+        self.generations.fetch_add(1, Ordering::Relaxed);
+        if stats.cached_tokens > 0 {
+            self.cache_hit_generations.fetch_add(1, Ordering::Relaxed);
+        }
         self.prompt_tokens
             .fetch_add(stats.prompt_tokens as u64, Ordering::Relaxed);
         self.cached_tokens
@@ -175,6 +187,18 @@ impl Metrics {
         );
         counter(
             &mut out,
+            "minnow_generations_total",
+            "Generations that finished (every endpoint, streamed or not).",
+            load(&self.generations),
+        );
+        counter(
+            &mut out,
+            "minnow_prefix_cache_hit_generations_total",
+            "Finished generations whose prompt reused at least one block from the prefix cache.",
+            load(&self.cache_hit_generations),
+        );
+        counter(
+            &mut out,
             "minnow_requests_cancelled_total",
             "Generations cancelled because the client disconnected.",
             load(&self.cancelled),
@@ -200,8 +224,20 @@ impl Metrics {
         gauge(
             &mut out,
             "minnow_ready",
-            "1 once the model is loaded.",
+            "1 once the model is loaded, 0 again while draining (what /health answers).",
             usize::from(gauges.ready),
+        );
+        gauge(
+            &mut out,
+            "minnow_draining",
+            "1 after a shutdown signal: in-flight requests finish, new ones get 503.",
+            usize::from(gauges.draining),
+        );
+        gauge(
+            &mut out,
+            "minnow_requests_in_flight",
+            "Generation requests admitted and not yet fully answered (streams included).",
+            gauges.admitted,
         );
         let cache = &gauges.engine.cache;
         gauge(
@@ -290,11 +326,18 @@ mod tests {
             denoise_forwards: 5,
             ..GenerationStats::default()
         });
+        // A second turn whose prompt found one block in the prefix cache.
+        metrics.record_generation(&GenerationStats {
+            cached_tokens: 32,
+            ..GenerationStats::default()
+        });
         let text = metrics.render(&Gauges {
             queue_depth: 1,
             busy_slots: 2,
             total_slots: 4,
             ready: true,
+            draining: false,
+            admitted: 3,
             engine: EngineStats {
                 cache: minnow_engine::CacheStats {
                     pages_total: 100,
@@ -309,6 +352,10 @@ mod tests {
             },
         });
         assert!(text.contains("minnow_preemptions_total 5"));
+        assert!(text.contains("minnow_requests_in_flight 3"));
+        assert!(text.contains("minnow_draining 0"));
+        assert!(text.contains("minnow_generations_total 2"));
+        assert!(text.contains("minnow_prefix_cache_hit_generations_total 1"));
         assert!(text.contains("minnow_kv_pages_total 100"));
         assert!(text.contains("minnow_kv_pages_used 7"));
         assert!(text.contains("minnow_prefix_cache_hit_tokens_total 64"));
@@ -325,6 +372,6 @@ mod tests {
         assert!(text.contains("minnow_request_duration_seconds_bucket{le=\"0.025\"} 1"));
         assert!(text.contains("minnow_request_duration_seconds_bucket{le=\"0.5\"} 2"));
         assert!(text.contains("minnow_request_duration_seconds_count 2"));
-        assert!(text.contains("minnow_prefill_duration_seconds_count 1"));
+        assert!(text.contains("minnow_prefill_duration_seconds_count 2"));
     }
 }

@@ -3,9 +3,12 @@
 //!
 //! Startup binds the socket first and loads the model on a blocking thread, so `/health` answers
 //! 503 while loading and 200 after. SIGINT/SIGTERM during loading exit at once; after it they
-//! stop accepting connections and let in-flight requests (streams included) finish for up to
-//! `--shutdown-grace` seconds, after which the rest are cut and the exit status is non-zero; a
-//! second signal exits at once. `connections` bounds open, idle and per-address connections.
+//! start a drain (`lifecycle`): the server keeps listening, but `/health` and every new
+//! generation answer 503 (with `Retry-After`) while the admitted requests (streams included)
+//! finish for up to `--shutdown-grace` seconds; then it stops listening and exits 0. Requests
+//! still running when the grace runs out end with an error event (or a 503) and the exit status
+//! is non-zero; a second signal exits at once. `connections` bounds open, idle and per-address
+//! connections; `worker_api` answers a router's and an orchestrator's probes.
 //!
 //! Map: `routes` (dispatch, auth, body limit) → `openai` + `fields` (request validation) →
 //! `generation` (prompt preparation, non-streaming) / `sse` (streaming) → `responses` (OpenAI
@@ -19,6 +22,7 @@ mod fields;
 mod generation;
 mod http;
 mod json_body;
+mod lifecycle;
 mod metrics;
 mod openai;
 mod origin;
@@ -29,6 +33,7 @@ mod special_text;
 mod sse;
 mod state;
 mod static_files;
+mod worker_api;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,59 +86,22 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
     let (load_failed_tx, mut load_failed) = tokio::sync::oneshot::channel::<String>();
     tokio::spawn(load_model(state.clone(), load_failed_tx));
 
-    // Set once the loader has finished (its channel closes on success).
-    let mut loader_done = false;
-    // Turns true when the server shuts down: every connection finishes its requests and closes.
-    let (stopping, stop_watch) = watch::channel(false);
-    let mut shutdown = Box::pin(shutdown_signal());
+    // Turns true when the server closes: every connection finishes its requests and closes.
+    let (closing, close_watch) = watch::channel(false);
     let limits = state.config.limits.clone();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let peers = Arc::new(connections::PeerCounts::default());
+    let acceptor = tokio::spawn(accept_connections(
+        listener,
+        state.clone(),
+        slots.clone(),
+        close_watch,
+    ));
+
+    // Set once the loader has finished (its channel closes on success).
+    let mut loader_done = false;
+    let mut shutdown = Box::pin(shutdown_signal());
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        // Out of file descriptors and the like: keep serving the others.
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let Ok(permit) = slots.clone().try_acquire_owned() else {
-                    tracing::warn!(
-                        "refusing a connection: {} already open (--max-connections)",
-                        limits.max_connections
-                    );
-                    tokio::spawn(connections::refuse_over_capacity(stream, format!(
-                        "the server has reached its limit of {} open connections; retry later",
-                        limits.max_connections
-                    )));
-                    continue;
-                };
-                let Some(peer_slot) = peers.take(peer.ip(), limits.max_connections_per_peer) else {
-                    tracing::warn!(
-                        "refusing a connection from {}: {} already open from there \
-                         (--max-connections-per-peer)",
-                        peer.ip(),
-                        limits.max_connections_per_peer
-                    );
-                    tokio::spawn(connections::refuse_over_capacity(stream, format!(
-                        "this address has reached its limit of {} open connections; retry later",
-                        limits.max_connections_per_peer
-                    )));
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                let state = state.clone();
-                let limits = limits.clone();
-                let stop_watch = stop_watch.clone();
-                tokio::spawn(async move {
-                    let _slots = (permit, peer_slot);
-                    connections::serve(stream, state, limits, stop_watch).await;
-                });
-            }
             message = &mut load_failed, if !loader_done => {
                 if let Ok(message) = message {
                     return Err(message);
@@ -144,30 +112,132 @@ async fn serve(config: ServerConfig) -> Result<(), String> {
         }
     }
 
-    drop(listener);
-    if !state.is_ready() {
+    if !state.is_loaded() {
         // Nothing can be in flight before the model is ready; `run` does not wait for the loader.
         tracing::info!("shutting down during loading");
         return Ok(());
     }
-    let open = limits.max_connections - slots.available_permits();
+    drain(&state, acceptor, &closing, &slots).await
+}
+
+/// After a shutdown signal: keep listening, but admit no new generation (503 with
+/// `Retry-After`, `/health` 503, so that a router moves on) while the admitted ones finish; then
+/// stop listening and close the connections. Within `--shutdown-grace` that is a clean exit;
+/// past it, what still runs ends with an error (events on streams) and the exit is an error.
+async fn drain(
+    state: &AppState,
+    acceptor: tokio::task::JoinHandle<()>,
+    closing: &watch::Sender<bool>,
+    slots: &Arc<Semaphore>,
+) -> Result<(), String> {
+    let limits = &state.config.limits;
+    let grace = limits.shutdown_grace;
+    let deadline = tokio::time::Instant::now() + grace;
+    state.lifecycle.start_draining();
     tracing::info!(
-        "shutting down: draining {open} open connection(s) (at most {}s, --shutdown-grace)",
-        limits.shutdown_grace.as_secs_f64()
+        "shutting down: draining {} request(s) in flight (at most {}s, --shutdown-grace); \
+         new ones get 503",
+        state.lifecycle.admitted(),
+        grace.as_secs_f64()
     );
-    let _ = stopping.send(true);
+    let drained = tokio::select! {
+        () = state.lifecycle.drained() => true,
+        () = tokio::time::sleep_until(deadline) => false,
+        () = shutdown_signal() => return Err("second signal: exited without draining".to_string()),
+    };
+    let cut = state.lifecycle.admitted();
+    if !drained {
+        // Streams send their error event and end; waiting requests are answered 503.
+        state.lifecycle.end_grace();
+    }
+    acceptor.abort();
+    // The listener goes with the task: nothing new connects from here on.
+    let _ = acceptor.await;
+    let _ = closing.send(true);
     // Every connection holds one slot until it has closed: all slots back means all closed.
     let all_closed = slots.acquire_many(limits.max_connections as u32);
+    if !drained {
+        // A moment for the error events to reach their clients.
+        let _ = tokio::time::timeout(GRACE_OVER_FLUSH, all_closed).await;
+        return Err(format!(
+            "--shutdown-grace of {}s ran out: ended {cut} request(s) still running with an error",
+            grace.as_secs_f64()
+        ));
+    }
     tokio::select! {
         _ = all_closed => {
             tracing::info!("all requests finished; bye");
             Ok(())
         }
-        () = tokio::time::sleep(limits.shutdown_grace) => Err(format!(
+        () = tokio::time::sleep_until(deadline) => Err(format!(
             "--shutdown-grace of {}s ran out: closed the connections still open",
-            limits.shutdown_grace.as_secs_f64()
+            grace.as_secs_f64()
         )),
         () = shutdown_signal() => Err("second signal: exited without draining".to_string()),
+    }
+}
+
+/// How long the error events of requests cut at the end of the grace period may take to leave.
+const GRACE_OVER_FLUSH: Duration = Duration::from_secs(2);
+
+/// Accepts connections until the task is aborted (which drops the listener), each under the
+/// connection caps; `closing` tells the open ones to finish their requests and close.
+async fn accept_connections(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    slots: Arc<Semaphore>,
+    closing: watch::Receiver<bool>,
+) {
+    let limits = state.config.limits.clone();
+    let peers = Arc::new(connections::PeerCounts::default());
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors and the like: keep serving the others.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(
+                "refusing a connection: {} already open (--max-connections)",
+                limits.max_connections
+            );
+            tokio::spawn(connections::refuse_over_capacity(
+                stream,
+                format!(
+                    "the server has reached its limit of {} open connections; retry later",
+                    limits.max_connections
+                ),
+            ));
+            continue;
+        };
+        let Some(peer_slot) = peers.take(peer.ip(), limits.max_connections_per_peer) else {
+            tracing::warn!(
+                "refusing a connection from {}: {} already open from there \
+                 (--max-connections-per-peer)",
+                peer.ip(),
+                limits.max_connections_per_peer
+            );
+            tokio::spawn(connections::refuse_over_capacity(
+                stream,
+                format!(
+                    "this address has reached its limit of {} open connections; retry later",
+                    limits.max_connections_per_peer
+                ),
+            ));
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        let limits = limits.clone();
+        let closing = closing.clone();
+        tokio::spawn(async move {
+            let _slots = (permit, peer_slot);
+            connections::serve(stream, state, limits, closing).await;
+        });
     }
 }
 

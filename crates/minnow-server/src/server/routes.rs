@@ -25,12 +25,16 @@ use super::http::{error_response, json_response, text_response, Body};
 use super::openai;
 use super::origin::Verdict;
 use super::state::{AppState, RequestLog};
-use super::{auth, responses_api, sse, static_files};
+use super::{auth, lifecycle, responses_api, sse, static_files, worker_api};
 
 /// The API routes. Anything else is a static UI file (with `--ui-dir`) or a 404.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Route {
     Health,
+    Livez,
+    Load,
+    ServerInfo,
+    ModelInfo,
     Models,
     Model,
     Props,
@@ -49,7 +53,11 @@ enum Route {
 impl Route {
     fn find(path: &str) -> Option<Route> {
         Some(match path {
-            "/health" | "/v1/health" => Route::Health,
+            "/health" | "/v1/health" | "/health_generate" => Route::Health,
+            "/livez" => Route::Livez,
+            "/get_load" => Route::Load,
+            "/server_info" | "/get_server_info" => Route::ServerInfo,
+            "/model_info" | "/get_model_info" => Route::ModelInfo,
             "/v1/models" | "/models" => Route::Models,
             "/props" => Route::Props,
             "/slots" => Route::Slots,
@@ -70,6 +78,10 @@ impl Route {
     fn method(self) -> Method {
         match self {
             Route::Health
+            | Route::Livez
+            | Route::Load
+            | Route::ServerInfo
+            | Route::ModelInfo
             | Route::Models
             | Route::Model
             | Route::Props
@@ -89,10 +101,23 @@ impl Route {
             || (self == Route::StoredResponse && *method == Method::DELETE)
     }
 
+    /// Routes that run the model: admitted one by one, and refused while draining
+    /// (`lifecycle.rs`).
+    fn generates(self) -> bool {
+        matches!(
+            self,
+            Route::ChatCompletions | Route::Completions | Route::Responses
+        )
+    }
+
     /// Metrics label.
     fn label(self) -> &'static str {
         match self {
             Route::Health => "/health",
+            Route::Livez => "/livez",
+            Route::Load => "/get_load",
+            Route::ServerInfo => "/server_info",
+            Route::ModelInfo => "/model_info",
             Route::Models => "/v1/models",
             Route::Model => "/v1/models/{id}",
             Route::Props => "/props",
@@ -257,9 +282,35 @@ async fn dispatch(
     {
         return Err(ApiError::unauthorized());
     }
+    if !route.generates() {
+        return serve_route(state, route, request, log, &path).await;
+    }
+    // A generation holds its admission until its response is sent; a drain waits for it. When
+    // the shutdown grace runs out first, a request still waiting for its answer gets a 503 (a
+    // stream that has started ends with an error event instead: `sse.rs`).
+    let admission = state.lifecycle.admit()?;
+    tokio::select! {
+        response = serve_route(state, route, request, log, &path) => {
+            Ok(lifecycle::hold_until_sent(response?, admission))
+        }
+        () = state.lifecycle.grace_over() => Err(ApiError::shutdown_grace_over()),
+    }
+}
 
+async fn serve_route(
+    state: &Arc<AppState>,
+    route: Route,
+    request: Request<Incoming>,
+    log: &Arc<RequestLog>,
+    path: &str,
+) -> Result<Response<Body>, ApiError> {
+    let method = request.method().clone();
     match route {
-        Route::Health => health(state),
+        Route::Health => worker_api::health(state),
+        Route::Livez => Ok(worker_api::livez(state)),
+        Route::Load => Ok(worker_api::load(state)),
+        Route::ServerInfo => worker_api::server_info(state),
+        Route::ModelInfo => worker_api::model_info(state),
         Route::Metrics => Ok(text_response(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -267,7 +318,7 @@ async fn dispatch(
         )),
         Route::Models => models(state),
         Route::Model => {
-            let id = percent_decoded(model_id_in_path(&path).unwrap_or_default());
+            let id = percent_decoded(model_id_in_path(path).unwrap_or_default());
             model(state, &id)
         }
         Route::Props => props(state),
@@ -351,7 +402,7 @@ async fn dispatch(
             with_ignored(responses_api::input_tokens(state, request).await, ignored)
         }
         Route::StoredResponse => {
-            let id = percent_decoded(response_id_in_path(&path).unwrap_or_default());
+            let id = percent_decoded(response_id_in_path(path).unwrap_or_default());
             if method == Method::DELETE {
                 responses_api::delete(state, &id)
             } else {
@@ -491,14 +542,6 @@ async fn read_json(state: &AppState, request: Request<Incoming>) -> Result<Value
     tokio::task::spawn_blocking(move || openai::parse_json(&buffer))
         .await
         .map_err(|e| ApiError::internal(format!("the body parser failed: {e}")))?
-}
-
-fn health(state: &AppState) -> Result<Response<Body>, ApiError> {
-    if state.is_ready() {
-        Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
-    } else {
-        Err(ApiError::loading())
-    }
 }
 
 fn model_object(state: &AppState) -> Result<Value, ApiError> {
@@ -738,6 +781,12 @@ mod tests {
         assert_eq!(Route::find("/v1/models/abc"), Some(Route::Model));
         assert_eq!(Route::find("/v1/models/"), None);
         assert_eq!(Route::find("/v1/health"), Some(Route::Health));
+        assert_eq!(Route::find("/livez"), Some(Route::Livez));
+        assert_eq!(Route::find("/get_load"), Some(Route::Load));
+        assert_eq!(Route::find("/get_server_info"), Some(Route::ServerInfo));
+        assert_eq!(Route::find("/model_info"), Some(Route::ModelInfo));
+        assert!(Route::ChatCompletions.generates() && Route::Responses.generates());
+        assert!(!Route::Tokenize.generates() && !Route::Health.generates());
         assert_eq!(Route::find("/index.html"), None);
         assert_eq!(Route::Props.method(), Method::GET);
         assert_eq!(Route::Tokenize.method(), Method::POST);

@@ -147,11 +147,21 @@ impl Stream {
             self.send_progress(0, 0).await?;
         }
 
+        let grace_over = self.state.lifecycle.grace_over();
+        tokio::pin!(grace_over);
         loop {
             let event = tokio::select! {
                 // Checked first so a vanished client is noticed even while the engine is busy.
                 biased;
                 _ = self.tx.closed() => return Err(Disconnected),
+                // The server is going away with this stream unfinished: say so, then stop (the
+                // handle dropped with the task cancels the work).
+                () = &mut grace_over => {
+                    let error = ApiError::shutdown_grace_over();
+                    self.log.set_outcome(format!("error: {}", error.message));
+                    self.send(&error.to_json()).await?;
+                    return self.send_raw(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                }
                 event = handle.next_event() => event,
                 _ = next_tick(&mut keep_alive) => {
                     self.send_raw(Bytes::from_static(b": keep-alive\n\n")).await?;

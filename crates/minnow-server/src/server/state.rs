@@ -2,13 +2,14 @@
 //! per-request access log that writes one line when the request is fully answered.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use minnow_engine::{Engine, GenerationStats};
 
 use super::config::ServerConfig;
 use super::errors::ApiError;
+use super::lifecycle::Lifecycle;
 use super::metrics::{Gauges, Metrics};
 use super::responses_api::ResponseStore;
 
@@ -22,6 +23,8 @@ pub struct AppState {
     pub started_unix: u64,
     /// Stored Responses API responses (`--responses-max`, `--responses-max-mib`).
     pub responses: ResponseStore,
+    /// Admission of generation requests and the drain after a shutdown signal.
+    pub lifecycle: Arc<Lifecycle>,
 }
 
 impl AppState {
@@ -35,6 +38,7 @@ impl AppState {
             metrics: Metrics::default(),
             next_id: AtomicU64::new(1),
             started_unix: unix_now(),
+            lifecycle: Arc::new(Lifecycle::default()),
         }
     }
 
@@ -47,8 +51,19 @@ impl AppState {
         let _ = self.engine.set(engine);
     }
 
-    pub fn is_ready(&self) -> bool {
+    /// The model has loaded (the server may be draining since).
+    pub fn is_loaded(&self) -> bool {
         self.engine.get().is_some()
+    }
+
+    /// Whether a load balancer should send requests here: loaded and not draining; the error
+    /// says why not.
+    pub fn readiness(&self) -> Result<&Engine, ApiError> {
+        let engine = self.engine()?;
+        if self.lifecycle.is_draining() {
+            return Err(ApiError::draining(self.lifecycle.admitted()));
+        }
+        Ok(engine)
     }
 
     pub fn next_request_id(&self) -> u64 {
@@ -61,7 +76,9 @@ impl AppState {
             queue_depth: engine.map_or(0, Engine::queue_depth),
             busy_slots: engine.map_or(0, Engine::busy_slots),
             total_slots: engine.map_or(self.config.engine.parallel, |e| e.info().parallel),
-            ready: engine.is_some(),
+            ready: engine.is_some() && !self.lifecycle.is_draining(),
+            draining: self.lifecycle.is_draining(),
+            admitted: self.lifecycle.admitted(),
             engine: engine.map(Engine::stats).unwrap_or_default(),
         }
     }

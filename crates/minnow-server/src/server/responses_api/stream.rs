@@ -111,10 +111,22 @@ impl EventStream {
         let period = self.state.config.keep_alive;
         let mut keep_alive = interval_at(Instant::now() + period, period);
         keep_alive.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let lifecycle = self.state.lifecycle.clone();
+        let grace_over = lifecycle.grace_over();
+        tokio::pin!(grace_over);
         loop {
             let event = tokio::select! {
                 biased;
                 _ = self.tx.closed() => return Err(Disconnected),
+                // The server is going away with this response unfinished (`lifecycle.rs`).
+                () = &mut grace_over => {
+                    let message = ApiError::shutdown_grace_over().message;
+                    self.log.set_outcome(format!("error: {message}"));
+                    let failed = self.object(&Status::Failed(message), None);
+                    return self
+                        .emit("response.failed", json!({ "response": failed }))
+                        .await;
+                }
                 event = handle.next_event() => event,
                 _ = keep_alive.tick() => {
                     self.send_raw(Bytes::from_static(b": keep-alive\n\n")).await?;
