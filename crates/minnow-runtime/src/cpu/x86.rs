@@ -80,14 +80,15 @@ pub(crate) unsafe fn dot_block_avx512(b: &DotBlock) {
     tile_loops!(b, tile512, 4, 4)
 }
 
-/// [`DotBlock`] with AVX2 + FMA: 8 lanes, 3 × 3 register tiles (9 accumulators, 13 of the 16
-/// vector registers).
+/// [`DotBlock`] with AVX2 + FMA: 8 lanes, 4 × 3 register tiles (12 accumulators, 3 input
+/// vectors and one weight vector: all 16 vector registers; 7 loads per 12 FMAs, where 3 × 3
+/// needed 6 per 9; docs/performance.md has the Zen 2 comparison).
 ///
 /// # Safety
 /// AVX2 and FMA required; the block's pointers as documented on [`DotBlock`].
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_block_avx2(b: &DotBlock) {
-    tile_loops!(b, tile256, 3, 3)
+    tile_loops!(b, tile256, 4, 3)
 }
 
 /// `out[j, i] = Σ_q w[i, q] · x[j, q]` for an `RR × TT` tile (row strides `k`, output stride `n`).
