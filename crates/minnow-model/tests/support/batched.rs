@@ -65,9 +65,17 @@ fn rows_of(want: &Want) -> LogitsRows {
 /// Runs the check on every fixture with whichever CPU kernels this process selected.
 pub fn every_segment_gets_its_unbatched_outputs() {
     for name in ALL {
+        segments_get_their_unbatched_outputs(name, &fixture(name));
+    }
+}
+
+/// The check on the checkpoint at `path` (fixture `name`, or a conversion of it: the golden
+/// ids of `name` are the inputs).
+pub fn segments_get_their_unbatched_outputs(name: &str, path: &std::path::Path) {
+    {
         let golden = Golden::load(name).input_ids();
-        let mut alone = CpuRunner::load(&fixture(name)).unwrap();
-        let mut batched = CpuRunner::load(&fixture(name)).unwrap();
+        let mut alone = CpuRunner::load(path).unwrap();
+        let mut batched = CpuRunner::load(path).unwrap();
         let vocab = alone.config().vocab_size as u32;
         let cases = cases();
         let ids: Vec<Vec<u32>> = (0..cases.len())

@@ -29,6 +29,12 @@ pub fn widen(dtype: crate::DType, src: &[u8], dst: &mut [f32]) {
         unsafe { super::x86::widen_fast(dtype, src, dst) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::has_avx2_fma() {
+        // SAFETY: AVX2 presence checked.
+        unsafe { super::x86::widen_avx2(dtype, src, dst) };
+        return;
+    }
     widen_into(dtype, src, dst)
 }
 

@@ -19,6 +19,14 @@ pub fn uses_avx512() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
+/// Whether the AVX2 + FMA kernels may run (the CPU has them and `MINNOW_CPU_PORTABLE` is unset).
+pub(crate) fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86::has_avx2_fma();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 pub use ops::{
     rms_norm, rms_norm_rows, rope_rotate_half, scaled_softmax, sigmoid, silu, softmax_in_place,
 };

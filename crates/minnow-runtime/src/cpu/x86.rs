@@ -80,19 +80,23 @@ pub(crate) unsafe fn dot_block_avx512(b: &DotBlock) {
     tile_loops!(b, tile512, 4, 4)
 }
 
-/// [`DotBlock`] with AVX2 + FMA: 8 lanes, 3 × 3 register tiles (9 accumulators, 13 of the 16
-/// vector registers).
+/// [`DotBlock`] with AVX2 + FMA: 8 lanes, 4 × 3 register tiles (12 accumulators, 3 input
+/// vectors and one weight vector: all 16 vector registers; 7 loads per 12 FMAs, where 3 × 3
+/// needed 6 per 9; docs/performance.md has the Zen 2 comparison).
 ///
 /// # Safety
 /// AVX2 and FMA required; the block's pointers as documented on [`DotBlock`].
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_block_avx2(b: &DotBlock) {
-    tile_loops!(b, tile256, 3, 3)
+    tile_loops!(b, tile256, 4, 3)
 }
 
 /// `out[j, i] = Σ_q w[i, q] · x[j, q]` for an `RR × TT` tile (row strides `k`, output stride `n`).
+/// The loops index rows through pointers computed once, so the hot loop has no index arithmetic
+/// (in test and dev builds that arithmetic carries overflow checks that halve the speed).
 #[target_feature(enable = "avx512f")]
 #[inline]
+#[allow(clippy::needless_range_loop)]
 unsafe fn tile512<const RR: usize, const TT: usize>(
     wp: *const f32,
     xp: *const f32,
@@ -100,31 +104,34 @@ unsafe fn tile512<const RR: usize, const TT: usize>(
     out: *mut f32,
     n: usize,
 ) {
+    let w: [*const f32; RR] = std::array::from_fn(|i| wp.add(i * k));
+    let x: [*const f32; TT] = std::array::from_fn(|j| xp.add(j * k));
     let mut acc = [[_mm512_setzero_ps(); TT]; RR];
+    let full = k & !15;
     let mut q = 0;
-    while q + 16 <= k {
+    while q < full {
         let mut xv = [_mm512_setzero_ps(); TT];
-        for (j, v) in xv.iter_mut().enumerate() {
-            *v = _mm512_loadu_ps(xp.add(j * k + q));
+        for j in 0..TT {
+            xv[j] = _mm512_loadu_ps(x[j].add(q));
         }
-        for (i, row) in acc.iter_mut().enumerate() {
-            let wv = _mm512_loadu_ps(wp.add(i * k + q));
-            for (a, xj) in row.iter_mut().zip(&xv) {
-                *a = _mm512_fmadd_ps(wv, *xj, *a);
+        for i in 0..RR {
+            let wv = _mm512_loadu_ps(w[i].add(q));
+            for j in 0..TT {
+                acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
             }
         }
-        q += 16;
+        q = q.wrapping_add(16);
     }
     if q < k {
         let mask: __mmask16 = (1u32 << (k - q)) as u16 - 1;
         let mut xv = [_mm512_setzero_ps(); TT];
-        for (j, v) in xv.iter_mut().enumerate() {
-            *v = _mm512_maskz_loadu_ps(mask, xp.add(j * k + q));
+        for j in 0..TT {
+            xv[j] = _mm512_maskz_loadu_ps(mask, x[j].add(q));
         }
-        for (i, row) in acc.iter_mut().enumerate() {
-            let wv = _mm512_maskz_loadu_ps(mask, wp.add(i * k + q));
-            for (a, xj) in row.iter_mut().zip(&xv) {
-                *a = _mm512_fmadd_ps(wv, *xj, *a);
+        for i in 0..RR {
+            let wv = _mm512_maskz_loadu_ps(mask, w[i].add(q));
+            for j in 0..TT {
+                acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
             }
         }
     }
@@ -138,6 +145,7 @@ unsafe fn tile512<const RR: usize, const TT: usize>(
 /// [`tile512`] with 8-lane AVX2 vectors.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
+#[allow(clippy::needless_range_loop)]
 unsafe fn tile256<const RR: usize, const TT: usize>(
     wp: *const f32,
     xp: *const f32,
@@ -145,20 +153,23 @@ unsafe fn tile256<const RR: usize, const TT: usize>(
     out: *mut f32,
     n: usize,
 ) {
+    let w: [*const f32; RR] = std::array::from_fn(|i| wp.add(i * k));
+    let x: [*const f32; TT] = std::array::from_fn(|j| xp.add(j * k));
     let mut acc = [[_mm256_setzero_ps(); TT]; RR];
+    let full = k & !7;
     let mut q = 0;
-    while q + 8 <= k {
+    while q < full {
         let mut xv = [_mm256_setzero_ps(); TT];
-        for (j, v) in xv.iter_mut().enumerate() {
-            *v = _mm256_loadu_ps(xp.add(j * k + q));
+        for j in 0..TT {
+            xv[j] = _mm256_loadu_ps(x[j].add(q));
         }
-        for (i, row) in acc.iter_mut().enumerate() {
-            let wv = _mm256_loadu_ps(wp.add(i * k + q));
-            for (a, xj) in row.iter_mut().zip(&xv) {
-                *a = _mm256_fmadd_ps(wv, *xj, *a);
+        for i in 0..RR {
+            let wv = _mm256_loadu_ps(w[i].add(q));
+            for j in 0..TT {
+                acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
             }
         }
-        q += 8;
+        q = q.wrapping_add(8);
     }
     if q < k {
         let rest = (k - q) as i32;
@@ -167,13 +178,13 @@ unsafe fn tile256<const RR: usize, const TT: usize>(
             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
         );
         let mut xv = [_mm256_setzero_ps(); TT];
-        for (j, v) in xv.iter_mut().enumerate() {
-            *v = _mm256_maskload_ps(xp.add(j * k + q), mask);
+        for j in 0..TT {
+            xv[j] = _mm256_maskload_ps(x[j].add(q), mask);
         }
-        for (i, row) in acc.iter_mut().enumerate() {
-            let wv = _mm256_maskload_ps(wp.add(i * k + q), mask);
-            for (a, xj) in row.iter_mut().zip(&xv) {
-                *a = _mm256_fmadd_ps(wv, *xj, *a);
+        for i in 0..RR {
+            let wv = _mm256_maskload_ps(w[i].add(q), mask);
+            for j in 0..TT {
+                acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
             }
         }
     }
@@ -209,6 +220,27 @@ unsafe fn widen_rows(dtype: DType, src: &[u8], dst: &mut [f32]) {
         };
         _mm512_storeu_ps(dp.add(i), f);
         i += 16;
+    }
+    crate::dtype::widen_into(dtype, &src[2 * i..], &mut dst[i..]);
+}
+
+/// [`crate::dtype::widen_into`] with 8-lane conversions (BF16; F16 and F32 as there).
+///
+/// # Safety
+/// AVX2 required.
+#[target_feature(enable = "avx2")]
+pub unsafe fn widen_avx2(dtype: DType, src: &[u8], dst: &mut [f32]) {
+    if dtype != DType::BF16 {
+        return crate::dtype::widen_into(dtype, src, dst);
+    }
+    let n = dst.len().min(src.len() / 2);
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    let mut i = 0;
+    while i + 8 <= n {
+        let h = _mm_loadu_si128(sp.add(2 * i) as *const __m128i);
+        let f = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+        _mm256_storeu_ps(dp.add(i), f);
+        i += 8;
     }
     crate::dtype::widen_into(dtype, &src[2 * i..], &mut dst[i..]);
 }

@@ -63,12 +63,24 @@ pub fn quantize_row_major(
             let scale = group_scale(max_abs, qmax);
             let s = scale.to_f32();
             for (c, v) in out.iter_mut().zip(vals) {
-                *c = (v / s).round_ties_even().clamp(-qmax, qmax) as i8;
+                *c = round_to_code(v / s, qmax);
             }
             scales.push(scale);
         }
     }
     (codes, scales)
+}
+
+/// `x` rounded to the nearest integer (ties to even) and clamped to `±qmax`: the code of a
+/// value already divided by its scale. Clamping first (`qmax` is an integer, so the result is
+/// the same) keeps `|x| < 2^22`, where adding and subtracting 1.5 × 2^23 rounds to an integer
+/// in the FPU's nearest-even mode: plain adds that the compiler vectorizes, where
+/// `round_ties_even` is a library call on x86-64 without SSE4.1.
+#[inline(always)]
+fn round_to_code(x: f32, qmax: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 × 2^23
+    let clamped = x.max(-qmax).min(qmax);
+    ((clamped + MAGIC) - MAGIC) as i8
 }
 
 pub(super) fn quantize(
@@ -104,9 +116,20 @@ fn mma_positions(rows: usize, cols: usize) -> impl Iterator<Item = (usize, usize
 /// Packs row-major codes into the encoding's code bytes.
 pub fn pack_codes(encoding: QuantEncoding, rows: usize, cols: usize, codes: &[i8]) -> Vec<u8> {
     let ordered: Vec<i8> = if is_mma(encoding) {
-        mma_positions(rows, cols)
-            .map(|(r, c)| codes[r * cols + c])
-            .collect()
+        // The order of `mma_positions`, written as loops over whole tiles (this runs for every
+        // weight a converter quantizes).
+        let mut out = Vec::with_capacity(rows * cols);
+        for band in codes.chunks_exact(8 * cols) {
+            for kb in 0..cols / 16 {
+                for r in 0..8 {
+                    let row = &band[r * cols + kb * 16..r * cols + kb * 16 + 16];
+                    for &p in &MMA_PAIR_SLOT_INV {
+                        out.extend_from_slice(&row[2 * p..2 * p + 2]);
+                    }
+                }
+            }
+        }
+        out
     } else {
         codes.to_vec()
     };
@@ -201,9 +224,24 @@ pub fn unpack_scales(
 /// compiler turn the permutation into shuffles.
 const MMA_PAIR_SLOT: [usize; 8] = [0, 4, 8, 12, 2, 6, 10, 14];
 
+/// The inverse of [`MMA_PAIR_SLOT`]: the column pair held by slots `2i`, `2i + 1`.
+const MMA_PAIR_SLOT_INV: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
 /// Rows `r0..r1` of `q` in F32, row-major, read straight from the stored codes and scales
 /// (`value = code × scale`, one rounding).
 pub(super) fn dequantize_rows(q: &QuantMat<'_>, r0: usize, r1: usize, dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::usable() {
+        // SAFETY: AVX2 checked; `q` was checked by `QuantMat::new`, `dst` by the caller.
+        unsafe { super::x86::int_rows(q, r0, r1, dst, is_int4(q.encoding), is_mma(q.encoding)) };
+        return;
+    }
+    dequantize_rows_scalar(q, r0, r1, dst)
+}
+
+/// [`dequantize_rows`] one value at a time (CPUs without AVX2, and the reference the AVX2
+/// decoder is tested against).
+pub(super) fn dequantize_rows_scalar(q: &QuantMat<'_>, r0: usize, r1: usize, dst: &mut [f32]) {
     let (cols, group) = (q.cols, q.group_size);
     let groups = cols / group;
     let scale = |i: usize| f16::from_le_bytes([q.scales[2 * i], q.scales[2 * i + 1]]).to_f32();
@@ -293,6 +331,42 @@ mod tests {
         let (codes, scales) = quantize_row_major(1, 16, 16, 127.0, &v);
         assert_eq!(scales, vec![f16::ONE]);
         assert_eq!(&codes[..4], &[127, 2, 4, -2]);
+    }
+
+    /// The rounding shortcut equals `round_ties_even` then clamp, on every half-integer and
+    /// its neighbours in range, and far outside it.
+    #[test]
+    fn round_to_code_is_nearest_even_then_clamp() {
+        for qmax in [7.0f32, 127.0] {
+            let mut probes = vec![0.0f32, -0.0, 1e-30, -1e-30, 1e30, -1e30, f32::INFINITY];
+            for i in -600..=600 {
+                let v = i as f32 * 0.25;
+                probes.extend([
+                    v,
+                    f32::from_bits(v.to_bits() + 1),
+                    f32::from_bits(v.to_bits().max(1) - 1),
+                ]);
+            }
+            for x in probes {
+                let want = x.round_ties_even().clamp(-qmax, qmax) as i8;
+                assert_eq!(round_to_code(x, qmax), want, "{x:e} (qmax {qmax})");
+            }
+        }
+    }
+
+    /// Packing into fragment order puts each code where [`mma_positions`] says it goes.
+    #[test]
+    fn fragment_packing_follows_the_positions() {
+        let (rows, cols) = (16, 48);
+        let codes: Vec<i8> = (0..rows * cols)
+            .map(|i| ((i * 37 + 5) % 15) as i8 - 7)
+            .collect();
+        for e in [QuantEncoding::I8Mma, QuantEncoding::I4Mma] {
+            let packed = pack_codes(e, rows, cols, &codes);
+            let mut back = vec![0i8; rows * cols];
+            unpack_codes(e, rows, cols, &packed, &mut back);
+            assert_eq!(back, codes, "{e}");
+        }
     }
 
     #[test]

@@ -13,6 +13,8 @@
 pub mod fp8;
 pub mod int;
 pub mod nvfp4;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use std::fmt;
 

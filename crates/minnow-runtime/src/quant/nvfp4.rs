@@ -8,7 +8,7 @@
 //! `4j..4j+4` (the first value in the lowest nibble). Scales are bytes in the order
 //! `[N/8][K/64][row 0..8][block 0..4]`.
 
-use super::fp8::{e4m3_positive_code, e4m3_table, e4m3_to_f32, E4M3_MAX};
+use super::fp8::{e4m3_positive_code, e4m3_table, E4M3_MAX};
 use super::{QuantMat, Quantized, NVFP4_GROUP};
 
 /// Magnitudes of the E2M1 codes 0..8.
@@ -80,6 +80,7 @@ pub fn quantize_row_major(
 ) -> (Vec<u8>, Vec<u8>, f32) {
     let global =
         global.unwrap_or_else(|| global_scale(values.iter().fold(0.0f32, |m, v| m.max(v.abs()))));
+    let e4m3 = e4m3_table();
     let mut codes = vec![0u8; rows * cols];
     let mut scales = Vec::with_capacity(rows * cols / NVFP4_GROUP);
     for (vals, out) in values
@@ -88,7 +89,7 @@ pub fn quantize_row_major(
     {
         let block_max = vals.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let code = block_scale_code(block_max, global);
-        let denom = e4m3_to_f32(code) * global;
+        let denom = e4m3[code as usize] * global;
         for (c, v) in out.iter_mut().zip(vals) {
             *c = f32_to_e2m1(v / denom);
         }
@@ -173,6 +174,8 @@ pub(super) fn dequantize_rows(q: &QuantMat<'_>, r0: usize, r1: usize, dst: &mut 
     let chunks = cols / 64;
     let e4m3 = e4m3_table();
     let e2m1: [f32; 16] = std::array::from_fn(|c| e2m1_to_f32(c as u8));
+    #[cfg(target_arch = "x86_64")]
+    let simd = super::x86::usable();
     for band in r0 / 8..r1.div_ceil(8) {
         for kb in 0..chunks {
             let chunk = band * chunks + kb;
@@ -188,6 +191,20 @@ pub(super) fn dequantize_rows(q: &QuantMat<'_>, r0: usize, r1: usize, dst: &mut 
                     let c0 = kb * 64 + 32 * reg + 8 * (lane % 4);
                     let s = e4m3[q.scales[chunk * 32 + (r % 8) * 4 + (c0 % 64) / 16] as usize];
                     let out = &mut dst[(r - r0) * cols + c0..(r - r0) * cols + c0 + 8];
+                    #[cfg(target_arch = "x86_64")]
+                    if simd {
+                        // SAFETY: AVX2 checked; `out` holds the word's 8 values.
+                        unsafe {
+                            super::x86::nvfp4_word(
+                                word,
+                                super::x86::e2m1_magnitudes(),
+                                s,
+                                q.global_scale,
+                                out.as_mut_ptr(),
+                            )
+                        };
+                        continue;
+                    }
                     for (j, o) in out.iter_mut().enumerate() {
                         *o = (e2m1[((word >> (4 * j)) & 0xF) as usize] * s) * q.global_scale;
                     }
@@ -199,6 +216,7 @@ pub(super) fn dequantize_rows(q: &QuantMat<'_>, r0: usize, r1: usize, dst: &mut 
 
 #[cfg(test)]
 mod tests {
+    use super::super::fp8::e4m3_to_f32;
     use super::*;
 
     #[test]
