@@ -57,7 +57,7 @@ use crate::chat_template::ChatTemplate;
 use crate::constraint::GrammarCompiler;
 use crate::decode::constrained::Constrained;
 use crate::decode::layout::{Layout, LayoutError};
-use crate::decode::params::{family_defaults, overlay, resolve};
+use crate::decode::params::{family_defaults, overlay, resolve, ResolvedParams};
 use crate::decode::request::{check_algorithm, DecoderContext};
 use crate::decode::stop_tokens::StopTokens;
 use crate::decode::ControlTokens;
@@ -123,6 +123,31 @@ pub struct ModelInfo {
     pub role_end_token_id: Option<u32>,
     /// Requests decoded at once (the resolved `EngineOptions::parallel`).
     pub parallel: usize,
+}
+
+/// A request that passed [`Engine::validate`]: its decoding parameters with every default
+/// applied, its block layout on the canvas and its compiled output grammar.
+pub struct ValidatedRequest {
+    params: ResolvedParams,
+    layout: Layout,
+    constraint: Option<Constrained>,
+}
+
+impl ValidatedRequest {
+    /// New tokens the request may produce at most (its `max_tokens`, or the rest of the context).
+    pub fn max_new_tokens(&self) -> usize {
+        self.layout.max_new
+    }
+
+    /// Positions of its canvas: prompt plus output, rounded up to whole blocks.
+    pub fn canvas_tokens(&self) -> usize {
+        self.layout.total_len
+    }
+
+    /// The decoding algorithm it runs (the request's, else the engine's or the family's default).
+    pub fn algorithm(&self) -> crate::api::Algorithm {
+        self.params.algorithm
+    }
 }
 
 /// Requests batched at once when none is asked for: a GPU's forward costs about the same for
@@ -515,20 +540,16 @@ impl Engine {
         Ok((handle, trace))
     }
 
-    fn submit_inner(
-        &self,
-        request: GenerateRequest,
-        trace: Option<TraceLog>,
-    ) -> EngineResult<RequestHandle> {
+    /// The one validation of a request, everything [`Engine::submit`] checks before queueing it:
+    /// the prompt ([`Engine::check_prompt`]), the decoding parameters (the ranges of
+    /// [`DECODE_PARAMS`](crate::DECODE_PARAMS) and an algorithm the checkpoint can run), the
+    /// context and the K/V pool the canvas needs, and the output grammar (compiled here). Errors
+    /// name the field at fault where one is ([`EngineError::InvalidParam`]).
+    pub fn validate(&self, request: &GenerateRequest) -> EngineResult<ValidatedRequest> {
         let inner = &self.inner;
         let prompt = &request.prompt_ids;
         self.check_prompt(prompt)?;
-        let params = resolve(&request.params, &inner.defaults, inner.family)
-            .map_err(EngineError::InvalidRequest)?;
-        check_algorithm(&params, inner.decoder.control).map_err(|e| EngineError::InvalidParam {
-            param: "algorithm",
-            message: e.to_string(),
-        })?;
+        let params = self.resolve_params(&request.params)?;
         let n_ctx = inner.info.n_ctx;
         let max_new = match request.max_tokens {
             Some(n) => n,
@@ -575,6 +596,41 @@ impl Engine {
             }
             None => None,
         };
+        Ok(ValidatedRequest {
+            params,
+            layout,
+            constraint,
+        })
+    }
+
+    /// The decoding-parameter part of [`Engine::validate`] (no prompt needed), for callers that
+    /// refuse a request before the work of tokenizing it: the request's values over the
+    /// engine's and the family's defaults, in range, with an algorithm this checkpoint can run.
+    pub fn check_params(&self, params: &DecodeParams) -> EngineResult<()> {
+        self.resolve_params(params).map(|_| ())
+    }
+
+    fn resolve_params(&self, params: &DecodeParams) -> EngineResult<ResolvedParams> {
+        let inner = &self.inner;
+        let params = resolve(params, &inner.defaults, inner.family)?;
+        check_algorithm(&params, inner.decoder.control).map_err(|e| EngineError::InvalidParam {
+            param: "algorithm",
+            message: e.to_string(),
+        })?;
+        Ok(params)
+    }
+
+    fn submit_inner(
+        &self,
+        request: GenerateRequest,
+        trace: Option<TraceLog>,
+    ) -> EngineResult<RequestHandle> {
+        let inner = &self.inner;
+        let ValidatedRequest {
+            params,
+            layout,
+            constraint,
+        } = self.validate(&request)?;
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, events) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancelToken::default();

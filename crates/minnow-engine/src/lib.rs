@@ -6,7 +6,8 @@
 //!
 //! The API is the items of this page: load an [`Engine`] with [`EngineOptions`], turn a
 //! [`ChatPrompt`] into prompt ids with [`Engine::chat_prompt_ids`], [`Engine::submit`] a
-//! [`GenerateRequest`], and read its [`Event`]s from the [`RequestHandle`]; every failure is an
+//! [`GenerateRequest`] (checked by [`Engine::validate`]; [`DECODE_PARAMS`] lists the decoding
+//! parameters' ranges), and read its [`Event`]s from the [`RequestHandle`]; every failure is an
 //! [`EngineError`]. The modules hidden from these docs are the engine's insides, public only for
 //! minnow's own server, benches and tests.
 
@@ -32,10 +33,11 @@ pub mod tokenizer;
 pub mod tool_calls;
 
 pub use api::*;
+pub use decode::params::{param_spec, ParamKind, ParamSpec, DECODE_PARAMS};
 pub use decode::request::TraceStep;
 pub use engine::{
     select_runner, CancelToken, Engine, EngineOptions, EngineStats, LoadProgress, ModelInfo,
-    RequestHandle, TraceLog, BATCH_SIZE_BUCKETS,
+    RequestHandle, TraceLog, ValidatedRequest, BATCH_SIZE_BUCKETS,
 };
 pub use error::{EngineError, EngineResult};
 pub use kv_cache::CacheStats;

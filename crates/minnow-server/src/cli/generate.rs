@@ -182,6 +182,7 @@ fn init_logging() {
 pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
     init_logging();
     let prompt = PromptSource::from_args(args)?;
+    let params = args.decode.params()?;
     let path = model_path(cli);
     let options = EngineOptions {
         device: cli.device,
@@ -196,7 +197,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
         prompt_ids,
         max_tokens: Some(args.max_tokens),
         stop: args.stop.clone(),
-        params: args.decode.params(),
+        params,
         ..Default::default()
     };
     let (mut handle, trace) = if args.trace {

@@ -228,7 +228,7 @@ fn render_and_tokenize(
 pub async fn prepare_chat(state: &Arc<AppState>, chat: ChatRequest) -> Result<Job, ApiError> {
     check_model(state, chat.common.model.as_deref())?;
     let engine = state.engine()?;
-    check_algorithm(engine, &chat.common)?;
+    check_params(engine, &chat.common)?;
     let prompt = chat.prompt;
     check_prompt_bytes(engine, conversation_bytes(&prompt), "messages")?;
     let protect = !state.config.allow_special_in_content;
@@ -261,7 +261,7 @@ pub async fn prepare_completion(
 ) -> Result<Job, ApiError> {
     check_model(state, completion.common.model.as_deref())?;
     let engine = state.engine()?;
-    check_algorithm(engine, &completion.common)?;
+    check_params(engine, &completion.common)?;
     let ids = match completion.prompt {
         PromptInput::Ids(ids) => ids,
         PromptInput::Text(text) => {
@@ -310,21 +310,11 @@ fn resolve_max_tokens(state: &AppState, requested: MaxTokens) -> Option<usize> {
     }
 }
 
-/// `algorithm: "indel"` needs the checkpoint's DELETE/SPLIT tokens (LLaDA2.2): refused naming the
-/// field before any work, rather than by the engine at submission with no field named.
-fn check_algorithm(engine: &Engine, common: &CommonOptions) -> Result<(), ApiError> {
-    let indel = common.params.algorithm == Some(minnow_engine::Algorithm::Indel);
-    // The engine gives the edit tokens their meaning on 2.2 checkpoints only.
-    let editable =
-        engine.info().family == "LLaDA2.2" && engine.tokenizer().special().edit_token_ids().is_ok();
-    if indel && !editable {
-        return Err(ApiError::invalid(
-            "algorithm",
-            "the indel algorithm needs a checkpoint with DELETE/SPLIT edit tokens (LLaDA2.2); \
-             this model has none",
-        ));
-    }
-    Ok(())
+/// The engine's check of the decoding parameters (ranges, and an algorithm this checkpoint can
+/// run: `indel` needs LLaDA2.2's DELETE/SPLIT tokens), before any tokenizing; the error names the
+/// field. `Engine::submit` runs the same check again as part of `Engine::validate`.
+fn check_params(engine: &Engine, common: &CommonOptions) -> Result<(), ApiError> {
+    engine.check_params(&common.params).map_err(ApiError::from)
 }
 
 /// Prompts must be non-empty, in the vocabulary, and free of the mask token (a mask in the
