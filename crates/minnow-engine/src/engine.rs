@@ -53,7 +53,6 @@ use minnow_model::{Family, ModelRunner};
 use minnow_runtime::device::DeviceRequest;
 
 use crate::api::{ChatPrompt, DecodeParams, GenerateRequest, RenderedPrompt};
-use crate::chat_template::ChatTemplate;
 use crate::constraint::GrammarCompiler;
 use crate::decode::constrained::Constrained;
 use crate::decode::layout::{Layout, LayoutError};
@@ -61,8 +60,9 @@ use crate::decode::params::{family_defaults, overlay, resolve, ResolvedParams};
 use crate::decode::request::{check_algorithm, DecoderContext};
 use crate::decode::stop_tokens::StopTokens;
 use crate::decode::ControlTokens;
-use crate::tokenizer::Tokenizer;
-use crate::tool_calls::ToolCallFormat;
+use crate::text::chat_template::ChatTemplate;
+use crate::text::tokenizer::Tokenizer;
+use crate::text::tool_format::ToolCallFormat;
 
 pub use crate::error::{EngineError, EngineResult};
 
@@ -123,6 +123,32 @@ pub struct ModelInfo {
     pub role_end_token_id: Option<u32>,
     /// Requests decoded at once (the resolved `EngineOptions::parallel`).
     pub parallel: usize,
+}
+
+/// A check of a rendered prompt before it is tokenized (see [`ChatIdsOptions`]).
+pub type RenderedCheck<'a> = &'a dyn Fn(&RenderedPrompt) -> EngineResult<()>;
+
+/// The controls of [`Engine::chat_prompt_ids_with`]; the default tokenizes, checks nothing and
+/// cannot be cancelled (what [`Engine::chat_prompt_ids`] does).
+#[derive(Clone, Copy)]
+pub struct ChatIdsOptions<'a> {
+    /// Tokenize the rendered prompt (`false`: render only).
+    pub tokenize: bool,
+    /// Called with the rendered prompt (client text still protected) before tokenizing: a size
+    /// bound, say; its error is returned.
+    pub check_rendered: Option<RenderedCheck<'a>>,
+    /// Polled between pieces of tokenization; `true` stops it with an error.
+    pub cancelled: Option<&'a dyn Fn() -> bool>,
+}
+
+impl Default for ChatIdsOptions<'_> {
+    fn default() -> Self {
+        ChatIdsOptions {
+            tokenize: true,
+            check_rendered: None,
+            cancelled: None,
+        }
+    }
 }
 
 /// A request that passed [`Engine::validate`]: its decoding parameters with every default
@@ -258,18 +284,6 @@ fn load_cpu_runner(
         std::sync::Arc::new(model),
         budget,
     )))
-}
-
-/// Protects every string of a JSON value (a tool definition) in place.
-fn protect_json(tokenizer: &Tokenizer, value: &mut serde_json::Value) {
-    match value {
-        serde_json::Value::String(s) => *s = tokenizer.protect(s),
-        serde_json::Value::Array(items) => {
-            items.iter_mut().for_each(|v| protect_json(tokenizer, v))
-        }
-        serde_json::Value::Object(map) => map.values_mut().for_each(|v| protect_json(tokenizer, v)),
-        _ => {}
-    }
 }
 
 /// Whether a checkpoint directory carries a chat template at all (the 2.2 fixture has none; the
@@ -465,35 +479,40 @@ impl Engine {
     }
 
     /// Renders a conversation and tokenizes it: the way to turn a chat into prompt ids. Every
-    /// string a client wrote (message contents, reasoning, tool calls, tool definitions) stays
-    /// plain text, special-token strings included, so a user cannot open a system turn by
-    /// typing `<role>SYSTEM</role>`; only the template's own markup becomes control tokens.
-    /// Returns the ids and the rendered prompt (whose `forced_prefix` goes into
-    /// [`GenerateRequest::forced_prefix`]).
+    /// string a client wrote (message contents and names, reasoning, tool calls, tool
+    /// definitions, template variables) stays plain text, special-token strings included, so a
+    /// user cannot open a system turn by typing `<role>SYSTEM</role>`; only the template's own
+    /// markup becomes control tokens. Returns the ids and the rendered prompt (whose
+    /// `forced_prefix` goes into [`GenerateRequest::forced_prefix`]).
     pub fn chat_prompt_ids(&self, prompt: &ChatPrompt) -> EngineResult<(Vec<u32>, RenderedPrompt)> {
+        self.chat_prompt_ids_with(prompt, &ChatIdsOptions::default())
+    }
+
+    /// [`Engine::chat_prompt_ids`] with a server's controls: a check of the rendered prompt
+    /// before it is tokenized, a cancellation flag polled while tokenizing, or no tokenizing at
+    /// all (the ids are then empty: the prompt as a chat request would render it).
+    pub fn chat_prompt_ids_with(
+        &self,
+        prompt: &ChatPrompt,
+        options: &ChatIdsOptions<'_>,
+    ) -> EngineResult<(Vec<u32>, RenderedPrompt)> {
         let tokenizer = &self.inner.tokenizer;
         let mut protected = prompt.clone();
-        for message in &mut protected.messages {
-            message.content = tokenizer.protect(&message.content);
-            if let Some(reasoning) = &mut message.reasoning_content {
-                *reasoning = tokenizer.protect(reasoning);
-            }
-            if let Some(id) = &mut message.tool_call_id {
-                *id = tokenizer.protect(id);
-            }
-            for call in &mut message.tool_calls {
-                call.id = tokenizer.protect(&call.id);
-                call.arguments = tokenizer.protect(&call.arguments);
-            }
-        }
-        for tool in &mut protected.tools {
-            protect_json(tokenizer, tool);
-        }
+        crate::text::client_text::protect_prompt(tokenizer, &mut protected);
         let rendered = self.render_chat(&protected)?;
-        let ids = tokenizer.encode_protected(&rendered.text)?;
+        if let Some(check) = options.check_rendered {
+            check(&rendered)?;
+        }
+        let ids = if options.tokenize {
+            let never = || false;
+            let cancelled = options.cancelled.unwrap_or(&never);
+            tokenizer.encode_protected_unless(&rendered.text, cancelled)?
+        } else {
+            Vec::new()
+        };
         let rendered = RenderedPrompt {
             text: tokenizer.unprotect(&rendered.text),
-            forced_prefix: rendered.forced_prefix,
+            forced_prefix: rendered.forced_prefix.map(|p| tokenizer.unprotect(&p)),
         };
         Ok((ids, rendered))
     }

@@ -13,33 +13,31 @@
 
 mod api;
 #[doc(hidden)]
-pub mod chat_template;
-#[doc(hidden)]
 pub mod constraint;
 #[doc(hidden)]
 pub mod decode;
 #[doc(hidden)]
 pub mod engine;
 mod error;
+#[cfg(test)]
+mod import_graph;
 mod kv_cache;
 mod model_files;
 #[doc(hidden)]
+pub mod output;
+#[doc(hidden)]
 pub mod sampling;
 #[doc(hidden)]
-pub mod text_stream;
-#[doc(hidden)]
-pub mod tokenizer;
-#[doc(hidden)]
-pub mod tool_calls;
+pub mod text;
 
 pub use api::*;
 pub use decode::params::{param_spec, ParamKind, ParamSpec, DECODE_PARAMS};
 pub use decode::request::TraceStep;
 pub use engine::{
-    select_runner, CancelToken, Engine, EngineOptions, EngineStats, LoadProgress, ModelInfo,
-    RequestHandle, TraceLog, ValidatedRequest, BATCH_SIZE_BUCKETS,
+    select_runner, CancelToken, ChatIdsOptions, Engine, EngineOptions, EngineStats, LoadProgress,
+    ModelInfo, RenderedCheck, RequestHandle, TraceLog, ValidatedRequest, BATCH_SIZE_BUCKETS,
 };
 pub use error::{EngineError, EngineResult};
 pub use kv_cache::CacheStats;
 pub use minnow_runtime::device::DeviceRequest;
-pub use tokenizer::{SpecialTokens, Tokenizer};
+pub use text::tokenizer::{SpecialTokens, Tokenizer};

@@ -121,14 +121,16 @@ impl PromptSource {
                     content: user,
                     ..Default::default()
                 };
-                let rendered = engine
-                    .render_chat(&ChatPrompt {
-                        messages: system.into_iter().chain([user]).collect(),
-                        add_generation_prompt: true,
-                        ..Default::default()
-                    })
-                    .map_err(|e| e.to_string())?;
-                engine.tokenize(&rendered.text).map_err(|e| e.to_string())
+                // The engine's one way from a chat to ids: special-token strings in the typed
+                // text stay text (`--raw` is the way to write control tokens).
+                let chat = ChatPrompt {
+                    messages: system.into_iter().chain([user]).collect(),
+                    ..Default::default()
+                };
+                engine
+                    .chat_prompt_ids(&chat)
+                    .map(|(ids, _)| ids)
+                    .map_err(|e| e.to_string())
             }
         }
     }

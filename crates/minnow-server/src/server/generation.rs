@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use hyper::{Response, StatusCode};
 use minnow_engine::{
-    ChatPrompt, Engine, EngineError, Event, FinishReason, GenerateRequest, GenerationStats,
-    RenderedPrompt, ToolCall, ToolCallDelta,
+    ChatIdsOptions, ChatPrompt, Engine, EngineError, Event, FinishReason, GenerateRequest,
+    GenerationStats, RenderedPrompt, ToolCall, ToolCallDelta,
 };
 use rand::Rng;
 use tokio::sync::Semaphore;
@@ -17,7 +17,6 @@ use super::errors::ApiError;
 use super::http::{json_response, Body};
 use super::openai::{ChatRequest, CommonOptions, CompletionRequest, MaxTokens, PromptInput};
 use super::responses::{self, Endpoint, Outcome, ResponseMeta};
-use super::special_text;
 use super::state::{unix_now, AppState, RequestLog};
 
 /// A request ready to submit.
@@ -180,15 +179,15 @@ pub async fn render(state: &AppState, prompt: ChatPrompt) -> Result<RenderedProm
 }
 
 /// Renders a conversation and (when `tokenize`) its ids; with `protect`, special-token strings
-/// in the client's text stay plain text (`special_text`).
+/// in the client's text stay plain text (`Engine::chat_prompt_ids_with`, the engine's one way
+/// from a chat to ids).
 fn render_and_tokenize(
     engine: &Engine,
-    mut prompt: ChatPrompt,
+    prompt: ChatPrompt,
     protect: bool,
     tokenize: bool,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<(RenderedPrompt, Vec<u32>), EngineError> {
-    let tokenizer = engine.tokenizer();
     // The template adds its markup: check the rendered text too before tokenizing it.
     let fits = |rendered: &RenderedPrompt| {
         check_prompt_bytes(engine, rendered.text.len(), "messages").map_err(|e| {
@@ -208,21 +207,13 @@ fn render_and_tokenize(
         };
         return Ok((rendered, ids));
     }
-    special_text::protect_prompt(tokenizer, &mut prompt);
-    let rendered = engine.render_chat(&prompt)?;
-    fits(&rendered)?;
-    let ids = if tokenize {
-        tokenizer.encode_protected_unless(&rendered.text, cancelled)?
-    } else {
-        Vec::new()
+    let options = ChatIdsOptions {
+        tokenize,
+        check_rendered: Some(&fits),
+        cancelled: Some(cancelled),
     };
-    Ok((
-        RenderedPrompt {
-            text: tokenizer.unprotect(&rendered.text),
-            forced_prefix: rendered.forced_prefix.map(|p| tokenizer.unprotect(&p)),
-        },
-        ids,
-    ))
+    let (ids, rendered) = engine.chat_prompt_ids_with(&prompt, &options)?;
+    Ok((rendered, ids))
 }
 
 pub async fn prepare_chat(state: &Arc<AppState>, chat: ChatRequest) -> Result<Job, ApiError> {
