@@ -2,7 +2,8 @@
 //! `crate::`, `super::` and `self::` paths and child-module paths of every source file, test
 //! code left out) and fails naming the modules of any circle. A module that re-exports or uses
 //! a child's items is an edge to the child like any other, so `mod.rs` files that hold items
-//! their children use count as circles too (ARCHITECTURE.md says so).
+//! their children use count as circles too (ARCHITECTURE.md says so). No module may name an item
+//! through the crate root's re-exports, which would hide its edge.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -48,6 +49,23 @@ fn production_code(text: &str) -> String {
     }
 }
 
+/// The modules that exist only in tests (declared `#[cfg(test)] mod name;`).
+fn test_only(files: &BTreeMap<String, PathBuf>) -> BTreeSet<String> {
+    let declaration =
+        Regex::new(r"#\[cfg\(test\)\]\s*(pub(\([^)]*\))?\s+)?mod\s+(\w+)\s*;").unwrap();
+    let mut found = BTreeSet::new();
+    for (module, file) in files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for caps in declaration.captures_iter(&text) {
+            found.insert(match module.as_str() {
+                "" => caps[3].to_string(),
+                parent => format!("{parent}::{}", &caps[3]),
+            });
+        }
+    }
+    found
+}
+
 /// The longest module that `segments` starts with.
 fn resolve(names: &BTreeSet<String>, segments: &[String]) -> Option<String> {
     (1..=segments.len())
@@ -64,7 +82,11 @@ fn import_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     // (`pub(crate)` and `pub(super)` name no module: a path needs at least one more segment.)
     let path_re = Regex::new(r"\b(crate|super|self)((?:::\w+)*)(::\{[^;]*?\}|::\*)?").unwrap();
     let mut graph = BTreeMap::new();
+    let tests = test_only(&files);
     for (module, file) in &files {
+        if tests.contains(module) {
+            continue;
+        }
         let code = production_code(&std::fs::read_to_string(file).unwrap());
         let here: Vec<String> = if module.is_empty() {
             Vec::new()
@@ -153,7 +175,7 @@ fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
         s.low.insert(v, n);
         s.stack.push(v);
         s.on_stack.insert(v);
-        for w in &s.graph[v] {
+        for w in s.graph.get(v).into_iter().flatten() {
             let w = w.as_str();
             if !s.index.contains_key(w) {
                 visit(s, w);
@@ -221,6 +243,32 @@ fn no_module_imports_form_a_circle() {
         })
         .collect();
     assert!(found.is_empty(), "import circles: {report:#?}");
+}
+
+/// Inside the crate, items are named by the module that defines them, never through the
+/// facade's re-exports (`crate::EngineError`): a path through the root would hide a module edge
+/// from the graph above.
+#[test]
+fn no_module_imports_through_the_crate_root() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = modules(&src);
+    let top: BTreeSet<&str> = files
+        .keys()
+        .filter(|m| !m.is_empty())
+        .map(|m| m.split("::").next().unwrap())
+        .collect();
+    let root_path = Regex::new(r"\bcrate::(\{|\w+)").unwrap();
+    let tests = test_only(&files);
+    let mut through_root = Vec::new();
+    for (module, file) in files.iter().filter(|(m, _)| !tests.contains(*m)) {
+        let code = production_code(&std::fs::read_to_string(file).unwrap());
+        for caps in root_path.captures_iter(&code) {
+            if !top.contains(&caps[1]) {
+                through_root.push(format!("{module}: crate::{}", &caps[1]));
+            }
+        }
+    }
+    assert!(through_root.is_empty(), "{through_root:#?}");
 }
 
 #[test]
