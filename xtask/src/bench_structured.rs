@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use minnow_engine::constraint::{GrammarCompiler, OutputConstraint};
-use minnow_engine::tool_calls::ToolCallFormat;
+use minnow_engine::text::tool_format::ToolCallFormat;
 use minnow_engine::{Algorithm, DecodeParams, Engine, EngineOptions, Event, GenerateRequest};
 use minnow_runtime::device::DeviceRequest;
 

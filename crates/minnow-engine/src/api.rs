@@ -51,7 +51,7 @@ pub struct GenerateRequest {
     /// requests with the same salt (no salt is a salt of its own).
     pub cache_salt: Option<String>,
     /// A grammar every answer obeys (structured outputs, docs/decoding.md §13).
-    pub constraint: Option<crate::constraint::OutputConstraint>,
+    pub constraint: Option<OutputConstraint>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,4 +197,44 @@ impl Default for ChatPrompt {
 pub struct RenderedPrompt {
     pub text: String,
     pub forced_prefix: Option<String>,
+}
+
+/// What an answer must obey (structured outputs; compiled by `constraint`). Part of
+/// [`GenerateRequest`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum OutputConstraint {
+    /// A JSON document valid under this JSON Schema (OpenAI `json_schema`).
+    JsonSchema(serde_json::Value),
+    /// Any JSON object (OpenAI `json_object`).
+    JsonObject,
+    /// Text matching this regular expression as a whole.
+    Regex(String),
+    /// A Lark grammar in llguidance's dialect (`%json { ... }` embeds a JSON Schema).
+    Lark(String),
+    /// Tool calls whose arguments obey the `strict` tools' schemas, in the checkpoint's markup
+    /// (`constraint::tools`); the engine turns it into a Lark grammar.
+    ToolCalls {
+        tools: Vec<StrictTool>,
+        choice: ToolChoice,
+    },
+}
+
+impl OutputConstraint {
+    /// The grammar kind, for error messages and the cache key.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OutputConstraint::JsonSchema(_) => "json_schema",
+            OutputConstraint::JsonObject => "json_object",
+            OutputConstraint::Regex(_) => "regex",
+            OutputConstraint::Lark(_) => "lark",
+            OutputConstraint::ToolCalls { .. } => "tool call",
+        }
+    }
+}
+
+/// One declared tool: its name and, when `strict`, the schema its arguments must satisfy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StrictTool {
+    pub name: String,
+    pub parameters: Option<serde_json::Value>,
 }

@@ -53,16 +53,16 @@ use minnow_model::{Family, ModelRunner};
 use minnow_runtime::device::DeviceRequest;
 
 use crate::api::{ChatPrompt, DecodeParams, GenerateRequest, RenderedPrompt};
-use crate::chat_template::ChatTemplate;
 use crate::constraint::GrammarCompiler;
 use crate::decode::constrained::Constrained;
 use crate::decode::layout::{Layout, LayoutError};
-use crate::decode::params::{family_defaults, overlay, resolve};
+use crate::decode::params::{family_defaults, overlay, resolve, ResolvedParams};
 use crate::decode::request::{check_algorithm, DecoderContext};
 use crate::decode::stop_tokens::StopTokens;
 use crate::decode::ControlTokens;
-use crate::tokenizer::Tokenizer;
-use crate::tool_calls::ToolCallFormat;
+use crate::text::chat_template::ChatTemplate;
+use crate::text::tokenizer::Tokenizer;
+use crate::text::tool_format::ToolCallFormat;
 
 pub use crate::error::{EngineError, EngineResult};
 
@@ -123,6 +123,57 @@ pub struct ModelInfo {
     pub role_end_token_id: Option<u32>,
     /// Requests decoded at once (the resolved `EngineOptions::parallel`).
     pub parallel: usize,
+}
+
+/// A check of a rendered prompt before it is tokenized (see [`ChatIdsOptions`]).
+pub type RenderedCheck<'a> = &'a dyn Fn(&RenderedPrompt) -> EngineResult<()>;
+
+/// The controls of [`Engine::chat_prompt_ids_with`]; the default tokenizes, checks nothing and
+/// cannot be cancelled (what [`Engine::chat_prompt_ids`] does).
+#[derive(Clone, Copy)]
+pub struct ChatIdsOptions<'a> {
+    /// Tokenize the rendered prompt (`false`: render only).
+    pub tokenize: bool,
+    /// Called with the rendered prompt (client text still protected) before tokenizing: a size
+    /// bound, say; its error is returned.
+    pub check_rendered: Option<RenderedCheck<'a>>,
+    /// Polled between pieces of tokenization; `true` stops it with an error.
+    pub cancelled: Option<&'a dyn Fn() -> bool>,
+}
+
+impl Default for ChatIdsOptions<'_> {
+    fn default() -> Self {
+        ChatIdsOptions {
+            tokenize: true,
+            check_rendered: None,
+            cancelled: None,
+        }
+    }
+}
+
+/// A request that passed [`Engine::validate`]: its decoding parameters with every default
+/// applied, its block layout on the canvas and its compiled output grammar.
+pub struct ValidatedRequest {
+    params: ResolvedParams,
+    layout: Layout,
+    constraint: Option<Constrained>,
+}
+
+impl ValidatedRequest {
+    /// New tokens the request may produce at most (its `max_tokens`, or the rest of the context).
+    pub fn max_new_tokens(&self) -> usize {
+        self.layout.max_new
+    }
+
+    /// Positions of its canvas: prompt plus output, rounded up to whole blocks.
+    pub fn canvas_tokens(&self) -> usize {
+        self.layout.total_len
+    }
+
+    /// The decoding algorithm it runs (the request's, else the engine's or the family's default).
+    pub fn algorithm(&self) -> crate::api::Algorithm {
+        self.params.algorithm
+    }
 }
 
 /// Requests batched at once when none is asked for: a GPU's forward costs about the same for
@@ -233,18 +284,6 @@ fn load_cpu_runner(
         std::sync::Arc::new(model),
         budget,
     )))
-}
-
-/// Protects every string of a JSON value (a tool definition) in place.
-fn protect_json(tokenizer: &Tokenizer, value: &mut serde_json::Value) {
-    match value {
-        serde_json::Value::String(s) => *s = tokenizer.protect(s),
-        serde_json::Value::Array(items) => {
-            items.iter_mut().for_each(|v| protect_json(tokenizer, v))
-        }
-        serde_json::Value::Object(map) => map.values_mut().for_each(|v| protect_json(tokenizer, v)),
-        _ => {}
-    }
 }
 
 /// Whether a checkpoint directory carries a chat template at all (the 2.2 fixture has none; the
@@ -440,35 +479,40 @@ impl Engine {
     }
 
     /// Renders a conversation and tokenizes it: the way to turn a chat into prompt ids. Every
-    /// string a client wrote (message contents, reasoning, tool calls, tool definitions) stays
-    /// plain text, special-token strings included, so a user cannot open a system turn by
-    /// typing `<role>SYSTEM</role>`; only the template's own markup becomes control tokens.
-    /// Returns the ids and the rendered prompt (whose `forced_prefix` goes into
-    /// [`GenerateRequest::forced_prefix`]).
+    /// string a client wrote (message contents and names, reasoning, tool calls, tool
+    /// definitions, template variables) stays plain text, special-token strings included, so a
+    /// user cannot open a system turn by typing `<role>SYSTEM</role>`; only the template's own
+    /// markup becomes control tokens. Returns the ids and the rendered prompt (whose
+    /// `forced_prefix` goes into [`GenerateRequest::forced_prefix`]).
     pub fn chat_prompt_ids(&self, prompt: &ChatPrompt) -> EngineResult<(Vec<u32>, RenderedPrompt)> {
+        self.chat_prompt_ids_with(prompt, &ChatIdsOptions::default())
+    }
+
+    /// [`Engine::chat_prompt_ids`] with a server's controls: a check of the rendered prompt
+    /// before it is tokenized, a cancellation flag polled while tokenizing, or no tokenizing at
+    /// all (the ids are then empty: the prompt as a chat request would render it).
+    pub fn chat_prompt_ids_with(
+        &self,
+        prompt: &ChatPrompt,
+        options: &ChatIdsOptions<'_>,
+    ) -> EngineResult<(Vec<u32>, RenderedPrompt)> {
         let tokenizer = &self.inner.tokenizer;
         let mut protected = prompt.clone();
-        for message in &mut protected.messages {
-            message.content = tokenizer.protect(&message.content);
-            if let Some(reasoning) = &mut message.reasoning_content {
-                *reasoning = tokenizer.protect(reasoning);
-            }
-            if let Some(id) = &mut message.tool_call_id {
-                *id = tokenizer.protect(id);
-            }
-            for call in &mut message.tool_calls {
-                call.id = tokenizer.protect(&call.id);
-                call.arguments = tokenizer.protect(&call.arguments);
-            }
-        }
-        for tool in &mut protected.tools {
-            protect_json(tokenizer, tool);
-        }
+        crate::text::client_text::protect_prompt(tokenizer, &mut protected);
         let rendered = self.render_chat(&protected)?;
-        let ids = tokenizer.encode_protected(&rendered.text)?;
+        if let Some(check) = options.check_rendered {
+            check(&rendered)?;
+        }
+        let ids = if options.tokenize {
+            let never = || false;
+            let cancelled = options.cancelled.unwrap_or(&never);
+            tokenizer.encode_protected_unless(&rendered.text, cancelled)?
+        } else {
+            Vec::new()
+        };
         let rendered = RenderedPrompt {
             text: tokenizer.unprotect(&rendered.text),
-            forced_prefix: rendered.forced_prefix,
+            forced_prefix: rendered.forced_prefix.map(|p| tokenizer.unprotect(&p)),
         };
         Ok((ids, rendered))
     }
@@ -515,20 +559,16 @@ impl Engine {
         Ok((handle, trace))
     }
 
-    fn submit_inner(
-        &self,
-        request: GenerateRequest,
-        trace: Option<TraceLog>,
-    ) -> EngineResult<RequestHandle> {
+    /// The one validation of a request, everything [`Engine::submit`] checks before queueing it:
+    /// the prompt ([`Engine::check_prompt`]), the decoding parameters (the ranges of
+    /// [`DECODE_PARAMS`](crate::DECODE_PARAMS) and an algorithm the checkpoint can run), the
+    /// context and the K/V pool the canvas needs, and the output grammar (compiled here). Errors
+    /// name the field at fault where one is ([`EngineError::InvalidParam`]).
+    pub fn validate(&self, request: &GenerateRequest) -> EngineResult<ValidatedRequest> {
         let inner = &self.inner;
         let prompt = &request.prompt_ids;
         self.check_prompt(prompt)?;
-        let params = resolve(&request.params, &inner.defaults, inner.family)
-            .map_err(EngineError::InvalidRequest)?;
-        check_algorithm(&params, inner.decoder.control).map_err(|e| EngineError::InvalidParam {
-            param: "algorithm",
-            message: e.to_string(),
-        })?;
+        let params = self.resolve_params(&request.params)?;
         let n_ctx = inner.info.n_ctx;
         let max_new = match request.max_tokens {
             Some(n) => n,
@@ -575,6 +615,41 @@ impl Engine {
             }
             None => None,
         };
+        Ok(ValidatedRequest {
+            params,
+            layout,
+            constraint,
+        })
+    }
+
+    /// The decoding-parameter part of [`Engine::validate`] (no prompt needed), for callers that
+    /// refuse a request before the work of tokenizing it: the request's values over the
+    /// engine's and the family's defaults, in range, with an algorithm this checkpoint can run.
+    pub fn check_params(&self, params: &DecodeParams) -> EngineResult<()> {
+        self.resolve_params(params).map(|_| ())
+    }
+
+    fn resolve_params(&self, params: &DecodeParams) -> EngineResult<ResolvedParams> {
+        let inner = &self.inner;
+        let params = resolve(params, &inner.defaults, inner.family)?;
+        check_algorithm(&params, inner.decoder.control).map_err(|e| EngineError::InvalidParam {
+            param: "algorithm",
+            message: e.to_string(),
+        })?;
+        Ok(params)
+    }
+
+    fn submit_inner(
+        &self,
+        request: GenerateRequest,
+        trace: Option<TraceLog>,
+    ) -> EngineResult<RequestHandle> {
+        let inner = &self.inner;
+        let ValidatedRequest {
+            params,
+            layout,
+            constraint,
+        } = self.validate(&request)?;
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, events) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancelToken::default();

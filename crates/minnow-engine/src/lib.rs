@@ -6,13 +6,12 @@
 //!
 //! The API is the items of this page: load an [`Engine`] with [`EngineOptions`], turn a
 //! [`ChatPrompt`] into prompt ids with [`Engine::chat_prompt_ids`], [`Engine::submit`] a
-//! [`GenerateRequest`], and read its [`Event`]s from the [`RequestHandle`]; every failure is an
+//! [`GenerateRequest`] (checked by [`Engine::validate`]; [`DECODE_PARAMS`] lists the decoding
+//! parameters' ranges), and read its [`Event`]s from the [`RequestHandle`]; every failure is an
 //! [`EngineError`]. The modules hidden from these docs are the engine's insides, public only for
 //! minnow's own server, benches and tests.
 
 mod api;
-#[doc(hidden)]
-pub mod chat_template;
 #[doc(hidden)]
 pub mod constraint;
 #[doc(hidden)]
@@ -20,24 +19,25 @@ pub mod decode;
 #[doc(hidden)]
 pub mod engine;
 mod error;
+#[cfg(test)]
+mod import_graph;
 mod kv_cache;
 mod model_files;
 #[doc(hidden)]
+pub mod output;
+#[doc(hidden)]
 pub mod sampling;
 #[doc(hidden)]
-pub mod text_stream;
-#[doc(hidden)]
-pub mod tokenizer;
-#[doc(hidden)]
-pub mod tool_calls;
+pub mod text;
 
 pub use api::*;
+pub use decode::params::{param_spec, ParamKind, ParamSpec, DECODE_PARAMS};
 pub use decode::request::TraceStep;
 pub use engine::{
-    select_runner, CancelToken, Engine, EngineOptions, EngineStats, LoadProgress, ModelInfo,
-    RequestHandle, TraceLog, BATCH_SIZE_BUCKETS,
+    select_runner, CancelToken, ChatIdsOptions, Engine, EngineOptions, EngineStats, LoadProgress,
+    ModelInfo, RenderedCheck, RequestHandle, TraceLog, ValidatedRequest, BATCH_SIZE_BUCKETS,
 };
 pub use error::{EngineError, EngineResult};
 pub use kv_cache::CacheStats;
 pub use minnow_runtime::device::DeviceRequest;
-pub use tokenizer::{SpecialTokens, Tokenizer};
+pub use text::tokenizer::{SpecialTokens, Tokenizer};

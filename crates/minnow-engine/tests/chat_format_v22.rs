@@ -5,10 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use minnow_engine::chat_template::ChatTemplate;
-use minnow_engine::text_stream::OutputStream;
-use minnow_engine::tokenizer::Tokenizer;
-use minnow_engine::tool_calls::{StreamParser, ToolCallFormat};
+use minnow_engine::output::text_stream::OutputStream;
+use minnow_engine::output::tool_calls::StreamParser;
+use minnow_engine::text::chat_template::ChatTemplate;
+use minnow_engine::text::tool_format::ToolCallFormat;
+use minnow_engine::Tokenizer;
 use minnow_engine::{ChatMessage, ChatPrompt, FinishReason, ToolCall, ToolChoice};
 use serde_json::json;
 

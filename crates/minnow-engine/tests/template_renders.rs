@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use minnow_engine::chat_template::ChatTemplate;
-use minnow_engine::tool_calls::ToolCallFormat;
+use minnow_engine::text::chat_template::ChatTemplate;
+use minnow_engine::text::tool_format::ToolCallFormat;
 use minnow_engine::{ChatMessage, ChatPrompt, ToolCall, ToolChoice};
 use serde_json::{json, Map, Value};
 

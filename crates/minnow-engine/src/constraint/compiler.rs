@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 
+use super::json_style::json_options;
 use super::matcher::TokenMatcher;
 use super::tools::tool_call_constraint;
 use super::vocabulary::token_env;
-use super::OutputConstraint;
-use crate::tool_calls::ToolCallFormat;
+use crate::api::OutputConstraint;
+use crate::text::tool_format::ToolCallFormat;
 
 /// Compiled grammars kept for reuse, least recently used dropped first.
 const CACHE_ENTRIES: usize = 64;
@@ -123,16 +124,6 @@ impl GrammarCompiler {
     }
 }
 
-/// Compact JSON with no free whitespace: the answer is shorter and a model cannot stall a
-/// document with endless blanks between tokens.
-pub(crate) fn json_options() -> serde_json::Value {
-    serde_json::json!({
-        "whitespace_flexible": false,
-        "item_separator": ",",
-        "key_separator": ":",
-    })
-}
-
 /// The cache key and the llguidance grammar of a constraint.
 fn grammar_of(constraint: &OutputConstraint) -> Result<(String, TopLevelGrammar), GrammarError> {
     let kind = constraint.kind();
@@ -179,7 +170,7 @@ fn grammar_of(constraint: &OutputConstraint) -> Result<(String, TopLevelGrammar)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::tests_support::fixture;
+    use crate::text::tokenizer::tests_support::fixture;
     use serde_json::json;
 
     const EOS: u32 = 481;

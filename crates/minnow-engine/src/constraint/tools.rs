@@ -12,17 +12,12 @@
 
 use serde_json::Value;
 
-use super::OutputConstraint;
-use crate::api::ToolChoice;
-use crate::tokenizer::markers::{ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, SECTION_BEGIN, SECTION_END};
-use crate::tool_calls::{ToolCallFormat, TAG_CLOSE, TAG_OPEN};
-
-/// One declared tool: its name and, when `strict`, the schema its arguments must satisfy.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StrictTool {
-    pub name: String,
-    pub parameters: Option<Value>,
-}
+use super::json_style::json_options;
+use crate::api::{OutputConstraint, StrictTool, ToolChoice};
+use crate::text::tokenizer::markers::{
+    ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, SECTION_BEGIN, SECTION_END,
+};
+use crate::text::tool_format::{ToolCallFormat, TAG_CLOSE, TAG_OPEN};
 
 /// Reads OpenAI tool objects; `None` when none is `strict: true` (nothing to constrain).
 pub fn strict_tools(tools: &[Value]) -> Option<Vec<StrictTool>> {
@@ -60,7 +55,7 @@ fn arguments(tool: &StrictTool) -> String {
         .clone()
         .unwrap_or_else(|| serde_json::json!({"type": "object"}));
     if let Some(map) = schema.as_object_mut() {
-        map.insert("x-guidance".into(), super::compiler::json_options());
+        map.insert("x-guidance".into(), json_options());
     }
     format!(
         "%json {}",

@@ -198,7 +198,7 @@ mod tests {
 
     use super::*;
     use crate::constraint::{GrammarCompiler, OutputConstraint};
-    use crate::tokenizer::tests_support::fixture;
+    use crate::text::tokenizer::tests_support::fixture;
 
     /// The tiny fixtures' vocabulary: 512 model rows, MASK 482, EOS 481; bytes 'a' = 64,
     /// 'b' = 65, 'c' = 66, 'x' = 87.
@@ -218,7 +218,7 @@ mod tests {
                 json.into(),
                 V,
                 vec![EOS],
-                crate::tool_calls::ToolCallFormat::TaggedJson,
+                crate::text::tool_format::ToolCallFormat::TaggedJson,
             )
         })
     }

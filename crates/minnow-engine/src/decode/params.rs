@@ -1,10 +1,203 @@
-//! Decoding parameters: the checkpoint family's defaults, merged with engine-wide defaults and the
-//! request's overrides, then validated into one complete [`ResolvedParams`].
+//! Decoding parameters: the one table of their ranges ([`DECODE_PARAMS`], read by the engine's
+//! validation, the server's request parser, the CLI's flags and docs/api.md), the checkpoint
+//! family's defaults, merged with engine-wide defaults and the request's overrides, then
+//! validated into one complete [`ResolvedParams`].
 
 use minnow_model::Family;
 
 use crate::api::{Algorithm, DecodeParams};
+use crate::error::EngineError;
 use crate::sampling::SamplerSettings;
+
+/// Whether a parameter takes any number or only whole numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    Number,
+    Integer,
+}
+
+/// One bounded decoding parameter: its name (the request field, and the CLI flag with `-` for
+/// `_`), its type and inclusive range, and what it does. Its default is the checkpoint family's
+/// ([`ParamSpec::family_default`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ParamSpec {
+    pub name: &'static str,
+    pub kind: ParamKind,
+    pub min: f64,
+    pub max: f64,
+    pub meaning: &'static str,
+    /// Its value in a [`DecodeParams`] (`None`: not set).
+    pub value: fn(&DecodeParams) -> Option<f64>,
+}
+
+/// Every bounded decoding parameter, in the order docs/api.md lists them. The upper ends are the
+/// engine's limits, not the algorithms': a temperature above 2 or thousands of steps per block
+/// only spend time (`max_post_steps` bounds the forwards of one block).
+pub const DECODE_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "temperature",
+        kind: ParamKind::Number,
+        min: 0.0,
+        max: 2.0,
+        meaning: "sampling temperature; 0 = greedy",
+        value: |p| p.temperature.map(f64::from),
+    },
+    ParamSpec {
+        name: "top_p",
+        kind: ParamKind::Number,
+        min: 0.0,
+        max: 1.0,
+        meaning: "nucleus sampling: only the most likely tokens whose probabilities add up to it; 1 = off",
+        value: |p| p.top_p.map(f64::from),
+    },
+    ParamSpec {
+        name: "top_k",
+        kind: ParamKind::Integer,
+        min: 0.0,
+        max: 16_777_216.0,
+        meaning: "only the K most likely tokens of a position; 0 = off",
+        value: |p| p.top_k.map(|n| n as f64),
+    },
+    ParamSpec {
+        name: "threshold",
+        kind: ParamKind::Number,
+        min: 0.0,
+        max: 1.0,
+        meaning: "diffusion: confidence to commit a masked position",
+        value: |p| p.threshold.map(f64::from),
+    },
+    ParamSpec {
+        name: "editing_threshold",
+        kind: ParamKind::Number,
+        min: 0.0,
+        max: 1.0,
+        meaning: "diffusion (`joint`, `indel`): confidence to edit a committed token",
+        value: |p| p.editing_threshold.map(f64::from),
+    },
+    ParamSpec {
+        name: "max_post_steps",
+        kind: ParamKind::Integer,
+        min: 0.0,
+        max: 1000.0,
+        meaning: "diffusion (`joint`, `indel`): editing rounds after a block has no masks",
+        value: |p| p.max_post_steps.map(|n| n as f64),
+    },
+    ParamSpec {
+        name: "steps",
+        kind: ParamKind::Integer,
+        min: 1.0,
+        max: 4096.0,
+        meaning: "diffusion (`low-confidence`, `indel`): step schedule per block",
+        value: |p| p.steps.map(|n| n as f64),
+    },
+    ParamSpec {
+        name: "num_to_transfer",
+        kind: ParamKind::Integer,
+        min: 1.0,
+        max: 4096.0,
+        meaning: "diffusion (`joint`): masked positions committed per step at least",
+        value: |p| p.num_to_transfer.map(|n| n as f64),
+    },
+];
+
+/// The table's entry for `name`. Panics on a name the table lacks: callers pass names of
+/// [`DECODE_PARAMS`] written in the code, so a miss is a bug caught by the first test that runs
+/// it.
+pub fn param_spec(name: &str) -> &'static ParamSpec {
+    DECODE_PARAMS
+        .iter()
+        .find(|spec| spec.name == name)
+        .unwrap_or_else(|| panic!("no decoding parameter named {name}"))
+}
+
+impl ParamSpec {
+    /// `Err("must be between MIN and MAX")` when `value` is outside the range (or not finite);
+    /// callers prefix the name as their users spell it (`'top_p'`, `--top-p`).
+    pub fn check(&self, value: f64) -> Result<(), String> {
+        if value.is_finite() && value >= self.min && value <= self.max {
+            Ok(())
+        } else {
+            Err(format!("must be between {} and {}", self.min, self.max))
+        }
+    }
+
+    /// [`ParamSpec::check`] as the engine's error: `'name' must be between MIN and MAX`, naming
+    /// the parameter.
+    pub fn check_param(&self, value: f64) -> Result<(), EngineError> {
+        self.check(value)
+            .map_err(|problem| EngineError::InvalidParam {
+                param: self.name,
+                message: format!("'{}' {problem}", self.name),
+            })
+    }
+
+    /// The checkpoint families' defaults, as docs/api.md states them: one value when every family
+    /// shares it, else each family's.
+    pub fn family_default(&self) -> String {
+        let families = [
+            (Family::V20, "2.0"),
+            (Family::V21, "2.1"),
+            (Family::V22, "2.2"),
+        ];
+        let values: Vec<(String, &str)> = families
+            .iter()
+            .map(|&(family, name)| {
+                let value = (self.value)(&family_defaults(family))
+                    .map_or_else(|| "none".to_string(), |x| format!("{}", x as f32));
+                (value, name)
+            })
+            .collect();
+        if values.iter().all(|(value, _)| *value == values[0].0) {
+            return values[0].0.clone();
+        }
+        // Families sharing a value are listed together: "0.95 (2.0), 0.5 (2.1, 2.2)".
+        let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
+        for (value, family) in values {
+            match groups.iter_mut().find(|(v, _)| *v == value) {
+                Some((_, names)) => names.push(family),
+                None => groups.push((value, vec![family])),
+            }
+        }
+        groups
+            .iter()
+            .map(|(value, names)| format!("{value} ({})", names.join(", ")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Checks every parameter that `params` sets against [`DECODE_PARAMS`]; the error names the first
+/// one out of range.
+pub fn check_ranges(params: &DecodeParams) -> Result<(), EngineError> {
+    for spec in DECODE_PARAMS {
+        if let Some(value) = (spec.value)(params) {
+            spec.check_param(value)?;
+        }
+    }
+    Ok(())
+}
+
+/// docs/api.md's table of the decoding parameters, generated from [`DECODE_PARAMS`] (a unit test
+/// fails, printing this, when the document differs).
+pub fn decode_params_markdown() -> String {
+    let mut out = String::from("| field | type | min | max | default | meaning |\n");
+    out.push_str("|---|---|---|---|---|---|\n");
+    for spec in DECODE_PARAMS {
+        let kind = match spec.kind {
+            ParamKind::Number => "number",
+            ParamKind::Integer => "integer",
+        };
+        out.push_str(&format!(
+            "| `{}` | {kind} | {} | {} | {} | {} |\n",
+            spec.name,
+            spec.min,
+            spec.max,
+            spec.family_default(),
+            spec.meaning
+        ));
+    }
+    out
+}
 
 /// Every knob of one request, after defaults were applied and values checked.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -85,13 +278,13 @@ pub fn overlay(first: &DecodeParams, second: &DecodeParams) -> DecodeParams {
     }
 }
 
-/// Merges request > engine defaults > family defaults and validates. The error is one line that
-/// names the parameter.
+/// Merges request > engine defaults > family defaults and checks the ranges of [`DECODE_PARAMS`].
+/// The error names the parameter.
 pub fn resolve(
     request: &DecodeParams,
     engine_defaults: &DecodeParams,
     family: Family,
-) -> Result<ResolvedParams, String> {
+) -> Result<ResolvedParams, EngineError> {
     let merged = overlay(request, &overlay(engine_defaults, &family_defaults(family)));
     // family_defaults sets every field but the seed, so these unwraps cannot fail.
     let p = ResolvedParams {
@@ -108,41 +301,9 @@ pub fn resolve(
         },
         seed: merged.seed,
     };
-    validate(&p)?;
+    // Ranges are checked on the merged values, so a bad engine-wide default fails too.
+    check_ranges(&merged)?;
     Ok(p)
-}
-
-fn validate(p: &ResolvedParams) -> Result<(), String> {
-    let unit = |name: &str, v: f32| {
-        if v.is_finite() && (0.0..=1.0).contains(&v) {
-            Ok(())
-        } else {
-            Err(format!("{name} must be between 0 and 1, got {v}"))
-        }
-    };
-    unit("threshold", p.threshold)?;
-    unit("editing_threshold", p.editing_threshold)?;
-    let t = p.sampler.temperature;
-    if !t.is_finite() || t < 0.0 {
-        return Err(format!("temperature must be a finite number >= 0, got {t}"));
-    }
-    let top_p = p.sampler.top_p;
-    if !top_p.is_finite() || !(0.0..=1.0).contains(&top_p) {
-        return Err(format!("top_p must be between 0 and 1, got {top_p}"));
-    }
-    if p.num_to_transfer == 0 {
-        return Err("num_to_transfer must be at least 1".into());
-    }
-    if p.algorithm == Algorithm::LowConfidence && p.steps == 0 {
-        return Err("steps must be at least 1 for the low-confidence algorithm".into());
-    }
-    if p.max_post_steps > 1000 {
-        return Err(format!(
-            "max_post_steps must be at most 1000, got {}",
-            p.max_post_steps
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -181,39 +342,112 @@ mod tests {
         assert_eq!((p.threshold, p.steps), (0.9, 8));
     }
 
+    /// The parameter a refused request names.
+    fn refused(request: DecodeParams, family: Family) -> (&'static str, String) {
+        match resolve(&request, &DecodeParams::default(), family) {
+            Err(EngineError::InvalidParam { param, message }) => (param, message),
+            other => panic!("expected a refusal naming the parameter, got {other:?}"),
+        }
+    }
+
     #[test]
     fn invalid_values_are_named() {
-        let bad = |d: DecodeParams| resolve(&d, &DecodeParams::default(), Family::V21).unwrap_err();
-        assert!(bad(DecodeParams {
-            threshold: Some(1.5),
-            ..Default::default()
-        })
-        .contains("threshold"));
-        assert!(bad(DecodeParams {
-            temperature: Some(-1.0),
-            ..Default::default()
-        })
-        .contains("temperature"));
-        assert!(bad(DecodeParams {
-            top_p: Some(1.5),
-            ..Default::default()
-        })
-        .contains("top_p"));
-        assert!(bad(DecodeParams {
-            num_to_transfer: Some(0),
-            ..Default::default()
-        })
-        .contains("num_to_transfer"));
-        let e = resolve(
-            &DecodeParams {
-                steps: Some(0),
+        let (param, message) = refused(
+            DecodeParams {
+                threshold: Some(1.5),
                 ..Default::default()
             },
-            &DecodeParams::default(),
-            Family::V20,
-        )
-        .unwrap_err();
-        assert!(e.contains("steps"));
+            Family::V21,
+        );
+        assert_eq!(param, "threshold");
+        assert_eq!(message, "'threshold' must be between 0 and 1");
+        let (param, message) = refused(
+            DecodeParams {
+                temperature: Some(3.0),
+                ..Default::default()
+            },
+            Family::V21,
+        );
+        assert_eq!(
+            (param, message.as_str()),
+            ("temperature", "'temperature' must be between 0 and 2")
+        );
+        let nan = DecodeParams {
+            top_p: Some(f32::NAN),
+            ..Default::default()
+        };
+        assert_eq!(refused(nan, Family::V22).0, "top_p");
+        let zero = DecodeParams {
+            num_to_transfer: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(refused(zero, Family::V21).0, "num_to_transfer");
+        // Zero steps is refused whatever the algorithm (it was once only for low-confidence).
+        for family in [Family::V20, Family::V21, Family::V22] {
+            let zero = DecodeParams {
+                steps: Some(0),
+                ..Default::default()
+            };
+            assert_eq!(refused(zero, family).0, "steps");
+        }
+    }
+
+    #[test]
+    fn every_range_is_enforced_at_its_ends() {
+        for spec in DECODE_PARAMS {
+            for (value, ok) in [
+                (spec.min, true),
+                (spec.max, true),
+                (spec.min - 1.0, false),
+                (spec.max + 1.0, false),
+            ] {
+                let result = spec.check_param(value);
+                assert_eq!(result.is_ok(), ok, "{}={value}", spec.name);
+                if let Err(EngineError::InvalidParam { param, .. }) = result {
+                    assert_eq!(param, spec.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_table_reads_and_defaults_every_field() {
+        let all = family_defaults(Family::V21);
+        for spec in DECODE_PARAMS {
+            let value = (spec.value)(&all).unwrap_or_else(|| panic!("{} unset", spec.name));
+            assert!(spec.check(value).is_ok(), "{}'s default {value}", spec.name);
+            assert_eq!(
+                (spec.value)(&DecodeParams::default()),
+                None,
+                "{}",
+                spec.name
+            );
+            assert_eq!(param_spec(spec.name).name, spec.name);
+        }
+        assert_eq!(
+            param_spec("threshold").family_default(),
+            "0.95 (2.0), 0.5 (2.1, 2.2)"
+        );
+        assert_eq!(param_spec("temperature").family_default(), "0");
+    }
+
+    /// docs/api.md carries the table between two markers; it must be what the code generates.
+    #[test]
+    fn docs_api_md_states_the_engine_table() {
+        let docs = include_str!("../../../../docs/api.md");
+        let begin = "<!-- decode-params: begin -->\n";
+        let end = "<!-- decode-params: end -->";
+        let expected = decode_params_markdown();
+        let found = docs
+            .split_once(begin)
+            .and_then(|(_, rest)| rest.split_once(end))
+            .map(|(table, _)| table);
+        assert!(
+            found == Some(expected.as_str()),
+            "docs/api.md's decoding parameter table (between {begin:?} and {end:?}) differs from \
+             the engine's DECODE_PARAMS; replace it with:\n\n{expected}\nfound:\n\n{}",
+            found.unwrap_or("(no markers)")
+        );
     }
 
     #[test]

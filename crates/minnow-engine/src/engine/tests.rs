@@ -304,6 +304,47 @@ fn invalid_requests_are_refused_at_submit() {
     );
 }
 
+/// `validate` is the check `submit` runs: what it refuses, `submit` refuses with the same error
+/// (a range error naming the parameter), and what it accepts is described by its result.
+#[test]
+fn validate_is_the_check_submit_runs() {
+    let engine = engine_writing(vec![], 40, Duration::ZERO, EngineOptions::default());
+    let request = |params: crate::api::DecodeParams| GenerateRequest {
+        prompt_ids: vec![1; 40],
+        max_tokens: Some(10),
+        params,
+        ..Default::default()
+    };
+    let hot = request(crate::api::DecodeParams {
+        temperature: Some(3.0),
+        ..Default::default()
+    });
+    let refused = engine.validate(&hot).err().unwrap();
+    assert_eq!(
+        refused,
+        EngineError::InvalidParam {
+            param: "temperature",
+            message: "'temperature' must be between 0 and 2".into()
+        }
+    );
+    assert_eq!(engine.submit(hot).err().unwrap(), refused);
+    assert_eq!(
+        engine.check_params(&crate::api::DecodeParams {
+            steps: Some(0),
+            ..Default::default()
+        }),
+        Err(EngineError::InvalidParam {
+            param: "steps",
+            message: "'steps' must be between 1 and 4096".into()
+        })
+    );
+    let ok = engine
+        .validate(&request(Default::default()))
+        .expect("a plain request is valid");
+    // 40 prompt tokens + 10 new ones end inside the second 32-token block.
+    assert_eq!((ok.max_new_tokens(), ok.canvas_tokens()), (10, 64));
+}
+
 #[test]
 fn cancellation_ends_with_cancelled_and_frees_the_slot() {
     let target: Vec<u32> = (0..400).map(|i| 100 + (i % 50)).collect();

@@ -18,9 +18,10 @@ use crate::decode::request::{FinishedBlock, RequestDecoder};
 use crate::error::{EngineError, EngineResult};
 use crate::kv_cache::BlockPool;
 use crate::kv_cache::CacheStats;
-use crate::text_stream::OutputStream;
-use crate::tokenizer::Tokenizer;
-use crate::tool_calls::{StreamParser, ToolCallFormat};
+use crate::output::text_stream::OutputStream;
+use crate::output::tool_calls::StreamParser;
+use crate::text::tokenizer::Tokenizer;
+use crate::text::tool_format::ToolCallFormat;
 
 /// A validated request waiting for a slot: what the core decodes, and what its client's text
 /// stream needs.

@@ -1,8 +1,8 @@
 //! The decoding flags shared by `generate` (per run) and `serve` (server-wide defaults that each
-//! request may override). Unset flags mean "the checkpoint family's default"; range checks are
-//! the engine's, applied when a request is resolved.
+//! request may override). Unset flags mean "the checkpoint family's default"; the ranges are the
+//! engine's table (`minnow_engine::DECODE_PARAMS`), checked before the model loads.
 
-use minnow_engine::{Algorithm, DecodeParams};
+use minnow_engine::{Algorithm, DecodeParams, DECODE_PARAMS};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum AlgorithmArg {
@@ -60,7 +60,20 @@ pub struct DecodeFlags {
 }
 
 impl DecodeFlags {
-    pub fn params(&self) -> DecodeParams {
+    /// The flags as request parameters, each set one within the engine's range for it (the error
+    /// names the flag: `--top-p must be between 0 and 1`).
+    pub fn params(&self) -> Result<DecodeParams, String> {
+        let params = self.unchecked();
+        for spec in DECODE_PARAMS {
+            if let Some(value) = (spec.value)(&params) {
+                spec.check(value)
+                    .map_err(|problem| format!("--{} {problem}", spec.name.replace('_', "-")))?;
+            }
+        }
+        Ok(params)
+    }
+
+    fn unchecked(&self) -> DecodeParams {
         DecodeParams {
             algorithm: self.algorithm.map(Algorithm::from),
             threshold: self.threshold,
@@ -72,6 +85,52 @@ impl DecodeFlags {
             top_k: self.top_k,
             top_p: self.top_p,
             seed: self.seed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Probe {
+        #[command(flatten)]
+        decode: DecodeFlags,
+    }
+
+    fn params(argv: &[&str]) -> Result<DecodeParams, String> {
+        Probe::try_parse_from(std::iter::once("generate").chain(argv.iter().copied()))
+            .unwrap()
+            .decode
+            .params()
+    }
+
+    /// Every flag of the engine's table is range-checked with the engine's bounds: the ends are
+    /// accepted, one past them is refused naming the flag (`--temperature 3` was once accepted
+    /// by `generate` and refused by the server).
+    #[test]
+    fn flags_follow_the_engine_ranges() {
+        assert_eq!(
+            params(&["--temperature", "3"]).unwrap_err(),
+            "--temperature must be between 0 and 2"
+        );
+        for spec in DECODE_PARAMS {
+            let flag = format!("--{}", spec.name.replace('_', "-"));
+            for (value, ok) in [(spec.min, true), (spec.max, true), (spec.max + 1.0, false)] {
+                let result = params(&[flag.as_str(), value.to_string().as_str()]);
+                match result {
+                    Ok(p) => {
+                        assert!(ok, "{flag} {value} accepted");
+                        assert_eq!((spec.value)(&p), Some(value), "{flag}");
+                    }
+                    Err(e) => {
+                        assert!(!ok, "{flag} {value}: {e}");
+                        assert!(e.starts_with(&flag), "{e}");
+                    }
+                }
+            }
         }
     }
 }

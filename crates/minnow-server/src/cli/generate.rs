@@ -121,14 +121,16 @@ impl PromptSource {
                     content: user,
                     ..Default::default()
                 };
-                let rendered = engine
-                    .render_chat(&ChatPrompt {
-                        messages: system.into_iter().chain([user]).collect(),
-                        add_generation_prompt: true,
-                        ..Default::default()
-                    })
-                    .map_err(|e| e.to_string())?;
-                engine.tokenize(&rendered.text).map_err(|e| e.to_string())
+                // The engine's one way from a chat to ids: special-token strings in the typed
+                // text stay text (`--raw` is the way to write control tokens).
+                let chat = ChatPrompt {
+                    messages: system.into_iter().chain([user]).collect(),
+                    ..Default::default()
+                };
+                engine
+                    .chat_prompt_ids(&chat)
+                    .map(|(ids, _)| ids)
+                    .map_err(|e| e.to_string())
             }
         }
     }
@@ -182,6 +184,7 @@ fn init_logging() {
 pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
     init_logging();
     let prompt = PromptSource::from_args(args)?;
+    let params = args.decode.params()?;
     let path = model_path(cli);
     let options = EngineOptions {
         device: cli.device,
@@ -196,7 +199,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
         prompt_ids,
         max_tokens: Some(args.max_tokens),
         stop: args.stop.clone(),
-        params: args.decode.params(),
+        params,
         ..Default::default()
     };
     let (mut handle, trace) = if args.trace {

@@ -127,28 +127,7 @@ impl DecodeArgs {
     /// The defaults, checked at start-up so that a bad flag fails the command rather than every
     /// request.
     fn params(&self) -> Result<DecodeParams, String> {
-        let params = self.flags.params();
-        let unit = |name: &str, x: Option<f32>| match x {
-            Some(v) if !(0.0..=1.0).contains(&v) => {
-                Err(format!("--{name} must be between 0 and 1"))
-            }
-            _ => Ok(()),
-        };
-        unit("threshold", params.threshold)?;
-        unit("editing-threshold", params.editing_threshold)?;
-        unit("top-p", params.top_p)?;
-        if params
-            .temperature
-            .is_some_and(|t| !(0.0..=2.0).contains(&t))
-        {
-            return Err("--temperature must be between 0 and 2".into());
-        }
-        if params.steps == Some(0) {
-            return Err("--steps must be at least 1".into());
-        }
-        if params.num_to_transfer == Some(0) {
-            return Err("--num-to-transfer must be at least 1".into());
-        }
+        let params = self.flags.params()?;
         if self.max_tokens == Some(0) {
             return Err("--max-tokens must be at least 1".into());
         }

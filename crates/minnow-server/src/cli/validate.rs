@@ -76,8 +76,8 @@ fn validate_directory(path: &Path) -> Result<(), String> {
 /// What a load would refuse in the assets: `config.json` (strict, as the model loader reads it),
 /// `tokenizer.json` and its special ids, the chat template (when there is one).
 fn asset_problems(path: &std::path::Path) -> Vec<String> {
-    use minnow_engine::chat_template::ChatTemplate;
-    use minnow_engine::tokenizer::Tokenizer;
+    use minnow_engine::text::chat_template::ChatTemplate;
+    use minnow_engine::Tokenizer;
 
     let (_, source) = match minnow_model::checkpoint::open(path) {
         Ok(opened) => opened,

@@ -79,7 +79,7 @@ pub struct ServerConfig {
     /// `--allow-host` / `--cors-origin`; `loopback_only` is set from the bound address.
     pub origin: OriginPolicy,
     /// `--allow-special-in-content`: special-token strings in chat messages act as control
-    /// tokens (off by default: they are plain text, see `special_text.rs`).
+    /// tokens (off by default: they are plain text, see minnow-engine's `text/client_text.rs`).
     pub allow_special_in_content: bool,
     pub limits: ConnectionLimits,
     pub engine: EngineOptions,

@@ -67,7 +67,7 @@ pub struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
-    /// `path` names the object itself in errors ("request body", "messages[2]", ...).
+    /// `path` names the object itself in errors (`"request body"`, `"messages[2]"`, ...).
     pub fn new(value: &'a Value, path: &str, policy: &'a FieldPolicy) -> Result<Self, ApiError> {
         let map = value.as_object().ok_or_else(|| {
             ApiError::invalid(

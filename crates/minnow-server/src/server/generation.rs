@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use hyper::{Response, StatusCode};
 use minnow_engine::{
-    ChatPrompt, Engine, EngineError, Event, FinishReason, GenerateRequest, GenerationStats,
-    RenderedPrompt, ToolCall, ToolCallDelta,
+    ChatIdsOptions, ChatPrompt, Engine, EngineError, Event, FinishReason, GenerateRequest,
+    GenerationStats, RenderedPrompt, ToolCall, ToolCallDelta,
 };
 use rand::Rng;
 use tokio::sync::Semaphore;
@@ -17,7 +17,6 @@ use super::errors::ApiError;
 use super::http::{json_response, Body};
 use super::openai::{ChatRequest, CommonOptions, CompletionRequest, MaxTokens, PromptInput};
 use super::responses::{self, Endpoint, Outcome, ResponseMeta};
-use super::special_text;
 use super::state::{unix_now, AppState, RequestLog};
 
 /// A request ready to submit.
@@ -180,15 +179,15 @@ pub async fn render(state: &AppState, prompt: ChatPrompt) -> Result<RenderedProm
 }
 
 /// Renders a conversation and (when `tokenize`) its ids; with `protect`, special-token strings
-/// in the client's text stay plain text (`special_text`).
+/// in the client's text stay plain text (`Engine::chat_prompt_ids_with`, the engine's one way
+/// from a chat to ids).
 fn render_and_tokenize(
     engine: &Engine,
-    mut prompt: ChatPrompt,
+    prompt: ChatPrompt,
     protect: bool,
     tokenize: bool,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<(RenderedPrompt, Vec<u32>), EngineError> {
-    let tokenizer = engine.tokenizer();
     // The template adds its markup: check the rendered text too before tokenizing it.
     let fits = |rendered: &RenderedPrompt| {
         check_prompt_bytes(engine, rendered.text.len(), "messages").map_err(|e| {
@@ -208,27 +207,19 @@ fn render_and_tokenize(
         };
         return Ok((rendered, ids));
     }
-    special_text::protect_prompt(tokenizer, &mut prompt);
-    let rendered = engine.render_chat(&prompt)?;
-    fits(&rendered)?;
-    let ids = if tokenize {
-        tokenizer.encode_protected_unless(&rendered.text, cancelled)?
-    } else {
-        Vec::new()
+    let options = ChatIdsOptions {
+        tokenize,
+        check_rendered: Some(&fits),
+        cancelled: Some(cancelled),
     };
-    Ok((
-        RenderedPrompt {
-            text: tokenizer.unprotect(&rendered.text),
-            forced_prefix: rendered.forced_prefix.map(|p| tokenizer.unprotect(&p)),
-        },
-        ids,
-    ))
+    let (ids, rendered) = engine.chat_prompt_ids_with(&prompt, &options)?;
+    Ok((rendered, ids))
 }
 
 pub async fn prepare_chat(state: &Arc<AppState>, chat: ChatRequest) -> Result<Job, ApiError> {
     check_model(state, chat.common.model.as_deref())?;
     let engine = state.engine()?;
-    check_algorithm(engine, &chat.common)?;
+    check_params(engine, &chat.common)?;
     let prompt = chat.prompt;
     check_prompt_bytes(engine, conversation_bytes(&prompt), "messages")?;
     let protect = !state.config.allow_special_in_content;
@@ -261,7 +252,7 @@ pub async fn prepare_completion(
 ) -> Result<Job, ApiError> {
     check_model(state, completion.common.model.as_deref())?;
     let engine = state.engine()?;
-    check_algorithm(engine, &completion.common)?;
+    check_params(engine, &completion.common)?;
     let ids = match completion.prompt {
         PromptInput::Ids(ids) => ids,
         PromptInput::Text(text) => {
@@ -310,21 +301,11 @@ fn resolve_max_tokens(state: &AppState, requested: MaxTokens) -> Option<usize> {
     }
 }
 
-/// `algorithm: "indel"` needs the checkpoint's DELETE/SPLIT tokens (LLaDA2.2): refused naming the
-/// field before any work, rather than by the engine at submission with no field named.
-fn check_algorithm(engine: &Engine, common: &CommonOptions) -> Result<(), ApiError> {
-    let indel = common.params.algorithm == Some(minnow_engine::Algorithm::Indel);
-    // The engine gives the edit tokens their meaning on 2.2 checkpoints only.
-    let editable =
-        engine.info().family == "LLaDA2.2" && engine.tokenizer().special().edit_token_ids().is_ok();
-    if indel && !editable {
-        return Err(ApiError::invalid(
-            "algorithm",
-            "the indel algorithm needs a checkpoint with DELETE/SPLIT edit tokens (LLaDA2.2); \
-             this model has none",
-        ));
-    }
-    Ok(())
+/// The engine's check of the decoding parameters (ranges, and an algorithm this checkpoint can
+/// run: `indel` needs LLaDA2.2's DELETE/SPLIT tokens), before any tokenizing; the error names the
+/// field. `Engine::submit` runs the same check again as part of `Engine::validate`.
+fn check_params(engine: &Engine, common: &CommonOptions) -> Result<(), ApiError> {
+    engine.check_params(&common.params).map_err(ApiError::from)
 }
 
 /// Prompts must be non-empty, in the vocabulary, and free of the mask token (a mask in the

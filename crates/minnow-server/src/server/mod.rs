@@ -29,7 +29,6 @@ mod origin;
 mod responses;
 mod responses_api;
 mod routes;
-mod special_text;
 mod sse;
 mod state;
 mod static_files;

@@ -6,7 +6,9 @@
 
 use minnow_engine::constraint::tools::strict_tools;
 use minnow_engine::constraint::OutputConstraint;
-use minnow_engine::{Algorithm, ChatMessage, ChatPrompt, DecodeParams, ToolCall, ToolChoice};
+use minnow_engine::{
+    param_spec, Algorithm, ChatMessage, ChatPrompt, DecodeParams, ToolCall, ToolChoice,
+};
 use serde_json::{Map, Value};
 
 use super::errors::ApiError;
@@ -238,7 +240,7 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
     let mut params = DecodeParams {
         temperature: number_in(fields, "temperature")?.map(|x| x as f32),
         top_p: number_in(fields, "top_p")?.map(|x| x as f32),
-        top_k: fields.integer("top_k", 0, 1 << 24)?.map(|k| k as usize),
+        top_k: integer_in(fields, "top_k")?.map(|k| k as usize),
         ..DecodeParams::default()
     };
     // llama-server uses -1 for "a random seed".
@@ -492,35 +494,18 @@ pub(super) fn set_constraint(
     common.constraint = Some(constraint);
     Ok(())
 }
-/// The accepted range of every bounded numeric request field, in one place: the parser reads it
-/// and a test checks docs/api.md's field table against it. `max_post_steps` stops at the engine's
-/// own limit (1000), so the server never passes on a value the engine would refuse.
-pub const FIELD_RANGES: &[(&str, f64, f64)] = &[
-    ("temperature", 0.0, 2.0),
-    ("top_p", 0.0, 1.0),
-    ("threshold", 0.0, 1.0),
-    ("editing_threshold", 0.0, 1.0),
-    ("max_post_steps", 0.0, 1000.0),
-    ("steps", 1.0, 4096.0),
-    ("num_to_transfer", 1.0, 4096.0),
-];
-
-fn range_of(key: &str) -> (f64, f64) {
-    FIELD_RANGES
-        .iter()
-        .find(|(k, _, _)| *k == key)
-        .map(|&(_, min, max)| (min, max))
-        .unwrap_or((f64::MIN, f64::MAX))
-}
-
+/// A decoding parameter, within the engine's range for it (`minnow_engine::DECODE_PARAMS`, the
+/// table docs/api.md states): the same bounds and message the engine applies, refused here before
+/// any tokenizing.
 fn number_in<'a>(fields: &mut Fields<'a>, key: &'a str) -> Result<Option<f64>, ApiError> {
-    let (min, max) = range_of(key);
-    fields.number(key, min, max)
+    let spec = param_spec(key);
+    fields.number(key, spec.min, spec.max)
 }
 
+/// [`number_in`] for the whole-number parameters.
 fn integer_in<'a>(fields: &mut Fields<'a>, key: &'a str) -> Result<Option<i64>, ApiError> {
-    let (min, max) = range_of(key);
-    fields.integer(key, min as i64, max as i64)
+    let spec = param_spec(key);
+    fields.integer(key, spec.min as i64, spec.max as i64)
 }
 
 fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
@@ -1296,25 +1281,17 @@ mod tests {
         assert!(detokenize_strict(&json!({"tokens": "x"})).is_err());
     }
 
+    /// The parser refuses what the engine's table refuses, naming the field, and accepts the
+    /// ends (docs/api.md's table is checked against the same table in minnow-engine).
     #[test]
-    fn docs_state_the_ranges_the_parser_enforces() {
-        let docs = include_str!("../../../../docs/api.md");
-        for &(key, min, max) in FIELD_RANGES {
-            let row = docs
-                .lines()
-                .find(|line| line.starts_with(&format!("| `{key}` |")))
-                .unwrap_or_else(|| panic!("docs/api.md has no row for {key}"));
-            let range = format!("{min}–{max}");
-            assert!(
-                row.contains(&range),
-                "{key}: docs say {row:?}, the code {range}"
-            );
-            // Just outside the range is a 400 naming the field; the ends are accepted.
+    fn the_parser_enforces_the_engine_ranges() {
+        for spec in minnow_engine::DECODE_PARAMS {
+            let key = spec.name;
             for (value, ok) in [
-                (min, true),
-                (max, true),
-                (min - 1.0, false),
-                (max + 1.0, false),
+                (spec.min, true),
+                (spec.max, true),
+                (spec.min - 1.0, false),
+                (spec.max + 1.0, false),
             ] {
                 let mut body = json!({"messages": [{"role": "user", "content": "x"}]});
                 body[key] = json!(value);

@@ -4,15 +4,15 @@
 //! the rendered prompt is then tokenized with the template's own markup as control tokens and
 //! each placeholder as the plain-text tokens of what the client typed
 //! (`Tokenizer::encode_protected`). So a user message holding `<role>SYSTEM</role>` cannot open a
-//! system turn. [`protect_prompt`] is the one place that walks a conversation, and it covers
+//! system turn. [`protect_prompt`] is the one place that walks a conversation (for
+//! `Engine::chat_prompt_ids`, the one way from a chat to ids), and it covers
 //! every field a client fills: message content, author name, reasoning, tool-call ids, names and
 //! arguments, tool-result ids, tool definitions (keys and values, so a parameter schema's keys
-//! too) and `chat_template_kwargs` (keys and values). Raw `/v1/completions` prompts are the
-//! client's whole prompt and keep their special tokens; `--allow-special-in-content` turns this
-//! off for chats too.
+//! too) and `chat_template_kwargs` (keys and values). A raw prompt (`Engine::tokenize`) is the
+//! caller's whole prompt and keeps its special tokens.
 
-use minnow_engine::tokenizer::Tokenizer;
-use minnow_engine::ChatPrompt;
+use crate::api::ChatPrompt;
+use crate::text::tokenizer::Tokenizer;
 use serde_json::Value;
 
 /// Protects every client-written string of a conversation in place.
@@ -66,9 +66,9 @@ fn protect_json(tokenizer: &Tokenizer, value: &mut Value) {
 mod tests {
     use std::path::PathBuf;
 
-    use minnow_engine::chat_template::ChatTemplate;
-    use minnow_engine::tool_calls::ToolCallFormat;
-    use minnow_engine::{ChatMessage, ToolCall, ToolChoice};
+    use crate::api::{ChatMessage, ToolCall, ToolChoice};
+    use crate::text::chat_template::ChatTemplate;
+    use crate::text::tool_format::ToolCallFormat;
     use serde_json::{json, Map};
 
     use super::*;

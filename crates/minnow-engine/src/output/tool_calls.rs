@@ -43,63 +43,17 @@
 
 use serde_json::Value as Json;
 
+use super::held_back::partial_prefix_suffix;
 use crate::api::{FinishReason, ToolCall, ToolCallDelta};
 use crate::error::{EngineError, EngineResult};
-use crate::text_stream::partial_prefix_suffix;
-use crate::tokenizer::markers::{ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, SECTION_BEGIN, SECTION_END};
-use crate::tokenizer::{Tokenizer, EOS_TOKEN, ROLE_END_TOKEN};
+use crate::text::tokenizer::markers::{
+    ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, SECTION_BEGIN, SECTION_END,
+};
+use crate::text::tokenizer::{EOS_TOKEN, ROLE_END_TOKEN};
+use crate::text::tool_format::{ToolCallFormat, TAG_CLOSE, TAG_OPEN};
 
 /// End-of-answer markers: content stops at the first of them.
 const END_MARKERS: [&str; 2] = [ROLE_END_TOKEN, EOS_TOKEN];
-/// 2.0/2.1 call tags.
-pub const TAG_OPEN: &str = "<tool_call>";
-pub const TAG_CLOSE: &str = "</tool_call>";
-
-/// How a checkpoint writes tool calls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ToolCallFormat {
-    /// LLaDA2.0/2.1: `<tool_call>` JSON blocks.
-    TaggedJson,
-    /// LLaDA2.2: native marker tokens.
-    NativeMarkers,
-}
-
-impl ToolCallFormat {
-    /// Native markers when the vocabulary has `<|tool_calls_section_begin|>` **and** the chat
-    /// template uses it; `<tool_call>` blocks otherwise (the tiny 2.0/2.1 fixtures have the
-    /// marker tokens but a template that never mentions them).
-    pub fn detect(tokenizer: &Tokenizer, template_source: &str) -> ToolCallFormat {
-        if tokenizer.special().tool_markers.section_begin.is_some()
-            && template_source.contains(SECTION_BEGIN)
-        {
-            ToolCallFormat::NativeMarkers
-        } else {
-            ToolCallFormat::TaggedJson
-        }
-    }
-
-    /// Prompt suffix that forces some tool call (`tool_choice: "required"`).
-    pub fn required_prefix(self) -> String {
-        match self {
-            ToolCallFormat::NativeMarkers => format!("{SECTION_BEGIN}{CALL_BEGIN}functions."),
-            ToolCallFormat::TaggedJson => format!("{TAG_OPEN}\n{{\"name\": \""),
-        }
-    }
-
-    /// Prompt suffix that forces a call of `name` (named `tool_choice`); the model continues
-    /// with the arguments object.
-    pub fn named_prefix(self, name: &str) -> String {
-        match self {
-            ToolCallFormat::NativeMarkers => {
-                format!("{SECTION_BEGIN}{CALL_BEGIN}functions.{name}:0{ARGUMENT_BEGIN}")
-            }
-            ToolCallFormat::TaggedJson => {
-                format!("{TAG_OPEN}\n{{\"name\": \"{name}\", \"arguments\": ")
-            }
-        }
-    }
-}
-
 /// What became visible since the previous push.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Deltas {
@@ -1278,20 +1232,5 @@ mod tests {
             with_calls += usize::from(!calls.is_empty());
         }
         assert!(with_calls > 50, "only {with_calls} cases had calls");
-    }
-
-    #[test]
-    fn detects_the_format_from_tokenizer_and_template() {
-        let dir = crate::tokenizer::tests_support::fixture("llada2-tiny-v21");
-        let tok = Tokenizer::from_dir(&dir).unwrap();
-        let ling = crate::chat_template::ChatTemplate::from_dir(&dir).unwrap();
-        assert_eq!(
-            ToolCallFormat::detect(&tok, ling.source()),
-            ToolCallFormat::TaggedJson
-        );
-        assert_eq!(
-            ToolCallFormat::detect(&tok, "{{ '<|tool_calls_section_begin|>' }}"),
-            ToolCallFormat::NativeMarkers
-        );
     }
 }

@@ -19,27 +19,11 @@
 //! Stop strings are matched on the raw decoded text, tool markup included (like OpenAI, the stop
 //! applies to everything the model writes); the returned content excludes the stop string.
 
+use super::held_back::partial_prefix_suffix;
+use super::tool_calls::StreamParser;
 use crate::api::{FinishReason, ToolCall, ToolCallDelta};
 use crate::error::EngineResult;
-use crate::tokenizer::Tokenizer;
-use crate::tool_calls::StreamParser;
-
-/// Length of the longest suffix of `text` that is a proper prefix of one of `patterns`
-/// (a stop string or a marker that the next block may complete).
-pub(crate) fn partial_prefix_suffix<S: AsRef<str>>(text: &str, patterns: &[S]) -> usize {
-    let mut best = 0;
-    for pattern in patterns {
-        let pattern = pattern.as_ref();
-        for len in (best + 1..pattern.len().min(text.len() + 1)).rev() {
-            let start = text.len() - len;
-            if text.is_char_boundary(start) && pattern.starts_with(&text[start..]) {
-                best = len;
-                break;
-            }
-        }
-    }
-    best
-}
+use crate::text::tokenizer::Tokenizer;
 
 /// A stop string found in the text.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -265,8 +249,8 @@ fn tokens_covering(tokenizer: &Tokenizer, ids: &[u32], end: usize) -> EngineResu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::tests_support::fixture;
-    use crate::tool_calls::ToolCallFormat;
+    use crate::text::tokenizer::tests_support::fixture;
+    use crate::text::tool_format::ToolCallFormat;
 
     fn tokenizer() -> Tokenizer {
         Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap()

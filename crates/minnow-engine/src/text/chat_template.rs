@@ -31,7 +31,7 @@ use serde_json::{json, Map, Value as Json};
 
 use crate::api::{ChatMessage, ChatPrompt, RenderedPrompt, ToolChoice};
 use crate::error::{EngineError, EngineResult};
-use crate::tool_calls::ToolCallFormat;
+use crate::text::tool_format::ToolCallFormat;
 
 const DEFAULT_TEMPLATE: &str = "default";
 const TOOL_USE_TEMPLATE: &str = "tool_use";
@@ -988,12 +988,15 @@ mod tests {
     }
 
     fn ling_template() -> ChatTemplate {
-        ChatTemplate::from_dir(&crate::tokenizer::tests_support::fixture("llada2-tiny-v21"))
-            .unwrap()
+        ChatTemplate::from_dir(&crate::text::tokenizer::tests_support::fixture(
+            "llada2-tiny-v21",
+        ))
+        .unwrap()
     }
 
     fn golden_renders() -> Vec<Json> {
-        let path = crate::tokenizer::tests_support::fixture("templates/ling-v2-sft.renders.json");
+        let path =
+            crate::text::tokenizer::tests_support::fixture("templates/ling-v2-sft.renders.json");
         let text = std::fs::read_to_string(path).unwrap();
         serde_json::from_str::<Json>(&text)
             .unwrap()
@@ -1005,7 +1008,7 @@ mod tests {
     #[test]
     fn fixture_template_is_the_ling_template() {
         let template = ling_template();
-        let file = std::fs::read_to_string(crate::tokenizer::tests_support::fixture(
+        let file = std::fs::read_to_string(crate::text::tokenizer::tests_support::fixture(
             "templates/ling-v2-sft.jinja",
         ))
         .unwrap();
@@ -1308,9 +1311,10 @@ mod tests {
 
     #[test]
     fn missing_template_is_a_load_error() {
-        let err =
-            ChatTemplate::from_dir(&crate::tokenizer::tests_support::fixture("llada2-tiny-v22"))
-                .unwrap_err();
+        let err = ChatTemplate::from_dir(&crate::text::tokenizer::tests_support::fixture(
+            "llada2-tiny-v22",
+        ))
+        .unwrap_err();
         assert!(err.to_string().contains("no chat template"), "{err}");
     }
 
