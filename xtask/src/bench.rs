@@ -36,24 +36,23 @@ pub(crate) const MINI_22: &str = r#"{
   "use_sliding_window": false, "torch_dtype": "bfloat16"
 }"#;
 
-/// LLaDA2.2-flash at the shapes docs/llada2-model.md gives (hidden 4,096, 256 experts of width
-/// 1,024, top-8, block routing with 48 admitted experts; the values it marks unconfirmed are
+/// LLaDA2.2-flash at the shapes docs/llada2-model.md gives: mini's config with flash's widths
+/// (hidden 4,096, 32 layers, 32 query heads, dense MLP 9,216, 256 experts of width 1,024, top-8,
+/// block routing with 48 admitted experts; the values it marks unconfirmed are
 /// Ling-flash-2.0's). BF16 experts would need ~200 GB: run it with `--experts int4|int8`.
-pub(crate) const FLASH_22: &str = r#"{
-  "model_type": "llada2_moe", "architectures": ["LLaDA2MoeModelLM"],
-  "vocab_size": 157184, "hidden_size": 4096, "intermediate_size": 9216,
-  "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-  "moe_intermediate_size": 1024, "num_experts": 256, "num_experts_per_tok": 8, "num_shared_experts": 1,
-  "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1,
-  "moe_router_enable_expert_bias": true, "norm_topk_prob": true, "score_function": "sigmoid",
-  "router_dtype": "fp32", "rms_norm_eps": 1e-6, "rope_theta": 3000000,
-  "rope_parameters": {"rope_type": "default", "rope_theta": 3000000, "partial_rotary_factor": 0.5},
-  "partial_rotary_factor": 0.5, "rotary_dim": 64, "rope_scaling": null,
-  "max_position_embeddings": 131072, "use_qk_norm": true, "use_qkv_bias": false, "use_bias": false,
-  "norm_head": false, "tie_word_embeddings": false, "hidden_act": "silu", "pad_token_id": 156892,
-  "block_size": 32, "expert_capacity": 48, "delete_token_id": 156930, "split_token_id": 156931,
-  "use_sliding_window": false, "torch_dtype": "bfloat16"
-}"#;
+fn flash_22() -> String {
+    let mut config: serde_json::Value = serde_json::from_str(MINI_22).expect("MINI_22 is JSON");
+    for (key, value) in [
+        ("hidden_size", 4096),
+        ("intermediate_size", 9216),
+        ("num_hidden_layers", 32),
+        ("num_attention_heads", 32),
+        ("moe_intermediate_size", 1024),
+    ] {
+        config[key] = value.into();
+    }
+    config.to_string()
+}
 
 struct Opts {
     /// `mini` or `flash` (the shapes of the random model).
@@ -519,10 +518,10 @@ fn print_profile(what: &str, stages: Vec<(&'static str, f32)>) {
 pub fn run(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
     let (shapes, label) = match o.preset.as_str() {
-        "flash" => (FLASH_22, "LLaDA2.2-flash"),
-        _ => (MINI_22, "LLaDA2.2-mini"),
+        "flash" => (flash_22(), "LLaDA2.2-flash"),
+        _ => (MINI_22.to_string(), "LLaDA2.2-mini"),
     };
-    let config = Config::from_json_str(shapes, std::path::Path::new(&format!("<{label} shapes>")))
+    let config = Config::from_json_str(&shapes, std::path::Path::new(&format!("<{label} shapes>")))
         .map_err(err)?;
     let t0 = Instant::now();
     let mut runner =
@@ -731,4 +730,26 @@ pub fn run(args: &[String]) -> Result<(), String> {
         println!("{r}");
     }
     invariance
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flash_preset_is_mini_at_flash_widths() {
+        let flash = Config::from_json_str(&flash_22(), std::path::Path::new("flash")).unwrap();
+        let mini = Config::from_json_str(MINI_22, std::path::Path::new("mini")).unwrap();
+        assert_eq!(
+            (
+                flash.hidden_size,
+                flash.num_hidden_layers,
+                flash.moe_intermediate_size
+            ),
+            (4096, 32, 1024)
+        );
+        assert_eq!(flash.num_attention_heads, 32);
+        assert_eq!(flash.num_experts, mini.num_experts);
+        assert_eq!(flash.expert_capacity, Some(48));
+    }
 }

@@ -46,9 +46,7 @@ fn a_bad_segment_is_named() {
 /// of input rows).
 #[test]
 fn quantized_experts_keep_segments_bit_identical() {
-    use minnow_format::mnw::convert::{
-        convert, ConvertInput, ConvertOptions, ExpertChoice, QuantLayout,
-    };
+    use minnow_format::mnw::convert::{ExpertChoice, QuantLayout};
     let dir = tempfile::tempdir().unwrap();
     for (experts, layout) in [
         (ExpertChoice::Int8, QuantLayout::Mma),
@@ -57,29 +55,8 @@ fn quantized_experts_keep_segments_bit_identical() {
         (ExpertChoice::Fp8, QuantLayout::Row),
     ] {
         for name in ALL {
-            let source = minnow_format::Checkpoint::open(&fixture(name)).unwrap();
-            let mut assets = std::collections::BTreeMap::new();
-            for file in ["config.json", "tokenizer.json"] {
-                let text = std::fs::read_to_string(fixture(name).join(file)).unwrap();
-                assets.insert(file.to_string(), text);
-            }
-            // Any template will do: the format requires one, the forward does not read it.
-            assets.insert("chat_template.jinja".into(), "{{ messages }}".into());
-            let input = ConvertInput {
-                source: &source,
-                assets,
-                model_id: name.into(),
-            };
-            let options = ConvertOptions {
-                experts,
-                layout,
-                group_size: Some(32),
-                workers: 2,
-                ..ConvertOptions::default()
-            };
             let path = dir.path().join(format!("{name}-{experts:?}.mnw"));
-            let cancel = std::sync::atomic::AtomicBool::new(false);
-            convert(&input, &path, &options, &cancel, &|_, _| {}).unwrap();
+            write_fixture_mnw(name, &path, &quantized_options(experts, layout));
             support::segments_get_their_unbatched_outputs(name, &path);
         }
     }

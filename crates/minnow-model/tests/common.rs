@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use minnow_format::mnw::convert::{
+    convert, ConvertInput, ConvertOptions, ExpertChoice, QuantLayout,
+};
 use minnow_format::{Checkpoint, TensorRef, TensorSource};
 use minnow_runtime::DType;
 
@@ -274,5 +277,36 @@ impl TensorSource for Dequantized {
     }
     fn describe(&self) -> String {
         format!("{} (dequantized)", self.inner.describe())
+    }
+}
+
+/// Converts fixture `name` into a `.mnw` at `out`: its config and tokenizer as assets, and a
+/// stand-in chat template (the format requires one; the forward does not read it).
+pub fn write_fixture_mnw(name: &str, out: &std::path::Path, options: &ConvertOptions) {
+    let source = Checkpoint::open(&fixture(name)).unwrap();
+    let mut assets = BTreeMap::new();
+    for file in ["config.json", "tokenizer.json"] {
+        let text = std::fs::read_to_string(fixture(name).join(file)).unwrap();
+        assets.insert(file.to_string(), text);
+    }
+    assets.insert("chat_template.jinja".into(), "{{ messages }}".into());
+    let input = ConvertInput {
+        source: &source,
+        assets,
+        model_id: name.into(),
+    };
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    convert(&input, out, options, &cancel, &|_, _| {}).unwrap();
+}
+
+/// Conversion options quantizing the routed experts with groups of 32 (the fixtures' expert
+/// matrices have K of 32 or 64).
+pub fn quantized_options(experts: ExpertChoice, layout: QuantLayout) -> ConvertOptions {
+    ConvertOptions {
+        experts,
+        layout,
+        group_size: Some(32),
+        workers: 2,
+        ..ConvertOptions::default()
     }
 }

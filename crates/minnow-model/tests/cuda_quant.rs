@@ -12,43 +12,15 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use common::*;
-use minnow_format::mnw::convert::{
-    convert, ConvertInput, ConvertOptions, ExpertChoice, QuantLayout,
-};
-use minnow_format::{Checkpoint, TensorSource};
+use minnow_format::mnw::convert::{ExpertChoice, QuantLayout};
+use minnow_format::TensorSource;
 use minnow_model::cuda::CudaRunner;
 use minnow_model::{
     Config, CpuModel, CpuRunner, LogitsRows, ModelRunner, Segment, SegmentOutput, Want,
 };
-
-fn write_mnw(name: &str, out: &Path, experts: ExpertChoice, layout: QuantLayout) {
-    let source = Checkpoint::open(&fixture(name)).unwrap();
-    let mut assets = BTreeMap::new();
-    for file in ["config.json", "tokenizer.json"] {
-        let text = std::fs::read_to_string(fixture(name).join(file)).unwrap();
-        assets.insert(file.to_string(), text);
-    }
-    assets.insert("chat_template.jinja".into(), "{{ messages }}".into());
-    let input = ConvertInput {
-        source: &source,
-        assets,
-        model_id: name.into(),
-    };
-    let options = ConvertOptions {
-        experts,
-        layout,
-        group_size: Some(32),
-        workers: 2,
-        ..ConvertOptions::default()
-    };
-    convert(&input, out, &options, &AtomicBool::new(false), &|_, _| {}).unwrap();
-}
 
 fn cpu_logits(config: Config, source: Arc<dyn TensorSource>, ids: &[u32]) -> Vec<f32> {
     let model = CpuModel::from_source(config, source).unwrap();
@@ -158,7 +130,7 @@ fn quantized_experts_on_the_gpu_agree_with_the_cpu_path_of_the_same_file() {
             (ExpertChoice::Int4, QuantLayout::Row, "i4_sym (repacked)"),
         ] {
             let path = dir.path().join(format!("{name}-{label}.mnw"));
-            write_mnw(name, &path, experts, layout);
+            write_fixture_mnw(name, &path, &quantized_options(experts, layout));
             let (config, file) = minnow_model::checkpoint::open(&path).unwrap();
             let file = Arc::new(file);
             let cpu = cpu_logits(config.clone(), file.clone(), &ids);

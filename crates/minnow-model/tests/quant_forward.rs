@@ -5,14 +5,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use common::*;
-use minnow_format::mnw::convert::{convert, ConvertInput, ConvertOptions, ExpertChoice};
-use minnow_format::{Checkpoint, TensorSource};
+use minnow_format::mnw::convert::{ExpertChoice, QuantLayout};
+use minnow_format::TensorSource;
 use minnow_model::{Config, CpuModel, CpuRunner, LogitsRows, ModelRunner};
 
 fn logits(config: Config, source: Arc<dyn TensorSource>, ids: &[u32]) -> Vec<f32> {
@@ -20,29 +17,6 @@ fn logits(config: Config, source: Arc<dyn TensorSource>, ids: &[u32]) -> Vec<f32
     let mut runner = CpuRunner::new(Arc::new(model));
     let seq = runner.create_sequence().unwrap();
     runner.forward(seq, ids, LogitsRows::All).unwrap()
-}
-
-fn write_mnw(name: &str, out: &Path, experts: ExpertChoice) {
-    let source = Checkpoint::open(&fixture(name)).unwrap();
-    // The 2.2 fixture has no chat template; the format requires one, any text does here.
-    let mut assets = BTreeMap::new();
-    for file in ["config.json", "tokenizer.json"] {
-        let text = std::fs::read_to_string(fixture(name).join(file)).unwrap();
-        assets.insert(file.to_string(), text);
-    }
-    assets.insert("chat_template.jinja".into(), "{{ messages }}".into());
-    let input = ConvertInput {
-        source: &source,
-        assets,
-        model_id: name.into(),
-    };
-    let options = ConvertOptions {
-        experts,
-        group_size: Some(32),
-        workers: 2,
-        ..ConvertOptions::default()
-    };
-    convert(&input, out, &options, &AtomicBool::new(false), &|_, _| {}).unwrap();
 }
 
 #[test]
@@ -56,7 +30,7 @@ fn quantized_forward_equals_the_dequantized_f32_forward() {
     ] {
         for name in ALL {
             let path = dir.path().join(format!("{name}-{experts:?}.mnw"));
-            write_mnw(name, &path, experts);
+            write_fixture_mnw(name, &path, &quantized_options(experts, QuantLayout::Mma));
             let ids = Golden::load(name).input_ids();
             let (config, file) = minnow_model::checkpoint::open(&path).unwrap();
             let file = Arc::new(file);

@@ -135,7 +135,10 @@ pub(crate) struct Projection<'a> {
 
 /// How a projection's tensors are stored, when they can stay quantized on the device: every
 /// tensor in one integer encoding and group size, at shapes the fragment order allows.
-fn stored_codes(source: &dyn TensorSource, p: &Projection<'_>) -> Option<(QuantEncoding, usize)> {
+pub(crate) fn stored_codes(
+    source: &dyn TensorSource,
+    p: &Projection<'_>,
+) -> Option<(QuantEncoding, usize)> {
     let mut common = None;
     for name in &p.names {
         let q = source.tensor(name)?.quant?;
@@ -155,11 +158,6 @@ fn stored_codes(source: &dyn TensorSource, p: &Projection<'_>) -> Option<(QuantE
     shapes_ok.then_some((encoding, group))
 }
 
-/// Whether the projection stays quantized on the device (see [`load_projection`]).
-pub(crate) fn keeps_codes(source: &dyn TensorSource, p: &Projection<'_>) -> bool {
-    stored_codes(source, p).is_some()
-}
-
 /// Whether any tensor of the projection is quantized (whatever the encoding).
 fn any_quantized(source: &dyn TensorSource, p: &Projection<'_>) -> bool {
     p.names
@@ -170,15 +168,17 @@ fn any_quantized(source: &dyn TensorSource, p: &Projection<'_>) -> bool {
 /// Reads a tensor as BF16 values of the given shape (dequantizing a quantized one).
 pub(crate) type WidenFn<'a> = dyn Fn(&str, &[usize]) -> Result<Vec<bf16>> + 'a;
 
-/// Loads one projection: codes as stored when possible, else BF16 through `widen` (which
-/// dequantizes a quantized tensor). A quantized projection that must be widened says so once.
+/// Loads one projection: as the codes `codes` says it is stored in (from [`stored_codes`]),
+/// else BF16 through `widen` (which dequantizes a quantized tensor). A quantized projection
+/// that must be widened says so once.
 pub(crate) fn load_projection(
     gpu: &Gpu,
     source: &dyn TensorSource,
     p: &Projection<'_>,
+    codes: Option<(QuantEncoding, usize)>,
     widen: &WidenFn<'_>,
 ) -> Result<ExpertMatrix> {
-    if let Some((encoding, group)) = stored_codes(source, p) {
+    if let Some((encoding, group)) = codes {
         return load_codes(gpu, source, p, encoding, group);
     }
     if any_quantized(source, p) {

@@ -796,7 +796,7 @@ fn queue_pooled_experts(
     let blas = gpu.blas();
     let rows = c.block_size;
     // The pool path runs only with a packed shared expert, which needs BF16 routed experts.
-    let (Some(gate_up), Some(down)) = (moe.experts_gate_up.bf16(), moe.experts_down.bf16()) else {
+    let Some((gate_up, down)) = moe.bf16_experts() else {
         return Err(minnow_runtime::cuda::CudaError::Unsupported(
             "the expert pool GEMM over quantized experts".into(),
         ));
@@ -993,8 +993,7 @@ fn queue_grouped_experts(
         SharedExpert::Packed if packed => (0, ws.slot_pos.ptr_at(t * k)),
         SharedExpert::Packed => {
             // Packed only beside BF16 routed experts (weights.rs).
-            let (Some(gate_up), Some(down)) = (moe.experts_gate_up.bf16(), moe.experts_down.bf16())
-            else {
+            let Some((gate_up, down)) = moe.bf16_experts() else {
                 return Err(minnow_runtime::cuda::CudaError::Unsupported(
                     "a packed shared expert beside quantized experts".into(),
                 ));

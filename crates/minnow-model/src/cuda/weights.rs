@@ -12,7 +12,7 @@ use minnow_runtime::dtype::widen;
 use minnow_runtime::quant::QuantEncoding;
 use minnow_runtime::DType;
 
-use super::experts::{keeps_codes, load_projection, ExpertMatrix, Projection};
+use super::experts::{load_projection, stored_codes, ExpertMatrix, Projection};
 use crate::config::Config;
 use crate::{ModelError, Result};
 
@@ -102,6 +102,14 @@ impl Moe {
             shared,
             pool_maps,
         }
+    }
+}
+
+impl Moe {
+    /// Both expert projections' BF16 rows, when neither is stored as codes (what the pool GEMM
+    /// and a packed shared expert read).
+    pub fn bf16_experts(&self) -> Option<(&DeviceBuffer<bf16>, &DeviceBuffer<bf16>)> {
+        Some((self.experts_gate_up.bf16()?, self.experts_down.bf16()?))
     }
 }
 
@@ -288,22 +296,25 @@ impl Weights {
                 };
                 let gate_up_label = format!("layer {i} experts gate/up");
                 let down_label = format!("layer {i} experts down");
-                let quantized =
-                    keeps_codes(source, &projection(e, "gate_up", w, d, &gate_up_label))
-                        || keeps_codes(source, &projection(e, "down", d, w, &down_label));
-                let packed = shared_packs(config) && !quantized;
+                let gate_up_codes =
+                    stored_codes(source, &projection(e, "gate_up", w, d, &gate_up_label));
+                let down_codes = stored_codes(source, &projection(e, "down", d, w, &down_label));
+                let packed =
+                    shared_packs(config) && gate_up_codes.is_none() && down_codes.is_none();
                 let slots = e + usize::from(packed);
                 let widen = |name: &str, shape: &[usize]| r.bf16(name, shape);
                 let experts_gate_up = load_projection(
                     gpu,
                     source,
                     &projection(slots, "gate_up", w, d, &gate_up_label),
+                    gate_up_codes,
                     &widen,
                 )?;
                 let experts_down = load_projection(
                     gpu,
                     source,
                     &projection(slots, "down", d, w, &down_label),
+                    down_codes,
                     &widen,
                 )?;
                 let shared = if packed {

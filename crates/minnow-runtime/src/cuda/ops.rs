@@ -1054,13 +1054,6 @@ pub struct CodeMatrices {
     pub scales: u64,
 }
 
-/// Dynamic shared memory of `grouped_gemm_i{8,4}_m{16,64}`; mirrors `Tile<BM, STAGES, BITS>` in
-/// kernels/moe.cu: per stage the activation tile, the codes as stored and their scales (512
-/// bytes), plus one decoded BF16 weight tile.
-fn grouped_gemm_codes_smem_bytes(tile_rows: usize, stages: usize, bits: usize) -> usize {
-    stages * (tile_rows * 72 * 2 + 64 * 64 * bits / 8 + 512) + 64 * 72 * 2
-}
-
 /// Dynamic shared memory of `grouped_gemm_i{8,4}_r{16,64}`: two chunks of the tile's activation
 /// rows, 256 columns each at a pitch of 264 (mirrors `codes_tile` in kernels/moe.cu).
 fn codes_tile_smem_bytes(tile_rows: usize) -> usize {
@@ -1102,41 +1095,23 @@ pub fn grouped_gemm_codes(
     if max_tiles == 0 {
         return Ok(());
     }
-    if !grouped_gemm_tiled(n, k) {
-        let cfg = LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0);
-        return cuda_launch!(
-            gpu,
-            &format!("{prefix}_any"),
-            cfg,
-            x,
-            row_token,
-            w.codes,
-            w.scales,
-            w.group as i32,
-            y,
-            tiles,
-            num_tiles,
-            n as i32,
-            k as i32
-        );
-    }
-    // Fragments straight from memory into registers (`codes_tile`), unless
-    // MINNOW_CODES_SMEM_DECODE=1 picks the kernels that decode a stage into shared memory
-    // (64-row tiles only; kept to compare).
-    let smem_decode =
-        tile_rows == 64 && std::env::var("MINNOW_CODES_SMEM_DECODE").as_deref() == Ok("1");
-    let (name, smem) = if smem_decode {
+    // Shapes the tiled kernels refuse take the general kernel; tiles of 16 and 64 rows load
+    // fragments straight from memory into registers (`codes_tile` in kernels/moe.cu).
+    let (name, cfg) = if grouped_gemm_tiled(n, k) {
         (
-            format!("{prefix}_m64"),
-            grouped_gemm_codes_smem_bytes(64, 3, w.bits as usize),
+            format!("{prefix}_r{tile_rows}"),
+            LaunchConfig::new(
+                ((n / 64) as u32, max_tiles as u32, 1),
+                128,
+                codes_tile_smem_bytes(tile_rows) as u32,
+            ),
         )
     } else {
         (
-            format!("{prefix}_r{tile_rows}"),
-            codes_tile_smem_bytes(tile_rows),
+            format!("{prefix}_any"),
+            LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0),
         )
     };
-    let cfg = LaunchConfig::new(((n / 64) as u32, max_tiles as u32, 1), 128, smem as u32);
     cuda_launch!(
         gpu,
         &name,
@@ -1311,13 +1286,5 @@ mod tests {
         assert_eq!(grouped_gemm_smem_bytes(16, 3), 3 * 80 * 72 * 2);
         assert_eq!(grouped_gemm_smem_bytes(64, 3), 3 * 128 * 72 * 2);
         assert_eq!(codes_tile_smem_bytes(64), 67584);
-        assert_eq!(
-            grouped_gemm_codes_smem_bytes(16, 4, 8),
-            4 * (16 * 72 * 2 + 64 * 64 + 512) + 64 * 72 * 2
-        );
-        assert_eq!(
-            grouped_gemm_codes_smem_bytes(64, 3, 4),
-            3 * (64 * 72 * 2 + 64 * 32 + 512) + 64 * 72 * 2
-        );
     }
 }

@@ -17,15 +17,10 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::BodyExt;
-use hyper::body::{Frame, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -35,7 +30,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::config::ConnectionLimits;
-use super::http::Body;
+use super::http::hold_until_sent;
 use super::routes;
 use super::state::AppState;
 
@@ -188,32 +183,6 @@ impl Drop for InFlight {
     }
 }
 
-/// A response body that keeps its request counted as in flight until it is done.
-struct TrackedBody {
-    inner: Body,
-    _in_flight: InFlight,
-}
-
-impl hyper::body::Body for TrackedBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 /// Serves one accepted connection (either protocol) until it ends, is idle past its deadline
 /// or the server shuts down (`shutdown` turns true: finish the open requests, then close).
 pub async fn serve(
@@ -238,13 +207,9 @@ pub async fn serve(
             let in_flight = activity.begin();
             async move {
                 let response = routes::handle(state, request).await?;
-                Ok::<_, std::convert::Infallible>(response.map(|inner| {
-                    TrackedBody {
-                        inner,
-                        _in_flight: in_flight,
-                    }
-                    .boxed()
-                }))
+                Ok::<_, std::convert::Infallible>(
+                    response.map(|inner| hold_until_sent(inner, in_flight)),
+                )
             }
         })
     };

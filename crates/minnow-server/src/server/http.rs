@@ -19,6 +19,41 @@ use super::errors::ApiError;
 
 pub type Body = BoxBody<Bytes, Infallible>;
 
+/// `body` with `guard` kept alive until the body has been sent in full (or dropped, when the
+/// client leaves): how a request stays counted (in flight, admitted) while its response streams.
+pub fn hold_until_sent<G: Send + Sync + Unpin + 'static>(body: Body, guard: G) -> Body {
+    GuardedBody {
+        inner: body,
+        _guard: guard,
+    }
+    .boxed()
+}
+
+struct GuardedBody<G> {
+    inner: Body,
+    _guard: G,
+}
+
+impl<G: Unpin> hyper::body::Body for GuardedBody<G> {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed()
 }

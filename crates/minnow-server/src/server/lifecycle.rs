@@ -8,14 +8,9 @@
 //! *over*: streams still running end with an error event and waiting requests get a 503, rather
 //! than being cut silently.
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use bytes::Bytes;
-use http_body_util::BodyExt;
-use hyper::body::{Frame, SizeHint};
 use hyper::Response;
 use tokio::sync::{watch, Notify};
 
@@ -116,38 +111,7 @@ impl Lifecycle {
 /// Keeps `admission` until the response body has been sent in full (or dropped, when the
 /// client leaves).
 pub fn hold_until_sent(response: Response<Body>, admission: Admission) -> Response<Body> {
-    response.map(|inner| {
-        AdmittedBody {
-            inner,
-            _admission: admission,
-        }
-        .boxed()
-    })
-}
-
-struct AdmittedBody {
-    inner: Body,
-    _admission: Admission,
-}
-
-impl hyper::body::Body for AdmittedBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
+    response.map(|inner| super::http::hold_until_sent(inner, admission))
 }
 
 #[cfg(test)]
