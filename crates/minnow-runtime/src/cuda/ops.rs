@@ -1081,9 +1081,18 @@ pub fn grouped_gemm_codes(
     if ![16, 64].contains(&tile_rows) {
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
     }
-    let prefix = match w.bits {
-        8 => "grouped_gemm_i8",
-        4 => "grouped_gemm_i4",
+    // The kernels per encoding: (16-row tiles, 64-row tiles, the general kernel).
+    let (r16, r64, any) = match w.bits {
+        8 => (
+            "grouped_gemm_i8_r16",
+            "grouped_gemm_i8_r64",
+            "grouped_gemm_i8_any",
+        ),
+        4 => (
+            "grouped_gemm_i4_r16",
+            "grouped_gemm_i4_r64",
+            "grouped_gemm_i4_any",
+        ),
         b => return unsupported(format!("{b}-bit expert codes")),
     };
     if !n.is_multiple_of(8) || !k.is_multiple_of(16) || w.group == 0 || !k.is_multiple_of(w.group) {
@@ -1099,7 +1108,7 @@ pub fn grouped_gemm_codes(
     // fragments straight from memory into registers (`codes_tile` in kernels/moe.cu).
     let (name, cfg) = if grouped_gemm_tiled(n, k) {
         (
-            format!("{prefix}_r{tile_rows}"),
+            if tile_rows == 16 { r16 } else { r64 },
             LaunchConfig::new(
                 ((n / 64) as u32, max_tiles as u32, 1),
                 128,
@@ -1108,13 +1117,13 @@ pub fn grouped_gemm_codes(
         )
     } else {
         (
-            format!("{prefix}_any"),
+            any,
             LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0),
         )
     };
     cuda_launch!(
         gpu,
-        &name,
+        name,
         cfg,
         x,
         row_token,
