@@ -1016,8 +1016,64 @@ fn queue_grouped_experts(
     })
 }
 
-/// `Y[m, n] = X[m, k] . W[n, k]^T` (row pitch n): minnow's fixed-order kernel in batch-invariant
-/// mode (a row's outputs never depend on `m`), else cuBLAS (which picks its algorithm by `m`).
+/// Plans the model's dense GEMMs (`blaslt::plan_dense_gemms`): every (n, k) of the first layer
+/// of each kind, up to `tokens` rows (the lm_head up to `logit_rows`). Returns the load log's
+/// lines. Only in batch-invariant mode, unless `MINNOW_DENSE_LT=0`.
+pub(crate) fn plan_dense_gemms(
+    gpu: &Gpu,
+    weights: &Weights,
+    tokens: usize,
+    logit_rows: usize,
+) -> CudaResult<Vec<String>> {
+    use minnow_runtime::cuda::DenseShape;
+    if !minnow_runtime::cuda::tuning::tuning().invariant
+        || std::env::var("MINNOW_DENSE_LT").is_ok_and(|v| v == "0")
+    {
+        return Ok(Vec::new());
+    }
+    let mut shapes: Vec<DenseShape> = Vec::new();
+    let mut add = |name: &'static str, n: usize, k: usize, w: u64| {
+        if !shapes.iter().any(|s| (s.n, s.k) == (n, k)) {
+            shapes.push(DenseShape { name, n, k, w });
+        }
+    };
+    for layer in &weights.layers {
+        let d = layer.post_norm.len();
+        add("qkv", layer.qkv.len() / d, d, layer.qkv.ptr());
+        add("o", d, layer.dense.len() / d, layer.dense.ptr());
+        let mlp = match &layer.mlp {
+            Mlp::Dense(mlp) => Some(("dense mlp", mlp)),
+            Mlp::Moe(moe) => match &moe.shared {
+                SharedExpert::Separate(mlp) => Some(("shared expert", mlp)),
+                _ => None,
+            },
+        };
+        if let Some((name, mlp)) = mlp {
+            add(name, 2 * mlp.width, d, mlp.gate_up.ptr());
+            add(name, d, mlp.width, mlp.down.ptr());
+        }
+    }
+    let mut report = minnow_runtime::cuda::plan_dense_gemms(gpu, &shapes, tokens)?;
+    if let Some(layer) = weights.layers.first() {
+        let d = layer.post_norm.len();
+        let lm_head = DenseShape {
+            name: "lm_head",
+            n: weights.lm_head.len() / d,
+            k: d,
+            w: weights.lm_head.ptr(),
+        };
+        report.extend(minnow_runtime::cuda::plan_dense_gemms(
+            gpu,
+            &[lm_head],
+            logit_rows,
+        )?);
+    }
+    Ok(report)
+}
+
+/// `Y[m, n] = X[m, k] . W[n, k]^T` (row pitch n): in batch-invariant mode minnow's fixed-order
+/// kernel or the cuBLASLt algorithm planned for the row count, which sums in the same order
+/// (a row's outputs never depend on `m`); else plain cuBLAS (which picks its algorithm by `m`).
 fn dense_gemm(gpu: &Gpu, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize) -> CudaResult<()> {
     if minnow_runtime::cuda::tuning::tuning().invariant {
         ops::dense_gemm(gpu, x, w, y, m, n, k)

@@ -20,6 +20,12 @@ pub enum CudaError {
         #[source]
         source: CublasError,
     },
+    #[error("cuBLASLt error while {context}: {source:?}")]
+    CublasLt {
+        context: String,
+        #[source]
+        source: cudarc::cublaslt::result::CublasError,
+    },
     /// A shape or argument the kernels do not support (checked before any launch).
     #[error("unsupported by the CUDA kernels: {0}")]
     Unsupported(String),

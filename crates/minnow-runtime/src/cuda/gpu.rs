@@ -8,6 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys};
 
 use super::blas::Blas;
+use super::blaslt::BlasLt;
 use super::buffer::DeviceBuffer;
 use super::error::{Context, CudaError, CudaResult};
 use super::ptx;
@@ -102,6 +103,8 @@ pub struct Gpu {
     functions: HashMap<&'static str, sys::CUfunction>,
     modules: Vec<sys::CUmodule>,
     blas: Option<Blas>,
+    /// Created on first use: only the batch-invariant dense GEMMs need it.
+    blas_lt: std::sync::OnceLock<Option<BlasLt>>,
     name: String,
     ordinal: usize,
     sm_count: u32,
@@ -175,6 +178,7 @@ impl Gpu {
             functions: HashMap::new(),
             modules: Vec::new(),
             blas: None,
+            blas_lt: std::sync::OnceLock::new(),
             name,
             ordinal,
             sm_count,
@@ -243,6 +247,18 @@ impl Gpu {
 
     pub fn blas(&self) -> &Blas {
         self.blas.as_ref().expect("cuBLAS is created in Gpu::new")
+    }
+
+    /// The cuBLASLt handle, created on first use; `None` when libcublasLt cannot be loaded or
+    /// initialised (callers then keep their own kernels).
+    pub fn blas_lt(&self) -> Option<&BlasLt> {
+        self.blas_lt.get_or_init(|| BlasLt::new(self).ok()).as_ref()
+    }
+
+    /// The cuBLASLt handle if [`Gpu::blas_lt`] created one (never creates it: safe inside a
+    /// graph capture).
+    pub fn blas_lt_if_created(&self) -> Option<&BlasLt> {
+        self.blas_lt.get().and_then(|lt| lt.as_ref())
     }
 
     pub fn name(&self) -> &str {
@@ -436,6 +452,7 @@ impl Drop for Gpu {
     fn drop(&mut self) {
         if self.ctx.bind().is_ok() {
             self.blas = None;
+            self.blas_lt = std::sync::OnceLock::new();
             // SAFETY: handles created in new(), destroyed once.
             unsafe {
                 let _ = result::stream::synchronize(self.stream);

@@ -6,6 +6,7 @@
 //! call [`is_available`] first. No managed memory is ever used.
 
 mod blas;
+mod blaslt;
 mod buffer;
 mod error;
 mod gpu;
@@ -16,6 +17,7 @@ pub mod tma;
 pub mod tuning;
 
 pub use blas::Blas;
+pub use blaslt::{plan_dense_gemms, AlgoConfig, BlasLt, DenseShape, LtAlgo, ROW_BUCKETS};
 pub use buffer::DeviceBuffer;
 pub use error::{CudaError, CudaResult};
 pub use gpu::{Gpu, KernelArg, LaunchConfig, Profile, Timer};

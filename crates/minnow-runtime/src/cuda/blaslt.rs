@@ -1,0 +1,470 @@
+//! cuBLASLt BF16 GEMMs run with an algorithm the caller pins, in the model's row-major
+//! convention `Y[M, N] = X[M, K] · W[N, K]ᵀ` (F32 accumulation, BF16 output).
+//!
+//! Plain cuBLAS picks its algorithm, and with it the order in which an output's products are
+//! summed, from the row count, so a row's bits would change with the batch around it. cuBLASLt
+//! lets the caller list the candidate algorithms of a shape, read each one's configuration
+//! (tile, split-K, reduction scheme) and run exactly one of them, which is what a batch-invariant
+//! dense GEMM needs: an algorithm that never splits K sums every output in one fixed order
+//! whatever M is (`tests/cuda_blaslt.rs` checks the bits on the GPU).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::mem::MaybeUninit;
+use std::sync::{Arc, Mutex, RwLock};
+
+use cudarc::cublaslt::{result, sys};
+
+use super::buffer::DeviceBuffer;
+use super::error::{Context, CudaError, CudaResult};
+use super::gpu::Gpu;
+
+/// Workspace given to cuBLASLt up front so it never allocates during graph capture; algorithms
+/// that want more are not offered.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+pub struct BlasLt {
+    handle: sys::cublasLtHandle_t,
+    workspace: DeviceBuffer<u8>,
+    /// Dense GEMM plans by (n, k): for each of [`ROW_BUCKETS`], the cuBLASLt algorithm to run,
+    /// or `None` for minnow's own kernel (see `ops::plan_dense_gemms`).
+    plans: RwLock<HashMap<(usize, usize), BucketPlans>>,
+    /// Descriptors by (m, n, k), kept so a forward does not create and free three per GEMM
+    /// (cleared when it grows past [`MAX_CACHED_PROBLEMS`]).
+    problems: Mutex<HashMap<(usize, usize, usize), Arc<Problem>>>,
+}
+
+const MAX_CACHED_PROBLEMS: usize = 4096;
+
+/// One plan per row bucket, from the first: a cuBLASLt algorithm or `None` (minnow's kernel).
+type BucketPlans = Vec<Option<LtAlgo>>;
+
+/// Row counts a dense GEMM is planned for: a call of `m` rows runs the plan of the smallest
+/// bucket that holds `m` (and minnow's own kernel past the last planned one).
+pub const ROW_BUCKETS: [usize; 10] = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192];
+
+// SAFETY: used only with the owning Gpu's context bound and on its stream.
+unsafe impl Send for BlasLt {}
+unsafe impl Sync for BlasLt {}
+
+/// The configuration of one cuBLASLt algorithm, as cuBLASLt reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AlgoConfig {
+    pub id: i32,
+    pub tile: u32,
+    pub split_k: u32,
+    pub reduction: u32,
+    pub swizzle: u32,
+    pub custom: u32,
+    pub stages: u32,
+    pub inner_shape: u16,
+    pub cluster_shape: u16,
+}
+
+impl AlgoConfig {
+    /// True when every output is summed by one CTA over the whole of K (no split-K and no
+    /// reduction between partial sums), so its summation order cannot depend on M.
+    pub fn sums_k_in_one_pass(&self) -> bool {
+        self.split_k <= 1 && self.reduction == 0
+    }
+}
+
+/// One algorithm of a GEMM shape, ready to run.
+#[derive(Clone, Copy)]
+pub struct LtAlgo {
+    raw: sys::cublasLtMatmulAlgo_t,
+    pub config: AlgoConfig,
+    /// Workspace bytes this algorithm needs.
+    pub workspace: usize,
+}
+
+impl std::fmt::Debug for LtAlgo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} (workspace {} B)", self.config, self.workspace)
+    }
+}
+
+/// The descriptors of one problem `Y[m, n] = X[m, k] · W[n, k]ᵀ`, freed on drop.
+struct Problem {
+    desc: sys::cublasLtMatmulDesc_t,
+    w: sys::cublasLtMatrixLayout_t,
+    x: sys::cublasLtMatrixLayout_t,
+    y: sys::cublasLtMatrixLayout_t,
+}
+
+impl Problem {
+    /// cuBLASLt is column-major: the row-major product is `Yᵀ[n, m] = W[k, n]ᵀ · Xᵀ[k, m]`
+    /// with W transposed.
+    fn new(m: usize, n: usize, k: usize) -> CudaResult<Self> {
+        let bf = sys::cudaDataType::CUDA_R_16BF;
+        let ctx = || format!("describing a {m}x{n}x{k} cuBLASLt GEMM");
+        let desc = result::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType::CUDA_R_32F,
+        )
+        .ctx(ctx)?;
+        let mut problem = Problem {
+            desc,
+            w: std::ptr::null_mut(),
+            x: std::ptr::null_mut(),
+            y: std::ptr::null_mut(),
+        };
+        let transpose = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T;
+        // SAFETY: a fresh descriptor and a value of the attribute's type.
+        unsafe {
+            result::set_matmul_desc_attribute(
+                problem.desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                &transpose as *const _ as *const c_void,
+                std::mem::size_of_val(&transpose),
+            )
+            .ctx(ctx)?;
+        }
+        problem.w = result::create_matrix_layout(bf, k as u64, n as u64, k as i64).ctx(ctx)?;
+        problem.x = result::create_matrix_layout(bf, k as u64, m as u64, k as i64).ctx(ctx)?;
+        problem.y = result::create_matrix_layout(bf, n as u64, m as u64, n as i64).ctx(ctx)?;
+        Ok(problem)
+    }
+}
+
+// SAFETY: descriptors are plain host objects, read-only once built.
+unsafe impl Send for Problem {}
+unsafe impl Sync for Problem {}
+
+impl Drop for Problem {
+    fn drop(&mut self) {
+        // SAFETY: created in Problem::new (null layouts are skipped).
+        unsafe {
+            for layout in [self.w, self.x, self.y] {
+                if !layout.is_null() {
+                    let _ = result::destroy_matrix_layout(layout);
+                }
+            }
+            let _ = result::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+impl<T> Context<T> for std::result::Result<T, result::CublasError> {
+    fn ctx(self, context: impl FnOnce() -> String) -> CudaResult<T> {
+        self.map_err(|source| CudaError::CublasLt {
+            context: context(),
+            source,
+        })
+    }
+}
+
+impl BlasLt {
+    pub(crate) fn new(gpu: &Gpu) -> CudaResult<Self> {
+        gpu.bind()?;
+        // SAFETY: only probes whether the shared library can be opened.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaError::Unavailable(
+                "libcublasLt could not be loaded".into(),
+            ));
+        }
+        let handle = result::create_handle().ctx(|| "creating the cuBLASLt handle".into())?;
+        let workspace = gpu.alloc::<u8>(WORKSPACE_BYTES)?;
+        Ok(Self {
+            handle,
+            workspace,
+            plans: RwLock::new(HashMap::new()),
+            problems: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn problem(&self, m: usize, n: usize, k: usize) -> CudaResult<Arc<Problem>> {
+        let mut cache = self.problems.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = cache.get(&(m, n, k)) {
+            return Ok(p.clone());
+        }
+        if cache.len() >= MAX_CACHED_PROBLEMS {
+            cache.clear();
+        }
+        let p = Arc::new(Problem::new(m, n, k)?);
+        cache.insert((m, n, k), p.clone());
+        Ok(p)
+    }
+
+    /// The planned algorithm for `m` rows of the shape (n, k), if one was planned.
+    pub fn planned(&self, m: usize, n: usize, k: usize) -> Option<LtAlgo> {
+        let bucket = ROW_BUCKETS.iter().position(|&b| m <= b)?;
+        let plans = self.plans.read().unwrap_or_else(|e| e.into_inner());
+        plans.get(&(n, k))?.get(bucket).copied().flatten()
+    }
+
+    /// Records the plans of the shape (n, k), one per bucket from the first.
+    pub fn set_plans(&self, n: usize, k: usize, by_bucket: BucketPlans) {
+        let mut plans = self.plans.write().unwrap_or_else(|e| e.into_inner());
+        plans.insert((n, k), by_bucket);
+    }
+
+    /// Up to `max` algorithms cuBLASLt's heuristic offers for the shape, fastest first.
+    pub fn candidates(&self, m: usize, n: usize, k: usize, max: usize) -> CudaResult<Vec<LtAlgo>> {
+        let problem = Problem::new(m, n, k)?;
+        let ctx = || format!("listing cuBLASLt algorithms for {m}x{n}x{k}");
+        let pref = result::create_matmul_pref().ctx(ctx)?;
+        let mut found = vec![MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed(); max];
+        let mut count = 0i32;
+        // SAFETY: live descriptors; `found` holds `max` results.
+        let status = unsafe {
+            let bytes = WORKSPACE_BYTES;
+            result::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &bytes as *const usize as *const c_void,
+                std::mem::size_of::<usize>(),
+            )
+            .and_then(|()| {
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    self.handle,
+                    problem.desc,
+                    problem.w,
+                    problem.x,
+                    problem.y,
+                    problem.y,
+                    pref,
+                    max as i32,
+                    found.as_mut_ptr() as *mut sys::cublasLtMatmulHeuristicResult_t,
+                    &mut count,
+                )
+                .result()
+            })
+        };
+        // SAFETY: created above.
+        unsafe {
+            let _ = result::destroy_matmul_pref(pref);
+        }
+        status.ctx(ctx)?;
+        let mut algos = Vec::new();
+        for entry in &found[..count.max(0) as usize] {
+            // SAFETY: cuBLASLt wrote the first `count` entries.
+            let entry = unsafe { entry.assume_init() };
+            if entry.state != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                continue;
+            }
+            algos.push(LtAlgo {
+                raw: entry.algo,
+                config: read_config(&entry.algo),
+                workspace: entry.workspaceSize,
+            });
+        }
+        Ok(algos)
+    }
+
+    /// Whether `algo` can run the shape (cuBLASLt's own check, workspace included).
+    pub fn supports(&self, algo: &LtAlgo, m: usize, n: usize, k: usize) -> bool {
+        let Ok(problem) = Problem::new(m, n, k) else {
+            return false;
+        };
+        let mut out = MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
+        // SAFETY: live descriptors and algorithm.
+        let status = unsafe {
+            sys::cublasLtMatmulAlgoCheck(
+                self.handle,
+                problem.desc,
+                problem.w,
+                problem.x,
+                problem.y,
+                problem.y,
+                &algo.raw,
+                out.as_mut_ptr(),
+            )
+        };
+        // SAFETY: written on success.
+        status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            && unsafe { out.assume_init() }.workspaceSize <= WORKSPACE_BYTES
+    }
+
+    /// `Y[m, n] = X[m, k] · W[n, k]ᵀ` (BF16, row pitches k, k and n) with exactly `algo`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_bf16(
+        &self,
+        gpu: &Gpu,
+        algo: &LtAlgo,
+        x: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> CudaResult<()> {
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let problem = self.problem(m, n, k)?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: the caller's buffers hold the stated shapes; host scalars; a workspace of
+        // WORKSPACE_BYTES on the device.
+        unsafe {
+            result::matmul(
+                self.handle,
+                problem.desc,
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                w as *const c_void,
+                problem.w,
+                x as *const c_void,
+                problem.x,
+                y as *const c_void,
+                problem.y,
+                y as *mut c_void,
+                problem.y,
+                &algo.raw,
+                self.workspace.ptr() as *mut c_void,
+                WORKSPACE_BYTES,
+                gpu.stream() as sys::cudaStream_t,
+            )
+        }
+        .ctx(|| format!("cuBLASLt GEMM {m}x{n}x{k} with {:?}", algo.config))
+    }
+}
+
+impl Drop for BlasLt {
+    fn drop(&mut self) {
+        // SAFETY: created in BlasLt::new.
+        unsafe {
+            let _ = result::destroy_handle(self.handle);
+        }
+    }
+}
+
+fn read_config(algo: &sys::cublasLtMatmulAlgo_t) -> AlgoConfig {
+    use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+    // cuBLASLt checks the buffer size against the attribute's type: 4 bytes for every
+    // attribute here but the two shape ids, which are 2.
+    let get = |attr: A, size: usize| -> u32 {
+        let mut value = 0u32;
+        let mut written = 0usize;
+        // SAFETY: `size` <= 4 bytes of `value`.
+        let _ = unsafe {
+            sys::cublasLtMatmulAlgoConfigGetAttribute(
+                algo,
+                attr,
+                &mut value as *mut u32 as *mut c_void,
+                size,
+                &mut written,
+            )
+        };
+        // Little-endian: a 2-byte attribute sits in the low bytes.
+        value
+    };
+    AlgoConfig {
+        id: get(A::CUBLASLT_ALGO_CONFIG_ID, 4) as i32,
+        tile: get(A::CUBLASLT_ALGO_CONFIG_TILE_ID, 4),
+        split_k: get(A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 4),
+        reduction: get(A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, 4),
+        swizzle: get(A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, 4),
+        custom: get(A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, 4),
+        stages: get(A::CUBLASLT_ALGO_CONFIG_STAGES_ID, 4),
+        inner_shape: get(A::CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, 2) as u16,
+        cluster_shape: get(A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, 2) as u16,
+    }
+}
+
+/// One dense GEMM shape of a model: `n` outputs over `k` inputs, with its weights at `w`.
+#[derive(Clone, Copy, Debug)]
+pub struct DenseShape {
+    pub name: &'static str,
+    pub n: usize,
+    pub k: usize,
+    pub w: u64,
+}
+
+/// Largest output a planning probe may allocate; buckets past it keep minnow's own kernel.
+const PROBE_BYTES: usize = 1 << 30;
+/// Rows compared at each end of a probe's output.
+const COMPARED_ROWS: usize = 64;
+
+/// Plans the dense GEMMs of `shapes` for every row bucket up to `max_rows`: for each bucket the
+/// fastest of minnow's own kernel and up to four cuBLASLt algorithms that sum K in one pass,
+/// keeping a cuBLASLt algorithm only when its output on a random probe of the bucket's height is
+/// bit-identical to minnow's kernel (so a row's bits never depend on which one ran). Returns
+/// one line per shape for the load log. Must run outside graph capture (it synchronizes).
+pub fn plan_dense_gemms(
+    gpu: &Gpu,
+    shapes: &[DenseShape],
+    max_rows: usize,
+) -> CudaResult<Vec<String>> {
+    use super::ops;
+    let Some(lt) = gpu.blas_lt() else {
+        return Ok(vec![
+            "cuBLASLt unavailable: dense GEMMs use minnow's kernels".into(),
+        ]);
+    };
+    let buckets: Vec<usize> = ROW_BUCKETS
+        .iter()
+        .copied()
+        .take_while(|&b| b < max_rows.max(1) * 2)
+        .collect();
+    let mut report = Vec::new();
+    for shape in shapes {
+        let (n, k) = (shape.n, shape.k);
+        let max_bucket = buckets
+            .iter()
+            .copied()
+            .filter(|&b| b * n * 2 <= PROBE_BYTES)
+            .max()
+            .unwrap_or(0);
+        if max_bucket == 0 {
+            continue;
+        }
+        let x = gpu.alloc::<half::bf16>(max_bucket * k)?;
+        ops::fill_random_bf16(gpu, x.ptr(), max_bucket * k, 0x5eed, 1.0)?;
+        let y = gpu.alloc::<half::bf16>(max_bucket * n)?;
+        let timer = gpu.timer()?;
+        let time = |f: &dyn Fn() -> CudaResult<()>| -> CudaResult<f32> {
+            f()?;
+            timer.start()?;
+            for _ in 0..3 {
+                f()?;
+            }
+            Ok(timer.stop_ms()? / 3.0)
+        };
+        let ends = |m: usize| -> CudaResult<Vec<u16>> {
+            let rows = m.min(COMPARED_ROWS);
+            let mut out = vec![0u16; 2 * rows * n];
+            let (head, tail) = out.split_at_mut(rows * n);
+            gpu.read_raw(y.ptr(), true, head)?;
+            gpu.read_raw(y.ptr() + ((m - rows) * n * 2) as u64, true, tail)?;
+            Ok(out)
+        };
+        let mut plans = Vec::new();
+        let mut summary = Vec::new();
+        for &m in &buckets {
+            if m > max_bucket {
+                break;
+            }
+            let own_ms = time(&|| ops::own_dense_gemm(gpu, x.ptr(), shape.w, y.ptr(), m, n, k))?;
+            let want = ends(m)?;
+            let mut best: (f32, Option<LtAlgo>) = (own_ms, None);
+            for algo in lt.candidates(m, n, k, 4)? {
+                if !algo.config.sums_k_in_one_pass() {
+                    continue;
+                }
+                ops::fill_random_bf16(gpu, y.ptr(), m * n, m as u64, 1.0)?;
+                lt.gemm_bf16(gpu, &algo, x.ptr(), shape.w, y.ptr(), m, n, k)?;
+                if ends(m)? != want {
+                    tracing::warn!(
+                        "cuBLASLt {:?} sums {} ({n}x{k}) in another order at {m} rows; not used",
+                        algo.config,
+                        shape.name
+                    );
+                    continue;
+                }
+                let ms = time(&|| lt.gemm_bf16(gpu, &algo, x.ptr(), shape.w, y.ptr(), m, n, k))?;
+                if ms < best.0 * 0.97 {
+                    best = (ms, Some(algo));
+                }
+            }
+            summary.push(format!(
+                "{m}:{}",
+                if best.1.is_some() { "lt" } else { "own" }
+            ));
+            plans.push(best.1);
+        }
+        lt.set_plans(n, k, plans);
+        report.push(format!("{} {n}x{k}: {}", shape.name, summary.join(" ")));
+    }
+    Ok(report)
+}
