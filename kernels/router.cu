@@ -325,6 +325,82 @@ __device__ void router_logits_tile(const bf16* __restrict__ X, const TW* __restr
     }
 }
 
+// The same sums for many rows: warp w takes ROUTER_WIDE_EXPERTS consecutive experts from
+// (blockIdx.y * 8 + w) * ROUTER_WIDE_EXPERTS for ROUTER_ROWS rows, so each loaded and converted
+// X element feeds that many experts instead of one. Every output is still lane l's fused
+// multiply-adds over the same columns in the same order, then the same butterfly: bits equal to
+// router_logits_tile's, so the launcher picks either by the number of rows (speed only).
+#define ROUTER_WIDE_EXPERTS 4
+template <typename TW>
+__device__ void router_logits_wide_tile(const bf16* __restrict__ X, const TW* __restrict__ W,
+                                        float* __restrict__ logits, int T, int E, int K) {
+    const int lane = threadIdx.x & 31;
+    const int e0 = (blockIdx.y * 8 + (threadIdx.x >> 5)) * ROUTER_WIDE_EXPERTS;
+    const int t0 = blockIdx.x * ROUTER_ROWS;
+    if (e0 >= E) return;
+    const int rows = min(ROUTER_ROWS, T - t0);
+    float acc[ROUTER_ROWS][ROUTER_WIDE_EXPERTS];
+#pragma unroll
+    for (int r = 0; r < ROUTER_ROWS; ++r)
+#pragma unroll
+        for (int j = 0; j < ROUTER_WIDE_EXPERTS; ++j) acc[r][j] = 0.f;
+    // Experts past E re-read the last one and are never stored.
+    const TW* w[ROUTER_WIDE_EXPERTS];
+#pragma unroll
+    for (int j = 0; j < ROUTER_WIDE_EXPERTS; ++j) w[j] = W + (size_t)min(e0 + j, E - 1) * K;
+    const bf16* x = X + (size_t)t0 * K;
+    const int whole = K % 8 == 0 ? K : 0;
+    for (int k0 = lane * 8; k0 < whole; k0 += 256) {
+        float wv[ROUTER_WIDE_EXPERTS][8];
+#pragma unroll
+        for (int j = 0; j < ROUTER_WIDE_EXPERTS; ++j) load_w8(w[j] + k0, wv[j]);
+        uint4 xv[ROUTER_ROWS];
+#pragma unroll
+        for (int r = 0; r < ROUTER_ROWS; ++r)
+            xv[r] = *reinterpret_cast<const uint4*>(x + (size_t)min(r, rows - 1) * K + k0);
+#pragma unroll
+        for (int r = 0; r < ROUTER_ROWS; ++r) {
+            const bf16* xb = reinterpret_cast<const bf16*>(&xv[r]);
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                const float xf = to_f32(xb[c]);
+#pragma unroll
+                for (int j = 0; j < ROUTER_WIDE_EXPERTS; ++j) acc[r][j] = fmaf(xf, wv[j][c], acc[r][j]);
+            }
+        }
+    }
+    for (int k = whole + lane; k < K; k += 32) {
+        float wk[ROUTER_WIDE_EXPERTS];
+#pragma unroll
+        for (int j = 0; j < ROUTER_WIDE_EXPERTS; ++j) wk[j] = weight_f32(w[j][k]);
+#pragma unroll
+        for (int r = 0; r < ROUTER_ROWS; ++r)
+            if (r < rows) {
+                const float xf = to_f32(x[(size_t)r * K + k]);
+#pragma unroll
+                for (int j = 0; j < ROUTER_WIDE_EXPERTS; ++j) acc[r][j] = fmaf(xf, wk[j], acc[r][j]);
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < ROUTER_ROWS; ++r)
+#pragma unroll
+        for (int j = 0; j < ROUTER_WIDE_EXPERTS; ++j) {
+            const float v = warp_sum(acc[r][j]);
+            if (lane == 0 && r < rows && e0 + j < E) logits[(size_t)(t0 + r) * E + e0 + j] = v;
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    router_logits_wide_f32w(const bf16* X, const float* W, float* logits, int T, int E, int K) {
+    pdl_enter();
+    router_logits_wide_tile<float>(X, W, logits, T, E, K);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    router_logits_wide_bf16w(const bf16* X, const bf16* W, float* logits, int T, int E, int K) {
+    pdl_enter();
+    router_logits_wide_tile<bf16>(X, W, logits, T, E, K);
+}
+
 extern "C" __global__ void __launch_bounds__(256)
     router_logits_f32w(const bf16* X, const float* W, float* logits, int T, int E, int K) {
     pdl_enter();

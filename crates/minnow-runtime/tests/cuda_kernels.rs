@@ -1418,3 +1418,56 @@ fn pool_gemm_matches_reference() {
         );
     }
 }
+
+/// Router logits: the wide kernel (many rows) and the narrow one (a few) give every output the
+/// same bits, and both match an F64 reference. Shapes: mini's router (256 experts over 2,048),
+/// a 16-expert router (fewer experts than one wide CTA covers) and K = 72 (columns past the last
+/// whole 256-column group take the scalar path).
+#[test]
+#[ignore]
+fn router_logits_are_the_same_bits_for_few_and_many_rows() {
+    let g = gpu();
+    let mut rng = rng();
+    let wide_rows = minnow_runtime::cuda::tuning::tuning().router_wide_rows;
+    let t = wide_rows.max(16) + 44;
+    for (e, k) in [(256, 2048), (16, 2048), (256, 72)] {
+        let x = to_bf16(&randn(&mut rng, t * k, 1.0));
+        let w32 = randn(&mut rng, e * k, 0.05);
+        let w16 = to_bf16(&w32);
+        let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        let dx = g.upload(&x).unwrap();
+        for f32_weights in [true, false] {
+            let wf: Vec<f32> = if f32_weights {
+                w32.clone()
+            } else {
+                w16.iter().map(|v| v.to_f32()).collect()
+            };
+            // Both uploads live to the end of the iteration (the kernels read them).
+            let (dw32, dw16) = (g.upload(&w32).unwrap(), g.upload(&w16).unwrap());
+            let dw = if f32_weights { dw32.ptr() } else { dw16.ptr() };
+            let all = poisoned_f32(&g, t * e);
+            ops::router_logits(&g, dx.ptr(), dw, f32_weights, all.ptr(), t, e, k).unwrap();
+            let all_v = read(&g, &all);
+            check_f32(
+                &format!("router logits {t}x{e}x{k} f32w={f32_weights}"),
+                &all_v,
+                &matmul_t(&xf, &wf, t, e, k),
+            );
+            // The first and the last 16 rows again, alone (the narrow kernel).
+            for r0 in [0, t - 16] {
+                let few = poisoned_f32(&g, 16 * e);
+                let x_at = dx.ptr() + (r0 * k * 2) as u64;
+                ops::router_logits(&g, x_at, dw, f32_weights, few.ptr(), 16, e, k).unwrap();
+                let few_v = read(&g, &few);
+                let same = few_v
+                    .iter()
+                    .zip(&all_v[r0 * e..(r0 + 16) * e])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "rows {r0}..+16 of {e}x{k}: narrow and wide kernels differ"
+                );
+            }
+        }
+    }
+}

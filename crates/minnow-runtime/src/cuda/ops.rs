@@ -1004,12 +1004,21 @@ pub fn router_logits(
     if t == 0 || e == 0 {
         return Ok(());
     }
-    let name = if w_f32 {
-        "router_logits_f32w"
-    } else {
-        "router_logits_bf16w"
+    // Both kernels compute every output in the same order (bits equal); the wide one shares
+    // each loaded row among 4 experts per warp and wins once there are enough rows to fill the
+    // GPU with its 4x fewer CTAs.
+    let wide = t >= super::tuning::tuning().router_wide_rows;
+    let (name, experts_per_cta) = match (wide, w_f32) {
+        (false, true) => ("router_logits_f32w", 8),
+        (false, false) => ("router_logits_bf16w", 8),
+        (true, true) => ("router_logits_wide_f32w", 32),
+        (true, false) => ("router_logits_wide_bf16w", 32),
     };
-    let cfg = LaunchConfig::new((t.div_ceil(16) as u32, e.div_ceil(8) as u32, 1), 256, 0);
+    let cfg = LaunchConfig::new(
+        (t.div_ceil(16) as u32, e.div_ceil(experts_per_cta) as u32, 1),
+        256,
+        0,
+    );
     cuda_launch!(gpu, name, cfg, x, w, logits, t as i32, e as i32, k as i32)
 }
 

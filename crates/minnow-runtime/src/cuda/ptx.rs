@@ -79,6 +79,8 @@ pub const MODULES: &[PtxModule] = &[
             "moe_dispatch",
             "router_logits_f32w",
             "router_logits_bf16w",
+            "router_logits_wide_f32w",
+            "router_logits_wide_bf16w",
         ],
         max_dynamic_shared: ROUTER_MAX_SHARED,
     },

@@ -33,6 +33,9 @@ pub struct Tuning {
     /// `dense128_rows` (`MINNOW_DENSE128_ROWS`), 64-row tiles between.
     pub dense16_rows: usize,
     pub dense128_rows: usize,
+    /// Router logits of at least this many rows run the wide kernel (4 experts per warp; the
+    /// same bits as the narrow one, see kernels/router.cu): `MINNOW_ROUTER_WIDE_ROWS`.
+    pub router_wide_rows: usize,
 }
 
 impl Default for Tuning {
@@ -46,6 +49,7 @@ impl Default for Tuning {
             invariant: true,
             dense16_rows: 32,
             dense128_rows: 256,
+            router_wide_rows: 256,
         }
     }
 }
@@ -79,6 +83,8 @@ pub fn tuning() -> &'static Tuning {
                 .map_or(d.invariant, |v| v == 1),
             dense16_rows: env_usize("MINNOW_DENSE16_ROWS", |_| true).unwrap_or(d.dense16_rows),
             dense128_rows: env_usize("MINNOW_DENSE128_ROWS", |_| true).unwrap_or(d.dense128_rows),
+            router_wide_rows: env_usize("MINNOW_ROUTER_WIDE_ROWS", |_| true)
+                .unwrap_or(d.router_wide_rows),
         }
     })
 }
