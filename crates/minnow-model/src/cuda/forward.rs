@@ -1021,6 +1021,7 @@ fn queue_grouped_experts(
 /// lines. Only in batch-invariant mode, unless `MINNOW_DENSE_LT=0`.
 pub(crate) fn plan_dense_gemms(
     gpu: &Gpu,
+    c: &Config,
     weights: &Weights,
     tokens: usize,
     logit_rows: usize,
@@ -1051,6 +1052,16 @@ pub(crate) fn plan_dense_gemms(
         if let Some((name, mlp)) = mlp {
             add(name, 2 * mlp.width, d, mlp.gate_up.ptr());
             add(name, d, mlp.width, mlp.down.ptr());
+        }
+        // A packed shared expert runs as dense GEMMs over its slice of the expert buffers in
+        // forwards too long for the grouped GEMM to take it (queue_grouped_experts).
+        if let Mlp::Moe(moe) = &layer.mlp {
+            if let (SharedExpert::Packed, Some((gate_up, down))) = (&moe.shared, moe.bf16_experts())
+            {
+                let (e, iw) = (c.num_experts, c.moe_intermediate_size);
+                add("shared expert", 2 * iw, d, gate_up.ptr_at(e * 2 * iw * d));
+                add("shared expert", d, iw, down.ptr_at(e * d * iw));
+            }
         }
     }
     let mut report = minnow_runtime::cuda::plan_dense_gemms(gpu, &shapes, tokens)?;

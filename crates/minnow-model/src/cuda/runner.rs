@@ -140,8 +140,9 @@ impl CudaRunner {
         );
         let use_graphs = std::env::var("MINNOW_CUDA_GRAPHS").map_or(true, |v| v != "0");
         let tokens = PLANNED_TOKENS.min(config.max_position_embeddings.max(1));
-        for line in super::forward::plan_dense_gemms(&gpu, &weights, tokens, PLANNED_LOGIT_ROWS)
-            .map_err(device_err)?
+        for line in
+            super::forward::plan_dense_gemms(&gpu, &config, &weights, tokens, PLANNED_LOGIT_ROWS)
+                .map_err(device_err)?
         {
             tracing::info!("dense GEMM plan: {line}");
         }
