@@ -246,6 +246,15 @@ impl CudaRunner {
     }
 
     /// Runs `segments` like [`ModelRunner::forward_batch`] (no graph) and returns, per MoE layer,
+    /// the experts each row was routed to (`rows × top_k` ids, each row's in the router's order):
+    /// diagnostics for fidelity tests.
+    pub fn routing(&mut self, segments: &[Segment<'_>]) -> Result<Vec<Vec<i32>>> {
+        let mut routing = Vec::new();
+        self.run_batch(segments, None, Some(&mut routing))?;
+        Ok(routing)
+    }
+
+    /// Runs `segments` like [`ModelRunner::forward_batch`] (no graph) and returns, per MoE layer,
     /// how many distinct experts the batch's tokens were routed to: the expert weights the step
     /// had to read (benchmarks' floors).
     pub fn experts_used(&mut self, segments: &[Segment<'_>]) -> Result<Vec<usize>> {
