@@ -9,6 +9,7 @@
 //! `null` counts as "absent" (every field is an `Option`), as OpenAI clients send explicit nulls
 //! for optional fields.
 
+use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::fmt::Display;
 
@@ -90,9 +91,14 @@ impl FieldPolicy {
 
 /// Deserializes the JSON object at `path` (`"request body"` at the top, else `"messages[2]"`,
 /// ...) into its struct. A value of the wrong type is a 400 naming its field: `'path.key' must be
-/// a string`, as the leaf types word it.
-pub fn parse_object<T: DeserializeOwned>(value: &Value, path: &str) -> Result<T, ApiError> {
-    if !value.is_object() {
+/// a string`, as the leaf types word it. `value` is a `&Value`, or a `Value` whose strings then
+/// move into the struct (a long conversation is not copied twice).
+pub fn parse_object<'de, T, V>(value: V, path: &str) -> Result<T, ApiError>
+where
+    T: DeserializeOwned,
+    V: Borrow<Value> + Deserializer<'de, Error = serde_json::Error>,
+{
+    if !value.borrow().is_object() {
         let object = if path == "request body" {
             "the request body".to_string()
         } else {
@@ -311,7 +317,7 @@ mod tests {
     #[test]
     fn unknown_field_is_named_when_strict() {
         let strict = FieldPolicy::new(true);
-        let sample: Sample = parse_object(&json!({"a": 1, "bogus": true}), "request body").unwrap();
+        let sample: Sample = parse_object(json!({"a": 1, "bogus": true}), "request body").unwrap();
         assert_eq!(inner(sample.a), Some(1));
         let error = strict.finish("request body", &sample.unknown).unwrap_err();
         assert_eq!(error.param.as_deref(), Some("bogus"));
@@ -338,7 +344,7 @@ mod tests {
     fn the_header_list_is_capped() {
         let map: Map<String, Value> = (0..100).map(|i| (format!("k{i:03}"), json!(i))).collect();
         let lenient = FieldPolicy::new(false);
-        let sample: Sample = parse_object(&Value::Object(map), "request body").unwrap();
+        let sample: Sample = parse_object(Value::Object(map), "request body").unwrap();
         lenient.finish("request body", &sample.unknown).unwrap();
         let header = lenient.header_value().unwrap();
         assert_eq!(header.split(", ").count(), MAX_LISTED + 1);
@@ -347,7 +353,7 @@ mod tests {
 
     #[test]
     fn type_errors_name_the_nested_path() {
-        let error = parse_object::<Nested>(&json!({"include_usage": "yes"}), "stream_options")
+        let error = parse_object::<Nested, _>(&json!({"include_usage": "yes"}), "stream_options")
             .err()
             .unwrap();
         assert_eq!(error.param.as_deref(), Some("stream_options.include_usage"));
@@ -355,7 +361,7 @@ mod tests {
             error.message,
             "'stream_options.include_usage' must be a boolean"
         );
-        let error = parse_object::<Sample>(&json!({"a": 1.5}), "request body")
+        let error = parse_object::<Sample, _>(&json!({"a": 1.5}), "request body")
             .err()
             .unwrap();
         assert_eq!(error.message, "'a' must be an integer");
@@ -363,9 +369,9 @@ mod tests {
 
     #[test]
     fn ranges_nulls_and_neutral_values() {
-        let sample: Sample = parse_object(&json!({"a": null, "nested": null}), "").unwrap();
+        let sample: Sample = parse_object(json!({"a": null, "nested": null}), "").unwrap();
         assert!(sample.a.is_none() && sample.nested.is_none());
-        let float_int: Sample = parse_object(&json!({"a": 2.0}), "").unwrap();
+        let float_int: Sample = parse_object(json!({"a": 2.0}), "").unwrap();
         assert_eq!(inner(float_int.a), Some(2));
         assert!(in_range("t", Some(3.5), 0.0, 2.0).is_err());
         assert_eq!(in_range("k", Some(2), 0, 10).unwrap(), Some(2));
@@ -381,11 +387,11 @@ mod tests {
 
     #[test]
     fn non_object_is_refused() {
-        let error = parse_object::<Sample>(&json!([1, 2]), "request body")
+        let error = parse_object::<Sample, _>(&json!([1, 2]), "request body")
             .err()
             .unwrap();
         assert_eq!(error.message, "the request body must be a JSON object");
-        let error = parse_object::<Nested>(&json!(3), "stream_options")
+        let error = parse_object::<Nested, _>(&json!(3), "stream_options")
             .err()
             .unwrap();
         assert_eq!(error.message, "'stream_options' must be a JSON object");

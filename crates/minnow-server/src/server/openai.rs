@@ -378,7 +378,7 @@ pub fn parse_detokenize(body: &Value, policy: &FieldPolicy) -> Result<Vec<u32>, 
 /// The shared options out of the fields a route's own struct left over (top-level names: the
 /// field named in an error is the body's).
 pub(super) fn parse_shared(rest: Unknown) -> Result<SharedOptions, ApiError> {
-    let mut shared: SharedOptions = parse_object(&Value::Object(rest), "request body")?;
+    let mut shared: SharedOptions = parse_object(Value::Object(rest), "request body")?;
     accept_inert(&mut shared.unknown, INERT_OPTIONS);
     Ok(shared)
 }
@@ -857,7 +857,7 @@ fn parse_messages(items: Vec<Value>, policy: &FieldPolicy) -> Result<Vec<ChatMes
     let mut messages = Vec::with_capacity(items.len());
     // A set: a history of many calls is checked in linear time.
     let mut call_ids: std::collections::HashSet<String> = std::collections::HashSet::new();
-    for (i, item) in items.iter().enumerate() {
+    for (i, item) in items.into_iter().enumerate() {
         let path = format!("messages[{i}]");
         let body: MessageBody = parse_object(item, &path)?;
         let role_path = field_path(&path, "role");
@@ -874,7 +874,7 @@ fn parse_messages(items: Vec<Value>, policy: &FieldPolicy) -> Result<Vec<ChatMes
                 ))
             }
         };
-        let content = match &body.content {
+        let content = match body.content {
             None => String::new(),
             Some(value) => parse_content(value, &field_path(&path, "content"), policy)?,
         };
@@ -887,7 +887,7 @@ fn parse_messages(items: Vec<Value>, policy: &FieldPolicy) -> Result<Vec<ChatMes
         let rest = Value::Object(body.by_role);
         let unknown = match role.as_str() {
             "assistant" => {
-                let fields: AssistantFields = parse_object(&rest, &path)?;
+                let fields: AssistantFields = parse_object(rest, &path)?;
                 message.reasoning_content = inner(fields.reasoning_content);
                 if fields.refusal.is_some() {
                     return Err(ApiError::invalid(
@@ -897,13 +897,13 @@ fn parse_messages(items: Vec<Value>, policy: &FieldPolicy) -> Result<Vec<ChatMes
                 }
                 if let Some(List(calls)) = fields.tool_calls {
                     message.tool_calls =
-                        parse_history_calls(&calls, &field_path(&path, "tool_calls"), policy)?;
+                        parse_history_calls(calls, &field_path(&path, "tool_calls"), policy)?;
                     call_ids.extend(message.tool_calls.iter().map(|call| call.id.clone()));
                 }
                 fields.unknown
             }
             "tool" => {
-                let fields: ToolFields = parse_object(&rest, &path)?;
+                let fields: ToolFields = parse_object(rest, &path)?;
                 let id_path = field_path(&path, "tool_call_id");
                 let Some(Text(id)) = fields.tool_call_id else {
                     return Err(ApiError::invalid(
@@ -935,12 +935,12 @@ fn parse_messages(items: Vec<Value>, policy: &FieldPolicy) -> Result<Vec<ChatMes
 
 /// A string, or a list of text parts joined with "\n" (OpenAI does not define a separator; a
 /// newline keeps separate parts from running into each other).
-fn parse_content(value: &Value, path: &str, policy: &FieldPolicy) -> Result<String, ApiError> {
+fn parse_content(value: Value, path: &str, policy: &FieldPolicy) -> Result<String, ApiError> {
     match value {
-        Value::String(s) => Ok(s.clone()),
+        Value::String(s) => Ok(s),
         Value::Array(parts) => {
             let mut texts = Vec::with_capacity(parts.len());
-            for (j, part) in parts.iter().enumerate() {
+            for (j, part) in parts.into_iter().enumerate() {
                 let part_path = format!("{path}[{j}]");
                 let part: ContentPart = parse_object(part, &part_path)?;
                 let type_path = field_path(&part_path, "type");
@@ -966,12 +966,12 @@ fn parse_content(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Stri
 
 /// Assistant `tool_calls` in the history.
 fn parse_history_calls(
-    items: &[Value],
+    items: Vec<Value>,
     path: &str,
     policy: &FieldPolicy,
 ) -> Result<Vec<ToolCall>, ApiError> {
     let mut calls = Vec::with_capacity(items.len());
-    for (k, item) in items.iter().enumerate() {
+    for (k, item) in items.into_iter().enumerate() {
         let call_path = format!("{path}[{k}]");
         let call: HistoryCall = parse_object(item, &call_path)?;
         let id = required(inner(call.id), &field_path(&call_path, "id"))?;
@@ -984,7 +984,7 @@ fn parse_history_calls(
         let function_path = field_path(&call_path, "function");
         let function = required(call.function, &function_path)?;
         policy.finish(&call_path, &call.unknown)?;
-        let function: HistoryFunction = parse_object(&function, &function_path)?;
+        let function: HistoryFunction = parse_object(function, &function_path)?;
         let name = required(inner(function.name), &field_path(&function_path, "name"))?;
         // Arguments go to the template as a JSON string (OpenAI form); an object is serialized.
         let arguments = match function.arguments {
@@ -1085,7 +1085,7 @@ pub(super) fn parse_tool_choice(
             }
             let function = required(choice.function, "tool_choice.function")?;
             policy.finish("tool_choice", &choice.unknown)?;
-            let function: ToolChoiceFunction = parse_object(&function, "tool_choice.function")?;
+            let function: ToolChoiceFunction = parse_object(function, "tool_choice.function")?;
             let name = required(inner(function.name), "tool_choice.function.name")?;
             policy.finish("tool_choice.function", &function.unknown)?;
             ToolChoice::Function(name)

@@ -169,15 +169,15 @@ pub fn output_text(text: &str) -> Value {
 
 /// `input` (or `instructions` given as a list): a string is one user message; a list holds
 /// items. `path` is the request field, for error messages.
-pub fn parse_input(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Vec<Item>, ApiError> {
+pub fn parse_input(value: Value, path: &str, policy: &FieldPolicy) -> Result<Vec<Item>, ApiError> {
     match value {
         Value::String(text) => Ok(vec![Item::Message {
             id: None,
             role: Role::User,
-            text: text.clone(),
+            text,
         }]),
         Value::Array(items) => items
-            .iter()
+            .into_iter()
             .enumerate()
             .map(|(i, item)| parse_item(item, &format!("{path}[{i}]"), policy))
             .collect(),
@@ -240,7 +240,7 @@ struct ContentPart {
     unknown: Unknown,
 }
 
-fn parse_item(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Item, ApiError> {
+fn parse_item(value: Value, path: &str, policy: &FieldPolicy) -> Result<Item, ApiError> {
     let body: ItemBody = parse_object(value, path)?;
     let kind = inner(body.kind).unwrap_or_else(|| "message".into());
     let id = inner(body.id);
@@ -248,7 +248,7 @@ fn parse_item(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Item, A
     let field = |key: &str| field_path(path, key);
     let (item, unknown) = match kind.as_str() {
         "message" => {
-            let message: MessageItem = parse_object(&rest, path)?;
+            let message: MessageItem = parse_object(rest, path)?;
             let role_name = required(inner(message.role), &field("role"))?;
             let role = Role::parse(&role_name).ok_or_else(|| {
                 ApiError::invalid(
@@ -259,11 +259,11 @@ fn parse_item(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Item, A
                 )
             })?;
             let content = required(message.content, &field("content"))?;
-            let text = parse_content(&content, &field_path(path, "content"), role, policy)?;
+            let text = parse_content(content, &field_path(path, "content"), role, policy)?;
             (Item::Message { id, role, text }, message.unknown)
         }
         "function_call" => {
-            let call: FunctionCallItem = parse_object(&rest, path)?;
+            let call: FunctionCallItem = parse_object(rest, path)?;
             let call_id = required(inner(call.call_id), &field("call_id"))?;
             let name = required(inner(call.name), &field("name"))?;
             let arguments = required(inner(call.arguments), &field("arguments"))?;
@@ -276,12 +276,12 @@ fn parse_item(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Item, A
             (item, call.unknown)
         }
         "function_call_output" => {
-            let output_item: FunctionCallOutputItem = parse_object(&rest, path)?;
+            let output_item: FunctionCallOutputItem = parse_object(rest, path)?;
             let call_id = required(inner(output_item.call_id), &field("call_id"))?;
             let output_path = field("output");
             let output = match required(output_item.output, &output_path)? {
                 Value::String(s) => s,
-                parts @ Value::Array(_) => parse_content(&parts, &output_path, Role::User, policy)?,
+                parts @ Value::Array(_) => parse_content(parts, &output_path, Role::User, policy)?,
                 _ => {
                     return Err(ApiError::invalid(
                         output_path.clone(),
@@ -315,13 +315,13 @@ fn parse_item(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Item, A
 /// developer messages hold `input_text` parts; assistant messages `output_text` parts (their own
 /// earlier output) or `input_text`.
 fn parse_content(
-    value: &Value,
+    value: Value,
     path: &str,
     role: Role,
     policy: &FieldPolicy,
 ) -> Result<String, ApiError> {
     let parts = match value {
-        Value::String(s) => return Ok(s.clone()),
+        Value::String(s) => return Ok(s),
         Value::Array(parts) => parts,
         _ => {
             return Err(ApiError::invalid(
@@ -331,7 +331,7 @@ fn parse_content(
         }
     };
     let mut texts = Vec::with_capacity(parts.len());
-    for (j, part) in parts.iter().enumerate() {
+    for (j, part) in parts.into_iter().enumerate() {
         let part_path = format!("{path}[{j}]");
         let mut part: ContentPart = parse_object(part, &part_path)?;
         let type_path = field_path(&part_path, "type");
@@ -461,11 +461,11 @@ mod tests {
     use super::*;
 
     fn items(value: Value) -> Vec<Item> {
-        parse_input(&value, "input", &FieldPolicy::new(true)).unwrap()
+        parse_input(value, "input", &FieldPolicy::new(true)).unwrap()
     }
 
     fn param(value: Value) -> String {
-        parse_input(&value, "input", &FieldPolicy::new(true))
+        parse_input(value, "input", &FieldPolicy::new(true))
             .unwrap_err()
             .param
             .unwrap_or_default()

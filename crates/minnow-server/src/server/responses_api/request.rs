@@ -187,7 +187,7 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
     }
     let return_progress = inner(body.return_progress).unwrap_or(false);
 
-    let input = match &body.input {
+    let input = match body.input {
         None => Vec::new(),
         Some(value) => items::parse_input(value, "input", policy)?,
     };
@@ -198,7 +198,8 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
             role: Role::System,
             text: text.clone(),
         }],
-        Some(value) => items::parse_input(value, "instructions", policy)?,
+        // The response object echoes `instructions`, so they are parsed from a copy.
+        Some(value) => items::parse_input(value.clone(), "instructions", policy)?,
     };
 
     let tools_echo = body.tools.as_ref().map(|list| Value::Array(list.0.clone()));
@@ -438,7 +439,7 @@ fn parse_text(value: &Value, policy: &FieldPolicy) -> Result<TextFormat, ApiErro
                     Some("json_schema") => {
                         // The same keys as chat's `json_schema` object, flattened next to `type`.
                         let spec: openai::JsonSchemaSpec =
-                            parse_object(&Value::Object(body.rest), "text.format")?;
+                            parse_object(Value::Object(body.rest), "text.format")?;
                         let schema = openai::json_schema_spec(&spec, "text.format")?;
                         (
                             TextFormat {
