@@ -2,6 +2,8 @@
 //! checkpoint. Every failure is printed as one line on stderr with a non-zero exit status.
 
 mod cli;
+#[cfg(test)]
+mod import_graph;
 mod server;
 
 fn main() {

@@ -14,7 +14,7 @@ use minnow_format::mnw::convert::{
 };
 use minnow_format::Checkpoint;
 
-use super::{model_or_fixture, Cli};
+use super::global::{model_or_fixture, Global};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum Experts {
@@ -61,7 +61,7 @@ pub struct Args {
     pub tensor_rules: Option<PathBuf>,
 }
 
-pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
+pub fn run(cli: &Global, args: &Args) -> Result<(), String> {
     let model = model_or_fixture(cli);
     let source = Checkpoint::open(&model).map_err(|e| e.to_string())?;
     let assets = source.assets().map_err(|e| e.to_string())?;

@@ -8,7 +8,8 @@ use minnow_model::{CpuRunner, LogitsRows, ModelRunner};
 use minnow_runtime::device::DeviceRequest;
 use safetensors::tensor::TensorView;
 
-use super::{model_or_fixture, output_file, Cli};
+use super::global::{model_or_fixture, Global};
+use super::output_file;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -23,7 +24,7 @@ pub struct Args {
     pub force: bool,
 }
 
-pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
+pub fn run(cli: &Global, args: &Args) -> Result<(), String> {
     show_warnings();
     let model = &model_or_fixture(cli);
     output_file::check_writable(&args.output, args.force)?;

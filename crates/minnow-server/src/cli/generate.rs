@@ -17,7 +17,7 @@ use minnow_engine::{
 use serde_json::json;
 
 use super::decode_flags::DecodeFlags;
-use super::Cli;
+use super::global::Global;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -48,8 +48,8 @@ pub struct Args {
     pub stop: Vec<String>,
 }
 
-fn model_path(cli: &Cli) -> PathBuf {
-    super::model_or_fixture(cli)
+fn model_path(cli: &Global) -> PathBuf {
+    super::global::model_or_fixture(cli)
 }
 
 fn read_input_ids(path: &Path) -> Result<Vec<u32>, String> {
@@ -181,7 +181,7 @@ fn init_logging() {
         .try_init();
 }
 
-pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
+pub fn run(cli: &Global, args: &Args) -> Result<(), String> {
     init_logging();
     let prompt = PromptSource::from_args(args)?;
     let params = args.decode.params()?;

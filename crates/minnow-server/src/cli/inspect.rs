@@ -9,7 +9,7 @@ use minnow_format::{Checkpoint, TensorSource};
 use minnow_model::weights::validate;
 use minnow_model::Config;
 
-use super::{file_or_model, Cli};
+use super::global::{file_or_model, Global};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -17,7 +17,7 @@ pub struct Args {
     pub file: Option<std::path::PathBuf>,
 }
 
-pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
+pub fn run(cli: &Global, args: &Args) -> Result<(), String> {
     super::forward::show_warnings();
     let path = &file_or_model(cli, args.file.as_ref());
     let (c, source) = minnow_model::checkpoint::open(path).map_err(|e| e.to_string())?;

@@ -8,7 +8,7 @@ use minnow_engine::{DecodeParams, EngineOptions};
 use minnow_runtime::device::DeviceRequest;
 
 use super::decode_flags::DecodeFlags;
-use super::{Cli, BUNDLED_FIXTURE};
+use super::global::{Global, BUNDLED_FIXTURE};
 use crate::server::{
     self, ConnectionLimits, OriginPolicy, ServerConfig, DEFAULT_BODY_LIMIT, DEFAULT_RESPONSES_MAX,
     DEFAULT_RESPONSES_MAX_MIB,
@@ -135,13 +135,13 @@ impl DecodeArgs {
     }
 }
 
-pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
+pub fn run(cli: &Global, args: &Args) -> Result<(), String> {
     init_logging();
     let config = build_config(cli, args)?;
     server::run(config)
 }
 
-fn build_config(cli: &Cli, args: &Args) -> Result<ServerConfig, String> {
+fn build_config(cli: &Global, args: &Args) -> Result<ServerConfig, String> {
     if args.parallel == Some(0) {
         return Err("--parallel must be at least 1".into());
     }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use minnow_format::mnw::validate::validate_file;
 use minnow_format::TensorSource;
 
-use super::{file_or_model, Cli};
+use super::global::{file_or_model, Global};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -21,7 +21,7 @@ pub struct Args {
     pub file: Option<PathBuf>,
 }
 
-pub fn run(cli: &Cli, args: &Args) -> Result<(), String> {
+pub fn run(cli: &Global, args: &Args) -> Result<(), String> {
     let path = &file_or_model(cli, args.file.as_ref());
     if path.is_dir() {
         return validate_directory(path);

@@ -1,16 +1,29 @@
-//! Typed, field-named access to a JSON request object. Every key a handler reads is marked as
-//! known; `finish` deals with the keys left over according to the request's `FieldPolicy`: by
-//! default they are ignored but never silently (a debug log line, and the `x-minnow-ignored-fields`
-//! response header lists them); `serve --strict-fields` turns each into a 400 naming it. A field
-//! whose value would change the answer in a way the server cannot honour is refused by the
-//! handler itself, whatever the policy. `null` counts as "absent", as OpenAI clients send explicit
-//! nulls for optional fields.
+//! Request bodies as typed structs. Each JSON object of a request is one `#[derive(Deserialize)]`
+//! struct: its known keys are fields read through the leaf types below (whose errors say which
+//! type was expected), and a `#[serde(flatten)]` [`Unknown`] map collects the rest.
+//! [`parse_object`] deserializes one object and names the field that failed (its JSON path), and
+//! [`FieldPolicy::finish`] deals with the collected keys: by default they are ignored but never
+//! silently (a debug log line, and the `x-minnow-ignored-fields` response header lists them);
+//! `serve --strict-fields` turns each into a 400 naming it. A field whose value would change the
+//! answer in a way the server cannot honour is refused by the handler itself, whatever the policy.
+//! `null` counts as "absent" (every field is an `Option`), as OpenAI clients send explicit nulls
+//! for optional fields.
 
+use std::borrow::Borrow;
 use std::cell::RefCell;
+use std::fmt::Display;
 
+use serde::de::{DeserializeOwned, Error as _, IgnoredAny};
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use super::errors::ApiError;
+
+/// The keys of one object that its struct does not declare, in body order.
+pub type Unknown = Map<String, Value>;
+
+/// A field accepted whatever its value (present unless absent or null).
+pub type Present = Option<IgnoredAny>;
 
 /// What happens to the fields of one request body that no handler reads.
 #[derive(Debug, Default)]
@@ -56,191 +69,227 @@ impl FieldPolicy {
     pub fn ignored(&self) -> Vec<String> {
         self.ignored.borrow().clone()
     }
-}
 
-pub struct Fields<'a> {
-    map: &'a Map<String, Value>,
-    /// Dotted path of this object inside the request ("" at the top), for error messages.
-    prefix: String,
-    known: Vec<&'a str>,
-    policy: &'a FieldPolicy,
-}
-
-impl<'a> Fields<'a> {
-    /// `path` names the object itself in errors (`"request body"`, `"messages[2]"`, ...).
-    pub fn new(value: &'a Value, path: &str, policy: &'a FieldPolicy) -> Result<Self, ApiError> {
-        let map = value.as_object().ok_or_else(|| {
-            ApiError::invalid(
-                path,
-                format!("{} must be a JSON object", display_path(path)),
-            )
-        })?;
-        let prefix = if path.is_empty() || path == "request body" {
-            String::new()
-        } else {
-            format!("{path}.")
-        };
-        Ok(Self {
-            map,
-            prefix,
-            known: Vec::new(),
-            policy,
-        })
-    }
-
-    /// The policy this object's unknown fields follow (handed on to nested objects).
-    pub fn policy(&self) -> &'a FieldPolicy {
-        self.policy
-    }
-
-    /// The request-relative name of `key`, as reported in `param`.
-    pub fn path(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
-    }
-
-    /// The raw value of a field (marks it known); `None` when absent or null.
-    pub fn value(&mut self, key: &'a str) -> Option<&'a Value> {
-        self.known.push(key);
-        self.map.get(key).filter(|value| !value.is_null())
-    }
-
-    pub fn string(&mut self, key: &'a str) -> Result<Option<String>, ApiError> {
-        match self.value(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(self.type_error(key, "a string")),
-        }
-    }
-
-    pub fn bool(&mut self, key: &'a str) -> Result<Option<bool>, ApiError> {
-        match self.value(key) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(self.type_error(key, "a boolean")),
-        }
-    }
-
-    /// A number within `[min, max]`.
-    pub fn number(&mut self, key: &'a str, min: f64, max: f64) -> Result<Option<f64>, ApiError> {
-        match self.value(key) {
-            None => Ok(None),
-            Some(Value::Number(n)) => {
-                let x = n.as_f64().unwrap_or(f64::NAN);
-                if x.is_finite() && x >= min && x <= max {
-                    Ok(Some(x))
-                } else {
-                    Err(ApiError::invalid(
-                        self.path(key),
-                        format!("'{}' must be between {min} and {max}", self.path(key)),
-                    ))
-                }
-            }
-            Some(_) => Err(self.type_error(key, "a number")),
-        }
-    }
-
-    /// An integer within `[min, max]`. `1.0` is accepted as 1 (JavaScript clients send floats).
-    pub fn integer(&mut self, key: &'a str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
-        match self.value(key) {
-            None => Ok(None),
-            Some(Value::Number(n)) => {
-                let int = n.as_i64().or_else(|| {
-                    n.as_f64()
-                        .filter(|x| x.fract() == 0.0 && x.abs() < 9.0e15)
-                        .map(|x| x as i64)
-                });
-                match int {
-                    Some(i) if i >= min && i <= max => Ok(Some(i)),
-                    Some(_) => Err(ApiError::invalid(
-                        self.path(key),
-                        format!("'{}' must be between {min} and {max}", self.path(key)),
-                    )),
-                    None => Err(self.type_error(key, "an integer")),
-                }
-            }
-            Some(_) => Err(self.type_error(key, "an integer")),
-        }
-    }
-
-    /// A field the server accepts only at its neutral value (`neutral`), e.g. a repetition penalty
-    /// it does not implement: the neutral value changes nothing, any other is refused.
-    pub fn neutral_number(&mut self, key: &'a str, neutral: f64) -> Result<(), ApiError> {
-        if let Some(x) = self.number(key, f64::MIN, f64::MAX)? {
-            if (x - neutral).abs() > 1e-9 {
-                return Err(ApiError::invalid(
-                    self.path(key),
-                    format!(
-                        "'{}' is not supported by this server (only {neutral}, which disables it)",
-                        self.path(key)
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Like `neutral_number` for a boolean feature flag that must be off.
-    pub fn must_be_false(&mut self, key: &'a str) -> Result<(), ApiError> {
-        if self.bool(key)? == Some(true) {
-            return Err(ApiError::invalid(
-                self.path(key),
-                format!("'{}' is not supported by this server", self.path(key)),
-            ));
-        }
-        Ok(())
-    }
-
-    /// A field that is refused whenever it is present (and not null).
-    pub fn unsupported(&mut self, key: &'a str) -> Result<(), ApiError> {
-        if self.value(key).is_some() {
-            return Err(ApiError::invalid(
-                self.path(key),
-                format!("'{}' is not supported by this server", self.path(key)),
-            ));
-        }
-        Ok(())
-    }
-
-    /// A field whose value has no effect by design (documented in docs/api.md); any JSON value is
-    /// accepted.
-    pub fn accept_any(&mut self, key: &'a str) {
-        self.known.push(key);
-    }
-
-    /// Deals with the fields nobody asked for: under `--strict-fields` the first is a 400 naming
-    /// it; otherwise each is logged and recorded for the `x-minnow-ignored-fields` header.
-    pub fn finish(self) -> Result<(), ApiError> {
-        for key in self.map.keys() {
-            if self.known.contains(&key.as_str()) {
-                continue;
-            }
-            let path = self.path(key);
-            if self.policy.strict {
+    /// Deals with the fields of the object at `path` that its struct left over: under
+    /// `--strict-fields` the first is a 400 naming it; otherwise each is logged and recorded for
+    /// the `x-minnow-ignored-fields` header.
+    pub fn finish(&self, path: &str, unknown: &Unknown) -> Result<(), ApiError> {
+        for key in unknown.keys() {
+            let path = field_path(path, key);
+            if self.strict {
                 return Err(ApiError::invalid(
                     path.clone(),
                     format!("unknown field '{path}' (the server runs with --strict-fields)"),
                 ));
             }
             tracing::debug!("ignoring unknown request field '{path}'");
-            self.policy.ignored.borrow_mut().push(path);
+            self.ignored.borrow_mut().push(path);
         }
         Ok(())
     }
+}
 
-    pub fn type_error(&self, key: &str, expected: &str) -> ApiError {
-        ApiError::invalid(
-            self.path(key),
-            format!("'{}' must be {expected}", self.path(key)),
-        )
+/// Deserializes the JSON object at `path` (`"request body"` at the top, else `"messages[2]"`,
+/// ...) into its struct. A value of the wrong type is a 400 naming its field: `'path.key' must be
+/// a string`, as the leaf types word it. `value` is a `&Value`, or a `Value` whose strings then
+/// move into the struct (a long conversation is not copied twice).
+pub fn parse_object<'de, T, V>(value: V, path: &str) -> Result<T, ApiError>
+where
+    T: DeserializeOwned,
+    V: Borrow<Value> + Deserializer<'de, Error = serde_json::Error>,
+{
+    if !value.borrow().is_object() {
+        let object = if path == "request body" {
+            "the request body".to_string()
+        } else {
+            format!("'{path}'")
+        };
+        return Err(ApiError::invalid(
+            path,
+            format!("{object} must be a JSON object"),
+        ));
+    }
+    serde_path_to_error::deserialize(value).map_err(|error| {
+        let field = match error.path().to_string().as_str() {
+            "." => path.to_string(),
+            inner => field_path(path, inner),
+        };
+        ApiError::invalid(field.clone(), format!("'{field}' {}", error.inner()))
+    })
+}
+
+/// The request-relative name of `key` inside the object at `path`, as reported in `param`.
+pub fn field_path(path: &str, key: &str) -> String {
+    if path.is_empty() || path == "request body" {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
     }
 }
 
-fn display_path(path: &str) -> String {
-    if path == "request body" {
-        "the request body".into()
-    } else {
-        format!("'{path}'")
+/// The value of a field the request must carry, or a 400 naming it.
+pub fn required<T>(value: Option<T>, path: &str) -> Result<T, ApiError> {
+    value.ok_or_else(|| ApiError::invalid(path, format!("'{path}' is required")))
+}
+
+/// `value` within `[min, max]`, or a 400 naming the field.
+pub fn in_range<T: PartialOrd + Display>(
+    path: &str,
+    value: Option<T>,
+    min: T,
+    max: T,
+) -> Result<Option<T>, ApiError> {
+    match value {
+        Some(x) if !(x >= min && x <= max) => Err(ApiError::invalid(
+            path,
+            format!("'{path}' must be between {min} and {max}"),
+        )),
+        value => Ok(value),
     }
+}
+
+/// The 400 of a field this server cannot honour.
+pub fn not_supported(path: &str) -> ApiError {
+    ApiError::invalid(path, format!("'{path}' is not supported by this server"))
+}
+
+/// A boolean feature flag that must be off (on would ask for what the server cannot do).
+pub fn must_be_off(path: &str, flag: Option<bool>) -> Result<(), ApiError> {
+    match flag {
+        Some(true) => Err(not_supported(path)),
+        _ => Ok(()),
+    }
+}
+
+/// A field refused whenever it is present (and not null).
+pub fn refuse_present(path: &str, field: Present) -> Result<(), ApiError> {
+    match field {
+        Some(_) => Err(not_supported(path)),
+        None => Ok(()),
+    }
+}
+
+/// A number the server accepts only at its neutral value (`neutral`), e.g. a repetition penalty
+/// it does not implement: the neutral value changes nothing, any other is refused.
+pub fn must_be_neutral(path: &str, value: Option<f64>, neutral: f64) -> Result<(), ApiError> {
+    match value {
+        Some(x) if (x - neutral).abs() > 1e-9 => Err(ApiError::invalid(
+            path,
+            format!("'{path}' is not supported by this server (only {neutral}, which disables it)"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Removes the keys whose values have no effect by design (documented in docs/api.md): any JSON
+/// value is accepted and they are not reported as unknown.
+pub fn accept_inert(unknown: &mut Unknown, inert: &[&str]) {
+    unknown.retain(|key, _| !inert.contains(&key.as_str()));
+}
+
+/// `unknown` with the keys of `object` named in `also` added where the body has them (any value,
+/// null included), in body order: for keys a struct declares but that are unknown in this
+/// object's form (`json_schema` in a `json_object` format).
+pub fn with_unknown(object: &Value, mut unknown: Unknown, also: &[&str]) -> Unknown {
+    let Some(map) = object.as_object() else {
+        return unknown;
+    };
+    if !also.iter().any(|key| map.contains_key(*key)) {
+        return unknown;
+    }
+    let mut ordered = Unknown::new();
+    for (key, value) in map {
+        if let Some(value) = unknown.remove(key) {
+            ordered.insert(key.clone(), value);
+        } else if also.contains(&key.as_str()) {
+            ordered.insert(key.clone(), value.clone());
+        }
+    }
+    ordered
+}
+
+/// Leaf types: each deserializes one JSON type and words the error as `must be <type>` (the
+/// field's name is put in front by [`parse_object`]).
+macro_rules! leaf {
+    ($(#[$doc:meta])* $name:ident($inner:ty), $expected:literal, $pattern:pat => $value:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq)]
+        pub struct $name(pub $inner);
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                #[allow(unreachable_patterns)]
+                match Value::deserialize(deserializer)? {
+                    $pattern => $value.map($name).ok_or_else(|| D::Error::custom($expected)),
+                    _ => Err(D::Error::custom($expected)),
+                }
+            }
+        }
+    };
+}
+
+leaf!(
+    /// A JSON string.
+    Text(String), "must be a string", Value::String(s) => Some(s)
+);
+leaf!(
+    /// A JSON boolean.
+    Flag(bool), "must be a boolean", Value::Bool(b) => Some(b)
+);
+leaf!(
+    /// Any JSON number.
+    Num(f64), "must be a number", Value::Number(n) => n.as_f64()
+);
+leaf!(
+    /// A whole JSON number; `1.0` is accepted as 1 (JavaScript clients send floats).
+    Int(i64), "must be an integer", Value::Number(n) => n.as_i64().or_else(|| {
+        n.as_f64()
+            .filter(|x| x.fract() == 0.0 && x.abs() < 9.0e15)
+            .map(|x| x as i64)
+    })
+);
+leaf!(
+    /// A JSON array of any values (each checked by its reader).
+    List(Vec<Value>), "must be a list", Value::Array(items) => Some(items)
+);
+leaf!(
+    /// A JSON object of any values.
+    Object(Map<String, Value>), "must be an object", Value::Object(map) => Some(map)
+);
+leaf!(
+    /// A JSON Schema: any JSON object (the grammar compiler checks the schema itself).
+    Schema(Value), "must be a JSON Schema object", schema => Some(schema).filter(Value::is_object)
+);
+
+/// The inner values of optional leaves.
+pub trait Leaf {
+    type Inner;
+    fn into_inner(self) -> Self::Inner;
+}
+
+macro_rules! leaf_inner {
+    ($($name:ident($inner:ty)),*) => {$(
+        impl Leaf for $name {
+            type Inner = $inner;
+            fn into_inner(self) -> $inner {
+                self.0
+            }
+        }
+    )*};
+}
+leaf_inner!(
+    Text(String),
+    Flag(bool),
+    Num(f64),
+    Int(i64),
+    List(Vec<Value>),
+    Object(Map<String, Value>),
+    Schema(Value)
+);
+
+/// `Option<Leaf>` → `Option<inner value>`.
+pub fn inner<L: Leaf>(field: Option<L>) -> Option<L::Inner> {
+    field.map(Leaf::into_inner)
 }
 
 #[cfg(test)]
@@ -248,13 +297,29 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[derive(Deserialize)]
+    struct Sample {
+        a: Option<Int>,
+        nested: Option<Value>,
+        #[serde(flatten)]
+        unknown: Unknown,
+    }
+
+    #[derive(Deserialize)]
+    struct Nested {
+        x: Option<Int>,
+        #[serde(rename = "include_usage")]
+        _include_usage: Option<Flag>,
+        #[serde(flatten)]
+        unknown: Unknown,
+    }
+
     #[test]
     fn unknown_field_is_named_when_strict() {
-        let value = json!({"a": 1, "bogus": true});
         let strict = FieldPolicy::new(true);
-        let mut fields = Fields::new(&value, "request body", &strict).unwrap();
-        assert_eq!(fields.integer("a", 0, 5).unwrap(), Some(1));
-        let error = fields.finish().unwrap_err();
+        let sample: Sample = parse_object(json!({"a": 1, "bogus": true}), "request body").unwrap();
+        assert_eq!(inner(sample.a), Some(1));
+        let error = strict.finish("request body", &sample.unknown).unwrap_err();
         assert_eq!(error.param.as_deref(), Some("bogus"));
         assert!(strict.header_value().is_none());
     }
@@ -263,13 +328,11 @@ mod tests {
     fn unknown_fields_are_listed_when_lenient() {
         let value = json!({"a": 1, "bogus": true, "nested": {"x": 1, "y": 2}});
         let lenient = FieldPolicy::new(false);
-        let mut fields = Fields::new(&value, "request body", &lenient).unwrap();
-        fields.integer("a", 0, 5).unwrap();
-        let nested = fields.value("nested").unwrap();
-        fields.finish().unwrap();
-        let mut sub = Fields::new(nested, "nested", &lenient).unwrap();
-        sub.integer("x", 0, 5).unwrap();
-        sub.finish().unwrap();
+        let sample: Sample = parse_object(&value, "request body").unwrap();
+        lenient.finish("request body", &sample.unknown).unwrap();
+        let nested: Nested = parse_object(sample.nested.as_ref().unwrap(), "nested").unwrap();
+        assert_eq!(inner(nested.x), Some(1));
+        lenient.finish("nested", &nested.unknown).unwrap();
         assert_eq!(
             lenient.ignored(),
             vec!["bogus".to_string(), "nested.y".into()]
@@ -280,50 +343,57 @@ mod tests {
     #[test]
     fn the_header_list_is_capped() {
         let map: Map<String, Value> = (0..100).map(|i| (format!("k{i:03}"), json!(i))).collect();
-        let value = Value::Object(map);
         let lenient = FieldPolicy::new(false);
-        Fields::new(&value, "request body", &lenient)
-            .unwrap()
-            .finish()
-            .unwrap();
+        let sample: Sample = parse_object(Value::Object(map), "request body").unwrap();
+        lenient.finish("request body", &sample.unknown).unwrap();
         let header = lenient.header_value().unwrap();
         assert_eq!(header.split(", ").count(), MAX_LISTED + 1);
         assert!(header.ends_with("..."));
     }
 
     #[test]
-    fn nested_paths_and_types() {
-        let value = json!({"include_usage": "yes"});
-        let strict = FieldPolicy::new(true);
-        let mut fields = Fields::new(&value, "stream_options", &strict).unwrap();
-        let error = fields.bool("include_usage").unwrap_err();
+    fn type_errors_name_the_nested_path() {
+        let error = parse_object::<Nested, _>(&json!({"include_usage": "yes"}), "stream_options")
+            .err()
+            .unwrap();
         assert_eq!(error.param.as_deref(), Some("stream_options.include_usage"));
-        assert!(error.message.contains("boolean"));
+        assert_eq!(
+            error.message,
+            "'stream_options.include_usage' must be a boolean"
+        );
+        let error = parse_object::<Sample, _>(&json!({"a": 1.5}), "request body")
+            .err()
+            .unwrap();
+        assert_eq!(error.message, "'a' must be an integer");
     }
 
     #[test]
     fn ranges_nulls_and_neutral_values() {
-        let value = json!({"t": 3.5, "n": null, "k": 2.0, "p": 1.0, "q": 1.1});
-        let strict = FieldPolicy::new(true);
-        let mut fields = Fields::new(&value, "request body", &strict).unwrap();
-        assert!(fields.number("t", 0.0, 2.0).is_err());
-        assert_eq!(fields.integer("n", 0, 1).unwrap(), None);
-        assert_eq!(fields.integer("k", 0, 10).unwrap(), Some(2));
-        assert!(fields.neutral_number("p", 1.0).is_ok());
+        let sample: Sample = parse_object(json!({"a": null, "nested": null}), "").unwrap();
+        assert!(sample.a.is_none() && sample.nested.is_none());
+        let float_int: Sample = parse_object(json!({"a": 2.0}), "").unwrap();
+        assert_eq!(inner(float_int.a), Some(2));
+        assert!(in_range("t", Some(3.5), 0.0, 2.0).is_err());
+        assert_eq!(in_range("k", Some(2), 0, 10).unwrap(), Some(2));
+        assert!(must_be_neutral("p", Some(1.0), 1.0).is_ok());
         assert_eq!(
-            fields
-                .neutral_number("q", 1.0)
+            must_be_neutral("q", Some(1.1), 1.0)
                 .unwrap_err()
                 .param
                 .as_deref(),
             Some("q")
         );
-        assert!(fields.finish().is_ok());
     }
 
     #[test]
     fn non_object_is_refused() {
-        let value = json!([1, 2]);
-        assert!(Fields::new(&value, "request body", &FieldPolicy::new(true)).is_err());
+        let error = parse_object::<Sample, _>(&json!([1, 2]), "request body")
+            .err()
+            .unwrap();
+        assert_eq!(error.message, "the request body must be a JSON object");
+        let error = parse_object::<Nested, _>(&json!(3), "stream_options")
+            .err()
+            .unwrap();
+        assert_eq!(error.message, "'stream_options' must be a JSON object");
     }
 }

@@ -1,18 +1,25 @@
-//! Parsing and validating OpenAI (and llama-server) request bodies into engine types. Every field
-//! of the OpenAI and llama-server request schemas is either honoured, accepted at a value that
-//! changes nothing, accepted because it cannot change the answer here, or refused with a 400
-//! naming it; a field of neither schema is left to the request's `FieldPolicy` (ignored and
-//! listed, or a 400 under `--strict-fields`).
+//! Parsing and validating OpenAI (and llama-server) request bodies into engine types. Each body,
+//! and each object inside it, is a typed struct (`ChatBody`, `CompletionBody`, `SharedOptions`,
+//! `MessageBody`, ...) read by `fields::parse_object`; then the values are checked (decoding
+//! parameters against the engine's `DECODE_PARAMS`) and the request is built. Every field of the
+//! OpenAI and llama-server request schemas is either honoured, accepted at a value that changes
+//! nothing, accepted because it cannot change the answer here, or refused with a 400 naming it;
+//! a field of neither schema lands in the struct's flattened map and is left to the request's
+//! `FieldPolicy` (ignored and listed, or a 400 under `--strict-fields`).
 
 use minnow_engine::constraint::tools::strict_tools;
 use minnow_engine::constraint::OutputConstraint;
-use minnow_engine::{
-    param_spec, Algorithm, ChatMessage, ChatPrompt, DecodeParams, ToolCall, ToolChoice,
-};
-use serde_json::{Map, Value};
+use minnow_engine::decode::params::check_ranges;
+use minnow_engine::{Algorithm, ChatMessage, ChatPrompt, DecodeParams, ToolCall, ToolChoice};
+use serde::Deserialize;
+use serde_json::Value;
 
 use super::errors::ApiError;
-use super::fields::{FieldPolicy, Fields};
+use super::fields::{
+    accept_inert, field_path, in_range, inner, must_be_neutral, must_be_off, parse_object,
+    refuse_present, required, with_unknown, FieldPolicy, Flag, Int, List, Num, Object, Present,
+    Schema, Text, Unknown,
+};
 
 /// How many new tokens a request may produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,35 +97,208 @@ pub fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
     super::json_body::parse(body)
 }
 
+/// `POST /v1/chat/completions` (and `/apply-template`): the chat-specific fields; the rest are
+/// the options shared with the other generation routes ([`SharedOptions`]).
+#[derive(Deserialize)]
+struct ChatBody {
+    messages: Option<List>,
+    tools: Option<List>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<Flag>,
+    /// llama-server's switch for parsing tool calls out of the output; without tools it is
+    /// inert, and with tools this server always parses them.
+    #[serde(rename = "parse_tool_calls")]
+    _parse_tool_calls: Option<Flag>,
+    add_generation_prompt: Option<Flag>,
+    /// Continuing the last assistant message needs the template to leave that turn open, which
+    /// the LLaDA2 templates cannot do: refused rather than answered as a new turn.
+    continue_final_message: Option<Flag>,
+    response_format: Option<Value>,
+    chat_template_kwargs: Option<Object>,
+    // The web UI sends `reasoning_format`; LLaDA2 templates hard-code "thinking off" and no
+    // reasoning is parsed out, so every value behaves like "none". For the same reason a
+    // thinking budget, a reasoning effort and llama-server's live reasoning control have nothing
+    // to act on.
+    #[serde(rename = "reasoning_format")]
+    _reasoning_format: Option<Text>,
+    #[serde(rename = "reasoning_effort")]
+    _reasoning_effort: Option<Text>,
+    thinking_budget_tokens: Option<Int>,
+    #[serde(rename = "reasoning_control")]
+    _reasoning_control: Option<Flag>,
+    #[serde(flatten)]
+    shared: Unknown,
+}
+
+/// `POST /v1/completions` (and llama-server's `/completion`).
+#[derive(Deserialize)]
+struct CompletionBody {
+    prompt: Option<Value>,
+    echo: Option<Flag>,
+    best_of: Option<Int>,
+    suffix: Present,
+    #[serde(flatten)]
+    shared: Unknown,
+}
+
+/// llama-server `/tokenize`.
+#[derive(Deserialize)]
+struct TokenizeBody {
+    content: Option<Text>,
+    /// LLaDA2 tokenizers add no special tokens (no BOS), so `add_special` changes nothing.
+    #[serde(rename = "add_special")]
+    _add_special: Option<Flag>,
+    parse_special: Option<Flag>,
+    with_pieces: Option<Flag>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// llama-server `/detokenize`.
+#[derive(Deserialize)]
+struct DetokenizeBody {
+    tokens: Option<Value>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// The options every generation route shares (`parse_common`); what none of them declares is
+/// left in `unknown`.
+#[derive(Deserialize)]
+pub(super) struct SharedOptions {
+    model: Option<Text>,
+    // Later names win only if the earlier were absent: OpenAI's preferred name comes first.
+    max_completion_tokens: Option<Int>,
+    max_tokens: Option<Int>,
+    n_predict: Option<Int>,
+    stop: Option<Value>,
+    temperature: Option<Num>,
+    top_p: Option<Num>,
+    top_k: Option<Int>,
+    seed: Option<Int>,
+    threshold: Option<Num>,
+    editing_threshold: Option<Num>,
+    max_post_steps: Option<Int>,
+    steps: Option<Int>,
+    num_to_transfer: Option<Int>,
+    algorithm: Option<Text>,
+    stream: Option<Flag>,
+    stream_options: Option<Value>,
+    return_progress: Option<Flag>,
+    timings_per_token: Option<Flag>,
+    sse_ping_interval: Option<Num>,
+    // OpenAI's `n` and llama-server's `n_cmpl`: one answer per request.
+    n: Option<Int>,
+    n_cmpl: Option<Int>,
+    // llama-server output options this server cannot produce: accepted only when off.
+    ignore_eos: Option<Flag>,
+    return_tokens: Option<Flag>,
+    post_sampling_probs: Option<Flag>,
+    response_fields: Present,
+    // LoRA adapters and images do not exist here; an empty list asks for none.
+    lora: Option<Value>,
+    image_data: Option<Value>,
+    logprobs: Option<Flag>,
+    top_logprobs: Present,
+    n_probs: Present,
+    logit_bias: Option<Value>,
+    json_schema: Option<Schema>,
+    grammar: Option<Text>,
+    tools_ts_str: Present,
+    // Samplers and penalties this engine does not implement: accepted only at the value that
+    // disables them (the llama.cpp web UI sends all of them, at the values /props advertises).
+    presence_penalty: Option<Num>,
+    frequency_penalty: Option<Num>,
+    repeat_penalty: Option<Num>,
+    min_p: Option<Num>,
+    typical_p: Option<Num>,
+    typ_p: Option<Num>,
+    dynatemp_range: Option<Num>,
+    xtc_probability: Option<Num>,
+    dry_multiplier: Option<Num>,
+    top_n_sigma: Option<Num>,
+    mirostat: Option<Num>,
+    // llama-server's minimum indentation and time limit change the answer when set.
+    n_indent: Option<Num>,
+    t_max_predict_ms: Option<Num>,
+    /// Stored completions are not kept, so `store` must be false.
+    store: Option<Flag>,
+    modalities: Option<Value>,
+    cache_prompt: Option<Flag>,
+    cache_salt: Option<Text>,
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
+}
+
+/// `stream_options`.
+#[derive(Deserialize)]
+pub(super) struct StreamOptionsBody {
+    pub(super) include_usage: Option<Flag>,
+    /// OpenAI's newer flag; obfuscation padding is never added here.
+    #[serde(rename = "include_obfuscation")]
+    _include_obfuscation: Option<Flag>,
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
+}
+
+/// Shared options whose values cannot change the output, accepted at any value: OpenAI request
+/// metadata (stored completions are not kept, so `metadata` is inert, and there is one service
+/// tier); settings of the disabled samplers (inert while their switch is neutral), the sampler
+/// order (this engine's order is fixed), llama-server's slot pinning, and OpenAI's end-user tag.
+const INERT_OPTIONS: &[&str] = &[
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "dynatemp_exponent",
+    "xtc_threshold",
+    "repeat_last_n",
+    "penalty_last_n",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "mirostat_tau",
+    "mirostat_eta",
+    "samplers",
+    "min_keep",
+    "n_cache_reuse",
+    "id_slot",
+    "user",
+    // Context shifting never happens here (a prompt that does not fit is refused), so the
+    // tokens it would keep or discard are moot.
+    "n_keep",
+    "n_discard",
+    // Where llama-server runs its samplers, and its speculative-decoding knobs: speed only.
+    "backend_sampling",
+    "speculative.n_max",
+    "speculative.n_min",
+    "speculative.p_min",
+    // OpenAI's predicted outputs only speed a response up.
+    "prediction",
+];
+
 pub fn parse_chat(body: &Value, policy: &FieldPolicy) -> Result<ChatRequest, ApiError> {
-    let mut fields = Fields::new(body, "request body", policy)?;
-    let common = parse_common(&mut fields)?;
+    let chat: ChatBody = parse_object(body, "request body")?;
+    let (mut common, unknown) = parse_common(parse_shared(chat.shared)?, policy)?;
 
-    let messages_value = fields
-        .value("messages")
-        .ok_or_else(|| ApiError::invalid("messages", "'messages' is required"))?;
-    let mut messages = parse_messages(messages_value, policy)?;
+    let messages = required(inner(chat.messages), "messages")?;
+    let mut messages = parse_messages(messages, policy)?;
 
-    let tools = match fields.value("tools") {
+    let tools = match chat.tools {
         None => Vec::new(),
-        Some(value) => parse_tools(value, policy)?,
+        Some(list) => parse_tools(list.0, policy)?,
     };
     let declared: Vec<String> = tools.iter().map(tool_name).collect();
-    let tool_choice = match fields.value("tool_choice") {
+    let tool_choice = match &chat.tool_choice {
         None => ToolChoice::Auto,
         Some(value) => parse_tool_choice(value, &declared, policy)?,
     };
-    let parallel_tool_calls = fields.bool("parallel_tool_calls")?.unwrap_or(true);
-    // llama-server's switch for parsing tool calls out of the output; without tools it is inert,
-    // and with tools this server always parses them.
-    fields.bool("parse_tool_calls")?;
-    let add_generation_prompt = fields.bool("add_generation_prompt")?.unwrap_or(true);
-    // Continuing the last assistant message needs the template to leave that turn open, which
-    // the LLaDA2 templates cannot do: refused rather than answered as a new turn.
-    fields.must_be_false("continue_final_message")?;
+    let parallel_tool_calls = inner(chat.parallel_tool_calls).unwrap_or(true);
+    let add_generation_prompt = inner(chat.add_generation_prompt).unwrap_or(true);
+    must_be_off("continue_final_message", inner(chat.continue_final_message))?;
 
-    let mut common = common;
-    if let Some(format) = fields.value("response_format") {
+    if let Some(format) = &chat.response_format {
         let (constraint, instruct) = parse_response_format(format, policy)?;
         if instruct {
             add_json_instruction(&mut messages);
@@ -126,19 +306,14 @@ pub fn parse_chat(body: &Value, policy: &FieldPolicy) -> Result<ChatRequest, Api
         set_constraint(&mut common, constraint, "response_format")?;
     }
     set_tool_constraint(&mut common, &tools, &tool_choice)?;
-    let template_kwargs = match fields.value("chat_template_kwargs") {
-        None => Map::new(),
-        Some(Value::Object(map)) => map.clone(),
-        Some(_) => return Err(fields.type_error("chat_template_kwargs", "an object")),
-    };
-    // The web UI sends `reasoning_format`; LLaDA2 templates hard-code "thinking off" and no
-    // reasoning is parsed out, so every value behaves like "none". For the same reason a thinking
-    // budget, a reasoning effort and llama-server's live reasoning control have nothing to act on.
-    fields.string("reasoning_format")?;
-    fields.string("reasoning_effort")?;
-    fields.integer("thinking_budget_tokens", -1, i64::MAX)?;
-    fields.bool("reasoning_control")?;
-    fields.finish()?;
+    let template_kwargs = inner(chat.chat_template_kwargs).unwrap_or_default();
+    in_range(
+        "thinking_budget_tokens",
+        inner(chat.thinking_budget_tokens),
+        -1,
+        i64::MAX,
+    )?;
+    policy.finish("request body", &unknown)?;
 
     let tool_names = match &tool_choice {
         ToolChoice::None => Vec::new(),
@@ -160,14 +335,11 @@ pub fn parse_chat(body: &Value, policy: &FieldPolicy) -> Result<ChatRequest, Api
 }
 
 pub fn parse_completion(body: &Value, policy: &FieldPolicy) -> Result<CompletionRequest, ApiError> {
-    let mut fields = Fields::new(body, "request body", policy)?;
-    let common = parse_common(&mut fields)?;
-    let prompt = match fields.value("prompt") {
-        None => return Err(ApiError::invalid("prompt", "'prompt' is required")),
-        Some(value) => parse_prompt(value)?,
-    };
-    fields.must_be_false("echo")?;
-    if let Some(best_of) = fields.integer("best_of", 1, i64::MAX)? {
+    let completion: CompletionBody = parse_object(body, "request body")?;
+    let (common, unknown) = parse_common(parse_shared(completion.shared)?, policy)?;
+    let prompt = parse_prompt(&required(completion.prompt, "prompt")?)?;
+    must_be_off("echo", inner(completion.echo))?;
+    if let Some(best_of) = in_range("best_of", inner(completion.best_of), 1, i64::MAX)? {
         if best_of != 1 {
             return Err(ApiError::invalid(
                 "best_of",
@@ -175,102 +347,121 @@ pub fn parse_completion(body: &Value, policy: &FieldPolicy) -> Result<Completion
             ));
         }
     }
-    fields.unsupported("suffix")?;
-    fields.finish()?;
+    refuse_present("suffix", completion.suffix)?;
+    policy.finish("request body", &unknown)?;
     Ok(CompletionRequest { common, prompt })
 }
 
 /// llama-server `/tokenize`: `{"content": "...", "add_special": bool, "with_pieces": bool}`.
 pub fn parse_tokenize(body: &Value, policy: &FieldPolicy) -> Result<TokenizeRequest, ApiError> {
-    let mut fields = Fields::new(body, "request body", policy)?;
-    let content = fields
-        .string("content")?
-        .ok_or_else(|| ApiError::invalid("content", "'content' is required"))?;
-    // LLaDA2 tokenizers add no special tokens (no BOS), so `add_special` changes nothing.
-    fields.bool("add_special")?;
-    let parse_special = fields.bool("parse_special")?.unwrap_or(true);
-    let with_pieces = fields.bool("with_pieces")?.unwrap_or(false);
-    fields.finish()?;
+    let tokenize: TokenizeBody = parse_object(body, "request body")?;
+    let content = required(inner(tokenize.content), "content")?;
+    policy.finish("request body", &tokenize.unknown)?;
     Ok(TokenizeRequest {
         content,
-        with_pieces,
-        parse_special,
+        with_pieces: inner(tokenize.with_pieces).unwrap_or(false),
+        parse_special: inner(tokenize.parse_special).unwrap_or(true),
     })
 }
 
 /// llama-server `/detokenize`: `{"tokens": [ids]}`.
 pub fn parse_detokenize(body: &Value, policy: &FieldPolicy) -> Result<Vec<u32>, ApiError> {
-    let mut fields = Fields::new(body, "request body", policy)?;
-    let tokens = match fields.value("tokens") {
+    let detokenize: DetokenizeBody = parse_object(body, "request body")?;
+    let tokens = match &detokenize.tokens {
         None => Vec::new(),
         Some(value) => parse_ids(value, "tokens")?,
     };
-    fields.finish()?;
+    policy.finish("request body", &detokenize.unknown)?;
     Ok(tokens)
 }
 
-pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, ApiError> {
-    let model = fields.string("model")?;
+/// The shared options out of the fields a route's own struct left over (top-level names: the
+/// field named in an error is the body's).
+pub(super) fn parse_shared(rest: Unknown) -> Result<SharedOptions, ApiError> {
+    let mut shared: SharedOptions = parse_object(Value::Object(rest), "request body")?;
+    accept_inert(&mut shared.unknown, INERT_OPTIONS);
+    Ok(shared)
+}
 
+/// The shared options as the engine and the server use them: decoding parameters checked
+/// against the engine's one table (`DECODE_PARAMS`), refusals of what cannot be honoured; and
+/// the fields none of the options declares, which the caller reports under the field policy
+/// once its own fields are checked.
+pub(super) fn parse_common(
+    shared: SharedOptions,
+    policy: &FieldPolicy,
+) -> Result<(CommonOptions, Unknown), ApiError> {
     let mut max_tokens = MaxTokens::ServerDefault;
-    // Later names win only if the earlier were absent: OpenAI's preferred name comes first.
-    for key in ["max_completion_tokens", "max_tokens", "n_predict"] {
-        if let Some(n) = fields.integer(key, -1, i64::MAX)? {
-            if max_tokens != MaxTokens::ServerDefault {
-                continue;
-            }
-            max_tokens = match n {
-                -1 => MaxTokens::Unlimited,
-                0 => {
-                    return Err(ApiError::invalid(
-                        key,
-                        format!("'{key}' must be at least 1 (or -1 for no limit)"),
-                    ))
-                }
-                n => MaxTokens::Limit(usize::try_from(n).unwrap_or(usize::MAX)),
-            };
+    for (key, value) in [
+        ("max_completion_tokens", &shared.max_completion_tokens),
+        ("max_tokens", &shared.max_tokens),
+        ("n_predict", &shared.n_predict),
+    ] {
+        let Some(n) = in_range(key, value.as_ref().map(|n| n.0), -1, i64::MAX)? else {
+            continue;
+        };
+        if max_tokens != MaxTokens::ServerDefault {
+            continue;
         }
+        max_tokens = match n {
+            -1 => MaxTokens::Unlimited,
+            0 => {
+                return Err(ApiError::invalid(
+                    key,
+                    format!("'{key}' must be at least 1 (or -1 for no limit)"),
+                ))
+            }
+            n => MaxTokens::Limit(usize::try_from(n).unwrap_or(usize::MAX)),
+        };
     }
 
-    let stop = match fields.value("stop") {
+    let stop = match &shared.stop {
         None => Vec::new(),
         Some(value) => parse_stop(value)?,
     };
 
+    // Whole numbers outside `usize` (negative ones) stay out of range for the table's check.
+    let count = |n: &Option<Int>| {
+        n.as_ref()
+            .map(|n| usize::try_from(n.0).unwrap_or(usize::MAX))
+    };
     let mut params = DecodeParams {
-        temperature: number_in(fields, "temperature")?.map(|x| x as f32),
-        top_p: number_in(fields, "top_p")?.map(|x| x as f32),
-        top_k: integer_in(fields, "top_k")?.map(|k| k as usize),
+        temperature: shared.temperature.as_ref().map(|x| x.0 as f32),
+        top_p: shared.top_p.as_ref().map(|x| x.0 as f32),
+        top_k: count(&shared.top_k),
+        threshold: shared.threshold.as_ref().map(|x| x.0 as f32),
+        editing_threshold: shared.editing_threshold.as_ref().map(|x| x.0 as f32),
+        max_post_steps: count(&shared.max_post_steps),
+        steps: count(&shared.steps),
+        num_to_transfer: count(&shared.num_to_transfer),
         ..DecodeParams::default()
     };
+    check_ranges(&params)?;
     // llama-server uses -1 for "a random seed".
-    params.seed = match fields.integer("seed", -1, i64::MAX)? {
+    params.seed = match in_range("seed", shared.seed.as_ref().map(|n| n.0), -1, i64::MAX)? {
         None | Some(-1) => None,
         Some(seed) => Some(seed as u64),
     };
-    params.threshold = number_in(fields, "threshold")?.map(|x| x as f32);
-    params.editing_threshold = number_in(fields, "editing_threshold")?.map(|x| x as f32);
-    params.max_post_steps = integer_in(fields, "max_post_steps")?.map(|n| n as usize);
-    params.steps = integer_in(fields, "steps")?.map(|n| n as usize);
-    params.num_to_transfer = integer_in(fields, "num_to_transfer")?.map(|n| n as usize);
-    params.algorithm = match fields.string("algorithm")? {
+    params.algorithm = match &shared.algorithm {
         None => None,
-        Some(name) => Some(parse_algorithm(&name).map_err(|m| ApiError::invalid("algorithm", m))?),
+        Some(Text(name)) => {
+            Some(parse_algorithm(name).map_err(|m| ApiError::invalid("algorithm", m))?)
+        }
     };
 
-    let stream = fields.bool("stream")?.unwrap_or(false);
     let mut include_usage = false;
-    if let Some(options) = fields.value("stream_options") {
-        let mut sub = Fields::new(options, "stream_options", fields.policy())?;
-        include_usage = sub.bool("include_usage")?.unwrap_or(false);
-        // OpenAI's newer flag; obfuscation padding is never added here.
-        sub.bool("include_obfuscation")?;
-        sub.finish()?;
+    if let Some(options) = &shared.stream_options {
+        let options: StreamOptionsBody = parse_object(options, "stream_options")?;
+        include_usage = inner(options.include_usage).unwrap_or(false);
+        policy.finish("stream_options", &options.unknown)?;
     }
-    let return_progress = fields.bool("return_progress")?.unwrap_or(false);
-    let timings_per_token = fields.bool("timings_per_token")?.unwrap_or(false);
     // -1: no pings; otherwise at least 0.1 s (0 would be a busy loop).
-    let sse_ping_interval = match fields.number("sse_ping_interval", -1.0, 3600.0)? {
+    let sse_ping_interval = match in_range(
+        "sse_ping_interval",
+        shared.sse_ping_interval.as_ref().map(|x| x.0),
+        -1.0,
+        3600.0,
+    )? {
         None => None,
         Some(x) if x >= 0.1 => Some(Some(std::time::Duration::from_secs_f64(x))),
         Some(x) if (x + 1.0).abs() < f64::EPSILON => Some(None),
@@ -282,9 +473,8 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
         }
     };
 
-    // OpenAI's `n` and llama-server's `n_cmpl`: one answer per request.
-    for key in ["n", "n_cmpl"] {
-        if let Some(n) = fields.integer(key, 1, i64::MAX)? {
+    for (key, n) in [("n", &shared.n), ("n_cmpl", &shared.n_cmpl)] {
+        if let Some(n) = in_range(key, n.as_ref().map(|n| n.0), 1, i64::MAX)? {
             if n != 1 {
                 return Err(ApiError::invalid(
                     key,
@@ -293,14 +483,12 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
             }
         }
     }
-    // llama-server output options this server cannot produce: accepted only when off.
-    for key in ["ignore_eos", "return_tokens", "post_sampling_probs"] {
-        fields.must_be_false(key)?;
-    }
-    fields.unsupported("response_fields")?;
-    // LoRA adapters and images do not exist here; an empty list asks for none.
-    for key in ["lora", "image_data"] {
-        if let Some(value) = fields.value(key) {
+    must_be_off("ignore_eos", inner(shared.ignore_eos))?;
+    must_be_off("return_tokens", inner(shared.return_tokens))?;
+    must_be_off("post_sampling_probs", inner(shared.post_sampling_probs))?;
+    refuse_present("response_fields", shared.response_fields)?;
+    for (key, value) in [("lora", &shared.lora), ("image_data", &shared.image_data)] {
+        if let Some(value) = value {
             if value.as_array().is_none_or(|list| !list.is_empty()) {
                 return Err(ApiError::invalid(
                     key,
@@ -309,10 +497,10 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
             }
         }
     }
-    fields.must_be_false("logprobs")?;
-    fields.unsupported("top_logprobs")?;
-    fields.unsupported("n_probs")?;
-    if let Some(bias) = fields.value("logit_bias") {
+    must_be_off("logprobs", inner(shared.logprobs))?;
+    refuse_present("top_logprobs", shared.top_logprobs)?;
+    refuse_present("n_probs", shared.n_probs)?;
+    if let Some(bias) = &shared.logit_bias {
         let empty = match bias {
             Value::Object(map) => map.is_empty(),
             Value::Array(list) => list.is_empty(),
@@ -325,14 +513,10 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
             ));
         }
     }
-    let mut constraint = None;
-    if let Some(schema) = fields.value("json_schema") {
-        if !schema.is_object() {
-            return Err(fields.type_error("json_schema", "a JSON Schema object"));
-        }
-        constraint = Some(OutputConstraint::JsonSchema(schema.clone()));
-    }
-    if let Some(grammar) = fields.string("grammar")? {
+    let mut constraint = shared
+        .json_schema
+        .map(|schema| OutputConstraint::JsonSchema(schema.0));
+    if let Some(Text(grammar)) = &shared.grammar {
         if !grammar.trim().is_empty() {
             if constraint.is_some() {
                 return Err(ApiError::invalid(
@@ -340,43 +524,30 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
                     "send either 'grammar' or 'json_schema', not both",
                 ));
             }
-            constraint = Some(parse_grammar(&grammar)?);
+            constraint = Some(parse_grammar(grammar)?);
         }
     }
-    fields.unsupported("tools_ts_str")?;
+    refuse_present("tools_ts_str", shared.tools_ts_str)?;
 
-    // Samplers and penalties this engine does not implement: accepted only at the value that
-    // disables them (the llama.cpp web UI sends all of them, at the values /props advertises).
-    for (key, neutral) in [
-        ("presence_penalty", 0.0),
-        ("frequency_penalty", 0.0),
-        ("repeat_penalty", 1.0),
-        ("min_p", 0.0),
-        ("typical_p", 1.0),
-        ("typ_p", 1.0),
-        ("dynatemp_range", 0.0),
-        ("xtc_probability", 0.0),
-        ("dry_multiplier", 0.0),
-        ("top_n_sigma", -1.0),
-        ("mirostat", 0.0),
-        // llama-server's minimum indentation and time limit change the answer when set.
-        ("n_indent", 0.0),
-        ("t_max_predict_ms", 0.0),
+    for (key, value, neutral) in [
+        ("presence_penalty", &shared.presence_penalty, 0.0),
+        ("frequency_penalty", &shared.frequency_penalty, 0.0),
+        ("repeat_penalty", &shared.repeat_penalty, 1.0),
+        ("min_p", &shared.min_p, 0.0),
+        ("typical_p", &shared.typical_p, 1.0),
+        ("typ_p", &shared.typ_p, 1.0),
+        ("dynatemp_range", &shared.dynatemp_range, 0.0),
+        ("xtc_probability", &shared.xtc_probability, 0.0),
+        ("dry_multiplier", &shared.dry_multiplier, 0.0),
+        ("top_n_sigma", &shared.top_n_sigma, -1.0),
+        ("mirostat", &shared.mirostat, 0.0),
+        ("n_indent", &shared.n_indent, 0.0),
+        ("t_max_predict_ms", &shared.t_max_predict_ms, 0.0),
     ] {
-        fields.neutral_number(key, neutral)?;
+        must_be_neutral(key, value.as_ref().map(|x| x.0), neutral)?;
     }
-    // OpenAI request metadata that cannot change the output: stored completions are not kept
-    // (so `store` must be false and `metadata` is inert), and there is one service tier.
-    fields.must_be_false("store")?;
-    for key in [
-        "metadata",
-        "service_tier",
-        "prompt_cache_key",
-        "safety_identifier",
-    ] {
-        fields.accept_any(key);
-    }
-    if let Some(modalities) = fields.value("modalities") {
+    must_be_off("store", inner(shared.store))?;
+    if let Some(modalities) = &shared.modalities {
         if modalities != &Value::Array(vec![Value::String("text".into())]) {
             return Err(ApiError::invalid(
                 "modalities",
@@ -384,57 +555,22 @@ pub(super) fn parse_common(fields: &mut Fields<'_>) -> Result<CommonOptions, Api
             ));
         }
     }
-    // Settings of the disabled samplers above (inert while their switch is neutral), the sampler
-    // order (this engine's order is fixed), llama-server's slot pinning, and OpenAI's end-user
-    // tag: none of them can change the output here.
-    for key in [
-        "dynatemp_exponent",
-        "xtc_threshold",
-        "repeat_last_n",
-        "penalty_last_n",
-        "dry_base",
-        "dry_allowed_length",
-        "dry_penalty_last_n",
-        "dry_sequence_breakers",
-        "mirostat_tau",
-        "mirostat_eta",
-        "samplers",
-        "min_keep",
-        "n_cache_reuse",
-        "id_slot",
-        "user",
-        // Context shifting never happens here (a prompt that does not fit is refused), so the
-        // tokens it would keep or discard are moot.
-        "n_keep",
-        "n_discard",
-        // Where llama-server runs its samplers, and its speculative-decoding knobs: speed only.
-        "backend_sampling",
-        "speculative.n_max",
-        "speculative.n_min",
-        "speculative.p_min",
-        // OpenAI's predicted outputs only speed a response up.
-        "prediction",
-    ] {
-        fields.accept_any(key);
-    }
 
-    let cache_prompt = fields.bool("cache_prompt")?;
-    let cache_salt = fields.string("cache_salt")?;
-
-    Ok(CommonOptions {
-        model,
+    let common = CommonOptions {
+        model: inner(shared.model),
         max_tokens,
         stop,
         params,
-        stream,
+        stream: inner(shared.stream).unwrap_or(false),
         include_usage,
-        return_progress,
-        timings_per_token,
-        cache_prompt,
-        cache_salt,
+        return_progress: inner(shared.return_progress).unwrap_or(false),
+        timings_per_token: inner(shared.timings_per_token).unwrap_or(false),
+        cache_prompt: inner(shared.cache_prompt),
+        cache_salt: inner(shared.cache_salt),
         sse_ping_interval,
         constraint,
-    })
+    };
+    Ok((common, shared.unknown))
 }
 
 /// llama-server's `grammar`: a Lark grammar for llguidance when it starts with `%llguidance`
@@ -494,20 +630,6 @@ pub(super) fn set_constraint(
     common.constraint = Some(constraint);
     Ok(())
 }
-/// A decoding parameter, within the engine's range for it (`minnow_engine::DECODE_PARAMS`, the
-/// table docs/api.md states): the same bounds and message the engine applies, refused here before
-/// any tokenizing.
-fn number_in<'a>(fields: &mut Fields<'a>, key: &'a str) -> Result<Option<f64>, ApiError> {
-    let spec = param_spec(key);
-    fields.number(key, spec.min, spec.max)
-}
-
-/// [`number_in`] for the whole-number parameters.
-fn integer_in<'a>(fields: &mut Fields<'a>, key: &'a str) -> Result<Option<i64>, ApiError> {
-    let spec = param_spec(key);
-    fields.integer(key, spec.min as i64, spec.max as i64)
-}
-
 fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
     match name.replace('_', "-").to_ascii_lowercase().as_str() {
         "low-confidence" => Ok(Algorithm::LowConfidence),
@@ -592,11 +714,140 @@ fn parse_prompt(value: &Value) -> Result<PromptInput, ApiError> {
     }
 }
 
+/// One chat message: the fields every role has; the rest are read by role.
+#[derive(Deserialize)]
+struct MessageBody {
+    role: Option<Text>,
+    content: Option<Value>,
+    name: Option<Text>,
+    #[serde(flatten)]
+    by_role: Unknown,
+}
+
+/// The fields only an assistant message has.
+#[derive(Deserialize)]
+struct AssistantFields {
+    reasoning_content: Option<Text>,
+    /// OpenAI's `refusal` is output-only; a client echoing it back as null is harmless.
+    refusal: Present,
+    tool_calls: Option<List>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// The field only a tool message has.
+#[derive(Deserialize)]
+struct ToolFields {
+    tool_call_id: Option<Text>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// A part of a message's `content` list.
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: Option<Text>,
+    text: Option<Text>,
+    /// Anthropic-style prompt-caching hints: this server caches prefixes by itself.
+    #[serde(rename = "cache_control")]
+    _cache_control: Present,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// An assistant's earlier tool call: `{id, type, function: {name, arguments}}`.
+#[derive(Deserialize)]
+struct HistoryCall {
+    id: Option<Text>,
+    #[serde(rename = "type")]
+    kind: Option<Text>,
+    function: Option<Value>,
+    /// Stream deltas' position, echoed back by some clients.
+    #[serde(rename = "index")]
+    _index: Present,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+#[derive(Deserialize)]
+struct HistoryFunction {
+    name: Option<Text>,
+    arguments: Option<Value>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// A tool definition: `{"type": "function", "function": {...}}`.
+#[derive(Deserialize)]
+struct ToolBody {
+    #[serde(rename = "type")]
+    kind: Option<Text>,
+    function: Option<Value>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+#[derive(Deserialize)]
+struct ToolFunction {
+    name: Option<Text>,
+    #[serde(rename = "description")]
+    _description: Option<Text>,
+    #[serde(rename = "parameters")]
+    _parameters: Option<Schema>,
+    /// `strict: true` constrains a call's arguments to `parameters` (constraint::tools).
+    #[serde(rename = "strict")]
+    _strict: Option<Flag>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// `tool_choice` as an object: `{"type": "function", "function": {"name"}}`.
+#[derive(Deserialize)]
+struct ToolChoiceBody {
+    #[serde(rename = "type")]
+    kind: Option<Text>,
+    function: Option<Value>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+#[derive(Deserialize)]
+struct ToolChoiceFunction {
+    name: Option<Text>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// `response_format`.
+#[derive(Deserialize)]
+struct ResponseFormatBody {
+    #[serde(rename = "type")]
+    kind: Option<Text>,
+    /// llama-server's inline form.
+    schema: Option<Schema>,
+    json_schema: Option<Value>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// OpenAI's `{"name", "description", "schema", "strict"}` object of a JSON Schema format.
+#[derive(Deserialize)]
+pub(super) struct JsonSchemaSpec {
+    #[serde(rename = "name")]
+    _name: Option<Text>,
+    #[serde(rename = "description")]
+    _description: Option<Text>,
+    /// `strict: false` is honoured as strictly as `true`: every answer follows the schema.
+    #[serde(rename = "strict")]
+    _strict: Option<Flag>,
+    schema: Option<Schema>,
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
+}
+
 /// Normalizes OpenAI messages (chat-format doc §1.3).
-fn parse_messages(value: &Value, policy: &FieldPolicy) -> Result<Vec<ChatMessage>, ApiError> {
-    let items = value
-        .as_array()
-        .ok_or_else(|| ApiError::invalid("messages", "'messages' must be a list"))?;
+fn parse_messages(items: Vec<Value>, policy: &FieldPolicy) -> Result<Vec<ChatMessage>, ApiError> {
     if items.is_empty() {
         return Err(ApiError::invalid(
             "messages",
@@ -606,66 +857,77 @@ fn parse_messages(value: &Value, policy: &FieldPolicy) -> Result<Vec<ChatMessage
     let mut messages = Vec::with_capacity(items.len());
     // A set: a history of many calls is checked in linear time.
     let mut call_ids: std::collections::HashSet<String> = std::collections::HashSet::new();
-    for (i, item) in items.iter().enumerate() {
+    for (i, item) in items.into_iter().enumerate() {
         let path = format!("messages[{i}]");
-        let mut fields = Fields::new(item, &path, policy)?;
-        let role = fields.string("role")?.ok_or_else(|| {
-            ApiError::invalid(fields.path("role"), format!("'{path}.role' is required"))
-        })?;
+        let body: MessageBody = parse_object(item, &path)?;
+        let role_path = field_path(&path, "role");
+        let role = required(inner(body.role), &role_path)?;
         let role = match role.as_str() {
             "developer" => "system".to_string(),
             "system" | "user" | "assistant" | "tool" => role,
             other => {
                 return Err(ApiError::invalid(
-                    fields.path("role"),
+                    role_path,
                     format!(
                     "unknown role '{other}': expected system, developer, user, assistant or tool"
                 ),
                 ))
             }
         };
-        let content = match fields.value("content") {
+        let content = match body.content {
             None => String::new(),
-            Some(value) => parse_content(value, &fields.path("content"), policy)?,
+            Some(value) => parse_content(value, &field_path(&path, "content"), policy)?,
         };
-        let name = fields.string("name")?;
         let mut message = ChatMessage {
             role: role.clone(),
             content,
-            name,
+            name: inner(body.name),
             ..ChatMessage::default()
         };
-        if role == "assistant" {
-            message.reasoning_content = fields.string("reasoning_content")?;
-            // OpenAI's `refusal` is output-only; a client echoing it back as null is harmless.
-            if fields.value("refusal").is_some() {
-                return Err(ApiError::invalid(
-                    fields.path("refusal"),
-                    "'refusal' is not supported in request messages",
-                ));
+        let rest = Value::Object(body.by_role);
+        let unknown = match role.as_str() {
+            "assistant" => {
+                let fields: AssistantFields = parse_object(rest, &path)?;
+                message.reasoning_content = inner(fields.reasoning_content);
+                if fields.refusal.is_some() {
+                    return Err(ApiError::invalid(
+                        field_path(&path, "refusal"),
+                        "'refusal' is not supported in request messages",
+                    ));
+                }
+                if let Some(List(calls)) = fields.tool_calls {
+                    message.tool_calls =
+                        parse_history_calls(calls, &field_path(&path, "tool_calls"), policy)?;
+                    call_ids.extend(message.tool_calls.iter().map(|call| call.id.clone()));
+                }
+                fields.unknown
             }
-            if let Some(calls) = fields.value("tool_calls") {
-                message.tool_calls =
-                    parse_history_calls(calls, &fields.path("tool_calls"), policy)?;
-                call_ids.extend(message.tool_calls.iter().map(|call| call.id.clone()));
+            "tool" => {
+                let fields: ToolFields = parse_object(rest, &path)?;
+                let id_path = field_path(&path, "tool_call_id");
+                let Some(Text(id)) = fields.tool_call_id else {
+                    return Err(ApiError::invalid(
+                        id_path,
+                        format!("'{path}.tool_call_id' is required for tool messages"),
+                    ));
+                };
+                if !call_ids.contains(&id) {
+                    return Err(ApiError::invalid(
+                        id_path,
+                        format!(
+                            "tool_call_id '{id}' does not answer any earlier assistant tool call"
+                        ),
+                    ));
+                }
+                message.tool_call_id = Some(id);
+                fields.unknown
             }
-        }
-        if role == "tool" {
-            let id = fields.string("tool_call_id")?.ok_or_else(|| {
-                ApiError::invalid(
-                    fields.path("tool_call_id"),
-                    format!("'{path}.tool_call_id' is required for tool messages"),
-                )
-            })?;
-            if !call_ids.contains(&id) {
-                return Err(ApiError::invalid(
-                    fields.path("tool_call_id"),
-                    format!("tool_call_id '{id}' does not answer any earlier assistant tool call"),
-                ));
-            }
-            message.tool_call_id = Some(id);
-        }
-        fields.finish()?;
+            _ => match rest {
+                Value::Object(unknown) => unknown,
+                _ => Unknown::new(),
+            },
+        };
+        policy.finish(&path, &unknown)?;
         messages.push(message);
     }
     Ok(messages)
@@ -673,37 +935,24 @@ fn parse_messages(value: &Value, policy: &FieldPolicy) -> Result<Vec<ChatMessage
 
 /// A string, or a list of text parts joined with "\n" (OpenAI does not define a separator; a
 /// newline keeps separate parts from running into each other).
-fn parse_content(value: &Value, path: &str, policy: &FieldPolicy) -> Result<String, ApiError> {
+fn parse_content(value: Value, path: &str, policy: &FieldPolicy) -> Result<String, ApiError> {
     match value {
-        Value::String(s) => Ok(s.clone()),
+        Value::String(s) => Ok(s),
         Value::Array(parts) => {
             let mut texts = Vec::with_capacity(parts.len());
-            for (j, part) in parts.iter().enumerate() {
+            for (j, part) in parts.into_iter().enumerate() {
                 let part_path = format!("{path}[{j}]");
-                let mut fields = Fields::new(part, &part_path, policy)?;
-                match fields.string("type")?.as_deref() {
-                    Some("text") => {}
-                    Some(other) => {
-                        return Err(ApiError::invalid(
-                            fields.path("type"),
-                            format!("content part type '{other}' is not supported (text only)"),
-                        ))
-                    }
-                    None => {
-                        return Err(ApiError::invalid(
-                            fields.path("type"),
-                            format!("'{part_path}.type' is required"),
-                        ))
-                    }
+                let part: ContentPart = parse_object(part, &part_path)?;
+                let type_path = field_path(&part_path, "type");
+                let kind = required(inner(part.kind), &type_path)?;
+                if kind != "text" {
+                    return Err(ApiError::invalid(
+                        type_path,
+                        format!("content part type '{kind}' is not supported (text only)"),
+                    ));
                 }
-                let text = fields.string("text")?.ok_or_else(|| {
-                    ApiError::invalid(
-                        fields.path("text"),
-                        format!("'{part_path}.text' is required"),
-                    )
-                })?;
-                fields.accept_any("cache_control");
-                fields.finish()?;
+                let text = required(inner(part.text), &field_path(&part_path, "text"))?;
+                policy.finish(&part_path, &part.unknown)?;
                 texts.push(text);
             }
             Ok(texts.join("\n"))
@@ -715,56 +964,42 @@ fn parse_content(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Stri
     }
 }
 
-/// Assistant `tool_calls` in the history: `[{id, type, function: {name, arguments}}]`.
+/// Assistant `tool_calls` in the history.
 fn parse_history_calls(
-    value: &Value,
+    items: Vec<Value>,
     path: &str,
     policy: &FieldPolicy,
 ) -> Result<Vec<ToolCall>, ApiError> {
-    let items = value
-        .as_array()
-        .ok_or_else(|| ApiError::invalid(path, format!("'{path}' must be a list")))?;
     let mut calls = Vec::with_capacity(items.len());
-    for (k, item) in items.iter().enumerate() {
+    for (k, item) in items.into_iter().enumerate() {
         let call_path = format!("{path}[{k}]");
-        let mut fields = Fields::new(item, &call_path, policy)?;
-        let id = fields.string("id")?.ok_or_else(|| {
-            ApiError::invalid(fields.path("id"), format!("'{call_path}.id' is required"))
-        })?;
-        if let Some(kind) = fields.string("type")? {
-            if kind != "function" {
-                return Err(ApiError::invalid(
-                    fields.path("type"),
-                    "only 'function' tool calls are supported",
-                ));
-            }
+        let call: HistoryCall = parse_object(item, &call_path)?;
+        let id = required(inner(call.id), &field_path(&call_path, "id"))?;
+        if call.kind.is_some_and(|Text(kind)| kind != "function") {
+            return Err(ApiError::invalid(
+                field_path(&call_path, "type"),
+                "only 'function' tool calls are supported",
+            ));
         }
-        let function = fields.value("function").ok_or_else(|| {
-            ApiError::invalid(
-                fields.path("function"),
-                format!("'{call_path}.function' is required"),
-            )
-        })?;
-        fields.accept_any("index");
-        fields.finish()?;
-        let function_path = format!("{call_path}.function");
-        let mut function_fields = Fields::new(function, &function_path, policy)?;
-        let name = function_fields.string("name")?.ok_or_else(|| {
-            ApiError::invalid(
-                function_fields.path("name"),
-                format!("'{function_path}.name' is required"),
-            )
-        })?;
+        let function_path = field_path(&call_path, "function");
+        let function = required(call.function, &function_path)?;
+        policy.finish(&call_path, &call.unknown)?;
+        let function: HistoryFunction = parse_object(function, &function_path)?;
+        let name = required(inner(function.name), &field_path(&function_path, "name"))?;
         // Arguments go to the template as a JSON string (OpenAI form); an object is serialized.
-        let arguments = match function_fields.value("arguments") {
+        let arguments = match function.arguments {
             None => "{}".to_string(),
-            Some(Value::String(s)) => s.clone(),
+            Some(Value::String(s)) => s,
             Some(object @ Value::Object(_)) => object.to_string(),
             Some(_) => {
-                return Err(function_fields.type_error("arguments", "a JSON string or an object"))
+                let path = field_path(&function_path, "arguments");
+                return Err(ApiError::invalid(
+                    path.clone(),
+                    format!("'{path}' must be a JSON string or an object"),
+                ));
             }
         };
-        function_fields.finish()?;
+        policy.finish(&function_path, &function.unknown)?;
         calls.push(ToolCall {
             id,
             name,
@@ -775,63 +1010,45 @@ fn parse_history_calls(
 }
 
 /// Tool definitions, validated and passed to the template unchanged.
-pub(super) fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<Value>, ApiError> {
-    let items = value
-        .as_array()
-        .ok_or_else(|| ApiError::invalid("tools", "'tools' must be a list"))?;
+pub(super) fn parse_tools(items: Vec<Value>, policy: &FieldPolicy) -> Result<Vec<Value>, ApiError> {
     // A set: many declared tools are checked in linear time.
     let mut names: std::collections::HashSet<String> = std::collections::HashSet::new();
     for (i, item) in items.iter().enumerate() {
         let path = format!("tools[{i}]");
-        let mut fields = Fields::new(item, &path, policy)?;
-        match fields.string("type")?.as_deref() {
-            Some("function") => {}
-            _ => {
-                return Err(ApiError::invalid(
-                    fields.path("type"),
-                    format!("'{path}.type' must be \"function\""),
-                ))
-            }
+        let tool: ToolBody = parse_object(item, &path)?;
+        if tool.kind.is_none_or(|Text(kind)| kind != "function") {
+            return Err(ApiError::invalid(
+                field_path(&path, "type"),
+                format!("'{path}.type' must be \"function\""),
+            ));
         }
-        let function = fields.value("function").ok_or_else(|| {
-            ApiError::invalid(
-                fields.path("function"),
-                format!("'{path}.function' is required"),
-            )
-        })?;
-        fields.finish()?;
-        let function_path = format!("{path}.function");
-        let mut function_fields = Fields::new(function, &function_path, policy)?;
-        let name = function_fields.string("name")?.unwrap_or_default();
+        let function_path = field_path(&path, "function");
+        let function = required(tool.function, &function_path)?;
+        policy.finish(&path, &tool.unknown)?;
+        let function: ToolFunction = parse_object(&function, &function_path)?;
+        let name = inner(function.name).unwrap_or_default();
         let valid_name = !name.is_empty()
             && name.len() <= 64
             && name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+        let name_path = field_path(&function_path, "name");
         if !valid_name {
             return Err(ApiError::invalid(
-                function_fields.path("name"),
+                name_path,
                 "a function name must be 1-64 characters of a-z, A-Z, 0-9, '_', '-' or '.'",
             ));
         }
         if names.contains(&name) {
             return Err(ApiError::invalid(
-                function_fields.path("name"),
+                name_path,
                 format!("function '{name}' is declared twice"),
             ));
         }
-        function_fields.string("description")?;
-        if let Some(parameters) = function_fields.value("parameters") {
-            if !parameters.is_object() {
-                return Err(function_fields.type_error("parameters", "a JSON Schema object"));
-            }
-        }
-        // `strict: true` constrains a call's arguments to `parameters` (constraint::tools).
-        function_fields.bool("strict")?;
-        function_fields.finish()?;
+        policy.finish(&function_path, &function.unknown)?;
         names.insert(name);
     }
-    Ok(items.clone())
+    Ok(items)
 }
 
 pub(super) fn tool_name(tool: &Value) -> String {
@@ -859,25 +1076,18 @@ pub(super) fn parse_tool_choice(
             }
         },
         Value::Object(_) => {
-            let mut fields = Fields::new(value, "tool_choice", policy)?;
-            if fields.string("type")?.as_deref() != Some("function") {
+            let choice: ToolChoiceBody = parse_object(value, "tool_choice")?;
+            if choice.kind.is_none_or(|Text(kind)| kind != "function") {
                 return Err(ApiError::invalid(
                     "tool_choice.type",
                     "'tool_choice.type' must be \"function\"",
                 ));
             }
-            let function = fields.value("function").ok_or_else(|| {
-                ApiError::invalid("tool_choice.function", "'tool_choice.function' is required")
-            })?;
-            fields.finish()?;
-            let mut function_fields = Fields::new(function, "tool_choice.function", policy)?;
-            let name = function_fields.string("name")?.ok_or_else(|| {
-                ApiError::invalid(
-                    "tool_choice.function.name",
-                    "'tool_choice.function.name' is required",
-                )
-            })?;
-            function_fields.finish()?;
+            let function = required(choice.function, "tool_choice.function")?;
+            policy.finish("tool_choice", &choice.unknown)?;
+            let function: ToolChoiceFunction = parse_object(function, "tool_choice.function")?;
+            let name = required(inner(function.name), "tool_choice.function.name")?;
+            policy.finish("tool_choice.function", &function.unknown)?;
             ToolChoice::Function(name)
         }
         _ => {
@@ -908,12 +1118,13 @@ fn parse_response_format(
     value: &Value,
     policy: &FieldPolicy,
 ) -> Result<(Option<OutputConstraint>, bool), ApiError> {
-    let mut fields = Fields::new(value, "response_format", policy)?;
-    let kind = fields.string("type")?;
-    let inline = match fields.value("schema") {
-        None => None,
-        Some(schema) if schema.is_object() => Some(schema.clone()),
-        Some(_) => return Err(fields.type_error("schema", "a JSON Schema object")),
+    let format: ResponseFormatBody = parse_object(value, "response_format")?;
+    let inline = inner(format.schema);
+    let kind = inner(format.kind);
+    // Only a `json_schema` format reads the `json_schema` object; elsewhere it is unknown.
+    let unknown = match kind.as_deref() {
+        Some("json_schema") => format.unknown,
+        _ => with_unknown(value, format.unknown, &["json_schema"]),
     };
     let result = match kind.as_deref() {
         Some("text") => (None, false),
@@ -922,15 +1133,15 @@ fn parse_response_format(
             None => (Some(OutputConstraint::JsonObject), true),
         },
         Some("json_schema") => {
-            let schema = match (fields.value("json_schema"), inline) {
-                (Some(spec), _) => json_schema_spec(spec, "response_format.json_schema", policy)?,
-                (None, Some(schema)) => schema,
-                (None, None) => {
-                    return Err(ApiError::invalid(
-                        "response_format.json_schema",
-                        "'response_format.json_schema' is required",
-                    ))
+            let schema = match (&format.json_schema, inline) {
+                (Some(spec), _) => {
+                    let spec: JsonSchemaSpec = parse_object(spec, "response_format.json_schema")?;
+                    let schema = json_schema_spec(&spec, "response_format.json_schema")?;
+                    policy.finish("response_format.json_schema", &spec.unknown)?;
+                    schema
                 }
+                (None, Some(schema)) => schema,
+                (None, None) => required(None, "response_format.json_schema")?,
             };
             (Some(OutputConstraint::JsonSchema(schema)), false)
         }
@@ -941,33 +1152,13 @@ fn parse_response_format(
             ))
         }
     };
-    fields.finish()?;
+    policy.finish("response_format", &unknown)?;
     Ok(result)
 }
 
-/// OpenAI's `{"name", "description", "schema", "strict"}` object of a JSON Schema format; returns
-/// the schema. `strict: false` is honoured as strictly as `true`: every answer follows it.
-pub(super) fn json_schema_spec(
-    value: &Value,
-    path: &str,
-    policy: &FieldPolicy,
-) -> Result<Value, ApiError> {
-    let mut fields = Fields::new(value, path, policy)?;
-    fields.string("name")?;
-    fields.string("description")?;
-    fields.bool("strict")?;
-    let schema = match fields.value("schema") {
-        Some(schema) if schema.is_object() => schema.clone(),
-        Some(_) => return Err(fields.type_error("schema", "a JSON Schema object")),
-        None => {
-            return Err(ApiError::invalid(
-                fields.path("schema"),
-                format!("'{path}.schema' is required"),
-            ))
-        }
-    };
-    fields.finish()?;
-    Ok(schema)
+/// The schema of a JSON Schema format's object at `path`; the caller reports `spec.unknown`.
+pub(super) fn json_schema_spec(spec: &JsonSchemaSpec, path: &str) -> Result<Value, ApiError> {
+    required(spec.schema.clone(), &field_path(path, "schema")).map(|schema| schema.0)
 }
 
 /// Appends the JSON instruction to a leading system message, or adds one.
@@ -1303,6 +1494,72 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Type errors name the field and the expected type as the hand-written walker before the
+    /// typed structs did (clients match these texts).
+    #[test]
+    fn type_errors_keep_their_messages() {
+        let message = |extra: Value| {
+            let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            chat(body).unwrap_err().message
+        };
+        assert_eq!(
+            message(json!({"temperature": "hot"})),
+            "'temperature' must be a number"
+        );
+        assert_eq!(
+            message(json!({"max_tokens": 1.5})),
+            "'max_tokens' must be an integer"
+        );
+        assert_eq!(
+            message(json!({"stream_options": {"include_usage": "yes"}})),
+            "'stream_options.include_usage' must be a boolean"
+        );
+        assert_eq!(
+            message(json!({"stream_options": 3})),
+            "'stream_options' must be a JSON object"
+        );
+        assert_eq!(
+            message(json!({"messages": [{"role": "user", "content": "x", "name": 5}]})),
+            "'messages[0].name' must be a string"
+        );
+        assert_eq!(
+            message(json!({"messages": "x"})),
+            "'messages' must be a list"
+        );
+        assert_eq!(
+            message(json!({"tools": [{"type": "function",
+                "function": {"name": "f", "parameters": 3}}]})),
+            "'tools[0].function.parameters' must be a JSON Schema object"
+        );
+        assert_eq!(
+            message(json!({"stream_options": {"wat": 1}})),
+            "unknown field 'stream_options.wat' (the server runs with --strict-fields)"
+        );
+    }
+
+    /// `json_schema` is read only by a `json_schema` format; in another it is an unknown field,
+    /// listed where the body has it.
+    #[test]
+    fn an_unread_json_schema_is_unknown_in_body_order() {
+        let lenient = FieldPolicy::new(false);
+        parse_chat(
+            &json!({"messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "json_object", "json_schema": null, "q": 1}}),
+            &lenient,
+        )
+        .unwrap();
+        assert_eq!(
+            lenient.ignored(),
+            vec![
+                "response_format.json_schema".to_string(),
+                "response_format.q".into()
+            ]
+        );
     }
 
     #[test]

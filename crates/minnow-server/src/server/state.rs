@@ -11,7 +11,7 @@ use super::config::ServerConfig;
 use super::errors::ApiError;
 use super::lifecycle::Lifecycle;
 use super::metrics::{Gauges, Metrics};
-use super::responses_api::ResponseStore;
+use super::responses_api::store::ResponseStore;
 
 pub struct AppState {
     pub config: ServerConfig,

@@ -8,10 +8,13 @@
 //! `tool_calls` = the calls, in order), so the next turn renders the same prompt either way.
 
 use minnow_engine::{ChatMessage, ToolCall};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::super::errors::ApiError;
-use super::super::fields::{FieldPolicy, Fields};
+use super::super::fields::{
+    accept_inert, field_path, inner, parse_object, required, FieldPolicy, Present, Text, Unknown,
+};
 
 /// Who wrote a message item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,15 +169,15 @@ pub fn output_text(text: &str) -> Value {
 
 /// `input` (or `instructions` given as a list): a string is one user message; a list holds
 /// items. `path` is the request field, for error messages.
-pub fn parse_input(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Vec<Item>, ApiError> {
+pub fn parse_input(value: Value, path: &str, policy: &FieldPolicy) -> Result<Vec<Item>, ApiError> {
     match value {
         Value::String(text) => Ok(vec![Item::Message {
             id: None,
             role: Role::User,
-            text: text.clone(),
+            text,
         }]),
         Value::Array(items) => items
-            .iter()
+            .into_iter()
             .enumerate()
             .map(|(i, item)| parse_item(item, &format!("{path}[{i}]"), policy))
             .collect(),
@@ -185,76 +188,117 @@ pub fn parse_input(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Ve
     }
 }
 
-fn parse_item(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Item, ApiError> {
-    let mut fields = Fields::new(value, path, policy)?;
-    // Easy input messages (`{"role", "content"}`) carry no type.
-    let kind = fields.string("type")?.unwrap_or_else(|| "message".into());
-    let id = fields.string("id")?;
-    // Output items echoed back as input carry their status; it says nothing to the model.
-    fields.string("status")?;
-    let item = match kind.as_str() {
+/// The fields every input item has; the rest are read by its type.
+#[derive(Deserialize)]
+struct ItemBody {
+    /// Easy input messages (`{"role", "content"}`) carry no type.
+    #[serde(rename = "type")]
+    kind: Option<Text>,
+    id: Option<Text>,
+    /// Output items echoed back as input carry their status; it says nothing to the model.
+    #[serde(rename = "status")]
+    _status: Option<Text>,
+    #[serde(flatten)]
+    by_type: Unknown,
+}
+
+#[derive(Deserialize)]
+struct MessageItem {
+    role: Option<Text>,
+    content: Option<Value>,
+    /// `phase` (commentary / final answer) is output metadata of reasoning models.
+    #[serde(rename = "phase")]
+    _phase: Present,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+#[derive(Deserialize)]
+struct FunctionCallItem {
+    call_id: Option<Text>,
+    name: Option<Text>,
+    arguments: Option<Text>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+#[derive(Deserialize)]
+struct FunctionCallOutputItem {
+    call_id: Option<Text>,
+    output: Option<Value>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// A part of a message item's content list.
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(rename = "type")]
+    kind: Option<Text>,
+    text: Option<Text>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+fn parse_item(value: Value, path: &str, policy: &FieldPolicy) -> Result<Item, ApiError> {
+    let body: ItemBody = parse_object(value, path)?;
+    let kind = inner(body.kind).unwrap_or_else(|| "message".into());
+    let id = inner(body.id);
+    let rest = Value::Object(body.by_type);
+    let field = |key: &str| field_path(path, key);
+    let (item, unknown) = match kind.as_str() {
         "message" => {
-            let role_name = fields.string("role")?.ok_or_else(|| {
-                ApiError::invalid(fields.path("role"), format!("'{path}.role' is required"))
-            })?;
+            let message: MessageItem = parse_object(rest, path)?;
+            let role_name = required(inner(message.role), &field("role"))?;
             let role = Role::parse(&role_name).ok_or_else(|| {
                 ApiError::invalid(
-                    fields.path("role"),
+                    field_path(path, "role"),
                     format!(
                         "unknown role '{role_name}': expected user, assistant, system or developer"
                     ),
                 )
             })?;
-            let content = fields.value("content").ok_or_else(|| {
-                ApiError::invalid(
-                    fields.path("content"),
-                    format!("'{path}.content' is required"),
-                )
-            })?;
-            let text = parse_content(content, &fields.path("content"), role, policy)?;
-            // `phase` (commentary / final answer) is output metadata of reasoning models.
-            fields.accept_any("phase");
-            Item::Message { id, role, text }
+            let content = required(message.content, &field("content"))?;
+            let text = parse_content(content, &field_path(path, "content"), role, policy)?;
+            (Item::Message { id, role, text }, message.unknown)
         }
         "function_call" => {
-            let call_id = required_string(&mut fields, "call_id", path)?;
-            let name = required_string(&mut fields, "name", path)?;
-            let arguments = required_string(&mut fields, "arguments", path)?;
-            Item::FunctionCall {
+            let call: FunctionCallItem = parse_object(rest, path)?;
+            let call_id = required(inner(call.call_id), &field("call_id"))?;
+            let name = required(inner(call.name), &field("name"))?;
+            let arguments = required(inner(call.arguments), &field("arguments"))?;
+            let item = Item::FunctionCall {
                 id,
                 call_id,
                 name,
                 arguments,
-            }
+            };
+            (item, call.unknown)
         }
         "function_call_output" => {
-            let call_id = required_string(&mut fields, "call_id", path)?;
-            let output = match fields.value("output") {
-                None => {
+            let output_item: FunctionCallOutputItem = parse_object(rest, path)?;
+            let call_id = required(inner(output_item.call_id), &field("call_id"))?;
+            let output_path = field("output");
+            let output = match required(output_item.output, &output_path)? {
+                Value::String(s) => s,
+                parts @ Value::Array(_) => parse_content(parts, &output_path, Role::User, policy)?,
+                _ => {
                     return Err(ApiError::invalid(
-                        fields.path("output"),
-                        format!("'{path}.output' is required"),
+                        output_path.clone(),
+                        format!("'{output_path}' must be a string or a list of input_text parts"),
                     ))
                 }
-                Some(Value::String(s)) => s.clone(),
-                Some(parts @ Value::Array(_)) => {
-                    parse_content(parts, &fields.path("output"), Role::User, policy)?
-                }
-                Some(_) => {
-                    return Err(
-                        fields.type_error("output", "a string or a list of input_text parts")
-                    )
-                }
             };
-            Item::FunctionCallOutput {
+            let item = Item::FunctionCallOutput {
                 id,
                 call_id,
                 output,
-            }
+            };
+            (item, output_item.unknown)
         }
         other => {
             return Err(ApiError::invalid(
-                fields.path("type"),
+                field_path(path, "type"),
                 format!(
                     "input item type '{other}' is not supported (message, function_call and \
                      function_call_output are)"
@@ -262,18 +306,8 @@ fn parse_item(value: &Value, path: &str, policy: &FieldPolicy) -> Result<Item, A
             ))
         }
     };
-    fields.finish()?;
+    policy.finish(path, &unknown)?;
     Ok(item)
-}
-
-fn required_string(
-    fields: &mut Fields<'_>,
-    key: &'static str,
-    path: &str,
-) -> Result<String, ApiError> {
-    fields
-        .string(key)?
-        .ok_or_else(|| ApiError::invalid(fields.path(key), format!("'{path}.{key}' is required")))
 }
 
 /// Message content: a string, or text parts joined with "\n" (the Chat Completions path joins
@@ -281,13 +315,13 @@ fn required_string(
 /// developer messages hold `input_text` parts; assistant messages `output_text` parts (their own
 /// earlier output) or `input_text`.
 fn parse_content(
-    value: &Value,
+    value: Value,
     path: &str,
     role: Role,
     policy: &FieldPolicy,
 ) -> Result<String, ApiError> {
     let parts = match value {
-        Value::String(s) => return Ok(s.clone()),
+        Value::String(s) => return Ok(s),
         Value::Array(parts) => parts,
         _ => {
             return Err(ApiError::invalid(
@@ -297,25 +331,20 @@ fn parse_content(
         }
     };
     let mut texts = Vec::with_capacity(parts.len());
-    for (j, part) in parts.iter().enumerate() {
+    for (j, part) in parts.into_iter().enumerate() {
         let part_path = format!("{path}[{j}]");
-        let mut fields = Fields::new(part, &part_path, policy)?;
-        let kind = fields.string("type")?.ok_or_else(|| {
-            ApiError::invalid(
-                fields.path("type"),
-                format!("'{part_path}.type' is required"),
-            )
-        })?;
+        let mut part: ContentPart = parse_object(part, &part_path)?;
+        let type_path = field_path(&part_path, "type");
+        let kind = required(inner(part.kind), &type_path)?;
         match (kind.as_str(), role) {
             ("input_text", _) => {}
             ("output_text", Role::Assistant) => {
                 // Echoed output: citations and log-probabilities are not part of the text.
-                fields.accept_any("annotations");
-                fields.accept_any("logprobs");
+                accept_inert(&mut part.unknown, &["annotations", "logprobs"]);
             }
             (other, _) => {
                 return Err(ApiError::invalid(
-                    fields.path("type"),
+                    type_path,
                     format!(
                         "content part type '{other}' is not supported here (input_text{} only)",
                         if role == Role::Assistant {
@@ -327,13 +356,8 @@ fn parse_content(
                 ))
             }
         }
-        let text = fields.string("text")?.ok_or_else(|| {
-            ApiError::invalid(
-                fields.path("text"),
-                format!("'{part_path}.text' is required"),
-            )
-        })?;
-        fields.finish()?;
+        let text = required(inner(part.text), &field_path(&part_path, "text"))?;
+        policy.finish(&part_path, &part.unknown)?;
         texts.push(text);
     }
     Ok(texts.join("\n"))
@@ -437,11 +461,11 @@ mod tests {
     use super::*;
 
     fn items(value: Value) -> Vec<Item> {
-        parse_input(&value, "input", &FieldPolicy::new(true)).unwrap()
+        parse_input(value, "input", &FieldPolicy::new(true)).unwrap()
     }
 
     fn param(value: Value) -> String {
-        parse_input(&value, "input", &FieldPolicy::new(true))
+        parse_input(value, "input", &FieldPolicy::new(true))
             .unwrap_err()
             .param
             .unwrap_or_default()

@@ -10,61 +10,31 @@
 //! engine's prefix cache reuse the earlier turn's tokens (reported as
 //! `usage.input_tokens_details.cached_tokens`).
 //!
-//! Map: `request` (body validation) → `items` (conversation → chat messages) → `object` /
-//! `stream` (answers) ; `store` (state).
+//! Map: `request` (body validation) → `items` (conversation → chat messages) → `prepared` (the
+//! job and what its answer reports) → `object` / `stream` (answers) ; `store` (state).
 
 mod items;
 mod object;
+mod prepared;
 mod request;
-mod store;
+pub(super) mod store;
 mod stream;
 
 use std::sync::Arc;
 
 use hyper::{Response, StatusCode};
 use minnow_engine::ChatPrompt;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Map};
 
 use super::errors::ApiError;
-use super::generation::{self, Job};
+use super::generation;
 use super::http::{json_response, text_response, Body};
 use super::openai::{self, ChatRequest};
 use super::state::{unix_now, AppState, RequestLog};
 use items::Item;
 use object::{Header, Status};
+use prepared::Prepared;
 pub use request::{parse, ResponsesRequest};
-pub use store::ResponseStore;
-use store::{Stored, Turn};
-
-/// A request ready to submit, with what its response needs to report and store.
-pub struct Prepared {
-    job: Job,
-    header: Header,
-    /// This turn's new input items (stored with the output).
-    input: Vec<Item>,
-    /// The conversation this turn continues (`previous_response_id`).
-    parent: Option<Arc<Turn>>,
-    store: bool,
-    return_progress: bool,
-}
-
-impl Prepared {
-    /// Keeps a finished response (`store: true`) for `GET` and `previous_response_id`.
-    fn remember(&self, state: &AppState, object: &Value, output: Vec<Item>) {
-        if !self.store {
-            return;
-        }
-        let mut items = self.input.clone();
-        items.extend(output);
-        state.responses.insert(
-            self.header.id.clone(),
-            Stored {
-                object: Arc::from(object.to_string()),
-                turn: state.responses.turn(self.parent.clone(), items),
-            },
-        );
-    }
-}
 
 /// `POST /v1/responses`, its body already parsed ([`parse`]).
 pub async fn create(

@@ -6,14 +6,18 @@
 //! Every field is honoured, accepted at a value that changes nothing, or refused with a 400
 //! naming it.
 
+use minnow_engine::constraint::OutputConstraint;
 use minnow_engine::ToolChoice;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::super::errors::ApiError;
-use super::super::fields::{FieldPolicy, Fields};
+use super::super::fields::{
+    field_path, in_range, inner, must_be_off, parse_object, refuse_present, required, FieldPolicy,
+    Flag, Int, List, Object, Present, Text, Unknown,
+};
 use super::super::openai::{self, CommonOptions, MaxTokens};
 use super::items::{self, Item, Role};
-use minnow_engine::constraint::OutputConstraint;
 
 /// Fields passed through to the chat parser's shared options (`openai::parse_common`).
 const SHARED_OPTIONS: [&str; 19] = [
@@ -51,6 +55,90 @@ const VACUOUS_INCLUDES: [&str; 7] = [
     "message.input_image.image_url",
 ];
 
+/// A `POST /v1/responses` body: the Responses API's own fields; of the rest, those of
+/// [`SHARED_OPTIONS`] go to the chat parser's shared options.
+#[derive(Deserialize)]
+struct ResponsesBody {
+    max_output_tokens: Option<Int>,
+    stream: Option<Flag>,
+    stream_options: Option<Value>,
+    return_progress: Option<Flag>,
+    input: Option<Value>,
+    instructions: Option<Value>,
+    tools: Option<List>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<Flag>,
+    text: Option<Value>,
+    store: Option<Flag>,
+    previous_response_id: Option<Text>,
+    metadata: Option<Object>,
+    include: Option<Value>,
+    /// No reasoning is produced or parsed out (LLaDA2 templates render "thinking off"), so a
+    /// reasoning effort or summary request has nothing to act on.
+    #[serde(rename = "reasoning")]
+    _reasoning: Present,
+    truncation: Option<Text>,
+    background: Option<Flag>,
+    conversation: Present,
+    prompt: Present,
+    max_tool_calls: Present,
+    context_management: Present,
+    #[serde(flatten)]
+    rest: Unknown,
+}
+
+/// `stream_options` of a Responses request.
+#[derive(Deserialize)]
+struct StreamOptionsBody {
+    /// Obfuscation padding is never added here.
+    #[serde(rename = "include_obfuscation")]
+    _include_obfuscation: Option<Flag>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// A flat function tool: `{"type": "function", "name", "description", "parameters", "strict"}`.
+#[derive(Deserialize)]
+struct ToolBody {
+    #[serde(rename = "type")]
+    kind: Option<Text>,
+    name: Option<Value>,
+    description: Option<Value>,
+    parameters: Option<Value>,
+    strict: Option<Flag>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// `tool_choice` as an object: `{"type": "function", "name"}`.
+#[derive(Deserialize)]
+struct ToolChoiceBody {
+    #[serde(rename = "type")]
+    kind: Option<Text>,
+    name: Option<Text>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// `text`: `{"format": {...}, "verbosity": "medium"}`.
+#[derive(Deserialize)]
+struct TextBody {
+    format: Option<Value>,
+    verbosity: Option<Text>,
+    #[serde(flatten)]
+    unknown: Unknown,
+}
+
+/// `text.format`: `{"type"}`, and for `json_schema` the keys of chat's `json_schema` object
+/// flattened next to it (`name`, `description`, `schema`, `strict`).
+#[derive(Deserialize)]
+struct TextFormatBody {
+    #[serde(rename = "type")]
+    kind: Option<Text>,
+    #[serde(flatten)]
+    rest: Unknown,
+}
+
 #[derive(Clone, Debug)]
 pub struct ResponsesRequest {
     /// Shared options; `max_tokens` comes from `max_output_tokens`, `stream` from `stream`.
@@ -75,66 +163,64 @@ pub struct ResponsesRequest {
 }
 
 pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, ApiError> {
-    let mut fields = Fields::new(body, "request body", policy)?;
-
-    let mut shared = Map::new();
-    for key in SHARED_OPTIONS {
-        if let Some(value) = fields.value(key) {
-            shared.insert(key.to_string(), value.clone());
-        }
-    }
-    let mut common = openai::parse_common(&mut Fields::new(
-        &Value::Object(shared),
-        "request body",
-        policy,
-    )?)?;
-    common.max_tokens = match fields.integer("max_output_tokens", 1, i64::MAX)? {
+    let body: ResponsesBody = parse_object(body, "request body")?;
+    let (shared, mut unknown): (Unknown, Unknown) = body
+        .rest
+        .into_iter()
+        .partition(|(key, _)| SHARED_OPTIONS.contains(&key.as_str()));
+    // Every shared option is declared or inert, so nothing is left over here.
+    let (mut common, shared_unknown) = openai::parse_common(openai::parse_shared(shared)?, policy)?;
+    unknown.extend(shared_unknown);
+    common.max_tokens = match in_range(
+        "max_output_tokens",
+        inner(body.max_output_tokens),
+        1,
+        i64::MAX,
+    )? {
         None => MaxTokens::ServerDefault,
         Some(n) => MaxTokens::Limit(usize::try_from(n).unwrap_or(usize::MAX)),
     };
-    common.stream = fields.bool("stream")?.unwrap_or(false);
-    if let Some(options) = fields.value("stream_options") {
-        let mut sub = Fields::new(options, "stream_options", policy)?;
-        // Obfuscation padding is never added here.
-        sub.bool("include_obfuscation")?;
-        sub.finish()?;
+    common.stream = inner(body.stream).unwrap_or(false);
+    if let Some(options) = &body.stream_options {
+        let options: StreamOptionsBody = parse_object(options, "stream_options")?;
+        policy.finish("stream_options", &options.unknown)?;
     }
-    let return_progress = fields.bool("return_progress")?.unwrap_or(false);
+    let return_progress = inner(body.return_progress).unwrap_or(false);
 
-    let input = match fields.value("input") {
+    let input = match body.input {
         None => Vec::new(),
         Some(value) => items::parse_input(value, "input", policy)?,
     };
-    let instructions_value = fields.value("instructions");
-    let instructions = match instructions_value {
+    let instructions = match &body.instructions {
         None => Vec::new(),
         Some(Value::String(text)) => vec![Item::Message {
             id: None,
             role: Role::System,
             text: text.clone(),
         }],
-        Some(value) => items::parse_input(value, "instructions", policy)?,
+        // The response object echoes `instructions`, so they are parsed from a copy.
+        Some(value) => items::parse_input(value.clone(), "instructions", policy)?,
     };
 
-    let tools_value = fields.value("tools");
-    let tools = match tools_value {
+    let tools_echo = body.tools.as_ref().map(|list| Value::Array(list.0.clone()));
+    let tools = match body.tools {
         None => Vec::new(),
-        Some(value) => parse_tools(value, policy)?,
+        Some(List(list)) => parse_tools(list, policy)?,
     };
     let (tools, strict): (Vec<Value>, Vec<bool>) = tools.into_iter().unzip();
     let declared: Vec<String> = tools.iter().map(openai::tool_name).collect();
-    let tool_choice = match fields.value("tool_choice") {
+    let tool_choice = match &body.tool_choice {
         None => ToolChoice::Auto,
         Some(value) => parse_tool_choice(value, &declared, policy)?,
     };
-    let parallel_tool_calls = fields.bool("parallel_tool_calls")?.unwrap_or(true);
+    let parallel_tool_calls = inner(body.parallel_tool_calls).unwrap_or(true);
     let tool_names = match &tool_choice {
         ToolChoice::None => Vec::new(),
         ToolChoice::Function(name) => vec![name.clone()],
         ToolChoice::Auto | ToolChoice::Required => declared,
     };
 
-    let text_format = match fields.value("text") {
+    let text_format = match &body.text {
         None => TextFormat::default(),
         Some(text) => parse_text(text, policy)?,
     };
@@ -154,20 +240,17 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
         })
         .collect();
     openai::set_tool_constraint(&mut common, &marked, &tool_choice)?;
-    let store = fields.bool("store")?.unwrap_or(true);
-    let previous_response_id = fields.string("previous_response_id")?;
-    let metadata = match fields.value("metadata") {
+    let store = inner(body.store).unwrap_or(true);
+    let previous_response_id = inner(body.previous_response_id);
+    let metadata = match body.metadata {
         None => Map::new(),
-        Some(value) => parse_metadata(value)?,
+        Some(Object(map)) => check_metadata(map)?,
     };
 
-    if let Some(include) = fields.value("include") {
+    if let Some(include) = &body.include {
         parse_include(include)?;
     }
-    // No reasoning is produced or parsed out (LLaDA2 templates render "thinking off"), so a
-    // reasoning effort or summary request has nothing to act on.
-    fields.accept_any("reasoning");
-    match fields.string("truncation")?.as_deref() {
+    match inner(body.truncation).as_deref() {
         None | Some("disabled") => {}
         Some(_) => {
             return Err(ApiError::invalid(
@@ -177,16 +260,12 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
             ))
         }
     }
-    fields.must_be_false("background")?;
-    for key in [
-        "conversation",
-        "prompt",
-        "max_tool_calls",
-        "context_management",
-    ] {
-        fields.unsupported(key)?;
-    }
-    fields.finish()?;
+    must_be_off("background", inner(body.background))?;
+    refuse_present("conversation", body.conversation)?;
+    refuse_present("prompt", body.prompt)?;
+    refuse_present("max_tool_calls", body.max_tool_calls)?;
+    refuse_present("context_management", body.context_management)?;
+    policy.finish("request body", &unknown)?;
 
     if input.is_empty() && previous_response_id.is_none() && instructions.is_empty() {
         return Err(ApiError::invalid("input", "'input' is required"));
@@ -195,7 +274,7 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
     let mut echo = Map::new();
     echo.insert(
         "instructions".into(),
-        instructions_value.cloned().unwrap_or(Value::Null),
+        body.instructions.unwrap_or(Value::Null),
     );
     echo.insert(
         "max_output_tokens".into(),
@@ -212,10 +291,7 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
     echo.insert("top_p".into(), json!(common.params.top_p));
     echo.insert("text".into(), json!({"format": text_format.echo}));
     echo.insert("tool_choice".into(), tool_choice_json(&tool_choice));
-    echo.insert(
-        "tools".into(),
-        tools_value.cloned().unwrap_or_else(|| json!([])),
-    );
+    echo.insert("tools".into(), tools_echo.unwrap_or_else(|| json!([])));
     echo.insert("truncation".into(), json!("disabled"));
 
     Ok(ResponsesRequest {
@@ -241,45 +317,38 @@ pub fn parse(body: &Value, policy: &FieldPolicy) -> Result<ResponsesRequest, Api
 ///
 /// `strict` is accepted at either value: the Responses API defaults it to true and agent SDKs
 /// send it on every tool, but arguments are not schema-constrained here (docs/api.md).
-fn parse_tools(value: &Value, policy: &FieldPolicy) -> Result<Vec<(Value, bool)>, ApiError> {
-    let list = value
-        .as_array()
-        .ok_or_else(|| ApiError::invalid("tools", "'tools' must be a list"))?;
+fn parse_tools(list: Vec<Value>, policy: &FieldPolicy) -> Result<Vec<(Value, bool)>, ApiError> {
     let mut chat_tools = Vec::with_capacity(list.len());
     let mut strict = Vec::with_capacity(list.len());
     for (i, tool) in list.iter().enumerate() {
         let path = format!("tools[{i}]");
-        let mut fields = Fields::new(tool, &path, policy)?;
-        match fields.string("type")?.as_deref() {
-            Some("function") => {}
-            Some(other) => {
-                return Err(ApiError::invalid(
-                    fields.path("type"),
-                    format!("tool type '{other}' is not supported (only 'function' tools are)"),
-                ))
-            }
-            None => {
-                return Err(ApiError::invalid(
-                    fields.path("type"),
-                    format!("'{path}.type' is required"),
-                ))
-            }
+        let tool: ToolBody = parse_object(tool, &path)?;
+        let type_path = field_path(&path, "type");
+        let kind = required(inner(tool.kind), &type_path)?;
+        if kind != "function" {
+            return Err(ApiError::invalid(
+                type_path,
+                format!("tool type '{kind}' is not supported (only 'function' tools are)"),
+            ));
         }
         let mut function = Map::new();
-        for key in ["name", "description", "parameters"] {
-            if let Some(value) = fields.value(key) {
-                function.insert(key.to_string(), value.clone());
+        for (key, value) in [
+            ("name", tool.name),
+            ("description", tool.description),
+            ("parameters", tool.parameters),
+        ] {
+            if let Some(value) = value {
+                function.insert(key.to_string(), value);
             }
         }
         // Explicit `strict: true` constrains the call's arguments (constraint::tools); the
         // Responses API's default of true is not applied, so tools sent without it keep free
         // arguments as before.
-        strict.push(fields.bool("strict")? == Some(true));
-        fields.finish()?;
+        strict.push(inner(tool.strict) == Some(true));
+        policy.finish(&path, &tool.unknown)?;
         chat_tools.push(json!({"type": "function", "function": function}));
     }
-    let chat_tools =
-        openai::parse_tools(&Value::Array(chat_tools), policy).map_err(flat_tool_paths)?;
+    let chat_tools = openai::parse_tools(chat_tools, policy).map_err(flat_tool_paths)?;
     Ok(chat_tools.into_iter().zip(strict).collect())
 }
 
@@ -303,26 +372,16 @@ fn parse_tool_choice(
 ) -> Result<ToolChoice, ApiError> {
     let chat_form = match value {
         Value::Object(_) => {
-            let mut fields = Fields::new(value, "tool_choice", policy)?;
-            match fields.string("type")?.as_deref() {
-                Some("function") => {}
-                Some(other) => {
-                    return Err(ApiError::invalid(
-                        "tool_choice.type",
-                        format!("tool_choice type '{other}' is not supported (only 'function' is)"),
-                    ))
-                }
-                None => {
-                    return Err(ApiError::invalid(
-                        "tool_choice.type",
-                        "'tool_choice.type' is required",
-                    ))
-                }
+            let choice: ToolChoiceBody = parse_object(value, "tool_choice")?;
+            let kind = required(inner(choice.kind), "tool_choice.type")?;
+            if kind != "function" {
+                return Err(ApiError::invalid(
+                    "tool_choice.type",
+                    format!("tool_choice type '{kind}' is not supported (only 'function' is)"),
+                ));
             }
-            let name = fields.string("name")?.ok_or_else(|| {
-                ApiError::invalid("tool_choice.name", "'tool_choice.name' is required")
-            })?;
-            fields.finish()?;
+            let name = required(inner(choice.name), "tool_choice.name")?;
+            policy.finish("tool_choice", &choice.unknown)?;
             json!({"type": "function", "function": {"name": name}})
         }
         other => other.clone(),
@@ -361,44 +420,46 @@ impl Default for TextFormat {
 /// `text`: `{"format": {"type": "text" | "json_object" | "json_schema", ...}, "verbosity":
 /// "medium"}`; a `json_schema` format is `{"type", "name", "schema", "description", "strict"}`.
 fn parse_text(value: &Value, policy: &FieldPolicy) -> Result<TextFormat, ApiError> {
-    let mut fields = Fields::new(value, "text", policy)?;
-    let format = match fields.value("format") {
+    let text: TextBody = parse_object(value, "text")?;
+    let format = match &text.format {
         None => TextFormat::default(),
         Some(format) => {
-            let mut format_fields = Fields::new(format, "text.format", policy)?;
-            let parsed =
-                match format_fields.string("type")?.as_deref() {
-                    Some("text") => TextFormat::default(),
-                    Some("json_object") => TextFormat {
-                        constraint: Some(OutputConstraint::JsonObject),
-                        instruct: true,
-                        echo: json!({"type": "json_object"}),
-                    },
+            let body: TextFormatBody = parse_object(format, "text.format")?;
+            let (parsed, unknown) =
+                match inner(body.kind).as_deref() {
+                    Some("text") => (TextFormat::default(), body.rest),
+                    Some("json_object") => (
+                        TextFormat {
+                            constraint: Some(OutputConstraint::JsonObject),
+                            instruct: true,
+                            echo: json!({"type": "json_object"}),
+                        },
+                        body.rest,
+                    ),
                     Some("json_schema") => {
                         // The same keys as chat's `json_schema` object, flattened next to `type`.
-                        let mut spec = format.as_object().cloned().unwrap_or_default();
-                        spec.remove("type");
-                        for key in ["name", "description", "schema", "strict"] {
-                            format_fields.value(key);
-                        }
-                        let schema =
-                            openai::json_schema_spec(&Value::Object(spec), "text.format", policy)?;
-                        TextFormat {
-                            constraint: Some(OutputConstraint::JsonSchema(schema)),
-                            instruct: false,
-                            echo: format.clone(),
-                        }
+                        let spec: openai::JsonSchemaSpec =
+                            parse_object(Value::Object(body.rest), "text.format")?;
+                        let schema = openai::json_schema_spec(&spec, "text.format")?;
+                        (
+                            TextFormat {
+                                constraint: Some(OutputConstraint::JsonSchema(schema)),
+                                instruct: false,
+                                echo: format.clone(),
+                            },
+                            spec.unknown,
+                        )
                     }
                     _ => return Err(ApiError::invalid(
                         "text.format.type",
                         "'text.format.type' must be \"text\", \"json_object\" or \"json_schema\"",
                     )),
                 };
-            format_fields.finish()?;
+            policy.finish("text.format", &unknown)?;
             parsed
         }
     };
-    match fields.string("verbosity")?.as_deref() {
+    match inner(text.verbosity).as_deref() {
         None | Some("medium") => {}
         Some(_) => {
             return Err(ApiError::invalid(
@@ -407,22 +468,19 @@ fn parse_text(value: &Value, policy: &FieldPolicy) -> Result<TextFormat, ApiErro
             ))
         }
     }
-    fields.finish()?;
+    policy.finish("text", &text.unknown)?;
     Ok(format)
 }
 
 /// OpenAI's limits: at most 16 pairs, keys up to 64 and values up to 512 characters.
-fn parse_metadata(value: &Value) -> Result<Map<String, Value>, ApiError> {
-    let map = value
-        .as_object()
-        .ok_or_else(|| ApiError::invalid("metadata", "'metadata' must be an object"))?;
+fn check_metadata(map: Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
     if map.len() > 16 {
         return Err(ApiError::invalid(
             "metadata",
             "'metadata' holds at most 16 pairs",
         ));
     }
-    for (key, value) in map {
+    for (key, value) in &map {
         let fits = value
             .as_str()
             .is_some_and(|v| v.chars().count() <= 512 && key.chars().count() <= 64);
@@ -433,7 +491,7 @@ fn parse_metadata(value: &Value) -> Result<Map<String, Value>, ApiError> {
             ));
         }
     }
-    Ok(map.clone())
+    Ok(map)
 }
 
 fn parse_include(value: &Value) -> Result<(), ApiError> {

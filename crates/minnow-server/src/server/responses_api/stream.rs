@@ -32,7 +32,7 @@ use super::super::sse;
 use super::super::state::{AppState, RequestLog};
 use super::items::Item;
 use super::object::{self, Status};
-use super::Prepared;
+use super::prepared::Prepared;
 
 /// Submits the request and answers with the event stream; submission errors (queue full,
 /// context exceeded) are still plain JSON errors, as no header has been sent.
