@@ -443,6 +443,15 @@ impl Core {
         plan
     }
 
+    /// The grammars of the step's constrained denoising forwards, whose next masks the worker
+    /// has computed while the forward runs (empty when no request of the step is constrained).
+    pub fn step_constraints(&mut self) -> Vec<&mut Constrained> {
+        self.running
+            .iter_mut()
+            .filter_map(|s| s.decoder.constraint_of_planned_step())
+            .collect()
+    }
+
     /// Hands each request of `plan` its output (`outputs` in the plan's order), or fails them
     /// all when the forward failed (a batch runs as one: its failure is no single request's).
     pub fn apply(

@@ -243,19 +243,33 @@ impl Worker {
     }
 
     /// One step: schedule, run the batch, apply its outputs; the updates of each part go to the
-    /// output thread at once.
+    /// output thread at once. The grammar masks the step's constrained requests will want are
+    /// computed on rayon's threads while the forward runs on this one (docs/decoding.md §13).
     fn step(&mut self) {
         let plan = self.core.schedule();
         self.deliver();
         if plan.is_empty() {
             return;
         }
+        let segments = plan.segments();
         let began = Instant::now();
-        let outputs = self
-            .runner
-            .forward_batch(&plan.segments())
-            .map_err(|e| e.to_string());
-        self.core.apply(plan, outputs, began.elapsed());
+        let constraints = self.core.step_constraints();
+        let runner = &mut self.runner;
+        let outputs = if constraints.is_empty() {
+            runner.forward_batch(&segments)
+        } else {
+            // The forward stays on this thread (a GPU runner's context is current here).
+            rayon::in_place_scope(|scope| {
+                for constraint in constraints {
+                    scope.spawn(move |_| constraint.prepare_mask());
+                }
+                runner.forward_batch(&segments)
+            })
+        }
+        .map_err(|e| e.to_string());
+        let elapsed = began.elapsed();
+        drop(segments);
+        self.core.apply(plan, outputs, elapsed);
         self.deliver();
     }
 
