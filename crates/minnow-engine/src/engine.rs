@@ -37,6 +37,7 @@
 
 mod core;
 mod handle;
+mod output_thread;
 mod worker;
 
 pub use self::core::BATCH_SIZE_BUCKETS;
@@ -653,6 +654,7 @@ impl Engine {
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (sender, events) = tokio::sync::mpsc::unbounded_channel();
         let cancel = CancelToken::default();
+        let stop_signal = handle::StopSignal::default();
         let GenerateRequest {
             prompt_ids,
             stop,
@@ -673,14 +675,18 @@ impl Engine {
                 cache_prompt: cache_prompt != Some(false),
                 cache_salt,
                 cancel: cancel.clone(),
+                stop_signal: stop_signal.clone(),
                 constraint,
             },
-            stop,
-            tool_names,
-            forced_prefix,
-            tool_format: inner.tool_format,
-            events: sender,
-            trace,
+            output: output_thread::OutputRequest {
+                stop,
+                tool_names,
+                forced_prefix,
+                tool_format: inner.tool_format,
+                events: sender,
+                trace,
+                stop_signal,
+            },
         };
         inner.queue.push(job)?;
         Ok(RequestHandle { id, events, cancel })

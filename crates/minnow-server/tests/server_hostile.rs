@@ -422,14 +422,19 @@ async fn responses_name_the_fields_they_ignore() {
     );
 }
 
-/// The latency at the 99th percentile of `samples`.
-fn p99(mut samples: Vec<Duration>) -> Duration {
+/// The median of `samples`.
+fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
-    let index = ((samples.len() as f64) * 0.99).ceil() as usize - 1;
-    samples[index.min(samples.len() - 1)]
+    samples[samples.len() / 2]
 }
 
-/// Eight clients each send `rounds` short chats; every request's latency.
+/// How long a normal request may wait under attack before it counts as starved. Far above any
+/// latency a loaded 2-core machine shows for these tiny requests (about 0.1 s), far below the
+/// `--header-timeout` for which a server that waited on a hostile connection would stall.
+const STARVED: Duration = Duration::from_secs(3);
+
+/// Eight clients each send `rounds` short chats; every request's latency. A request that gets
+/// no answer within [`STARVED`] fails the test.
 async fn chat_latencies(server: &Server, rounds: usize) -> Vec<Duration> {
     let mut tasks = Vec::new();
     for client_index in 0..8 {
@@ -439,17 +444,22 @@ async fn chat_latencies(server: &Server, rounds: usize) -> Vec<Duration> {
             let mut latencies = Vec::new();
             for round in 0..rounds {
                 let started = Instant::now();
-                let response = client
-                    .post(&url)
-                    .json(&json!({
-                        "messages": [{"role": "user", "content": format!("client {client_index} round {round}")}],
-                        "max_tokens": 4,
-                    }))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(response.status(), 200);
-                response.bytes().await.unwrap();
+                let chat = async {
+                    let response = client
+                        .post(&url)
+                        .json(&json!({
+                            "messages": [{"role": "user", "content": format!("client {client_index} round {round}")}],
+                            "max_tokens": 4,
+                        }))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(response.status(), 200);
+                    response.bytes().await.unwrap();
+                };
+                if tokio::time::timeout(STARVED, chat).await.is_err() {
+                    panic!("client {client_index} round {round}: no answer within {STARVED:?}");
+                }
                 latencies.push(started.elapsed());
             }
             latencies
@@ -500,6 +510,12 @@ async fn hostile(addr: String, kind: usize, stop: tokio::sync::watch::Receiver<b
     }
 }
 
+/// Hostile connections of three kinds (silent, HTTP/2 preface then nothing, a trickled body)
+/// must not starve normal clients or `/health`: every chat completes and every probe answers
+/// within [`STARVED`]. The hostile connections are held for up to 10 s (`--header-timeout`,
+/// `--idle-timeout`), so a server whose accept loop waited on one would keep a normal client
+/// waiting longer than that. The latencies are printed, not compared: a timed comparison on a
+/// shared machine is noise (the benches measure latency).
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_connections_leave_normal_clients_and_health_fast() {
     let _serial = SERIAL.lock().await;
@@ -511,15 +527,15 @@ async fn hostile_connections_leave_normal_clients_and_health_fast() {
             "--max-connections-per-peer",
             "256",
             "--header-timeout",
-            "2",
+            "10",
             "--idle-timeout",
-            "2",
+            "10",
         ],
     )
     .await;
     // Warm up, then the idle server's latencies.
     chat_latencies(&server, 1).await;
-    let idle = p99(chat_latencies(&server, 6).await);
+    let idle = median(chat_latencies(&server, 8).await);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut attackers = Vec::new();
@@ -542,8 +558,11 @@ async fn hostile_connections_leave_normal_clients_and_health_fast() {
             let mut latencies = Vec::new();
             loop {
                 let started = Instant::now();
-                let status = client.get(&url).send().await.map(|r| r.status().as_u16());
-                assert_eq!(status.ok(), Some(200));
+                let probe = tokio::time::timeout(STARVED, client.get(&url).send()).await;
+                let Ok(status) = probe else {
+                    panic!("/health: no answer within {STARVED:?}");
+                };
+                assert_eq!(status.map(|r| r.status().as_u16()).ok(), Some(200));
                 latencies.push(started.elapsed());
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(50)) => {}
@@ -552,19 +571,20 @@ async fn hostile_connections_leave_normal_clients_and_health_fast() {
             }
         })
     };
-    let attacked = p99(chat_latencies(&server, 6).await);
+    let attacked = chat_latencies(&server, 8).await;
     let _ = stop_tx.send(true);
-    let health = p99(health.await.unwrap());
+    let health = health.await.unwrap();
     for attacker in attackers {
         attacker.await.unwrap();
     }
-    eprintln!("chat p99: idle {idle:?}, under attack {attacked:?}; /health p99 {health:?}");
-    assert!(
-        attacked <= idle * 2,
-        "chat p99 {attacked:?} under attack vs {idle:?} idle"
-    );
-    assert!(
-        health < Duration::from_millis(100),
-        "/health p99 {health:?}"
+    assert_eq!(attacked.len(), 64, "every chat under attack completed");
+    assert!(!health.is_empty(), "no /health probe ran");
+    eprintln!(
+        "chat median: idle {idle:?}, under attack {:?} (max {:?}); /health median {:?} over {} probes (max {:?})",
+        median(attacked.clone()),
+        attacked.iter().max().unwrap(),
+        median(health.clone()),
+        health.len(),
+        health.iter().max().unwrap(),
     );
 }

@@ -10,6 +10,9 @@ use llguidance::Matcher;
 pub struct TokenMatcher {
     matcher: Matcher,
     consumed: usize,
+    /// Bumped by every change of the state (a token fed, a rollback): a mask computed at one
+    /// version is the mask of every moment with the same version.
+    version: u64,
     /// The grammar's end ids (the checkpoint's stop tokens).
     stop_ids: Vec<u32>,
     /// Stop ids accepted after the grammar had ended on its own (the parser takes none then).
@@ -33,6 +36,7 @@ impl TokenMatcher {
         Self {
             matcher,
             consumed: 0,
+            version: 0,
             stop_ids,
             trailing_stops: 0,
         }
@@ -47,6 +51,11 @@ impl TokenMatcher {
         self.consumed == 0
     }
 
+    /// Identifies the current state ([`TokenMatcher::mask`] depends on nothing else).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
     /// Feeds `token` if the grammar allows it here; `Ok(false)` leaves the state unchanged. An
     /// error means the matcher itself failed (the request cannot go on).
     pub fn try_consume(&mut self, token: u32) -> Result<bool, String> {
@@ -55,6 +64,7 @@ impl TokenMatcher {
             if self.stop_ids.contains(&token) {
                 self.consumed += 1;
                 self.trailing_stops += 1;
+                self.version += 1;
                 return Ok(true);
             }
             return Ok(false);
@@ -64,6 +74,9 @@ impl TokenMatcher {
             .try_consume_tokens(&[token])
             .map_err(|e| format!("grammar matcher: {e}"))?;
         self.consumed += n;
+        if n > 0 {
+            self.version += 1;
+        }
         Ok(n == 1)
     }
 
@@ -84,6 +97,7 @@ impl TokenMatcher {
             .rollback(n - trailing)
             .map_err(|e| format!("grammar matcher: {e}"))?;
         self.consumed -= n;
+        self.version += 1;
         Ok(())
     }
 

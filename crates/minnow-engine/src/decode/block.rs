@@ -98,6 +98,11 @@ impl BlockRun {
         self.constraint.take()
     }
 
+    /// The grammar state, while this block holds it.
+    pub fn constraint_mut(&mut self) -> Option<&mut Constrained> {
+        self.constraint.as_mut()
+    }
+
     /// The grammar layer's failure, if it had one (the block is then final and unusable).
     pub fn take_failure(&mut self) -> Option<String> {
         self.failure.take()

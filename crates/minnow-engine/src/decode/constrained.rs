@@ -15,7 +15,13 @@
 //!   answer slots take it too (the answer ends there).
 //! - The forced final round decides every remaining slot the same way, so a final block is
 //!   always a sentence prefix of the grammar with no MASK.
+//!
+//! The leftmost undecided slot's mask depends only on the matcher's state before the step, so
+//! the engine computes it while the step's forward runs ([`Constrained::prepare_mask`], on a CPU
+//! thread); the step uses it when the matcher is still in that state when it needs the mask
+//! (no decided slot was edited), and computes its own otherwise.
 
+use llguidance::toktrie::SimpleVob;
 use rand::rngs::StdRng;
 
 use super::{BlockLogits, ControlTokens};
@@ -36,8 +42,13 @@ pub struct Constrained {
     decided: usize,
     /// Set once a stop id was decided in this block: the answer is complete.
     stopped: bool,
-    /// Masks computed (for tests and statistics).
+    /// Masks that chose a candidate (for tests and statistics).
     masks: usize,
+    /// The mask computed by [`Constrained::prepare_mask`], with the matcher version it holds
+    /// for.
+    prepared: Option<(u64, SimpleVob)>,
+    /// Masks that came from [`Constrained::prepare_mask`].
+    prepared_used: usize,
 }
 
 impl Constrained {
@@ -57,6 +68,8 @@ impl Constrained {
             decided: 0,
             stopped: false,
             masks: 0,
+            prepared: None,
+            prepared_used: 0,
         }
     }
 
@@ -66,11 +79,31 @@ impl Constrained {
         self.lo = lo;
         self.hi = hi.max(lo);
         self.decided = 0;
+        self.prepared = None;
     }
 
-    /// Grammar masks computed so far.
+    /// Grammar masks that chose a candidate so far.
     pub fn masks_computed(&self) -> usize {
         self.masks
+    }
+
+    /// How many of those were computed ahead by [`Constrained::prepare_mask`].
+    pub fn prepared_masks_used(&self) -> usize {
+        self.prepared_used
+    }
+
+    /// Computes the mask of the leftmost undecided slot now, for the next [`Constrained::enforce`]
+    /// (the engine calls it while the step's forward runs). Nothing when the answer is complete
+    /// or the block has no undecided slot; a matcher error is left for `enforce` to report.
+    pub fn prepare_mask(&mut self) {
+        self.prepared = None;
+        if self.stopped || self.lo + self.decided >= self.hi {
+            return;
+        }
+        let version = self.matcher.version();
+        if let Ok(mask) = self.matcher.mask() {
+            self.prepared = Some((version, mask));
+        }
     }
 
     /// Whether a stop id ended the answer.
@@ -149,6 +182,7 @@ impl Constrained {
         } else {
             block[p..hi].fill(self.control.mask);
         }
+        self.prepared = None;
         Ok(())
     }
 
@@ -166,7 +200,13 @@ impl Constrained {
 
     /// The sampler's candidate among the ids the grammar allows here, accepted into the matcher.
     fn masked_candidate(&mut self, row: &[f32], rng: &mut StdRng) -> Result<u32, String> {
-        let mask = self.matcher.mask()?;
+        let mask = match self.prepared.take() {
+            Some((version, mask)) if version == self.matcher.version() => {
+                self.prepared_used += 1;
+                mask
+            }
+            _ => self.matcher.mask()?,
+        };
         self.masks += 1;
         let mut masked = vec![f32::NEG_INFINITY; row.len()];
         let mut any = false;
@@ -326,6 +366,54 @@ mod tests {
         let block = enforce(&mut c, &M4, &M4, &l, true);
         assert_eq!(block, vec![A, C, C, C]);
         assert_eq!(c.masks_computed(), 4);
+    }
+
+    /// A mask computed before the step (while the forward ran) is used only when the matcher is
+    /// still in the state it was computed for, and the block is the same either way.
+    #[test]
+    fn a_mask_prepared_before_the_step_is_used_only_for_the_same_state() {
+        let l = logits([X, C, C, C], [C, X, X, X]);
+        // Nothing decided: the leftmost slot needs a mask of the state before the step.
+        let (mut fresh, mut prepared) = (regex("ab+c"), regex("ab+c"));
+        prepared.prepare_mask();
+        let expected = enforce(&mut fresh, &M4, &[X, C, MASK, MASK], &l, false);
+        let block = enforce(&mut prepared, &M4, &[X, C, MASK, MASK], &l, false);
+        assert_eq!(block, expected);
+        assert_eq!(block, vec![A, MASK, MASK, MASK]);
+        assert_eq!(
+            (fresh.prepared_masks_used(), prepared.prepared_masks_used()),
+            (0, 1)
+        );
+        // Next step, again prepared from the state after "a": b is the only allowed id.
+        prepared.prepare_mask();
+        let block = enforce(&mut prepared, &block.clone(), &block, &l, false);
+        assert_eq!(block, vec![A, B, MASK, MASK]);
+        assert_eq!(prepared.prepared_masks_used(), 2);
+
+        // An edit of a decided slot rolls the matcher back: the prepared mask (of the state
+        // after "ab") is stale and the step computes its own.
+        let l = logits([A, B, B, B], [X; 4]);
+        let (mut fresh, mut prepared) = (regex("ab+c|ac+b"), regex("ab+c|ac+b"));
+        let old = enforce(&mut fresh, &M4, &[A, B, MASK, MASK], &l, false);
+        enforce(&mut prepared, &M4, &[A, B, MASK, MASK], &l, false);
+        prepared.prepare_mask();
+        let expected = enforce(&mut fresh, &old, &[A, C, MASK, MASK], &l, false);
+        let block = enforce(&mut prepared, &old, &[A, C, MASK, MASK], &l, false);
+        assert_eq!(block, expected);
+        assert_eq!(prepared.prepared_masks_used(), 0);
+        assert_eq!(prepared.masks_computed(), fresh.masks_computed());
+        assert!(
+            prepared.masks_computed() > 0,
+            "the leftmost slot needed a mask"
+        );
+
+        // Nothing to prepare once the answer is complete.
+        let mut done = regex("a");
+        let l = logits([A, EOS, EOS, EOS], [X; 4]);
+        enforce(&mut done, &M4, &[A, EOS, EOS, EOS], &l, false);
+        assert!(done.is_stopped());
+        done.prepare_mask();
+        assert!(done.prepared.is_none());
     }
 
     #[test]

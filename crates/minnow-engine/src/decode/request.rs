@@ -287,6 +287,19 @@ impl RequestDecoder {
         self.finish
     }
 
+    /// The grammar of a constrained request whose planned forward is a denoising step of its
+    /// block: that step may want the mask of its leftmost undecided slot, which the engine
+    /// computes while the forward runs ([`Constrained::prepare_mask`]).
+    pub fn constraint_of_planned_step(&mut self) -> Option<&mut Constrained> {
+        if self.pending.is_none() || self.restored.is_some() {
+            return None;
+        }
+        match &mut self.phase {
+            Phase::Block { run, .. } => run.constraint_mut(),
+            _ => None,
+        }
+    }
+
     /// Output ids so far (committed blocks only).
     pub fn output(&self) -> &[u32] {
         &self.output

@@ -7,7 +7,9 @@
 //! 3. [`Core::apply`] hands each request its output.
 //!
 //! What happens to each request comes out as [`SequenceUpdate`]s ([`Core::take_updates`]),
-//! which the worker turns into events; the core knows nothing of text or clients.
+//! which the worker hands to the output thread (`engine/output_thread.rs`) to turn into events;
+//! the core knows nothing of text or clients. The one word that comes back is a request's
+//! [`StopSignal`]: a stop string ended its answer, and the core ends it at its next schedule.
 //!
 //! **Memory on demand.** A request holds the pages of its prompt and of the block it is decoding
 //! (the K/V it has written or is writing), plus a reserve of [`RESERVE_PAGES`] for the next
@@ -34,8 +36,9 @@ use std::time::Duration;
 use minnow_model::batch::pages_for;
 use minnow_model::{PageId, Segment, SegmentOutput};
 
-use super::handle::CancelToken;
-use crate::api::FinishReason;
+use super::handle::{CancelToken, StopSignal};
+use crate::api::{FinishReason, GenerationStats};
+use crate::decode::constrained::Constrained;
 use crate::decode::layout::Layout;
 use crate::decode::params::ResolvedParams;
 use crate::decode::request::{
@@ -89,8 +92,10 @@ pub(crate) struct NewSequence {
     pub cache_prompt: bool,
     pub cache_salt: Option<String>,
     pub cancel: CancelToken,
+    /// Raised by the output thread when a stop string ended the answer.
+    pub stop_signal: StopSignal,
     /// The compiled grammar of a structured-output request.
-    pub constraint: Option<crate::decode::constrained::Constrained>,
+    pub constraint: Option<Constrained>,
 }
 
 /// Why [`Core::admit`] did not take a request.
@@ -115,10 +120,14 @@ pub(crate) enum SequenceUpdate {
         total: usize,
         cached: usize,
     },
-    /// A block became final and another follows.
+    /// A block became final and another follows. `totals` and `trace_len` are the request's
+    /// statistics and trace length as of this block: what its `Done` reports when a stop string
+    /// in this block ends it (the core may decode further blocks before it hears so).
     Block {
         id: u64,
         block: FinishedBlock,
+        totals: GenerationStats,
+        trace_len: usize,
     },
     /// The request is over and its pages are released; `last_block` is the block that ended it,
     /// if one did.
@@ -186,11 +195,23 @@ struct Sequence {
     decoder: RequestDecoder,
     pages: RequestPages,
     cancel: CancelToken,
+    stop_signal: StopSignal,
     /// Set once it is over (its pages are released then); it leaves at the next retire.
     outcome: Option<Outcome>,
 }
 
 impl Sequence {
+    /// Why it must end now from outside: its client cancelled it, or a stop string ended it.
+    fn interrupted(&self) -> Option<FinishReason> {
+        if self.cancel.is_cancelled() {
+            Some(FinishReason::Cancelled)
+        } else if self.stop_signal.is_stopped() {
+            Some(FinishReason::Stop)
+        } else {
+            None
+        }
+    }
+
     /// Pages its current block needs, and that plus the reserve (within its canvas).
     fn pages_wanted(&self, block: usize) -> (usize, usize) {
         let needed = self.decoder.current_block_end().div_ceil(block);
@@ -326,6 +347,7 @@ impl Core {
             decoder,
             pages,
             cancel: new.cancel,
+            stop_signal: new.stop_signal,
             outcome: None,
         });
         Ok(())
@@ -355,18 +377,6 @@ impl Core {
         true
     }
 
-    /// Ends request `id` now (the worker found a stop string); its decoder, when it was still
-    /// admitted.
-    pub fn end(&mut self, id: u64) -> Option<RequestDecoder> {
-        if let Some(i) = self.running.iter().position(|s| s.id == id) {
-            let mut seq = self.running.remove(i);
-            seq.pages.release(&mut self.pool);
-            return Some(seq.decoder);
-        }
-        let i = self.preempted.iter().position(|s| s.id == id)?;
-        self.preempted.remove(i).map(|s| s.decoder)
-    }
-
     /// Fails every admitted request (an engine shutdown or a bug in a step).
     pub fn fail_all(&mut self, error: impl Fn() -> EngineError) {
         for mut seq in self.running.drain(..).chain(self.preempted.drain(..)) {
@@ -380,7 +390,7 @@ impl Core {
 
     /// Plans the next step (see the module docs).
     pub fn schedule(&mut self) -> StepPlan {
-        self.end_cancelled();
+        self.end_interrupted();
         let block = self.pool.block();
         let mut plan = StepPlan::default();
         // Denoising and commit forwards, oldest first (a prefilling request answers Idle to a
@@ -431,6 +441,15 @@ impl Core {
         self.prefill_turn = self.prefill_turn.wrapping_add(1);
         self.retire();
         plan
+    }
+
+    /// The grammars of the step's constrained denoising forwards, whose next masks the worker
+    /// has computed while the forward runs (empty when no request of the step is constrained).
+    pub fn step_constraints(&mut self) -> Vec<&mut Constrained> {
+        self.running
+            .iter_mut()
+            .filter_map(|s| s.decoder.constraint_of_planned_step())
+            .collect()
     }
 
     /// Hands each request of `plan` its output (`outputs` in the plan's order), or fails them
@@ -601,7 +620,16 @@ impl Core {
             }
             Update::Block(block) => match block.finish {
                 Some(reason) => self.end_at(i, reason, Some(block)),
-                None => self.updates.push(SequenceUpdate::Block { id, block }),
+                None => {
+                    let totals = seq.decoder.stats();
+                    let trace_len = seq.decoder.trace().map_or(0, <[_]>::len);
+                    self.updates.push(SequenceUpdate::Block {
+                        id,
+                        block,
+                        totals,
+                        trace_len,
+                    })
+                }
             },
         }
     }
@@ -618,18 +646,22 @@ impl Core {
         seq.outcome = Some(Outcome::Failed(error));
     }
 
-    fn end_cancelled(&mut self) {
+    /// Ends the requests that their client cancelled or that a stop string ended.
+    fn end_interrupted(&mut self) {
         for i in 0..self.running.len() {
-            if self.running[i].outcome.is_none() && self.running[i].cancel.is_cancelled() {
-                self.end_at(i, FinishReason::Cancelled, None);
+            if self.running[i].outcome.is_none() {
+                if let Some(reason) = self.running[i].interrupted() {
+                    self.end_at(i, reason, None);
+                }
             }
         }
-        let (cancelled, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.preempted)
+        let (interrupted, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.preempted)
             .into_iter()
-            .partition(|s| s.cancel.is_cancelled());
+            .partition(|s| s.interrupted().is_some());
         self.preempted = waiting.into();
-        for seq in cancelled {
-            self.report(seq, Outcome::Ended(FinishReason::Cancelled, None));
+        for seq in interrupted {
+            let reason = seq.interrupted().expect("partitioned on it");
+            self.report(seq, Outcome::Ended(reason, None));
         }
     }
 

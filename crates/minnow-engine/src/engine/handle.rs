@@ -1,5 +1,6 @@
 //! The caller's side of a submitted request: its event stream ([`RequestHandle`]), its
-//! cancellation flag ([`CancelToken`]) and, for traced requests, its trace ([`TraceLog`]).
+//! cancellation flag ([`CancelToken`]) and, for traced requests, its trace ([`TraceLog`]); and the
+//! output thread's word to the core that a stop string ended an answer ([`StopSignal`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,6 +35,20 @@ impl CancelToken {
         self.0.store(true, Ordering::SeqCst);
     }
     pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Set by the output thread when a stop string ended a request's answer: the core then ends the
+/// request at its next schedule (pages released) as if its decoder had stopped there.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StopSignal(Arc<AtomicBool>);
+
+impl StopSignal {
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn is_stopped(&self) -> bool {
         self.0.load(Ordering::SeqCst)
     }
 }

@@ -187,7 +187,7 @@ fn stop_string_split_across_blocks_is_held_back_and_cut() {
         "held back: {:?}",
         deltas[0]
     );
-    let (reason, ids, text, _) = done(&events);
+    let (reason, ids, text, stats) = done(&events);
     assert_eq!(reason, FinishReason::Stop);
     assert_eq!(text, before);
     assert_eq!(streamed_text(&events), before);
@@ -195,6 +195,65 @@ fn stop_string_split_across_blocks_is_held_back_and_cut() {
         ids,
         target[..26].to_vec(),
         "ids up to the token completing the stop string"
+    );
+    // The statistics are those of the answer up to the stop block, whatever the core decoded
+    // before it heard of the stop.
+    assert_eq!(
+        stats,
+        GenerationStatsView {
+            completion_tokens: 26,
+            blocks: 2
+        }
+    );
+}
+
+/// The stop string is found on the output thread; the core must still stop decoding the request
+/// and release its pages.
+#[test]
+fn a_stop_string_ends_decoding_and_frees_the_pages() {
+    let tok = Tokenizer::from_dir(&fixture("llada2-tiny-v21")).unwrap();
+    let target = tok
+        .encode(&"alpha beta gamma delta epsilon zeta eta theta ".repeat(40))
+        .unwrap();
+    let stop = tok.decode(&target[8..12], false).unwrap();
+    assert!(!tok.decode(&target[..8], false).unwrap().contains(&stop));
+    // 40 prompt tokens, the rest of the 512-token context as the answer: 15 blocks, at least
+    // one forward each, 20 ms per forward.
+    let engine = engine_writing(
+        target.clone(),
+        40,
+        Duration::from_millis(20),
+        EngineOptions::default(),
+    );
+    let mut handle = engine
+        .submit(GenerateRequest {
+            prompt_ids: prompt_ids(&engine, 40),
+            stop: vec![stop],
+            ..Default::default()
+        })
+        .unwrap();
+    let events = collect(&mut handle);
+    let blocks = events
+        .iter()
+        .filter(|e| matches!(e, Event::Block { .. }))
+        .count();
+    assert_eq!(blocks, 1, "only the block that completed the stop string");
+    let (reason, ids, _, stats) = done(&events);
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(ids, target[..12].to_vec());
+    assert_eq!(stats.blocks, 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while engine.busy_slots() > 0 || engine.stats().cache.pages_held > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stopped request still holds its slot or pages"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let forwards: u64 = engine.stats().batch_size_counts.iter().sum();
+    assert!(
+        forwards < 16,
+        "{forwards} forwards: the core decoded the whole answer after the stop"
     );
 }
 

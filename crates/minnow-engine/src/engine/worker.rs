@@ -1,38 +1,28 @@
-//! The engine's worker thread: it owns the model runner and the [`Core`], and loops: admit queued
-//! requests (at most `parallel` admitted at once; preempted ones resume first), then one step of
-//! the core (schedule, one batched forward, apply). It turns what the core reports about each
-//! request into that request's events: detokenized text, stop strings, tool calls
-//! (`OutputStream`). Events go out over each request's unbounded channel.
+//! The engine's worker thread, the model thread: it owns the model runner and the [`Core`], and
+//! loops: admit queued requests (at most `parallel` admitted at once; preempted ones resume
+//! first), then one step of the core (schedule, one batched forward, apply). What the core
+//! reports about each request goes to the output thread (`output_thread.rs`), which turns it
+//! into events (text, stop strings, tool calls) while the next forward runs.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use minnow_model::ModelRunner;
-use tokio::sync::mpsc::UnboundedSender;
 
-use super::core::{Core, CoreSettings, NewSequence, Refusal, SequenceUpdate, StepPlan};
-use super::handle::TraceLog;
-use crate::api::{BlockStats, Event, FinishReason, ToolCallDelta};
-use crate::decode::request::{FinishedBlock, RequestDecoder};
+use super::core::{Core, CoreSettings, NewSequence, Refusal};
+use super::output_thread::{OutputRequest, OutputThread};
+use crate::api::Event;
 use crate::error::{EngineError, EngineResult};
 use crate::kv_cache::BlockPool;
 use crate::kv_cache::CacheStats;
-use crate::output::text_stream::OutputStream;
-use crate::output::tool_calls::StreamParser;
 use crate::text::tokenizer::Tokenizer;
-use crate::text::tool_format::ToolCallFormat;
 
 /// A validated request waiting for a slot: what the core decodes, and what its client's text
 /// stream needs.
 pub(crate) struct Job {
     pub sequence: NewSequence,
-    pub stop: Vec<String>,
-    pub tool_names: Vec<String>,
-    pub forced_prefix: Option<String>,
-    pub tool_format: ToolCallFormat,
-    pub events: UnboundedSender<Event>,
-    pub trace: Option<TraceLog>,
+    pub output: OutputRequest,
 }
 
 /// What the worker reports about its K/V cache and batches (for `/metrics`, `/slots`, `/props`).
@@ -60,7 +50,7 @@ impl QueueState {
     /// Forgets waiting jobs whose handle was dropped (the client went away while queued), so
     /// they neither hold queue capacity nor count in the queue depth until a slot frees up.
     fn drop_abandoned(&mut self) {
-        self.waiting.retain(|job| !job.events.is_closed());
+        self.waiting.retain(|job| !job.output.events.is_closed());
     }
 }
 
@@ -150,6 +140,7 @@ pub(crate) fn spawn(
     tokenizer: Arc<Tokenizer>,
     settings: CoreSettings,
 ) -> EngineResult<std::thread::JoinHandle<()>> {
+    let output = OutputThread::spawn(tokenizer)?;
     std::thread::Builder::new()
         .name("minnow-engine".into())
         .spawn(move || {
@@ -158,8 +149,7 @@ pub(crate) fn spawn(
             Worker {
                 runner,
                 core,
-                clients: HashMap::new(),
-                tokenizer,
+                output,
             }
             .run(&queue)
         })
@@ -169,9 +159,8 @@ pub(crate) fn spawn(
 struct Worker {
     runner: Box<dyn ModelRunner>,
     core: Core,
-    /// The text side of every admitted request, by id.
-    clients: HashMap<u64, Client>,
-    tokenizer: Arc<Tokenizer>,
+    /// Where the core's updates become events (dropped last: it waits for them all).
+    output: OutputThread,
 }
 
 impl Worker {
@@ -185,7 +174,7 @@ impl Worker {
                         drop(state);
                         self.core
                             .fail_all(|| EngineError::Internal("the engine was shut down".into()));
-                        self.deliver(None);
+                        self.deliver();
                         return;
                     }
                     state.drop_abandoned();
@@ -209,7 +198,7 @@ impl Worker {
                 tracing::error!("internal error: {message}");
                 self.core
                     .fail_all(|| EngineError::Internal(format!("internal error: {message}")));
-                self.deliver(None);
+                self.deliver();
             }
             queue.publish_stats(&self.core);
             queue.lock().busy = self.core.active();
@@ -232,48 +221,20 @@ impl Worker {
             let Some(job) = state.waiting.pop_front() else {
                 break;
             };
-            let Job {
-                sequence,
-                stop,
-                tool_names,
-                forced_prefix,
-                tool_format,
-                events,
-                trace,
-            } = job;
+            let Job { sequence, output } = job;
             let id = sequence.id;
             match self.core.admit(sequence) {
                 Ok(()) => {
-                    let parser = StreamParser::new(
-                        tool_format,
-                        tool_names,
-                        forced_prefix,
-                        format!("call_{id}"),
-                    );
-                    self.clients.insert(
-                        id,
-                        Client {
-                            output: OutputStream::new(stop, parser),
-                            ids: Vec::new(),
-                            events,
-                            trace,
-                            started: Instant::now(),
-                        },
-                    );
-                    self.deliver(None);
+                    self.output.open(id, output);
+                    self.deliver();
                 }
                 Err(Refusal::Never(error)) => {
-                    let _ = events.send(Event::Error(error));
+                    let _ = output.events.send(Event::Error(error));
                 }
                 Err(Refusal::Wait(sequence)) => {
                     state.waiting.push_front(Job {
                         sequence: *sequence,
-                        stop,
-                        tool_names,
-                        forced_prefix,
-                        tool_format,
-                        events,
-                        trace,
+                        output,
                     });
                     break;
                 }
@@ -281,244 +242,38 @@ impl Worker {
         }
     }
 
-    /// One step: schedule, run the batch, apply its outputs; events go out after each part.
+    /// One step: schedule, run the batch, apply its outputs; the updates of each part go to the
+    /// output thread at once. The grammar masks the step's constrained requests will want are
+    /// computed on rayon's threads while the forward runs on this one (docs/decoding.md §13).
     fn step(&mut self) {
-        let mut plan = self.core.schedule();
-        self.deliver(Some(&mut plan));
+        let plan = self.core.schedule();
+        self.deliver();
         if plan.is_empty() {
             return;
         }
+        let segments = plan.segments();
         let began = Instant::now();
-        let outputs = self
-            .runner
-            .forward_batch(&plan.segments())
-            .map_err(|e| e.to_string());
-        self.core.apply(plan, outputs, began.elapsed());
-        self.deliver(None);
-    }
-
-    /// Turns the core's updates into events. A request a stop string ends is ended in the core
-    /// too, and its forward taken out of `plan`.
-    fn deliver(&mut self, mut plan: Option<&mut StepPlan>) {
-        for update in self.core.take_updates() {
-            match update {
-                SequenceUpdate::Admitted { id, cached, total } => {
-                    if let Some(client) = self.clients.get_mut(&id) {
-                        // The cache hit is the first progress a client sees (a fully cached
-                        // prompt has no prefill forward to report after).
-                        client.send(Event::PrefillProgress {
-                            total,
-                            cached,
-                            processed: cached,
-                            elapsed_ms: 0,
-                        });
-                    }
+        let constraints = self.core.step_constraints();
+        let runner = &mut self.runner;
+        let outputs = if constraints.is_empty() {
+            runner.forward_batch(&segments)
+        } else {
+            // The forward stays on this thread (a GPU runner's context is current here).
+            rayon::in_place_scope(|scope| {
+                for constraint in constraints {
+                    scope.spawn(move |_| constraint.prepare_mask());
                 }
-                SequenceUpdate::Prefill {
-                    id,
-                    processed,
-                    total,
-                    cached,
-                } => {
-                    if let Some(client) = self.clients.get_mut(&id) {
-                        let elapsed_ms = client.started.elapsed().as_millis() as u64;
-                        client.send(Event::PrefillProgress {
-                            total,
-                            cached,
-                            processed,
-                            elapsed_ms,
-                        });
-                    }
-                }
-                SequenceUpdate::Block { id, block } => {
-                    let Some(client) = self.clients.get_mut(&id) else {
-                        continue;
-                    };
-                    match client.on_block(&self.tokenizer, block) {
-                        Ok(None) => {}
-                        Ok(Some(stopped)) => {
-                            let client = self.clients.remove(&id).expect("looked up above");
-                            if let Some(plan) = plan.as_deref_mut() {
-                                plan.remove(id);
-                            }
-                            match self.core.end(id) {
-                                Some(decoder) => client.finish(
-                                    &self.tokenizer,
-                                    FinishReason::Stop,
-                                    vec![stopped.0],
-                                    Some(stopped.1),
-                                    &decoder,
-                                ),
-                                None => client.fail(EngineError::Internal(
-                                    "the request ended unexpectedly".into(),
-                                )),
-                            }
-                        }
-                        Err(error) => {
-                            let client = self.clients.remove(&id).expect("looked up above");
-                            if let Some(plan) = plan.as_deref_mut() {
-                                plan.remove(id);
-                            }
-                            self.core.end(id);
-                            client.fail(error);
-                        }
-                    }
-                }
-                SequenceUpdate::Ended {
-                    id,
-                    reason,
-                    last_block,
-                    decoder,
-                } => {
-                    let Some(mut client) = self.clients.remove(&id) else {
-                        continue;
-                    };
-                    match last_block {
-                        None => client.finish(&self.tokenizer, reason, Vec::new(), None, &decoder),
-                        Some(block) => match client.last_block(&self.tokenizer, block) {
-                            Ok((pending, last)) => client.finish(
-                                &self.tokenizer,
-                                reason,
-                                vec![pending],
-                                Some(last),
-                                &decoder,
-                            ),
-                            Err(error) => client.fail(error),
-                        },
-                    }
-                }
-                SequenceUpdate::Failed { id, error } => {
-                    if let Some(client) = self.clients.remove(&id) {
-                        client.fail(error);
-                    }
-                }
-            }
+                runner.forward_batch(&segments)
+            })
         }
-    }
-}
-
-/// Text and tool-call deltas not sent yet, and the last block's ids and statistics.
-type Pending = (String, Vec<ToolCallDelta>);
-type LastBlock = (Vec<u32>, BlockStats);
-
-/// The text side of one admitted request.
-struct Client {
-    output: OutputStream,
-    /// Output ids of the blocks so far.
-    ids: Vec<u32>,
-    events: UnboundedSender<Event>,
-    trace: Option<TraceLog>,
-    started: Instant,
-}
-
-impl Client {
-    fn send(&mut self, event: Event) {
-        // A send fails only when the handle is gone; its Drop also set the cancel flag, which
-        // the core sees at its next step.
-        let _ = self.events.send(event);
+        .map_err(|e| e.to_string());
+        let elapsed = began.elapsed();
+        drop(segments);
+        self.core.apply(plan, outputs, elapsed);
+        self.deliver();
     }
 
-    /// A block that did not end the request: its text goes out, unless it completed a stop
-    /// string, which ends the request (then its text and ids come back for the last `Block`).
-    fn on_block(
-        &mut self,
-        tokenizer: &Tokenizer,
-        block: FinishedBlock,
-    ) -> EngineResult<Option<(Pending, LastBlock)>> {
-        let (pending, last, stopped) = self.push(tokenizer, block)?;
-        if stopped {
-            return Ok(Some((pending, last)));
-        }
-        let (text_delta, tool_call_deltas) = pending;
-        let (tokens, stats) = last;
-        self.send(Event::Block {
-            text_delta,
-            tokens,
-            tool_call_deltas,
-            stats,
-        });
-        Ok(None)
-    }
-
-    /// The block that ended the request.
-    fn last_block(
-        &mut self,
-        tokenizer: &Tokenizer,
-        block: FinishedBlock,
-    ) -> EngineResult<(Pending, LastBlock)> {
-        let (pending, last, _) = self.push(tokenizer, block)?;
-        Ok((pending, last))
-    }
-
-    /// Detokenizes a block through the stop strings and tool-call parser; its ids are cut after
-    /// a stop string's last token.
-    fn push(
-        &mut self,
-        tokenizer: &Tokenizer,
-        block: FinishedBlock,
-    ) -> EngineResult<(Pending, LastBlock, bool)> {
-        let mut tokens = block.tokens;
-        self.ids.extend_from_slice(&tokens);
-        let text = self.output.push_block(tokenizer, &self.ids)?;
-        let stopped = match &text.stop {
-            Some(hit) => {
-                // Keep only this block's ids up to the token that completed the stop.
-                let before = self.ids.len() - tokens.len();
-                tokens.truncate(hit.keep_tokens.saturating_sub(before));
-                true
-            }
-            None => false,
-        };
-        Ok((
-            (text.text_delta, text.tool_call_deltas),
-            (tokens, block.stats),
-            stopped,
-        ))
-    }
-
-    /// Ends the request: final text and tool calls, the last `Block` (when a block ended it),
-    /// then `Done`.
-    fn finish(
-        mut self,
-        tokenizer: &Tokenizer,
-        reason: FinishReason,
-        mut pending: Vec<Pending>,
-        last_block: Option<LastBlock>,
-        decoder: &RequestDecoder,
-    ) {
-        let ids = decoder.output().to_vec();
-        let final_text = match self.output.finish(tokenizer, &ids, reason) {
-            Ok(f) => f,
-            Err(error) => return self.fail(error),
-        };
-        pending.push((final_text.text_delta, final_text.tool_call_deltas));
-        if let Some((tokens, stats)) = last_block {
-            let text_delta = pending.iter().map(|(t, _)| t.as_str()).collect();
-            let tool_call_deltas = pending.into_iter().flat_map(|(_, d)| d).collect();
-            self.send(Event::Block {
-                text_delta,
-                tokens,
-                tool_call_deltas,
-                stats,
-            });
-        }
-        let output_ids = ids[..final_text.kept_tokens.min(ids.len())].to_vec();
-        let mut stats = decoder.stats();
-        stats.completion_tokens = output_ids.len();
-        if let (Some(log), Some(steps)) = (&self.trace, decoder.trace()) {
-            log.store(steps);
-        }
-        self.send(Event::Done {
-            finish_reason: final_text.finish_reason,
-            output_ids,
-            text: final_text.content,
-            tool_calls: final_text.tool_calls,
-            stats,
-        });
-    }
-
-    fn fail(mut self, error: EngineError) {
-        tracing::warn!("generation failed: {error}");
-        self.send(Event::Error(error));
+    fn deliver(&mut self) {
+        self.output.updates(self.core.take_updates());
     }
 }

@@ -52,6 +52,7 @@ fn sequence(id: u64, prompt_len: usize, max_new: usize) -> NewSequence {
         cache_prompt: true,
         cache_salt: None,
         cancel: CancelToken::default(),
+        stop_signal: StopSignal::default(),
         constraint: None,
     }
 }
@@ -359,5 +360,57 @@ fn a_cancelled_preempted_request_ends_as_cancelled() {
     cancel.cancel();
     h.run(1000);
     assert_eq!(h.ended[&2].reason, FinishReason::Cancelled);
+    assert_eq!(h.ended[&1].reason, FinishReason::Length);
+}
+
+#[test]
+fn a_stop_signal_ends_a_request_at_the_next_schedule_and_frees_its_pages() {
+    let mut h = Harness::new(core(64, 512));
+    let first = sequence(1, 10, 100);
+    let stop = first.stop_signal.clone();
+    h.waiting.push_back(first);
+    h.waiting.push_back(sequence(2, 10, 20));
+    while h
+        .core
+        .running
+        .first()
+        .is_none_or(|s| s.decoder.output().is_empty())
+    {
+        h.step();
+        assert!(h.plans.len() < 1000, "request 1 never finished a block");
+    }
+    stop.stop();
+    let plan = h.core.schedule();
+    h.collect();
+    assert!(
+        plan.segments.iter().all(|s| s.id != 1),
+        "a stopped request gets no forward"
+    );
+    assert_eq!(h.ended[&1].reason, FinishReason::Stop);
+    assert!(h.ended[&1].output.len() < 100);
+    assert_eq!(h.held(1), 0, "its pages are released at once");
+    // The step goes on for the other request.
+    let outputs = h
+        .runner
+        .forward_batch(&plan.segments())
+        .map_err(|e| e.to_string());
+    h.core.apply(plan, outputs, Duration::ZERO);
+    h.run(1000);
+    assert_eq!(h.ended[&2].reason, FinishReason::Length);
+    assert_eq!(h.core.cache_stats().pages_held, 0);
+
+    // A preempted request hears its stop signal too.
+    let mut h = Harness::new(core(10, 512));
+    h.waiting.push_back(sequence(1, 6, 26));
+    let second = sequence(2, 6, 26);
+    let stop = second.stop_signal.clone();
+    h.waiting.push_back(second);
+    while h.core.preempted.is_empty() {
+        h.step();
+        assert!(h.plans.len() < 1000, "request 2 was never preempted");
+    }
+    stop.stop();
+    h.run(1000);
+    assert_eq!(h.ended[&2].reason, FinishReason::Stop);
     assert_eq!(h.ended[&1].reason, FinishReason::Length);
 }
