@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod error;
 pub mod router;
 pub mod runner;
+pub mod schema;
 pub mod trace;
 pub mod weights;
 
