@@ -13,7 +13,7 @@ use std::path::Path;
 
 use common::*;
 use minnow_model::schema::{Mlp, Projection, Tensor};
-use minnow_model::{Config, CpuModel, CpuRunner, LogitsRows, ModelRunner};
+use minnow_model::{Config, CpuModel, CpuRunner, LogitsRows, SingleSequence};
 use safetensors::{Dtype, SafeTensors};
 
 /// All tensors of a checkpoint, widened to f64, by name.
@@ -267,8 +267,8 @@ fn naive_forward(c: &Config, t: &Tensors, ids: &[u32]) -> Vec<f64> {
 }
 
 fn compare(dir: &Path, ids: &[u32], what: &str) {
-    let mut runner = CpuRunner::load(dir).unwrap();
-    let seq = runner.create_sequence().unwrap();
+    let mut runner = SingleSequence::new(CpuRunner::load(dir).unwrap());
+    let seq = runner.create_sequence();
     let got = runner.forward(seq, ids, LogitsRows::All).unwrap();
     let want: Vec<f32> = naive_forward(runner.config(), &Tensors::load(dir), ids)
         .into_iter()

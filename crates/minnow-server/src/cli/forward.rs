@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use minnow_model::{CpuRunner, LogitsRows, ModelRunner};
+use minnow_model::{CpuRunner, LogitsRows, ModelRunner, SingleSequence};
 use minnow_runtime::device::DeviceRequest;
 use safetensors::tensor::TensorView;
 
@@ -29,9 +29,9 @@ pub fn run(cli: &Global, args: &Args) -> Result<(), String> {
     let model = &model_or_fixture(cli);
     output_file::check_writable(&args.output, args.force)?;
     let ids = read_input_ids(&args.input)?;
-    let mut runner = open_runner(cli.device, model)?;
+    let mut runner = SingleSequence::new(open_runner(cli.device, model)?);
     let vocab = runner.config().vocab_size;
-    let seq = runner.create_sequence().map_err(|e| e.to_string())?;
+    let seq = runner.create_sequence();
     let logits = runner
         .forward(seq, &ids, LogitsRows::All)
         .map_err(|e| e.to_string())?;
