@@ -15,7 +15,7 @@
 use std::time::Instant;
 
 use minnow_model::cuda::CudaRunner;
-use minnow_model::{Config, LogitsRows, ModelRunner, PageId, Segment, Want};
+use minnow_model::{Config, LogitsRows, ModelRunner, PageId, Segment, SeqId, SingleSequence, Want};
 use minnow_runtime::cuda::Gpu;
 use minnow_runtime::quant::QuantEncoding;
 
@@ -506,6 +506,20 @@ fn fnv1a<'a>(tokens: impl IntoIterator<Item = &'a u32>) -> u64 {
 }
 
 /// Prints a per-stage device-time breakdown (events between stages; a few µs of overhead each).
+/// One forward of `seq` without graph replay, timed stage by stage on the device.
+fn profile_one(
+    runner: &mut SingleSequence<CudaRunner>,
+    seq: SeqId,
+    ids: &[u32],
+    want: Want,
+) -> Result<Vec<(&'static str, f32)>, String> {
+    runner
+        .forward_segment(seq, ids, want, |r, segment| {
+            r.profile_batch(std::slice::from_ref(segment))
+        })
+        .map_err(err)
+}
+
 fn print_profile(what: &str, stages: Vec<(&'static str, f32)>) {
     let total: f32 = stages.iter().map(|s| s.1).sum();
     let parts: Vec<String> = stages
@@ -524,8 +538,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let config = Config::from_json_str(&shapes, std::path::Path::new(&format!("<{label} shapes>")))
         .map_err(err)?;
     let t0 = Instant::now();
-    let mut runner =
-        CudaRunner::random_with_experts(config.clone(), 0, 2201, o.experts, None).map_err(err)?;
+    let mut runner = SingleSequence::new(
+        CudaRunner::random_with_experts(config.clone(), 0, 2201, o.experts, None).map_err(err)?,
+    );
     let device = runner.gpu().name().to_string();
     println!(
         "random {label} weights ({} routed experts) on {device}: {:.2} GB in {:.1} s",
@@ -547,11 +562,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     if o.profile_one {
         let prefix = o.prefixes.first().copied().unwrap_or(1024);
-        let seq = runner.create_sequence().map_err(err)?;
+        let seq = runner.create_sequence();
         runner
             .forward(seq, &ids(prefix, 7), LogitsRows::None)
             .map_err(err)?;
-        runner.set_graphs(false);
+        runner.runner_mut().set_graphs(false);
         let block = ids(32, prefix as u64 + 1);
         // Warm-up, then the profiled forward.
         runner
@@ -571,7 +586,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     // Prefill: whole prompt in one forward, no logits.
     for &n in &o.prefill {
-        let seq = runner.create_sequence().map_err(err)?;
+        let seq = runner.create_sequence();
         let prompt = ids(n, n as u64);
         let mut times = vec![];
         for rep in 0..(o.reps / 4).max(2) + 1 {
@@ -595,16 +610,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
         runner.truncate_sequence(seq, 0).map_err(err)?;
         print_profile(
             &format!("prefill {n}"),
-            runner
-                .profile_forward(seq, &prompt, LogitsRows::None, false)
-                .map_err(err)?,
+            profile_one(&mut runner, seq, &prompt, Want::Nothing)?,
         );
         runner.release_sequence(seq);
     }
 
     // One refinement forward (32 tokens, every row's argmax + confidence) over a cached prefix.
     for &prefix in &o.prefixes {
-        let seq = runner.create_sequence().map_err(err)?;
+        let seq = runner.create_sequence();
         runner
             .forward(seq, &ids(prefix, 7), LogitsRows::None)
             .map_err(err)?;
@@ -616,7 +629,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ("no graph, top-1 on GPU", false, true),
             ("graph, F32 logits to host", true, false),
         ] {
-            runner.set_graphs(graphs);
+            runner.runner_mut().set_graphs(graphs);
             let mut times = vec![];
             for rep in 0..o.reps + 3 {
                 runner.truncate_sequence(seq, prefix).map_err(err)?;
@@ -652,18 +665,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
         runner.truncate_sequence(seq, prefix).map_err(err)?;
         print_profile(
             &format!("refinement 32 @ prefix {prefix}"),
-            runner
-                .profile_forward(seq, &block, LogitsRows::All, true)
-                .map_err(err)?,
+            profile_one(&mut runner, seq, &block, Want::Top1(0..block.len()))?,
         );
-        runner.set_graphs(true);
+        runner.runner_mut().set_graphs(true);
         runner.release_sequence(seq);
     }
 
     // Decode 8 blocks after a 1024-token prompt with a fixed schedule: 8 refinement forwards
     // (top-1 readback) then one commit forward per block.
     let single_rate = {
-        let seq = runner.create_sequence().map_err(err)?;
+        let seq = runner.create_sequence();
         runner
             .forward(seq, &ids(1024, 3), LogitsRows::None)
             .map_err(err)?;
@@ -708,6 +719,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     };
 
     // Printed before any mismatch fails the command, so the numbers are never lost.
+    let mut runner = runner.into_inner();
     let invariance = batched_benchmarks(&mut runner, &o, bw, peak, single_rate, &mut rows);
 
     println!();

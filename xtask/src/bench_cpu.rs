@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
-use minnow_model::{CpuRunner, LogitsRows, ModelRunner};
+use minnow_model::{CpuRunner, LogitsRows, SingleSequence};
 
 #[derive(Parser, Debug)]
 #[command(name = "bench-cpu")]
@@ -37,14 +37,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Args::try_parse_from(std::iter::once("bench-cpu".to_string()).chain(args.iter().cloned()))
             .map_err(|e| e.to_string())?;
     let t = Instant::now();
-    let mut runner = CpuRunner::load(&args.model).map_err(|e| e.to_string())?;
+    let mut runner = SingleSequence::new(CpuRunner::load(&args.model).map_err(|e| e.to_string())?);
     let load_s = t.elapsed().as_secs_f64();
     let c = runner.config().clone();
     let block = c.block_size;
     let ids = pseudo_ids(args.full.max(args.prefix + block), c.vocab_size);
 
     eprintln!("warm-up ...");
-    let seq = runner.create_sequence().map_err(|e| e.to_string())?;
+    let seq = runner.create_sequence();
     runner
         .forward(seq, &ids[..block], LogitsRows::All)
         .map_err(|e| e.to_string())?;
@@ -52,7 +52,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     let mut full = Vec::new();
     for r in 0..args.reps {
-        let seq = runner.create_sequence().map_err(|e| e.to_string())?;
+        let seq = runner.create_sequence();
         let t = Instant::now();
         let logits = runner
             .forward(seq, &ids[..args.full], LogitsRows::All)
@@ -63,7 +63,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         eprintln!("full forward {}/{}: {:.3} s", r + 1, args.reps, full[r]);
     }
 
-    let seq = runner.create_sequence().map_err(|e| e.to_string())?;
+    let seq = runner.create_sequence();
     let t = Instant::now();
     runner
         .forward(seq, &ids[..args.prefix], LogitsRows::None)

@@ -14,6 +14,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
+use minnow_model::schema::{self, Role};
 
 #[derive(Parser, Debug)]
 #[command(name = "make-checkpoint")]
@@ -57,7 +58,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         &args.out.join("generation_config.json"),
         &serde_json::json!({"bos_token_id": 156891, "eos_token_id": 156892, "pad_token_id": 156892, "mask_token_id": 156895}),
     )?;
-    let tensors = tensor_list(&config, &args.family);
+    let tensors = tensor_list(&config, &args.family)?;
     let total: usize = tensors.iter().map(|t| t.bytes()).sum();
     let shard_bytes = (args.shard_gib * (1u64 << 30) as f64) as usize;
     let shards = split(&tensors, shard_bytes);
@@ -169,114 +170,29 @@ impl Spec {
     }
 }
 
-/// Every tensor of model doc §4, in checkpoint order.
-fn tensor_list(c: &serde_json::Value, family: &str) -> Vec<Spec> {
-    let u = |k: &str| c[k].as_u64().expect("numeric key") as usize;
-    let (v, d, layers) = (u("vocab_size"), u("hidden_size"), u("num_hidden_layers"));
-    let (h, g, hd) = (
-        u("num_attention_heads"),
-        u("num_key_value_heads"),
-        u("head_dim"),
-    );
-    let (inter, moe, e) = (
-        u("intermediate_size"),
-        u("moe_intermediate_size"),
-        u("num_experts"),
-    );
-    let mut out = Vec::new();
-    let mut push = |name: String, shape: Vec<usize>, f32: bool, init: Init| {
-        out.push(Spec {
-            name,
-            shape,
-            f32,
-            init,
-        })
-    };
-    let proj = |fan_in: usize| Init::Std(1.0 / (fan_in as f32).sqrt());
-    push(
-        "model.word_embeddings.weight".into(),
-        vec![v, d],
-        false,
-        Init::Std(1.0),
-    );
-    for i in 0..layers {
-        let p = format!("model.layers.{i}");
-        push(
-            format!("{p}.input_layernorm.weight"),
-            vec![d],
-            false,
-            Init::Norm,
-        );
-        push(
-            format!("{p}.attention.query_key_value.weight"),
-            vec![(h + 2 * g) * hd, d],
-            false,
-            proj(d),
-        );
-        push(
-            format!("{p}.attention.query_layernorm.weight"),
-            vec![hd],
-            false,
-            Init::Norm,
-        );
-        push(
-            format!("{p}.attention.key_layernorm.weight"),
-            vec![hd],
-            false,
-            Init::Norm,
-        );
-        push(
-            format!("{p}.attention.dense.weight"),
-            vec![d, h * hd],
-            false,
-            proj(h * hd),
-        );
-        push(
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![d],
-            false,
-            Init::Norm,
-        );
-        let mlp =
-            |push: &mut dyn FnMut(String, Vec<usize>, bool, Init), q: String, width: usize| {
-                push(
-                    format!("{q}.gate_proj.weight"),
-                    vec![width, d],
-                    false,
-                    proj(d),
-                );
-                push(
-                    format!("{q}.up_proj.weight"),
-                    vec![width, d],
-                    false,
-                    proj(d),
-                );
-                push(
-                    format!("{q}.down_proj.weight"),
-                    vec![d, width],
-                    false,
-                    proj(width),
-                );
+/// Every tensor of the config (`minnow_model::schema`), in checkpoint order.
+fn tensor_list(c: &serde_json::Value, family: &str) -> Result<Vec<Spec>, String> {
+    let config = minnow_model::Config::from_json_str(&c.to_string(), Path::new("config.json"))
+        .map_err(|e| e.to_string())?;
+    Ok(schema::tensors(&config)
+        .into_iter()
+        .map(|t| {
+            let shape = t.shape(&config);
+            let init = match t.role() {
+                Role::Embedding => Init::Std(1.0),
+                Role::Norm => Init::Norm,
+                Role::RouterBias => Init::Std(0.1),
+                // Matrices: 1/√fan_in, the fan-in being the `[out, in]` shape's second entry.
+                _ => Init::Std(1.0 / (shape[1] as f32).sqrt()),
             };
-        if i == 0 {
-            mlp(&mut push, format!("{p}.mlp"), inter);
-        } else {
-            push(format!("{p}.mlp.gate.weight"), vec![e, d], false, proj(d));
-            push(
-                format!("{p}.mlp.gate.expert_bias"),
-                vec![e],
-                family != "2.0",
-                Init::Std(0.1),
-            );
-            for x in 0..e {
-                mlp(&mut push, format!("{p}.mlp.experts.{x}"), moe);
+            Spec {
+                name: t.name(),
+                shape,
+                f32: t.role() == Role::RouterBias && family != "2.0",
+                init,
             }
-            mlp(&mut push, format!("{p}.mlp.shared_experts"), moe);
-        }
-    }
-    push("model.norm.weight".into(), vec![d], false, Init::Norm);
-    push("lm_head.weight".into(), vec![v, d], false, proj(d));
-    out
+        })
+        .collect())
 }
 
 /// Consecutive groups of tensors of about `max_bytes` each.
@@ -417,7 +333,7 @@ mod tests {
                     Path::new("config.json"),
                 )
                 .unwrap();
-                let specs = Specs(tensor_list(&json, family));
+                let specs = Specs(tensor_list(&json, family).unwrap());
                 minnow_model::weights::validate(&c, &specs).unwrap();
                 c.refine_family(minnow_model::weights::expert_bias_dtype(&c, &specs));
                 assert_eq!(c.family.version(), want, "{preset} {family}");

@@ -9,7 +9,7 @@ use minnow_engine::decode::joint::{Joint, JointSettings};
 use minnow_engine::decode::ControlTokens;
 use minnow_engine::sampling::SamplerSettings;
 use minnow_model::cpu::CpuRunner;
-use minnow_model::{LogitsRows, ModelRunner, SeqId};
+use minnow_model::{LogitsRows, SeqId, SingleSequence};
 use rand::SeedableRng;
 use serde_json::Value;
 
@@ -31,7 +31,7 @@ fn golden_prompt() -> Vec<u32> {
 /// Decodes block 1 of the golden prompt with the joint algorithm; returns the final ids, the ids
 /// of the last denoising forward, and how the block was committed.
 fn decode_block_one(
-    runner: &mut CpuRunner,
+    runner: &mut SingleSequence<CpuRunner>,
     seq: SeqId,
     prompt: &[u32],
     editing_threshold: f32,
@@ -75,14 +75,18 @@ fn decode_block_one(
 }
 
 /// Logits of an all-mask block at position 64 after the given cache.
-fn probe(runner: &mut CpuRunner, seq: SeqId) -> Vec<f32> {
+fn probe(runner: &mut SingleSequence<CpuRunner>, seq: SeqId) -> Vec<f32> {
     assert_eq!(runner.sequence_len(seq), 2 * B);
     runner.forward(seq, &[MASK; B], LogitsRows::All).unwrap()
 }
 
 /// A cold cache: prompt block, then `block_one` in one forward.
-fn cold_probe(runner: &mut CpuRunner, prompt: &[u32], block_one: &[u32]) -> Vec<f32> {
-    let seq = runner.create_sequence().unwrap();
+fn cold_probe(
+    runner: &mut SingleSequence<CpuRunner>,
+    prompt: &[u32],
+    block_one: &[u32],
+) -> Vec<f32> {
+    let seq = runner.create_sequence();
     runner.forward(seq, &prompt[..B], LogitsRows::None).unwrap();
     runner.forward(seq, block_one, LogitsRows::None).unwrap();
     probe(runner, seq)
@@ -90,9 +94,9 @@ fn cold_probe(runner: &mut CpuRunner, prompt: &[u32], block_one: &[u32]) -> Vec<
 
 #[test]
 fn budget_exit_refreshes_once_and_matches_a_cold_prefill() {
-    let mut runner = CpuRunner::load(&fixture()).unwrap();
+    let mut runner = SingleSequence::new(CpuRunner::load(&fixture()).unwrap());
     let prompt = golden_prompt();
-    let seq = runner.create_sequence().unwrap();
+    let seq = runner.create_sequence();
     // τe = 0: block 1 of this prompt keeps editing until max_post_steps (fixture README).
     let (final_ids, last_input, commit) = decode_block_one(&mut runner, seq, &prompt, 0.0);
     assert_eq!(commit, Commit::Refreshed);
@@ -109,9 +113,9 @@ fn budget_exit_refreshes_once_and_matches_a_cold_prefill() {
 
 #[test]
 fn converged_block_reuses_its_last_forward() {
-    let mut runner = CpuRunner::load(&fixture()).unwrap();
+    let mut runner = SingleSequence::new(CpuRunner::load(&fixture()).unwrap());
     let prompt = golden_prompt();
-    let seq = runner.create_sequence().unwrap();
+    let seq = runner.create_sequence();
     // τe = 0.9: block 1 converges (its last step changes nothing).
     let (final_ids, last_input, commit) = decode_block_one(&mut runner, seq, &prompt, 0.9);
     assert_eq!(commit, Commit::Reused);

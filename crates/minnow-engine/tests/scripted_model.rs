@@ -14,7 +14,7 @@ use minnow_engine::{
     ChatMessage, ChatPrompt, Engine, EngineOptions, Event, FinishReason, GenerateRequest,
     RequestHandle, ToolCall, ToolChoice,
 };
-use minnow_model::{Config, ModelRunner, PageId, Segment, SegmentOutput, SequenceTable, Want};
+use minnow_model::{Config, ModelRunner, PageId, Segment, SegmentOutput, Want};
 
 const FIXTURE: &str = "llada2-tiny-v21";
 const PAGES: usize = 1024;
@@ -30,7 +30,6 @@ type Script = Box<dyn Fn(u32, usize) -> u32 + Send>;
 
 struct PageReadingRunner {
     config: Config,
-    table: SequenceTable,
     /// The ids written at each page's positions (what the page's K/V would encode).
     pages: HashMap<PageId, Vec<u32>>,
     script: Script,
@@ -48,7 +47,6 @@ impl PageReadingRunner {
         config.max_position_embeddings = 4096;
         Self {
             config,
-            table: SequenceTable::new(PAGES),
             pages: HashMap::new(),
             script: Box::new(script),
             crossed,
@@ -117,12 +115,6 @@ impl ModelRunner for PageReadingRunner {
             });
         }
         Ok(out)
-    }
-    fn sequence_table(&mut self) -> &mut SequenceTable {
-        &mut self.table
-    }
-    fn sequence_table_ref(&self) -> &SequenceTable {
-        &self.table
     }
 }
 

@@ -6,6 +6,8 @@
 
 mod checkpoint;
 mod error;
+#[cfg(test)]
+mod import_graph;
 pub mod mnw;
 mod progress;
 mod safetensors_dir;

@@ -15,6 +15,8 @@ pub mod cuda;
 pub mod error;
 pub mod router;
 pub mod runner;
+pub mod schema;
+pub mod single_sequence;
 pub mod trace;
 pub mod weights;
 
@@ -22,5 +24,6 @@ pub use batch::{PageId, Segment, SegmentOutput, Want};
 pub use config::{Config, Family};
 pub use cpu::{CpuModel, CpuRunner, KvPool};
 pub use error::{ModelError, Result};
-pub use runner::{LogitsRows, ModelRunner, SeqId, SequenceTable};
+pub use runner::ModelRunner;
+pub use single_sequence::{LogitsRows, SeqId, SingleSequence};
 pub use trace::{RouterTrace, Trace};

@@ -1,5 +1,5 @@
 //! The validated weight set of a checkpoint: every tensor the forward pass reads, checked for
-//! presence, element type and shape before any compute (model doc §4).
+//! presence, element type and shape ([`crate::schema`]) before any compute.
 //!
 //! Matrices are borrowed from the tensor source in their stored type (BF16/F16/F32 via mmap) and
 //! widened where they are used, so a 16B checkpoint runs without an F32 copy. MLP projections
@@ -16,6 +16,7 @@ use minnow_runtime::{dtype::widen, DType, MatRef};
 
 use crate::config::Config;
 use crate::error::{ModelError, Result};
+use crate::schema::{self, Projection, Tensor};
 
 /// A stored matrix `[rows, cols]`: a slice of a tensor source, which it keeps alive.
 pub struct StoredMat {
@@ -161,86 +162,11 @@ pub struct Weights {
     pub lm_head: StoredMat,
 }
 
-/// One tensor the model expects.
-struct Expected {
-    name: String,
-    shape: Vec<usize>,
-    /// An MLP projection, which may be stored quantized.
-    mlp: bool,
-}
-
-/// Every tensor name and shape the config implies, in checkpoint order (model doc §4).
-fn expected_tensors(c: &Config) -> Vec<Expected> {
-    let (d_model, v) = (c.hidden_size, c.vocab_size);
-    let mut out = Vec::new();
-    let mut push = |name: String, shape: Vec<usize>| {
-        let mlp = name.ends_with("_proj.weight");
-        out.push(Expected { name, shape, mlp })
-    };
-    push("model.word_embeddings.weight".into(), vec![v, d_model]);
-    for i in 0..c.num_hidden_layers {
-        let p = format!("model.layers.{i}");
-        push(format!("{p}.input_layernorm.weight"), vec![d_model]);
-        push(
-            format!("{p}.attention.query_key_value.weight"),
-            vec![c.qkv_rows(), d_model],
-        );
-        if c.use_qk_norm {
-            push(
-                format!("{p}.attention.query_layernorm.weight"),
-                vec![c.head_dim],
-            );
-            push(
-                format!("{p}.attention.key_layernorm.weight"),
-                vec![c.head_dim],
-            );
-        }
-        push(
-            format!("{p}.attention.dense.weight"),
-            vec![d_model, c.num_attention_heads * c.head_dim],
-        );
-        push(
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![d_model],
-        );
-        let mlp = |push: &mut dyn FnMut(String, Vec<usize>), q: String, width: usize| {
-            push(format!("{q}.gate_proj.weight"), vec![width, d_model]);
-            push(format!("{q}.up_proj.weight"), vec![width, d_model]);
-            push(format!("{q}.down_proj.weight"), vec![d_model, width]);
-        };
-        if c.is_dense_layer(i) {
-            mlp(&mut push, format!("{p}.mlp"), c.intermediate_size);
-        } else {
-            push(format!("{p}.mlp.gate.weight"), vec![c.num_experts, d_model]);
-            if c.moe_router_enable_expert_bias {
-                push(format!("{p}.mlp.gate.expert_bias"), vec![c.num_experts]);
-            }
-            for e in 0..c.num_experts {
-                mlp(
-                    &mut push,
-                    format!("{p}.mlp.experts.{e}"),
-                    c.moe_intermediate_size,
-                );
-            }
-            if c.num_shared_experts > 0 {
-                mlp(
-                    &mut push,
-                    format!("{p}.mlp.shared_experts"),
-                    c.shared_intermediate_size(),
-                );
-            }
-        }
-    }
-    push("model.norm.weight".into(), vec![d_model]);
-    push("lm_head.weight".into(), vec![v, d_model]);
-    out
-}
-
 /// Checks presence, element type and shape of every expected tensor; the error names the first
 /// bad one.
 pub fn validate(c: &Config, source: &dyn TensorSource) -> Result<()> {
-    for e in expected_tensors(c) {
-        check(source, &e.name, &e.shape, e.mlp)?;
+    for t in schema::tensors(c) {
+        check(source, &t.name(), &t.shape(c), t.role().may_be_quantized())?;
     }
     Ok(())
 }
@@ -291,9 +217,9 @@ impl Weights {
         validate(c, source.as_ref())?;
         let src = source.as_ref();
         // Every lookup below was validated, so `get` cannot fail.
-        let get = |name: &str| src.tensor(name).expect("validated tensor");
-        let mat = |name: String| {
-            let t = get(&name);
+        let get = |t: Tensor| src.tensor(&t.name()).expect("validated tensor");
+        let mat = |t: Tensor| {
+            let t = get(t);
             StoredMat {
                 dtype: t.dtype.expect("validated dtype"),
                 rows: t.shape[0],
@@ -303,73 +229,76 @@ impl Weights {
                 _source: Arc::clone(&source),
             }
         };
-        let vector = |name: String| {
-            let t = get(&name);
+        let vector = |t: Tensor| {
+            let t = get(t);
             widen(t.dtype.expect("validated dtype"), t.data)
         };
-        let mlp_mat = |name: String| {
-            let t = get(&name);
-            match t.quant {
-                None => MlpMat::Float(mat(name)),
+        let mlp_mat = |t: Tensor| {
+            let stored = get(t);
+            match stored.quant {
+                None => MlpMat::Float(mat(t)),
                 Some(q) => MlpMat::Quant(QuantStoredMat {
                     encoding: q.encoding,
-                    rows: t.shape[0],
-                    cols: t.shape[1],
+                    rows: stored.shape[0],
+                    cols: stored.shape[1],
                     group_size: q.group_size,
                     global_scale: q.global_scale,
-                    codes: (t.data.as_ptr(), t.data.len()),
+                    codes: (stored.data.as_ptr(), stored.data.len()),
                     scales: (q.scales.as_ptr(), q.scales.len()),
                     _source: Arc::clone(&source),
                 }),
             }
         };
-        let mlp = |p: &str| Mlp {
-            gate: mlp_mat(format!("{p}.gate_proj.weight")),
-            up: mlp_mat(format!("{p}.up_proj.weight")),
-            down: mlp_mat(format!("{p}.down_proj.weight")),
+        let mlp = |layer: usize, mlp: schema::Mlp| {
+            let projection = |projection| {
+                mlp_mat(Tensor::MlpProjection {
+                    layer,
+                    mlp,
+                    projection,
+                })
+            };
+            Mlp {
+                gate: projection(Projection::Gate),
+                up: projection(Projection::Up),
+                down: projection(Projection::Down),
+            }
         };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
-            let p = format!("model.layers.{i}");
             let attention = Attention {
-                qkv: mat(format!("{p}.attention.query_key_value.weight")),
-                q_norm: c
-                    .use_qk_norm
-                    .then(|| vector(format!("{p}.attention.query_layernorm.weight"))),
-                k_norm: c
-                    .use_qk_norm
-                    .then(|| vector(format!("{p}.attention.key_layernorm.weight"))),
-                dense: mat(format!("{p}.attention.dense.weight")),
+                qkv: mat(Tensor::Qkv(i)),
+                q_norm: c.use_qk_norm.then(|| vector(Tensor::QueryNorm(i))),
+                k_norm: c.use_qk_norm.then(|| vector(Tensor::KeyNorm(i))),
+                dense: mat(Tensor::AttentionOut(i)),
             };
             let ffn = if c.is_dense_layer(i) {
-                FeedForward::Dense(mlp(&format!("{p}.mlp")))
+                FeedForward::Dense(mlp(i, schema::Mlp::Dense))
             } else {
                 FeedForward::Moe(Moe {
-                    router: vector(format!("{p}.mlp.gate.weight")),
+                    router: vector(Tensor::Router(i)),
                     expert_bias: if c.moe_router_enable_expert_bias {
-                        vector(format!("{p}.mlp.gate.expert_bias"))
+                        vector(Tensor::RouterBias(i))
                     } else {
                         vec![0.0; c.num_experts]
                     },
                     experts: (0..c.num_experts)
-                        .map(|e| mlp(&format!("{p}.mlp.experts.{e}")))
+                        .map(|e| mlp(i, schema::Mlp::Expert(e)))
                         .collect(),
-                    shared: (c.num_shared_experts > 0)
-                        .then(|| mlp(&format!("{p}.mlp.shared_experts"))),
+                    shared: (c.num_shared_experts > 0).then(|| mlp(i, schema::Mlp::Shared)),
                 })
             };
             layers.push(Layer {
-                input_norm: vector(format!("{p}.input_layernorm.weight")),
+                input_norm: vector(Tensor::InputNorm(i)),
                 attention,
-                post_attention_norm: vector(format!("{p}.post_attention_layernorm.weight")),
+                post_attention_norm: vector(Tensor::PostAttentionNorm(i)),
                 ffn,
             });
         }
         Ok(Weights {
-            embed: mat("model.word_embeddings.weight".into()),
+            embed: mat(Tensor::Embedding),
             layers,
-            final_norm: vector("model.norm.weight".into()),
-            lm_head: mat("lm_head.weight".into()),
+            final_norm: vector(Tensor::FinalNorm),
+            lm_head: mat(Tensor::LmHead),
         })
     }
 }
@@ -377,8 +306,7 @@ impl Weights {
 /// The element type of the first MoE layer's `expert_bias`, which tells 2.0 from 2.1
 /// (see [`Config::refine_family`]).
 pub fn expert_bias_dtype(c: &Config, source: &dyn TensorSource) -> Option<DType> {
-    let layer = c.first_k_dense_replace;
     source
-        .tensor(&format!("model.layers.{layer}.mlp.gate.expert_bias"))
+        .tensor(&Tensor::RouterBias(c.first_k_dense_replace).name())
         .and_then(|t| t.dtype)
 }

@@ -13,14 +13,14 @@
 mod common;
 
 use common::*;
-use minnow_model::{CpuRunner, LogitsRows, ModelRunner, SeqId};
+use minnow_model::{CpuRunner, LogitsRows, SeqId, SingleSequence};
 
-fn runner(name: &str) -> CpuRunner {
-    CpuRunner::load(&fixture(name)).unwrap()
+fn runner(name: &str) -> SingleSequence<CpuRunner> {
+    SingleSequence::new(CpuRunner::load(&fixture(name)).unwrap())
 }
 
 /// Logits of the golden's last block (positions 64..96) after `seq`'s 64 cached positions.
-fn probe(r: &mut CpuRunner, seq: SeqId, ids: &[u32]) -> Vec<f32> {
+fn probe(r: &mut SingleSequence<CpuRunner>, seq: SeqId, ids: &[u32]) -> Vec<f32> {
     assert_eq!(r.sequence_len(seq), 64);
     let out = r.forward(seq, &ids[64..], LogitsRows::All).unwrap();
     r.truncate_sequence(seq, 64).unwrap();
@@ -32,10 +32,10 @@ fn block_by_block_with_cache_equals_full_forward() {
     for name in ALL {
         let mut r = runner(name);
         let ids = Golden::load(name).input_ids();
-        let full_seq = r.create_sequence().unwrap();
+        let full_seq = r.create_sequence();
         let full = r.forward(full_seq, &ids, LogitsRows::All).unwrap();
 
-        let seq = r.create_sequence().unwrap();
+        let seq = r.create_sequence();
         let mut stepwise = Vec::new();
         for block in ids.chunks(32) {
             stepwise.extend(r.forward(seq, block, LogitsRows::All).unwrap());
@@ -51,7 +51,7 @@ fn discarded_denoising_forward_leaves_no_trace() {
         let mut r = runner(name);
         let ids = Golden::load(name).input_ids();
         let vocab = r.config().vocab_size as u32;
-        let seq = r.create_sequence().unwrap();
+        let seq = r.create_sequence();
         r.forward(seq, &ids[..64], LogitsRows::None).unwrap();
         // A denoising step over other ids, then discarded.
         let other: Vec<u32> = ids[64..].iter().map(|&t| (t + 7) % vocab).collect();
@@ -59,7 +59,7 @@ fn discarded_denoising_forward_leaves_no_trace() {
         r.truncate_sequence(seq, 64).unwrap();
         let again = r.forward(seq, &ids[64..], LogitsRows::All).unwrap();
 
-        let fresh = r.create_sequence().unwrap();
+        let fresh = r.create_sequence();
         let full = r.forward(fresh, &ids, LogitsRows::Range(64..96)).unwrap();
         assert_close(&format!("{name} after discard"), &again, &full, 1e-4);
     }
@@ -70,9 +70,9 @@ fn chunked_prefill_builds_the_same_cache() {
     for name in ALL {
         let mut r = runner(name);
         let ids = Golden::load(name).input_ids();
-        let one = r.create_sequence().unwrap();
+        let one = r.create_sequence();
         r.forward(one, &ids[..64], LogitsRows::None).unwrap();
-        let chunked = r.create_sequence().unwrap();
+        let chunked = r.create_sequence();
         for chunk in ids[..64].chunks(32) {
             r.forward(chunked, chunk, LogitsRows::None).unwrap();
         }
@@ -95,20 +95,20 @@ fn chunked_prefill_builds_the_same_cache() {
 fn unaligned_forward_start() {
     let mut r = runner("llada2-tiny-v21");
     let ids = Golden::load("llada2-tiny-v21").input_ids();
-    let seq = r.create_sequence().unwrap();
+    let seq = r.create_sequence();
     r.forward(seq, &ids[..40], LogitsRows::None).unwrap();
     r.forward(seq, &ids[40..], LogitsRows::All).unwrap();
     assert_eq!(r.sequence_len(seq), 96);
     // Block 0 of both sequences is the same: a probe of block 1 over it agrees.
     r.truncate_sequence(seq, 32).unwrap();
-    let fresh = r.create_sequence().unwrap();
+    let fresh = r.create_sequence();
     r.forward(fresh, &ids[..32], LogitsRows::None).unwrap();
     let a = r.forward(seq, &ids[32..64], LogitsRows::All).unwrap();
     let b = r.forward(fresh, &ids[32..64], LogitsRows::All).unwrap();
     assert_close("block 1 over block 0", &a, &b, 1e-4);
 
     let mut r = runner("llada2-tiny-v22");
-    let seq = r.create_sequence().unwrap();
+    let seq = r.create_sequence();
     r.forward(seq, &ids[..40], LogitsRows::None).unwrap();
     let err = r
         .forward(seq, &ids[40..], LogitsRows::All)
@@ -131,7 +131,7 @@ fn v22_partial_last_block() {
     let g = Golden::load(name);
     let ids = g.input_ids();
     let vocab = r.config().vocab_size;
-    let seq = r.create_sequence().unwrap();
+    let seq = r.create_sequence();
     let logits = r.forward(seq, &ids[..70], LogitsRows::All).unwrap();
     assert_close(
         "v22 first 64 rows",
@@ -144,7 +144,7 @@ fn v22_partial_last_block() {
 #[test]
 fn bad_input_ids_are_errors() {
     let mut r = runner("llada2-tiny-v21");
-    let seq = r.create_sequence().unwrap();
+    let seq = r.create_sequence();
     let err = r
         .forward(seq, &[1, 2, 512], LogitsRows::All)
         .unwrap_err()
@@ -159,9 +159,9 @@ fn bad_input_ids_are_errors() {
 #[test]
 fn a_full_pool_is_an_error() {
     let model = std::sync::Arc::new(minnow_model::CpuModel::load(&fixture(ALL[0])).unwrap());
-    let mut r = CpuRunner::with_pages(model, 2);
+    let mut r = SingleSequence::new(CpuRunner::with_pages(model, 2));
     let ids = Golden::load(ALL[0]).input_ids();
-    let seq = r.create_sequence().unwrap();
+    let seq = r.create_sequence();
     let err = r
         .forward(seq, &ids, LogitsRows::None)
         .unwrap_err()
@@ -184,7 +184,7 @@ fn results_do_not_depend_on_the_thread_count() {
                 .unwrap()
                 .install(|| {
                     let mut r = runner(name);
-                    let seq = r.create_sequence().unwrap();
+                    let seq = r.create_sequence();
                     r.forward(seq, &ids, LogitsRows::All).unwrap()
                 })
         };

@@ -12,6 +12,7 @@ use minnow_format::mnw::convert::{
 use minnow_format::{Checkpoint, TensorRef, TensorSource};
 use minnow_runtime::DType;
 
+use minnow_model::schema::{self, Role, Tensor};
 use minnow_model::Config;
 use safetensors::{Dtype, SafeTensors};
 
@@ -137,65 +138,24 @@ pub fn random_checkpoint(
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     let c = Config::from_dir(dir.path()).unwrap();
-    let (v, dm, d) = (c.vocab_size, c.hidden_size, c.head_dim);
-    let mut shapes: Vec<(String, Vec<usize>, f32)> = vec![
-        ("model.word_embeddings.weight".into(), vec![v, dm], 1.0),
-        ("model.norm.weight".into(), vec![dm], -1.0),
-        ("lm_head.weight".into(), vec![v, dm], 0.5),
-    ];
-    for i in 0..c.num_hidden_layers {
-        let p = format!("model.layers.{i}");
-        shapes.push((format!("{p}.input_layernorm.weight"), vec![dm], -1.0));
-        shapes.push((
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![dm],
-            -1.0,
-        ));
-        shapes.push((
-            format!("{p}.attention.query_key_value.weight"),
-            vec![c.qkv_rows(), dm],
-            0.3,
-        ));
-        shapes.push((
-            format!("{p}.attention.query_layernorm.weight"),
-            vec![d],
-            -1.0,
-        ));
-        shapes.push((format!("{p}.attention.key_layernorm.weight"), vec![d], -1.0));
-        shapes.push((
-            format!("{p}.attention.dense.weight"),
-            vec![dm, c.num_attention_heads * d],
-            0.3,
-        ));
-        let mut mlp = |q: String, width: usize| {
-            shapes.push((format!("{q}.gate_proj.weight"), vec![width, dm], 0.3));
-            shapes.push((format!("{q}.up_proj.weight"), vec![width, dm], 0.3));
-            shapes.push((format!("{q}.down_proj.weight"), vec![dm, width], 0.3));
-        };
-        if c.is_dense_layer(i) {
-            mlp(format!("{p}.mlp"), c.intermediate_size);
-        } else {
-            for e in 0..c.num_experts {
-                mlp(format!("{p}.mlp.experts.{e}"), c.moe_intermediate_size);
-            }
-            if c.num_shared_experts > 0 {
-                mlp(
-                    format!("{p}.mlp.shared_experts"),
-                    c.shared_intermediate_size(),
-                );
-            }
-            shapes.push((format!("{p}.mlp.gate.weight"), vec![c.num_experts, dm], 0.5));
-            shapes.push((
-                format!("{p}.mlp.gate.expert_bias"),
-                vec![c.num_experts],
-                0.1,
-            ));
-        }
-    }
+    // Scale of each tensor's uniform values; a negative scale marks norm weights.
+    let shapes: Vec<(Tensor, Vec<usize>, f32)> = schema::tensors(&c)
+        .into_iter()
+        .map(|t| {
+            let scale = match t.role() {
+                Role::Embedding => 1.0,
+                Role::Norm => -1.0,
+                Role::LmHead | Role::Router => 0.5,
+                Role::RouterBias => 0.1,
+                Role::Attention | Role::DenseMlp | Role::RoutedExpert | Role::SharedExpert => 0.3,
+            };
+            (t, t.shape(&c), scale)
+        })
+        .collect();
     let mut rng = Rng(seed | 1);
     let data: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = shapes
         .into_iter()
-        .map(|(name, shape, scale)| {
+        .map(|(tensor, shape, scale)| {
             let count: usize = shape.iter().product();
             // scale < 0 marks norm weights: 1 + 0.1·u.
             let vals: Vec<f32> = (0..count)
@@ -207,7 +167,7 @@ pub fn random_checkpoint(
                     }
                 })
                 .collect();
-            let dtype = if name.ends_with("expert_bias") {
+            let dtype = if tensor.role() == Role::RouterBias {
                 bias_dtype
             } else {
                 Dtype::BF16
@@ -219,7 +179,7 @@ pub fn random_checkpoint(
                     .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
                     .collect(),
             };
-            (name, shape, dtype, bytes)
+            (tensor.name(), shape, dtype, bytes)
         })
         .collect();
     let views: Vec<(String, safetensors::tensor::TensorView)> = data

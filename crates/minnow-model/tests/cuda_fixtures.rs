@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use minnow_model::batch::{Segment, SegmentOutput, Want};
 use minnow_model::cuda::CudaRunner;
-use minnow_model::{LogitsRows, ModelRunner};
+use minnow_model::{LogitsRows, ModelRunner, SingleSequence};
 use safetensors::SafeTensors;
 
 fn fixture(name: &str) -> PathBuf {
@@ -141,20 +141,21 @@ fn compare(
 fn check_fixture(name: &str) {
     let dir = fixture(name);
     let g = golden(&dir);
-    let mut runner = CudaRunner::load(&dir, 0).expect("load the fixture onto the GPU");
+    let mut runner =
+        SingleSequence::new(CudaRunner::load(&dir, 0).expect("load the fixture onto the GPU"));
     let vocab = runner.config().vocab_size;
     let n = g.ids.len();
     println!("{name} on {}", runner.device_name());
 
     // One forward over all 96 tokens.
-    let seq = runner.create_sequence().unwrap();
+    let seq = runner.create_sequence();
     let full = runner.forward(seq, &g.ids, LogitsRows::All).unwrap();
     // At least a third of the tokens have clear routing in every fixture (v22's block admission
     // margins are small for two of its three blocks).
     assert!(compare(&format!("{name} full"), &g, &full, 0..n, vocab) >= n / 3);
 
     // The last block over the cached first two blocks.
-    let seq2 = runner.create_sequence().unwrap();
+    let seq2 = runner.create_sequence();
     assert!(runner
         .forward(seq2, &g.ids[..64], LogitsRows::None)
         .unwrap()
@@ -225,11 +226,11 @@ fn long_and_short_forwards_agree() {
     let dir = fixture("llada2-tiny-v21");
     let g = golden(&dir);
     let ids: Vec<u32> = g.ids.iter().cycle().take(256).copied().collect();
-    let mut runner = CudaRunner::load(&dir, 0).unwrap();
+    let mut runner = SingleSequence::new(CudaRunner::load(&dir, 0).unwrap());
     let vocab = runner.config().vocab_size;
-    let long_seq = runner.create_sequence().unwrap();
+    let long_seq = runner.create_sequence();
     let long = runner.forward(long_seq, &ids, LogitsRows::All).unwrap();
-    let short_seq = runner.create_sequence().unwrap();
+    let short_seq = runner.create_sequence();
     let mut short = Vec::new();
     for chunk in ids.chunks(32) {
         short.extend(runner.forward(short_seq, chunk, LogitsRows::All).unwrap());
@@ -274,8 +275,8 @@ fn long_and_short_forwards_agree() {
 #[ignore = "needs a CUDA GPU"]
 fn rejects_bad_input() {
     let dir = fixture("llada2-tiny-v22");
-    let mut runner = CudaRunner::load(&dir, 0).unwrap();
-    let seq = runner.create_sequence().unwrap();
+    let mut runner = SingleSequence::new(CudaRunner::load(&dir, 0).unwrap());
+    let seq = runner.create_sequence();
     assert!(
         runner.forward(seq, &[100_000], LogitsRows::All).is_err(),
         "id outside the vocabulary"
@@ -292,7 +293,10 @@ fn rejects_bad_input() {
         ids: &[],
         want: Want::Nothing,
     };
-    assert!(runner.forward_batch(&[empty]).is_err(), "empty segment");
+    assert!(
+        runner.runner_mut().forward_batch(&[empty]).is_err(),
+        "empty segment"
+    );
     runner.forward(seq, &[1, 2, 3], LogitsRows::None).unwrap();
     // 2.2 block routing: a forward must start on a block boundary.
     assert!(runner.forward(seq, &[4], LogitsRows::All).is_err());
@@ -649,12 +653,6 @@ impl ModelRunner for Perturbed {
             }
         }
         Ok(out)
-    }
-    fn sequence_table(&mut self) -> &mut minnow_model::SequenceTable {
-        self.inner.sequence_table()
-    }
-    fn sequence_table_ref(&self) -> &minnow_model::SequenceTable {
-        self.inner.sequence_table_ref()
     }
 }
 

@@ -13,7 +13,7 @@ mod common;
 
 use common::{random_checkpoint, Rng};
 use minnow_model::cuda::CudaRunner;
-use minnow_model::{Config, CpuRunner, LogitsRows, ModelRunner};
+use minnow_model::{Config, CpuRunner, LogitsRows, SingleSequence};
 use safetensors::Dtype;
 
 fn config(routing: &[(&str, serde_json::Value)]) -> serde_json::Value {
@@ -92,21 +92,16 @@ fn check(name: &str, gpu: &[f32], cpu: &[f32], vocab: usize) {
 fn gpu_matches_cpu(name: &str, cfg: serde_json::Value) {
     let dir = random_checkpoint(cfg, Dtype::F32, 77);
     let c = Config::from_dir(dir.path()).unwrap();
-    let mut cpu = CpuRunner::load(dir.path()).unwrap();
-    let mut gpu = CudaRunner::load(dir.path(), 0).expect("the GPU takes this shape");
+    let mut cpu = SingleSequence::new(CpuRunner::load(dir.path()).unwrap());
+    let mut gpu =
+        SingleSequence::new(CudaRunner::load(dir.path(), 0).expect("the GPU takes this shape"));
     let v = c.vocab_size;
     let tokens = ids(96, v as u32, 5);
-    let (sc, sg) = (
-        cpu.create_sequence().unwrap(),
-        gpu.create_sequence().unwrap(),
-    );
+    let (sc, sg) = (cpu.create_sequence(), gpu.create_sequence());
     let want = cpu.forward(sc, &tokens[..70], LogitsRows::All).unwrap();
     let got = gpu.forward(sg, &tokens[..70], LogitsRows::All).unwrap();
     check(&format!("{name}: 70 tokens"), &got, &want, v);
-    let (sc, sg) = (
-        cpu.create_sequence().unwrap(),
-        gpu.create_sequence().unwrap(),
-    );
+    let (sc, sg) = (cpu.create_sequence(), gpu.create_sequence());
     cpu.forward(sc, &tokens[..64], LogitsRows::None).unwrap();
     gpu.forward(sg, &tokens[..64], LogitsRows::None).unwrap();
     let want = cpu.forward(sc, &tokens[64..], LogitsRows::All).unwrap();

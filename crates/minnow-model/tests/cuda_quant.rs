@@ -19,21 +19,28 @@ use minnow_format::mnw::convert::{ExpertChoice, QuantLayout};
 use minnow_format::TensorSource;
 use minnow_model::cuda::CudaRunner;
 use minnow_model::{
-    Config, CpuModel, CpuRunner, LogitsRows, ModelRunner, Segment, SegmentOutput, Want,
+    Config, CpuModel, CpuRunner, LogitsRows, ModelRunner, Segment, SegmentOutput, SingleSequence,
+    Want,
 };
 
 fn cpu_logits(config: Config, source: Arc<dyn TensorSource>, ids: &[u32]) -> Vec<f32> {
     let model = CpuModel::from_source(config, source).unwrap();
-    let mut runner = CpuRunner::new(Arc::new(model));
-    let seq = runner.create_sequence().unwrap();
+    let mut runner = SingleSequence::new(CpuRunner::new(Arc::new(model)));
+    let seq = runner.create_sequence();
     runner.forward(seq, ids, LogitsRows::All).unwrap()
 }
 
+/// Logits of every row of `ids` at positions `0..`, in pages `0..` of the pool.
 fn gpu_logits(runner: &mut CudaRunner, ids: &[u32]) -> Vec<f32> {
-    let seq = runner.create_sequence().unwrap();
-    let out = runner.forward(seq, ids, LogitsRows::All).unwrap();
-    runner.release_sequence(seq);
-    out
+    let pages: Vec<u32> = (0..ids.len().div_ceil(runner.config().block_size) as u32).collect();
+    let segment = Segment {
+        pages: &pages,
+        start: 0,
+        ids,
+        want: Want::Logits(0..ids.len()),
+    };
+    let out = runner.forward_batch(&[segment]).unwrap().remove(0);
+    out.into_logits().unwrap()
 }
 
 /// A CPU top-1/top-2 gap the GPU's BF16 activations cannot close.

@@ -6,15 +6,21 @@
 mod common;
 
 use common::*;
-use minnow_model::{CpuRunner, Family, LogitsRows, ModelRunner, Trace};
+use minnow_model::{CpuRunner, Family, LogitsRows, SegmentOutput, SingleSequence, Trace, Want};
 
-fn run_traced(name: &str) -> (CpuRunner, Golden, Vec<f32>, Trace) {
-    let mut runner = CpuRunner::load(&fixture(name)).unwrap();
+fn run_traced(name: &str) -> (SingleSequence<CpuRunner>, Golden, Vec<f32>, Trace) {
+    let mut runner = SingleSequence::new(CpuRunner::load(&fixture(name)).unwrap());
     let golden = Golden::load(name);
-    let seq = runner.create_sequence().unwrap();
+    let seq = runner.create_sequence();
     let mut trace = Trace::default();
+    let ids = golden.input_ids();
     let logits = runner
-        .forward_traced(seq, &golden.input_ids(), LogitsRows::All, &mut trace)
+        .forward_segment(seq, &ids, Want::Logits(0..ids.len()), |r, segment| {
+            r.forward_batch_traced(std::slice::from_ref(segment), &mut trace)
+        })
+        .unwrap()
+        .pop()
+        .and_then(SegmentOutput::into_logits)
         .unwrap();
     (runner, golden, logits, trace)
 }
@@ -112,11 +118,11 @@ fn v22_matches_reference() {
 #[test]
 fn logits_rows_subset_matches_all_rows() {
     let name = "llada2-tiny-v21";
-    let mut runner = CpuRunner::load(&fixture(name)).unwrap();
+    let mut runner = SingleSequence::new(CpuRunner::load(&fixture(name)).unwrap());
     let g = Golden::load(name);
     let ids = g.input_ids();
     let vocab = runner.config().vocab_size;
-    let seq = runner.create_sequence().unwrap();
+    let seq = runner.create_sequence();
     let sub = runner
         .forward(seq, &ids, LogitsRows::Range(64..96))
         .unwrap();

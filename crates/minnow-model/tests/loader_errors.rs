@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use common::*;
-use minnow_model::{CpuModel, CpuRunner, LogitsRows, ModelRunner};
+use minnow_model::{CpuModel, CpuRunner, LogitsRows, SingleSequence};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
@@ -195,9 +195,9 @@ fn sharded_checkpoint_with_mixed_dtypes_matches_single_file() {
     )
     .unwrap();
 
-    let mut runner = CpuRunner::load(dir.path()).unwrap();
+    let mut runner = SingleSequence::new(CpuRunner::load(dir.path()).unwrap());
     let g = Golden::load(NAME);
-    let seq = runner.create_sequence().unwrap();
+    let seq = runner.create_sequence();
     let logits = runner
         .forward(seq, &g.input_ids(), LogitsRows::All)
         .unwrap();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::*;
 use minnow_format::mnw::convert::{convert, ConvertInput, ConvertOptions, ExpertChoice};
 use minnow_format::{Checkpoint, TensorSource};
-use minnow_model::{CpuModel, CpuRunner, LogitsRows, ModelRunner};
+use minnow_model::{CpuModel, CpuRunner, LogitsRows, SingleSequence};
 use minnow_runtime::quant::Encoding;
 
 /// The fixture's text files as assets; the 2.2 fixture has no chat template, so one of the
@@ -53,8 +53,8 @@ fn write_mnw(name: &str, out: &Path, options: &ConvertOptions) {
 fn logits(path: &Path, ids: &[u32]) -> Vec<f32> {
     let (config, source) = minnow_model::checkpoint::open(path).unwrap();
     let model = CpuModel::from_source(config, Arc::new(source)).unwrap();
-    let mut runner = CpuRunner::new(Arc::new(model));
-    let seq = runner.create_sequence().unwrap();
+    let mut runner = SingleSequence::new(CpuRunner::new(Arc::new(model)));
+    let seq = runner.create_sequence();
     runner.forward(seq, ids, LogitsRows::All).unwrap()
 }
 

@@ -12,7 +12,8 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use minnow_model::{Config, CpuModel, CpuRunner, LogitsRows, ModelRunner};
+use minnow_model::schema::{Mlp, Projection, Tensor};
+use minnow_model::{Config, CpuModel, CpuRunner, LogitsRows, SingleSequence};
 use safetensors::{Dtype, SafeTensors};
 
 /// All tensors of a checkpoint, widened to f64, by name.
@@ -42,8 +43,9 @@ impl Tensors {
         Tensors(map)
     }
 
-    fn get(&self, name: &str) -> &[f64] {
-        &self.0.get(name).unwrap_or_else(|| panic!("{name}")).1
+    fn get(&self, tensor: Tensor) -> &[f64] {
+        let name = tensor.name();
+        &self.0.get(&name).unwrap_or_else(|| panic!("{name}")).1
     }
 }
 
@@ -64,11 +66,18 @@ fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
 
-fn mlp(t: &Tensors, p: &str, x: &[f64]) -> Vec<f64> {
-    let g = matvec(t.get(&format!("{p}.gate_proj.weight")), x);
-    let u = matvec(t.get(&format!("{p}.up_proj.weight")), x);
+fn mlp(t: &Tensors, layer: usize, mlp: Mlp, x: &[f64]) -> Vec<f64> {
+    let w = |projection| {
+        t.get(Tensor::MlpProjection {
+            layer,
+            mlp,
+            projection,
+        })
+    };
+    let g = matvec(w(Projection::Gate), x);
+    let u = matvec(w(Projection::Up), x);
     let a: Vec<f64> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
-    matvec(t.get(&format!("{p}.down_proj.weight")), &a)
+    matvec(w(Projection::Down), &a)
 }
 
 /// Indices of the `k` largest values among `cand`, largest first, ties to the lower index.
@@ -89,30 +98,29 @@ fn naive_forward(c: &Config, t: &Tensors, ids: &[u32]) -> Vec<f64> {
         c.head_dim,
     );
     let eps = c.rms_norm_eps as f64;
-    let emb = t.get("model.word_embeddings.weight");
+    let emb = t.get(Tensor::Embedding);
     let mut hs: Vec<Vec<f64>> = ids
         .iter()
         .map(|&i| emb[i as usize * dm..(i as usize + 1) * dm].to_vec())
         .collect();
     let r = c.rotary_dim;
     for layer in 0..c.num_hidden_layers {
-        let p = format!("model.layers.{layer}");
         // Attention.
         let mut q = vec![vec![vec![0.0; d]; h]; n];
         let mut k = vec![vec![vec![0.0; d]; g]; n];
         let mut v = vec![vec![vec![0.0; d]; g]; n];
         for i in 0..n {
-            let a = rms_norm(&hs[i], t.get(&format!("{p}.input_layernorm.weight")), eps);
-            let qkv = matvec(t.get(&format!("{p}.attention.query_key_value.weight")), &a);
+            let a = rms_norm(&hs[i], t.get(Tensor::InputNorm(layer)), eps);
+            let qkv = matvec(t.get(Tensor::Qkv(layer)), &a);
             for head in 0..h + 2 * g {
                 let mut x = qkv[head * d..(head + 1) * d].to_vec();
                 if head < h + g {
-                    let which = if head < h { "query" } else { "key" };
-                    x = rms_norm(
-                        &x,
-                        t.get(&format!("{p}.attention.{which}_layernorm.weight")),
-                        eps,
-                    );
+                    let norm = if head < h {
+                        Tensor::QueryNorm(layer)
+                    } else {
+                        Tensor::KeyNorm(layer)
+                    };
+                    x = rms_norm(&x, t.get(norm), eps);
                     let x0 = x.clone();
                     for j in 0..r / 2 {
                         let inv = 1.0 / (c.rope_theta as f64).powf(2.0 * j as f64 / r as f64);
@@ -159,7 +167,7 @@ fn naive_forward(c: &Config, t: &Tensors, ids: &[u32]) -> Vec<f64> {
                     );
                 }
             }
-            let o = matvec(t.get(&format!("{p}.attention.dense.weight")), &out);
+            let o = matvec(t.get(Tensor::AttentionOut(layer)), &out);
             for (a, b) in hs[i].iter_mut().zip(o) {
                 *a += b;
             }
@@ -167,23 +175,17 @@ fn naive_forward(c: &Config, t: &Tensors, ids: &[u32]) -> Vec<f64> {
         // Feed-forward.
         let ms: Vec<Vec<f64>> = hs
             .iter()
-            .map(|x| {
-                rms_norm(
-                    x,
-                    t.get(&format!("{p}.post_attention_layernorm.weight")),
-                    eps,
-                )
-            })
+            .map(|x| rms_norm(x, t.get(Tensor::PostAttentionNorm(layer)), eps))
             .collect();
         let ffn: Vec<Vec<f64>> = if layer < c.first_k_dense_replace {
-            ms.iter().map(|m| mlp(t, &format!("{p}.mlp"), m)).collect()
+            ms.iter().map(|m| mlp(t, layer, Mlp::Dense, m)).collect()
         } else {
             let e = c.num_experts;
-            let bias = t.get(&format!("{p}.mlp.gate.expert_bias"));
+            let bias = t.get(Tensor::RouterBias(layer));
             let scores: Vec<Vec<f64>> = ms
                 .iter()
                 .map(|m| {
-                    matvec(t.get(&format!("{p}.mlp.gate.weight")), m)
+                    matvec(t.get(Tensor::Router(layer)), m)
                         .iter()
                         .map(|l| 1.0 / (1.0 + (-l).exp()))
                         .collect()
@@ -235,13 +237,13 @@ fn naive_forward(c: &Config, t: &Tensors, ids: &[u32]) -> Vec<f64> {
                     let mut out = vec![0.0; dm];
                     for &j in &chosen[i] {
                         let w = scores[i][j] / (gsum + 1e-20) * c.routed_scaling_factor as f64;
-                        let y = mlp(t, &format!("{p}.mlp.experts.{j}"), &ms[i]);
+                        let y = mlp(t, layer, Mlp::Expert(j), &ms[i]);
                         for (o, y) in out.iter_mut().zip(y) {
                             *o += w * y;
                         }
                     }
                     if c.num_shared_experts > 0 {
-                        let s = mlp(t, &format!("{p}.mlp.shared_experts"), &ms[i]);
+                        let s = mlp(t, layer, Mlp::Shared, &ms[i]);
                         for (o, s) in out.iter_mut().zip(s) {
                             *o += s;
                         }
@@ -258,15 +260,15 @@ fn naive_forward(c: &Config, t: &Tensors, ids: &[u32]) -> Vec<f64> {
     }
     let mut logits = Vec::with_capacity(n * c.vocab_size);
     for x in &hs {
-        let hf = rms_norm(x, t.get("model.norm.weight"), eps);
-        logits.extend(matvec(t.get("lm_head.weight"), &hf));
+        let hf = rms_norm(x, t.get(Tensor::FinalNorm), eps);
+        logits.extend(matvec(t.get(Tensor::LmHead), &hf));
     }
     logits
 }
 
 fn compare(dir: &Path, ids: &[u32], what: &str) {
-    let mut runner = CpuRunner::load(dir).unwrap();
-    let seq = runner.create_sequence().unwrap();
+    let mut runner = SingleSequence::new(CpuRunner::load(dir).unwrap());
+    let seq = runner.create_sequence();
     let got = runner.forward(seq, ids, LogitsRows::All).unwrap();
     let want: Vec<f32> = naive_forward(runner.config(), &Tensors::load(dir), ids)
         .into_iter()

@@ -7,7 +7,7 @@ mod common;
 use std::sync::Once;
 
 use common::*;
-use minnow_model::{CpuRunner, LogitsRows, ModelRunner};
+use minnow_model::{CpuRunner, LogitsRows, ModelRunner, SingleSequence};
 
 fn portable() {
     static SET: Once = Once::new();
@@ -30,16 +30,16 @@ fn portable_forward_matches_the_goldens() {
         let golden = Golden::load(name);
         let ids = golden.input_ids();
         let reference = golden.f32("logits");
-        let mut runner = CpuRunner::load(&fixture(name)).unwrap();
+        let mut runner = SingleSequence::new(CpuRunner::load(&fixture(name)).unwrap());
         let vocab = runner.config().vocab_size;
 
         // One 96-row forward (the many-rows kernels).
-        let seq = runner.create_sequence().unwrap();
+        let seq = runner.create_sequence();
         let full = runner.forward(seq, &ids, LogitsRows::All).unwrap();
         assert_close(&format!("{name} portable logits"), &full, &reference, 1e-3);
 
         // Two committed blocks, then the last block over the cache (the few-rows kernels).
-        let seq = runner.create_sequence().unwrap();
+        let seq = runner.create_sequence();
         runner.forward(seq, &ids[..64], LogitsRows::None).unwrap();
         let last = runner.forward(seq, &ids[64..], LogitsRows::All).unwrap();
         assert_close(

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use common::*;
 use minnow_format::mnw::convert::{ExpertChoice, QuantLayout};
 use minnow_format::TensorSource;
-use minnow_model::{Config, CpuModel, CpuRunner, LogitsRows, ModelRunner};
+use minnow_model::{Config, CpuModel, CpuRunner, LogitsRows, SingleSequence};
 
 fn logits(config: Config, source: Arc<dyn TensorSource>, ids: &[u32]) -> Vec<f32> {
     let model = CpuModel::from_source(config, source).unwrap();
-    let mut runner = CpuRunner::new(Arc::new(model));
-    let seq = runner.create_sequence().unwrap();
+    let mut runner = SingleSequence::new(CpuRunner::new(Arc::new(model)));
+    let seq = runner.create_sequence();
     runner.forward(seq, ids, LogitsRows::All).unwrap()
 }
 

@@ -6,6 +6,8 @@
 pub mod cpu;
 pub mod device;
 pub mod dtype;
+#[cfg(test)]
+mod import_graph;
 pub mod quant;
 
 pub use dtype::{DType, MatRef};

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use minnow_model::{LogitsRows, ModelRunner, SeqId};
+use minnow_model::{LogitsRows, ModelRunner, SeqId, SingleSequence};
 use rand::rngs::StdRng;
 
 use super::constrained::Constrained;
@@ -224,7 +224,7 @@ impl BlockRun {
     /// batched forward instead.
     pub fn advance(
         &mut self,
-        runner: &mut dyn ModelRunner,
+        runner: &mut SingleSequence<dyn ModelRunner>,
         seq: SeqId,
         rng: &mut StdRng,
     ) -> minnow_model::Result<BlockState> {
@@ -264,7 +264,7 @@ impl BlockRun {
     /// logits.
     pub fn commit(
         &mut self,
-        runner: &mut dyn ModelRunner,
+        runner: &mut SingleSequence<dyn ModelRunner>,
         seq: SeqId,
     ) -> minnow_model::Result<Commit> {
         debug_assert_eq!(self.state, BlockState::Final);
@@ -393,8 +393,8 @@ mod tests {
     /// Runs `algorithm` on a 4-MASK block after a 4-id prefix. Returns the final block, the
     /// denoising forwards, and how many of them were top-1 forwards.
     fn decode_block(algorithm: Box<dyn BlockAlgorithm>) -> (Vec<u32>, usize, usize) {
-        let mut runner = input_dependent_runner();
-        let seq = runner.create_sequence().unwrap();
+        let mut runner = SingleSequence::new(input_dependent_runner());
+        let seq = runner.create_sequence();
         runner
             .forward(seq, &[1, 2, 3, 4], LogitsRows::None)
             .unwrap();
@@ -448,12 +448,13 @@ mod tests {
         // A model that only ever predicts MASK (runner-up 3): the block never loses its masks,
         // so only the forward limit ends it, and the forced round must pick the best non-control
         // token, which top-1 (MASK) cannot give.
-        let mut runner = ScriptedRunner::new(toy_config(Family::V21, 4), |_, ids| {
-            ids.iter()
-                .flat_map(|_| row_with_runner_up(M, 0.9, 3))
-                .collect()
-        });
-        let seq = runner.create_sequence().unwrap();
+        let mut runner =
+            SingleSequence::new(ScriptedRunner::new(toy_config(Family::V21, 4), |_, ids| {
+                ids.iter()
+                    .flat_map(|_| row_with_runner_up(M, 0.9, 3))
+                    .collect()
+            }));
+        let seq = runner.create_sequence();
         let algorithm = joint_with(SamplerSettings::GREEDY);
         let limit = algorithm.forward_limit();
         let mut run = BlockRun::new(0, vec![M; 4], 0, algorithm, CONTROL);
@@ -466,7 +467,7 @@ mod tests {
         assert_eq!(run.tokens(), &[3, 3, 3, 3], "MASK slots take the runner-up");
     }
 
-    fn run_to_final(run: &mut BlockRun, runner: &mut ScriptedRunner, seq: SeqId) {
+    fn run_to_final(run: &mut BlockRun, runner: &mut SingleSequence<ScriptedRunner>, seq: SeqId) {
         let mut rng = StdRng::seed_from_u64(0);
         for _ in 0..100 {
             if run.advance(runner, seq, &mut rng).unwrap() == BlockState::Final {
@@ -486,8 +487,13 @@ mod tests {
 
     #[test]
     fn converged_block_reuses_the_last_forward() {
-        let mut runner = constant_runner(vec![(1, 0.9), (2, 0.9), (3, 0.9), (4, 0.9)]);
-        let seq = runner.create_sequence().unwrap();
+        let mut runner = SingleSequence::new(constant_runner(vec![
+            (1, 0.9),
+            (2, 0.9),
+            (3, 0.9),
+            (4, 0.9),
+        ]));
+        let seq = runner.create_sequence();
         runner.forward(seq, &[0; 4], LogitsRows::None).unwrap(); // committed prefix [0, 4)
         let mut run = BlockRun::new(4, vec![M; 4], 0, joint(16), CONTROL);
         run_to_final(&mut run, &mut runner, seq);
@@ -505,12 +511,15 @@ mod tests {
     fn budget_exit_triggers_exactly_one_refresh() {
         // Slot 0 flips 1 ↔ 5 forever; max_post_steps 2 ends the block with un-forwarded edits.
         let mut flip = false;
-        let mut runner = ScriptedRunner::new(toy_config(Family::V21, 4), move |_, _| {
-            flip = !flip;
-            let first = if flip { 1 } else { 5 };
-            logits_for(&[(first, 0.9), (2, 0.9), (3, 0.9), (4, 0.9)])
-        });
-        let seq = runner.create_sequence().unwrap();
+        let mut runner = SingleSequence::new(ScriptedRunner::new(
+            toy_config(Family::V21, 4),
+            move |_, _| {
+                flip = !flip;
+                let first = if flip { 1 } else { 5 };
+                logits_for(&[(first, 0.9), (2, 0.9), (3, 0.9), (4, 0.9)])
+            },
+        ));
+        let seq = runner.create_sequence();
         let mut run = BlockRun::new(0, vec![M; 4], 0, joint(2), CONTROL);
         run_to_final(&mut run, &mut runner, seq);
         assert_eq!(run.forwards(), 3);
@@ -537,12 +546,13 @@ mod tests {
         // A model that fills every mask with 1 but wants every filled slot masked again: the
         // T2T writes of MASK make original masks reappear, so the post counter keeps resetting
         // (decoding doc §7.7 point 2) and only the forward limit ends the block.
-        let mut runner = ScriptedRunner::new(toy_config(Family::V22, 4), |_, ids| {
-            ids.iter()
-                .flat_map(|&t| if t == M { row(1, 0.99) } else { row(M, 0.99) })
-                .collect()
-        });
-        let seq = runner.create_sequence().unwrap();
+        let mut runner =
+            SingleSequence::new(ScriptedRunner::new(toy_config(Family::V22, 4), |_, ids| {
+                ids.iter()
+                    .flat_map(|&t| if t == M { row(1, 0.99) } else { row(M, 0.99) })
+                    .collect()
+            }));
+        let seq = runner.create_sequence();
         let settings = IndelSettings {
             threshold: 0.5,
             editing_threshold: 0.0,

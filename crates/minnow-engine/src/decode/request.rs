@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use minnow_model::{ModelRunner, SegmentOutput, SeqId, Want};
+use minnow_model::{ModelRunner, SegmentOutput, SeqId, SingleSequence, Want};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
@@ -655,35 +655,30 @@ impl RequestDecoder {
 
     /// Runs the next step on a single-sequence runner: plan, forward, apply (one prefill chunk,
     /// one denoising forward, or one commit refresh). The engine batches the same steps.
-    pub fn advance(&mut self, runner: &mut dyn ModelRunner) -> Result<Update, DecodeError> {
+    pub fn advance(
+        &mut self,
+        runner: &mut SingleSequence<dyn ModelRunner>,
+    ) -> Result<Update, DecodeError> {
         let forward = match self.plan(PREFILL_CHUNK_TOKENS)? {
             Next::Forward(forward) => forward,
             Next::Update(update) => return Ok(update),
             Next::Idle => return Err(DecodeError::OutOfTurn("the request is already finished")),
         };
-        let seq = match self.seq {
-            Some(seq) => seq,
-            None => {
-                let seq = runner
-                    .create_sequence()
-                    .map_err(|e| DecodeError::Runner(e.to_string()))?;
-                self.seq = Some(seq);
-                seq
-            }
-        };
+        let seq = *self.seq.get_or_insert_with(|| runner.create_sequence());
         let began = Instant::now();
-        let run = |runner: &mut dyn ModelRunner| -> minnow_model::Result<SegmentOutput> {
-            if runner.sequence_len(seq) > forward.start {
-                runner.truncate_sequence(seq, forward.start)?;
-            }
-            runner.forward_one(seq, &forward.ids, forward.want.clone())
-        };
+        let run =
+            |runner: &mut SingleSequence<dyn ModelRunner>| -> minnow_model::Result<SegmentOutput> {
+                if runner.sequence_len(seq) > forward.start {
+                    runner.truncate_sequence(seq, forward.start)?;
+                }
+                runner.forward_one(seq, &forward.ids, forward.want.clone())
+            };
         let output = run(runner).map_err(|e| DecodeError::Runner(e.to_string()))?;
         self.apply(output, began.elapsed())
     }
 
     /// Frees the single-sequence runner's sequence ([`RequestDecoder::advance`] only).
-    pub fn release(&mut self, runner: &mut dyn ModelRunner) {
+    pub fn release(&mut self, runner: &mut SingleSequence<dyn ModelRunner>) {
         if let Some(seq) = self.seq.take() {
             runner.release_sequence(seq);
         }
@@ -718,16 +713,22 @@ mod tests {
     }
 
     /// Every slot predicts `token_at(position)` with probability 0.99.
-    fn positional_runner(token_at: fn(usize) -> u32) -> ScriptedRunner {
-        ScriptedRunner::new(toy_config(Family::V21, 4), move |start, ids| {
-            let slots: Vec<(u32, f32)> = (0..ids.len())
-                .map(|i| (token_at(start + i), 0.99))
-                .collect();
-            logits_for(&slots)
-        })
+    fn positional_runner(token_at: fn(usize) -> u32) -> SingleSequence<ScriptedRunner> {
+        SingleSequence::new(ScriptedRunner::new(
+            toy_config(Family::V21, 4),
+            move |start, ids| {
+                let slots: Vec<(u32, f32)> = (0..ids.len())
+                    .map(|i| (token_at(start + i), 0.99))
+                    .collect();
+                logits_for(&slots)
+            },
+        ))
     }
 
-    fn run(decoder: &mut RequestDecoder, runner: &mut ScriptedRunner) -> Vec<Update> {
+    fn run(
+        decoder: &mut RequestDecoder,
+        runner: &mut SingleSequence<ScriptedRunner>,
+    ) -> Vec<Update> {
         let mut updates = Vec::new();
         while !decoder.is_finished() {
             updates.push(decoder.advance(runner).unwrap());

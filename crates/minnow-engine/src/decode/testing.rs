@@ -1,11 +1,9 @@
 //! Test helpers: a toy vocabulary, scripted logits, and a scripted [`ModelRunner`] that records
-//! every forward and truncation (used to test the block loop, the K/V commit rule and requests
+//! every forward (used to test the block loop, the K/V commit rule and requests
 //! without a model).
 
 use minnow_model::runner::top1;
-use minnow_model::{
-    Config, Family, LogitsRows, ModelRunner, Segment, SegmentOutput, SeqId, SequenceTable, Want,
-};
+use minnow_model::{Config, Family, LogitsRows, ModelRunner, Segment, SegmentOutput, Want};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -142,13 +140,11 @@ pub struct Call {
 type LogitsFn = Box<dyn FnMut(usize, &[u32]) -> Vec<f32> + Send>;
 
 /// A [`ModelRunner`] whose logits come from a closure `(start position, ids) → [ids.len(), V]`
-/// with `V` = the config's `vocab_size`. It records every segment it runs and every truncation.
+/// with `V` = the config's `vocab_size`. It records every segment it runs.
 pub struct ScriptedRunner {
     config: Config,
-    table: SequenceTable,
     logits: LogitsFn,
     pub calls: Vec<Call>,
-    pub truncations: Vec<(SeqId, usize)>,
 }
 
 impl ScriptedRunner {
@@ -158,10 +154,8 @@ impl ScriptedRunner {
     ) -> Self {
         Self {
             config,
-            table: SequenceTable::new(PAGES),
             logits: Box::new(logits),
             calls: Vec::new(),
-            truncations: Vec::new(),
         }
     }
 
@@ -232,17 +226,5 @@ impl ModelRunner for ScriptedRunner {
             });
         }
         Ok(out)
-    }
-    fn sequence_table(&mut self) -> &mut SequenceTable {
-        &mut self.table
-    }
-    fn sequence_table_ref(&self) -> &SequenceTable {
-        &self.table
-    }
-    fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> minnow_model::Result<()> {
-        let block = self.config.block_size;
-        self.table.truncate(seq, len, block)?;
-        self.truncations.push((seq, len));
-        Ok(())
     }
 }

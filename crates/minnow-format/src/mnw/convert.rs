@@ -20,9 +20,9 @@ use minnow_runtime::quant::{
 use minnow_runtime::DType;
 use serde::Deserialize;
 
-use super::manifest::{AssetText, Manifest, Region, TensorRecord};
+use super::layout::ARCHITECTURE;
+use super::manifest::{AssetText, Manifest, Region, TensorRecord, VERSION};
 use super::writer::{OutputFile, RegionPlanner};
-use super::{ARCHITECTURE, VERSION};
 use crate::error::{FormatError, Result};
 use crate::source::{TensorRef, TensorSource};
 

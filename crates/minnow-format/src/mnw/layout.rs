@@ -7,7 +7,30 @@ use std::collections::BTreeMap;
 use minnow_runtime::quant::{Encoding, QuantEncoding};
 
 use super::manifest::{Manifest, Region, TensorRecord};
-use super::{align_up, ALIGN, ARCHITECTURE, HEADER_LEN, MAGIC, MAX_MANIFEST, REQUIRED_ASSETS};
+
+/// The first eight bytes of every version-1 file.
+pub const MAGIC: &[u8; 8] = b"MINNOW01";
+/// Bytes of the header.
+pub const HEADER_LEN: usize = 64;
+/// Every region (and the first one, at 4096) starts on this boundary.
+pub const ALIGN: u64 = 4096;
+/// The largest manifest a reader accepts.
+pub const MAX_MANIFEST: u64 = 128 << 20;
+/// The architecture string of LLaDA2.x models.
+pub const ARCHITECTURE: &str = "llada2_moe";
+/// Assets a file must carry.
+pub const REQUIRED_ASSETS: [&str; 3] = ["config.json", "tokenizer.json", "chat_template.jinja"];
+/// Assets a converter keeps when the source has them.
+pub const OPTIONAL_ASSETS: [&str; 3] = [
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+];
+
+/// `n` rounded up to the region alignment.
+pub fn align_up(n: u64) -> Option<u64> {
+    n.checked_add(ALIGN - 1).map(|v| v / ALIGN * ALIGN)
+}
 
 /// The 64-byte header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

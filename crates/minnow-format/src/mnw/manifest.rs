@@ -10,6 +10,9 @@ use std::fmt;
 use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
+/// The only manifest version.
+pub const VERSION: u64 = 1;
+
 /// The whole manifest.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -169,11 +172,10 @@ impl Manifest {
     pub fn from_bytes(bytes: &[u8]) -> Result<Manifest, String> {
         let version: VersionOnly = rmp_serde::from_slice(bytes)
             .map_err(|e| format!("the manifest is not a MessagePack map with a version: {e}"))?;
-        if version.version != super::VERSION {
+        if version.version != VERSION {
             return Err(format!(
                 "unsupported .mnw manifest version {} (this minnow reads version {})",
-                version.version,
-                super::VERSION
+                version.version, VERSION
             ));
         }
         rmp_serde::from_slice(bytes).map_err(|e| format!("the manifest is malformed: {e}"))

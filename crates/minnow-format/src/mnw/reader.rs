@@ -9,9 +9,8 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use minnow_runtime::quant::Encoding;
 
-use super::layout::{check, Entry, Header};
+use super::layout::{check, Entry, Header, HEADER_LEN};
 use super::manifest::Manifest;
-use super::HEADER_LEN;
 use crate::error::{FormatError, Result};
 use crate::source::{QuantParts, TensorRef, TensorSource};
 

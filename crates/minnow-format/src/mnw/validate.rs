@@ -10,8 +10,7 @@ use std::path::Path;
 
 use minnow_runtime::quant::{QuantEncoding, QuantMat};
 
-use super::layout::{check, Header, Span};
-use super::{ALIGN, HEADER_LEN};
+use super::layout::{check, Header, Span, ALIGN, HEADER_LEN};
 use crate::error::{FormatError, Result};
 
 /// Bytes read per step: large enough that hashing one step spreads over every core.

@@ -10,10 +10,9 @@ use std::path::{Path, PathBuf};
 
 use tempfile::NamedTempFile;
 
-use super::layout::Header;
+use super::layout::{align_up, Header, ALIGN, MAX_MANIFEST};
 use super::manifest::Manifest;
 use super::validate::validate_file;
-use super::{align_up, ALIGN, MAX_MANIFEST};
 use crate::error::{FormatError, Result};
 
 /// Hands out 4096-aligned offsets for regions in order, from 4096 on.

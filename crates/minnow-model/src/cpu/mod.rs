@@ -17,7 +17,7 @@ use minnow_runtime::cpu::{linear, rms_norm_rows, Par};
 use crate::batch::{pages_for, Segment, SegmentOutput, Want};
 use crate::config::Config;
 use crate::error::Result;
-use crate::runner::{top1, LogitsRows, ModelRunner, SeqId, SequenceTable};
+use crate::runner::{top1, ModelRunner};
 use crate::trace::{RouterTrace, Trace};
 use crate::weights::{FeedForward, Weights};
 use attention::SegmentRows;
@@ -206,7 +206,6 @@ pub const DEFAULT_CPU_KV_BYTES: usize = 4 << 30;
 pub struct CpuRunner {
     model: Arc<CpuModel>,
     pool: KvPool,
-    table: SequenceTable,
 }
 
 impl CpuRunner {
@@ -234,50 +233,21 @@ impl CpuRunner {
     /// A runner whose pool holds exactly `pages` pages.
     pub fn with_pages(model: Arc<CpuModel>, pages: usize) -> CpuRunner {
         let pool = KvPool::new(model.config(), pages);
-        CpuRunner {
-            model,
-            pool,
-            table: SequenceTable::new(pages),
-        }
+        CpuRunner { model, pool }
     }
 
     pub fn model(&self) -> &Arc<CpuModel> {
         &self.model
     }
 
-    /// [`ModelRunner::forward`] that also records the intermediates into `trace`.
-    pub fn forward_traced(
+    /// [`ModelRunner::forward_batch`] that also records the intermediates into `trace`.
+    pub fn forward_batch_traced(
         &mut self,
-        seq: SeqId,
-        ids: &[u32],
-        rows: LogitsRows,
+        segments: &[Segment<'_>],
         trace: &mut Trace,
-    ) -> Result<Vec<f32>> {
-        let rows = rows.resolve(ids.len());
-        let start = self.sequence_len(seq);
-        self.table
-            .reserve(seq, start + ids.len(), self.model.config().block_size)?;
-        let pages = self.table.get(seq)?.0.clone();
-        let want = if rows.is_empty() {
-            Want::Nothing
-        } else {
-            Want::Logits(rows)
-        };
-        let segment = Segment {
-            pages: &pages,
-            start,
-            ids,
-            want,
-        };
-        let out = self
-            .model
-            .forward_batch(&mut self.pool, &[segment], Some(trace))?;
-        self.table.set_len(seq, start + ids.len());
-        Ok(out
-            .into_iter()
-            .next()
-            .and_then(SegmentOutput::into_logits)
-            .unwrap_or_default())
+    ) -> Result<Vec<SegmentOutput>> {
+        self.model
+            .forward_batch(&mut self.pool, segments, Some(trace))
     }
 }
 
@@ -304,13 +274,5 @@ impl ModelRunner for CpuRunner {
 
     fn forward_batch(&mut self, segments: &[Segment<'_>]) -> Result<Vec<SegmentOutput>> {
         self.model.forward_batch(&mut self.pool, segments, None)
-    }
-
-    fn sequence_table(&mut self) -> &mut SequenceTable {
-        &mut self.table
-    }
-
-    fn sequence_table_ref(&self) -> &SequenceTable {
-        &self.table
     }
 }

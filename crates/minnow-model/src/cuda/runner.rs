@@ -14,7 +14,7 @@ use super::forward::{queue_forward, BatchShape, KvPool, Layout, Workspace};
 use super::weights::{device_err, Weights};
 use crate::batch::{pages_for, Segment, SegmentOutput, Want};
 use crate::config::Config;
-use crate::runner::{LogitsRows, ModelRunner, SeqId, SequenceTable};
+use crate::runner::ModelRunner;
 use crate::{ModelError, Result};
 
 /// Batches whose segments are all at most this long (denoising steps, commits) and whose rows
@@ -52,7 +52,6 @@ pub struct CudaRunner {
     pool: KvPool,
     weights: Weights,
     config: Config,
-    table: SequenceTable,
     use_graphs: bool,
     gpu: Gpu,
 }
@@ -184,7 +183,6 @@ impl CudaRunner {
             workspace,
             pool,
             weights,
-            table: SequenceTable::new(pages),
             config,
             use_graphs,
             gpu,
@@ -212,37 +210,6 @@ impl CudaRunner {
         if !on {
             self.graphs.clear();
         }
-    }
-
-    /// One single-sequence forward (as [`ModelRunner::forward`] / `forward_top1` with `top1`)
-    /// without graph replay, timed stage by stage on the device: (stage, total ms).
-    pub fn profile_forward(
-        &mut self,
-        seq: SeqId,
-        ids: &[u32],
-        rows: LogitsRows,
-        top1: bool,
-    ) -> Result<Vec<(&'static str, f32)>> {
-        let r = rows.resolve(ids.len());
-        let want = match (r.is_empty(), top1) {
-            (true, _) => Want::Nothing,
-            (false, true) => Want::Top1(r),
-            (false, false) => Want::Logits(r),
-        };
-        let start = self.sequence_len(seq);
-        self.table
-            .reserve(seq, start + ids.len(), self.config.block_size)?;
-        let pages = self.table.get(seq)?.0.clone();
-        let segment = Segment {
-            pages: &pages,
-            start,
-            ids,
-            want,
-        };
-        let mut prof = self.gpu.profile().map_err(device_err)?;
-        self.run_batch(std::slice::from_ref(&segment), Some(&mut prof), None)?;
-        self.table.set_len(seq, start + ids.len());
-        prof.report().map_err(device_err)
     }
 
     /// Runs `segments` like [`ModelRunner::forward_batch`] (no graph) and returns, per MoE layer,
@@ -461,13 +428,5 @@ impl ModelRunner for CudaRunner {
 
     fn forward_batch(&mut self, segments: &[Segment<'_>]) -> Result<Vec<SegmentOutput>> {
         self.run_batch(segments, None, None)
-    }
-
-    fn sequence_table(&mut self) -> &mut SequenceTable {
-        &mut self.table
-    }
-
-    fn sequence_table_ref(&self) -> &SequenceTable {
-        &self.table
     }
 }

@@ -2,7 +2,7 @@
 //! PyTorch `[out, in]` order, gate and up projections stacked (`[2 I, D]`, gate first) so one GEMM
 //! computes both, routed experts packed per layer (`[E, 2 I, D]` and `[E, D, I]`) for the grouped
 //! GEMM, and the router kept exact: BF16 when stored BF16, else F32; its bias in F32
-//! (docs/llada2-model.md §4, §7.6).
+//! (docs/model.md §4, §7.6); tensor names come from [`crate::schema`].
 
 use half::{bf16, f16};
 use minnow_format::TensorSource;
@@ -14,6 +14,7 @@ use minnow_runtime::DType;
 
 use super::experts::{load_projection, stored_codes, ExpertMatrix, Projection};
 use crate::config::Config;
+use crate::schema::{self, Tensor};
 use crate::{ModelError, Result};
 
 pub(crate) fn device_err(e: minnow_runtime::cuda::CudaError) -> ModelError {
@@ -225,25 +226,29 @@ impl Weights {
         let d = dims.d;
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let swiglu = |prefix: &str, width: usize| -> Result<DenseMlp> {
+            let swiglu = |mlp: schema::Mlp, width: usize| -> Result<DenseMlp> {
+                let name = |projection| {
+                    Tensor::MlpProjection {
+                        layer: i,
+                        mlp,
+                        projection,
+                    }
+                    .name()
+                };
                 let gate_up = gpu.alloc::<bf16>(2 * width * d).map_err(device_err)?;
                 put(
                     gpu,
                     &gate_up,
                     0,
-                    &r.bf16(&format!("{prefix}.gate_proj.weight"), &[width, d])?,
+                    &r.bf16(&name(schema::Projection::Gate), &[width, d])?,
                 )?;
                 put(
                     gpu,
                     &gate_up,
                     width * d,
-                    &r.bf16(&format!("{prefix}.up_proj.weight"), &[width, d])?,
+                    &r.bf16(&name(schema::Projection::Up), &[width, d])?,
                 )?;
-                let down = upload(
-                    gpu,
-                    &r.bf16(&format!("{prefix}.down_proj.weight"), &[d, width])?,
-                )?;
+                let down = upload(gpu, &r.bf16(&name(schema::Projection::Down), &[d, width])?)?;
                 Ok(DenseMlp {
                     gate_up,
                     down,
@@ -251,10 +256,10 @@ impl Weights {
                 })
             };
             let mlp = if i < config.first_k_dense_replace {
-                Mlp::Dense(swiglu(&format!("{p}.mlp"), dims.dense_width)?)
+                Mlp::Dense(swiglu(schema::Mlp::Dense, dims.dense_width)?)
             } else {
                 let (e, w) = (dims.experts, dims.expert_width);
-                let name = format!("{p}.mlp.gate.weight");
+                let name = Tensor::Router(i).name();
                 let values = r.values(&name, &[e, d])?;
                 let router = if source.tensor(&name).and_then(|t| t.dtype) == Some(DType::BF16) {
                     RouterWeights::Bf16(upload(
@@ -268,24 +273,31 @@ impl Weights {
                     RouterWeights::F32(upload(gpu, &values)?)
                 };
                 let bias = if config.moe_router_enable_expert_bias {
-                    upload(gpu, &r.values(&format!("{p}.mlp.gate.expert_bias"), &[e])?)?
+                    upload(gpu, &r.values(&Tensor::RouterBias(i).name(), &[e])?)?
                 } else {
                     upload(gpu, &vec![0f32; e])?
                 };
                 // Routed experts stay in their stored integer codes when the kernels read
                 // them; the shared expert (never quantized) then cannot join their matrices.
                 let expert_names = |x: usize, proj: &str| -> Vec<String> {
-                    let q = if x < e {
-                        format!("{p}.mlp.experts.{x}")
+                    let mlp = if x < e {
+                        schema::Mlp::Expert(x)
                     } else {
-                        format!("{p}.mlp.shared_experts")
+                        schema::Mlp::Shared
+                    };
+                    let name = |projection| {
+                        Tensor::MlpProjection {
+                            layer: i,
+                            mlp,
+                            projection,
+                        }
+                        .name()
                     };
                     match proj {
-                        "gate_up" => vec![
-                            format!("{q}.gate_proj.weight"),
-                            format!("{q}.up_proj.weight"),
-                        ],
-                        _ => vec![format!("{q}.down_proj.weight")],
+                        "gate_up" => {
+                            vec![name(schema::Projection::Gate), name(schema::Projection::Up)]
+                        }
+                        _ => vec![name(schema::Projection::Down)],
                     }
                 };
                 let projection = |slots: usize, proj: &str, rows, cols, label| Projection {
@@ -320,10 +332,7 @@ impl Weights {
                 let shared = if packed {
                     SharedExpert::Packed
                 } else if config.num_shared_experts > 0 {
-                    SharedExpert::Separate(swiglu(
-                        &format!("{p}.mlp.shared_experts"),
-                        dims.shared_width,
-                    )?)
+                    SharedExpert::Separate(swiglu(schema::Mlp::Shared, dims.shared_width)?)
                 } else {
                     SharedExpert::None
                 };
@@ -338,50 +347,26 @@ impl Weights {
                 )))
             };
             layers.push(Layer {
-                input_norm: upload(gpu, &r.bf16(&format!("{p}.input_layernorm.weight"), &[d])?)?,
-                post_norm: upload(
-                    gpu,
-                    &r.bf16(&format!("{p}.post_attention_layernorm.weight"), &[d])?,
-                )?,
-                qkv: upload(
-                    gpu,
-                    &r.bf16(
-                        &format!("{p}.attention.query_key_value.weight"),
-                        &[dims.qkv_rows, d],
-                    )?,
-                )?,
+                input_norm: upload(gpu, &r.bf16(&Tensor::InputNorm(i).name(), &[d])?)?,
+                post_norm: upload(gpu, &r.bf16(&Tensor::PostAttentionNorm(i).name(), &[d])?)?,
+                qkv: upload(gpu, &r.bf16(&Tensor::Qkv(i).name(), &[dims.qkv_rows, d])?)?,
                 q_norm: upload(
                     gpu,
-                    &r.bf16(
-                        &format!("{p}.attention.query_layernorm.weight"),
-                        &[dims.head_dim],
-                    )?,
+                    &r.bf16(&Tensor::QueryNorm(i).name(), &[dims.head_dim])?,
                 )?,
-                k_norm: upload(
-                    gpu,
-                    &r.bf16(
-                        &format!("{p}.attention.key_layernorm.weight"),
-                        &[dims.head_dim],
-                    )?,
-                )?,
+                k_norm: upload(gpu, &r.bf16(&Tensor::KeyNorm(i).name(), &[dims.head_dim])?)?,
                 dense: upload(
                     gpu,
-                    &r.bf16(
-                        &format!("{p}.attention.dense.weight"),
-                        &[d, dims.attn_width],
-                    )?,
+                    &r.bf16(&Tensor::AttentionOut(i).name(), &[d, dims.attn_width])?,
                 )?,
                 mlp,
             });
         }
         Ok(Self {
-            embed: upload(
-                gpu,
-                &r.bf16("model.word_embeddings.weight", &[dims.vocab, d])?,
-            )?,
+            embed: upload(gpu, &r.bf16(&Tensor::Embedding.name(), &[dims.vocab, d])?)?,
             layers,
-            final_norm: upload(gpu, &r.bf16("model.norm.weight", &[d])?)?,
-            lm_head: upload(gpu, &r.bf16("lm_head.weight", &[dims.vocab, d])?)?,
+            final_norm: upload(gpu, &r.bf16(&Tensor::FinalNorm.name(), &[d])?)?,
+            lm_head: upload(gpu, &r.bf16(&Tensor::LmHead.name(), &[dims.vocab, d])?)?,
         })
     }
 

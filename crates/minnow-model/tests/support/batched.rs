@@ -2,7 +2,9 @@
 //! `portable_cpu.rs` (the portable kernels).
 
 use crate::common::*;
-use minnow_model::{CpuRunner, LogitsRows, ModelRunner, PageId, Segment, SegmentOutput, Want};
+use minnow_model::{
+    CpuRunner, LogitsRows, ModelRunner, PageId, Segment, SegmentOutput, SingleSequence, Want,
+};
 
 /// One sequence of the test: its cached prefix, then the forward under test.
 struct Case {
@@ -74,7 +76,7 @@ pub fn every_segment_gets_its_unbatched_outputs() {
 pub fn segments_get_their_unbatched_outputs(name: &str, path: &std::path::Path) {
     {
         let golden = Golden::load(name).input_ids();
-        let mut alone = CpuRunner::load(path).unwrap();
+        let mut alone = SingleSequence::new(CpuRunner::load(path).unwrap());
         let mut batched = CpuRunner::load(path).unwrap();
         let vocab = alone.config().vocab_size as u32;
         let cases = cases();
@@ -85,7 +87,7 @@ pub fn segments_get_their_unbatched_outputs(name: &str, path: &std::path::Path) 
         // Unbatched: each sequence on its own.
         let mut expected = Vec::new();
         for (case, ids) in cases.iter().zip(&ids) {
-            let seq = alone.create_sequence().unwrap();
+            let seq = alone.create_sequence();
             if case.prefix > 0 {
                 alone
                     .forward(seq, &ids[..case.prefix], LogitsRows::None)

@@ -19,10 +19,11 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use super::dot_block::DotBlock;
 use crate::dtype::{widen_into, MatRef};
 
 /// Widens stored weights to F32 with the fastest conversion the CPU has.
-pub fn widen(dtype: crate::DType, src: &[u8], dst: &mut [f32]) {
+pub fn widen(dtype: crate::dtype::DType, src: &[u8], dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if super::x86::has_avx512() {
         // SAFETY: AVX-512F presence checked.
@@ -175,18 +176,6 @@ pub fn linear_rows<W: WeightRows + ?Sized>(x: &[f32], m: usize, w: &W, out: &mut
         Par::Seq => (0..tasks).for_each(task),
         Par::Rayon => (0..tasks).into_par_iter().for_each(task),
     }
-}
-
-/// One task of [`linear`]: `out[t, j] = Σ_q x[t, q] · w[j, q]` for `x_rows × w_rows` outputs,
-/// all operands F32 and row-major (`w` and `x` rows of `k`, `out` rows at `out_stride`).
-pub(crate) struct DotBlock {
-    pub w: *const f32,
-    pub w_rows: usize,
-    pub x: *const f32,
-    pub x_rows: usize,
-    pub k: usize,
-    pub out: *mut f32,
-    pub out_stride: usize,
 }
 
 impl DotBlock {

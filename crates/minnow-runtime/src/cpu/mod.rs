@@ -2,11 +2,12 @@
 //! [`matmul`] (two F32 operands with arbitrary strides); everything else is element-wise or
 //! row-wise and small.
 
+mod dot_block;
 mod linear;
 mod ops;
 mod quant_linear;
 #[cfg(target_arch = "x86_64")]
-mod x86;
+pub(crate) mod x86;
 
 pub use linear::{kernel_name, linear, linear_rows, matmul, matmul_nn, widen, Par, WeightRows};
 pub use quant_linear::linear_quant;
@@ -16,13 +17,6 @@ pub use quant_linear::linear_quant;
 pub fn uses_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     return x86::has_avx512();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-/// Whether the AVX2 + FMA kernels may run (the CPU has them and `MINNOW_CPU_PORTABLE` is unset).
-pub(crate) fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return x86::has_avx2_fma();
     #[cfg(not(target_arch = "x86_64"))]
     false
 }

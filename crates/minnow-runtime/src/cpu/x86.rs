@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::linear::DotBlock;
+use super::dot_block::DotBlock;
 use crate::dtype::DType;
 
 /// Whether the AVX-512 kernels may run: the CPU has AVX-512F and `MINNOW_CPU_PORTABLE` is not

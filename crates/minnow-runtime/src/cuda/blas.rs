@@ -6,9 +6,11 @@ use std::ffi::c_void;
 
 use cudarc::cublas::{result, sys};
 
+use std::sync::Arc;
+
 use super::buffer::DeviceBuffer;
+use super::context::GpuContext;
 use super::error::{Context, CudaResult};
-use super::gpu::Gpu;
 
 /// Workspace given to cuBLAS up front so it never allocates during graph capture.
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -23,14 +25,17 @@ unsafe impl Send for Blas {}
 unsafe impl Sync for Blas {}
 
 impl Blas {
-    pub(crate) fn new(gpu: &Gpu) -> CudaResult<Self> {
-        gpu.bind()?;
+    /// A handle on `stream` of the device whose context is `ctx`.
+    pub(crate) fn new(
+        ctx: &Arc<GpuContext>,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> CudaResult<Self> {
+        ctx.bind()?;
         let handle = result::create_handle().ctx(|| "creating the cuBLAS handle".into())?;
-        let workspace = gpu.alloc::<u8>(WORKSPACE_BYTES)?;
+        let workspace = DeviceBuffer::<u8>::alloc(ctx, WORKSPACE_BYTES)?;
         // SAFETY: valid handle, stream and workspace.
         unsafe {
-            result::set_stream(handle, gpu.stream() as _)
-                .ctx(|| "setting the cuBLAS stream".into())?;
+            result::set_stream(handle, stream as _).ctx(|| "setting the cuBLAS stream".into())?;
             sys::cublasSetWorkspace_v2(handle, workspace.ptr() as *mut c_void, WORKSPACE_BYTES)
                 .result()
                 .ctx(|| "setting the cuBLAS workspace".into())?;

@@ -16,16 +16,16 @@ use std::sync::{Arc, Mutex, RwLock};
 use cudarc::cublaslt::{result, sys};
 
 use super::buffer::DeviceBuffer;
+use super::context::GpuContext;
 use super::error::{Context, CudaError, CudaResult};
-use super::gpu::Gpu;
 
 /// Workspace given to cuBLASLt up front so it never allocates during graph capture; algorithms
 /// that want more are not offered.
-const WORKSPACE_BYTES: usize = 32 << 20;
+pub(super) const WORKSPACE_BYTES: usize = 32 << 20;
 
 pub struct BlasLt {
-    handle: sys::cublasLtHandle_t,
-    workspace: DeviceBuffer<u8>,
+    pub(super) handle: sys::cublasLtHandle_t,
+    pub(super) workspace: DeviceBuffer<u8>,
     /// Dense GEMM plans by (n, k): for each of [`ROW_BUCKETS`], the cuBLASLt algorithm to run,
     /// or `None` for minnow's own kernel (see `ops::plan_dense_gemms`).
     plans: RwLock<HashMap<(usize, usize), BucketPlans>>,
@@ -72,7 +72,7 @@ impl AlgoConfig {
 /// One algorithm of a GEMM shape, ready to run.
 #[derive(Clone, Copy)]
 pub struct LtAlgo {
-    raw: sys::cublasLtMatmulAlgo_t,
+    pub(super) raw: sys::cublasLtMatmulAlgo_t,
     pub config: AlgoConfig,
     /// Workspace bytes this algorithm needs.
     pub workspace: usize,
@@ -85,11 +85,11 @@ impl std::fmt::Debug for LtAlgo {
 }
 
 /// The descriptors of one problem `Y[m, n] = X[m, k] · W[n, k]ᵀ`, freed on drop.
-struct Problem {
-    desc: sys::cublasLtMatmulDesc_t,
-    w: sys::cublasLtMatrixLayout_t,
-    x: sys::cublasLtMatrixLayout_t,
-    y: sys::cublasLtMatrixLayout_t,
+pub(super) struct Problem {
+    pub(super) desc: sys::cublasLtMatmulDesc_t,
+    pub(super) w: sys::cublasLtMatrixLayout_t,
+    pub(super) x: sys::cublasLtMatrixLayout_t,
+    pub(super) y: sys::cublasLtMatrixLayout_t,
 }
 
 impl Problem {
@@ -155,8 +155,10 @@ impl<T> Context<T> for std::result::Result<T, result::CublasError> {
 }
 
 impl BlasLt {
-    pub(crate) fn new(gpu: &Gpu) -> CudaResult<Self> {
-        gpu.bind()?;
+    /// A handle for the device whose context is `ctx` (its GEMMs run on the stream their
+    /// caller names: `dense_plan.rs`).
+    pub(crate) fn new(ctx: &Arc<GpuContext>) -> CudaResult<Self> {
+        ctx.bind()?;
         // SAFETY: only probes whether the shared library can be opened.
         if !unsafe { sys::is_culib_present() } {
             return Err(CudaError::Unavailable(
@@ -164,7 +166,7 @@ impl BlasLt {
             ));
         }
         let handle = result::create_handle().ctx(|| "creating the cuBLASLt handle".into())?;
-        let workspace = gpu.alloc::<u8>(WORKSPACE_BYTES)?;
+        let workspace = DeviceBuffer::<u8>::alloc(ctx, WORKSPACE_BYTES)?;
         Ok(Self {
             handle,
             workspace,
@@ -173,7 +175,7 @@ impl BlasLt {
         })
     }
 
-    fn problem(&self, m: usize, n: usize, k: usize) -> CudaResult<Arc<Problem>> {
+    pub(super) fn problem(&self, m: usize, n: usize, k: usize) -> CudaResult<Arc<Problem>> {
         let mut cache = self.problems.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = cache.get(&(m, n, k)) {
             return Ok(p.clone());
@@ -275,49 +277,6 @@ impl BlasLt {
         status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
             && unsafe { out.assume_init() }.workspaceSize <= WORKSPACE_BYTES
     }
-
-    /// `Y[m, n] = X[m, k] · W[n, k]ᵀ` (BF16, row pitches k, k and n) with exactly `algo`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_bf16(
-        &self,
-        gpu: &Gpu,
-        algo: &LtAlgo,
-        x: u64,
-        w: u64,
-        y: u64,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> CudaResult<()> {
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        let problem = self.problem(m, n, k)?;
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: the caller's buffers hold the stated shapes; host scalars; a workspace of
-        // WORKSPACE_BYTES on the device.
-        unsafe {
-            result::matmul(
-                self.handle,
-                problem.desc,
-                &alpha as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
-                w as *const c_void,
-                problem.w,
-                x as *const c_void,
-                problem.x,
-                y as *const c_void,
-                problem.y,
-                y as *mut c_void,
-                problem.y,
-                &algo.raw,
-                self.workspace.ptr() as *mut c_void,
-                WORKSPACE_BYTES,
-                gpu.stream() as sys::cudaStream_t,
-            )
-        }
-        .ctx(|| format!("cuBLASLt GEMM {m}x{n}x{k} with {:?}", algo.config))
-    }
 }
 
 impl Drop for BlasLt {
@@ -360,111 +319,4 @@ fn read_config(algo: &sys::cublasLtMatmulAlgo_t) -> AlgoConfig {
         inner_shape: get(A::CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, 2) as u16,
         cluster_shape: get(A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, 2) as u16,
     }
-}
-
-/// One dense GEMM shape of a model: `n` outputs over `k` inputs, with its weights at `w`.
-#[derive(Clone, Copy, Debug)]
-pub struct DenseShape {
-    pub name: &'static str,
-    pub n: usize,
-    pub k: usize,
-    pub w: u64,
-}
-
-/// Largest output a planning probe may allocate; buckets past it keep minnow's own kernel.
-const PROBE_BYTES: usize = 1 << 30;
-/// Rows compared at each end of a probe's output.
-const COMPARED_ROWS: usize = 64;
-
-/// Plans the dense GEMMs of `shapes` for every row bucket up to `max_rows`: for each bucket the
-/// fastest of minnow's own kernel and up to four cuBLASLt algorithms that sum K in one pass,
-/// keeping a cuBLASLt algorithm only when its output on a random probe of the bucket's height is
-/// bit-identical to minnow's kernel (so a row's bits never depend on which one ran). Returns
-/// one line per shape for the load log. Must run outside graph capture (it synchronizes).
-pub fn plan_dense_gemms(
-    gpu: &Gpu,
-    shapes: &[DenseShape],
-    max_rows: usize,
-) -> CudaResult<Vec<String>> {
-    use super::ops;
-    let Some(lt) = gpu.blas_lt() else {
-        return Ok(vec![
-            "cuBLASLt unavailable: dense GEMMs use minnow's kernels".into(),
-        ]);
-    };
-    let buckets: Vec<usize> = ROW_BUCKETS
-        .iter()
-        .copied()
-        .take_while(|&b| b < max_rows.max(1) * 2)
-        .collect();
-    let mut report = Vec::new();
-    for shape in shapes {
-        let (n, k) = (shape.n, shape.k);
-        let max_bucket = buckets
-            .iter()
-            .copied()
-            .filter(|&b| b * n * 2 <= PROBE_BYTES)
-            .max()
-            .unwrap_or(0);
-        if max_bucket == 0 {
-            continue;
-        }
-        let x = gpu.alloc::<half::bf16>(max_bucket * k)?;
-        ops::fill_random_bf16(gpu, x.ptr(), max_bucket * k, 0x5eed, 1.0)?;
-        let y = gpu.alloc::<half::bf16>(max_bucket * n)?;
-        let timer = gpu.timer()?;
-        let time = |f: &dyn Fn() -> CudaResult<()>| -> CudaResult<f32> {
-            f()?;
-            timer.start()?;
-            for _ in 0..3 {
-                f()?;
-            }
-            Ok(timer.stop_ms()? / 3.0)
-        };
-        let ends = |m: usize| -> CudaResult<Vec<u16>> {
-            let rows = m.min(COMPARED_ROWS);
-            let mut out = vec![0u16; 2 * rows * n];
-            let (head, tail) = out.split_at_mut(rows * n);
-            gpu.read_raw(y.ptr(), true, head)?;
-            gpu.read_raw(y.ptr() + ((m - rows) * n * 2) as u64, true, tail)?;
-            Ok(out)
-        };
-        let mut plans = Vec::new();
-        let mut summary = Vec::new();
-        for &m in &buckets {
-            if m > max_bucket {
-                break;
-            }
-            let own_ms = time(&|| ops::own_dense_gemm(gpu, x.ptr(), shape.w, y.ptr(), m, n, k))?;
-            let want = ends(m)?;
-            let mut best: (f32, Option<LtAlgo>) = (own_ms, None);
-            for algo in lt.candidates(m, n, k, 4)? {
-                if !algo.config.sums_k_in_one_pass() {
-                    continue;
-                }
-                ops::fill_random_bf16(gpu, y.ptr(), m * n, m as u64, 1.0)?;
-                lt.gemm_bf16(gpu, &algo, x.ptr(), shape.w, y.ptr(), m, n, k)?;
-                if ends(m)? != want {
-                    tracing::warn!(
-                        "cuBLASLt {:?} sums {} ({n}x{k}) in another order at {m} rows; not used",
-                        algo.config,
-                        shape.name
-                    );
-                    continue;
-                }
-                let ms = time(&|| lt.gemm_bf16(gpu, &algo, x.ptr(), shape.w, y.ptr(), m, n, k))?;
-                if ms < best.0 * 0.97 {
-                    best = (ms, Some(algo));
-                }
-            }
-            summary.push(format!(
-                "{m}:{}",
-                if best.1.is_some() { "lt" } else { "own" }
-            ));
-            plans.push(best.1);
-        }
-        lt.set_plans(n, k, plans);
-        report.push(format!("{} {n}x{k}: {}", shape.name, summary.join(" ")));
-    }
-    Ok(report)
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
 
+use super::context::GpuContext;
 use super::error::{Context, CudaResult};
-use super::gpu::GpuContext;
 
 /// `len` elements of `T` in device memory of one context.
 pub struct DeviceBuffer<T> {

@@ -10,33 +10,10 @@ use cudarc::driver::{result, sys};
 use super::blas::Blas;
 use super::blaslt::BlasLt;
 use super::buffer::DeviceBuffer;
+use super::context::GpuContext;
+use super::driver::device_count;
 use super::error::{Context, CudaError, CudaResult};
 use super::ptx;
-
-/// The device's primary context. Bound to the calling thread before every driver call, so a
-/// runner may move between threads.
-pub struct GpuContext {
-    ctx: sys::CUcontext,
-    device: sys::CUdevice,
-}
-
-// SAFETY: a CUcontext may be made current on any thread.
-unsafe impl Send for GpuContext {}
-unsafe impl Sync for GpuContext {}
-
-impl GpuContext {
-    pub(crate) fn bind(&self) -> CudaResult<()> {
-        // SAFETY: ctx is a retained primary context.
-        unsafe { result::ctx::set_current(self.ctx) }.ctx(|| "binding the CUDA context".into())
-    }
-}
-
-impl Drop for GpuContext {
-    fn drop(&mut self) {
-        // SAFETY: retained once in Gpu::new.
-        let _ = unsafe { result::primary_ctx::release(self.device) };
-    }
-}
 
 /// Grid, block and dynamic shared memory of one launch.
 #[derive(Clone, Copy, Debug)]
@@ -91,7 +68,7 @@ impl KernelArg for f32 {
 #[macro_export]
 macro_rules! cuda_launch {
     ($gpu:expr, $name:expr, $cfg:expr $(, $arg:expr)* $(,)?) => {{
-        let mut bits: Vec<u64> = vec![$($crate::cuda::KernelArg::to_bits($arg)),*];
+        let mut bits: Vec<u64> = vec![$($crate::cuda::gpu::KernelArg::to_bits($arg)),*];
         $gpu.launch_bits($name, $cfg, &mut bits)
     }};
 }
@@ -126,7 +103,7 @@ unsafe impl Sync for Gpu {}
 impl Gpu {
     /// Opens device `ordinal`, loads every kernel module and creates the cuBLAS handle.
     pub fn new(ordinal: usize) -> CudaResult<Self> {
-        let count = super::device_count()?;
+        let count = device_count()?;
         if ordinal >= count {
             return Err(CudaError::Unavailable(format!(
                 "device cuda:{ordinal} requested but {count} device(s) found"
@@ -137,7 +114,7 @@ impl Gpu {
         // SAFETY: device is valid; the context is released when GpuContext drops.
         let ctx = unsafe { result::primary_ctx::retain(device) }
             .ctx(|| "retaining the primary context".into())?;
-        let ctx = Arc::new(GpuContext { ctx, device });
+        let ctx = Arc::new(GpuContext::new(ctx, device));
         ctx.bind()?;
         let name = result::device::get_name(device).ctx(|| "reading the device name".into())?;
         let attribute = |a, what: &str| {
@@ -190,7 +167,7 @@ impl Gpu {
         for module in ptx::MODULES {
             gpu.load_module(module)?;
         }
-        gpu.blas = Some(Blas::new(&gpu)?);
+        gpu.blas = Some(Blas::new(&gpu.ctx, gpu.stream)?);
         Ok(gpu)
     }
 
@@ -252,7 +229,9 @@ impl Gpu {
     /// The cuBLASLt handle, created on first use; `None` when libcublasLt cannot be loaded or
     /// initialised (callers then keep their own kernels).
     pub fn blas_lt(&self) -> Option<&BlasLt> {
-        self.blas_lt.get_or_init(|| BlasLt::new(self).ok()).as_ref()
+        self.blas_lt
+            .get_or_init(|| BlasLt::new(&self.ctx).ok())
+            .as_ref()
     }
 
     /// The cuBLASLt handle if [`Gpu::blas_lt`] created one (never creates it: safe inside a

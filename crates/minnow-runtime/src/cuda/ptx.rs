@@ -4,6 +4,8 @@
 //! file starts with a line naming the BLAKE3 hash of its source (the `.cu` file followed by
 //! `kernels/common.cuh`); a test fails when a source changed without regenerating its PTX.
 
+use super::error::{CudaError, CudaResult};
+
 /// One compiled kernel file.
 pub struct PtxModule {
     /// File stem under `kernels/` and `ptx/`.
@@ -119,15 +121,15 @@ pub const MODULES: &[PtxModule] = &[
 /// `<name>.sm90.ptx`) from disk instead of the embedded text, so kernels compiled on a GPU
 /// machine (`cargo xtask kernels` there) run with binaries built before them. Unset in normal
 /// use; a missing file is an error, never a silent fallback.
-pub fn override_text(name: &str, sm90: bool) -> crate::cuda::CudaResult<Option<String>> {
+pub fn override_text(name: &str, sm90: bool) -> CudaResult<Option<String>> {
     let Some(dir) = std::env::var_os("MINNOW_PTX_DIR") else {
         return Ok(None);
     };
     let path =
         std::path::Path::new(&dir).join(format!("{name}{}.ptx", if sm90 { ".sm90" } else { "" }));
-    std::fs::read_to_string(&path).map(Some).map_err(|e| {
-        crate::cuda::CudaError::Unsupported(format!("MINNOW_PTX_DIR: {}: {e}", path.display()))
-    })
+    std::fs::read_to_string(&path)
+        .map(Some)
+        .map_err(|e| CudaError::Unsupported(format!("MINNOW_PTX_DIR: {}: {e}", path.display())))
 }
 
 /// The hash recorded in a PTX file's first line, if it has one.

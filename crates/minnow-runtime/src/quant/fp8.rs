@@ -5,7 +5,7 @@
 //! `[ceil(N/128)][ceil(K/128)]`, scale = `max_abs / 448` (1 for an all-zero block, clamped up to
 //! the smallest positive normal F32), code = E4M3 nearest-even of value / scale.
 
-use super::{QuantMat, Quantized, FP8_BLOCK};
+use super::encoding::{QuantMat, Quantized, FP8_BLOCK};
 
 /// The largest finite E4M3 value.
 pub const E4M3_MAX: f32 = 448.0;

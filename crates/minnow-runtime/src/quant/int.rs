@@ -11,7 +11,7 @@
 
 use half::f16;
 
-use super::{QuantEncoding, QuantMat, Quantized};
+use super::encoding::{QuantEncoding, QuantMat, Quantized};
 
 /// The largest code magnitude an encoder writes.
 fn qmax(encoding: QuantEncoding) -> f32 {

@@ -8,8 +8,8 @@
 //! `4j..4j+4` (the first value in the lowest nibble). Scales are bytes in the order
 //! `[N/8][K/64][row 0..8][block 0..4]`.
 
+use super::encoding::{QuantMat, Quantized, NVFP4_GROUP};
 use super::fp8::{e4m3_positive_code, e4m3_table, E4M3_MAX};
-use super::{QuantMat, Quantized, NVFP4_GROUP};
 
 /// Magnitudes of the E2M1 codes 0..8.
 pub const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
@@ -197,7 +197,7 @@ pub(super) fn dequantize_rows(q: &QuantMat<'_>, r0: usize, r1: usize, dst: &mut 
                         unsafe {
                             super::x86::nvfp4_word(
                                 word,
-                                super::x86::e2m1_magnitudes(),
+                                super::x86::e2m1_magnitudes(&E2M1),
                                 s,
                                 q.global_scale,
                                 out.as_mut_ptr(),

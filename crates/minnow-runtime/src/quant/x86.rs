@@ -7,11 +7,11 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::QuantMat;
+use super::encoding::QuantMat;
 
 /// Whether the AVX2 decoders may run (the CPU has AVX2 and `MINNOW_CPU_PORTABLE` is unset).
 pub(super) fn usable() -> bool {
-    crate::cpu::has_avx2_fma()
+    crate::cpu::x86::has_avx2_fma()
 }
 
 /// Byte shuffles that put one row's codes of a 16-column unit in column order.
@@ -152,13 +152,13 @@ pub(super) unsafe fn nvfp4_word(
     _mm256_storeu_ps(out, v);
 }
 
-/// The E2M1 magnitudes as one vector, for [`nvfp4_word`].
+/// The eight E2M1 magnitudes (`nvfp4`'s table) as one vector, for [`nvfp4_word`].
 ///
 /// # Safety
 /// AVX2 required.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn e2m1_magnitudes() -> __m256 {
-    _mm256_loadu_ps(super::nvfp4::E2M1.as_ptr())
+pub(super) unsafe fn e2m1_magnitudes(table: &[f32; 8]) -> __m256 {
+    _mm256_loadu_ps(table.as_ptr())
 }
 
 /// `out[i] = table[codes[i]] × scale` (FP8 codes through the E4M3 table), as

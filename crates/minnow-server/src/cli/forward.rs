@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use minnow_model::{CpuRunner, LogitsRows, ModelRunner};
-use minnow_runtime::device::DeviceRequest;
+use minnow_engine::{select_runner, DeviceRequest, EngineOptions};
+use minnow_model::{LogitsRows, ModelRunner, SingleSequence};
 use safetensors::tensor::TensorView;
 
 use super::global::{model_or_fixture, Global};
@@ -29,34 +29,28 @@ pub fn run(cli: &Global, args: &Args) -> Result<(), String> {
     let model = &model_or_fixture(cli);
     output_file::check_writable(&args.output, args.force)?;
     let ids = read_input_ids(&args.input)?;
-    let mut runner = open_runner(cli.device, model)?;
+    let mut runner = SingleSequence::new(open_runner(cli.device, model)?);
     let vocab = runner.config().vocab_size;
-    let seq = runner.create_sequence().map_err(|e| e.to_string())?;
+    let seq = runner.create_sequence();
     let logits = runner
         .forward(seq, &ids, LogitsRows::All)
         .map_err(|e| e.to_string())?;
     write_logits(&args.output, args.force, &logits, ids.len(), vocab)
 }
 
-/// The runner for `--device`. `forward` is the validation command, so `auto` means the F32 CPU
-/// reference (the numbers the official F32 implementation is compared with); the BF16 CUDA
-/// runner is used only when asked for by name.
+/// The runner for `--device`, through the engine's device selection. `forward` is the validation
+/// command, so `auto` means the F32 CPU reference (the numbers the official F32 implementation is
+/// compared with); the BF16 CUDA runner is used only when asked for by name.
 fn open_runner(device: DeviceRequest, model: &Path) -> Result<Box<dyn ModelRunner>, String> {
-    match device {
-        DeviceRequest::Cuda(n) => {
-            if !minnow_model::cuda::is_available() {
-                return Err(format!(
-                    "device cuda:{n} was requested, but no usable CUDA GPU was found; use --device cpu"
-                ));
-            }
-            let runner =
-                minnow_model::cuda::CudaRunner::load(model, n).map_err(|e| e.to_string())?;
-            Ok(Box::new(runner))
-        }
-        DeviceRequest::Auto | DeviceRequest::Cpu => {
-            Ok(Box::new(CpuRunner::load(model).map_err(|e| e.to_string())?))
-        }
-    }
+    let device = match device {
+        DeviceRequest::Auto => DeviceRequest::Cpu,
+        named => named,
+    };
+    let options = EngineOptions {
+        device,
+        ..EngineOptions::default()
+    };
+    select_runner(model, &options).map_err(|e| e.to_string())
 }
 
 /// Sends warnings (e.g. config flags that fell back to checkpoint values) to stderr; `RUST_LOG`

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use minnow_format::{Checkpoint, TensorSource};
+use minnow_model::schema::{Role, Tensor};
 use minnow_model::weights::validate;
 use minnow_model::Config;
 
@@ -83,6 +84,7 @@ fn report(c: &Config, source: &Checkpoint) -> String {
     let mut on_gpu: BTreeMap<&'static str, usize> = BTreeMap::new();
     for name in source.names() {
         let t = source.tensor(name).expect("listed tensor");
+        let role = Tensor::parse(name).map(|t| t.role());
         let gpu_form = match t.quant.map(|q| q.encoding) {
             Some(
                 e @ (minnow_runtime::QuantEncoding::I8Mma
@@ -101,8 +103,8 @@ fn report(c: &Config, source: &Checkpoint) -> String {
                 (form, t.data.len() + t.quant.map_or(0, |q| q.scales.len()))
             }
             // The router (when not stored in BF16) and its bias stay F32.
-            _ if name.ends_with(".mlp.gate.expert_bias")
-                || (name.ends_with(".mlp.gate.weight") && t.dtype_name != "BF16") =>
+            _ if role == Some(Role::RouterBias)
+                || (role == Some(Role::Router) && t.dtype_name != "BF16") =>
             {
                 ("f32", t.numel() * 4)
             }
@@ -110,7 +112,7 @@ fn report(c: &Config, source: &Checkpoint) -> String {
         };
         *on_gpu.entry(gpu_form.0).or_default() += gpu_form.1;
         total += t.numel();
-        if name.contains(".mlp.experts.") {
+        if role == Some(Role::RoutedExpert) {
             routed += t.numel();
         }
         let stored = t.data.len() + t.quant.map_or(0, |q| q.scales.len());
