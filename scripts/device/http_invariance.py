@@ -45,28 +45,33 @@ def free_port():
         return s.getsockname()[1]
 
 
-def post(port, body, timeout=300):
+def post(port, path, body, timeout=300):
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
+        f"http://127.0.0.1:{port}{path}",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.load(r)["choices"][0]["message"]["content"]
+            return json.load(r)["choices"][0]
     except urllib.error.HTTPError as e:
         raise RuntimeError(f"HTTP {e.code}: {e.read().decode(errors='replace')}") from None
 
 
+# Chat completions where the checkpoint has a chat template, else raw completions (set by check).
+CHAT = {"on": True}
+
+
 def ask(port, prompt, max_tokens):
-    return post(
-        port,
-        {
-            "messages": [{"role": "user", "content": prompt}],
-            "temperature": 0,
-            "max_tokens": max_tokens,
-        },
-    )
+    if CHAT["on"]:
+        body = {"messages": [{"role": "user", "content": prompt}]}
+        path = "/v1/chat/completions"
+    else:
+        body = {"prompt": prompt}
+        path = "/v1/completions"
+    body.update({"temperature": 0, "max_tokens": max_tokens})
+    choice = post(port, path, body)
+    return choice["message"]["content"] if CHAT["on"] else choice["text"]
 
 
 def long_prompt(i):
@@ -92,6 +97,13 @@ def check(args, model):
                 raise RuntimeError(f"server on {model} did not become ready (see {args.log})")
             time.sleep(0.3)
         n = args.max_tokens
+        try:
+            CHAT["on"] = True
+            ask(port, "Is there a chat template?", 1)  # not one of PROMPTS: they stay cold
+        except RuntimeError as e:
+            if "no chat template" not in str(e):
+                raise
+            CHAT["on"] = False
         cold = [ask(port, p, n) for p in PROMPTS]
         with concurrent.futures.ThreadPoolExecutor(len(PROMPTS) + 4) as pool:
             together = list(pool.map(lambda p: ask(port, p, n), PROMPTS))
@@ -107,7 +119,8 @@ def check(args, model):
             "beside long prefills": sum(a != b for a, b in zip(cold, beside)),
         }
         name = model.rstrip("/").split("/")[-1]
-        print(f"{name} ({args.device}, --parallel {args.parallel}): "
+        api = "chat" if CHAT["on"] else "completions"
+        print(f"{name} ({args.device}, --parallel {args.parallel}, {api}): "
               + ", ".join(f"{k} {v}/{len(PROMPTS)} differ" for k, v in differ.items())
               + f"; first answer {cold[0][:40]!r}")
         return sum(differ.values())
