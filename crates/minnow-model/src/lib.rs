@@ -13,6 +13,8 @@ pub mod config;
 pub mod cpu;
 pub mod cuda;
 pub mod error;
+#[cfg(test)]
+mod import_graph;
 pub mod router;
 pub mod runner;
 pub mod schema;

@@ -12,8 +12,8 @@ use minnow_runtime::cuda::ops::{self, CodeMatrices};
 use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu};
 use minnow_runtime::quant::{int, QuantEncoding};
 
-use super::weights::device_err;
-use crate::{ModelError, Result};
+use super::device_error::device_err;
+use crate::error::{ModelError, Result};
 
 /// One projection of a layer's routed experts.
 pub(crate) enum ExpertMatrix {

@@ -2,6 +2,7 @@
 //! calls of `minnow_runtime::cuda`. Same contract as the CPU runner ([`crate::ModelRunner`]);
 //! numerics follow docs/llada2-model.md §7 in BF16 with the router and the MoE mix in F32.
 
+mod device_error;
 mod experts;
 mod forward;
 mod runner;

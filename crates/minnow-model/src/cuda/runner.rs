@@ -10,12 +10,13 @@ use std::path::Path;
 use minnow_format::TensorSource;
 use minnow_runtime::cuda::{DeviceBuffer, Gpu, Graph, Profile};
 
+use super::device_error::device_err;
 use super::forward::{queue_forward, BatchShape, KvPool, Layout, Workspace};
-use super::weights::{device_err, Weights};
+use super::weights::Weights;
 use crate::batch::{pages_for, Segment, SegmentOutput, Want};
 use crate::config::Config;
+use crate::error::{ModelError, Result};
 use crate::runner::ModelRunner;
-use crate::{ModelError, Result};
 
 /// Batches whose segments are all at most this long (denoising steps, commits) and whose rows
 /// total at most [`GRAPH_MAX_TOKENS`] are captured as CUDA graphs and replayed; longer ones

@@ -12,14 +12,11 @@ use minnow_runtime::dtype::widen;
 use minnow_runtime::quant::QuantEncoding;
 use minnow_runtime::DType;
 
+use super::device_error::device_err;
 use super::experts::{load_projection, stored_codes, ExpertMatrix, Projection};
 use crate::config::Config;
+use crate::error::{ModelError, Result};
 use crate::schema::{self, Tensor};
-use crate::{ModelError, Result};
-
-pub(crate) fn device_err(e: minnow_runtime::cuda::CudaError) -> ModelError {
-    ModelError::Device(e.to_string())
-}
 
 pub(crate) struct DenseMlp {
     pub gate_up: DeviceBuffer<bf16>,
