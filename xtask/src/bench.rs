@@ -19,7 +19,7 @@ use minnow_model::{Config, LogitsRows, ModelRunner, PageId, Segment, SeqId, Sing
 use minnow_runtime::cuda::Gpu;
 use minnow_runtime::quant::QuantEncoding;
 
-/// LLaDA2.2-mini (docs/llada2-model.md §3.1).
+/// LLaDA2.2-mini (docs/model.md §3.1).
 pub(crate) const MINI_22: &str = r#"{
   "model_type": "llada2_moe", "architectures": ["LLaDA2MoeModelLM"],
   "vocab_size": 157184, "hidden_size": 2048, "intermediate_size": 5120,
@@ -36,7 +36,7 @@ pub(crate) const MINI_22: &str = r#"{
   "use_sliding_window": false, "torch_dtype": "bfloat16"
 }"#;
 
-/// LLaDA2.2-flash at the shapes docs/llada2-model.md gives: mini's config with flash's widths
+/// LLaDA2.2-flash at the shapes docs/model.md gives: mini's config with flash's widths
 /// (hidden 4,096, 32 layers, 32 query heads, dense MLP 9,216, 256 experts of width 1,024, top-8,
 /// block routing with 48 admitted experts; the values it marks unconfirmed are
 /// Ling-flash-2.0's). BF16 experts would need ~200 GB: run it with `--experts int4|int8`.

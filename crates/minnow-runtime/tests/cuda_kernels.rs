@@ -265,7 +265,7 @@ fn cublas_gemms_match_reference() {
     );
 }
 
-/// CPU reference of qk_norm_rope (the BF16 order of docs/llada2-model.md §7.4).
+/// CPU reference of qk_norm_rope (the BF16 order of docs/model.md §7.4).
 #[allow(clippy::too_many_arguments)]
 fn rope_ref(x: &[f32], w: &[f32], pos: usize, rot: usize, theta: f32) -> Vec<f32> {
     let n = rmsnorm_ref(x, w, 1e-6);

@@ -1,4 +1,4 @@
-//! The BF16 forward on the GPU (docs/llada2-model.md §7): every step is a kernel of
+//! The BF16 forward on the GPU (docs/model.md §7): every step is a kernel of
 //! `kernels/*.cu` or a cuBLAS GEMM queued on one stream. No step reads anything back, so a whole
 //! forward can be captured as a CUDA graph; the start position and the token ids are read from
 //! device memory for the same reason.

@@ -1,6 +1,6 @@
 //! The LLaDA2 forward on a CUDA GPU in BF16 ([`CudaRunner`]), built from the kernels and cuBLAS
 //! calls of `minnow_runtime::cuda`. Same contract as the CPU runner ([`crate::ModelRunner`]);
-//! numerics follow docs/llada2-model.md §7 in BF16 with the router and the MoE mix in F32.
+//! numerics follow docs/model.md §7 in BF16 with the router and the MoE mix in F32.
 
 mod device_error;
 mod experts;
