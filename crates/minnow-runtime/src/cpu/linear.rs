@@ -292,7 +292,7 @@ pub fn matmul(
 
 /// `out[m, n] = a[m, k] · b[k, n]` with `b` contiguous row-major and `a`/`out` rows at strides
 /// `a_rs`/`out_rs`: attention's `P · V`. A register-tiled AVX-512 kernel when `n % 16 == 0`,
-/// else one output row at a time ([`matmul_nn_rows`]); either way each output is a sequential
+/// else one output row at a time (`matmul_nn_rows`); either way each output is a sequential
 /// sum over `k`, whatever `m` (batch-invariant).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_nn(
