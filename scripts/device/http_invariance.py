@@ -58,20 +58,16 @@ def post(port, path, body, timeout=300):
         raise RuntimeError(f"HTTP {e.code}: {e.read().decode(errors='replace')}") from None
 
 
-# Chat completions where the checkpoint has a chat template, else raw completions (set by check).
-CHAT = {"on": True}
-
-
-def ask(port, prompt, max_tokens):
-    if CHAT["on"]:
-        body = {"messages": [{"role": "user", "content": prompt}]}
-        path = "/v1/chat/completions"
+def ask(port, prompt, max_tokens, chat=True):
+    """A greedy answer: chat completions, or raw completions for a checkpoint without a chat
+    template."""
+    if chat:
+        body, path = {"messages": [{"role": "user", "content": prompt}]}, "/v1/chat/completions"
     else:
-        body = {"prompt": prompt}
-        path = "/v1/completions"
+        body, path = {"prompt": prompt}, "/v1/completions"
     body.update({"temperature": 0, "max_tokens": max_tokens})
     choice = post(port, path, body)
-    return choice["message"]["content"] if CHAT["on"] else choice["text"]
+    return choice["message"]["content"] if chat else choice["text"]
 
 
 def long_prompt(i):
@@ -97,20 +93,20 @@ def check(args, model):
                 raise RuntimeError(f"server on {model} did not become ready (see {args.log})")
             time.sleep(0.3)
         n = args.max_tokens
+        chat = True
         try:
-            CHAT["on"] = True
             ask(port, "Is there a chat template?", 1)  # not one of PROMPTS: they stay cold
         except RuntimeError as e:
             if "no chat template" not in str(e):
                 raise
-            CHAT["on"] = False
-        cold = [ask(port, p, n) for p in PROMPTS]
+            chat = False
+        cold = [ask(port, p, n, chat) for p in PROMPTS]
         with concurrent.futures.ThreadPoolExecutor(len(PROMPTS) + 4) as pool:
-            together = list(pool.map(lambda p: ask(port, p, n), PROMPTS))
-        warm = [ask(port, p, n) for p in PROMPTS]
+            together = list(pool.map(lambda p: ask(port, p, n, chat), PROMPTS))
+        warm = [ask(port, p, n, chat) for p in PROMPTS]
         with concurrent.futures.ThreadPoolExecutor(len(PROMPTS) + 4) as pool:
-            longs = [pool.submit(ask, port, long_prompt(i), 8) for i in range(3)]
-            beside = list(pool.map(lambda p: ask(port, p, n), PROMPTS))
+            longs = [pool.submit(ask, port, long_prompt(i), 8, chat) for i in range(3)]
+            beside = list(pool.map(lambda p: ask(port, p, n, chat), PROMPTS))
             for f in longs:
                 f.result()
         differ = {
@@ -119,7 +115,7 @@ def check(args, model):
             "beside long prefills": sum(a != b for a, b in zip(cold, beside)),
         }
         name = model.rstrip("/").split("/")[-1]
-        api = "chat" if CHAT["on"] else "completions"
+        api = "chat" if chat else "completions"
         print(f"{name} ({args.device}, --parallel {args.parallel}, {api}): "
               + ", ".join(f"{k} {v}/{len(PROMPTS)} differ" for k, v in differ.items())
               + f"; first answer {cold[0][:40]!r}")

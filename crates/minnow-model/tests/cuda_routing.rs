@@ -10,46 +10,14 @@
 //! and prints, per fixture, how many (token, layer) choices differ from each reference: the
 //! evidence for where the GPU's top-1 disagreements with the goldens come from.
 
-use std::collections::BTreeSet;
-use std::path::PathBuf;
+mod common;
 
+use std::collections::BTreeSet;
+
+use common::{fixture, Golden, ALL};
 use minnow_model::batch::{Segment, Want};
 use minnow_model::cuda::CudaRunner;
 use minnow_model::ModelRunner;
-use safetensors::SafeTensors;
-
-fn fixture(name: &str) -> PathBuf {
-    // As in cuda_fixtures.rs: the build path, else the working directory (a GPU machine).
-    let built =
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures")).join(name);
-    if built.is_dir() {
-        built
-    } else {
-        std::env::current_dir()
-            .unwrap()
-            .join("tests/fixtures")
-            .join(name)
-    }
-}
-
-fn ints(st: &SafeTensors, name: &str) -> Option<Vec<i64>> {
-    let t = st.tensor(name).ok()?;
-    Some(
-        t.data()
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-            .collect(),
-    )
-}
-
-fn floats(st: &SafeTensors, name: &str) -> Vec<f32> {
-    st.tensor(name)
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
 
 fn sets<T: Copy + Into<i64>>(ids: &[T], k: usize) -> Vec<BTreeSet<i64>> {
     ids.chunks(k)
@@ -60,16 +28,11 @@ fn sets<T: Copy + Into<i64>>(ids: &[T], k: usize) -> Vec<BTreeSet<i64>> {
 #[test]
 #[ignore]
 fn gpu_expert_choices_match_the_f32_reference_away_from_ties() {
-    for name in ["llada2-tiny-v20", "llada2-tiny-v21", "llada2-tiny-v22"] {
-        let dir = fixture(name);
-        let bytes = std::fs::read(dir.join("golden.safetensors")).unwrap();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let ids: Vec<u32> = ints(&st, "input_ids")
-            .unwrap()
-            .iter()
-            .map(|&i| i as u32)
-            .collect();
-        let mut runner = CudaRunner::load(&dir, 0).expect("load the fixture onto the GPU");
+    for name in ALL {
+        let golden = Golden::load(name);
+        let ids = golden.input_ids();
+        let mut runner =
+            CudaRunner::load(&fixture(name), 0).expect("load the fixture onto the GPU");
         let c = runner.config().clone();
         let k = c.num_experts_per_tok;
         let pages: Vec<_> = (0..ids.len().div_ceil(c.block_size) as u32).collect();
@@ -81,7 +44,7 @@ fn gpu_expert_choices_match_the_f32_reference_away_from_ties() {
         };
         let gpu = runner.routing(&[segment]).unwrap();
         let moe_layers: Vec<usize> = (0..c.num_hidden_layers)
-            .filter(|i| st.tensor(&format!("router.layer{i}.topk_ids")).is_ok())
+            .filter(|i| golden.has(&format!("router.layer{i}.topk_ids")))
             .collect();
         assert_eq!(
             gpu.len(),
@@ -91,13 +54,12 @@ fn gpu_expert_choices_match_the_f32_reference_away_from_ties() {
         let (mut vs_f32, mut vs_bf16, mut clear_wrong, mut choices) = (0, 0, 0, 0);
         for (layer, got) in moe_layers.iter().zip(&gpu) {
             let got = sets(got, k);
-            let f32_ref = sets(
-                &ints(&st, &format!("router.layer{layer}.topk_ids")).unwrap(),
-                k,
-            );
-            let bf16_ref =
-                ints(&st, &format!("router.layer{layer}.topk_ids_bf16")).map(|v| sets(&v, k));
-            let margin = floats(&st, &format!("router.layer{layer}.margin"));
+            let f32_ref = sets(&golden.i64(&format!("router.layer{layer}.topk_ids")), k);
+            let bf16_key = format!("router.layer{layer}.topk_ids_bf16");
+            let bf16_ref = golden
+                .has(&bf16_key)
+                .then(|| sets(&golden.i64(&bf16_key), k));
+            let margin = golden.f32(&format!("router.layer{layer}.margin"));
             for t in 0..ids.len() {
                 choices += 1;
                 if got[t] != f32_ref[t] {

@@ -253,30 +253,6 @@ impl BlasLt {
         }
         Ok(algos)
     }
-
-    /// Whether `algo` can run the shape (cuBLASLt's own check, workspace included).
-    pub fn supports(&self, algo: &LtAlgo, m: usize, n: usize, k: usize) -> bool {
-        let Ok(problem) = Problem::new(m, n, k) else {
-            return false;
-        };
-        let mut out = MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
-        // SAFETY: live descriptors and algorithm.
-        let status = unsafe {
-            sys::cublasLtMatmulAlgoCheck(
-                self.handle,
-                problem.desc,
-                problem.w,
-                problem.x,
-                problem.y,
-                problem.y,
-                &algo.raw,
-                out.as_mut_ptr(),
-            )
-        };
-        // SAFETY: written on success.
-        status == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-            && unsafe { out.assume_init() }.workspaceSize <= WORKSPACE_BYTES
-    }
 }
 
 impl Drop for BlasLt {
