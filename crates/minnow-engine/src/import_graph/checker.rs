@@ -287,3 +287,18 @@ pub fn assert_no_paths_through_the_root(src: &Path) {
     }
     assert!(through_root.is_empty(), "{through_root:#?}");
 }
+
+/// The import checks of the crate at `manifest_dir`: its graph has the `required` edges (proof
+/// that the graph saw the crate's imports), no circle, and no path through the crate root.
+pub fn check_crate_imports(manifest_dir: &str, required: &[(&str, &str)]) {
+    let src = Path::new(manifest_dir).join("src");
+    let graph = import_graph(&src);
+    for (from, to) in required {
+        assert!(
+            graph.get(*from).is_some_and(|uses| uses.contains(*to)),
+            "the import graph misses {from} -> {to}: {graph:?}"
+        );
+    }
+    assert_no_circles(&graph);
+    assert_no_paths_through_the_root(&src);
+}
