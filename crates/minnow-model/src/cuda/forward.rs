@@ -1016,9 +1016,10 @@ fn queue_grouped_experts(
     })
 }
 
-/// Plans the model's dense GEMMs (`blaslt::plan_dense_gemms`): every (n, k) of the first layer
-/// of each kind, up to `tokens` rows (the lm_head up to `logit_rows`). Returns the load log's
-/// lines. Only in batch-invariant mode, unless `MINNOW_DENSE_LT=0`.
+/// Plans the model's dense GEMMs (`minnow_runtime::cuda::plan_dense_gemms`): each distinct
+/// (n, k) of the layers' QKV, O, dense MLP and shared expert up to `tokens` rows, the lm_head up
+/// to `logit_rows`. Returns the load log's lines. Only in batch-invariant mode, and not with
+/// `MINNOW_DENSE_LT=0`.
 pub(crate) fn plan_dense_gemms(
     gpu: &Gpu,
     c: &Config,
