@@ -7,7 +7,7 @@
 //! - [`nvfp4`]: E2M1 codes with E4M3 block scales and an F32 global scale, fragment order;
 //! - [`fp8`]: the E4M3 number format, and our own block-scaled FP8 encoding (`fp8_e4m3_b128`).
 //!
-//! The encodings, the matrix types and their checks are [`encoding`]'s (re-exported here); this
+//! The encodings, the matrix types and their checks are `encoding`'s (re-exported here); this
 //! file dispatches to the submodules, which import from `encoding` and each other, never from
 //! here (no import circles: `src/import_graph.rs`).
 //!
