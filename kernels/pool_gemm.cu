@@ -266,3 +266,239 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
     __trap();  // launched only where the sm_90 build is loaded (ops::pool_gemm_supported)
 #endif
 }
+
+// The grouped expert GEMM on the same pipeline: every dispatched tile (expert e, rows p0..p1 of at
+// most TOKENS) times every 128-row slice of expert e's weights,
+//   Y[p, n] = sum_k X[src(p), k] * W[e, n, k]      (src(p) = row_token[p], or p when null)
+// for batched denoising steps and prefill alike. The weights stream through TMA as in
+// pool_gemm_tma; the activation rows are gathered by the producer warp's 32 lanes with cp.async
+// (a TMA box needs contiguous rows) into the same 128-byte-swizzled layout, and each lane's copies
+// arrive on the stage's barrier when they land (cp.async.mbarrier.arrive.noinc), so the consumers
+// wait on one barrier for both operands. The tile list and its length come from moe_dispatch on
+// the device: no host round trip, one persistent CTA per multiprocessor walking (tile, slice)
+// items with the pipeline running straight across them.
+//
+// The arithmetic is the grouped kernels' (moe.cu gemm_tile): the tokens are the M side of
+// m16n8k16 tensor-core products, the weights the N side, and every output is one F32 accumulator
+// over K in ascending 16-column steps. So an output's bits do not depend on TOKENS, on the tile
+// it falls in or on the rest of the batch, and equal those of grouped_gemm_m16/m64.
+//
+// `gated` (gate/up, W[e] = [gate; up] with N = 2I rows): a slice takes 64 gate rows and the 64 up
+// rows of the same intermediate columns, and the epilogue writes silu_mul's result (row pitch I),
+// as pool_gemm_tma does.
+namespace minnow_grouped {
+using minnow_pool::BK;
+using minnow_pool::BOX_K;
+using minnow_pool::CONSUMERS;
+using minnow_pool::HALVES;
+using minnow_pool::ROWS;
+using minnow_pool::W_BOX;
+using minnow_pool::W_BOX_ROWS;
+using minnow_pool::W_HALF;
+constexpr int THREADS = minnow_pool::THREADS;
+constexpr int UP_LD = 72;  // f32 row pitch of the gated epilogue's up values
+template <int TOKENS>
+struct Shape {
+    static_assert(TOKENS % 16 == 0 && TOKENS <= 64, "16-row MMA fragments, at most 64 rows");
+    static constexpr int STAGES = TOKENS > 32 ? 4 : 5;
+    static constexpr int X_HALF = TOKENS * BOX_K * 2;  // one 64-column half of the rows: 128 B a row
+    static constexpr int STAGE_BYTES = HALVES * (W_HALF + X_HALF);
+    static constexpr int UP_BYTES = TOKENS * UP_LD * 4;
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + UP_BYTES + 2 * STAGES * 8;
+    // The producer lanes' copies of a stage: TOKENS rows x 16 chunks of 16 bytes, TOKENS / 2 per lane.
+    static constexpr int COPIES = TOKENS / 2;
+    static constexpr int LANE_ROWS = COPIES >= 16 ? COPIES / 16 : 1;
+};
+static_assert(Shape<16>::SMEM_BYTES == 5 * 36864 + 1024 + 4608 + 80, "host mirror: grouped_tma_smem_bytes");
+static_assert(Shape<64>::SMEM_BYTES == 4 * 49152 + 1024 + 18432 + 64, "host mirror: grouped_tma_smem_bytes");
+}  // namespace minnow_grouped
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+namespace minnow_grouped {
+__device__ __forceinline__ void cp_async_arrive_noinc(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+template <int TOKENS>
+__device__ void grouped_tma(const void* __restrict__ w_map, unsigned long long w_base, unsigned long long w_ptr,
+                            const bf16* __restrict__ X, const int* __restrict__ row_token, bf16* __restrict__ Y,
+                            const int4* __restrict__ tiles, const int* __restrict__ num_tiles, int N, int K,
+                            int gated) {
+    using namespace minnow_pool;
+    using S = Shape<TOKENS>;
+    constexpr int STAGES = S::STAGES;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned stages = (raw + 1023) & ~1023u;
+    float* up = reinterpret_cast<float*>(smem_raw + (stages - raw) + STAGES * S::STAGE_BYTES);  // [TOKENS][UP_LD]
+    const unsigned full0 = stages + STAGES * S::STAGE_BYTES + S::UP_BYTES, empty0 = full0 + 8 * STAGES;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full0 + 8 * s, 1 + 32);  // the TMA's expect_tx + each producer lane's copies
+            mbar_init(empty0 + 8 * s, CONSUMERS);
+        }
+    }
+    __syncthreads();
+    pdl_enter();  // the tile list and X come from the kernels before
+    const int slices = N / ROWS, k_steps = K / BK;
+    const int items = num_tiles[0] * slices;
+    // The first weight row of expert 0 in the map (the matrix may start inside a larger tensor).
+    const int w_row0 = (int)((w_ptr - w_base) / (2ull * K));
+
+    if (warp == CONSUMERS) {  // producer: lane 0 the weights, every lane its share of the rows
+        int it = 0;
+        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+            const int4 t = tiles[item / slices];
+            const int n0 = (item % slices) * ROWS, rows = t.z - t.y;
+            const int row_a = w_row0 + t.x * N + (gated ? n0 / 2 : n0);
+            const int row_b = gated ? w_row0 + t.x * N + N / 2 + n0 / 2 : row_a + W_BOX_ROWS;
+            // This lane's rows: copies c = lane * COPIES + j, row c / 16, chunk c % 16.
+            const bf16* src[S::LANE_ROWS];
+            bool ok[S::LANE_ROWS];
+#pragma unroll
+            for (int i = 0; i < S::LANE_ROWS; ++i) {
+                const int r = lane * S::COPIES / 16 + i;
+                ok[i] = r < rows;
+                const int p = t.y + (ok[i] ? r : 0);
+                src[i] = X + (size_t)(row_token ? row_token[p] : p) * K;
+            }
+            for (int ks = 0; ks < k_steps; ++ks, ++it) {
+                const int s = it % STAGES;
+                const unsigned bar = full0 + 8 * s, dst = stages + s * S::STAGE_BYTES;
+                mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+                if (lane == 0) {
+                    mbar_expect_tx(bar, HALVES * W_HALF);
+#pragma unroll
+                    for (int h = 0; h < HALVES; ++h) {
+                        tma_load_2d(dst + h * W_HALF, w_map, ks * BK + h * BOX_K, row_a, bar);
+                        tma_load_2d(dst + h * W_HALF + W_BOX, w_map, ks * BK + h * BOX_K, row_b, bar);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < S::COPIES; ++j) {
+                    const int c = lane * S::COPIES + j, r = c / 16, chunk = c % 16;
+                    const int i = r - lane * S::COPIES / 16;
+                    const int h = chunk / 8;
+                    const unsigned to = dst + HALVES * W_HALF + h * S::X_HALF + swizzled(r, chunk % 8);
+                    const bf16* from = src[i] + ks * BK + chunk * 8;
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from),
+                                 "r"(ok[i] ? 16 : 0)
+                                 : "memory");
+                }
+                cp_async_arrive_noinc(bar);
+            }
+        }
+        // A thread must not exit with copies in flight: the last stages' rows would land (and
+        // arrive) after it is gone.
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+
+    // Consumers: warp w owns weight rows 16w..16w+15 of each slice (16 output columns, two n8
+    // fragments) for all TOKENS rows. ldmatrix rows: the A fragments (16 rows x 16 k of the
+    // activations) and the B fragments (16 weight rows x 16 k: two n8 x k16 fragments).
+    const int g = lane >> 2, t4 = lane & 3;
+    const int b_row = warp * 16 + ((lane >> 4) << 3) + (lane & 7), b_half = (lane >> 3) & 1;
+    const int a_row = lane & 15, a_half = lane >> 4;
+    int it = 0;
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        const int4 t = tiles[item / slices];
+        const int n0 = (item % slices) * ROWS, rows = t.z - t.y, p0 = t.y;
+        float acc[TOKENS / 16][2][4];
+#pragma unroll
+        for (int m = 0; m < TOKENS / 16; ++m)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
+        for (int ks = 0; ks < k_steps; ++ks, ++it) {
+            const int s = it % STAGES;
+            mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+            const unsigned base = stages + s * S::STAGE_BYTES, xbase = base + HALVES * W_HALF;
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk) {
+                const int box = kk >> 2, chunk = (kk & 3) << 1;
+                unsigned b[4];
+                ldmatrix_x4(b, base + box * W_HALF + swizzled(b_row, chunk | b_half));
+#pragma unroll
+                for (int m = 0; m < TOKENS / 16; ++m) {
+                    unsigned a[4];
+                    ldmatrix_x4(a, xbase + box * S::X_HALF + swizzled(m * 16 + a_row, chunk | a_half));
+                    mma16816(acc[m][0], a, b[0], b[1]);
+                    mma16816(acc[m][1], a, b[2], b[3]);
+                }
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * s);
+        }
+        // acc[m][j][0..1]: row m*16 + g, columns 16w + 8j + 2 t4 (+1); [2..3]: row + 8.
+        if (!gated) {
+#pragma unroll
+            for (int m = 0; m < TOKENS / 16; ++m)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = m * 16 + g + 8 * h, col = n0 + warp * 16 + j * 8 + 2 * t4;
+                        if (row < rows)
+                            *reinterpret_cast<__nv_bfloat162*>(Y + (size_t)(p0 + row) * N + col) =
+                                __floats2bfloat162_rn(acc[m][j][2 * h], acc[m][j][2 * h + 1]);
+                    }
+            continue;
+        }
+        // Gated: warps 4-7 (up rows) hand their BF16-rounded values to warps 0-3 (the gate rows of
+        // the same intermediate columns) through shared memory; named barrier 1 spans the consumers.
+        if (warp >= 4) {
+#pragma unroll
+            for (int m = 0; m < TOKENS / 16; ++m)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = m * 16 + g + 8 * h, c = (warp - 4) * 16 + j * 8 + 2 * t4;
+                        up[row * UP_LD + c] = to_f32(to_bf16(acc[m][j][2 * h]));
+                        up[row * UP_LD + c + 1] = to_f32(to_bf16(acc[m][j][2 * h + 1]));
+                    }
+        }
+        asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 32));
+        if (warp < 4) {
+            const int I = N / 2;
+#pragma unroll
+            for (int m = 0; m < TOKENS / 16; ++m)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = m * 16 + g + 8 * h, c = warp * 16 + j * 8 + 2 * t4;
+                        if (row < rows) {
+                            __nv_bfloat162 v;
+                            v.x = silu_mul_bf16(to_f32(to_bf16(acc[m][j][2 * h])), up[row * UP_LD + c]);
+                            v.y = silu_mul_bf16(to_f32(to_bf16(acc[m][j][2 * h + 1])), up[row * UP_LD + c + 1]);
+                            *reinterpret_cast<__nv_bfloat162*>(Y + (size_t)(p0 + row) * I + n0 / 2 + c) = v;
+                        }
+                    }
+        }
+        asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 32));  // `up` is free for the next item
+    }
+}
+}  // namespace minnow_grouped
+#endif
+
+// grid = min(items, SMs) with items = max_tiles * N / 128, block = 288, dynamic shared memory =
+// minnow_grouped::Shape<TOKENS>::SMEM_BYTES (grouped_tma_smem_bytes in ops.rs). w_map: the 2D
+// tensor map (boxes of 64 rows x 64 columns, 128-byte swizzle) of a tensor holding the experts'
+// weights [E, N, K] at w_ptr. Requires N % 128 == 0, K % 128 == 0 and tiles cut at TOKENS rows.
+#define GROUPED_TMA_ENTRY(NAME, TOKENS)                                                                  \
+    extern "C" __global__ void __launch_bounds__(minnow_grouped::THREADS, 1)                             \
+        NAME(const void* __restrict__ w_map, unsigned long long w_base, unsigned long long w_ptr,        \
+             const bf16* __restrict__ X, const int* __restrict__ row_token, bf16* __restrict__ Y,         \
+             const int4* __restrict__ tiles, const int* __restrict__ num_tiles, int N, int K, int gated) { \
+        GROUPED_TMA_BODY(TOKENS)                                                                         \
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GROUPED_TMA_BODY(TOKENS) \
+    minnow_grouped::grouped_tma<TOKENS>(w_map, w_base, w_ptr, X, row_token, Y, tiles, num_tiles, N, K, gated);
+#else
+#define GROUPED_TMA_BODY(TOKENS) __trap();  // launched only where the sm_90 build is loaded
+#endif
+GROUPED_TMA_ENTRY(grouped_gemm_tma_r16, 16)
+GROUPED_TMA_ENTRY(grouped_gemm_tma_r64, 64)

@@ -90,7 +90,12 @@ fn check(name: &str, gpu: &[f32], cpu: &[f32], vocab: usize) {
 /// A 70-token forward, then a 64-token prefill and one 32-token block over it (the denoising
 /// step's path; with 2.2 the pooled experts of one routing block), on both runners.
 fn gpu_matches_cpu(name: &str, cfg: serde_json::Value) {
-    let dir = random_checkpoint(cfg, Dtype::F32, 77);
+    // `MINNOW_SHAPES_SEED=N` draws another random checkpoint of the same shapes.
+    let seed = std::env::var("MINNOW_SHAPES_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(77);
+    let dir = random_checkpoint(cfg, Dtype::F32, seed);
     let c = Config::from_dir(dir.path()).unwrap();
     let mut cpu = SingleSequence::new(CpuRunner::load(dir.path()).unwrap());
     let mut gpu =

@@ -1471,3 +1471,164 @@ fn router_logits_are_the_same_bits_for_few_and_many_rows() {
         }
     }
 }
+
+/// The TMA grouped expert GEMM gives exactly the bits of the 4-warp grouped kernels it replaces
+/// (and, gated, of those kernels followed by `silu_mul`), at mini's shapes, both tile heights,
+/// with a packed shared expert and experts whose rows span several tiles; rows outside the tiles
+/// stay unwritten.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grouped_gemm_tma_gives_the_grouped_kernels_bits() {
+    let g = gpu();
+    if !ops::grouped_tma_supported(&g, 16, 1024, 2048) {
+        cannot_run(
+            "grouped_gemm_tma_gives_the_grouped_kernels_bits",
+            &format!(
+                "the TMA grouped GEMM cannot run on {}: it needs the sm_90 kernels and its \
+                 shared memory",
+                g.name()
+            ),
+        );
+        return;
+    }
+    let mut rng = rng();
+    // (tokens, k, experts incl. a packed shared one, n, k dim, tile rows, packed, gated)
+    let cases = [
+        (
+            32usize, 8usize, 257usize, 1024usize, 2048usize, 16usize, true, true,
+        ),
+        (32, 8, 257, 2048, 512, 16, true, false),
+        (300, 8, 256, 1024, 2048, 64, false, true),
+        (300, 8, 256, 2048, 512, 64, false, false),
+        (70, 4, 9, 256, 384, 16, false, true),
+        (70, 4, 9, 256, 384, 64, false, false),
+        // A batched step of 16 and of 64 blocks (the bench's x16 and x64).
+        (512, 8, 256, 1024, 2048, 64, false, true),
+        (512, 8, 256, 2048, 512, 64, false, false),
+        (2048, 8, 256, 1024, 2048, 64, false, true),
+    ];
+    for &(t, k, e, n, kd, tile_rows, packed, gated) in &cases {
+        let routed = if packed { e - 1 } else { e };
+        let x = to_bf16(&randn(&mut rng, t * kd, 1.0));
+        let w = to_bf16(&randn(&mut rng, e * n * kd, 0.05));
+        let mut idx = vec![];
+        for _ in 0..t {
+            let mut chosen: Vec<i32> = vec![];
+            while chosen.len() < k {
+                // Skewed: a few experts get rows of many tokens (several tiles each).
+                let c = if rng.gen::<f32>() < 0.3 {
+                    rng.gen_range(0..routed.min(3))
+                } else {
+                    rng.gen_range(0..routed)
+                } as i32;
+                if !chosen.contains(&c) {
+                    chosen.push(c);
+                }
+            }
+            idx.extend(chosen);
+        }
+        let a = if packed { t * (k + 1) } else { t * k };
+        let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
+        let (dx, dw, didx) = (
+            g.upload(&x).unwrap(),
+            g.upload(&w).unwrap(),
+            g.upload(&idx).unwrap(),
+        );
+        let slot = g.alloc::<i32>(a).unwrap();
+        let row_token = g.alloc::<i32>(a).unwrap();
+        let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
+        let nt = g.alloc::<i32>(1).unwrap();
+        ops::moe_dispatch(
+            &g,
+            didx.ptr(),
+            t,
+            k,
+            e,
+            tile_rows,
+            packed.then_some(e - 1),
+            slot.ptr(),
+            row_token.ptr(),
+            tiles.ptr(),
+            nt.ptr(),
+        )
+        .unwrap();
+        // The reference: the 4-warp grouped kernels (then silu_mul when gated).
+        let width = if gated { n / 2 } else { n };
+        let y_old = poisoned_bf16(&g, a * n);
+        ops::grouped_gemm(
+            &g,
+            dx.ptr(),
+            row_token.ptr(),
+            dw.ptr(),
+            y_old.ptr(),
+            tiles.ptr(),
+            nt.ptr(),
+            max_tiles,
+            tile_rows,
+            n,
+            kd,
+        )
+        .unwrap();
+        let want = if gated {
+            let act = poisoned_bf16(&g, a * width);
+            ops::silu_mul(&g, y_old.ptr(), act.ptr(), a, width).unwrap();
+            read_bf16(&g, &act)
+        } else {
+            read_bf16(&g, &y_old)
+        };
+        let maps = TensorMaps::new(
+            &g,
+            &[Bf16Rows {
+                base: dw.ptr(),
+                cols: kd,
+                rows: e * n,
+                box_rows: ops::POOL_GEMM_WEIGHT_ROWS,
+            }],
+        )
+        .unwrap();
+        // Three launches: a race between the copies and the tensor cores would show as a
+        // difference between them.
+        for launch in 0..3 {
+            let y = poisoned_bf16(&g, (a + 1) * width);
+            ops::grouped_gemm_tma(
+                &g,
+                maps.get(0),
+                dw.ptr(),
+                dx.ptr(),
+                row_token.ptr(),
+                y.ptr(),
+                tiles.ptr(),
+                nt.ptr(),
+                max_tiles,
+                tile_rows,
+                n,
+                kd,
+                gated,
+            )
+            .unwrap();
+            let got = read_bf16(&g, &y);
+            let name = format!(
+                "t{t} k{k} e{e} n{n} k{kd} tiles of {tile_rows} packed {packed} gated {gated}"
+            );
+            let differ = got[..a * width]
+                .iter()
+                .zip(&want)
+                .filter(|(p, q)| p.to_bits() != q.to_bits())
+                .count();
+            assert_eq!(
+                differ,
+                0,
+                "{name}: {differ} of {} outputs differ in bits",
+                a * width
+            );
+            assert!(
+                got[a * width..].iter().all(|v| v.is_nan()),
+                "{name}: a row past the tiles was written"
+            );
+            println!(
+                "TMA grouped GEMM {name}, launch {launch}: {} outputs bit-identical",
+                a * width
+            );
+        }
+    }
+}

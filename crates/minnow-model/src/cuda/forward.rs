@@ -307,7 +307,7 @@ pub(crate) struct Workspace {
     pool_w_down: DeviceBuffer<u64>,
     expert_act: DeviceBuffer<bf16>,
     expert_out: DeviceBuffer<bf16>,
-    /// Tensor maps of the pool GEMMs' inputs `[a, expert_act]` (see `Moe::pool_maps`).
+    /// Tensor maps of the pool GEMMs' inputs `[a, expert_act]` (see `Moe::expert_maps`).
     pool_maps: Option<TensorMaps>,
     pub logits_bf16: DeviceBuffer<bf16>,
     pub logits_f32: DeviceBuffer<f32>,
@@ -823,7 +823,7 @@ fn queue_pooled_experts(
     )?;
     mark("router")?;
     let b = ws.pool_entries;
-    match (&ws.pool_maps, &moe.pool_maps) {
+    match (&ws.pool_maps, &moe.expert_maps) {
         // The TMA kernel where it applies (Hopper, whole tiles), SiLU in its gate/up epilogue.
         (Some(xm), Some(wm))
             if ops::pool_gemm_supported(gpu, t, 2 * iw, d)
@@ -955,33 +955,76 @@ fn queue_grouped_experts(
     mark("dispatch")?;
     let busy = grouping.busy + usize::from(packed);
     let max_tiles = ops::moe_max_tiles(a, busy, tile_rows);
-    moe.experts_gate_up.grouped_gemm(
-        gpu,
-        ws.a.ptr(),
-        ws.row_token.ptr(),
-        ws.expert_gu.ptr(),
-        ws.tiles.ptr(),
-        ws.num_tiles.ptr(),
-        max_tiles,
-        tile_rows,
-        2 * iw,
-        d,
-    )?;
-    mark("experts gate/up")?;
-    ops::silu_mul(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), a, iw)?;
-    mark("experts silu")?;
-    moe.experts_down.grouped_gemm(
-        gpu,
-        ws.expert_act.ptr(),
-        0,
-        ws.expert_out.ptr(),
-        ws.tiles.ptr(),
-        ws.num_tiles.ptr(),
-        max_tiles,
-        tile_rows,
-        d,
-        iw,
-    )?;
+    match (&moe.expert_maps, moe.bf16_experts()) {
+        // BF16 experts on Hopper with MINNOW_GROUPED_TMA=1: the weights stream through TMA,
+        // SiLU in the gate/up epilogue (kernel by kernel the same bits as the tiles below).
+        (Some(maps), Some((gate_up, down)))
+            if minnow_runtime::cuda::tuning::tuning().grouped_tma
+                && ops::grouped_tma_supported(gpu, tile_rows, 2 * iw, d)
+                && ops::grouped_tma_supported(gpu, tile_rows, d, iw) =>
+        {
+            ops::grouped_gemm_tma(
+                gpu,
+                maps.get(0),
+                gate_up.ptr(),
+                ws.a.ptr(),
+                ws.row_token.ptr(),
+                ws.expert_act.ptr(),
+                ws.tiles.ptr(),
+                ws.num_tiles.ptr(),
+                max_tiles,
+                tile_rows,
+                2 * iw,
+                d,
+                true,
+            )?;
+            mark("experts gate/up")?;
+            ops::grouped_gemm_tma(
+                gpu,
+                maps.get(1),
+                down.ptr(),
+                ws.expert_act.ptr(),
+                0,
+                ws.expert_out.ptr(),
+                ws.tiles.ptr(),
+                ws.num_tiles.ptr(),
+                max_tiles,
+                tile_rows,
+                d,
+                iw,
+                false,
+            )?;
+        }
+        _ => {
+            moe.experts_gate_up.grouped_gemm(
+                gpu,
+                ws.a.ptr(),
+                ws.row_token.ptr(),
+                ws.expert_gu.ptr(),
+                ws.tiles.ptr(),
+                ws.num_tiles.ptr(),
+                max_tiles,
+                tile_rows,
+                2 * iw,
+                d,
+            )?;
+            mark("experts gate/up")?;
+            ops::silu_mul(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), a, iw)?;
+            mark("experts silu")?;
+            moe.experts_down.grouped_gemm(
+                gpu,
+                ws.expert_act.ptr(),
+                0,
+                ws.expert_out.ptr(),
+                ws.tiles.ptr(),
+                ws.num_tiles.ptr(),
+                max_tiles,
+                tile_rows,
+                d,
+                iw,
+            )?;
+        }
+    }
     mark("experts down")?;
     Ok(match &moe.shared {
         SharedExpert::Separate(mlp) => {

@@ -59,9 +59,11 @@ pub(crate) struct Moe {
     pub experts_gate_up: ExpertMatrix,
     pub experts_down: ExpertMatrix,
     pub shared: SharedExpert,
-    /// Tensor maps of `[experts_gate_up, experts_down]` for the TMA pool GEMM of 2.2 denoising
-    /// steps, where the GPU and the shapes allow it (`ops::pool_gemm_supported`).
-    pub pool_maps: Option<TensorMaps>,
+    /// Tensor maps of the BF16 `[experts_gate_up, experts_down]` (boxes of 64 rows) for the TMA
+    /// kernels that stream them: the grouped expert GEMM (`ops::grouped_tma_supported`) and the
+    /// pool GEMM of 2.2 denoising steps (`ops::pool_gemm_supported`), where the GPU and the
+    /// shapes allow either.
+    pub expert_maps: Option<TensorMaps>,
 }
 
 impl Moe {
@@ -81,8 +83,13 @@ impl Moe {
             && packed
             && ops::pool_gemm_supported(gpu, 1, 2 * w, d)
             && ops::pool_gemm_supported(gpu, 1, d, w);
-        let pool_maps = match (experts_gate_up.bf16(), experts_down.bf16()) {
-            (Some(gate_up), Some(down)) if pooled => TensorMaps::try_rows(
+        let grouped = minnow_runtime::cuda::tuning::tuning().grouped_tma
+            && [16, 64].iter().any(|&rows| {
+                ops::grouped_tma_supported(gpu, rows, 2 * w, d)
+                    && ops::grouped_tma_supported(gpu, rows, d, w)
+            });
+        let expert_maps = match (experts_gate_up.bf16(), experts_down.bf16()) {
+            (Some(gate_up), Some(down)) if pooled || grouped => TensorMaps::try_rows(
                 gpu,
                 ops::POOL_GEMM_WEIGHT_ROWS,
                 &[
@@ -98,7 +105,7 @@ impl Moe {
             experts_gate_up,
             experts_down,
             shared,
-            pool_maps,
+            expert_maps,
         }
     }
 }

@@ -829,6 +829,85 @@ pub fn pool_gemm(
     )
 }
 
+/// Dynamic shared memory of `grouped_gemm_tma_r{16,64}` (mirrors `minnow_grouped::Shape` in
+/// kernels/pool_gemm.cu): the weight and row stages, 1 KB of swizzle alignment, the gated
+/// epilogue's up values and the stage barriers.
+pub const fn grouped_tma_smem_bytes(tile_rows: usize) -> usize {
+    let stages = if tile_rows > 32 { 4 } else { 5 };
+    stages * 2 * (128 * 64 * 2 + tile_rows * 64 * 2) + 1024 + tile_rows * 72 * 4 + 2 * stages * 8
+}
+
+/// Whether [`grouped_gemm_tma`] can take an expert GEMM of `n` outputs over `k` inputs cut in
+/// `tile_rows`-row tiles: the sm_90 kernels are loaded, the device grants their shared memory,
+/// whole 128-row weight slices and 128-deep stages. (The forward uses it only with
+/// `MINNOW_GROUPED_TMA=1`: see `tuning::Tuning::grouped_tma`.)
+pub fn grouped_tma_supported(gpu: &Gpu, tile_rows: usize, n: usize, k: usize) -> bool {
+    gpu.uses_sm90_ptx()
+        && [16, 64].contains(&tile_rows)
+        && gpu.max_shared_optin() as usize >= grouped_tma_smem_bytes(tile_rows)
+        && n.is_multiple_of(128)
+        && k.is_multiple_of(128)
+}
+
+/// The grouped expert GEMM of [`grouped_gemm`] with the weights streamed through TMA by one
+/// persistent CTA per multiprocessor: `Y[p] = X[row_token[p] or p] . W[e]^T` over the dispatched
+/// tiles, the same bits as [`grouped_gemm`] (same tensor-core products, same order over K).
+/// `w` is the tensor map (boxes of [`POOL_GEMM_WEIGHT_ROWS`] rows) of a tensor holding the
+/// experts' `[E, n, k]` rows at `w_ptr`. With `gated` (gate/up, `n` = 2I) it writes
+/// `silu_mul`'s result instead, `[rows, I]`. Check [`grouped_tma_supported`] first.
+#[allow(clippy::too_many_arguments)]
+pub fn grouped_gemm_tma(
+    gpu: &Gpu,
+    w: MappedTensor,
+    w_ptr: u64,
+    x: u64,
+    row_token: u64,
+    y: u64,
+    tiles: u64,
+    num_tiles: u64,
+    max_tiles: usize,
+    tile_rows: usize,
+    n: usize,
+    k: usize,
+    gated: bool,
+) -> CudaResult<()> {
+    if !grouped_tma_supported(gpu, tile_rows, n, k) {
+        return unsupported(format!(
+            "TMA expert GEMM of {n} x {k} in tiles of {tile_rows} rows"
+        ));
+    }
+    let items = max_tiles * n / 128;
+    if items == 0 {
+        return Ok(());
+    }
+    let name = if tile_rows == 16 {
+        "grouped_gemm_tma_r16"
+    } else {
+        "grouped_gemm_tma_r64"
+    };
+    let cfg = LaunchConfig::new(
+        ((items as u32).min(gpu.sm_count()), 1, 1),
+        288,
+        grouped_tma_smem_bytes(tile_rows) as u32,
+    );
+    cuda_launch!(
+        gpu,
+        name,
+        cfg,
+        w.map,
+        w.base,
+        w_ptr,
+        x,
+        row_token,
+        y,
+        tiles,
+        num_tiles,
+        n as i32,
+        k as i32,
+        i32::from(gated)
+    )
+}
+
 /// Rows per tile of the grouped expert GEMM for `assignments` rows over `experts` that can get
 /// them: 16 when experts get few rows each (decoding; the kernel then streams weights), 64 when
 /// they get 12 or more (`MINNOW_MOE64_ROWS`; prefill, batches of many denoising blocks: a 16-row tile would

@@ -90,7 +90,11 @@ pub const MODULES: &[PtxModule] = &[
         name: "pool_gemm",
         ptx: include_str!("ptx/pool_gemm.ptx"),
         ptx_sm90: include_str!("ptx/pool_gemm.sm90.ptx"),
-        functions: &["pool_gemm_tma"],
+        functions: &[
+            "pool_gemm_tma",
+            "grouped_gemm_tma_r16",
+            "grouped_gemm_tma_r64",
+        ],
         max_dynamic_shared: 216 * 1024,
     },
     PtxModule {

@@ -5,7 +5,7 @@
 //! short forward's attention; 16 beat 8 and 32), `MINNOW_MOE64_ROWS` (1..=1024: rows per busy
 //! expert from which the grouped expert GEMM takes 64-row tiles); `MINNOW_MOE_POOLED=0` turns off the batched
 //! experts of 2.2 denoising steps, and `MINNOW_POOL_GEMM=0` runs them with cuBLAS instead of the
-//! bulk-copy kernel, for A/B runs. `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the
+//! bulk-copy kernel, `MINNOW_GROUPED_TMA=1` the grouped expert GEMM through TMA (experimental), for A/B runs. `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the
 //! default is on): cuBLAS for dense GEMMs and the router, the pooled experts, attention splits
 //! sized to the batch. Faster in places, but a request's tokens then depend on the load.
 
@@ -23,6 +23,11 @@ pub struct Tuning {
     /// The pooled experts use the bulk-copy kernel where it applies (`MINNOW_POOL_GEMM=0`: cuBLAS's
     /// batched GEMM).
     pub pool_gemm: bool,
+    /// The grouped expert GEMM over BF16 experts streams its weights through TMA where it applies
+    /// (`MINNOW_GROUPED_TMA=1`; off by default: kernel by kernel it gives the 4-warp tiles' bits,
+    /// but whole forwards with it on were seen to decode differently from run to run on the H200,
+    /// a race not found yet; docs/performance.md).
+    pub grouped_tma: bool,
     /// Every row's arithmetic is independent of the batch around it (on by default; see
     /// docs/performance.md for its cost): the dense GEMMs, the router and the lm_head run
     /// minnow's fixed-order kernels, the experts always take the grouped GEMM, and attention
@@ -46,6 +51,7 @@ impl Default for Tuning {
             moe64_rows: 12,
             moe_pooled: true,
             pool_gemm: true,
+            grouped_tma: false,
             invariant: true,
             dense16_rows: 32,
             dense128_rows: 256,
@@ -79,6 +85,8 @@ pub fn tuning() -> &'static Tuning {
                 .unwrap_or(d.moe64_rows),
             moe_pooled: env_usize("MINNOW_MOE_POOLED", |v| v <= 1).map_or(d.moe_pooled, |v| v == 1),
             pool_gemm: env_usize("MINNOW_POOL_GEMM", |v| v <= 1).map_or(d.pool_gemm, |v| v == 1),
+            grouped_tma: env_usize("MINNOW_GROUPED_TMA", |v| v <= 1)
+                .map_or(d.grouped_tma, |v| v == 1),
             invariant: env_usize("MINNOW_BATCH_INVARIANT", |v| v <= 1)
                 .map_or(d.invariant, |v| v == 1),
             dense16_rows: env_usize("MINNOW_DENSE16_ROWS", |_| true).unwrap_or(d.dense16_rows),
