@@ -5,15 +5,20 @@
 //! `cargo test -p minnow-model --test cuda_other_shapes -- --ignored`).
 //!
 //! Tolerance, as the fixture tests judge a BF16 engine: no NaN, the same argmax wherever the
-//! CPU's top-1/top-2 gap exceeds 1.0, and at least 90 % of the rows with every logit within 0.5
-//! of the CPU's (BF16 noise can flip a near-tie expert choice of these random routers, which
-//! moves a row's logits far more; the fast-kernel shapes of the last test show the same).
+//! CPU's top-1/top-2 gap exceeds 1.0 and the GPU routed the row's token to the CPU's experts in
+//! every MoE layer, and at least 90 % of the rows with every logit within 0.5 of the CPU's.
+//! BF16 noise can flip a near-tie expert choice of these random routers, which moves a row's
+//! logits far more than the noise itself: such rows are named and counted (at most 10 %), their
+//! argmax not judged. The router kernels' own choices are checked exactly in cuda_kernels.
 
 mod common;
 
+use std::collections::BTreeSet;
+
 use common::{random_checkpoint, Rng};
+use minnow_model::batch::{Segment, Want};
 use minnow_model::cuda::CudaRunner;
-use minnow_model::{Config, CpuRunner, LogitsRows, SingleSequence};
+use minnow_model::{Config, CpuRunner, LogitsRows, ModelRunner, SingleSequence, Trace};
 use safetensors::Dtype;
 
 fn config(routing: &[(&str, serde_json::Value)]) -> serde_json::Value {
@@ -42,7 +47,45 @@ fn ids(n: usize, vocab: u32, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-fn check(name: &str, gpu: &[f32], cpu: &[f32], vocab: usize) {
+/// The rows of a one-segment forward of `ids` whose token the GPU sends to other experts than
+/// the CPU in some MoE layer (BF16 activations moving a near-tie).
+fn routing_flips(dir: &std::path::Path, ids: &[u32]) -> BTreeSet<usize> {
+    let mut cpu = CpuRunner::load(dir).unwrap();
+    let mut gpu = CudaRunner::load(dir, 0).unwrap();
+    let c = cpu.config().clone();
+    let k = c.num_experts_per_tok;
+    let pages: Vec<u32> = (0..ids.len().div_ceil(c.block_size) as u32).collect();
+    let segment = || Segment {
+        pages: &pages,
+        start: 0,
+        ids,
+        want: Want::Nothing,
+    };
+    let mut trace = Trace::default();
+    cpu.forward_batch_traced(&[segment()], &mut trace).unwrap();
+    let gpu_routing = gpu.routing(&[segment()]).unwrap();
+    assert_eq!(
+        gpu_routing.len(),
+        trace.routers.len(),
+        "one routing per MoE layer"
+    );
+    let mut flips = BTreeSet::new();
+    for (got, want) in gpu_routing.iter().zip(trace.routers.values()) {
+        for t in 0..ids.len() {
+            let g: BTreeSet<i64> = got[t * k..(t + 1) * k].iter().map(|&e| e as i64).collect();
+            let w: BTreeSet<i64> = want.topk_ids[t * k..(t + 1) * k]
+                .iter()
+                .map(|&e| e as i64)
+                .collect();
+            if g != w {
+                flips.insert(t);
+            }
+        }
+    }
+    flips
+}
+
+fn check(name: &str, gpu: &[f32], cpu: &[f32], vocab: usize, flipped: &BTreeSet<usize>) {
     assert_eq!(gpu.len(), cpu.len());
     assert!(
         gpu.iter().all(|x| x.is_finite()),
@@ -67,12 +110,20 @@ fn check(name: &str, gpu: &[f32], cpu: &[f32], vocab: usize) {
             .filter(|&i| i != best)
             .map(|i| c[i])
             .fold(f32::MIN, f32::max);
-        if c[best] - second > 1.0 {
+        if c[best] - second > 1.0 && !flipped.contains(&r) {
             clear += 1;
             assert_eq!(argmax(g), best, "{name}: row {r} has a clear CPU argmax");
         }
     }
     let rows = gpu.len() / vocab;
+    if !flipped.is_empty() {
+        println!("{name}: rows {flipped:?} took other experts on the GPU (argmax not judged)");
+    }
+    assert!(
+        10 * flipped.len() <= rows,
+        "{name}: {} of {rows} rows took other experts on the GPU",
+        flipped.len()
+    );
     let close = gpu
         .chunks_exact(vocab)
         .zip(cpu.chunks_exact(vocab))
@@ -105,13 +156,26 @@ fn gpu_matches_cpu(name: &str, cfg: serde_json::Value) {
     let (sc, sg) = (cpu.create_sequence(), gpu.create_sequence());
     let want = cpu.forward(sc, &tokens[..70], LogitsRows::All).unwrap();
     let got = gpu.forward(sg, &tokens[..70], LogitsRows::All).unwrap();
-    check(&format!("{name}: 70 tokens"), &got, &want, v);
+    let flipped = routing_flips(dir.path(), &tokens[..70]);
+    check(&format!("{name}: 70 tokens"), &got, &want, v, &flipped);
     let (sc, sg) = (cpu.create_sequence(), gpu.create_sequence());
     cpu.forward(sc, &tokens[..64], LogitsRows::None).unwrap();
     gpu.forward(sg, &tokens[..64], LogitsRows::None).unwrap();
     let want = cpu.forward(sc, &tokens[64..], LogitsRows::All).unwrap();
     let got = gpu.forward(sg, &tokens[64..], LogitsRows::All).unwrap();
-    check(&format!("{name}: 32 tokens over 64 cached"), &got, &want, v);
+    // The cached forward's rows route as rows 64.. of one 96-token forward (the GPU's K/V of a
+    // prefix does not depend on how it was chunked: cuda_invariance).
+    let flipped: BTreeSet<usize> = routing_flips(dir.path(), &tokens)
+        .into_iter()
+        .filter_map(|t| t.checked_sub(64))
+        .collect();
+    check(
+        &format!("{name}: 32 tokens over 64 cached"),
+        &got,
+        &want,
+        v,
+        &flipped,
+    );
 }
 
 #[test]
