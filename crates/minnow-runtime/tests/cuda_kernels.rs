@@ -1632,3 +1632,112 @@ fn grouped_gemm_tma_gives_the_grouped_kernels_bits() {
         }
     }
 }
+
+/// Many launches of the TMA grouped GEMM on the same inputs give the same bits every time: whole
+/// forwards with it decoded differently from run to run, so a rare race is looked for here
+/// (`MINNOW_TMA_STRESS_LAUNCHES`, default 300 per shape).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grouped_gemm_tma_is_deterministic_over_many_launches() {
+    let g = gpu();
+    if !ops::grouped_tma_supported(&g, 16, 1024, 2048) {
+        cannot_run(
+            "grouped_gemm_tma_is_deterministic_over_many_launches",
+            &format!("the TMA grouped GEMM cannot run on {}", g.name()),
+        );
+        return;
+    }
+    let launches: usize = std::env::var("MINNOW_TMA_STRESS_LAUNCHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let mut rng = rng();
+    // (tokens, k, experts incl. a packed shared one, n, k dim, tile rows, packed, gated)
+    for &(t, k, e, n, kd, tile_rows, packed, gated) in &[
+        (
+            32usize, 8usize, 257usize, 1024usize, 2048usize, 16usize, true, true,
+        ),
+        (32, 8, 257, 2048, 512, 16, true, false),
+        (512, 8, 256, 1024, 2048, 64, false, true),
+        (512, 8, 256, 2048, 512, 64, false, false),
+    ] {
+        let x = to_bf16(&randn(&mut rng, t * kd, 1.0));
+        let w = to_bf16(&randn(&mut rng, e * n * kd, 0.05));
+        let routed = if packed { e - 1 } else { e };
+        let idx: Vec<i32> = (0..t)
+            .flat_map(|_| {
+                let mut experts: Vec<i32> = (0..routed as i32).collect();
+                experts.shuffle(&mut rng);
+                experts.truncate(k);
+                experts
+            })
+            .collect();
+        let a = if packed { t * (k + 1) } else { t * k };
+        let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
+        let (dx, dw, didx) = (
+            g.upload(&x).unwrap(),
+            g.upload(&w).unwrap(),
+            g.upload(&idx).unwrap(),
+        );
+        let slot = g.alloc::<i32>(a).unwrap();
+        let row_token = g.alloc::<i32>(a).unwrap();
+        let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
+        let nt = g.alloc::<i32>(1).unwrap();
+        ops::moe_dispatch(
+            &g,
+            didx.ptr(),
+            t,
+            k,
+            e,
+            tile_rows,
+            packed.then_some(e - 1),
+            slot.ptr(),
+            row_token.ptr(),
+            tiles.ptr(),
+            nt.ptr(),
+        )
+        .unwrap();
+        let maps = TensorMaps::new(
+            &g,
+            &[Bf16Rows {
+                base: dw.ptr(),
+                cols: kd,
+                rows: e * n,
+                box_rows: ops::POOL_GEMM_WEIGHT_ROWS,
+            }],
+        )
+        .unwrap();
+        let width = if gated { n / 2 } else { n };
+        let y = poisoned_bf16(&g, a * width);
+        let mut first: Option<Vec<u16>> = None;
+        let mut bad = 0;
+        for _ in 0..launches {
+            ops::grouped_gemm_tma(
+                &g,
+                maps.get(0),
+                dw.ptr(),
+                dx.ptr(),
+                row_token.ptr(),
+                y.ptr(),
+                tiles.ptr(),
+                nt.ptr(),
+                max_tiles,
+                tile_rows,
+                n,
+                kd,
+                gated,
+            )
+            .unwrap();
+            let bits: Vec<u16> = read(&g, &y).iter().map(|v: &bf16| v.to_bits()).collect();
+            match &first {
+                None => first = Some(bits),
+                Some(f) if *f != bits => bad += 1,
+                Some(_) => {}
+            }
+        }
+        println!(
+            "TMA grouped GEMM t{t} n{n} k{kd} tiles of {tile_rows} gated {gated}: {bad} of {launches} launches differ from the first"
+        );
+        assert_eq!(bad, 0, "the TMA grouped GEMM is not deterministic");
+    }
+}
