@@ -3,9 +3,10 @@
 //! with its combine.
 
 use super::super::error::CudaResult;
-use super::super::gpu::{Gpu, LaunchConfig};
+use super::super::gpu::Gpu;
+use super::super::kernels;
+use super::super::launch::LaunchConfig;
 use super::unsupported::unsupported;
-use crate::cuda_launch;
 
 /// Shapes of the attention part of one layer.
 #[derive(Clone, Copy, Debug)]
@@ -71,9 +72,8 @@ pub fn qk_norm_rope(
     shape.check()?;
     let heads = shape.heads + 2 * shape.kv_heads;
     let cfg = LaunchConfig::new((tokens as u32, heads as u32, 1), 32, 0);
-    cuda_launch!(
+    kernels::rope::qk_norm_rope(
         gpu,
-        "qk_norm_rope",
         cfg,
         qkv,
         q_weight,
@@ -88,7 +88,7 @@ pub fn qk_norm_rope(
         shape.head_dim as i32,
         shape.rotary_dim as i32,
         theta,
-        eps
+        eps,
     )
 }
 
@@ -229,14 +229,22 @@ pub fn attention(
         shared_bytes: attention_smem_bytes(d) as u32,
     };
     let scale = 1.0 / (d as f32).sqrt();
-    let name = if attention_uses_fa(d) {
-        format!("attention_fa_d{d}")
-    } else {
-        format!("attention_d{d}")
+    use kernels::attention::{
+        attention_d128, attention_d16, attention_d256, attention_d32, attention_d64,
+        attention_fa_d128, attention_fa_d64, Attention,
     };
-    cuda_launch!(
+    let kernel: Attention = match (attention_uses_fa(d), d) {
+        (true, 64) => attention_fa_d64,
+        (true, 128) => attention_fa_d128,
+        (false, 16) => attention_d16,
+        (false, 32) => attention_d32,
+        (false, 64) => attention_d64,
+        (false, 128) => attention_d128,
+        (false, 256) => attention_d256,
+        _ => return unsupported(format!("head_dim {d}")),
+    };
+    kernel(
         gpu,
-        &name,
         cfg,
         q,
         k_pool,
@@ -251,12 +259,11 @@ pub fn attention(
         shape.kv_heads as i32,
         shape.block as i32,
         scale,
-        chunk_tiles as i32
+        chunk_tiles as i32,
     )?;
     let cfg = LaunchConfig::new((tokens as u32, shape.heads as u32, 1), d.min(256) as u32, 0);
-    cuda_launch!(
+    kernels::attention::attention_combine(
         gpu,
-        "attention_combine",
         cfg,
         part_o,
         part_ml,
@@ -264,7 +271,7 @@ pub fn attention(
         tokens as i32,
         shape.heads as i32,
         d as i32,
-        splits as i32
+        splits as i32,
     )
 }
 

@@ -3,9 +3,10 @@
 //! per-row top-1 and the random fill.
 
 use super::super::error::CudaResult;
-use super::super::gpu::{Gpu, LaunchConfig};
+use super::super::gpu::Gpu;
+use super::super::kernels;
+use super::super::launch::LaunchConfig;
 use super::unsupported::unsupported;
-use crate::cuda_launch;
 
 fn row_threads(width: usize) -> u32 {
     (width.div_ceil(32) * 32).clamp(32, 256) as u32
@@ -38,7 +39,7 @@ pub fn embed_rows(
         return unsupported(format!("embedding width {d} is not a multiple of 8"));
     }
     let cfg = LaunchConfig::new((rows as u32, 1, 1), row_threads(d / 8), 0);
-    cuda_launch!(gpu, "embed_rows", cfg, ids, table, out, d as i32)
+    kernels::elementwise::embed_rows(gpu, cfg, ids, table, out, d as i32)
 }
 
 /// `h = BF16(h + delta)` (when `delta` is non-zero) then `out = RMSNorm(h) * weight`, per row.
@@ -54,17 +55,7 @@ pub fn add_rmsnorm(
     eps: f32,
 ) -> CudaResult<()> {
     let cfg = norm_launch(rows, d)?;
-    cuda_launch!(
-        gpu,
-        "add_rmsnorm",
-        cfg,
-        h,
-        delta,
-        weight,
-        out,
-        d as i32,
-        eps
-    )
+    kernels::elementwise::add_rmsnorm(gpu, cfg, h, delta, weight, out, d as i32, eps)
 }
 
 /// `out[r] = BF16(BF16(silu(gate)) * up)` where `gu[r] = [gate | up]` of `width` each.
@@ -95,16 +86,7 @@ pub fn silu_mul_groups(
         256,
         0,
     );
-    cuda_launch!(
-        gpu,
-        "silu_mul",
-        cfg,
-        gu,
-        out,
-        width as i32,
-        rows as i32,
-        stride as i32
-    )
+    kernels::elementwise::silu_mul(gpu, cfg, gu, out, width as i32, rows as i32, stride as i32)
 }
 
 /// MoE mix: `out[t] = BF16(BF16(sum_j w[t,j] y[slot_pos[t,j]]) + shared[t])`, where the shared
@@ -124,9 +106,8 @@ pub fn moe_combine(
     d: usize,
 ) -> CudaResult<()> {
     let cfg = LaunchConfig::new((tokens as u32, d.div_ceil(256) as u32, 1), 256, 0);
-    cuda_launch!(
+    kernels::elementwise::moe_combine(
         gpu,
-        "moe_combine",
         cfg,
         y,
         slot_pos,
@@ -135,7 +116,7 @@ pub fn moe_combine(
         shared_rows,
         out,
         k as i32,
-        d as i32
+        d as i32,
     )
 }
 
@@ -177,9 +158,8 @@ pub fn moe_combine_add_rmsnorm(
     }
     // add_rmsnorm's launch shape: the same columns per thread and the same reduction tree.
     let cfg = norm_launch(tokens, d)?;
-    cuda_launch!(
+    kernels::elementwise::moe_combine_add_rmsnorm(
         gpu,
-        "moe_combine_add_rmsnorm",
         cfg,
         y,
         slot_pos,
@@ -191,19 +171,18 @@ pub fn moe_combine_add_rmsnorm(
         norm.out,
         k as i32,
         d as i32,
-        norm.eps
+        norm.eps,
     )
 }
 
 pub fn bf16_to_f32(gpu: &Gpu, x: u64, y: u64, n: usize) -> CudaResult<()> {
     let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
-    cuda_launch!(
+    kernels::elementwise::bf16_to_f32(
         gpu,
-        "bf16_to_f32",
         LaunchConfig::new((blocks, 1, 1), 256, 0),
         x,
         y,
-        n as i64
+        n as i64,
     )
 }
 
@@ -223,29 +202,20 @@ pub fn top1_softmax(
     vocab: usize,
 ) -> CudaResult<()> {
     let cfg = LaunchConfig::new((rows as u32, TOP1_SLICES as u32, 1), 256, 0);
-    cuda_launch!(gpu, "top1_partial", cfg, logits, scratch, vocab as i32)?;
+    kernels::elementwise::top1_partial(gpu, cfg, logits, scratch, vocab as i32)?;
     let cfg = LaunchConfig::new((rows as u32, 1, 1), 32, 0);
-    cuda_launch!(
-        gpu,
-        "top1_finish",
-        cfg,
-        scratch,
-        token,
-        confidence,
-        TOP1_SLICES as i32
-    )
+    kernels::elementwise::top1_finish(gpu, cfg, scratch, token, confidence, TOP1_SLICES as i32)
 }
 
 /// Reproducible uniform random BF16 values in `[-scale, scale)`.
 pub fn fill_random_bf16(gpu: &Gpu, x: u64, n: usize, seed: u64, scale: f32) -> CudaResult<()> {
     let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
-    cuda_launch!(
+    kernels::elementwise::fill_random_bf16(
         gpu,
-        "fill_random_bf16",
         LaunchConfig::new((blocks, 1, 1), 256, 0),
         x,
         n as i64,
         seed,
-        scale
+        scale,
     )
 }

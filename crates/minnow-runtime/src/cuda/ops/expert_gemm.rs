@@ -2,9 +2,10 @@
 //! assignments into tiles, and the grouped GEMM over those tiles with BF16 or quantized experts.
 
 use super::super::error::CudaResult;
-use super::super::gpu::{Gpu, LaunchConfig};
+use super::super::gpu::Gpu;
+use super::super::kernels;
+use super::super::launch::LaunchConfig;
 use super::unsupported::unsupported;
-use crate::cuda_launch;
 
 /// Rows per tile of the grouped expert GEMM for `assignments` rows over `experts` that can get
 /// them: 16 when experts get few rows each (decoding; the kernel then streams weights), 64 when
@@ -54,9 +55,8 @@ pub fn moe_dispatch(
         return unsupported(format!("{experts} experts (at most 1024)"));
     }
     let cfg = LaunchConfig::new((1, 1, 1), 1024, (8 * experts) as u32);
-    cuda_launch!(
+    kernels::router::moe_dispatch(
         gpu,
-        "moe_dispatch",
         cfg,
         topk_idx,
         (tokens * k) as i32,
@@ -67,7 +67,7 @@ pub fn moe_dispatch(
         slot_pos,
         row_token,
         tiles,
-        num_tiles
+        num_tiles,
     )
 }
 
@@ -107,31 +107,25 @@ pub fn grouped_gemm(
     if !grouped_gemm_tiled(n, k) {
         // Shapes the tiled kernels refuse (e.g. 24-wide experts): the general kernel.
         let cfg = LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0);
-        return cuda_launch!(
-            gpu,
-            "grouped_gemm_any",
-            cfg,
-            x,
-            row_token,
-            w,
-            y,
-            tiles,
-            num_tiles,
-            n as i32,
-            k as i32
+        return kernels::moe::grouped_gemm_any(
+            gpu, cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32,
         );
     }
-    let (name, stages) = match (tile_rows, super::super::tuning::tuning().moe16_stages) {
-        (16, 3) => ("grouped_gemm_m16s3", 3),
-        (16, _) => ("grouped_gemm_m16", 4),
-        _ => ("grouped_gemm_m64", 3),
-    };
+    use kernels::moe::{grouped_gemm_m16, grouped_gemm_m16s3, grouped_gemm_m64, GroupedGemm};
+    let (kernel, stages): (GroupedGemm, _) =
+        match (tile_rows, super::super::tuning::tuning().moe16_stages) {
+            (16, 3) => (grouped_gemm_m16s3, 3),
+            (16, _) => (grouped_gemm_m16, 4),
+            _ => (grouped_gemm_m64, 3),
+        };
     let cfg = LaunchConfig::new(
         ((n / 64) as u32, max_tiles as u32, 1),
         128,
         grouped_gemm_smem_bytes(tile_rows, stages) as u32,
     );
-    cuda_launch!(gpu, name, cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32)
+    kernel(
+        gpu, cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32,
+    )
 }
 
 /// Routed expert weights stored as `*_mma` codes (tiles of 8 rows x 16 columns in tensor-core
@@ -174,16 +168,20 @@ pub fn grouped_gemm_codes(
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
     }
     // The kernels per encoding: (16-row tiles, 64-row tiles, the general kernel).
-    let (r16, r64, any) = match w.bits {
+    use kernels::moe::{
+        grouped_gemm_i4_any, grouped_gemm_i4_r16, grouped_gemm_i4_r64, grouped_gemm_i8_any,
+        grouped_gemm_i8_r16, grouped_gemm_i8_r64, CodesGemm,
+    };
+    let (r16, r64, any): (CodesGemm, CodesGemm, CodesGemm) = match w.bits {
         8 => (
-            "grouped_gemm_i8_r16",
-            "grouped_gemm_i8_r64",
-            "grouped_gemm_i8_any",
+            grouped_gemm_i8_r16,
+            grouped_gemm_i8_r64,
+            grouped_gemm_i8_any,
         ),
         4 => (
-            "grouped_gemm_i4_r16",
-            "grouped_gemm_i4_r64",
-            "grouped_gemm_i4_any",
+            grouped_gemm_i4_r16,
+            grouped_gemm_i4_r64,
+            grouped_gemm_i4_any,
         ),
         b => return unsupported(format!("{b}-bit expert codes")),
     };
@@ -198,7 +196,7 @@ pub fn grouped_gemm_codes(
     }
     // Shapes the tiled kernels refuse take the general kernel; tiles of 16 and 64 rows load
     // fragments straight from memory into registers (`codes_tile` in kernels/moe.cu).
-    let (name, cfg) = if grouped_gemm_tiled(n, k) {
+    let (kernel, cfg) = if grouped_gemm_tiled(n, k) {
         (
             if tile_rows == 16 { r16 } else { r64 },
             LaunchConfig::new(
@@ -213,9 +211,8 @@ pub fn grouped_gemm_codes(
             LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0),
         )
     };
-    cuda_launch!(
+    kernel(
         gpu,
-        name,
         cfg,
         x,
         row_token,
@@ -226,7 +223,7 @@ pub fn grouped_gemm_codes(
         tiles,
         num_tiles,
         n as i32,
-        k as i32
+        k as i32,
     )
 }
 

@@ -1,9 +1,10 @@
-//! Typed launchers, one per kernel of `kernels/*.cu`: they check the shapes each kernel supports
-//! (returning `CudaError::Unsupported` instead of launching something wrong) and pick grid sizes.
-//! Buffers are passed as device addresses so that callers can address sub-ranges. One module
-//! per job: `elementwise` (norms, activations, combine, top-1), `attention` (RoPE and
-//! attention), `routing` (router logits and expert choice), `expert_gemm` (dispatch and the
-//! grouped expert GEMMs), `pool_gemm` (a denoising step's pooled experts) and `dense_gemm`.
+//! The operations the model queues, over the kernel table's typed launchers (`kernels.rs`): they
+//! check the shapes each kernel supports (returning `CudaError::Unsupported` instead of launching
+//! something wrong), pick the kernel and its grid. Buffers are passed as device addresses so that
+//! callers can address sub-ranges. One module per job: `elementwise` (norms, activations,
+//! combine, top-1), `attention` (RoPE and attention), `routing` (router logits and expert
+//! choice), `expert_gemm` (dispatch and the grouped expert GEMMs), `pool_gemm` (a denoising
+//! step's pooled experts) and `dense_gemm`.
 
 mod attention;
 mod dense_gemm;

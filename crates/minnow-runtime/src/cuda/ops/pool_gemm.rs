@@ -3,10 +3,11 @@
 //! version of the grouped expert GEMM.
 
 use super::super::error::CudaResult;
-use super::super::gpu::{Gpu, LaunchConfig};
+use super::super::gpu::Gpu;
+use super::super::kernels;
+use super::super::launch::LaunchConfig;
 use super::super::tma::MappedTensor;
 use super::unsupported::unsupported;
-use crate::cuda_launch;
 
 /// Dynamic shared memory of `pool_gemm_tma`: 5 stages of 128 weight rows and 32 token rows in
 /// two 64-column halves (BF16), 1 KB to align them to the swizzle atom, the gated epilogue's
@@ -63,9 +64,8 @@ pub fn pool_gemm(
         288,
         pool_gemm_smem_bytes() as u32,
     );
-    cuda_launch!(
+    kernels::pool_gemm::pool_gemm_tma(
         gpu,
-        "pool_gemm_tma",
         cfg,
         x.map,
         x.base,
@@ -79,7 +79,7 @@ pub fn pool_gemm(
         k as i32,
         entries as i32,
         i32::from(gated),
-        i32::from(weights_ready)
+        i32::from(weights_ready),
     )
 }
 
@@ -134,19 +134,19 @@ pub fn grouped_gemm_tma(
     if items == 0 {
         return Ok(());
     }
-    let name = if tile_rows == 16 {
-        "grouped_gemm_tma_r16"
+    use kernels::pool_gemm::{grouped_gemm_tma_r16, grouped_gemm_tma_r64, GroupedTma};
+    let kernel: GroupedTma = if tile_rows == 16 {
+        grouped_gemm_tma_r16
     } else {
-        "grouped_gemm_tma_r64"
+        grouped_gemm_tma_r64
     };
     let cfg = LaunchConfig::new(
         ((items as u32).min(gpu.sm_count()), 1, 1),
         288,
         grouped_tma_smem_bytes(tile_rows) as u32,
     );
-    cuda_launch!(
+    kernel(
         gpu,
-        name,
         cfg,
         w.map,
         w.base,
@@ -158,7 +158,7 @@ pub fn grouped_gemm_tma(
         num_tiles,
         n as i32,
         k as i32,
-        i32::from(gated)
+        i32::from(gated),
     )
 }
 
@@ -171,7 +171,7 @@ mod tests {
         // minnow_pool::SMEM_BYTES in kernels/pool_gemm.cu (static_assert there) within the
         // module's opt-in and a multiprocessor's 227 KiB.
         assert_eq!(pool_gemm_smem_bytes(), 5 * 40960 + 1024 + 8192 + 80);
-        let module = crate::cuda::ptx::MODULES
+        let module = crate::cuda::kernels::MODULES
             .iter()
             .find(|m| m.name == "pool_gemm")
             .unwrap();

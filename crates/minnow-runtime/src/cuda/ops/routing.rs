@@ -2,9 +2,10 @@
 //! and 2.2 block admission, which can also lay out a routing block's admitted pool.
 
 use super::super::error::CudaResult;
-use super::super::gpu::{Gpu, LaunchConfig};
+use super::super::gpu::Gpu;
+use super::super::kernels;
+use super::super::launch::LaunchConfig;
 use super::unsupported::unsupported;
-use crate::cuda_launch;
 
 /// Router parameters of one MoE layer.
 #[derive(Clone, Copy, Debug)]
@@ -94,9 +95,8 @@ pub fn route(
     let (n_group, topk_group) = shape.groups.unwrap_or((1, 1));
     let shared = 4 * (2 * e + 64 + shape.top_k);
     let cfg = LaunchConfig::new((tokens as u32, 1, 1), thread_per_expert(e), shared as u32);
-    cuda_launch!(
+    kernels::router::route_topk(
         gpu,
-        "route_topk",
         cfg,
         logits,
         bias,
@@ -106,7 +106,7 @@ pub fn route(
         topk_group as i32,
         shape.scale,
         topk_idx,
-        topk_w
+        topk_w,
     )
 }
 
@@ -186,7 +186,7 @@ fn route_launch_shape(tokens: usize, experts: usize, block: usize) -> (usize, u3
     if tokens <= 256 {
         return (1, per_expert);
     }
-    let fits = super::super::ptx::ROUTER_MAX_SHARED as usize / (8 * experts);
+    let fits = super::super::kernels::ROUTER_MAX_SHARED as usize / (8 * experts);
     let tpc = block.min(ROUTE_MAX_TOKENS).min(fits).max(1);
     (tpc, per_expert.max(1024))
 }
@@ -218,9 +218,8 @@ fn launch_route_block(
     let cfg = LaunchConfig::new((ctas as u32, 1, 1), threads, (2 * tpc * e * 4) as u32);
     // No pool: null address arrays tell the kernel to skip the pool outputs.
     let p = pool.copied().unwrap_or_default();
-    cuda_launch!(
+    kernels::router::route_block(
         gpu,
-        "route_block",
         cfg,
         logits,
         bias,
@@ -241,7 +240,7 @@ fn launch_route_block(
         p.gate_up_ptrs,
         p.down_ptrs,
         p.slot_pos,
-        p.row_stride as i32
+        p.row_stride as i32,
     )
 }
 
@@ -265,18 +264,22 @@ pub fn router_logits(
     // each loaded row among 4 experts per warp and wins once there are enough rows to fill the
     // GPU with its 4x fewer CTAs.
     let wide = t >= super::super::tuning::tuning().router_wide_rows;
-    let (name, experts_per_cta) = match (wide, w_f32) {
-        (false, true) => ("router_logits_f32w", 8),
-        (false, false) => ("router_logits_bf16w", 8),
-        (true, true) => ("router_logits_wide_f32w", 32),
-        (true, false) => ("router_logits_wide_bf16w", 32),
+    use kernels::router::{
+        router_logits_bf16w, router_logits_f32w, router_logits_wide_bf16w, router_logits_wide_f32w,
+        RouterLogits,
+    };
+    let (kernel, experts_per_cta): (RouterLogits, _) = match (wide, w_f32) {
+        (false, true) => (router_logits_f32w, 8),
+        (false, false) => (router_logits_bf16w, 8),
+        (true, true) => (router_logits_wide_f32w, 32),
+        (true, false) => (router_logits_wide_bf16w, 32),
     };
     let cfg = LaunchConfig::new(
         (t.div_ceil(16) as u32, e.div_ceil(experts_per_cta) as u32, 1),
         256,
         0,
     );
-    cuda_launch!(gpu, name, cfg, x, w, logits, t as i32, e as i32, k as i32)
+    kernel(gpu, cfg, x, w, logits, t as i32, e as i32, k as i32)
 }
 
 #[cfg(test)]
@@ -338,6 +341,6 @@ mod tests {
         // Prefill: a routing block per CTA on 1,024 threads, as far as its scores fit.
         assert_eq!(route_launch_shape(4096, 256, 32), (32, 1024));
         assert_eq!(route_launch_shape(4096, 1024, 32), (8, 1024));
-        assert!(2 * 32 * 256 * 4 <= crate::cuda::ptx::ROUTER_MAX_SHARED as usize);
+        assert!(2 * 32 * 256 * 4 <= crate::cuda::kernels::ROUTER_MAX_SHARED as usize);
     }
 }
