@@ -9,8 +9,8 @@
 //! the one the GPU loads.
 //!
 //! Adding a kernel file: xtask links minnow-runtime, which embeds every PTX with `include_str!`,
-//! so create the new `ptx/<name>.ptx` and `ptx/<name>.sm90.ptx` empty and list the module in
-//! `ptx.rs` before running this task.
+//! so create the new `ptx/<name>.ptx` and `ptx/<name>.sm90.ptx` empty and declare the module in
+//! the kernel table (`crates/minnow-runtime/src/cuda/kernels.rs`) before running this task.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

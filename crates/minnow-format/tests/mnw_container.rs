@@ -6,9 +6,9 @@ mod common;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use common::{assets, source, write};
+use common::{assets, expert_family, source, write};
 use minnow_format::mnw::convert::{
-    convert, ConvertInput, ConvertOptions, ExpertChoice, TensorRule,
+    convert, ConvertInput, ConvertOptions, ExpertChoice, ExpertFamilies, TensorRule,
 };
 use minnow_format::mnw::layout::Header;
 use minnow_format::mnw::manifest::{Manifest, TensorRecord};
@@ -76,6 +76,45 @@ fn quantized_experts_keep_their_encoding_and_the_rest_stays_original() {
     assert!(validate_file(&path, &|_, _| {}).unwrap().is_ok());
 }
 
+/// `--experts` re-encodes what the caller's family function names (the model's tensor schema, in
+/// `minnow convert`), not what a name looks like: naming only the gate projections quantizes
+/// only them, and naming nothing keeps every tensor as it is.
+#[test]
+fn experts_are_the_tensors_the_caller_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = source();
+    let gates_only = |name: &str| expert_family(name).filter(|f| f.contains("gate_proj"));
+    let nothing = |_: &str| -> Option<String> { None };
+    let cases: [(&str, ExpertFamilies, usize); 2] =
+        [("gates.mnw", &gates_only, 3), ("none.mnw", &nothing, 0)];
+    for (file, families, quantized) in cases {
+        let input = ConvertInput {
+            source: &src,
+            expert_families: families,
+            assets: assets(),
+            model_id: "m".into(),
+        };
+        let out = dir.path().join(file);
+        convert(&input, &out, &int4(1), &AtomicBool::new(false), &|_, _| {}).unwrap();
+        let f = MnwFile::open(&out).unwrap();
+        let mut found = 0;
+        for name in f.names() {
+            let encoding = f.tensor(name).unwrap().encoding();
+            if encoding == Some(Encoding::Quant(QuantEncoding::I4Mma)) {
+                assert!(name.contains("gate_proj"), "{file}: {name} quantized");
+                found += 1;
+            } else {
+                assert_eq!(
+                    encoding,
+                    Some(Encoding::Float(DType::BF16)),
+                    "{file}: {name}"
+                );
+            }
+        }
+        assert_eq!(found, quantized, "{file}");
+    }
+}
+
 #[test]
 fn output_bytes_do_not_depend_on_the_worker_count() {
     let dir = tempfile::tempdir().unwrap();
@@ -110,6 +149,7 @@ fn never_overwrites_and_leaves_nothing_behind() {
     let src = source();
     let input = ConvertInput {
         source: &src,
+        expert_families: &expert_family,
         assets: assets(),
         model_id: "m".into(),
     };
@@ -155,6 +195,7 @@ fn tensor_rules_apply_in_order_and_must_match() {
     let src = source();
     let input = ConvertInput {
         source: &src,
+        expert_families: &expert_family,
         assets: assets(),
         model_id: "m".into(),
     };
@@ -393,6 +434,7 @@ fn quantized_sources_are_copied_never_re_encoded() {
     let file = MnwFile::open(&first).unwrap();
     let input = ConvertInput {
         source: &file,
+        expert_families: &expert_family,
         assets: assets(),
         model_id: "memory-model".into(),
     };

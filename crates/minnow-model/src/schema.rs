@@ -2,8 +2,7 @@
 //! (docs/model.md §4). Tensor names are spelled here and nowhere else: both loaders, the
 //! random-checkpoint writer of `cargo xtask make-checkpoint`, `minnow inspect` and the test
 //! helpers all take them from [`Tensor::name`]. `minnow convert` lives in minnow-format, below
-//! this crate, and recognizes routed experts by their names' pattern; a test checks that it
-//! picks exactly the schema's routed experts.
+//! this crate, and is handed [`routed_expert_family`] to find the routed experts by role.
 
 use std::fmt::Write as _;
 
@@ -234,6 +233,19 @@ impl Tensor {
     }
 }
 
+/// What `minnow convert` (minnow-format's `ConvertInput::expert_families`) asks of a checkpoint
+/// name: for a tensor whose role is [`Role::RoutedExpert`], its family, the name with the expert
+/// index as `*` (`model.layers.1.mlp.experts.*.down_proj.weight`: every expert of one layer and
+/// projection, which share one encoding); `None` for every other name.
+pub fn routed_expert_family(name: &str) -> Option<String> {
+    let tensor = Tensor::parse(name).filter(|t| t.role() == Role::RoutedExpert)?;
+    let (layer, projection) = tensor.routed_expert_group()?;
+    Some(format!(
+        "{LAYERS}{layer}.mlp.experts.*.{}.weight",
+        projection.stem()
+    ))
+}
+
 /// A decimal index without sign or leading zeros (so that a parsed name spells back the same).
 fn parse_index(s: &str) -> Option<usize> {
     let canonical =
@@ -360,20 +372,50 @@ mod tests {
         assert!(!Tensor::Router(1).role().may_be_quantized());
     }
 
-    /// `minnow convert` (in minnow-format, below this crate) picks the routed experts by their
-    /// names' pattern; it must pick exactly the schema's routed experts.
+    /// The family function `minnow convert` is handed finds exactly the tensors whose role is
+    /// `RoutedExpert`, and gives one family per layer and projection.
     #[test]
-    fn convert_picks_exactly_the_routed_experts() {
+    fn convert_finds_the_routed_experts_by_role() {
         for name in ["llada2-tiny-v20", "llada2-tiny-v22"] {
             let c = Config::from_dir(&fixture(name)).unwrap();
+            let mut families = BTreeMap::<String, Vec<(usize, Projection)>>::new();
             for t in tensors(&c) {
+                let family = routed_expert_family(&t.name());
                 assert_eq!(
-                    minnow_format::mnw::convert::is_routed_expert(&t.name()),
+                    family.is_some(),
                     t.role() == Role::RoutedExpert,
                     "{}",
                     t.name()
                 );
+                if let Some(family) = family {
+                    families
+                        .entry(family)
+                        .or_default()
+                        .push(t.routed_expert_group().unwrap());
+                }
             }
+            // One family per (MoE layer, projection), each holding every expert of it.
+            let moe_layers = (0..c.num_hidden_layers)
+                .filter(|&i| !c.is_dense_layer(i))
+                .count();
+            assert_eq!(families.len(), 3 * moe_layers, "{name}");
+            for (family, members) in &families {
+                assert_eq!(members.len(), c.num_experts, "{family}");
+                assert!(members.iter().all(|m| *m == members[0]), "{family}");
+            }
+        }
+        assert_eq!(
+            routed_expert_family("model.layers.1.mlp.experts.3.down_proj.weight").as_deref(),
+            Some("model.layers.1.mlp.experts.*.down_proj.weight")
+        );
+        for other in [
+            "model.layers.1.mlp.shared_experts.up_proj.weight",
+            "model.layers.0.mlp.gate_proj.weight",
+            "model.layers.1.mlp.gate.weight",
+            "model.layers.1.mlp.experts.07.up_proj.weight",
+            "model.layers.1.mlp.experts.3.mid_proj.weight",
+        ] {
+            assert_eq!(routed_expert_family(other), None, "{other}");
         }
     }
 

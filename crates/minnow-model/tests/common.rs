@@ -252,6 +252,7 @@ pub fn write_fixture_mnw(name: &str, out: &std::path::Path, options: &ConvertOpt
     assets.insert("chat_template.jinja".into(), "{{ messages }}".into());
     let input = ConvertInput {
         source: &source,
+        expert_families: &minnow_model::schema::routed_expert_family,
         assets,
         model_id: name.into(),
     };

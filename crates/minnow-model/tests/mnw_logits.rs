@@ -44,6 +44,7 @@ fn write_mnw(name: &str, out: &Path, options: &ConvertOptions) {
     let source = Checkpoint::open(&fixture(name)).unwrap();
     let input = ConvertInput {
         source: &source,
+        expert_families: &minnow_model::schema::routed_expert_family,
         assets: assets(name, &source),
         model_id: name.to_string(),
     };

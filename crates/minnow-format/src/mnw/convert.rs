@@ -122,9 +122,20 @@ impl ConvertOptions {
     }
 }
 
+/// Names the routed-expert family of a tensor: `Some(family)` for a routed expert's projection
+/// matrix, where every expert of one layer and projection has the same `family` (they share one
+/// encoding, and notes name them by it), `None` for every other tensor.
+///
+/// The model's tensor schema decides which tensors those are
+/// (`minnow_model::schema::routed_expert_family`, by the tensors' roles). This crate sits below
+/// the model crate and knows no tensor names, so the caller passes the schema's answer in.
+pub type ExpertFamilies<'a> = &'a (dyn Fn(&str) -> Option<String> + Sync);
+
 /// The input of a conversion.
 pub struct ConvertInput<'a> {
     pub source: &'a dyn TensorSource,
+    /// Which tensors are routed experts (what `--experts` re-encodes), and their families.
+    pub expert_families: ExpertFamilies<'a>,
     pub assets: BTreeMap<String, String>,
     pub model_id: String,
 }
@@ -171,21 +182,6 @@ pub struct Summary {
     pub per_encoding: BTreeMap<String, (usize, u64)>,
 }
 
-/// Whether `name` is a routed expert's projection matrix
-/// (`model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`).
-pub fn is_routed_expert(name: &str) -> bool {
-    expert_family(name).is_some()
-}
-
-/// The name with the expert index replaced by `*`: all experts of one layer and projection
-/// share it.
-fn expert_family(name: &str) -> Option<String> {
-    let (head, rest) = name.split_once(".mlp.experts.")?;
-    let (index, tail) = rest.split_once('.')?;
-    (index.parse::<usize>().is_ok() && tail.ends_with("_proj.weight"))
-        .then(|| format!("{head}.mlp.experts.*.{tail}"))
-}
-
 /// The default integer group size for a K dimension.
 fn default_group(k: usize) -> Option<usize> {
     INT_GROUP_SIZES
@@ -195,8 +191,13 @@ fn default_group(k: usize) -> Option<usize> {
         .find(|g| *g <= DEFAULT_INT_GROUP && k.is_multiple_of(*g))
 }
 
-/// Decides every tensor's encoding and region.
-pub fn plan(source: &dyn TensorSource, options: &ConvertOptions) -> Result<Plan> {
+/// Decides every tensor's encoding and region; `expert_families` says which tensors are routed
+/// experts (see [`ExpertFamilies`]).
+pub fn plan(
+    source: &dyn TensorSource,
+    expert_families: ExpertFamilies<'_>,
+    options: &ConvertOptions,
+) -> Result<Plan> {
     let bad = |m: String| FormatError::invalid(source.describe(), m);
     if let Some(g) = options.group_size {
         if !INT_GROUP_SIZES.contains(&g) {
@@ -223,10 +224,8 @@ pub fn plan(source: &dyn TensorSource, options: &ConvertOptions) -> Result<Plan>
         let source_group = t.quant.map_or(0, |q| q.group_size);
         // The default: routed experts get --experts when their shape allows it.
         let mut target = (src, source_group);
-        if let (Some(q), true) = (
-            expert_encoding,
-            is_routed_expert(name) && t.shape.len() == 2,
-        ) {
+        let family = expert_families(name).filter(|_| t.shape.len() == 2);
+        if let (Some(q), Some(family)) = (expert_encoding, family) {
             if let Encoding::Quant(stored) = src {
                 // Already quantized: kept only when it already is what was asked for.
                 // Re-encoding is refused rather than done from the stored values: those
@@ -260,7 +259,6 @@ pub fn plan(source: &dyn TensorSource, options: &ConvertOptions) -> Result<Plan>
                     // ... a shape the encoding cannot hold keeps the projection as it is (all
                     // experts of it alike), said in a note.
                     Err(why) => {
-                        let family = expert_family(name).unwrap_or_default();
                         notes.insert(family.clone(), format!("{family} kept in {src}: {why}"));
                     }
                 }
@@ -335,7 +333,7 @@ pub fn plan(source: &dyn TensorSource, options: &ConvertOptions) -> Result<Plan>
     // All experts of one layer and projection share one encoding and group size.
     let mut families: BTreeMap<String, (Encoding, usize, &str)> = BTreeMap::new();
     for t in &tensors {
-        if let Some(family) = expert_family(&t.name) {
+        if let Some(family) = expert_families(&t.name) {
             let seen = families
                 .entry(family.clone())
                 .or_insert((t.target, t.group_size, &t.name));
@@ -397,7 +395,7 @@ pub fn convert_in_stages(
     cancel: &AtomicBool,
     progress: &(dyn Fn(Stage, u64, u64) + Sync),
 ) -> Result<Summary> {
-    let plan = plan(input.source, options)?;
+    let plan = plan(input.source, input.expert_families, options)?;
     let output = OutputFile::create(out, plan.data_end)?;
     let total = plan.region_bytes();
     let done = AtomicU64::new(0);

@@ -67,6 +67,14 @@ pub fn source() -> Memory {
     Memory(m)
 }
 
+/// The routed-expert families of [`source`]'s tensors (for a real checkpoint the model's tensor
+/// schema answers this): its `experts.E.` tensors, grouped by layer and projection.
+pub fn expert_family(name: &str) -> Option<String> {
+    let (head, rest) = name.split_once(".experts.")?;
+    let (_expert, tail) = rest.split_once('.')?;
+    Some(format!("{head}.experts.*.{tail}"))
+}
+
 pub fn assets() -> BTreeMap<String, String> {
     [
         "config.json",
@@ -83,6 +91,7 @@ pub fn write(dir: &Path, name: &str, options: &ConvertOptions) -> PathBuf {
     let src = source();
     let input = ConvertInput {
         source: &src,
+        expert_families: &expert_family,
         assets: assets(),
         model_id: "memory-model".into(),
     };

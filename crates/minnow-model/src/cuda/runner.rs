@@ -10,9 +10,12 @@ use std::path::Path;
 use minnow_format::TensorSource;
 use minnow_runtime::cuda::{DeviceBuffer, Gpu, Graph, Profile};
 
+use super::batch_layout::{BatchShape, Layout};
 use super::device_error::device_err;
-use super::forward::{queue_forward, BatchShape, KvPool, Layout, Workspace};
+use super::forward::queue_forward;
+use super::kv_pool::KvPool;
 use super::weights::Weights;
+use super::workspace::Workspace;
 use crate::batch::{pages_for, Segment, SegmentOutput, Want};
 use crate::config::Config;
 use crate::error::{ModelError, Result};
@@ -141,7 +144,7 @@ impl CudaRunner {
         let use_graphs = std::env::var("MINNOW_CUDA_GRAPHS").map_or(true, |v| v != "0");
         let tokens = PLANNED_TOKENS.min(config.max_position_embeddings.max(1));
         for line in
-            super::forward::plan_dense_gemms(&gpu, &config, &weights, tokens, PLANNED_LOGIT_ROWS)
+            super::dense_plan::plan_dense_gemms(&gpu, &config, &weights, tokens, PLANNED_LOGIT_ROWS)
                 .map_err(device_err)?
         {
             tracing::info!("dense GEMM plan: {line}");
@@ -388,13 +391,11 @@ impl CudaRunner {
 
 /// Rejects configurations the kernels cannot run, before anything is uploaded.
 fn check_supported(c: &Config) -> Result<()> {
-    super::forward::attention_shape(c)
+    super::shapes::attention_shape(c)
         .check()
         .map_err(device_err)?;
     if c.num_experts > 0 && c.first_k_dense_replace < c.num_hidden_layers {
-        super::forward::router_shape(c)
-            .check()
-            .map_err(device_err)?;
+        super::shapes::router_shape(c).check().map_err(device_err)?;
     }
     if !c.hidden_size.is_multiple_of(8) || !c.moe_intermediate_size.is_multiple_of(8) {
         return Err(ModelError::Device(format!(

@@ -13,65 +13,9 @@ use super::buffer::DeviceBuffer;
 use super::context::GpuContext;
 use super::driver::device_count;
 use super::error::{Context, CudaError, CudaResult};
+use super::kernels::{PtxModule, MODULES};
+use super::launch::{Launch, LaunchConfig};
 use super::ptx;
-
-/// Grid, block and dynamic shared memory of one launch.
-#[derive(Clone, Copy, Debug)]
-pub struct LaunchConfig {
-    pub grid: (u32, u32, u32),
-    pub block: (u32, u32, u32),
-    pub shared_bytes: u32,
-}
-
-impl LaunchConfig {
-    pub fn new(grid: (u32, u32, u32), block: u32, shared_bytes: u32) -> Self {
-        Self {
-            grid,
-            block: (block, 1, 1),
-            shared_bytes,
-        }
-    }
-}
-
-/// A kernel argument as the 8 bytes the driver reads from (little-endian: 4-byte arguments are
-/// the low half). Device pointers are `u64`.
-pub trait KernelArg {
-    fn to_bits(self) -> u64;
-}
-impl KernelArg for u64 {
-    fn to_bits(self) -> u64 {
-        self
-    }
-}
-impl KernelArg for i64 {
-    fn to_bits(self) -> u64 {
-        self as u64
-    }
-}
-impl KernelArg for i32 {
-    fn to_bits(self) -> u64 {
-        self as u32 as u64
-    }
-}
-impl KernelArg for u32 {
-    fn to_bits(self) -> u64 {
-        self as u64
-    }
-}
-impl KernelArg for f32 {
-    fn to_bits(self) -> u64 {
-        self.to_bits() as u64
-    }
-}
-
-/// Launches `func` on the gpu's stream: `launch!(gpu, "name", cfg, arg, ...)`.
-#[macro_export]
-macro_rules! cuda_launch {
-    ($gpu:expr, $name:expr, $cfg:expr $(, $arg:expr)* $(,)?) => {{
-        let mut bits: Vec<u64> = vec![$($crate::cuda::gpu::KernelArg::to_bits($arg)),*];
-        $gpu.launch_bits($name, $cfg, &mut bits)
-    }};
-}
 
 /// A CUDA device ready to run minnow's kernels.
 pub struct Gpu {
@@ -164,7 +108,7 @@ impl Gpu {
             force_sm80,
             max_shared_optin,
         };
-        for module in ptx::MODULES {
+        for module in MODULES {
             gpu.load_module(module)?;
         }
         gpu.blas = Some(Blas::new(&gpu.ctx, gpu.stream)?);
@@ -177,7 +121,7 @@ impl Gpu {
         self.capability.0 >= 9 && !self.force_sm80
     }
 
-    fn load_module(&mut self, module: &ptx::PtxModule) -> CudaResult<()> {
+    fn load_module(&mut self, module: &PtxModule) -> CudaResult<()> {
         let sm90 = self.uses_sm90_ptx();
         let embedded = if sm90 { module.ptx_sm90 } else { module.ptx };
         let text = match ptx::override_text(module.name, sm90)? {
@@ -346,8 +290,38 @@ impl Gpu {
             .ctx(|| "waiting for the GPU stream".into())
     }
 
-    /// Launches kernel `name` with raw argument bits (use [`cuda_launch!`]).
-    pub fn launch_bits(&self, name: &str, cfg: LaunchConfig, bits: &mut [u64]) -> CudaResult<()> {
+    /// Starts a per-stage profile of the work queued from now on.
+    pub fn profile(&self) -> CudaResult<Profile> {
+        self.bind()?;
+        let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .ctx(|| "creating an event".into())?;
+        // SAFETY: valid event and stream.
+        unsafe { result::event::record(start, self.stream) }.ctx(|| "recording an event".into())?;
+        Ok(Profile {
+            start,
+            marks: Vec::new(),
+            stream: self.stream,
+        })
+    }
+
+    /// A pair of events around a region of the stream, for timing.
+    pub fn timer(&self) -> CudaResult<Timer> {
+        self.bind()?;
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let start = result::event::create(flags).ctx(|| "creating an event".into())?;
+        let stop = result::event::create(flags).ctx(|| "creating an event".into())?;
+        Ok(Timer {
+            start,
+            stop,
+            stream: self.stream,
+        })
+    }
+}
+
+impl Launch for Gpu {
+    /// Launches kernel `name` on the stream, with programmatic stream serialization where the
+    /// device has it.
+    fn launch_bits(&self, name: &str, cfg: LaunchConfig, bits: &mut [u64]) -> CudaResult<()> {
         let f = *self
             .functions
             .get(name)
@@ -357,8 +331,8 @@ impl Gpu {
             .map(|b| b as *mut u64 as *mut c_void)
             .collect();
         if !self.pdl {
-            // SAFETY: the argument list matches the kernel's signature (the ops module is the
-            // only caller and mirrors kernels/*.cu); all pointers are live device buffers.
+            // SAFETY: the argument list matches the kernel's signature (the kernel table declares
+            // it once, tested against the PTX); all pointers are live device buffers.
             return unsafe {
                 result::launch_kernel(
                     f,
@@ -397,33 +371,6 @@ impl Gpu {
             sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()).result()
         }
         .ctx(|| format!("launching {name} with {cfg:?} (programmatic dependent launch)"))
-    }
-
-    /// Starts a per-stage profile of the work queued from now on.
-    pub fn profile(&self) -> CudaResult<Profile> {
-        self.bind()?;
-        let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
-            .ctx(|| "creating an event".into())?;
-        // SAFETY: valid event and stream.
-        unsafe { result::event::record(start, self.stream) }.ctx(|| "recording an event".into())?;
-        Ok(Profile {
-            start,
-            marks: Vec::new(),
-            stream: self.stream,
-        })
-    }
-
-    /// A pair of events around a region of the stream, for timing.
-    pub fn timer(&self) -> CudaResult<Timer> {
-        self.bind()?;
-        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
-        let start = result::event::create(flags).ctx(|| "creating an event".into())?;
-        let stop = result::event::create(flags).ctx(|| "creating an event".into())?;
-        Ok(Timer {
-            start,
-            stop,
-            stream: self.stream,
-        })
     }
 }
 

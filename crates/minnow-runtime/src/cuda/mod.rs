@@ -1,5 +1,6 @@
 //! The CUDA backend: a device context with one stream, plain device allocations, the kernels of
-//! `kernels/*.cu` (embedded as PTX, see [`ptx`]), cuBLAS BF16/F32 GEMMs and CUDA graphs.
+//! `kernels/*.cu` (embedded as PTX, launched through the typed kernel table of `kernels.rs`),
+//! cuBLAS BF16/F32 GEMMs and CUDA graphs.
 //!
 //! Everything goes through cudarc's thin `result`/`sys` layers with the driver and cuBLAS loaded
 //! at run time, so a binary built without CUDA still runs (on the CPU) where there is no GPU:
@@ -14,6 +15,8 @@ mod driver;
 mod error;
 mod gpu;
 mod graph;
+mod kernels;
+mod launch;
 pub mod ops;
 pub mod ptx;
 pub mod tma;
@@ -25,8 +28,9 @@ pub use buffer::DeviceBuffer;
 pub use dense_plan::{plan_dense_gemms, DenseShape};
 pub use driver::{device_count, is_available, profiler};
 pub use error::{CudaError, CudaResult};
-pub use gpu::{Gpu, KernelArg, LaunchConfig, Profile, Timer};
+pub use gpu::{Gpu, Profile, Timer};
 pub use graph::Graph;
+pub use launch::{KernelArg, LaunchConfig};
 
 #[cfg(test)]
 mod tests {

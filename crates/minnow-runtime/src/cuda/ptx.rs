@@ -1,125 +1,14 @@
 //! The kernels of `kernels/*.cu`, compiled by `cargo xtask kernels` (nvcc; sm_80 PTX, and sm_90
 //! PTX for Hopper and newer, which the driver JIT-compiles for the device at load) and committed,
-//! so users need no nvcc. Each PTX
+//! so users need no nvcc; the kernel table (`kernels.rs`) embeds them. Each PTX
 //! file starts with a line naming the BLAKE3 hash of its source (the `.cu` file followed by
-//! `kernels/common.cuh`); a test fails when a source changed without regenerating its PTX.
+//! `kernels/common.cuh`); a test fails when a source changed without regenerating its PTX, and
+//! another when a kernel's parameters in the table differ from its PTX entry's.
 
 use super::error::{CudaError, CudaResult};
 
-/// One compiled kernel file.
-pub struct PtxModule {
-    /// File stem under `kernels/` and `ptx/`.
-    pub name: &'static str,
-    /// sm_80 PTX: runs on every supported GPU.
-    pub ptx: &'static str,
-    /// sm_90 PTX of the same source: what Hopper and newer GPUs load (it holds the
-    /// programmatic-dependent-launch instructions the sm_80 build leaves out).
-    pub ptx_sm90: &'static str,
-    /// The `extern "C"` entry points the backend looks up.
-    pub functions: &'static [&'static str],
-    /// Dynamic shared memory the module's kernels may ask for beyond the 48 KiB default
-    /// (0: none do).
-    pub max_dynamic_shared: u32,
-}
-
-/// Dynamic shared memory the router kernels may use: `route_block` holds the F32 scores of 2 x its
-/// tokens x the experts (a routing block of 32 tokens over 256 experts; fewer tokens per CTA
-/// when there are more experts); its static part is 12 KiB more.
-pub const ROUTER_MAX_SHARED: u32 = 64 * 1024;
-
 /// Prefix of the first line of every generated PTX file; the hex hash follows.
 pub const HASH_LINE_PREFIX: &str = "// minnow-kernel-source-blake3: ";
-
-pub const MODULES: &[PtxModule] = &[
-    PtxModule {
-        name: "elementwise",
-        ptx: include_str!("ptx/elementwise.ptx"),
-        ptx_sm90: include_str!("ptx/elementwise.sm90.ptx"),
-        functions: &[
-            "embed_rows",
-            "add_rmsnorm",
-            "silu_mul",
-            "moe_combine",
-            "moe_combine_add_rmsnorm",
-            "bf16_to_f32",
-            "top1_partial",
-            "top1_finish",
-            "fill_random_bf16",
-        ],
-        max_dynamic_shared: 0,
-    },
-    PtxModule {
-        name: "rope",
-        ptx: include_str!("ptx/rope.ptx"),
-        ptx_sm90: include_str!("ptx/rope.sm90.ptx"),
-        functions: &["qk_norm_rope"],
-        max_dynamic_shared: 0,
-    },
-    PtxModule {
-        name: "attention",
-        ptx: include_str!("ptx/attention.ptx"),
-        ptx_sm90: include_str!("ptx/attention.sm90.ptx"),
-        functions: &[
-            "attention_d16",
-            "attention_d32",
-            "attention_d64",
-            "attention_d128",
-            "attention_d256",
-            "attention_fa_d64",
-            "attention_fa_d128",
-            "attention_combine",
-        ],
-        max_dynamic_shared: 200 * 1024,
-    },
-    PtxModule {
-        name: "router",
-        ptx: include_str!("ptx/router.ptx"),
-        ptx_sm90: include_str!("ptx/router.sm90.ptx"),
-        functions: &[
-            "route_topk",
-            "route_block",
-            "moe_dispatch",
-            "router_logits_f32w",
-            "router_logits_bf16w",
-            "router_logits_wide_f32w",
-            "router_logits_wide_bf16w",
-        ],
-        max_dynamic_shared: ROUTER_MAX_SHARED,
-    },
-    PtxModule {
-        name: "pool_gemm",
-        ptx: include_str!("ptx/pool_gemm.ptx"),
-        ptx_sm90: include_str!("ptx/pool_gemm.sm90.ptx"),
-        functions: &[
-            "pool_gemm_tma",
-            "grouped_gemm_tma_r16",
-            "grouped_gemm_tma_r64",
-        ],
-        max_dynamic_shared: 216 * 1024,
-    },
-    PtxModule {
-        name: "moe",
-        ptx: include_str!("ptx/moe.ptx"),
-        ptx_sm90: include_str!("ptx/moe.sm90.ptx"),
-        functions: &[
-            "grouped_gemm_m16",
-            "grouped_gemm_m16s3",
-            "grouped_gemm_m64",
-            "grouped_gemm_any",
-            "grouped_gemm_i8_r16",
-            "grouped_gemm_i8_r64",
-            "grouped_gemm_i4_r16",
-            "grouped_gemm_i4_r64",
-            "grouped_gemm_i8_any",
-            "grouped_gemm_i4_any",
-            "dense_gemm_m16",
-            "dense_gemm_m64",
-            "dense_gemm_m128",
-            "dense_gemm_any",
-        ],
-        max_dynamic_shared: 112 * 1024,
-    },
-];
 
 /// Kernel developers' switch: with `MINNOW_PTX_DIR` set, modules load `<dir>/<name>.ptx` (or
 /// `<name>.sm90.ptx`) from disk instead of the embedded text, so kernels compiled on a GPU
@@ -146,6 +35,7 @@ pub fn recorded_hash(ptx: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::kernels::{self, MODULES};
     use super::*;
 
     fn kernels_dir() -> std::path::PathBuf {
@@ -188,5 +78,59 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The parameters of the `.entry NAME(...)` of `ptx`: each one's type (`u64`, `u32`, `f32`).
+    fn entry_params<'a>(ptx: &'a str, name: &str) -> Option<Vec<&'a str>> {
+        let start = ptx.find(&format!(".entry {name}("))?;
+        let body = &ptx[start..];
+        let end = body.find(')')?;
+        Some(
+            body[..end]
+                .lines()
+                .filter_map(|line| line.trim().strip_prefix(".param ."))
+                .map(|rest| rest.split_whitespace().next().unwrap_or(""))
+                .collect(),
+        )
+    }
+
+    /// Each kernel of the table takes the parameters its PTX entry declares, in number and in
+    /// type, in both builds: the typed launchers pass exactly what the kernel reads.
+    #[test]
+    fn table_parameters_match_the_ptx_entries() {
+        let families = [
+            kernels::elementwise::PARAMS,
+            kernels::rope::PARAMS,
+            kernels::attention::PARAMS,
+            kernels::router::PARAMS,
+            kernels::pool_gemm::PARAMS,
+            kernels::moe::PARAMS,
+        ];
+        assert_eq!(families.len(), MODULES.len());
+        for (module, families) in MODULES.iter().zip(families) {
+            let declared: usize = families.iter().map(|(names, _)| names.len()).sum();
+            assert_eq!(declared, module.functions.len(), "{}", module.name);
+            for (names, params) in families {
+                for name in *names {
+                    for ptx in [module.ptx, module.ptx_sm90] {
+                        let found = entry_params(ptx, name)
+                            .unwrap_or_else(|| panic!("{name} missing from {}", module.name));
+                        assert_eq!(
+                            &found, params,
+                            "parameters of {name} (kernels/{}.cu)",
+                            module.name
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The parser above reads what nvcc writes.
+    #[test]
+    fn entry_params_reads_a_ptx_entry() {
+        let ptx = ".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .u32 k_param_1,\n\t.param .f32 k_param_2\n)\n{";
+        assert_eq!(entry_params(ptx, "k"), Some(vec!["u64", "u32", "f32"]));
+        assert_eq!(entry_params(ptx, "other"), None);
     }
 }

@@ -100,6 +100,8 @@ pub fn run(cli: &Global, args: &Args) -> Result<(), String> {
     }
     let input = ConvertInput {
         source: &source,
+        // The model's tensor schema says which tensors are routed experts.
+        expert_families: &minnow_model::schema::routed_expert_family,
         assets,
         model_id: source.model_id(),
     };

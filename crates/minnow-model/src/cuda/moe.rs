@@ -1,0 +1,297 @@
+//! A MoE layer's experts on the GPU, after its router logits: over a 2.2 denoising step's admitted
+//! pool, or as the dispatched grouped GEMMs of any other forward.
+
+use minnow_runtime::cuda::ops::{self, RouterShape};
+use minnow_runtime::cuda::{CudaResult, Gpu};
+
+use super::dense::{queue_swiglu, queue_swiglu_at};
+use super::weights::{Moe, SharedExpert};
+use super::workspace::Workspace;
+use crate::config::Config;
+
+/// Marks the end of a profiled stage (a no-op without a profile).
+pub(super) type Mark<'a> = dyn FnMut(&'static str) -> CudaResult<()> + 'a;
+
+/// The experts of a 2.2 denoising step (one routing block) as two GEMMs over the block's admitted
+/// pool (`ops::ExpertPool`), after the router logits: the TMA pool kernel on Hopper (SiLU in its
+/// gate/up epilogue), else cuBLAS's batched GEMM around `silu_mul`. Returns the shared expert's
+/// (`shared`, `shared_rows`) inputs of the combine.
+pub(super) fn queue_pooled_experts(
+    gpu: &Gpu,
+    c: &Config,
+    ws: &Workspace,
+    moe: &Moe,
+    router: &RouterShape,
+    t: usize,
+    mark: &mut Mark,
+) -> CudaResult<(u64, u64)> {
+    let (d, k, iw) = (
+        c.hidden_size,
+        c.num_experts_per_tok,
+        c.moe_intermediate_size,
+    );
+    let blas = gpu.blas();
+    let rows = c.block_size;
+    // The pool path runs only with a packed shared expert, which needs BF16 routed experts.
+    let Some((gate_up, down)) = moe.bf16_experts() else {
+        return Err(minnow_runtime::cuda::CudaError::Unsupported(
+            "the expert pool GEMM over quantized experts".into(),
+        ));
+    };
+    let pool = ops::ExpertPool {
+        gate_up: gate_up.ptr(),
+        gate_up_stride: 2 * iw * d,
+        down: down.ptr(),
+        down_stride: d * iw,
+        gate_up_ptrs: ws.pool_w_gate_up.ptr(),
+        down_ptrs: ws.pool_w_down.ptr(),
+        slot_pos: ws.slot_pos.ptr(),
+        row_stride: rows,
+    };
+    ops::route_pooled(
+        gpu,
+        router,
+        ws.router_logits.ptr(),
+        moe.bias.ptr(),
+        ws.topk_idx.ptr(),
+        ws.topk_w.ptr(),
+        t,
+        &pool,
+    )?;
+    mark("router")?;
+    let b = ws.pool_entries;
+    match (&ws.pool_maps, &moe.expert_maps) {
+        // The TMA kernel where it applies (Hopper, whole tiles), SiLU in its gate/up epilogue.
+        (Some(xm), Some(wm))
+            if ops::pool_gemm_supported(gpu, t, 2 * iw, d)
+                && ops::pool_gemm_supported(gpu, t, d, iw) =>
+        {
+            let (x, w) = (ws.pool_x.ptr(), ws.pool_w_gate_up.ptr());
+            ops::pool_gemm(
+                gpu,
+                xm.get(0),
+                wm.get(0),
+                x,
+                w,
+                ws.pool_act.ptr(),
+                t,
+                2 * iw,
+                d,
+                b,
+                true,
+                false,
+            )?;
+            mark("experts gate/up")?;
+            // The down projection's weight addresses came from the router two launches back, so
+            // its first weights may stream while the gate/up kernel finishes.
+            let (x, w) = (ws.pool_act.ptr(), ws.pool_w_down.ptr());
+            ops::pool_gemm(
+                gpu,
+                xm.get(1),
+                wm.get(1),
+                x,
+                w,
+                ws.pool_out.ptr(),
+                t,
+                d,
+                iw,
+                b,
+                false,
+                true,
+            )?;
+        }
+        // Elsewhere cuBLAS's batched GEMM, then SiLU, then the down projection.
+        _ => {
+            blas.gemm_bf16_batched(
+                ws.pool_x.ptr(),
+                ws.pool_w_gate_up.ptr(),
+                ws.pool_gate_up_out.ptr(),
+                t,
+                2 * iw,
+                d,
+                b,
+            )?;
+            mark("experts gate/up")?;
+            ops::silu_mul_groups(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), b, t, rows, iw)?;
+            mark("experts silu")?;
+            blas.gemm_bf16_batched(
+                ws.pool_act.ptr(),
+                ws.pool_w_down.ptr(),
+                ws.pool_out.ptr(),
+                t,
+                d,
+                iw,
+                b,
+            )?;
+        }
+    }
+    mark("experts down")?;
+    Ok((0, ws.slot_pos.ptr_at(t * k)))
+}
+
+/// How a grouped MoE layer runs: the batch's routing blocks, how many experts can get rows,
+/// the expert GEMM's tile rows and whether the shared expert rides in it.
+pub(super) struct Grouping {
+    pub(super) blocks: ops::RoutingBlocks,
+    pub(super) busy: usize,
+    pub(super) tile_rows: usize,
+    pub(super) packed: bool,
+}
+
+/// The experts of any other forward, after the router logits: routing, the device-side dispatch,
+/// two grouped GEMMs over the used experts (with the packed shared expert among them when
+/// `packed`), or the shared expert on its own. Returns the combine's shared-expert inputs.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn queue_grouped_experts(
+    gpu: &Gpu,
+    c: &Config,
+    ws: &Workspace,
+    moe: &Moe,
+    router: &RouterShape,
+    t: usize,
+    grouping: &Grouping,
+    mark: &mut Mark,
+) -> CudaResult<(u64, u64)> {
+    let packed = grouping.packed;
+    let (d, e, k, iw) = (
+        c.hidden_size,
+        c.num_experts,
+        c.num_experts_per_tok,
+        c.moe_intermediate_size,
+    );
+    let (slots, a) = if packed {
+        (e + 1, t * (k + 1))
+    } else {
+        (e, t * k)
+    };
+    let tile_rows = grouping.tile_rows;
+    ops::route(
+        gpu,
+        router,
+        ws.router_logits.ptr(),
+        moe.bias.ptr(),
+        ws.topk_idx.ptr(),
+        ws.topk_w.ptr(),
+        t,
+        grouping.blocks,
+    )?;
+    mark("router")?;
+    ops::moe_dispatch(
+        gpu,
+        ws.topk_idx.ptr(),
+        t,
+        k,
+        slots,
+        tile_rows,
+        packed.then_some(e),
+        ws.slot_pos.ptr(),
+        ws.row_token.ptr(),
+        ws.tiles.ptr(),
+        ws.num_tiles.ptr(),
+    )?;
+    mark("dispatch")?;
+    let busy = grouping.busy + usize::from(packed);
+    let max_tiles = ops::moe_max_tiles(a, busy, tile_rows);
+    match (&moe.expert_maps, moe.bf16_experts()) {
+        // BF16 experts on Hopper with MINNOW_GROUPED_TMA=1: the weights stream through TMA,
+        // SiLU in the gate/up epilogue (kernel by kernel the same bits as the tiles below).
+        (Some(maps), Some((gate_up, down)))
+            if minnow_runtime::cuda::tuning::tuning().grouped_tma
+                && ops::grouped_tma_supported(gpu, tile_rows, 2 * iw, d)
+                && ops::grouped_tma_supported(gpu, tile_rows, d, iw) =>
+        {
+            ops::grouped_gemm_tma(
+                gpu,
+                maps.get(0),
+                gate_up.ptr(),
+                ws.a.ptr(),
+                ws.row_token.ptr(),
+                ws.expert_act.ptr(),
+                ws.tiles.ptr(),
+                ws.num_tiles.ptr(),
+                max_tiles,
+                tile_rows,
+                2 * iw,
+                d,
+                true,
+            )?;
+            mark("experts gate/up")?;
+            ops::grouped_gemm_tma(
+                gpu,
+                maps.get(1),
+                down.ptr(),
+                ws.expert_act.ptr(),
+                0,
+                ws.expert_out.ptr(),
+                ws.tiles.ptr(),
+                ws.num_tiles.ptr(),
+                max_tiles,
+                tile_rows,
+                d,
+                iw,
+                false,
+            )?;
+        }
+        _ => {
+            moe.experts_gate_up.grouped_gemm(
+                gpu,
+                ws.a.ptr(),
+                ws.row_token.ptr(),
+                ws.expert_gu.ptr(),
+                ws.tiles.ptr(),
+                ws.num_tiles.ptr(),
+                max_tiles,
+                tile_rows,
+                2 * iw,
+                d,
+            )?;
+            mark("experts gate/up")?;
+            ops::silu_mul(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), a, iw)?;
+            mark("experts silu")?;
+            moe.experts_down.grouped_gemm(
+                gpu,
+                ws.expert_act.ptr(),
+                0,
+                ws.expert_out.ptr(),
+                ws.tiles.ptr(),
+                ws.num_tiles.ptr(),
+                max_tiles,
+                tile_rows,
+                d,
+                iw,
+            )?;
+        }
+    }
+    mark("experts down")?;
+    Ok(match &moe.shared {
+        SharedExpert::Separate(mlp) => {
+            queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.shared_out.ptr(), t, d)?;
+            mark("shared expert")?;
+            (ws.shared_out.ptr(), 0)
+        }
+        // Its rows are where the dispatch put assignments t * k + t'.
+        SharedExpert::Packed if packed => (0, ws.slot_pos.ptr_at(t * k)),
+        SharedExpert::Packed => {
+            // Packed only beside BF16 routed experts (weights.rs).
+            let Some((gate_up, down)) = moe.bf16_experts() else {
+                return Err(minnow_runtime::cuda::CudaError::Unsupported(
+                    "a packed shared expert beside quantized experts".into(),
+                ));
+            };
+            queue_swiglu_at(
+                gpu,
+                ws,
+                gate_up.ptr_at(e * 2 * iw * d),
+                down.ptr_at(e * d * iw),
+                iw,
+                ws.a.ptr(),
+                ws.shared_out.ptr(),
+                t,
+                d,
+            )?;
+            mark("shared expert")?;
+            (ws.shared_out.ptr(), 0)
+        }
+        SharedExpert::None => (0, 0),
+    })
+}

@@ -1,0 +1,344 @@
+//! The kernel table: every kernel of `kernels/*.cu` that the backend launches, with its module
+//! and its parameters, declared once. From each module's entry `kernel_table!` makes
+//!
+//! - its [`PtxModule`] in [`MODULES`] (the embedded PTX `ptx/<module>.ptx` and
+//!   `ptx/<module>.sm90.ptx`, the kernels the device looks up, the shared-memory opt-in);
+//! - a typed launcher per kernel, `kernels::<module>::<kernel>(gpu, cfg, args...)`, that hands
+//!   the arguments to the driver in the declared order (the launchers of `ops` call these; a
+//!   kernel is never launched by a name written anywhere else);
+//! - for the tests, each kernel's parameter types, which must be the ones its PTX entry declares
+//!   (`ptx.rs`: a pointer or a 64-bit integer is `.u64`, an `int` `.u32`, a `float` `.f32`).
+//!
+//! Kernels that share one signature are declared together (`a, b (params);`) and may name the
+//! function-pointer type of their launchers (`a, b as Alias (params);`), for launchers that pick
+//! one of them by shape.
+
+/// One compiled kernel file.
+pub struct PtxModule {
+    /// File stem under `kernels/` and `ptx/`.
+    pub name: &'static str,
+    /// sm_80 PTX: runs on every supported GPU.
+    pub ptx: &'static str,
+    /// sm_90 PTX of the same source: what Hopper and newer GPUs load (it holds the
+    /// programmatic-dependent-launch instructions the sm_80 build leaves out).
+    pub ptx_sm90: &'static str,
+    /// The `extern "C"` entry points the backend looks up.
+    pub functions: &'static [&'static str],
+    /// Dynamic shared memory the module's kernels may ask for beyond the 48 KiB default
+    /// (0: none do).
+    pub max_dynamic_shared: u32,
+}
+
+/// Dynamic shared memory the router kernels may use: `route_block` holds the F32 scores of 2 x its
+/// tokens x the experts (a routing block of 32 tokens over 256 experts; fewer tokens per CTA
+/// when there are more experts); its static part is 12 KiB more.
+pub const ROUTER_MAX_SHARED: u32 = 64 * 1024;
+
+/// Declares the kernel modules (see the module documentation for what it makes).
+macro_rules! kernel_table {
+    ($(
+        $(#[doc = $module_doc:literal])*
+        $module:ident (max_dynamic_shared: $shared:expr) {
+            $(
+                $(#[doc = $doc:literal])*
+                $($kernel:ident),+ $(as $alias:ident)? ( $($params:tt)* );
+            )*
+        }
+    )*) => {
+        /// Every kernel module, in the order the device loads them.
+        pub const MODULES: &[PtxModule] = &[$(
+            PtxModule {
+                name: stringify!($module),
+                ptx: include_str!(concat!("ptx/", stringify!($module), ".ptx")),
+                ptx_sm90: include_str!(concat!("ptx/", stringify!($module), ".sm90.ptx")),
+                functions: $module::NAMES,
+                max_dynamic_shared: $shared,
+            },
+        )*];
+
+        $(
+            $(#[doc = $module_doc])*
+            pub mod $module {
+                use crate::cuda::error::CudaResult;
+                use crate::cuda::launch::{KernelArg, Launch, LaunchConfig};
+
+                /// The module's kernels.
+                pub const NAMES: &[&str] = &[$($(stringify!($kernel)),+),*];
+
+                /// Each family's kernels and their parameter types as the PTX spells them.
+                #[cfg(test)]
+                pub(crate) const PARAMS: &[(&[&str], &[&str])] = &[$(
+                    kernel_params!([$($kernel),+] ($($params)*)),
+                )*];
+
+                $(
+                    kernel_family!(
+                        {$(#[doc = $doc])*} [$($kernel),+] [$($alias)?] ($($params)*)
+                    );
+                )*
+            }
+        )*
+    };
+}
+
+/// A family's kernel names and the PTX parameter types of its parameter list (for the tests).
+#[cfg_attr(not(test), allow(unused_macros))]
+macro_rules! kernel_params {
+    ([$($kernel:ident),+] ($($arg:ident: $ty:ty),* $(,)?)) => {
+        (&[$(stringify!($kernel)),+], &[$(<$ty as KernelArg>::PTX_TYPE),*])
+    };
+}
+
+/// The launchers of kernels that share one parameter list, and their type's alias if named.
+macro_rules! kernel_family {
+    ($docs:tt [$($kernel:ident),+] [$($alias:ident)?] $params:tt) => {
+        $( kernel_launcher!($docs $kernel $params); )+
+        $( kernel_alias!($alias $params); )?
+    };
+}
+
+macro_rules! kernel_launcher {
+    ({$(#[doc = $doc:literal])*} $kernel:ident ($($arg:ident: $ty:ty),* $(,)?)) => {
+        $(#[doc = $doc])*
+        #[allow(clippy::too_many_arguments)]
+        pub fn $kernel(gpu: &dyn Launch, cfg: LaunchConfig, $($arg: $ty),*) -> CudaResult<()> {
+            gpu.launch_bits(stringify!($kernel), cfg, &mut [$(KernelArg::to_bits($arg)),*])
+        }
+    };
+}
+
+macro_rules! kernel_alias {
+    ($alias:ident ($($arg:ident: $ty:ty),* $(,)?)) => {
+        /// The launcher type these kernels share.
+        pub type $alias = fn(&dyn Launch, LaunchConfig, $($ty),*) -> CudaResult<()>;
+    };
+}
+
+kernel_table! {
+    /// `kernels/elementwise.cu`.
+    elementwise (max_dynamic_shared: 0) {
+        /// One CTA per id.
+        embed_rows(ids: u64, table: u64, out: u64, d: i32);
+        /// One CTA per row; `delta` 0 skips the add.
+        add_rmsnorm(h: u64, delta: u64, weight: u64, out: u64, d: i32, eps: f32);
+        silu_mul(gu: u64, out: u64, width: i32, rows_per_group: i32, group_stride: i32);
+        moe_combine(
+            y: u64,
+            slot_pos: u64,
+            w: u64,
+            shared: u64,
+            shared_rows: u64,
+            out: u64,
+            k: i32,
+            d: i32,
+        );
+        /// Must use `add_rmsnorm`'s launch shape to give its bits.
+        moe_combine_add_rmsnorm(
+            y: u64,
+            slot_pos: u64,
+            w: u64,
+            shared: u64,
+            shared_rows: u64,
+            h: u64,
+            weight: u64,
+            out: u64,
+            k: i32,
+            d: i32,
+            eps: f32,
+        );
+        bf16_to_f32(x: u64, y: u64, n: i64);
+        top1_partial(logits: u64, scratch: u64, vocab: i32);
+        top1_finish(scratch: u64, token: u64, confidence: u64, slices: i32);
+        fill_random_bf16(x: u64, n: i64, seed: u64, scale: f32);
+    }
+    /// `kernels/rope.cu`.
+    rope (max_dynamic_shared: 0) {
+        qk_norm_rope(
+            qkv: u64,
+            q_weight: u64,
+            k_weight: u64,
+            q_out: u64,
+            k_cache: u64,
+            v_cache: u64,
+            tok_pos: u64,
+            tok_slot: u64,
+            n_heads: i32,
+            n_kv_heads: i32,
+            d: i32,
+            rot: i32,
+            theta: f32,
+            eps: f32,
+        );
+    }
+    /// `kernels/attention.cu`.
+    attention (max_dynamic_shared: 200 * 1024) {
+        /// The general WMMA kernels and the register-resident tensor-core ones (`fa`), one per
+        /// head dim.
+        attention_d16,
+        attention_d32,
+        attention_d64,
+        attention_d128,
+        attention_d256,
+        attention_fa_d64,
+        attention_fa_d128 as Attention (
+            q: u64,
+            k_cache: u64,
+            v_cache: u64,
+            part_o: u64,
+            part_ml: u64,
+            segs: u64,
+            tiles: u64,
+            tables: u64,
+            tokens: i32,
+            n_heads: i32,
+            n_kv: i32,
+            block: i32,
+            scale: f32,
+            chunk_tiles: i32,
+        );
+        attention_combine(
+            part_o: u64,
+            part_ml: u64,
+            out: u64,
+            tokens: i32,
+            n_heads: i32,
+            d: i32,
+            splits: i32,
+        );
+    }
+    /// `kernels/router.cu`.
+    router (max_dynamic_shared: ROUTER_MAX_SHARED) {
+        route_topk(
+            logits: u64,
+            bias: u64,
+            experts: i32,
+            k: i32,
+            n_group: i32,
+            topk_group: i32,
+            scale: f32,
+            topk_idx: u64,
+            topk_w: u64,
+        );
+        /// With null pool addresses it skips the pool outputs.
+        route_block(
+            logits: u64,
+            bias: u64,
+            blocks: u64,
+            tokens: i32,
+            experts: i32,
+            block: i32,
+            capacity: i32,
+            k: i32,
+            scale: f32,
+            tokens_per_cta: i32,
+            topk_idx: u64,
+            topk_w: u64,
+            pool_gate_up: u64,
+            pool_gate_up_stride: i64,
+            pool_down: u64,
+            pool_down_stride: i64,
+            pool_gate_up_ptrs: u64,
+            pool_down_ptrs: u64,
+            pool_slot_pos: u64,
+            pool_row_stride: i32,
+        );
+        moe_dispatch(
+            topk_idx: u64,
+            assignments: i32,
+            k: i32,
+            experts: i32,
+            tile_rows: i32,
+            shared_expert: i32,
+            slot_pos: u64,
+            row_token: u64,
+            tiles: u64,
+            num_tiles: u64,
+        );
+        /// F32 or BF16 router weights; the wide kernels share each loaded row among 4 experts
+        /// per warp.
+        router_logits_f32w,
+        router_logits_bf16w,
+        router_logits_wide_f32w,
+        router_logits_wide_bf16w as RouterLogits (
+            x: u64,
+            w: u64,
+            logits: u64,
+            t: i32,
+            e: i32,
+            k: i32,
+        );
+    }
+    /// `kernels/pool_gemm.cu` (Hopper only: the sm_80 build is a trap).
+    pool_gemm (max_dynamic_shared: 216 * 1024) {
+        pool_gemm_tma(
+            x_map: u64,
+            x_base: u64,
+            w_map: u64,
+            w_base: u64,
+            x_ptrs: u64,
+            w_ptrs: u64,
+            y_ptrs: u64,
+            tokens: i32,
+            n: i32,
+            k: i32,
+            entries: i32,
+            gated: i32,
+            weights_ready: i32,
+        );
+        /// The grouped expert GEMM over the dispatched tiles, weights through TMA (opt-in).
+        grouped_gemm_tma_r16,
+        grouped_gemm_tma_r64 as GroupedTma (
+            w_map: u64,
+            w_base: u64,
+            w_ptr: u64,
+            x: u64,
+            row_token: u64,
+            y: u64,
+            tiles: u64,
+            num_tiles: u64,
+            n: i32,
+            k: i32,
+            gated: i32,
+        );
+    }
+    /// `kernels/moe.cu`.
+    moe (max_dynamic_shared: 112 * 1024) {
+        /// BF16 experts over the dispatched tiles.
+        grouped_gemm_m16,
+        grouped_gemm_m16s3,
+        grouped_gemm_m64,
+        grouped_gemm_any as GroupedGemm (
+            x: u64,
+            row_token: u64,
+            w: u64,
+            y: u64,
+            tiles: u64,
+            num_tiles: u64,
+            n: i32,
+            k: i32,
+        );
+        /// Experts stored as INT8/INT4 `*_mma` codes with FP16 group scales.
+        grouped_gemm_i8_r16,
+        grouped_gemm_i8_r64,
+        grouped_gemm_i4_r16,
+        grouped_gemm_i4_r64,
+        grouped_gemm_i8_any,
+        grouped_gemm_i4_any as CodesGemm (
+            x: u64,
+            row_token: u64,
+            codes: u64,
+            scales: u64,
+            group: i32,
+            y: u64,
+            tiles: u64,
+            num_tiles: u64,
+            n: i32,
+            k: i32,
+        );
+        /// The batch-invariant dense GEMM over one weight matrix.
+        dense_gemm_m16,
+        dense_gemm_m64,
+        dense_gemm_m128,
+        dense_gemm_any as DenseGemm (x: u64, w: u64, y: u64, m: i32, n: i32, k: i32);
+    }
+}

@@ -1,0 +1,251 @@
+//! The MoE expert GEMMs of `kernels/router.cu` and `kernels/moe.cu`: the device-side dispatch of
+//! assignments into tiles, and the grouped GEMM over those tiles with BF16 or quantized experts.
+
+use super::super::error::CudaResult;
+use super::super::gpu::Gpu;
+use super::super::kernels;
+use super::super::launch::LaunchConfig;
+use super::unsupported::unsupported;
+
+/// Rows per tile of the grouped expert GEMM for `assignments` rows over `experts` that can get
+/// them: 16 when experts get few rows each (decoding; the kernel then streams weights), 64 when
+/// they get 12 or more (`MINNOW_MOE64_ROWS`; prefill, batches of many denoising blocks: a 16-row tile would
+/// stream the same expert's weights once per tile; a 128-row tile with these 4-warp CTAs measured
+/// slower, docs/performance.md).
+pub fn moe_tile_rows(assignments: usize, experts: usize) -> usize {
+    let busy = experts.min(assignments).max(1);
+    if assignments / busy >= super::super::tuning::tuning().moe64_rows {
+        64
+    } else {
+        16
+    }
+}
+
+/// Upper bound of the tiles `moe_dispatch` can produce for `assignments` rows over `experts`
+/// (the most experts that can receive rows: with 2.2 block admission far fewer than all, which
+/// keeps the grouped GEMM's grid, whose CTAs past the real tile count exit at once, small).
+pub fn moe_max_tiles(assignments: usize, experts: usize, tile_rows: usize) -> usize {
+    assignments.div_ceil(tile_rows) + experts.min(assignments)
+}
+
+/// Sorts the `tokens * k` assignments by expert — plus, with `shared_expert`, one more per token to
+/// that expert (assignment `tokens * k + t`) — into `slot_pos [A]`, `row_token [A]` (i32), the
+/// tile list `tiles [max_tiles, 4]` (i32) cut at `tile_rows` rows, and `num_tiles [1]`. `experts`
+/// counts the shared expert too.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_dispatch(
+    gpu: &Gpu,
+    topk_idx: u64,
+    tokens: usize,
+    k: usize,
+    experts: usize,
+    tile_rows: usize,
+    shared_expert: Option<usize>,
+    slot_pos: u64,
+    row_token: u64,
+    tiles: u64,
+    num_tiles: u64,
+) -> CudaResult<()> {
+    if shared_expert.is_some_and(|s| s >= experts) {
+        return unsupported(format!(
+            "shared expert index {shared_expert:?} of {experts} experts"
+        ));
+    }
+    if experts > 1024 {
+        return unsupported(format!("{experts} experts (at most 1024)"));
+    }
+    let cfg = LaunchConfig::new((1, 1, 1), 1024, (8 * experts) as u32);
+    kernels::router::moe_dispatch(
+        gpu,
+        cfg,
+        topk_idx,
+        (tokens * k) as i32,
+        k as i32,
+        experts as i32,
+        tile_rows as i32,
+        shared_expert.map_or(-1, |s| s as i32),
+        slot_pos,
+        row_token,
+        tiles,
+        num_tiles,
+    )
+}
+
+/// Dynamic shared memory of `grouped_gemm_m{16,64}`; mirrors `Tile<BM, STAGES>` in kernels/moe.cu.
+pub(super) fn grouped_gemm_smem_bytes(tile_rows: usize, stages: usize) -> usize {
+    stages * (tile_rows + 64) * 72 * 2
+}
+
+/// Whether the tiled tensor-core kernels take an expert GEMM of `n` outputs over `k` inputs
+/// (`n % 64 == 0`, `k % 32 == 0`); other shapes run `grouped_gemm_any`, slower but general.
+pub fn grouped_gemm_tiled(n: usize, k: usize) -> bool {
+    n.is_multiple_of(64) && k.is_multiple_of(32)
+}
+
+/// Grouped GEMM over the dispatched tiles (cut at `tile_rows`, 16 or 64): `Y[p] =
+/// X[row_token[p] or p] . W[e]^T` with `W [E, n, k]`. `row_token` 0 means rows are read in place.
+#[allow(clippy::too_many_arguments)]
+pub fn grouped_gemm(
+    gpu: &Gpu,
+    x: u64,
+    row_token: u64,
+    w: u64,
+    y: u64,
+    tiles: u64,
+    num_tiles: u64,
+    max_tiles: usize,
+    tile_rows: usize,
+    n: usize,
+    k: usize,
+) -> CudaResult<()> {
+    if ![16, 64].contains(&tile_rows) {
+        return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
+    }
+    if max_tiles == 0 {
+        return Ok(());
+    }
+    if !grouped_gemm_tiled(n, k) {
+        // Shapes the tiled kernels refuse (e.g. 24-wide experts): the general kernel.
+        let cfg = LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0);
+        return kernels::moe::grouped_gemm_any(
+            gpu, cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32,
+        );
+    }
+    use kernels::moe::{grouped_gemm_m16, grouped_gemm_m16s3, grouped_gemm_m64, GroupedGemm};
+    let (kernel, stages): (GroupedGemm, _) =
+        match (tile_rows, super::super::tuning::tuning().moe16_stages) {
+            (16, 3) => (grouped_gemm_m16s3, 3),
+            (16, _) => (grouped_gemm_m16, 4),
+            _ => (grouped_gemm_m64, 3),
+        };
+    let cfg = LaunchConfig::new(
+        ((n / 64) as u32, max_tiles as u32, 1),
+        128,
+        grouped_gemm_smem_bytes(tile_rows, stages) as u32,
+    );
+    kernel(
+        gpu, cfg, x, row_token, w, y, tiles, num_tiles, n as i32, k as i32,
+    )
+}
+
+/// Routed expert weights stored as `*_mma` codes (tiles of 8 rows x 16 columns in tensor-core
+/// fragment order) with FP16 group scales: what the quantized grouped GEMM reads.
+#[derive(Clone, Copy, Debug)]
+pub struct CodeMatrices {
+    /// 8 (`i8_mma`) or 4 (`i4_mma`).
+    pub bits: u32,
+    /// Columns per scale.
+    pub group: usize,
+    pub codes: u64,
+    pub scales: u64,
+}
+
+/// Dynamic shared memory of `grouped_gemm_i{8,4}_r{16,64}`: two chunks of the tile's activation
+/// rows, 256 columns each at a pitch of 264 (mirrors `codes_tile` in kernels/moe.cu).
+fn codes_tile_smem_bytes(tile_rows: usize) -> usize {
+    2 * tile_rows * 264 * 2
+}
+
+/// The grouped GEMM of [`grouped_gemm`] over quantized experts: each weight is used as
+/// BF16(code x scale), the products summed in F32 in the same fixed order as the BF16 kernels
+/// (so a row's result does not depend on the batch). Needs `n % 8 == 0`, `k % 16 == 0` and a
+/// group that divides `k` (the format's rules for `*_mma`).
+#[allow(clippy::too_many_arguments)]
+pub fn grouped_gemm_codes(
+    gpu: &Gpu,
+    x: u64,
+    row_token: u64,
+    w: &CodeMatrices,
+    y: u64,
+    tiles: u64,
+    num_tiles: u64,
+    max_tiles: usize,
+    tile_rows: usize,
+    n: usize,
+    k: usize,
+) -> CudaResult<()> {
+    if ![16, 64].contains(&tile_rows) {
+        return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
+    }
+    // The kernels per encoding: (16-row tiles, 64-row tiles, the general kernel).
+    use kernels::moe::{
+        grouped_gemm_i4_any, grouped_gemm_i4_r16, grouped_gemm_i4_r64, grouped_gemm_i8_any,
+        grouped_gemm_i8_r16, grouped_gemm_i8_r64, CodesGemm,
+    };
+    let (r16, r64, any): (CodesGemm, CodesGemm, CodesGemm) = match w.bits {
+        8 => (
+            grouped_gemm_i8_r16,
+            grouped_gemm_i8_r64,
+            grouped_gemm_i8_any,
+        ),
+        4 => (
+            grouped_gemm_i4_r16,
+            grouped_gemm_i4_r64,
+            grouped_gemm_i4_any,
+        ),
+        b => return unsupported(format!("{b}-bit expert codes")),
+    };
+    if !n.is_multiple_of(8) || !k.is_multiple_of(16) || w.group == 0 || !k.is_multiple_of(w.group) {
+        return unsupported(format!(
+            "quantized experts of {n} x {k} with groups of {}",
+            w.group
+        ));
+    }
+    if max_tiles == 0 {
+        return Ok(());
+    }
+    // Shapes the tiled kernels refuse take the general kernel; tiles of 16 and 64 rows load
+    // fragments straight from memory into registers (`codes_tile` in kernels/moe.cu).
+    let (kernel, cfg) = if grouped_gemm_tiled(n, k) {
+        (
+            if tile_rows == 16 { r16 } else { r64 },
+            LaunchConfig::new(
+                ((n / 64) as u32, max_tiles as u32, 1),
+                128,
+                codes_tile_smem_bytes(tile_rows) as u32,
+            ),
+        )
+    } else {
+        (
+            any,
+            LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0),
+        )
+    };
+    kernel(
+        gpu,
+        cfg,
+        x,
+        row_token,
+        w.codes,
+        w.scales,
+        w.group as i32,
+        y,
+        tiles,
+        num_tiles,
+        n as i32,
+        k as i32,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_tiles_follow_rows_per_expert() {
+        // A denoising step: 32 tokens x 8 picks over 256 experts -> few rows per expert.
+        assert_eq!(moe_tile_rows(256, 256), 16);
+        // An 8K prefill: 65,536 picks -> 256 rows per expert on average.
+        assert_eq!(moe_tile_rows(65_536, 256), 64);
+        // 4, 16 and 64 denoising blocks of 2.2 (up to 48 admitted experts per block).
+        assert_eq!(moe_tile_rows(4 * 32 * 8, 4 * 48), 16);
+        assert_eq!(moe_tile_rows(16 * 32 * 8, 256), 64);
+        assert_eq!(moe_tile_rows(64 * 32 * 8, 256), 64);
+        // The bound covers the worst case: every expert gets a partial tile.
+        assert_eq!(moe_max_tiles(256, 256, 16), 16 + 256);
+        assert_eq!(moe_max_tiles(4, 256, 16), 1 + 4);
+        assert_eq!(grouped_gemm_smem_bytes(16, 3), 3 * 80 * 72 * 2);
+        assert_eq!(grouped_gemm_smem_bytes(64, 3), 3 * 128 * 72 * 2);
+        assert_eq!(codes_tile_smem_bytes(64), 67584);
+    }
+}

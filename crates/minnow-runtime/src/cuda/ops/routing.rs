@@ -1,0 +1,346 @@
+//! Launchers of `kernels/router.cu`'s routing: the router logits, group-limited top-k (2.0/2.1)
+//! and 2.2 block admission, which can also lay out a routing block's admitted pool.
+
+use super::super::error::CudaResult;
+use super::super::gpu::Gpu;
+use super::super::kernels;
+use super::super::launch::LaunchConfig;
+use super::unsupported::unsupported;
+
+/// Router parameters of one MoE layer.
+#[derive(Clone, Copy, Debug)]
+pub struct RouterShape {
+    pub experts: usize,
+    pub top_k: usize,
+    /// 2.0/2.1 group-limited routing: (n_group, topk_group).
+    pub groups: Option<(usize, usize)>,
+    /// 2.2 block routing: experts admitted per block.
+    pub capacity: Option<usize>,
+    pub block: usize,
+    pub scale: f32,
+}
+
+impl RouterShape {
+    pub fn check(&self) -> CudaResult<()> {
+        let s = self;
+        if s.experts == 0 || s.experts > 1024 {
+            return unsupported(format!("{} experts (1..=1024 supported)", s.experts));
+        }
+        if s.top_k == 0 || s.top_k > s.experts {
+            return unsupported(format!("top-{} of {} experts", s.top_k, s.experts));
+        }
+        match (s.capacity, s.groups) {
+            (Some(c), _) if c < s.top_k || c > s.experts => {
+                unsupported(format!("expert capacity {c}"))
+            }
+            (Some(_), _) if s.top_k > ROUTE_MAX_K || s.block == 0 => unsupported(format!(
+                "block routing with top-{} over blocks of {}",
+                s.top_k, s.block
+            )),
+            (Some(_), _) => Ok(()),
+            (None, Some((g, kg)))
+                if g == 0
+                    || g > 64
+                    || !s.experts.is_multiple_of(g)
+                    || kg == 0
+                    || kg > g
+                    || kg * (s.experts / g) < s.top_k =>
+            {
+                unsupported(format!(
+                    "{g} expert groups (keep {kg}) over {} experts",
+                    s.experts
+                ))
+            }
+            (None, Some(_)) => Ok(()),
+            (None, None) => unsupported("router needs groups or an expert capacity".into()),
+        }
+    }
+}
+
+/// Most tokens one `route_block` CTA routes and the largest top-k it takes (ROUTE_MAX_TOKENS and
+/// ROUTE_MAX_K in kernels/router.cu).
+const ROUTE_MAX_TOKENS: usize = 32;
+pub const ROUTE_MAX_K: usize = 32;
+
+/// The 2.2 routing blocks of a forward.
+#[derive(Clone, Copy, Debug)]
+pub enum RoutingBlocks {
+    /// One sequence: rows cut every `block` rows (the last block may be partial).
+    Uniform,
+    /// `count` `(first row, rows)` i32 pairs in device memory (a batch's segments, each cut at its
+    /// own block boundaries).
+    Listed { ptr: u64, count: usize },
+}
+
+/// Routes `tokens` rows of F32 router logits: writes `topk_idx [tokens, k]` (i32) and
+/// `topk_w [tokens, k]` (F32). 2.2 block routing admits experts per routing block of `blocks`.
+#[allow(clippy::too_many_arguments)]
+pub fn route(
+    gpu: &Gpu,
+    shape: &RouterShape,
+    logits: u64,
+    bias: u64,
+    topk_idx: u64,
+    topk_w: u64,
+    tokens: usize,
+    blocks: RoutingBlocks,
+) -> CudaResult<()> {
+    shape.check()?;
+    if shape.capacity.is_some() {
+        return launch_route_block(
+            gpu, shape, logits, bias, topk_idx, topk_w, tokens, blocks, None,
+        );
+    }
+    let e = shape.experts;
+    let (n_group, topk_group) = shape.groups.unwrap_or((1, 1));
+    let shared = 4 * (2 * e + 64 + shape.top_k);
+    let cfg = LaunchConfig::new((tokens as u32, 1, 1), thread_per_expert(e), shared as u32);
+    kernels::router::route_topk(
+        gpu,
+        cfg,
+        logits,
+        bias,
+        e as i32,
+        shape.top_k as i32,
+        n_group as i32,
+        topk_group as i32,
+        shape.scale,
+        topk_idx,
+        topk_w,
+    )
+}
+
+/// The experts of a 2.2 forward of one routing block (a denoising step) run as batched GEMMs over
+/// the block's admitted pool: entry `q < capacity` is the q-th admitted expert, entry `capacity`
+/// the packed shared expert. Every entry multiplies all the block's tokens (the pool is at most
+/// 48 experts, and streaming each expert's weights is the whole cost; see docs/performance.md),
+/// its rows `q * row_stride..` of the pooled outputs. [`route_pooled`] fills the weight-address
+/// arrays and each assignment's row; the activation and output address arrays are fixed per
+/// workspace.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExpertPool {
+    /// Packed `[E + 1, 2I, D]` gate/up and `[E + 1, D, I]` down weights of the layer.
+    pub gate_up: u64,
+    pub gate_up_stride: usize,
+    pub down: u64,
+    pub down_stride: usize,
+    /// Device arrays of `capacity + 1` u64 weight addresses, written by [`route_pooled`].
+    pub gate_up_ptrs: u64,
+    pub down_ptrs: u64,
+    /// `[tokens * k + tokens]` i32: row of each assignment (then of each token's shared-expert
+    /// row) in the pooled outputs.
+    pub slot_pos: u64,
+    /// Rows per pool entry in the pooled buffers (at least the token count).
+    pub row_stride: usize,
+}
+
+/// Whether a forward of `tokens` tokens under `shape` can run its experts over the admitted pool:
+/// 2.2 block routing and one routing block.
+pub fn pooled_experts_supported(shape: &RouterShape, tokens: usize) -> bool {
+    shape.check().is_ok() && shape.capacity.is_some() && (1..=shape.block).contains(&tokens)
+}
+
+/// [`route`] for a forward of one 2.2 routing block that also lays out the admitted pool for
+/// batched expert GEMMs (see [`ExpertPool`]).
+#[allow(clippy::too_many_arguments)]
+pub fn route_pooled(
+    gpu: &Gpu,
+    shape: &RouterShape,
+    logits: u64,
+    bias: u64,
+    topk_idx: u64,
+    topk_w: u64,
+    tokens: usize,
+    pool: &ExpertPool,
+) -> CudaResult<()> {
+    if !pooled_experts_supported(shape, tokens) || pool.row_stride < tokens {
+        return unsupported(format!(
+            "pooled experts for {tokens} tokens under {shape:?} (rows per entry {})",
+            pool.row_stride
+        ));
+    }
+    launch_route_block(
+        gpu,
+        shape,
+        logits,
+        bias,
+        topk_idx,
+        topk_w,
+        tokens,
+        RoutingBlocks::Uniform,
+        Some(pool),
+    )
+}
+
+/// A thread per expert, rounded up to whole warps (the router kernels' thread j owns expert j).
+fn thread_per_expert(experts: usize) -> u32 {
+    (experts.div_ceil(32) * 32) as u32
+}
+
+/// Tokens per `route_block` CTA and its threads: one token and a thread per expert for short
+/// forwards (a denoising step's 32 CTAs work side by side), a whole routing block on 1,024
+/// threads for long ones (prefill: each block's admission computed once, as many CTAs as blocks),
+/// as far as the block's scores fit the shared-memory opt-in.
+fn route_launch_shape(tokens: usize, experts: usize, block: usize) -> (usize, u32) {
+    let per_expert = thread_per_expert(experts);
+    if tokens <= 256 {
+        return (1, per_expert);
+    }
+    let fits = super::super::kernels::ROUTER_MAX_SHARED as usize / (8 * experts);
+    let tpc = block.min(ROUTE_MAX_TOKENS).min(fits).max(1);
+    (tpc, per_expert.max(1024))
+}
+
+/// `route_block` (kernels/router.cu): 2.2 admission and top-k, a few tokens per CTA; with a pool
+/// it also lays out the admitted pool (one routing block only).
+#[allow(clippy::too_many_arguments)]
+fn launch_route_block(
+    gpu: &Gpu,
+    shape: &RouterShape,
+    logits: u64,
+    bias: u64,
+    topk_idx: u64,
+    topk_w: u64,
+    tokens: usize,
+    blocks: RoutingBlocks,
+    pool: Option<&ExpertPool>,
+) -> CudaResult<()> {
+    let (e, capacity) = (shape.experts, shape.capacity.unwrap_or(0));
+    let (tpc, threads) = route_launch_shape(tokens, e, shape.block);
+    let (blocks_ptr, n_blocks) = match blocks {
+        RoutingBlocks::Uniform => (0, tokens.div_ceil(shape.block)),
+        RoutingBlocks::Listed { ptr, count } => (ptr, count),
+    };
+    if n_blocks == 0 {
+        return Ok(());
+    }
+    let ctas = n_blocks * shape.block.div_ceil(tpc);
+    let cfg = LaunchConfig::new((ctas as u32, 1, 1), threads, (2 * tpc * e * 4) as u32);
+    // No pool: null address arrays tell the kernel to skip the pool outputs.
+    let p = pool.copied().unwrap_or_default();
+    kernels::router::route_block(
+        gpu,
+        cfg,
+        logits,
+        bias,
+        blocks_ptr,
+        tokens as i32,
+        e as i32,
+        shape.block as i32,
+        capacity as i32,
+        shape.top_k as i32,
+        shape.scale,
+        tpc as i32,
+        topk_idx,
+        topk_w,
+        p.gate_up,
+        p.gate_up_stride as i64,
+        p.down,
+        p.down_stride as i64,
+        p.gate_up_ptrs,
+        p.down_ptrs,
+        p.slot_pos,
+        p.row_stride as i32,
+    )
+}
+
+/// Router logits `logits[t, e] = X[t] · W[e]` in F32 with a fixed summation order per output
+/// (batch-invariant; `kernels/router.cu`). `w_f32` says whether `W [e, k]` is F32 or BF16.
+#[allow(clippy::too_many_arguments)]
+pub fn router_logits(
+    gpu: &Gpu,
+    x: u64,
+    w: u64,
+    w_f32: bool,
+    logits: u64,
+    t: usize,
+    e: usize,
+    k: usize,
+) -> CudaResult<()> {
+    if t == 0 || e == 0 {
+        return Ok(());
+    }
+    // Both kernels compute every output in the same order (bits equal); the wide one shares
+    // each loaded row among 4 experts per warp and wins once there are enough rows to fill the
+    // GPU with its 4x fewer CTAs.
+    let wide = t >= super::super::tuning::tuning().router_wide_rows;
+    use kernels::router::{
+        router_logits_bf16w, router_logits_f32w, router_logits_wide_bf16w, router_logits_wide_f32w,
+        RouterLogits,
+    };
+    let (kernel, experts_per_cta): (RouterLogits, _) = match (wide, w_f32) {
+        (false, true) => (router_logits_f32w, 8),
+        (false, false) => (router_logits_bf16w, 8),
+        (true, true) => (router_logits_wide_f32w, 32),
+        (true, false) => (router_logits_wide_bf16w, 32),
+    };
+    let cfg = LaunchConfig::new(
+        (t.div_ceil(16) as u32, e.div_ceil(experts_per_cta) as u32, 1),
+        256,
+        0,
+    );
+    kernel(gpu, cfg, x, w, logits, t as i32, e as i32, k as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(
+        experts: usize,
+        top_k: usize,
+        groups: Option<(usize, usize)>,
+        capacity: Option<usize>,
+    ) -> RouterShape {
+        RouterShape {
+            experts,
+            top_k,
+            groups,
+            capacity,
+            block: 32,
+            scale: 2.5,
+        }
+    }
+
+    #[test]
+    fn router_shapes() {
+        assert!(router(256, 8, Some((8, 4)), None).check().is_ok());
+        assert!(
+            router(256, 8, Some((8, 4)), Some(48)).check().is_ok(),
+            "2.2 ignores the groups"
+        );
+        assert!(router(16, 4, Some((4, 2)), None).check().is_ok());
+        assert!(
+            router(256, 8, None, None).check().is_err(),
+            "no routing rule"
+        );
+        assert!(
+            router(256, 8, None, Some(4)).check().is_err(),
+            "capacity below top-k"
+        );
+        assert!(router(256, 8, Some((8, 0)), None).check().is_err());
+        assert!(
+            router(256, 8, Some((7, 4)), None).check().is_err(),
+            "groups must divide the experts"
+        );
+        assert!(
+            router(16, 4, Some((8, 1)), None).check().is_err(),
+            "kept groups hold fewer than k experts"
+        );
+        assert!(
+            router(2048, 8, None, Some(48)).check().is_err(),
+            "too many experts for one CTA"
+        );
+    }
+
+    #[test]
+    fn route_block_shapes() {
+        // A denoising step: one token per CTA, a thread per expert.
+        assert_eq!(route_launch_shape(32, 256, 32), (1, 256));
+        assert_eq!(route_launch_shape(5, 16, 32), (1, 32));
+        // Prefill: a routing block per CTA on 1,024 threads, as far as its scores fit.
+        assert_eq!(route_launch_shape(4096, 256, 32), (32, 1024));
+        assert_eq!(route_launch_shape(4096, 1024, 32), (8, 1024));
+        assert!(2 * 32 * 256 * 4 <= crate::cuda::kernels::ROUTER_MAX_SHARED as usize);
+    }
+}
