@@ -10,11 +10,13 @@
 //! the width (projections 1/√fan_in, embeddings 1, norms 1 ± 0.1, expert_bias 0.1); `expert_bias`
 //! is stored BF16 for 2.0 and F32 otherwise, like the real checkpoints.
 
-use std::io::{BufWriter, Write};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use minnow_model::schema::{self, Role};
+use rayon::prelude::*;
 
 #[derive(Parser, Debug)]
 #[command(name = "make-checkpoint")]
@@ -64,14 +66,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let shards = split(&tensors, shard_bytes);
     let mut weight_map = serde_json::Map::new();
     let started = std::time::Instant::now();
-    for (i, shard) in shards.iter().enumerate() {
-        let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, shards.len());
-        write_shard(&args.out.join(&file), shard, args.seed)?;
-        for t in shard.iter() {
-            weight_map.insert(t.name.clone(), file.clone().into());
-        }
-        eprintln!("wrote {file} ({} tensors)", shard.len());
-    }
+    let named: Vec<(String, &[Spec])> = shards
+        .iter()
+        .enumerate()
+        .map(|(i, shard)| {
+            let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, shards.len());
+            for t in shard.iter() {
+                weight_map.insert(t.name.clone(), file.clone().into());
+            }
+            (file, *shard)
+        })
+        .collect();
+    write_shards(&args.out, &named, args.seed, JOB_ELEMENTS)?;
     write_json(
         &args.out.join("model.safetensors.index.json"),
         &serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map}),
@@ -211,8 +217,64 @@ fn split(tensors: &[Spec], max_bytes: usize) -> Vec<&[Spec]> {
     out
 }
 
-/// Writes one safetensors file, streaming each tensor's random values after the header.
-fn write_shard(path: &Path, tensors: &[Spec], seed: u64) -> Result<(), String> {
+/// Elements generated per job: one job is one write of at most 16 MiB (8 MiB for BF16).
+const JOB_ELEMENTS: usize = 4 << 20;
+
+/// A run of consecutive elements of one tensor, and where their bytes go.
+struct Job<'a> {
+    file: &'a std::fs::File,
+    path: &'a Path,
+    spec: &'a Spec,
+    seed: u64,
+    /// Index of the first element within the tensor.
+    first: usize,
+    count: usize,
+    /// Byte offset of the first element in the file.
+    offset: u64,
+}
+
+/// Writes every shard: each file gets its header and its final length first, then jobs of
+/// `job_elements` values ([`JOB_ELEMENTS`]) from every shard are generated and written on all
+/// cores (each job at its own offset, so the order they finish in does not matter).
+fn write_shards(
+    out: &Path,
+    shards: &[(String, &[Spec])],
+    seed: u64,
+    job_elements: usize,
+) -> Result<(), String> {
+    let mut files = Vec::new();
+    for (name, tensors) in shards {
+        let path = out.join(name);
+        let (file, data_start) = create_shard(&path, tensors)?;
+        files.push((path, file, data_start));
+    }
+    let mut jobs = Vec::new();
+    for ((path, file, data_start), (_, tensors)) in files.iter().zip(shards) {
+        let mut offset = *data_start;
+        for spec in tensors.iter() {
+            let size = spec.bytes() / spec.numel().max(1);
+            for first in (0..spec.numel()).step_by(job_elements) {
+                let count = job_elements.min(spec.numel() - first);
+                jobs.push(Job {
+                    file,
+                    path,
+                    spec,
+                    seed,
+                    first,
+                    count,
+                    offset: offset + (first * size) as u64,
+                });
+            }
+            offset += spec.bytes() as u64;
+        }
+    }
+    jobs.par_iter()
+        .try_for_each_init(Vec::new, |buf, job| job.run(buf))
+}
+
+/// Creates a shard file with its safetensors header, sized to hold every tensor's data.
+/// Returns the file and the offset where the data starts.
+fn create_shard(path: &Path, tensors: &[Spec]) -> Result<(std::fs::File, u64), String> {
     let io = |e: std::io::Error| format!("{}: {e}", path.display());
     let mut header = serde_json::Map::new();
     let mut offset = 0usize;
@@ -232,40 +294,61 @@ fn write_shard(path: &Path, tensors: &[Spec], seed: u64) -> Result<(), String> {
     while (8 + text.len()) % 8 != 0 {
         text.push(' ');
     }
-    let mut w = BufWriter::with_capacity(1 << 22, std::fs::File::create(path).map_err(io)?);
-    w.write_all(&(text.len() as u64).to_le_bytes())
+    let mut file = std::fs::File::create_new(path).map_err(io)?;
+    file.write_all(&(text.len() as u64).to_le_bytes())
         .map_err(io)?;
-    w.write_all(text.as_bytes()).map_err(io)?;
-    let mut buf = Vec::new();
-    for t in tensors {
-        // Each tensor has its own stream, so its values do not depend on the sharding.
-        let mut rng = SplitMix(seed ^ fnv1a(&t.name));
-        buf.clear();
+    file.write_all(text.as_bytes()).map_err(io)?;
+    let data_start = (8 + text.len()) as u64;
+    file.set_len(data_start + offset as u64).map_err(io)?;
+    Ok((file, data_start))
+}
+
+impl Job<'_> {
+    /// Generates this job's values into `buf` and writes them at the job's offset.
+    fn run(&self, buf: &mut Vec<u8>) -> Result<(), String> {
+        let t = self.spec;
+        // Each tensor has its own stream, so its values do not depend on the sharding; the
+        // stream is jumped to this job's first element, so they do not depend on the jobs
+        // either.
+        let mut rng = SplitMix::at(self.seed ^ fnv1a(&t.name), self.first as u64);
         let (std, base) = match t.init {
             Init::Std(s) => (s, 0.0),
             Init::Norm => (0.1, 1.0),
         };
         // Uniform on [-√3σ, √3σ] has standard deviation σ.
         let half_width = std * 3f32.sqrt();
-        for _ in 0..t.numel() {
-            let v = base + half_width * rng.unit();
-            if t.f32 {
-                buf.extend_from_slice(&v.to_le_bytes());
-            } else {
-                buf.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+        let size = if t.f32 { 4 } else { 2 };
+        buf.resize(self.count * size, 0);
+        if t.f32 {
+            for out in buf.chunks_exact_mut(4) {
+                let v = base + half_width * rng.unit();
+                out.copy_from_slice(&v.to_le_bytes());
+            }
+        } else {
+            for out in buf.chunks_exact_mut(2) {
+                let v = base + half_width * rng.unit();
+                out.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes());
             }
         }
-        w.write_all(&buf).map_err(io)?;
+        self.file
+            .write_all_at(buf, self.offset)
+            .map_err(|e| format!("{}: {e}", self.path.display()))
     }
-    w.flush().map_err(io)
 }
 
-/// SplitMix64: small, fast and good enough for random weights.
+/// SplitMix64: small, fast and good enough for random weights. Its state advances by a
+/// constant per value, so any position of a stream can be reached in one step.
 struct SplitMix(u64);
 
+const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
 impl SplitMix {
+    /// The stream seeded with `seed`, positioned before its value number `index`.
+    fn at(seed: u64, index: u64) -> Self {
+        SplitMix(seed.wrapping_add(index.wrapping_mul(SPLITMIX_GAMMA)))
+    }
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(SPLITMIX_GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -341,6 +424,81 @@ mod tests {
         }
         let args = Args::try_parse_from(["m", "--out", "/x", "--preset", "huge"]).unwrap();
         assert!(config_for(&args).is_err());
+    }
+
+    /// The values of one tensor's stream, drawn one after another from its start (how the
+    /// single-threaded writer drew them).
+    fn sequential(spec: &Spec, seed: u64) -> Vec<u8> {
+        let mut rng = SplitMix(seed ^ fnv1a(&spec.name));
+        let (std, base) = match spec.init {
+            Init::Std(s) => (s, 0.0),
+            Init::Norm => (0.1, 1.0),
+        };
+        let half_width = std * 3f32.sqrt();
+        let mut out = Vec::new();
+        for _ in 0..spec.numel() {
+            let v = base + half_width * rng.unit();
+            if spec.f32 {
+                out.extend_from_slice(&v.to_le_bytes());
+            } else {
+                out.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Jobs that split tensors at any element give the bytes of one sequential stream per
+    /// tensor, in a file the safetensors reader opens.
+    #[test]
+    fn parallel_jobs_write_each_tensors_sequential_stream() {
+        let specs = vec![
+            Spec {
+                name: "a".into(),
+                shape: vec![7, 5],
+                f32: false,
+                init: Init::Std(0.5),
+            },
+            Spec {
+                name: "b".into(),
+                shape: vec![11],
+                f32: true,
+                init: Init::Std(0.1),
+            },
+            Spec {
+                name: "c".into(),
+                shape: vec![9],
+                f32: false,
+                init: Init::Norm,
+            },
+        ];
+        let shards = split(&specs, 80);
+        assert_eq!(shards.len(), 2);
+        let named: Vec<(String, &[Spec])> = shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("s{i}.safetensors"), *s))
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        // 3 values per job: jobs end inside tensors and tensors end inside jobs' spans.
+        write_shards(dir.path(), &named, 42, 3).unwrap();
+        for (file, tensors) in &named {
+            let bytes = std::fs::read(dir.path().join(file)).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            for spec in tensors.iter() {
+                let view = st.tensor(&spec.name).unwrap();
+                assert_eq!(view.shape(), spec.shape.as_slice());
+                assert_eq!(
+                    view.data(),
+                    sequential(spec, 42).as_slice(),
+                    "{}",
+                    spec.name
+                );
+            }
+        }
+        // Another seed, other values.
+        assert_ne!(sequential(&specs[0], 42), sequential(&specs[0], 43));
+        // A second run refuses to overwrite the shards.
+        assert!(write_shards(dir.path(), &named, 42, 3).is_err());
     }
 
     #[test]
