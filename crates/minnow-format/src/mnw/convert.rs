@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use minnow_runtime::dtype::widen_into;
 use minnow_runtime::quant::{
@@ -180,6 +181,19 @@ pub struct Summary {
     pub notes: Vec<String>,
     /// Tensors and bytes per target encoding.
     pub per_encoding: BTreeMap<String, (usize, u64)>,
+    pub timings: Timings,
+}
+
+/// Where a conversion's wall time went.
+#[derive(Clone, Copy, Debug)]
+pub struct Timings {
+    /// Encoding the tensors and writing them to the file (the system writes them to the disk
+    /// meanwhile).
+    pub writing: Duration,
+    /// Waiting for what the disk had not yet received.
+    pub sync: Duration,
+    /// Re-reading and checking the file (as `validate` does).
+    pub verifying: Duration,
 }
 
 /// The default integer group size for a K dimension.
@@ -397,6 +411,7 @@ pub fn convert_in_stages(
 ) -> Result<Summary> {
     let plan = plan(input.source, input.expert_families, options)?;
     let output = OutputFile::create(out, plan.data_end)?;
+    let started = Instant::now();
     let total = plan.region_bytes();
     let done = AtomicU64::new(0);
     let next = AtomicUsize::new(0);
@@ -424,6 +439,11 @@ pub fn convert_in_stages(
                 let written = write_tensor(&output, t, &tensor, &step, &stop);
                 // Read once: its mapped pages need not stay in this process.
                 input.source.release(&t.name);
+                // Its regions are final: the disk can take them now.
+                let end = t
+                    .scales
+                    .map_or(t.data_offset + t.data_bytes, |(o, b)| o + b);
+                output.start_writeback(t.data_offset, end - t.data_offset);
                 match written {
                     Ok(w) => results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(w),
                     Err(e) => {
@@ -438,6 +458,7 @@ pub fn convert_in_stages(
             });
         }
     });
+    let writing = started.elapsed();
     if let Some(e) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
     }
@@ -487,13 +508,18 @@ pub fn convert_in_stages(
             .collect(),
         tensors: records,
     };
-    let file_bytes = output.finish(&manifest, plan.data_end, &|done, total| {
+    let finished = output.finish(&manifest, plan.data_end, &|done, total| {
         progress(Stage::Verifying, done, total)
     })?;
     Ok(Summary {
-        file_bytes,
+        file_bytes: finished.file_len,
         notes: plan.notes,
         per_encoding,
+        timings: Timings {
+            writing,
+            sync: finished.sync,
+            verifying: finished.verify,
+        },
     })
 }
 
@@ -617,8 +643,10 @@ fn quantize_tensor(
     // Bands of whole 128-row units, each band's output contiguous in both regions.
     let band = (BAND_BYTES / (cols.max(1) * 4) / ROW_BAND).max(1) * ROW_BAND;
     let mut wide = vec![0.0f32; band.min(rows) * cols];
+    let one_band = rows <= band;
     let global = if q == QuantEncoding::Nvfp4 {
-        // A first pass for the matrix's largest magnitude (NVFP4's global scale).
+        // A first pass for the matrix's largest magnitude (NVFP4's global scale). A matrix of
+        // one band (every expert of the released models) stays widened for the pass below.
         let mut max_abs = 0.0f32;
         for chunk in data.chunks(band * row_bytes) {
             let n = chunk.len() / from.size();
@@ -629,6 +657,7 @@ fn quantize_tensor(
     } else {
         None
     };
+    let widened = one_band && global.is_some();
     let (scales_offset, _) = t.scales.expect("quantized tensors have scales");
     let (mut data_hash, mut scale_hash) = (blake3::Hasher::new(), blake3::Hasher::new());
     let (mut data_at, mut scales_at) = (t.data_offset, scales_offset);
@@ -638,7 +667,9 @@ fn quantize_tensor(
         }
         let band_rows = chunk.len() / row_bytes;
         let n = band_rows * cols;
-        widen_into(from, chunk, &mut wide[..n]);
+        if !widened {
+            widen_into(from, chunk, &mut wide[..n]);
+        }
         let qz =
             quantize_rows(q, band_rows, cols, t.group_size, &wide[..n], global).map_err(|e| {
                 FormatError::invalid(

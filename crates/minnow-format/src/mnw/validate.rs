@@ -1,14 +1,16 @@
 //! `validate`: every byte of a file accounted for. The header and manifest are checked as a
 //! reader checks them, then the manifest's BLAKE3 against the header, every region's BLAKE3
 //! against the manifest, every padding byte against zero, and every quantized scale for being
-//! positive and finite. Reads through one fixed buffer (plus the manifest, at most 128 MiB), so
-//! memory stays bounded whatever the file size.
+//! positive and finite. Regions are checked in parallel, each thread reading through one fixed
+//! buffer (plus the manifest, at most 128 MiB), so memory stays bounded whatever the file size.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use minnow_runtime::quant::{QuantEncoding, QuantMat};
+use rayon::prelude::*;
 
 use super::layout::{check, Header, Span, ALIGN, HEADER_LEN};
 use crate::error::{FormatError, Result};
@@ -33,9 +35,10 @@ impl Report {
     }
 }
 
-/// Validates the file at `path`; `progress(bytes_done, bytes_total)` is called as it reads.
+/// Validates the file at `path`; `progress(bytes_done, bytes_total)` is called as it reads
+/// (from several threads: regions are read and hashed in parallel).
 /// An I/O error is an `Err`; everything wrong with the content is in the report.
-pub fn validate_file(path: &Path, progress: &dyn Fn(u64, u64)) -> Result<Report> {
+pub fn validate_file(path: &Path, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Report> {
     let io = |source| FormatError::Io {
         path: path.to_path_buf(),
         source,
@@ -75,17 +78,40 @@ pub fn validate_file(path: &Path, progress: &dyn Fn(u64, u64)) -> Result<Report>
     report.tensors = checked.entries.len();
 
     let total = header.manifest_offset;
-    let mut buf = vec![0u8; CHUNK];
-    let mut cursor = HEADER_LEN as u64;
-    let mut after = "the header".to_string();
-    for span in &checked.spans {
-        check_zero(&file, cursor, span.start, &after, &mut buf, &mut report).map_err(io)?;
-        hash_region(&file, span, &mut buf, &mut report).map_err(io)?;
-        cursor = span.end;
-        after = span.label();
-        progress(cursor, total);
+    // Regions are checked on every core, each with the padding before it; their problems are
+    // then reported in file order, as a serial pass would find them.
+    let done = AtomicU64::new(HEADER_LEN as u64);
+    let per_span: Vec<std::io::Result<(Vec<String>, usize)>> = checked
+        .spans
+        .par_iter()
+        .enumerate()
+        .map_init(
+            || vec![0u8; CHUNK],
+            |buf, (i, span)| {
+                let (cursor, after) = match i.checked_sub(1).map(|p| &checked.spans[p]) {
+                    Some(before) => (before.end, before.label()),
+                    None => (HEADER_LEN as u64, "the header".to_string()),
+                };
+                let mut problems = Vec::new();
+                check_zero(&file, cursor, span.start, &after, buf, &mut problems)?;
+                hash_region(&file, span, buf, &mut problems)?;
+                let read = span.end - cursor;
+                progress(done.fetch_add(read, Ordering::Relaxed) + read, total);
+                Ok((problems, 1))
+            },
+        )
+        .collect();
+    for result in per_span {
+        let (problems, regions) = result.map_err(io)?;
+        report.problems.extend(problems);
+        report.regions_checked += regions;
     }
-    check_zero(&file, cursor, total, &after, &mut buf, &mut report).map_err(io)?;
+    let (cursor, after) = match checked.spans.last() {
+        Some(last) => (last.end, last.label()),
+        None => (HEADER_LEN as u64, "the header".to_string()),
+    };
+    let mut buf = vec![0u8; CHUNK.min((total - cursor) as usize)];
+    check_zero(&file, cursor, total, &after, &mut buf, &mut report.problems).map_err(io)?;
     progress(total, total);
     report.bytes_read = len;
     Ok(report)
@@ -109,7 +135,7 @@ fn check_zero(
     end: u64,
     after: &str,
     buf: &mut [u8],
-    report: &mut Report,
+    problems: &mut Vec<String>,
 ) -> std::io::Result<()> {
     let mut pos = start;
     while pos < end {
@@ -121,7 +147,7 @@ fn check_zero(
             } else {
                 format!("padding after {after}")
             };
-            report.problems.push(format!(
+            problems.push(format!(
                 "{region} (bytes {start}..{end}): byte {} is {:#04x}, not zero",
                 pos + i as u64,
                 buf[i]
@@ -137,7 +163,7 @@ fn hash_region(
     file: &File,
     span: &Span,
     buf: &mut [u8],
-    report: &mut Report,
+    problems: &mut Vec<String>,
 ) -> std::io::Result<()> {
     let mut hasher = blake3::Hasher::new();
     let mut pos = span.start;
@@ -145,7 +171,8 @@ fn hash_region(
     while pos < span.end {
         let n = ((span.end - pos) as usize).min(buf.len());
         file.read_exact_at(&mut buf[..n], pos)?;
-        // The digest of a region is the same however its hashing is split across threads.
+        // The digest of a region is the same however its hashing is split across threads
+        // (a large region, hashed while few others remain, spreads over the idle cores).
         hasher.update_rayon(&buf[..n]);
         if let (Some(enc), None) = (span.encoding, bad_scale) {
             bad_scale = first_bad_scale(enc, &buf[..n]).map(|(i, v)| {
@@ -155,10 +182,9 @@ fn hash_region(
         }
         pos += n as u64;
     }
-    report.regions_checked += 1;
     let digest = hasher.finalize().to_hex();
     if !digest.as_str().eq_ignore_ascii_case(&span.blake3) {
-        report.problems.push(format!(
+        problems.push(format!(
             "{} (offset {}, {} bytes): BLAKE3 {digest} does not match the manifest's {}",
             span.label(),
             span.start,
@@ -167,7 +193,7 @@ fn hash_region(
         ));
     }
     if let Some((i, v)) = bad_scale {
-        report.problems.push(format!(
+        problems.push(format!(
             "{}: scale {i} is {v}, not positive and finite",
             span.label()
         ));

@@ -52,7 +52,7 @@ pub struct Args {
     /// of those that divides a matrix's K).
     #[arg(long)]
     pub group_size: Option<usize>,
-    /// Parallel workers, 1..=64 (default: the cores, at most 8). The output does not depend on it.
+    /// Parallel workers, 1..=64 (default: every core, at most 64). The output does not depend on it.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub workers: Option<u16>,
     /// JSON array of {"prefix", "encoding" (a name or null for the source's), "group_size"}
@@ -71,7 +71,9 @@ pub fn run(cli: &Global, args: &Args) -> Result<(), String> {
     };
     let workers = match args.workers {
         Some(n) => n as usize,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get().min(8)),
+        // Each worker holds one band of rows (about 50 MiB with its buffers), so even 64 stay
+        // well under the converter's memory bound.
+        None => std::thread::available_parallelism().map_or(1, |n| n.get().min(64)),
     };
     let options = ConvertOptions {
         experts: match args.experts {
@@ -135,6 +137,13 @@ pub fn run(cli: &Global, args: &Args) -> Result<(), String> {
             super::inspect::human_bytes(*bytes as usize)
         );
     }
+    let t = &summary.timings;
+    println!(
+        "  {:.1} s writing, {:.1} s waiting for the disk, {:.1} s verifying",
+        t.writing.as_secs_f64(),
+        t.sync.as_secs_f64(),
+        t.verifying.as_secs_f64()
+    );
     Ok(())
 }
 
