@@ -87,14 +87,14 @@ pub(super) fn quantize_block(rows: usize, cols: usize, values: &[f32]) -> Quanti
         }
         *s = block_scale(max_abs);
     }
-    let codes = values
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            let (r, c) = (i / cols, i % cols);
-            f32_to_e4m3(v / scales[(r / FP8_BLOCK) * bk + c / FP8_BLOCK])
-        })
-        .collect();
+    // Row by row, block by block: one scale per run of up to 128 values.
+    let mut codes = Vec::with_capacity(values.len());
+    for (r, row) in values.chunks_exact(cols.max(1)).take(rows).enumerate() {
+        let row_scales = &scales[(r / FP8_BLOCK) * bk..];
+        for (run, s) in row.chunks(FP8_BLOCK).zip(row_scales) {
+            codes.extend(run.iter().map(|v| f32_to_e4m3(v / s)));
+        }
+    }
     Quantized {
         codes,
         scales: scales.iter().flat_map(|s| s.to_le_bytes()).collect(),

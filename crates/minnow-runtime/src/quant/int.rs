@@ -134,13 +134,17 @@ pub fn pack_codes(encoding: QuantEncoding, rows: usize, cols: usize, codes: &[i8
         codes.to_vec()
     };
     if is_int4(encoding) {
-        // Consecutive codes (in storage order) share a byte, the first in the low nibble.
-        ordered
-            .chunks(2)
-            .map(|p| (p[0] as u8 & 0xF) | ((*p.get(1).unwrap_or(&0) as u8 & 0xF) << 4))
-            .collect()
+        // Consecutive codes (in storage order) share a byte, the first in the low nibble (an
+        // odd last code with a zero high nibble).
+        let pairs = ordered.chunks_exact(2);
+        let last = pairs.remainder().first().map(|&c| c as u8 & 0xF);
+        let mut out = Vec::with_capacity(ordered.len().div_ceil(2));
+        out.extend(pairs.map(|p| (p[0] as u8 & 0xF) | ((p[1] as u8 & 0xF) << 4)));
+        out.extend(last);
+        out
     } else {
-        ordered.iter().map(|&c| c as u8).collect()
+        // Same size and alignment: the collect reuses the allocation.
+        ordered.into_iter().map(|c| c as u8).collect()
     }
 }
 
