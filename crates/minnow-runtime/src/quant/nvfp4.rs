@@ -43,9 +43,9 @@ pub fn f32_to_e2m1(x: f32) -> u8 {
     // NaN compares false everywhere; a search would have ended at the largest code.
     let idx = if a.is_nan() { 7 } else { idx };
     if x.is_sign_negative() {
-        idx as u8 | 8
+        idx | 8
     } else {
-        idx as u8
+        idx
     }
 }
 
