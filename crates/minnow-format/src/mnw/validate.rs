@@ -81,7 +81,7 @@ pub fn validate_file(path: &Path, progress: &(dyn Fn(u64, u64) + Sync)) -> Resul
     // Regions are checked on every core, each with the padding before it; their problems are
     // then reported in file order, as a serial pass would find them.
     let done = AtomicU64::new(HEADER_LEN as u64);
-    let per_span: Vec<std::io::Result<(Vec<String>, usize)>> = checked
+    let per_span: Vec<std::io::Result<Vec<String>>> = checked
         .spans
         .par_iter()
         .enumerate()
@@ -97,15 +97,14 @@ pub fn validate_file(path: &Path, progress: &(dyn Fn(u64, u64) + Sync)) -> Resul
                 hash_region(&file, span, buf, &mut problems)?;
                 let read = span.end - cursor;
                 progress(done.fetch_add(read, Ordering::Relaxed) + read, total);
-                Ok((problems, 1))
+                Ok(problems)
             },
         )
         .collect();
-    for result in per_span {
-        let (problems, regions) = result.map_err(io)?;
-        report.problems.extend(problems);
-        report.regions_checked += regions;
+    for problems in per_span {
+        report.problems.extend(problems.map_err(io)?);
     }
+    report.regions_checked += checked.spans.len();
     let (cursor, after) = match checked.spans.last() {
         Some(last) => (last.end, last.label()),
         None => (HEADER_LEN as u64, "the header".to_string()),
