@@ -1,5 +1,5 @@
 // Block-causal flash attention over the cached prefix plus the current forward's own keys
-// (docs/llada2-model.md §6, §7.4 step 6). Tiled with an online softmax: no [n, n] score matrix.
+// (docs/model.md §6, §7.4 step 6). Tiled with an online softmax: no [n, n] score matrix.
 //
 // A batched forward holds several segments (one per sequence); each attends only to its own
 // sequence, whose K/V live in pages of the layer's pool named by the segment's block table.

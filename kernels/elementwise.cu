@@ -1,6 +1,6 @@
 // Row-wise kernels of the LLaDA2 forward: embedding gather, RMSNorm (with the fused residual add),
 // SiLU-multiply, the F32 MoE mix, conversions, and the argmax/softmax confidence of logits rows.
-// Numerics follow the reference order of docs/llada2-model.md §7 (RMSNorm rounds to BF16 before
+// Numerics follow the reference order of docs/model.md §7 (RMSNorm rounds to BF16 before
 // the weight; SiLU in F32 rounded to BF16, then a BF16 product).
 #include "common.cuh"
 

@@ -1,4 +1,4 @@
-// Grouped expert GEMM: every admitted expert's rows in one launch (docs/llada2-model.md §7.6).
+// Grouped expert GEMM: every admitted expert's rows in one launch (docs/model.md §7.6).
 //   Y[p, :] = X[src(p), :] . W[e]^T      for the rows p of each tile (e, p0, p1)
 // X is [*, K] BF16 (src(p) = row_token[p] when a gather index is given, else p), W is [E, N, K]
 // BF16 (PyTorch [out, in] per expert), Y is [rows, N] BF16 with F32 accumulation on tensor cores.

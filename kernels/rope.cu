@@ -1,5 +1,5 @@
 // QK-norm + partial rotate-half RoPE on the fused QKV projection, writing Q for attention and
-// K (normed, rotated) / V (raw) into the layer's K/V pool (docs/llada2-model.md §7.4 steps 2-5).
+// K (normed, rotated) / V (raw) into the layer's K/V pool (docs/model.md §7.4 steps 2-5).
 #include "common.cuh"
 
 // qkv: [T, (H + 2G) * d] in the order [Q heads | K heads | V heads]. grid = (T, H + 2G), one warp

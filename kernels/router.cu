@@ -1,4 +1,4 @@
-// MoE router on the GPU (docs/llada2-model.md §7.6-7.8), all in F32, plus the dispatch that groups
+// MoE router on the GPU (docs/model.md §7.6-7.8), all in F32, plus the dispatch that groups
 // the (token, slot) assignments by expert for the grouped expert GEMM. Ties always go to the lower
 // expert (or group) index; selection uses exact comparisons (no perturbation).
 #include "common.cuh"
@@ -142,7 +142,7 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
 #define ROUTE_MAX_TOKENS 32
 #define ROUTE_MAX_K 32
 
-// 2.2 block routing (docs/llada2-model.md §7.8): block admission and the top-k of `tpc` consecutive
+// 2.2 block routing (docs/model.md §7.8): block admission and the top-k of `tpc` consecutive
 // tokens of one routing block per CTA; thread j < E owns expert j (blockDim >= E, a multiple of
 // 32, <= 1024; every thread takes (token, pool entry) pairs), grid = routing blocks *
 // ceil(block / tpc), dynamic shared memory 2 * tpc * E floats. Routing block b is the rows
