@@ -1,5 +1,6 @@
 // Row-wise kernels of the LLaDA2 forward: embedding gather, RMSNorm (with the fused residual add),
-// SiLU-multiply, the F32 MoE mix, conversions, and the argmax/softmax confidence of logits rows.
+// SiLU-multiply, the F32 MoE mix, conversions, the argmax/softmax confidence of logits rows and
+// their top-k ids.
 // Numerics follow the reference order of docs/model.md §7 (RMSNorm rounds to BF16 before
 // the weight; SiLU in F32 rounded to BF16, then a BF16 product).
 #include "common.cuh"
@@ -279,6 +280,119 @@ extern "C" __global__ void top1_finish(const float* __restrict__ scratch, unsign
     if (lane == 0) {
         token[blockIdx.x] = (unsigned)acc.i;
         confidence[blockIdx.x] = 1.f / acc.s;
+    }
+}
+
+// The best k (<= TOPK_MAX) ids of each row of BF16 logits in one order: larger value first (NaN
+// below every number, -0 equal to +0), then lower id first; ids[row, 0..k) gets the first k ids of
+// that order and values[row, 0..k) their logits (F32). A constrained decoder picks the best id its
+// grammar allows among them and reads a row in full only when none is allowed.
+// One CTA of TOPK_THREADS threads per row (grid = rows): a two-level radix select over 16-bit
+// order keys finds the k-th key, then the ids above it and the lowest ids equal to it are
+// collected and ranked. Deterministic: the result depends on the row only.
+#define TOPK_MAX 64
+#define TOPK_THREADS 512
+
+// A BF16 value's place in that order as an unsigned key (larger value, larger key).
+__device__ __forceinline__ unsigned bf16_order_key(unsigned bits) {
+    if ((bits & 0x7fffu) > 0x7f80u) return 0u;  // NaN: below -inf (key 0x7f)
+    if (bits == 0x8000u) bits = 0u;              // -0 is +0
+    return (bits & 0x8000u) ? (~bits & 0xffffu) : (bits | 0x8000u);
+}
+
+// hist[bin] += 1 for every lane of the warp that counts (all 32 lanes call it): one shared atomic
+// per distinct bin of the warp, since near-uniform logits crowd into a few bins.
+__device__ __forceinline__ void topk_count(unsigned* hist, unsigned bin, bool counts, int lane) {
+    const unsigned peers = __match_any_sync(0xffffffffu, counts ? bin : 0x100u);
+    if (counts && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+}
+
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const bf16* __restrict__ logits, unsigned* __restrict__ ids,
+                                                                      float* __restrict__ values, int vocab, int k) {
+    pdl_enter();
+    __shared__ unsigned hist[256];
+    __shared__ unsigned sel_key, sel_need, above_n;
+    __shared__ unsigned cand_id[TOPK_MAX], cand_key[TOPK_MAX];
+    __shared__ unsigned warp_n[TOPK_THREADS / 32];
+    const unsigned short* row = reinterpret_cast<const unsigned short*>(logits) + (size_t)blockIdx.x * vocab;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+
+    // Level 1: the high byte of the k-th key, and how many ids of that high byte it still needs.
+    for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
+    __syncthreads();
+    for (int base = 0; base < vocab; base += blockDim.x) {
+        const int c = base + tid;
+        const bool in = c < vocab;
+        topk_count(hist, in ? bf16_order_key(row[c]) >> 8 : 0u, in, lane);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        unsigned need = (unsigned)k;
+        int b = 255;
+        while (hist[b] < need) need -= hist[b--];  // vocab >= k: stops at a bin
+        sel_key = (unsigned)b << 8;
+        sel_need = need;
+    }
+    __syncthreads();
+    const unsigned high = sel_key;
+    // Level 2: the low byte among the keys of that high byte.
+    for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
+    __syncthreads();
+    for (int base = 0; base < vocab; base += blockDim.x) {
+        const int c = base + tid;
+        const unsigned key = c < vocab ? bf16_order_key(row[c]) : 0u;
+        topk_count(hist, key & 0xffu, c < vocab && (key & 0xff00u) == high, lane);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        unsigned need = sel_need;
+        int b = 255;
+        while (hist[b] < need) need -= hist[b--];
+        sel_key = high | (unsigned)b;
+        sel_need = need;  // ids of the k-th key to take, lowest first
+        above_n = 0u;
+    }
+    __syncthreads();
+    const unsigned kth = sel_key, ties = sel_need, above = (unsigned)k - ties;
+
+    // The ids above the k-th key (exactly `above` of them), in any order: ranked below.
+    for (int c = tid; c < vocab; c += blockDim.x) {
+        const unsigned key = bf16_order_key(row[c]);
+        if (key > kth) {
+            const unsigned at = atomicAdd(&above_n, 1u);
+            cand_id[at] = (unsigned)c;
+            cand_key[at] = key;
+        }
+    }
+    // The `ties` lowest ids of the k-th key: the row in id order, one CTA-wide chunk at a time.
+    unsigned taken = 0u;  // the same in every thread
+    for (int base = 0; base < vocab && taken < ties; base += blockDim.x) {
+        const int c = base + tid;
+        const bool hit = c < vocab && bf16_order_key(row[c]) == kth;
+        const unsigned ballot = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) warp_n[warp] = __popc(ballot);
+        __syncthreads();
+        unsigned at = taken + __popc(ballot & ((1u << lane) - 1u)), chunk = 0u;
+        for (int w = 0; w < warps; ++w) {
+            if (w < warp) at += warp_n[w];
+            chunk += warp_n[w];
+        }
+        if (hit && at < ties) {
+            cand_id[above + at] = (unsigned)c;
+            cand_key[above + at] = kth;
+        }
+        __syncthreads();  // warp_n is rewritten by the next chunk
+        taken += chunk;
+    }
+    __syncthreads();
+    // Rank the k candidates in the order and write them.
+    if (tid < k) {
+        const unsigned key = cand_key[tid], id = cand_id[tid];
+        int rank = 0;
+        for (int j = 0; j < k; ++j) rank += cand_key[j] > key || (cand_key[j] == key && cand_id[j] < id);
+        const size_t out = (size_t)blockIdx.x * k + rank;
+        ids[out] = id;
+        values[out] = to_f32(logits[(size_t)blockIdx.x * vocab + id]);
     }
 }
 

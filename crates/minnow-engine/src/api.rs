@@ -106,6 +106,16 @@ pub struct GenerationStats {
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
     pub tokens_per_second: f64,
+    /// Grammar masks a constrained request computed (docs/decoding.md §13), and how many of
+    /// them were computed beside the forward.
+    #[serde(default)]
+    pub grammar_masks: usize,
+    #[serde(default)]
+    pub grammar_masks_prepared: usize,
+    /// Full logits rows a constrained request read because the best tokens a forward returned
+    /// held none the grammar allowed.
+    #[serde(default)]
+    pub grammar_rows_read: usize,
 }
 
 /// What a running request reports, in order: zero or more `PrefillProgress`, then one `Block` per

@@ -38,6 +38,8 @@ struct PageReadingRunner {
     crossed: bool,
     /// The most segments one forward held.
     widest_batch: Arc<AtomicUsize>,
+    /// The latest forward's wanted logits rows, for `logits_row`.
+    kept: (minnow_model::runner::TopKRows, Vec<f32>),
 }
 
 impl PageReadingRunner {
@@ -51,6 +53,7 @@ impl PageReadingRunner {
             script: Box::new(script),
             crossed,
             widest_batch: Arc::new(AtomicUsize::new(0)),
+            kept: Default::default(),
         }
     }
 }
@@ -91,6 +94,7 @@ impl ModelRunner for PageReadingRunner {
         let vocab = self.config.vocab_size;
         let n = segments.len();
         let mut out = Vec::with_capacity(n);
+        let mut kept = Vec::new();
         for (k, seg) in segments.iter().enumerate() {
             let source = if self.crossed && n > 1 {
                 (k + 1) % n
@@ -105,16 +109,26 @@ impl ModelRunner for PageReadingRunner {
             }
             out.push(match seg.want {
                 Want::Nothing => SegmentOutput::Nothing,
-                Want::Logits(_) => SegmentOutput::Logits(logits),
+                Want::Logits(_) => SegmentOutput::Logits(logits.clone()),
                 Want::Top1(_) => SegmentOutput::Top1(
                     logits
                         .chunks_exact(vocab)
                         .map(minnow_model::runner::top1)
                         .collect(),
                 ),
+                Want::TopK(_) => {
+                    SegmentOutput::TopK(minnow_model::runner::top_k_of_rows(&logits, vocab))
+                }
             });
+            kept.extend_from_slice(&logits);
         }
+        self.kept = (minnow_model::runner::TopKRows::new(segments), kept);
         Ok(out)
+    }
+    fn logits_row(&mut self, segment: usize, row: usize) -> minnow_model::Result<Vec<f32>> {
+        let at = self.kept.0.index(segment, row)?;
+        let v = self.config.vocab_size;
+        Ok(self.kept.1[at * v..(at + 1) * v].to_vec())
     }
 }
 

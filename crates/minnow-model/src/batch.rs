@@ -29,6 +29,11 @@ pub enum Want {
     /// Each row's argmax token (lowest id on ties) and its softmax probability: all a greedy
     /// denoising step needs, and far less to read back than logits.
     Top1(Range<usize>),
+    /// Each row's [`Want::Top1`] pair and its best [`TOP_K`] ids with their logits ([`TopK`]);
+    /// each row's full logits stay readable with [`crate::ModelRunner::logits_row`] until the
+    /// next forward. What a greedy step under a grammar reads: the best token the grammar allows
+    /// is among the best ids unless it refuses them all, and only then is a full row read.
+    TopK(Range<usize>),
 }
 
 impl Want {
@@ -36,8 +41,36 @@ impl Want {
     pub fn rows(&self) -> Range<usize> {
         match self {
             Want::Nothing => 0..0,
-            Want::Logits(r) | Want::Top1(r) => r.clone(),
+            Want::Logits(r) | Want::Top1(r) | Want::TopK(r) => r.clone(),
         }
+    }
+}
+
+/// Ids per row of [`Want::TopK`] (all of them when the vocabulary is smaller).
+pub const TOP_K: usize = 64;
+
+/// What [`Want::TopK`] returns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopK {
+    /// Ids per row: `min(TOP_K, vocab)`.
+    pub k: usize,
+    /// `[rows, k]` (id, logit), in the order of [`crate::runner::top_k`]: larger logit first
+    /// (NaN below every number), lower id first among equal logits.
+    pub entries: Vec<(u32, f32)>,
+    /// Per row what [`Want::Top1`] returns: the argmax and its softmax probability over the
+    /// whole row.
+    pub top1: Vec<(u32, f32)>,
+}
+
+impl TopK {
+    /// Rows answered.
+    pub fn rows(&self) -> usize {
+        self.top1.len()
+    }
+
+    /// Row `r`'s best ids, best first.
+    pub fn row(&self, r: usize) -> &[(u32, f32)] {
+        &self.entries[r * self.k..(r + 1) * self.k]
     }
 }
 
@@ -58,6 +91,7 @@ pub enum SegmentOutput {
     Nothing,
     Logits(Vec<f32>),
     Top1(Vec<(u32, f32)>),
+    TopK(TopK),
 }
 
 impl SegmentOutput {

@@ -22,7 +22,7 @@ pub mod single_sequence;
 pub mod trace;
 pub mod weights;
 
-pub use batch::{PageId, Segment, SegmentOutput, Want};
+pub use batch::{PageId, Segment, SegmentOutput, TopK, Want, TOP_K};
 pub use config::{Config, Family};
 pub use cpu::{CpuModel, CpuRunner, KvPool};
 pub use error::{ModelError, Result};

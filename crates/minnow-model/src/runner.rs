@@ -5,7 +5,7 @@
 //! the caller (the engine's page pool, or [`crate::SingleSequence`] for programs that drive one
 //! sequence at a time).
 
-use crate::batch::{Segment, SegmentOutput};
+use crate::batch::{Segment, SegmentOutput, TopK, TOP_K};
 use crate::error::Result;
 
 /// A LLaDA2 forward implementation (CPU reference or CUDA) with the K/V pool it owns.
@@ -22,6 +22,13 @@ pub trait ModelRunner: Send {
     /// first): the weights are read once for all rows; positions, attention and 2.2 block
     /// routing stay per segment. Returns one output per segment, in order.
     fn forward_batch(&mut self, segments: &[Segment<'_>]) -> Result<Vec<SegmentOutput>>;
+    /// The F32 logits of row `row` (counted in the segment's ids) of segment `segment` of the
+    /// latest [`ModelRunner::forward_batch`], which asked for that row with [`Want::TopK`];
+    /// readable until the next forward. A constrained step reads one only where the grammar
+    /// allows none of the row's best ids.
+    ///
+    /// [`Want::TopK`]: crate::batch::Want::TopK
+    fn logits_row(&mut self, segment: usize, row: usize) -> Result<Vec<f32>>;
 }
 
 /// A boxed runner (what the engine's device selection returns) is a runner.
@@ -41,6 +48,46 @@ impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
     fn forward_batch(&mut self, segments: &[Segment<'_>]) -> Result<Vec<SegmentOutput>> {
         (**self).forward_batch(segments)
     }
+    fn logits_row(&mut self, segment: usize, row: usize) -> Result<Vec<f32>> {
+        (**self).logits_row(segment, row)
+    }
+}
+
+/// Where a forward's [`Want::TopK`] rows sit among its wanted rows (batch order), for
+/// [`ModelRunner::logits_row`]: per segment that asked for them, its wanted rows and the index of
+/// the first.
+///
+/// [`Want::TopK`]: crate::batch::Want::TopK
+#[derive(Debug, Default)]
+pub struct TopKRows {
+    segments: Vec<Option<(std::ops::Range<usize>, usize)>>,
+}
+
+impl TopKRows {
+    pub fn new(segments: &[Segment<'_>]) -> Self {
+        let mut at = 0;
+        let segments = segments
+            .iter()
+            .map(|seg| {
+                let rows = seg.want.rows();
+                let first = at;
+                at += rows.len();
+                matches!(seg.want, crate::batch::Want::TopK(_)).then_some((rows, first))
+            })
+            .collect();
+        TopKRows { segments }
+    }
+
+    /// The index among the forward's wanted rows of row `row` of segment `segment`; an error
+    /// names a row the forward did not ask for with `Want::TopK`.
+    pub fn index(&self, segment: usize, row: usize) -> Result<usize> {
+        match self.segments.get(segment) {
+            Some(Some((rows, first))) if rows.contains(&row) => Ok(first + row - rows.start),
+            _ => Err(crate::error::ModelError::InvalidInput(format!(
+                "row {row} of segment {segment} was not asked for with Want::TopK by the latest forward"
+            ))),
+        }
+    }
 }
 
 /// Argmax (lowest index on ties) of a logits row and its softmax probability
@@ -57,9 +104,86 @@ pub fn top1(row: &[f32]) -> (u32, f32) {
     (best as u32, 1.0 / sum)
 }
 
+/// What [`crate::batch::Want::TopK`] returns for rows of F32 logits `[rows, vocab]` (runners
+/// that hold them on the host).
+pub fn top_k_of_rows(logits: &[f32], vocab: usize) -> TopK {
+    let k = TOP_K.min(vocab);
+    let rows = logits.chunks_exact(vocab.max(1));
+    TopK {
+        k,
+        entries: rows.clone().flat_map(|row| top_k(row, k)).collect(),
+        top1: rows.map(top1).collect(),
+    }
+}
+
+/// The first `k` ids of a logits row (all of them when `k` is larger) in the order of
+/// [`crate::batch::Want::TopK`]: larger logit first, NaN below every number (so -0 and +0 are
+/// equal), lower id first among equal logits; each with its logit.
+pub fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k == 0 {
+        return best;
+    }
+    for (i, &v) in row.iter().enumerate() {
+        let entry = (i as u32, v);
+        if best.len() == k {
+            // Ids grow, so an entry equal to the last one never displaces it.
+            if !comes_before(entry, best[k - 1]) {
+                continue;
+            }
+            best.pop();
+        }
+        let at = best.partition_point(|&e| comes_before(e, entry));
+        best.insert(at, entry);
+    }
+    best
+}
+
+/// Whether `a` precedes `b` in [`top_k`]'s order.
+fn comes_before(a: (u32, f32), b: (u32, f32)) -> bool {
+    match (a.1.is_nan(), b.1.is_nan()) {
+        (false, false) => a.1 > b.1 || (a.1 == b.1 && a.0 < b.0),
+        (false, true) => true,
+        (true, false) => false,
+        (true, true) => a.0 < b.0,
+    }
+}
+
 #[cfg(test)]
 mod top1_tests {
-    use super::top1;
+    use super::{top1, top_k};
+
+    #[test]
+    fn top_k_orders_by_value_then_id_with_nan_last() {
+        let row = [
+            1.0,
+            f32::NAN,
+            3.0,
+            -0.0,
+            3.0,
+            0.0,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            1.0,
+        ];
+        let ids = |k| top_k(&row, k).iter().map(|e| e.0).collect::<Vec<_>>();
+        assert_eq!(ids(9), vec![7, 2, 4, 0, 8, 3, 5, 6, 1]);
+        assert_eq!(ids(4), vec![7, 2, 4, 0]);
+        assert_eq!(ids(20).len(), 9);
+        assert!(ids(0).is_empty());
+        // Its values are the row's.
+        assert!(top_k(&row, 9)
+            .iter()
+            .all(|&(i, v)| v.to_bits() == row[i as usize].to_bits()));
+        // Against a full sort of many tied values.
+        let row: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 13) as f32).collect();
+        let mut sorted: Vec<u32> = (0..1000).collect();
+        sorted.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        assert_eq!(
+            top_k(&row, 64).iter().map(|e| e.0).collect::<Vec<_>>(),
+            sorted[..64]
+        );
+    }
 
     #[test]
     fn top1_takes_the_lowest_index_on_ties_and_the_softmax_probability() {

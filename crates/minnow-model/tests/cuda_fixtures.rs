@@ -584,6 +584,85 @@ fn top1_alone_vs_batch_of_16() {
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
+/// `Want::TopK` on the GPU: a block's best ids are the first ids of its logits (a forward of
+/// the same ids that asked for them) in `top_k`'s order, its top-1 pairs are `Want::Top1`'s,
+/// and `logits_row` reads those logits back; in a batch, each segment's rows are its own.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn topk_is_the_best_of_the_same_logits() {
+    use minnow_model::runner::{top_k, TopKRows};
+    for name in ["llada2-tiny-v21", "llada2-tiny-v22"] {
+        let mut runner = CudaRunner::load(&fixture(name), 0).unwrap();
+        let c = runner.config().clone();
+        let (p, v) = (c.block_size, c.vocab_size);
+        let ids: Vec<u32> = (0..2 * p as u32).map(|i| i * 7919 % v as u32).collect();
+        let table = page_run(0, 2);
+        let prefix = Segment {
+            pages: &table,
+            start: 0,
+            ids: &ids[..p],
+            want: Want::Nothing,
+        };
+        runner.forward_batch(&[prefix]).unwrap();
+        let block = |want| Segment {
+            pages: &table,
+            start: p,
+            ids: &ids[p..],
+            want,
+        };
+        let mut one = |want| runner.forward_batch(&[block(want)]).unwrap().remove(0);
+        let logits = one(Want::Logits(0..p)).into_logits().unwrap();
+        let top1 = one(Want::Top1(2..p)).into_top1().unwrap();
+        let SegmentOutput::TopK(top) = one(Want::TopK(2..p)) else {
+            panic!("{name}: Want::TopK answered with something else");
+        };
+        assert_eq!(top.top1, top1, "{name}: top-1 pairs");
+        for r in 2..p {
+            let row = &logits[r * v..(r + 1) * v];
+            assert_eq!(
+                top.row(r - 2),
+                top_k(row, top.k).as_slice(),
+                "{name} row {r}"
+            );
+            let read = runner.logits_row(0, r).unwrap();
+            bit_identical(&format!("{name} row {r} read back"), &read, row, v).unwrap();
+        }
+        assert!(
+            runner.logits_row(0, 1).is_err(),
+            "{name}: a row not asked for"
+        );
+        // Two segments: the second one's rows are found among the batch's wanted rows.
+        let other = page_run(2, 1);
+        let segments = [
+            Segment {
+                pages: &other,
+                start: 0,
+                ids: &ids[..p],
+                want: Want::Logits(0..3),
+            },
+            block(Want::TopK(0..p)),
+        ];
+        let out = runner.forward_batch(&segments).unwrap();
+        let SegmentOutput::TopK(top) = &out[1] else {
+            panic!("{name}: Want::TopK answered with something else");
+        };
+        let rows = TopKRows::new(&segments);
+        assert_eq!(rows.index(1, 0).unwrap(), 3);
+        for r in 0..p {
+            let row = runner.logits_row(1, r).unwrap();
+            assert_eq!(
+                top.row(r),
+                top_k(&row, top.k).as_slice(),
+                "{name} batched row {r}"
+            );
+        }
+        assert!(
+            runner.logits_row(0, 0).is_err(),
+            "{name}: logits, not top-k, rows"
+        );
+    }
+}
+
 // Tests of the two comparisons above, on the CPU (so they run in CI): a runner whose batches
 // are exactly its lone forwards passes them, and the same runner with one batched value moved
 // by one ulp (or one top-1 token changed) fails them. A comparison that cannot fail would let
@@ -648,11 +727,20 @@ impl ModelRunner for Perturbed {
                     t[0].1 = f32::from_bits(t[0].1.to_bits() + 1)
                 }
                 (Perturbation::OtherToken, SegmentOutput::Top1(t)) => t[0].0 = (t[0].0 + 1) % vocab,
+                (Perturbation::OneUlp, SegmentOutput::TopK(_)) => {
+                    panic!("no test perturbs top-k outputs")
+                }
                 (Perturbation::OtherToken, _) => panic!("only top-1 outputs have a token"),
                 (_, SegmentOutput::Nothing) => unreachable!(),
             }
         }
         Ok(out)
+    }
+    fn logits_row(&mut self, _segment: usize, _row: usize) -> minnow_model::Result<Vec<f32>> {
+        // Segments run one at a time: the inner runner keeps the last one's rows only.
+        Err(minnow_model::ModelError::InvalidInput(
+            "the perturbed runner keeps no logits rows".into(),
+        ))
     }
 }
 

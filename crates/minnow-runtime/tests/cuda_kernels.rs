@@ -1151,6 +1151,86 @@ fn top1_softmax_and_conversion() {
     assert_eq!(gt[1], 3);
 }
 
+/// The first `k` ids of a row in `topk_rows`' order, computed independently: values compared as
+/// numbers (NaN below every number, so -0 and +0 tie), then lower id first.
+fn topk_reference(row: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut ids: Vec<usize> = (0..row.len()).collect();
+    ids.sort_by(|&a, &b| {
+        let (x, y) = (row[a], row[b]);
+        let by_value = match (x.is_nan(), y.is_nan()) {
+            (true, true) => std::cmp::Ordering::Equal,
+            (true, false) => std::cmp::Ordering::Greater,
+            (false, true) => std::cmp::Ordering::Less,
+            (false, false) => y.partial_cmp(&x).unwrap(),
+        };
+        by_value.then(a.cmp(&b))
+    });
+    ids[..k].iter().map(|&i| (i as u32, row[i])).collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn topk_rows_match_a_sorted_row() {
+    let g = gpu();
+    let mut rng = rng();
+    for (v, k) in [
+        (157184, ops::TOPK_MAX),
+        (157184, 5),
+        (100, ops::TOPK_MAX),
+        (64, 64),
+        (1, 1),
+    ] {
+        let rows = 6;
+        // Narrow values: BF16 rounding makes long runs of equal values, so the k-th value has
+        // many ties that only the lower id may break.
+        let mut x = randn(&mut rng, rows * v, 2.0);
+        if v > 100 {
+            // Row 1: specials at the top and in the middle.
+            x[v + 7] = f32::INFINITY;
+            x[v + 9] = f32::NAN;
+            x[v + 11] = f32::NEG_INFINITY;
+            x[v + 13] = 10.0;
+            x[v + 150_000] = 10.0;
+            // Row 2: -0 and +0 above everything else, -0 first.
+            for j in 0..v {
+                x[2 * v + j] = -(j as f32 % 7.0) - 1.0;
+            }
+            x[2 * v + 40_000] = -0.0;
+            x[2 * v + 50] = 0.0;
+            x[2 * v + 100_000] = -0.0;
+        }
+        // Row 3: one value everywhere (the lowest ids win); row 4: all NaN but one.
+        x[3 * v..4 * v].fill(1.5);
+        x[4 * v..5 * v].fill(f32::NAN);
+        x[4 * v + v / 2] = -3.0;
+        let xb = to_bf16(&x);
+        let xf: Vec<f32> = xb.iter().map(|b| b.to_f32()).collect();
+        let dx = g.upload(&xb).unwrap();
+        let ids = g.upload(&vec![u32::MAX; rows * k]).unwrap();
+        let values = poisoned_f32(&g, rows * k);
+        ops::topk_rows(&g, dx.ptr(), ids.ptr(), values.ptr(), rows, v, k).unwrap();
+        let (got_ids, got_values) = (read(&g, &ids), read(&g, &values));
+        for i in 0..rows {
+            let want = topk_reference(&xf[i * v..(i + 1) * v], k);
+            let got: Vec<(u32, f32)> = (0..k)
+                .map(|j| (got_ids[i * k + j], got_values[i * k + j]))
+                .collect();
+            let same = got.iter().zip(&want).all(|(a, b)| {
+                a.0 == b.0 && (a.1.to_bits() == b.1.to_bits() || (a.1.is_nan() && b.1.is_nan()))
+            });
+            assert!(
+                same,
+                "vocab {v}, k {k}, row {i}: got {got:?}, want {want:?}"
+            );
+        }
+    }
+    assert!(
+        ops::topk_rows(&g, 0, 0, 0, 1, 10, 11).is_err(),
+        "k above the vocabulary"
+    );
+    assert!(ops::topk_rows(&g, 0, 0, 0, 1, 1000, ops::TOPK_MAX + 1).is_err());
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_replay_reads_new_inputs() {

@@ -5,14 +5,14 @@
 use llguidance::toktrie::SimpleVob;
 use llguidance::Matcher;
 
-/// The parser state after the tokens fed so far ([`TokenMatcher::len`] of them).
+/// The parser state after the tokens fed so far ([`TokenMatcher::tokens`]).
 #[derive(Clone)]
 pub struct TokenMatcher {
     matcher: Matcher,
-    consumed: usize,
-    /// Bumped by every change of the state (a token fed, a rollback): a mask computed at one
-    /// version is the mask of every moment with the same version.
-    version: u64,
+    /// The tokens accepted so far, in order: the parser's state is a function of them, so a mask
+    /// computed after one sequence is the mask of every moment with the same sequence (a
+    /// rollback followed by the same tokens included).
+    tokens: Vec<u32>,
     /// The grammar's end ids (the checkpoint's stop tokens).
     stop_ids: Vec<u32>,
     /// Stop ids accepted after the grammar had ended on its own (the parser takes none then).
@@ -22,7 +22,7 @@ pub struct TokenMatcher {
 impl std::fmt::Debug for TokenMatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenMatcher")
-            .field("consumed", &self.consumed)
+            .field("consumed", &self.tokens.len())
             .finish()
     }
 }
@@ -35,8 +35,7 @@ impl TokenMatcher {
             .unwrap_or_default();
         Self {
             matcher,
-            consumed: 0,
-            version: 0,
+            tokens: Vec::new(),
             stop_ids,
             trailing_stops: 0,
         }
@@ -44,16 +43,17 @@ impl TokenMatcher {
 
     /// Tokens accepted so far.
     pub fn len(&self) -> usize {
-        self.consumed
+        self.tokens.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.consumed == 0
+        self.tokens.is_empty()
     }
 
-    /// Identifies the current state ([`TokenMatcher::mask`] depends on nothing else).
-    pub fn version(&self) -> u64 {
-        self.version
+    /// The tokens accepted so far: they identify the state ([`TokenMatcher::mask`] depends on
+    /// nothing else).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
     }
 
     /// Feeds `token` if the grammar allows it here; `Ok(false)` leaves the state unchanged. An
@@ -62,9 +62,8 @@ impl TokenMatcher {
         if self.matcher.is_stopped() {
             // A complete sentence: only the end of the answer may follow.
             if self.stop_ids.contains(&token) {
-                self.consumed += 1;
+                self.tokens.push(token);
                 self.trailing_stops += 1;
-                self.version += 1;
                 return Ok(true);
             }
             return Ok(false);
@@ -73,9 +72,8 @@ impl TokenMatcher {
             .matcher
             .try_consume_tokens(&[token])
             .map_err(|e| format!("grammar matcher: {e}"))?;
-        self.consumed += n;
-        if n > 0 {
-            self.version += 1;
+        if n == 1 {
+            self.tokens.push(token);
         }
         Ok(n == 1)
     }
@@ -85,10 +83,10 @@ impl TokenMatcher {
         if n == 0 {
             return Ok(());
         }
-        if n > self.consumed {
+        if n > self.tokens.len() {
             return Err(format!(
                 "grammar matcher: rollback of {n} tokens past the {} accepted",
-                self.consumed
+                self.tokens.len()
             ));
         }
         let trailing = n.min(self.trailing_stops);
@@ -96,8 +94,7 @@ impl TokenMatcher {
         self.matcher
             .rollback(n - trailing)
             .map_err(|e| format!("grammar matcher: {e}"))?;
-        self.consumed -= n;
-        self.version += 1;
+        self.tokens.truncate(self.tokens.len() - n);
         Ok(())
     }
 

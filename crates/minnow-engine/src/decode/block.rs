@@ -9,13 +9,13 @@
 
 use std::time::{Duration, Instant};
 
-use minnow_model::{LogitsRows, ModelRunner, SeqId, SingleSequence};
+use minnow_model::{LogitsRows, ModelRunner, SegmentOutput, SeqId, SingleSequence, Want};
 use rand::rngs::StdRng;
 
 use super::constrained::Constrained;
 use super::{
-    has_control_tokens, BlockAlgorithm, BlockLogits, ControlTokens, ScoreKind, StepOutcome,
-    StepScores,
+    has_control_tokens, BlockAlgorithm, BlockLogits, ControlTokens, ReadRow, ScoreKind,
+    StepOutcome, StepScores,
 };
 
 /// Where a block run stands after [`BlockRun::advance`].
@@ -154,22 +154,34 @@ impl BlockRun {
             }
         }
         if self.constraint.is_some() {
-            // Refused proposals are replaced from the logits restricted to the grammar.
-            return Some(ScoreKind::Logits);
+            // Refused proposals are replaced by the best token the grammar allows: among each
+            // row's best ids for a greedy algorithm (a full row read only where none is
+            // allowed), from the full logits for any other.
+            return Some(match self.algorithm.scores_needed(false) {
+                ScoreKind::Top1 | ScoreKind::TopK => ScoreKind::TopK,
+                ScoreKind::Logits => ScoreKind::Logits,
+            });
         }
         Some(self.algorithm.scores_needed(self.cleanup_pending))
     }
 
     /// Applies the scores of the forward [`BlockRun::plan`] asked for (a forward of the ids
-    /// `tokens()` had then): the algorithm's step. Returns the state afterwards; once `Final`,
-    /// the block's tokens are final and contain no MASK/DELETE/SPLIT at generated slots.
-    pub fn apply(&mut self, scores: StepScores<'_>, rng: &mut StdRng) -> BlockState {
+    /// `tokens()` had then): the algorithm's step. `read_row` reads a slot's full logits from
+    /// that forward (the grammar layer's need with [`StepScores::TopK`]). Returns the state
+    /// afterwards; once `Final`, the block's tokens are final and contain no MASK/DELETE/SPLIT
+    /// at generated slots.
+    pub fn apply(
+        &mut self,
+        scores: StepScores<'_>,
+        read_row: &mut ReadRow<'_>,
+        rng: &mut StdRng,
+    ) -> BlockState {
         let forced = self.cleanup_pending;
         self.record_forward();
         let before = self.constraint.is_some().then(|| self.block.clone());
         let mut outcome = self.algorithm.step(&mut self.block, scores, rng, forced);
         if let (Some(constraint), Some(old)) = (self.constraint.as_mut(), before) {
-            if let Err(e) = constraint.enforce(&old, &mut self.block, scores.logits(), rng, forced)
+            if let Err(e) = constraint.enforce(&old, &mut self.block, scores, read_row, rng, forced)
             {
                 self.failure = Some(e);
                 self.cleanup_pending = false;
@@ -234,17 +246,40 @@ impl BlockRun {
         if runner.sequence_len(seq) > self.start {
             runner.truncate_sequence(seq, self.start)?;
         }
+        let mut no_rows = |_| Err("no full rows after this forward".to_string());
         Ok(match kind {
             ScoreKind::Logits => {
                 let data = runner.forward(seq, &self.block, LogitsRows::All)?;
                 let vocab = runner.config().vocab_size;
                 check_scores(data.len(), self.block.len() * vocab)?;
-                self.apply(StepScores::Logits(BlockLogits::new(&data, vocab)), rng)
+                self.apply(
+                    StepScores::Logits(BlockLogits::new(&data, vocab)),
+                    &mut no_rows,
+                    rng,
+                )
             }
             ScoreKind::Top1 => {
                 let pairs = runner.forward_top1(seq, &self.block, LogitsRows::All)?;
                 check_scores(pairs.len(), self.block.len())?;
-                self.apply(StepScores::Top1(&pairs), rng)
+                self.apply(StepScores::Top1(&pairs), &mut no_rows, rng)
+            }
+            ScoreKind::TopK => {
+                let n = self.block.len();
+                let SegmentOutput::TopK(top) =
+                    runner.forward_one(seq, &self.block, Want::TopK(0..n))?
+                else {
+                    return Err(minnow_model::ModelError::InvalidInput(
+                        "a top-k forward returned something else".into(),
+                    ));
+                };
+                check_scores(top.rows(), n)?;
+                let mut read_row = |row| {
+                    runner
+                        .runner_mut()
+                        .logits_row(0, row)
+                        .map_err(|e| e.to_string())
+                };
+                self.apply(StepScores::TopK(&top), &mut read_row, rng)
             }
         })
     }

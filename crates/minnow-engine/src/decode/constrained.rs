@@ -8,7 +8,9 @@
 //!   grammar refuses keeps the slot's previous token when the grammar still allows that one.
 //! - The leftmost undecided slot is decided every step: the algorithm's proposal when the grammar
 //!   allows it, else the sampler's candidate over the logits restricted to the grammar's mask
-//!   (`compute_mask`). Every step therefore makes progress.
+//!   (`compute_mask`). Every step therefore makes progress. A greedy step reads only each row's
+//!   best ids (`Want::TopK`): the first one the mask allows is the masked argmax; a row whose
+//!   best ids the grammar all refuses is read in full from the runner.
 //! - Proposals right of it are accepted while each is allowed after the ones before; the first
 //!   refused one and everything right of it go back to MASK, to be proposed again next step.
 //! - A stop id is allowed only where the grammar accepts; once one is decided the rest of the
@@ -18,18 +20,18 @@
 //!
 //! The leftmost undecided slot's mask depends only on the matcher's state before the step, so
 //! the engine computes it while the step's forward runs ([`Constrained::prepare_mask`], on a CPU
-//! thread); the step uses it when the matcher is still in that state when it needs the mask
-//! (no decided slot was edited), and computes its own otherwise.
+//! thread); the step uses it when the matcher has accepted the same tokens when it needs the
+//! mask (no edit of a decided slot was kept), and computes its own otherwise.
 
 use llguidance::toktrie::SimpleVob;
 use rand::rngs::StdRng;
 
-use super::{BlockLogits, ControlTokens};
+use super::{ControlTokens, ReadRow, StepScores};
 use crate::constraint::TokenMatcher;
 use crate::sampling::{OfficialSampler, SamplerSettings};
 
 /// One request's grammar state across its blocks.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Constrained {
     matcher: TokenMatcher,
     sampler: SamplerSettings,
@@ -44,11 +46,13 @@ pub struct Constrained {
     stopped: bool,
     /// Masks that chose a candidate (for tests and statistics).
     masks: usize,
-    /// The mask computed by [`Constrained::prepare_mask`], with the matcher version it holds
+    /// The mask computed by [`Constrained::prepare_mask`], with the accepted tokens it holds
     /// for.
-    prepared: Option<(u64, SimpleVob)>,
+    prepared: Option<(Vec<u32>, SimpleVob)>,
     /// Masks that came from [`Constrained::prepare_mask`].
     prepared_used: usize,
+    /// Full logits rows read because none of a row's best ids was allowed.
+    rows_read: usize,
 }
 
 impl Constrained {
@@ -70,6 +74,7 @@ impl Constrained {
             masks: 0,
             prepared: None,
             prepared_used: 0,
+            rows_read: 0,
         }
     }
 
@@ -92,6 +97,11 @@ impl Constrained {
         self.prepared_used
     }
 
+    /// Full logits rows read because a step's top-K held no allowed token.
+    pub fn rows_read(&self) -> usize {
+        self.rows_read
+    }
+
     /// Computes the mask of the leftmost undecided slot now, for the next [`Constrained::enforce`]
     /// (the engine calls it while the step's forward runs). Nothing when the answer is complete
     /// or the block has no undecided slot; a matcher error is left for `enforce` to report.
@@ -100,9 +110,8 @@ impl Constrained {
         if self.stopped || self.lo + self.decided >= self.hi {
             return;
         }
-        let version = self.matcher.version();
         if let Ok(mask) = self.matcher.mask() {
-            self.prepared = Some((version, mask));
+            self.prepared = Some((self.matcher.tokens().to_vec(), mask));
         }
     }
 
@@ -116,13 +125,15 @@ impl Constrained {
     }
 
     /// Re-reads the block after a step (module doc). `old` is the block before the step (the
-    /// forward's input), `block` the step's result, rewritten in place. With `forced` every
-    /// answer slot is decided.
+    /// forward's input), `block` the step's result, rewritten in place; `scores` are the
+    /// forward's full logits or its best ids ([`StepScores::TopK`], greedy only), `read_row` reads
+    /// a slot's full row of that forward. With `forced` every answer slot is decided.
     pub fn enforce(
         &mut self,
         old: &[u32],
         block: &mut [u32],
-        logits: BlockLogits<'_>,
+        scores: StepScores<'_>,
+        read_row: &mut ReadRow<'_>,
         rng: &mut StdRng,
         forced: bool,
     ) -> Result<(), String> {
@@ -168,7 +179,7 @@ impl Constrained {
             if proposed && self.accept(proposal)? {
                 // Proposal taken.
             } else if leftmost || forced {
-                block[p] = self.masked_candidate(logits.row(p), rng)?;
+                block[p] = self.masked_candidate(p, scores, read_row, rng)?;
             } else {
                 break;
             }
@@ -198,29 +209,45 @@ impl Constrained {
         Ok(true)
     }
 
-    /// The sampler's candidate among the ids the grammar allows here, accepted into the matcher.
-    fn masked_candidate(&mut self, row: &[f32], rng: &mut StdRng) -> Result<u32, String> {
+    /// The sampler's candidate for slot `p` among the ids the grammar allows here, accepted into
+    /// the matcher.
+    fn masked_candidate(
+        &mut self,
+        p: usize,
+        scores: StepScores<'_>,
+        read_row: &mut ReadRow<'_>,
+        rng: &mut StdRng,
+    ) -> Result<u32, String> {
         let mask = match self.prepared.take() {
-            Some((version, mask)) if version == self.matcher.version() => {
+            Some((tokens, mask)) if tokens == self.matcher.tokens() => {
                 self.prepared_used += 1;
                 mask
             }
             _ => self.matcher.mask()?,
         };
         self.masks += 1;
-        let mut masked = vec![f32::NEG_INFINITY; row.len()];
-        let mut any = false;
-        mask.iter_set_entries(|id| {
-            if id < row.len() && !self.control.is_control(id as u32) {
-                // A -inf logit (never the model's) stays below every allowed id's.
-                masked[id] = if row[id].is_finite() { row[id] } else { -1e30 };
-                any = true;
+        let greedy = self.sampler.is_greedy();
+        let token = match scores {
+            StepScores::TopK(top) if greedy => {
+                match best_allowed(top.row(p), &mask, &self.control) {
+                    Some(token) => Some(token),
+                    None => {
+                        self.rows_read += 1;
+                        masked_argmax(&read_row(p)?, &mask, &self.control)
+                    }
+                }
             }
-        });
-        if !any {
+            StepScores::Logits(logits) if greedy => {
+                masked_argmax(logits.row(p), &mask, &self.control)
+            }
+            StepScores::Logits(logits) => self.masked_sample(logits.row(p), &mask, rng),
+            StepScores::TopK(_) | StepScores::Top1(_) => {
+                return Err("grammar matcher: a sampling step got no full logits".into())
+            }
+        };
+        let Some(token) = token else {
             return Err("grammar matcher: no token of the model's vocabulary can continue".into());
-        }
-        let token = OfficialSampler(self.sampler).candidate(&masked, rng).token;
+        };
         if !self.accept(token)? {
             return Err(format!(
                 "grammar matcher: the masked candidate {token} was refused"
@@ -228,6 +255,63 @@ impl Constrained {
         }
         Ok(token)
     }
+
+    /// The sampler's draw over `row` restricted to the allowed ids (`None` when none is).
+    fn masked_sample(&self, row: &[f32], mask: &SimpleVob, rng: &mut StdRng) -> Option<u32> {
+        let mut masked = vec![f32::NEG_INFINITY; row.len()];
+        let mut any = false;
+        mask.iter_set_entries(|id| {
+            if id < row.len() && !self.control.is_control(id as u32) {
+                masked[id] = masked_value(row[id]);
+                any = true;
+            }
+        });
+        any.then(|| OfficialSampler(self.sampler).candidate(&masked, rng).token)
+    }
+}
+
+/// An allowed id's logit as the masked row holds it: a non-finite logit (never the model's)
+/// becomes -1e30, below every finite one and above the refused ids' -inf.
+fn masked_value(logit: f32) -> f32 {
+    if logit.is_finite() {
+        logit
+    } else {
+        -1e30
+    }
+}
+
+fn allowed(id: u32, mask: &SimpleVob, control: &ControlTokens) -> bool {
+    (id as usize) < mask.len() && mask.is_allowed(id) && !control.is_control(id)
+}
+
+/// The greedy candidate of the masked row: the allowed id with the largest
+/// [`masked_value`], the lowest on ties (what the greedy sampler picks from the masked row).
+fn masked_argmax(row: &[f32], mask: &SimpleVob, control: &ControlTokens) -> Option<u32> {
+    let mut best: Option<(u32, f32)> = None;
+    // Allowed ids come in increasing order, so strict `>` keeps the lowest on ties.
+    mask.iter_set_entries(|id| {
+        if id < row.len() && !control.is_control(id as u32) {
+            let value = masked_value(row[id]);
+            if best.is_none_or(|(_, b)| value > b) {
+                best = Some((id as u32, value));
+            }
+        }
+    });
+    best.map(|(id, _)| id)
+}
+
+/// [`masked_argmax`] from a row's best ids (larger logit first, lower id first among equal
+/// ones): the first allowed id with a finite logit above -1e30 is it, since every id after it
+/// in that order, listed or not, has a smaller or equal logit and a higher id, and every allowed
+/// id before it has a non-finite logit (-1e30 in the masked row). `None`: the row must be read.
+fn best_allowed(best: &[(u32, f32)], mask: &SimpleVob, control: &ControlTokens) -> Option<u32> {
+    for &(id, logit) in best {
+        if !allowed(id, mask, control) || !logit.is_finite() {
+            continue;
+        }
+        return (logit > -1e30).then_some(id);
+    }
+    None
 }
 
 #[cfg(test)]
@@ -238,7 +322,9 @@ mod tests {
 
     use super::*;
     use crate::constraint::{GrammarCompiler, OutputConstraint};
+    use crate::decode::BlockLogits;
     use crate::text::tokenizer::tests_support::fixture;
+    use minnow_model::runner::top_k_of_rows;
 
     /// The tiny fixtures' vocabulary: 512 model rows, MASK 482, EOS 481; bytes 'a' = 64,
     /// 'b' = 65, 'c' = 66, 'x' = 87.
@@ -287,12 +373,144 @@ mod tests {
         data
     }
 
+    /// Enforces on the full logits `l`, and on a copy of `c` from the best ids of `l` (reading
+    /// rows of `l` when asked): both must decide the same block and reach the same state.
     fn enforce(c: &mut Constrained, old: &[u32], new: &[u32], l: &[f32], forced: bool) -> Vec<u32> {
+        let mut twin = c.clone();
         let mut block = new.to_vec();
         let mut rng = StdRng::seed_from_u64(0);
-        c.enforce(old, &mut block, BlockLogits::new(l, V), &mut rng, forced)
+        let mut no_rows = |_| -> Result<Vec<f32>, String> { panic!("full logits were given") };
+        let scores = StepScores::Logits(BlockLogits::new(l, V));
+        c.enforce(old, &mut block, scores, &mut no_rows, &mut rng, forced)
             .unwrap();
+
+        let top = top_k_of_rows(l, V);
+        let mut from_top = new.to_vec();
+        let mut read_row = |p: usize| Ok(l[p * V..(p + 1) * V].to_vec());
+        let scores = StepScores::TopK(&top);
+        twin.enforce(old, &mut from_top, scores, &mut read_row, &mut rng, forced)
+            .unwrap();
+        assert_eq!(
+            from_top, block,
+            "the best ids decide what the full logits do"
+        );
+        assert_eq!(
+            (
+                twin.masks_computed(),
+                twin.prepared_masks_used(),
+                twin.decided
+            ),
+            (c.masks_computed(), c.prepared_masks_used(), c.decided)
+        );
+        ROWS_READ.with(|r| r.set(r.get() + twin.rows_read()));
         block
+    }
+
+    thread_local! {
+        /// Full rows the twins of [`enforce`] read on this test's thread.
+        static ROWS_READ: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// On random rows with many ties and some non-finite logits, under random masks: the masked
+    /// argmax is what the greedy sampler picked from the masked row before (a row of -inf with
+    /// the allowed ids' logits), and the best ids give it whenever they hold it.
+    #[test]
+    fn masked_argmax_is_the_greedy_sampler_over_the_masked_row() {
+        use rand::Rng;
+        let control = ControlTokens {
+            mask: MASK,
+            delete: None,
+            split: None,
+        };
+        let mut rng = StdRng::seed_from_u64(7);
+        let (mut from_best, mut read) = (0, 0);
+        for _ in 0..300 {
+            let mut row: Vec<f32> = (0..V)
+                .map(|_| rng.gen_range(-6i32..6) as f32 * 0.5)
+                .collect();
+            for _ in 0..rng.gen_range(0..4) {
+                let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0];
+                row[rng.gen_range(0..V)] = special[rng.gen_range(0..4)];
+            }
+            let mut mask = SimpleVob::alloc(V);
+            // Few allowed ids (the best ids rarely hold one) or many.
+            let allowed = if rng.gen_bool(0.5) {
+                rng.gen_range(1..8)
+            } else {
+                rng.gen_range(1..V)
+            };
+            for _ in 0..allowed {
+                mask.allow_token(rng.gen_range(0..V as u32));
+            }
+            mask.allow_token(A);
+            let mut masked = vec![f32::NEG_INFINITY; V];
+            mask.iter_set_entries(|id| {
+                if !control.is_control(id as u32) {
+                    masked[id] = if row[id].is_finite() { row[id] } else { -1e30 };
+                }
+            });
+            let greedy = OfficialSampler(SamplerSettings::GREEDY);
+            let before = greedy.candidate(&masked, &mut rng).token;
+            assert_eq!(masked_argmax(&row, &mask, &control), Some(before));
+            let best = minnow_model::runner::top_k(&row, minnow_model::TOP_K);
+            match best_allowed(&best, &mask, &control) {
+                Some(token) => {
+                    assert_eq!(token, before);
+                    from_best += 1;
+                }
+                None => read += 1,
+            }
+        }
+        assert!(
+            from_best > 50 && read > 10,
+            "both paths ran ({from_best}, {read})"
+        );
+    }
+
+    /// The best ids hold the masked argmax unless the grammar refuses them all, then the row is
+    /// read; non-finite logits and ties are ranked as in the full row.
+    #[test]
+    fn the_best_ids_pick_the_masked_argmax_or_ask_for_the_row() {
+        let control = ControlTokens {
+            mask: MASK,
+            delete: None,
+            split: None,
+        };
+        let mut mask = SimpleVob::alloc(V);
+        for id in [A, B, C] {
+            mask.allow_token(id);
+        }
+        let mut row = vec![0.0f32; V];
+        row[X as usize] = 5.0;
+        row[C as usize] = 3.0;
+        row[B as usize] = 3.0;
+        row[MASK as usize] = 9.0;
+        let best = minnow_model::runner::top_k(&row, 4);
+        // MASK, x, b, c: b wins the tie with c (lower id), as in the full row.
+        assert_eq!(best_allowed(&best, &mask, &control), Some(B));
+        assert_eq!(masked_argmax(&row, &mask, &control), Some(B));
+        // The grammar refuses every listed id: the row is needed.
+        assert_eq!(best_allowed(&best[..2], &mask, &control), None);
+        // Non-finite logits of allowed ids rank below every finite one.
+        row[A as usize] = f32::INFINITY;
+        row[B as usize] = f32::NAN;
+        let best = minnow_model::runner::top_k(&row, 5);
+        assert_eq!(best_allowed(&best, &mask, &control), Some(C));
+        assert_eq!(masked_argmax(&row, &mask, &control), Some(C));
+        // ... and an allowed logit at or below -1e30 leaves the choice to the full row.
+        row[C as usize] = -2e30;
+        row[B as usize] = -2e30;
+        let best = minnow_model::runner::top_k(&row, V);
+        assert_eq!(best_allowed(&best, &mask, &control), None);
+        assert_eq!(masked_argmax(&row, &mask, &control), Some(A));
+        // The greedy row read is counted; the masks are those of the full-logits path.
+        ROWS_READ.with(|r| r.set(0));
+        let mut c = regex("ab+c");
+        // Only zeros and x, c at the top: a (64) is not among the best 64 ids of slot 0.
+        let l = logits([X, C, C, C], [C, X, X, X]);
+        let block = enforce(&mut c, &M4, &[X, C, MASK, MASK], &l, false);
+        assert_eq!(block, vec![A, MASK, MASK, MASK]);
+        assert_eq!(ROWS_READ.with(|r| r.get()), 1, "slot 0's row was read");
     }
 
     const M4: [u32; 4] = [MASK; 4];
@@ -406,6 +624,17 @@ mod tests {
             prepared.masks_computed() > 0,
             "the leftmost slot needed a mask"
         );
+
+        // An edit the grammar refuses is undone (the old token accepted again): the matcher has
+        // the same tokens as when the mask was prepared, so the mask is used.
+        let l = logits([A, B, B, B], [X; 4]);
+        let mut prepared = regex("ab+c");
+        let old = enforce(&mut prepared, &M4, &[A, B, MASK, MASK], &l, false);
+        assert_eq!(old, vec![A, B, MASK, MASK]);
+        prepared.prepare_mask();
+        let block = enforce(&mut prepared, &old, &[A, X, MASK, MASK], &l, false);
+        assert_eq!(block, vec![A, B, B, MASK]);
+        assert_eq!(prepared.prepared_masks_used(), 1);
 
         // Nothing to prepare once the answer is complete.
         let mut done = regex("a");

@@ -72,7 +72,7 @@ impl BlockAlgorithm for Joint {
         forced: bool,
     ) -> StepOutcome {
         if forced {
-            fill_control_slots(block, self.prompt_in_block, scores.logits(), &self.control);
+            fill_control_slots(block, self.prompt_in_block, scores, &self.control);
             return StepOutcome::Continue;
         }
         let old = block.clone();

@@ -71,7 +71,7 @@ impl BlockAlgorithm for LowConfidence {
         forced: bool,
     ) -> StepOutcome {
         if forced {
-            fill_control_slots(block, self.prompt_in_block, scores.logits(), &self.control);
+            fill_control_slots(block, self.prompt_in_block, scores, &self.control);
             return StepOutcome::Continue;
         }
         let masked = self.masked_slots(block);

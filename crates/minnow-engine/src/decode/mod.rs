@@ -33,6 +33,7 @@ pub(crate) fn generated_masks(block: &[u32], prompt_in_block: usize, mask: u32) 
 #[cfg(test)]
 pub(crate) mod testing;
 
+use minnow_model::TopK;
 use rand::rngs::StdRng;
 
 use crate::sampling::{greedy_excluding, Candidate, OfficialSampler};
@@ -87,6 +88,10 @@ pub enum ScoreKind {
     /// Every row's greedy candidate only (`ModelRunner::forward_top1`): enough for a step whose
     /// candidates are all [`crate::sampling::greedy`], and far less to read back from a GPU.
     Top1,
+    /// Every row's greedy candidate and its best ids with their logits (`Want::TopK`): what a
+    /// greedy step under a grammar reads (docs/decoding.md §13.6); a row's full logits are read
+    /// afterwards only where the grammar allows none of its best ids.
+    TopK,
 }
 
 /// The scores one denoising forward produced for the block, in the form [`ScoreKind`] asked for.
@@ -95,7 +100,13 @@ pub enum StepScores<'a> {
     Logits(BlockLogits<'a>),
     /// Per slot `(argmax token, its full-vocabulary softmax probability)`.
     Top1(&'a [(u32, f32)]),
+    /// Per slot the top-1 pair and the best ids.
+    TopK(&'a TopK),
 }
+
+/// Reads the full F32 logits of a block slot from the forward whose [`StepScores::TopK`] a step
+/// reads (`ModelRunner::logits_row`; the runner keeps them until its next forward).
+pub type ReadRow<'a> = dyn FnMut(usize) -> Result<Vec<f32>, String> + 'a;
 
 impl<'a> StepScores<'a> {
     /// The official 2.0/2.1 sampler's candidate at slot `p`. Top-1 scores only answer a greedy
@@ -117,6 +128,30 @@ impl<'a> StepScores<'a> {
                 let (token, confidence) = pairs[p];
                 Candidate { token, confidence }
             }
+            StepScores::TopK(top) => {
+                assert!(
+                    sampler.0.is_greedy(),
+                    "top-k scores cannot answer a sampling step"
+                );
+                let (token, confidence) = top.top1[p];
+                Candidate { token, confidence }
+            }
+        }
+    }
+
+    /// The greedy token of slot `p` among the ids not `banned` (lowest id on ties): what
+    /// [`greedy_excluding`] picks from the row. From the best ids it is the first one not
+    /// banned, the same id (`Want::TopK` orders ties by id, and returns more ids than there are
+    /// control ids, or the whole row).
+    pub fn best_excluding(&self, p: usize, banned: &[u32]) -> u32 {
+        match self {
+            StepScores::Logits(logits) => greedy_excluding(logits.row(p), banned).token,
+            StepScores::TopK(top) => top
+                .row(p)
+                .iter()
+                .find(|(id, _)| !banned.contains(id))
+                .map_or(0, |&(id, _)| id),
+            StepScores::Top1(_) => panic!("this step needs more than top-1 scores"),
         }
     }
 
@@ -126,7 +161,9 @@ impl<'a> StepScores<'a> {
     pub fn logits(&self) -> BlockLogits<'a> {
         match self {
             StepScores::Logits(logits) => *logits,
-            StepScores::Top1(_) => panic!("this step needs full logits but got top-1 scores"),
+            StepScores::Top1(_) | StepScores::TopK(_) => {
+                panic!("this step needs full logits but got top-1 or top-k scores")
+            }
         }
     }
 }
@@ -194,17 +231,18 @@ pub fn official_scores_needed(sampler: &OfficialSampler, forced: bool) -> ScoreK
 }
 
 /// The forced cleanup shared by 2.0 and 2.1 (they have no cleanup round of their own): every
-/// generated slot that holds a control id gets its best non-control token.
+/// generated slot that holds a control id gets its best non-control token (from full logits, or
+/// from the best ids a constrained greedy step reads).
 pub fn fill_control_slots(
     block: &mut [u32],
     prompt_in_block: usize,
-    logits: BlockLogits<'_>,
+    scores: StepScores<'_>,
     control: &ControlTokens,
 ) {
     let banned = control.all();
     for (p, token) in block.iter_mut().enumerate().skip(prompt_in_block) {
         if control.is_control(*token) {
-            *token = greedy_excluding(logits.row(p), &banned).token;
+            *token = scores.best_excluding(p, &banned);
         }
     }
 }
@@ -274,6 +312,33 @@ mod tests {
             assert_eq!(from_top1, from_logits);
         }
         assert_eq!(pairs[1].0, M);
+    }
+
+    /// The forced cleanup's pick from a row's best ids is the one from its full logits.
+    #[test]
+    fn best_non_control_ids_from_the_best_ids_match_the_full_rows() {
+        use rand::Rng;
+        let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(3);
+        let banned = [M, 8, 9];
+        for _ in 0..200 {
+            // Ten ids, three of them banned, many ties: the best-id lists hold the whole row.
+            let logits: Vec<f32> = (0..3 * crate::decode::testing::VOCAB)
+                .map(|_| rng.gen_range(-3i32..3) as f32)
+                .collect();
+            let top = minnow_model::runner::top_k_of_rows(&logits, crate::decode::testing::VOCAB);
+            let full = full_scores(&logits);
+            for p in 0..3 {
+                assert_eq!(
+                    StepScores::TopK(&top).best_excluding(p, &banned),
+                    full.best_excluding(p, &banned)
+                );
+                let greedy = OfficialSampler(SamplerSettings::GREEDY);
+                assert_eq!(
+                    StepScores::TopK(&top).official_candidate(p, &greedy, &mut rng),
+                    full.official_candidate(p, &greedy, &mut rng)
+                );
+            }
+        }
     }
 
     #[test]

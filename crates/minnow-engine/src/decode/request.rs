@@ -19,7 +19,7 @@ use super::layout::Layout;
 use super::low_confidence::{schedule, LowConfidence};
 use super::params::ResolvedParams;
 use super::stop_tokens::StopTokens;
-use super::{BlockAlgorithm, BlockLogits, ControlTokens, ScoreKind, StepScores};
+use super::{BlockAlgorithm, BlockLogits, ControlTokens, ReadRow, ScoreKind, StepScores};
 use crate::api::{Algorithm, BlockStats, FinishReason, GenerationStats};
 
 /// Prefill chunk size in tokens (rounded down to whole blocks). Bounds the time one request holds
@@ -374,6 +374,11 @@ impl RequestDecoder {
         } else {
             0.0
         };
+        if let Some(c) = &self.constraint {
+            stats.grammar_masks = c.masks_computed();
+            stats.grammar_masks_prepared = c.prepared_masks_used();
+            stats.grammar_rows_read = c.rows_read();
+        }
         stats
     }
 
@@ -469,6 +474,7 @@ impl RequestDecoder {
                             want: match kind {
                                 ScoreKind::Logits => Want::Logits(rows),
                                 ScoreKind::Top1 => Want::Top1(rows),
+                                ScoreKind::TopK => Want::TopK(rows),
                             },
                         };
                         self.phase = Phase::Block { index, run };
@@ -506,10 +512,13 @@ impl RequestDecoder {
         forward
     }
 
-    /// Takes the output of the planned forward, which took `elapsed` (the whole batch's time).
+    /// Takes the output of the planned forward, which took `elapsed` (the whole batch's time);
+    /// `read_row` reads a row of that forward in full (`ModelRunner::logits_row`), which a
+    /// constrained step does where the grammar allows none of a row's best ids.
     pub fn apply(
         &mut self,
         output: SegmentOutput,
+        read_row: &mut ReadRow<'_>,
         elapsed: Duration,
     ) -> Result<Update, DecodeError> {
         let planned = self
@@ -544,13 +553,19 @@ impl RequestDecoder {
                             .map_err(|e| DecodeError::BadOutput(e.to_string()))?;
                         run.apply(
                             StepScores::Logits(BlockLogits::new(&data, vocab)),
+                            read_row,
                             &mut self.rng,
                         )
                     }
                     SegmentOutput::Top1(pairs) => {
                         check_scores(pairs.len(), n)
                             .map_err(|e| DecodeError::BadOutput(e.to_string()))?;
-                        run.apply(StepScores::Top1(&pairs), &mut self.rng)
+                        run.apply(StepScores::Top1(&pairs), read_row, &mut self.rng)
+                    }
+                    SegmentOutput::TopK(top) => {
+                        check_scores(top.rows(), n)
+                            .map_err(|e| DecodeError::BadOutput(e.to_string()))?;
+                        run.apply(StepScores::TopK(&top), read_row, &mut self.rng)
                     }
                     SegmentOutput::Nothing => {
                         return Err(DecodeError::BadOutput(
@@ -674,7 +689,13 @@ impl RequestDecoder {
                 runner.forward_one(seq, &forward.ids, forward.want.clone())
             };
         let output = run(runner).map_err(|e| DecodeError::Runner(e.to_string()))?;
-        self.apply(output, began.elapsed())
+        let mut read_row = |row| {
+            runner
+                .runner_mut()
+                .logits_row(0, row)
+                .map_err(|e| e.to_string())
+        };
+        self.apply(output, &mut read_row, began.elapsed())
     }
 
     /// Frees the single-sequence runner's sequence ([`RequestDecoder::advance`] only).

@@ -2,7 +2,7 @@
 //! every forward (used to test the block loop, the K/V commit rule and requests
 //! without a model).
 
-use minnow_model::runner::top1;
+use minnow_model::runner::{top1, top_k_of_rows, TopKRows};
 use minnow_model::{Config, Family, LogitsRows, ModelRunner, Segment, SegmentOutput, Want};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -135,6 +135,8 @@ pub struct Call {
     pub rows: LogitsRows,
     /// Whether it asked for top-1 pairs (not logits).
     pub top1: bool,
+    /// Whether it asked for each row's best ids.
+    pub top_k: bool,
 }
 
 type LogitsFn = Box<dyn FnMut(usize, &[u32]) -> Vec<f32> + Send>;
@@ -145,6 +147,10 @@ pub struct ScriptedRunner {
     config: Config,
     logits: LogitsFn,
     pub calls: Vec<Call>,
+    /// The latest forward's wanted logits rows, for `logits_row`.
+    kept: (TopKRows, Vec<f32>),
+    /// Full rows read with `logits_row`.
+    pub rows_read: usize,
 }
 
 impl ScriptedRunner {
@@ -156,6 +162,8 @@ impl ScriptedRunner {
             config,
             logits: Box::new(logits),
             calls: Vec::new(),
+            kept: Default::default(),
+            rows_read: 0,
         }
     }
 
@@ -196,6 +204,7 @@ impl ModelRunner for ScriptedRunner {
         minnow_model::batch::validate(&self.config, PAGES, segments)?;
         let vocab = self.config.vocab_size;
         let mut out = Vec::with_capacity(segments.len());
+        let mut kept = Vec::new();
         for seg in segments {
             let rows = seg.want.rows();
             self.calls.push(Call {
@@ -209,6 +218,7 @@ impl ModelRunner for ScriptedRunner {
                     LogitsRows::Range(rows.clone())
                 },
                 top1: matches!(seg.want, Want::Top1(_)),
+                top_k: matches!(seg.want, Want::TopK(_)),
             });
             let all = (self.logits)(seg.start, seg.ids);
             assert_eq!(
@@ -223,8 +233,18 @@ impl ModelRunner for ScriptedRunner {
                 Want::Top1(_) => {
                     SegmentOutput::Top1(logits.chunks_exact(vocab).map(top1).collect())
                 }
+                Want::TopK(_) => SegmentOutput::TopK(top_k_of_rows(logits, vocab)),
             });
+            kept.extend_from_slice(logits);
         }
+        self.kept = (TopKRows::new(segments), kept);
         Ok(out)
+    }
+
+    fn logits_row(&mut self, segment: usize, row: usize) -> minnow_model::Result<Vec<f32>> {
+        let at = self.kept.0.index(segment, row)?;
+        let v = self.config.vocab_size;
+        self.rows_read += 1;
+        Ok(self.kept.1[at * v..(at + 1) * v].to_vec())
     }
 }

@@ -34,7 +34,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use minnow_model::batch::pages_for;
-use minnow_model::{PageId, Segment, SegmentOutput};
+use minnow_model::{ModelRunner, PageId, Segment, SegmentOutput};
 
 use super::handle::{CancelToken, StopSignal};
 use crate::api::{FinishReason, GenerationStats};
@@ -454,22 +454,30 @@ impl Core {
 
     /// Hands each request of `plan` its output (`outputs` in the plan's order), or fails them
     /// all when the forward failed (a batch runs as one: its failure is no single request's).
+    /// `runner` ran the forward: a constrained request may read a row of it in full.
     pub fn apply(
         &mut self,
         plan: StepPlan,
         outputs: Result<Vec<SegmentOutput>, String>,
         elapsed: Duration,
+        runner: &mut dyn ModelRunner,
     ) {
         if !plan.is_empty() {
             self.record_batch_size(plan.segments.len());
         }
         match outputs {
             Ok(outputs) if outputs.len() == plan.segments.len() => {
-                for (segment, output) in plan.segments.into_iter().zip(outputs) {
+                for (index, (segment, output)) in plan.segments.into_iter().zip(outputs).enumerate()
+                {
                     let Some(i) = self.running.iter().position(|s| s.id == segment.id) else {
                         continue;
                     };
-                    match self.running[i].decoder.apply(output, elapsed) {
+                    let mut read_row =
+                        |row| runner.logits_row(index, row).map_err(|e| e.to_string());
+                    match self.running[i]
+                        .decoder
+                        .apply(output, &mut read_row, elapsed)
+                    {
                         Ok(update) => self.on_update(i, update),
                         Err(error) => self.fail(i, error.into()),
                     }

@@ -269,7 +269,7 @@ impl Worker {
         .map_err(|e| e.to_string());
         let elapsed = began.elapsed();
         drop(segments);
-        self.core.apply(plan, outputs, elapsed);
+        self.core.apply(plan, outputs, elapsed, &mut *self.runner);
         self.deliver();
     }
 

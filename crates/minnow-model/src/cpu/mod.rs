@@ -17,7 +17,7 @@ use minnow_runtime::cpu::{linear, rms_norm_rows, Par};
 use crate::batch::{pages_for, Segment, SegmentOutput, Want};
 use crate::config::Config;
 use crate::error::Result;
-use crate::runner::{top1, ModelRunner};
+use crate::runner::{top1, top_k_of_rows, ModelRunner, TopKRows};
 use crate::trace::{RouterTrace, Trace};
 use crate::weights::{FeedForward, Weights};
 use attention::SegmentRows;
@@ -55,8 +55,19 @@ impl CpuModel {
         &self,
         pool: &mut KvPool,
         segments: &[Segment<'_>],
-        mut trace: Option<&mut Trace>,
+        trace: Option<&mut Trace>,
     ) -> Result<Vec<SegmentOutput>> {
+        Ok(self.forward_rows(pool, segments, trace)?.0)
+    }
+
+    /// [`CpuModel::forward_batch`], also returning the logits of every wanted row `[rows,
+    /// vocab]` in batch order (of every row when tracing).
+    fn forward_rows(
+        &self,
+        pool: &mut KvPool,
+        segments: &[Segment<'_>],
+        mut trace: Option<&mut Trace>,
+    ) -> Result<(Vec<SegmentOutput>, Vec<f32>)> {
         let c = &self.config;
         let w = &self.weights;
         let dm = c.hidden_size;
@@ -75,7 +86,7 @@ impl CpuModel {
         }
         let n = ids.len();
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         // 2.2 routing blocks: each segment's rows cut at its own block boundaries.
         let routing_blocks: Vec<Range<usize>> = rows
@@ -174,21 +185,24 @@ impl CpuModel {
             };
             &logits[at * v..(at + 1) * v]
         };
-        Ok(segments
+        let outputs = segments
             .iter()
             .zip(&wanted)
-            .map(|(seg, rows)| match seg.want {
-                Want::Nothing => SegmentOutput::Nothing,
-                Want::Logits(_) => SegmentOutput::Logits(
-                    rows.clone()
-                        .flat_map(|r| row_logits(r).iter().copied())
-                        .collect(),
-                ),
-                Want::Top1(_) => {
-                    SegmentOutput::Top1(rows.clone().map(|r| top1(row_logits(r))).collect())
+            .map(|(seg, rows)| {
+                let data = || rows.clone().flat_map(|r| row_logits(r).iter().copied());
+                match seg.want {
+                    Want::Nothing => SegmentOutput::Nothing,
+                    Want::Logits(_) => SegmentOutput::Logits(data().collect()),
+                    Want::Top1(_) => {
+                        SegmentOutput::Top1(rows.clone().map(|r| top1(row_logits(r))).collect())
+                    }
+                    Want::TopK(_) => {
+                        SegmentOutput::TopK(top_k_of_rows(&data().collect::<Vec<_>>(), v))
+                    }
                 }
             })
-            .collect())
+            .collect();
+        Ok((outputs, logits))
     }
 }
 
@@ -206,6 +220,9 @@ pub const DEFAULT_CPU_KV_BYTES: usize = 4 << 30;
 pub struct CpuRunner {
     model: Arc<CpuModel>,
     pool: KvPool,
+    /// The latest forward's wanted logits rows `[rows, vocab]` when some were asked for with
+    /// [`Want::TopK`] (else empty), and where those are.
+    kept: (TopKRows, Vec<f32>),
 }
 
 impl CpuRunner {
@@ -233,7 +250,11 @@ impl CpuRunner {
     /// A runner whose pool holds exactly `pages` pages.
     pub fn with_pages(model: Arc<CpuModel>, pages: usize) -> CpuRunner {
         let pool = KvPool::new(model.config(), pages);
-        CpuRunner { model, pool }
+        CpuRunner {
+            model,
+            pool,
+            kept: Default::default(),
+        }
     }
 
     pub fn model(&self) -> &Arc<CpuModel> {
@@ -246,6 +267,7 @@ impl CpuRunner {
         segments: &[Segment<'_>],
         trace: &mut Trace,
     ) -> Result<Vec<SegmentOutput>> {
+        self.kept = Default::default();
         self.model
             .forward_batch(&mut self.pool, segments, Some(trace))
     }
@@ -273,6 +295,17 @@ impl ModelRunner for CpuRunner {
     }
 
     fn forward_batch(&mut self, segments: &[Segment<'_>]) -> Result<Vec<SegmentOutput>> {
-        self.model.forward_batch(&mut self.pool, segments, None)
+        self.kept = Default::default();
+        let (outputs, logits) = self.model.forward_rows(&mut self.pool, segments, None)?;
+        if segments.iter().any(|s| matches!(s.want, Want::TopK(_))) {
+            self.kept = (TopKRows::new(segments), logits);
+        }
+        Ok(outputs)
+    }
+
+    fn logits_row(&mut self, segment: usize, row: usize) -> Result<Vec<f32>> {
+        let at = self.kept.0.index(segment, row)?;
+        let v = self.model.config().vocab_size;
+        Ok(self.kept.1[at * v..(at + 1) * v].to_vec())
     }
 }

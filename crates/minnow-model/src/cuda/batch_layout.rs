@@ -14,6 +14,7 @@ pub(crate) enum WantKind {
     Nothing,
     Logits,
     Top1,
+    TopK,
 }
 
 /// The shape of a batched forward: every segment's length and wanted rows. Everything the queued
@@ -38,6 +39,7 @@ impl BatchShape {
                         Want::Nothing => WantKind::Nothing,
                         Want::Logits(_) => WantKind::Logits,
                         Want::Top1(_) => WantKind::Top1,
+                        Want::TopK(_) => WantKind::TopK,
                     };
                     (s.ids.len(), s.want.rows(), kind)
                 })
@@ -69,6 +71,8 @@ pub(crate) struct Layout {
     pub head_range: Option<std::ops::Range<usize>>,
     pub logits: bool,
     pub top1: bool,
+    /// Some rows want their best ids (`Want::TopK`: the top-1 pairs too).
+    pub topk: bool,
     /// Attention CTAs: (segment, first token).
     pub tiles: Vec<[i32; 2]>,
     /// Fixed-position attention splits (see [`BatchShape::key_chunks`]).
@@ -93,7 +97,7 @@ impl Layout {
         let lens: Vec<usize> = shape.segments.iter().map(|s| s.0).collect();
         let tokens: usize = lens.iter().sum();
         let mut head_rows = Vec::new();
-        let (mut logits, mut top1) = (false, false);
+        let (mut logits, mut top1, mut topk) = (false, false, false);
         let mut row0 = 0;
         let mut blocks = Vec::new();
         for (n, rows, kind) in &shape.segments {
@@ -101,6 +105,7 @@ impl Layout {
                 WantKind::Nothing => {}
                 WantKind::Logits => logits |= !rows.is_empty(),
                 WantKind::Top1 => top1 |= !rows.is_empty(),
+                WantKind::TopK => topk |= !rows.is_empty(),
             }
             if *kind != WantKind::Nothing {
                 head_rows.extend(rows.clone().map(|r| (row0 + r) as u32));
@@ -130,6 +135,7 @@ impl Layout {
             head_range,
             logits,
             top1,
+            topk,
             tiles,
             key_chunks: shape.key_chunks,
             blocks,

@@ -13,6 +13,7 @@ use super::moe::{queue_grouped_experts, queue_pooled_experts, Grouping};
 use super::shapes::{attention_shape, attention_splits, router_shape};
 use super::weights::{Mlp, RouterWeights, SharedExpert, Weights};
 use super::workspace::Workspace;
+use crate::batch::TOP_K;
 use crate::config::Config;
 
 /// Queues one batched forward laid out by `layout`, its metadata (`Layout::fill`) already in
@@ -314,7 +315,7 @@ pub(crate) fn queue_forward(
         d,
     )?;
     mark("lm_head")?;
-    if layout.top1 {
+    if layout.top1 || layout.topk {
         ops::top1_softmax(
             gpu,
             ws.logits_bf16.ptr(),
@@ -324,6 +325,11 @@ pub(crate) fn queue_forward(
             rows,
             v,
         )?;
+    }
+    if layout.topk {
+        let k = TOP_K.min(v);
+        let best = &ws.best;
+        ops::topk_rows(gpu, ws.logits_bf16.ptr(), best.ptr(), best.ptr_at(rows * k), rows, v, k)?;
     }
     if layout.logits {
         ops::bf16_to_f32(gpu, ws.logits_bf16.ptr(), ws.logits_f32.ptr(), rows * v)?;

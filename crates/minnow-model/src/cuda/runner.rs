@@ -16,10 +16,10 @@ use super::forward::queue_forward;
 use super::kv_pool::KvPool;
 use super::weights::Weights;
 use super::workspace::Workspace;
-use crate::batch::{pages_for, Segment, SegmentOutput, Want};
+use crate::batch::{pages_for, Segment, SegmentOutput, TopK, Want, TOP_K};
 use crate::config::Config;
 use crate::error::{ModelError, Result};
-use crate::runner::ModelRunner;
+use crate::runner::{ModelRunner, TopKRows};
 
 /// Batches whose segments are all at most this long (denoising steps, commits) and whose rows
 /// total at most [`GRAPH_MAX_TOKENS`] are captured as CUDA graphs and replayed; longer ones
@@ -57,6 +57,8 @@ pub struct CudaRunner {
     weights: Weights,
     config: Config,
     use_graphs: bool,
+    /// Where the latest forward's `Want::TopK` rows are in the workspace's logits.
+    topk_rows: TopKRows,
     gpu: Gpu,
 }
 
@@ -189,6 +191,7 @@ impl CudaRunner {
             weights,
             config,
             use_graphs,
+            topk_rows: TopKRows::default(),
             gpu,
         })
     }
@@ -256,6 +259,7 @@ impl CudaRunner {
         routing: Option<&mut Vec<Vec<i32>>>,
     ) -> Result<Vec<SegmentOutput>> {
         crate::batch::validate(&self.config, self.pool.pages(), segments)?;
+        self.topk_rows = TopKRows::new(segments);
         if segments.is_empty() {
             return Ok(Vec::new());
         }
@@ -342,7 +346,7 @@ impl CudaRunner {
         let rows = layout.head_rows.len();
         let v = self.config.vocab_size;
         let (mut tokens, mut conf) = (Vec::new(), Vec::new());
-        if layout.top1 {
+        if layout.top1 || layout.topk {
             // Tokens then confidences (F32 bits), in one copy.
             tokens = vec![0u32; 2 * rows];
             self.gpu.read(&ws.top, 0, &mut tokens).map_err(device_err)?;
@@ -352,7 +356,14 @@ impl CudaRunner {
                 .map(f32::from_bits)
                 .collect();
         }
-        if !layout.top1 && !layout.logits {
+        let k = TOP_K.min(v);
+        let mut best = Vec::new();
+        if layout.topk {
+            // Ids then logits (F32 bits), in one copy.
+            best = vec![0u32; 2 * rows * k];
+            self.gpu.read(&ws.best, 0, &mut best).map_err(device_err)?;
+        }
+        if !layout.top1 && !layout.logits && !layout.topk {
             // Nothing to read: still wait, so device faults surface in this call.
             self.gpu.synchronize().map_err(device_err)?;
         }
@@ -365,6 +376,11 @@ impl CudaRunner {
                     Want::Nothing => return Ok(SegmentOutput::Nothing),
                     Want::Logits(_) if n == 0 => SegmentOutput::Logits(Vec::new()),
                     Want::Top1(_) if n == 0 => SegmentOutput::Top1(Vec::new()),
+                    Want::TopK(_) if n == 0 => SegmentOutput::TopK(TopK {
+                        k,
+                        entries: Vec::new(),
+                        top1: Vec::new(),
+                    }),
                     // Each segment's rows straight into its own vector (20 MB for a block of
                     // the mini model's logits: no second copy).
                     Want::Logits(_) => {
@@ -381,6 +397,23 @@ impl CudaRunner {
                             .zip(conf[at..at + n].iter().copied())
                             .collect(),
                     ),
+                    Want::TopK(_) => {
+                        let (ids, logits) = best.split_at(rows * k);
+                        let span = at * k..(at + n) * k;
+                        SegmentOutput::TopK(TopK {
+                            k,
+                            entries: ids[span.clone()]
+                                .iter()
+                                .zip(&logits[span])
+                                .map(|(&id, &bits)| (id, f32::from_bits(bits)))
+                                .collect(),
+                            top1: tokens[at..at + n]
+                                .iter()
+                                .copied()
+                                .zip(conf[at..at + n].iter().copied())
+                                .collect(),
+                        })
+                    }
                 };
                 at += n;
                 Ok(out)
@@ -430,5 +463,18 @@ impl ModelRunner for CudaRunner {
 
     fn forward_batch(&mut self, segments: &[Segment<'_>]) -> Result<Vec<SegmentOutput>> {
         self.run_batch(segments, None, None)
+    }
+
+    /// Read from the BF16 logits the forward left in the workspace (the values its best ids
+    /// were chosen from), widened exactly.
+    fn logits_row(&mut self, segment: usize, row: usize) -> Result<Vec<f32>> {
+        let at = self.topk_rows.index(segment, row)?;
+        let v = self.config.vocab_size;
+        self.gpu.bind().map_err(device_err)?;
+        let mut data = vec![half::bf16::ZERO; v];
+        self.gpu
+            .read(&self.workspace.logits_bf16, at * v, &mut data)
+            .map_err(device_err)?;
+        Ok(half::slice::HalfFloatSliceExt::to_f32_vec(data.as_slice()))
     }
 }

@@ -6,6 +6,7 @@ use minnow_runtime::cuda::tma::TensorMaps;
 use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu};
 
 use super::shapes::attention_shape;
+use crate::batch::TOP_K;
 use crate::config::Config;
 
 /// Scratch buffers for forwards of up to `tokens` tokens and `logit_rows` logits rows.
@@ -57,6 +58,9 @@ pub(crate) struct Workspace {
     /// (`[rows, 2 rows)`): a step reads both back in one copy.
     pub top: DeviceBuffer<u32>,
     pub(super) top_scratch: DeviceBuffer<f32>,
+    /// The wanted rows' best ids (`[rows, TOP_K]`) then their logits as F32 bits (the same
+    /// shape after them): read back in one copy.
+    pub best: DeviceBuffer<u32>,
 }
 
 impl Workspace {
@@ -162,6 +166,7 @@ impl Workspace {
             logits_f32: gpu.alloc(r * c.vocab_size)?,
             top: gpu.alloc(2 * r)?,
             top_scratch: gpu.alloc(r * ops::TOP1_SLICES * 3)?,
+            best: gpu.alloc(2 * r * TOP_K.min(c.vocab_size))?,
         })
     }
 }

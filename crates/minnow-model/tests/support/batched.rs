@@ -2,6 +2,7 @@
 //! `portable_cpu.rs` (the portable kernels).
 
 use crate::common::*;
+use minnow_model::runner::top_k_of_rows;
 use minnow_model::{
     CpuRunner, LogitsRows, ModelRunner, PageId, Segment, SegmentOutput, SingleSequence, Want,
 };
@@ -45,6 +46,12 @@ fn cases() -> Vec<Case> {
             len: 64,
             want: Want::Nothing,
         },
+        // The best ids of some rows of a block (their full rows read after the forward).
+        Case {
+            prefix: 32,
+            len: 32,
+            want: Want::TopK(3..30),
+        },
     ]
 }
 
@@ -60,7 +67,7 @@ fn ids_of(golden: &[u32], i: usize, vocab: u32) -> Vec<u32> {
 fn rows_of(want: &Want) -> LogitsRows {
     match want {
         Want::Nothing => LogitsRows::None,
-        Want::Logits(r) | Want::Top1(r) => LogitsRows::Range(r.clone()),
+        Want::Logits(r) | Want::Top1(r) | Want::TopK(r) => LogitsRows::Range(r.clone()),
     }
 }
 
@@ -86,6 +93,8 @@ pub fn segments_get_their_unbatched_outputs(name: &str, path: &std::path::Path) 
 
         // Unbatched: each sequence on its own.
         let mut expected = Vec::new();
+        // The full logits of each `Want::TopK` case.
+        let mut full_rows = Vec::new();
         for (case, ids) in cases.iter().zip(&ids) {
             let seq = alone.create_sequence();
             if case.prefix > 0 {
@@ -104,6 +113,12 @@ pub fn segments_get_their_unbatched_outputs(name: &str, path: &std::path::Path) 
                 }
                 Want::Logits(_) => {
                     SegmentOutput::Logits(alone.forward(seq, input, rows_of(&case.want)).unwrap())
+                }
+                Want::TopK(_) => {
+                    let logits = alone.forward(seq, input, rows_of(&case.want)).unwrap();
+                    let top = top_k_of_rows(&logits, vocab as usize);
+                    full_rows.push(logits);
+                    SegmentOutput::TopK(top)
                 }
             });
         }
@@ -147,6 +162,31 @@ pub fn segments_get_their_unbatched_outputs(name: &str, path: &std::path::Path) 
             })
             .collect();
         let got = batched.forward_batch(&segments).unwrap();
+        // The full rows of the `Want::TopK` segments are those of the forward alone.
+        let mut full_rows = full_rows.into_iter();
+        for (i, case) in cases.iter().enumerate() {
+            if let Want::TopK(rows) = &case.want {
+                let full = full_rows.next().unwrap();
+                let v = vocab as usize;
+                for (j, r) in rows.clone().enumerate() {
+                    let row = batched.logits_row(i, r).unwrap();
+                    assert_bit_identical(
+                        &format!("{name} row {r}"),
+                        &row,
+                        &full[j * v..(j + 1) * v],
+                    );
+                }
+                assert!(
+                    batched.logits_row(i, rows.end).is_err(),
+                    "a row not asked for"
+                );
+            } else {
+                assert!(
+                    batched.logits_row(i, 0).is_err(),
+                    "segment {i} kept no rows"
+                );
+            }
+        }
 
         assert_eq!(got.len(), expected.len());
         for (i, (g, e)) in got.into_iter().zip(expected).enumerate() {
@@ -162,6 +202,7 @@ pub fn segments_get_their_unbatched_outputs(name: &str, path: &std::path::Path) 
                         assert_eq!(a.1.to_bits(), b.1.to_bits(), "{what}: {a:?} vs {b:?}");
                     }
                 }
+                (SegmentOutput::TopK(g), SegmentOutput::TopK(e)) => assert_eq!(g, e, "{what}"),
                 (SegmentOutput::Nothing, SegmentOutput::Nothing) => {}
                 (g, e) => panic!("{what}: got {g:?}, expected {e:?}"),
             }

@@ -149,6 +149,7 @@ kernel_table! {
         bf16_to_f32(x: u64, y: u64, n: i64);
         top1_partial(logits: u64, scratch: u64, vocab: i32);
         top1_finish(scratch: u64, token: u64, confidence: u64, slices: i32);
+        topk_rows(logits: u64, ids: u64, values: u64, vocab: i32, k: i32);
         fill_random_bf16(x: u64, n: i64, seed: u64, scale: f32);
     }
     /// `kernels/rope.cu`.

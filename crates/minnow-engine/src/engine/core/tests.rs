@@ -128,7 +128,8 @@ impl Harness {
                 .runner
                 .forward_batch(&plan.segments())
                 .map_err(|e| e.to_string());
-            self.core.apply(plan.clone(), outputs, Duration::ZERO);
+            self.core
+                .apply(plan.clone(), outputs, Duration::ZERO, &mut self.runner);
             self.collect();
         }
         self.plans.push(plan);
@@ -394,7 +395,7 @@ fn a_stop_signal_ends_a_request_at_the_next_schedule_and_frees_its_pages() {
         .runner
         .forward_batch(&plan.segments())
         .map_err(|e| e.to_string());
-    h.core.apply(plan, outputs, Duration::ZERO);
+    h.core.apply(plan, outputs, Duration::ZERO, &mut h.runner);
     h.run(1000);
     assert_eq!(h.ended[&2].reason, FinishReason::Length);
     assert_eq!(h.core.cache_stats().pages_held, 0);

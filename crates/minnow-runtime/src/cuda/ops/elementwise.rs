@@ -207,6 +207,30 @@ pub fn top1_softmax(
     kernels::elementwise::top1_finish(gpu, cfg, scratch, token, confidence, TOP1_SLICES as i32)
 }
 
+/// Most ids [`topk_rows`] returns per row (the kernel's `TOPK_MAX`).
+pub const TOPK_MAX: usize = 64;
+
+/// Per row of BF16 logits `[rows, vocab]`: the first `k` ids (`k <= TOPK_MAX`, `k <= vocab`) in
+/// the order larger value first (NaN below every number, -0 equal to +0), lower id first, into
+/// `ids[rows, k]` (u32), and their logits into `values[rows, k]` (F32). One CTA per row.
+pub fn topk_rows(
+    gpu: &Gpu,
+    logits: u64,
+    ids: u64,
+    values: u64,
+    rows: usize,
+    vocab: usize,
+    k: usize,
+) -> CudaResult<()> {
+    if k == 0 || k > TOPK_MAX || k > vocab {
+        return unsupported(format!(
+            "top-{k} of rows of {vocab} logits (1 to {TOPK_MAX}, at most the vocabulary)"
+        ));
+    }
+    let cfg = LaunchConfig::new((rows as u32, 1, 1), 512, 0);
+    kernels::elementwise::topk_rows(gpu, cfg, logits, ids, values, vocab as i32, k as i32)
+}
+
 /// Reproducible uniform random BF16 values in `[-scale, scale)`.
 pub fn fill_random_bf16(gpu: &Gpu, x: u64, n: usize, seed: u64, scale: f32) -> CudaResult<()> {
     let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
