@@ -120,26 +120,53 @@ pub fn top_k_of_rows(logits: &[f32], vocab: usize) -> TopK {
 /// [`crate::batch::Want::TopK`]: larger logit first, NaN below every number (so -0 and +0 are
 /// equal), lower id first among equal logits; each with its logit.
 pub fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
-    if k == 0 {
-        return best;
+    let first = k.min(row.len());
+    if first == 0 {
+        return Vec::new();
     }
-    for (i, &v) in row.iter().enumerate() {
-        let entry = (i as u32, v);
-        if best.len() == k {
-            // Ids grow, so an entry equal to the last one never displaces it.
-            if !comes_before(entry, best[k - 1]) {
-                continue;
-            }
-            best.pop();
+    let mut best: Vec<(u32, f32)> = row[..first]
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (i as u32, v))
+        .collect();
+    best.sort_unstable_by(|&a, &b| order(a, b));
+    // Ids that beat the current k-th wait here and are merged k at a time, so a row whose logits
+    // rise with the id costs O(n log k), not O(n k).
+    let mut waiting = Vec::with_capacity(first);
+    let merge = |best: &mut Vec<(u32, f32)>, waiting: &mut Vec<(u32, f32)>| {
+        best.append(waiting);
+        best.sort_unstable_by(|&a, &b| order(a, b));
+        best.truncate(first);
+    };
+    for (i, &v) in row.iter().enumerate().skip(first) {
+        let last = best[first - 1];
+        // Most ids fall below the k-th logit: one comparison rejects them. Ids grow, so an id
+        // equal to the k-th logit never displaces it.
+        if v.is_nan() || v < last.1 || !comes_before((i as u32, v), last) {
+            continue;
         }
-        let at = best.partition_point(|&e| comes_before(e, entry));
-        best.insert(at, entry);
+        waiting.push((i as u32, v));
+        if waiting.len() == first {
+            merge(&mut best, &mut waiting);
+        }
     }
+    merge(&mut best, &mut waiting);
     best
 }
 
+/// [`top_k`]'s order as an [`std::cmp::Ordering`] (`Less`: `a` comes first).
+fn order(a: (u32, f32), b: (u32, f32)) -> std::cmp::Ordering {
+    if comes_before(a, b) {
+        std::cmp::Ordering::Less
+    } else if comes_before(b, a) {
+        std::cmp::Ordering::Greater
+    } else {
+        std::cmp::Ordering::Equal
+    }
+}
+
 /// Whether `a` precedes `b` in [`top_k`]'s order.
+#[inline]
 fn comes_before(a: (u32, f32), b: (u32, f32)) -> bool {
     match (a.1.is_nan(), b.1.is_nan()) {
         (false, false) => a.1 > b.1 || (a.1 == b.1 && a.0 < b.0),
