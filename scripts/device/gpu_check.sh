@@ -4,9 +4,10 @@
 # (MINNOW_PTX_DIR), then optionally the benchmark. Binaries come from `scripts/device/stage.sh`,
 # which copies them (stripped) into ./bin. The fresh PTX comes back as $OUT/ptx.tar.
 #
-#   bash scripts/device/gpu_check.sh [tests|bench|all|quant] [extra bench args]
+#   bash scripts/device/gpu_check.sh [tests|bench|all|quant|structured] [extra bench args]
 # `quant`: the quantized-expert kernel and model tests, then the bench with BF16, INT8 and INT4
-# routed experts.
+# routed experts. `structured`: the top-k kernel's test, then bench-structured on random mini
+# weights (constrained vs plain decode at concurrency 1 and 16).
 set -uo pipefail
 what=${1:-all}; shift || true
 root=$PWD
@@ -51,5 +52,13 @@ if [ "$what" = quant ]; then
     echo "== bench --experts $e"
     bin/xtask bench --experts "$e" "$@" 2>&1 | tee "$OUT/bench_$e.txt" | grep -E "^\||weights"
   done
+fi
+if [ "$what" = structured ]; then
+  echo "== top-k kernel"
+  timeout 300 bin/test-cuda_kernels --ignored --nocapture topk 2>&1 | grep -vE "^\s*$" | tail -20
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  echo "== bench-structured"
+  timeout 300 bin/xtask bench-structured --random-mini --concurrency 1,16 --tokens 128 "$@" 2>&1 \
+    | tee "$OUT/bench_structured.txt" | grep -E "^\||vocabulary"
 fi
 exit $status

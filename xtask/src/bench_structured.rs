@@ -1,5 +1,6 @@
 //! `cargo xtask bench-structured --model DIR [--device cpu|cuda:N]` (or `--random-mini` for
-//! random LLaDA2.2-mini weights on GPU 0): structured outputs' cost.
+//! random LLaDA2.2-mini weights on GPU 0, or `--fake-runner` for a forward that computes nothing
+//! but answers like those weights: the engine's own host cost): structured outputs' cost.
 //!
 //! 1. Compile + first mask of a typical JSON Schema (`SCHEMA`) over a vocabulary of the real
 //!    checkpoints' size: a synthetic byte-level vocabulary of `--vocab` tokens (the 256 bytes,
@@ -10,26 +11,38 @@
 //!    greedy requests of `--tokens` new tokens submitted at once (2.1 joint algorithm), answer
 //!    tokens per second of wall time. Constrained answers end when their document does, so the
 //!    table also gives the tokens produced. The engine's tokenizer comes from `--tokenizer-dir`
-//!    (default: the bundled fixture; prompt ids stay below its vocabulary).
+//!    (default: the bundled fixture; prompt ids stay below its vocabulary). Each row also gives
+//!    the wall milliseconds per answer token (with `--fake-runner`, the part spent outside the
+//!    runner: the engine's own cost), the grammar masks per answer token (those computed beside
+//!    the forward in parentheses) and the full logits rows the grammar read. A measurement
+//!    still running after `--deadline-secs` is cancelled and its row says so.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
+
+mod fake_runner;
 use minnow_engine::constraint::{GrammarCompiler, OutputConstraint};
 use minnow_engine::text::tool_format::ToolCallFormat;
-use minnow_engine::{Algorithm, DecodeParams, Engine, EngineOptions, Event, GenerateRequest};
+use minnow_engine::{
+    Algorithm, DecodeParams, Engine, EngineOptions, Event, FinishReason, GenerateRequest,
+};
 use minnow_runtime::device::DeviceRequest;
 
 #[derive(Parser, Debug)]
 #[command(name = "bench-structured")]
 struct Args {
     /// Checkpoint directory.
-    #[arg(long, required_unless_present = "random_mini")]
+    #[arg(long, required_unless_present_any = ["random_mini", "fake_runner"])]
     model: Option<PathBuf>,
     /// Instead of a checkpoint: random weights at LLaDA2.2-mini shapes on GPU 0.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     random_mini: bool,
+    /// Instead of a checkpoint: a runner that computes nothing and returns random logits of
+    /// LLaDA2.2-mini's vocabulary (the engine's host cost per answer token).
+    #[arg(long, conflicts_with_all = ["model", "random_mini"])]
+    fake_runner: bool,
     #[arg(long, default_value = "cpu")]
     device: DeviceRequest,
     #[arg(long, default_value = FIXTURE)]
@@ -43,6 +56,10 @@ struct Args {
     /// Size of the synthetic vocabulary of the compile + first-mask measurement.
     #[arg(long, default_value_t = 157_184)]
     vocab: usize,
+    /// Longest wait for one measurement's requests, in seconds: past it they are cancelled and
+    /// the row says so (the bench ends in bounded time on any device).
+    #[arg(long, default_value_t = 20.0)]
+    deadline_secs: f64,
 }
 
 const FIXTURE: &str = concat!(
@@ -81,6 +98,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     compile_and_first_mask(args.vocab)?;
 
+    let mini = || {
+        minnow_model::Config::from_json_str(
+            crate::bench::MINI_22,
+            std::path::Path::new("<LLaDA2.2-mini shapes>"),
+        )
+        .map_err(|e| e.to_string())
+    };
+    let mut runner_time = None;
     let runner: Box<dyn minnow_model::ModelRunner> = match &args.model {
         Some(model) => {
             let options = EngineOptions {
@@ -89,17 +114,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
             };
             minnow_engine::engine::select_runner(model, &options).map_err(|e| e.to_string())?
         }
-        None => {
-            let config = minnow_model::Config::from_json_str(
-                crate::bench::MINI_22,
-                std::path::Path::new("<LLaDA2.2-mini shapes>"),
-            )
-            .map_err(|e| e.to_string())?;
-            Box::new(
-                minnow_model::cuda::CudaRunner::random(config, 0, 2201)
-                    .map_err(|e| e.to_string())?,
-            )
+        None if args.fake_runner => {
+            let runner = fake_runner::FakeRunner::new(mini()?);
+            runner_time = Some(runner.runner_time());
+            Box::new(runner)
         }
+        None => Box::new(
+            minnow_model::cuda::CudaRunner::random(mini()?, 0, 2201).map_err(|e| e.to_string())?,
+        ),
     };
     let device = runner.device_name();
     let parallel = args.concurrency.iter().copied().max().unwrap_or(1);
@@ -113,21 +135,57 @@ pub fn run(args: &[String]) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     println!(
-        "| {device}, {} new tokens | requests | answer tokens | tokens/s | constrained / plain |",
+        "| {device}, {} new tokens | requests | answer tokens | tokens/s | constrained / plain | ms per answer token (host) | grammar masks per token (prepared) | full rows read |",
         args.tokens
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
+    let deadline = std::time::Duration::from_secs_f64(args.deadline_secs.max(0.0));
+    // One short request of each kind first: the engine builds its vocabulary's trie at its first
+    // grammar (and a GPU runner captures its first graphs), which no row below should pay.
+    for constraint in [None, Some(OutputConstraint::JsonSchema(schema()))] {
+        batch(&engine, 1, 8, constraint, runner_time.as_ref(), deadline)?;
+    }
     for &n in &args.concurrency {
-        let (plain_tokens, plain_s) = batch(&engine, n, args.tokens, None)?;
-        let constraint = OutputConstraint::JsonSchema(schema());
-        let (json_tokens, json_s) = batch(&engine, n, args.tokens, Some(constraint))?;
-        let plain_rate = plain_tokens as f64 / plain_s;
-        let json_rate = json_tokens as f64 / json_s;
-        println!("| plain | {n} | {plain_tokens} | {plain_rate:.0} | |");
+        let plain = batch(
+            &engine,
+            n,
+            args.tokens,
+            None,
+            runner_time.as_ref(),
+            deadline,
+        )?;
         println!(
-            "| JSON Schema | {n} | {json_tokens} | {json_rate:.0} | {:.0}% |",
-            100.0 * json_rate / plain_rate
+            "| plain | {n}{} | {} | {:.0} | | {} | | |",
+            plain.unfinished(n),
+            plain.tokens,
+            plain.rate(),
+            plain.per_token()
         );
+        let constraint = Some(OutputConstraint::JsonSchema(schema()));
+        let json = batch(
+            &engine,
+            n,
+            args.tokens,
+            constraint,
+            runner_time.as_ref(),
+            deadline,
+        )?;
+        let ratio = if plain.finished == n && json.finished == n {
+            format!("{:.0}%", 100.0 * json.rate() / plain.rate())
+        } else {
+            "not measured".into()
+        };
+        println!(
+            "| JSON Schema | {n}{} | {} | {:.0} | {ratio} | {} | {:.2} ({:.2}) | {} |",
+            json.unfinished(n),
+            json.tokens,
+            json.rate(),
+            json.per_token(),
+            json.masks as f64 / json.tokens.max(1) as f64,
+            json.masks_prepared as f64 / json.tokens.max(1) as f64,
+            json.rows_read,
+        );
+        std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -242,14 +300,62 @@ fn byte_alphabet() -> Vec<char> {
     map
 }
 
-/// Submits `n` greedy requests at once; returns the answer tokens and the wall seconds.
+/// One measurement: `n` requests submitted at once.
+struct Measured {
+    /// Requests that finished before the deadline.
+    finished: usize,
+    /// Answer tokens of the finished requests.
+    tokens: usize,
+    seconds: f64,
+    /// Seconds spent inside a `--fake-runner` runner (its forwards and row reads).
+    runner_seconds: Option<f64>,
+    /// Grammar masks the requests computed, and how many of them beside the forward.
+    masks: usize,
+    masks_prepared: usize,
+    /// Full logits rows read because a top-K held no allowed token.
+    rows_read: usize,
+}
+
+impl Measured {
+    fn rate(&self) -> f64 {
+        self.tokens as f64 / self.seconds
+    }
+
+    /// What the requests column adds when some of the `n` requests missed the deadline.
+    fn unfinished(&self, n: usize) -> String {
+        if self.finished == n {
+            String::new()
+        } else {
+            format!(" ({} finished before the deadline)", self.finished)
+        }
+    }
+
+    /// Wall milliseconds per answer token, and the part outside the runner when known.
+    fn per_token(&self) -> String {
+        let per = |s: f64| 1e3 * s / self.tokens.max(1) as f64;
+        match self.runner_seconds {
+            Some(inside) => format!(
+                "{:.3} ({:.3} outside the runner)",
+                per(self.seconds),
+                per(self.seconds - inside)
+            ),
+            None => format!("{:.3}", per(self.seconds)),
+        }
+    }
+}
+
+/// Submits `n` greedy requests at once and waits for them all, or cancels those still running
+/// at `deadline`.
 fn batch(
     engine: &Engine,
     n: usize,
     tokens: usize,
     constraint: Option<OutputConstraint>,
-) -> Result<(usize, f64), String> {
+    runner_time: Option<&fake_runner::RunnerTime>,
+    deadline: std::time::Duration,
+) -> Result<Measured, String> {
     let began = Instant::now();
+    let inside_before = runner_time.map(|t| t.get());
     let mut handles = Vec::new();
     for i in 0..n {
         let prompt: Vec<u32> = (0..40).map(|j| ((i * 131 + j * 17) % 400) as u32).collect();
@@ -270,19 +376,58 @@ fn batch(
                 .map_err(|e| e.to_string())?,
         );
     }
-    let mut total = 0;
+    let cancels: Vec<_> = handles.iter().map(|h| h.cancel_token()).collect();
+    let (finished_tx, finished_rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let late = finished_rx.recv_timeout(deadline).is_err();
+        if late {
+            cancels.iter().for_each(|c| c.cancel());
+        }
+        late
+    });
+    let mut measured = Measured {
+        finished: 0,
+        tokens: 0,
+        seconds: 0.0,
+        runner_seconds: None,
+        masks: 0,
+        masks_prepared: 0,
+        rows_read: 0,
+    };
     for handle in &mut handles {
         loop {
             match handle.blocking_next_event() {
-                Some(Event::Done { output_ids, .. }) => {
-                    total += output_ids.len();
+                Some(Event::Done {
+                    finish_reason: FinishReason::Cancelled,
+                    ..
+                }) => break,
+                Some(Event::Done {
+                    output_ids, stats, ..
+                }) => {
+                    measured.finished += 1;
+                    measured.tokens += output_ids.len();
+                    measured.masks += stats.grammar_masks;
+                    measured.masks_prepared += stats.grammar_masks_prepared;
+                    measured.rows_read += stats.grammar_rows_read;
                     break;
                 }
-                Some(Event::Error(e)) => return Err(e.to_string()),
+                // Cancelled at the deadline (the watchdog says so below), or a real error.
+                Some(Event::Error(e)) if began.elapsed() < deadline => return Err(e.to_string()),
+                Some(Event::Error(_)) | None => break,
                 Some(_) => {}
-                None => return Err("a request ended without Done".into()),
             }
         }
     }
-    Ok((total, began.elapsed().as_secs_f64()))
+    measured.seconds = began.elapsed().as_secs_f64();
+    let _ = finished_tx.send(());
+    let late = watchdog
+        .join()
+        .map_err(|_| "the deadline thread panicked".to_string())?;
+    if !late && measured.finished < n {
+        return Err("a request ended without Done".into());
+    }
+    if let (Some(time), Some(before)) = (runner_time, inside_before) {
+        measured.runner_seconds = Some((time.get() - before).as_secs_f64());
+    }
+    Ok(measured)
 }
