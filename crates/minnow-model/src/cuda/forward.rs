@@ -329,7 +329,15 @@ pub(crate) fn queue_forward(
     if layout.topk {
         let k = TOP_K.min(v);
         let best = &ws.best;
-        ops::topk_rows(gpu, ws.logits_bf16.ptr(), best.ptr(), best.ptr_at(rows * k), rows, v, k)?;
+        ops::topk_rows(
+            gpu,
+            ws.logits_bf16.ptr(),
+            best.ptr(),
+            best.ptr_at(rows * k),
+            rows,
+            v,
+            k,
+        )?;
     }
     if layout.logits {
         ops::bf16_to_f32(gpu, ws.logits_bf16.ptr(), ws.logits_f32.ptr(), rows * v)?;
