@@ -765,21 +765,7 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
         let x = to_bf16(&randn(&mut rng, t * kd, 1.0));
         let w = to_bf16(&randn(&mut rng, e * n * kd, 0.05));
         // Distinct routed experts per token, skewed so that some experts get more than one tile.
-        let mut idx = vec![];
-        for _ in 0..t {
-            let mut chosen: Vec<i32> = vec![];
-            while chosen.len() < k {
-                let c = if rng.gen::<f32>() < 0.5 {
-                    rng.gen_range(0..routed.min(3))
-                } else {
-                    rng.gen_range(0..routed)
-                } as i32;
-                if !chosen.contains(&c) {
-                    chosen.push(c);
-                }
-            }
-            idx.extend(chosen);
-        }
+        let idx = skewed_routing(&mut rng, t, k, routed, 0.5);
         // With a packed shared expert every token has one more assignment, to expert e - 1.
         let a = if packed { t * (k + 1) } else { t * k };
         let expert_of = |i: usize| if i < t * k { idx[i] as usize } else { e - 1 };
@@ -1552,6 +1538,160 @@ fn router_logits_are_the_same_bits_for_few_and_many_rows() {
     }
 }
 
+/// Distinct experts for each of `t` tokens, `k` each among `routed`, skewed: with probability
+/// `hot` a pick goes to one of the first three experts, so they get rows of many tokens (several
+/// tiles each).
+fn skewed_routing(rng: &mut StdRng, t: usize, k: usize, routed: usize, hot: f32) -> Vec<i32> {
+    let mut idx = vec![];
+    for _ in 0..t {
+        let mut chosen: Vec<i32> = vec![];
+        while chosen.len() < k {
+            let c = if rng.gen::<f32>() < hot {
+                rng.gen_range(0..routed.min(3))
+            } else {
+                rng.gen_range(0..routed)
+            } as i32;
+            if !chosen.contains(&c) {
+                chosen.push(c);
+            }
+        }
+        idx.extend(chosen);
+    }
+    idx
+}
+
+/// One shape of the TMA grouped GEMM's tests: (tokens, k, experts incl. a packed shared one,
+/// n, k dim, tile rows, packed, gated).
+type TmaCase = (usize, usize, usize, usize, usize, usize, bool, bool);
+
+/// A TMA grouped GEMM case on the device: random activations and experts, skewed routing
+/// dispatched into tiles, and the weights' tensor map.
+struct DispatchedCase {
+    case: TmaCase,
+    /// Assignment rows (with the packed shared expert's).
+    a: usize,
+    max_tiles: usize,
+    x: DeviceBuffer<bf16>,
+    w: DeviceBuffer<bf16>,
+    row_token: DeviceBuffer<i32>,
+    tiles: DeviceBuffer<i32>,
+    num_tiles: DeviceBuffer<i32>,
+    maps: TensorMaps,
+}
+
+impl DispatchedCase {
+    fn new(g: &Gpu, rng: &mut StdRng, case: TmaCase) -> Self {
+        let (t, k, e, n, kd, tile_rows, packed, _) = case;
+        let routed = if packed { e - 1 } else { e };
+        let x = g.upload(&to_bf16(&randn(rng, t * kd, 1.0))).unwrap();
+        let w = g.upload(&to_bf16(&randn(rng, e * n * kd, 0.05))).unwrap();
+        let idx = g.upload(&skewed_routing(rng, t, k, routed, 0.3)).unwrap();
+        let a = if packed { t * (k + 1) } else { t * k };
+        let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
+        let slot = g.alloc::<i32>(a).unwrap();
+        let row_token = g.alloc::<i32>(a).unwrap();
+        let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
+        let num_tiles = g.alloc::<i32>(1).unwrap();
+        ops::moe_dispatch(
+            g,
+            idx.ptr(),
+            t,
+            k,
+            e,
+            tile_rows,
+            packed.then_some(e - 1),
+            slot.ptr(),
+            row_token.ptr(),
+            tiles.ptr(),
+            num_tiles.ptr(),
+        )
+        .unwrap();
+        let maps = TensorMaps::new(
+            g,
+            &[Bf16Rows {
+                base: w.ptr(),
+                cols: kd,
+                rows: e * n,
+                box_rows: ops::POOL_GEMM_WEIGHT_ROWS,
+            }],
+        )
+        .unwrap();
+        Self {
+            case,
+            a,
+            max_tiles,
+            x,
+            w,
+            row_token,
+            tiles,
+            num_tiles,
+            maps,
+        }
+    }
+
+    /// Output columns per row: I = n / 2 when gated.
+    fn width(&self) -> usize {
+        let (_, _, _, n, _, _, _, gated) = self.case;
+        if gated {
+            n / 2
+        } else {
+            n
+        }
+    }
+
+    fn name(&self) -> String {
+        let (t, k, e, n, kd, tile_rows, packed, gated) = self.case;
+        format!("t{t} k{k} e{e} n{n} k{kd} tiles of {tile_rows} packed {packed} gated {gated}")
+    }
+
+    /// The TMA kernel into `y`.
+    fn tma(&self, g: &Gpu, y: &DeviceBuffer<bf16>) {
+        let (_, _, _, n, kd, tile_rows, _, gated) = self.case;
+        ops::grouped_gemm_tma(
+            g,
+            self.maps.get(0),
+            self.w.ptr(),
+            self.x.ptr(),
+            self.row_token.ptr(),
+            y.ptr(),
+            self.tiles.ptr(),
+            self.num_tiles.ptr(),
+            self.max_tiles,
+            tile_rows,
+            n,
+            kd,
+            gated,
+        )
+        .unwrap();
+    }
+
+    /// The reference: the 4-warp grouped kernels, then `silu_mul` when gated.
+    fn four_warp(&self, g: &Gpu) -> Vec<f32> {
+        let (_, _, _, n, kd, tile_rows, _, gated) = self.case;
+        let y = poisoned_bf16(g, self.a * n);
+        ops::grouped_gemm(
+            g,
+            self.x.ptr(),
+            self.row_token.ptr(),
+            self.w.ptr(),
+            y.ptr(),
+            self.tiles.ptr(),
+            self.num_tiles.ptr(),
+            self.max_tiles,
+            tile_rows,
+            n,
+            kd,
+        )
+        .unwrap();
+        if !gated {
+            return read_bf16(g, &y);
+        }
+        let act = poisoned_bf16(g, self.a * self.width());
+        ops::silu_mul(g, y.ptr(), act.ptr(), self.a, self.width()).unwrap();
+        read_bf16(g, &act)
+    }
+}
+
 /// The TMA grouped expert GEMM gives exactly the bits of the 4-warp grouped kernels it replaces
 /// (and, gated, of those kernels followed by `silu_mul`), at mini's shapes, both tile heights,
 /// with a packed shared expert and experts whose rows span several tiles; rows outside the tiles
@@ -1572,11 +1712,8 @@ fn grouped_gemm_tma_gives_the_grouped_kernels_bits() {
         return;
     }
     let mut rng = rng();
-    // (tokens, k, experts incl. a packed shared one, n, k dim, tile rows, packed, gated)
-    let cases = [
-        (
-            32usize, 8usize, 257usize, 1024usize, 2048usize, 16usize, true, true,
-        ),
+    let cases: [TmaCase; 9] = [
+        (32, 8, 257, 1024, 2048, 16, true, true),
         (32, 8, 257, 2048, 512, 16, true, false),
         (300, 8, 256, 1024, 2048, 64, false, true),
         (300, 8, 256, 2048, 512, 64, false, false),
@@ -1587,128 +1724,29 @@ fn grouped_gemm_tma_gives_the_grouped_kernels_bits() {
         (512, 8, 256, 2048, 512, 64, false, false),
         (2048, 8, 256, 1024, 2048, 64, false, true),
     ];
-    for &(t, k, e, n, kd, tile_rows, packed, gated) in &cases {
-        let routed = if packed { e - 1 } else { e };
-        let x = to_bf16(&randn(&mut rng, t * kd, 1.0));
-        let w = to_bf16(&randn(&mut rng, e * n * kd, 0.05));
-        let mut idx = vec![];
-        for _ in 0..t {
-            let mut chosen: Vec<i32> = vec![];
-            while chosen.len() < k {
-                // Skewed: a few experts get rows of many tokens (several tiles each).
-                let c = if rng.gen::<f32>() < 0.3 {
-                    rng.gen_range(0..routed.min(3))
-                } else {
-                    rng.gen_range(0..routed)
-                } as i32;
-                if !chosen.contains(&c) {
-                    chosen.push(c);
-                }
-            }
-            idx.extend(chosen);
-        }
-        let a = if packed { t * (k + 1) } else { t * k };
-        let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
-        let (dx, dw, didx) = (
-            g.upload(&x).unwrap(),
-            g.upload(&w).unwrap(),
-            g.upload(&idx).unwrap(),
-        );
-        let slot = g.alloc::<i32>(a).unwrap();
-        let row_token = g.alloc::<i32>(a).unwrap();
-        let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
-        let nt = g.alloc::<i32>(1).unwrap();
-        ops::moe_dispatch(
-            &g,
-            didx.ptr(),
-            t,
-            k,
-            e,
-            tile_rows,
-            packed.then_some(e - 1),
-            slot.ptr(),
-            row_token.ptr(),
-            tiles.ptr(),
-            nt.ptr(),
-        )
-        .unwrap();
-        // The reference: the 4-warp grouped kernels (then silu_mul when gated).
-        let width = if gated { n / 2 } else { n };
-        let y_old = poisoned_bf16(&g, a * n);
-        ops::grouped_gemm(
-            &g,
-            dx.ptr(),
-            row_token.ptr(),
-            dw.ptr(),
-            y_old.ptr(),
-            tiles.ptr(),
-            nt.ptr(),
-            max_tiles,
-            tile_rows,
-            n,
-            kd,
-        )
-        .unwrap();
-        let want = if gated {
-            let act = poisoned_bf16(&g, a * width);
-            ops::silu_mul(&g, y_old.ptr(), act.ptr(), a, width).unwrap();
-            read_bf16(&g, &act)
-        } else {
-            read_bf16(&g, &y_old)
-        };
-        let maps = TensorMaps::new(
-            &g,
-            &[Bf16Rows {
-                base: dw.ptr(),
-                cols: kd,
-                rows: e * n,
-                box_rows: ops::POOL_GEMM_WEIGHT_ROWS,
-            }],
-        )
-        .unwrap();
+    for case in cases {
+        let d = DispatchedCase::new(&g, &mut rng, case);
+        let (want, outputs, name) = (d.four_warp(&g), d.a * d.width(), d.name());
         // Three launches: a race between the copies and the tensor cores would show as a
         // difference between them.
         for launch in 0..3 {
-            let y = poisoned_bf16(&g, (a + 1) * width);
-            ops::grouped_gemm_tma(
-                &g,
-                maps.get(0),
-                dw.ptr(),
-                dx.ptr(),
-                row_token.ptr(),
-                y.ptr(),
-                tiles.ptr(),
-                nt.ptr(),
-                max_tiles,
-                tile_rows,
-                n,
-                kd,
-                gated,
-            )
-            .unwrap();
+            let y = poisoned_bf16(&g, outputs + d.width());
+            d.tma(&g, &y);
             let got = read_bf16(&g, &y);
-            let name = format!(
-                "t{t} k{k} e{e} n{n} k{kd} tiles of {tile_rows} packed {packed} gated {gated}"
-            );
-            let differ = got[..a * width]
+            let differ = got[..outputs]
                 .iter()
                 .zip(&want)
                 .filter(|(p, q)| p.to_bits() != q.to_bits())
                 .count();
             assert_eq!(
-                differ,
-                0,
-                "{name}: {differ} of {} outputs differ in bits",
-                a * width
+                differ, 0,
+                "{name}: {differ} of {outputs} outputs differ in bits"
             );
             assert!(
-                got[a * width..].iter().all(|v| v.is_nan()),
+                got[outputs..].iter().all(|v| v.is_nan()),
                 "{name}: a row past the tiles was written"
             );
-            println!(
-                "TMA grouped GEMM {name}, launch {launch}: {} outputs bit-identical",
-                a * width
-            );
+            println!("TMA grouped GEMM {name}, launch {launch}: {outputs} outputs bit-identical");
         }
     }
 }
@@ -1732,82 +1770,19 @@ fn grouped_gemm_tma_is_deterministic_over_many_launches() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
     let mut rng = rng();
-    // (tokens, k, experts incl. a packed shared one, n, k dim, tile rows, packed, gated)
-    for &(t, k, e, n, kd, tile_rows, packed, gated) in &[
-        (
-            32usize, 8usize, 257usize, 1024usize, 2048usize, 16usize, true, true,
-        ),
+    let cases: [TmaCase; 4] = [
+        (32, 8, 257, 1024, 2048, 16, true, true),
         (32, 8, 257, 2048, 512, 16, true, false),
         (512, 8, 256, 1024, 2048, 64, false, true),
         (512, 8, 256, 2048, 512, 64, false, false),
-    ] {
-        let x = to_bf16(&randn(&mut rng, t * kd, 1.0));
-        let w = to_bf16(&randn(&mut rng, e * n * kd, 0.05));
-        let routed = if packed { e - 1 } else { e };
-        let idx: Vec<i32> = (0..t)
-            .flat_map(|_| {
-                let mut experts: Vec<i32> = (0..routed as i32).collect();
-                experts.shuffle(&mut rng);
-                experts.truncate(k);
-                experts
-            })
-            .collect();
-        let a = if packed { t * (k + 1) } else { t * k };
-        let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
-        let (dx, dw, didx) = (
-            g.upload(&x).unwrap(),
-            g.upload(&w).unwrap(),
-            g.upload(&idx).unwrap(),
-        );
-        let slot = g.alloc::<i32>(a).unwrap();
-        let row_token = g.alloc::<i32>(a).unwrap();
-        let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
-        let nt = g.alloc::<i32>(1).unwrap();
-        ops::moe_dispatch(
-            &g,
-            didx.ptr(),
-            t,
-            k,
-            e,
-            tile_rows,
-            packed.then_some(e - 1),
-            slot.ptr(),
-            row_token.ptr(),
-            tiles.ptr(),
-            nt.ptr(),
-        )
-        .unwrap();
-        let maps = TensorMaps::new(
-            &g,
-            &[Bf16Rows {
-                base: dw.ptr(),
-                cols: kd,
-                rows: e * n,
-                box_rows: ops::POOL_GEMM_WEIGHT_ROWS,
-            }],
-        )
-        .unwrap();
-        let width = if gated { n / 2 } else { n };
-        let y = poisoned_bf16(&g, a * width);
+    ];
+    for case in cases {
+        let d = DispatchedCase::new(&g, &mut rng, case);
+        let y = poisoned_bf16(&g, d.a * d.width());
         let mut first: Option<Vec<u16>> = None;
         let mut bad = 0;
         for _ in 0..launches {
-            ops::grouped_gemm_tma(
-                &g,
-                maps.get(0),
-                dw.ptr(),
-                dx.ptr(),
-                row_token.ptr(),
-                y.ptr(),
-                tiles.ptr(),
-                nt.ptr(),
-                max_tiles,
-                tile_rows,
-                n,
-                kd,
-                gated,
-            )
-            .unwrap();
+            d.tma(&g, &y);
             let bits: Vec<u16> = read(&g, &y).iter().map(|v: &bf16| v.to_bits()).collect();
             match &first {
                 None => first = Some(bits),
@@ -1816,7 +1791,8 @@ fn grouped_gemm_tma_is_deterministic_over_many_launches() {
             }
         }
         println!(
-            "TMA grouped GEMM t{t} n{n} k{kd} tiles of {tile_rows} gated {gated}: {bad} of {launches} launches differ from the first"
+            "TMA grouped GEMM {}: {bad} of {launches} launches differ from the first",
+            d.name()
         );
         assert_eq!(bad, 0, "the TMA grouped GEMM is not deterministic");
     }
