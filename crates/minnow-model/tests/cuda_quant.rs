@@ -1,15 +1,16 @@
 //! Quantized experts on the GPU (ignored: needs a GPU; `cargo test -p minnow-model --test
 //! cuda_quant -- --ignored --nocapture`). Each tiny fixture is converted to `.mnw` files with
-//! INT8 and INT4 experts (fragment order, and row-major INT8, which the loader repacks), loaded
-//! on the GPU with the codes kept as stored, and compared with the CPU path of the same file:
-//! first, bit for bit, with the GPU forward of the same file whose experts were widened to BF16
-//! on the host (the quantized kernels multiply exactly those BF16(code x scale) weights, in the
-//! same order); then with the CPU (F32 activations): the argmax must agree wherever the CPU's
-//! top-1/top-2 gap is clear (above 2.0) on tokens whose router margin is stable (the BF16
-//! activations of the GPU flip expert choices of near-tied tokens in these random models, as they
-//! do for the BF16 checkpoint), and the overall agreement is printed next to that of the BF16
-//! checkpoint on the same GPU. A segment's logits must be bit-identical alone and inside a batch.
-
+//! INT8 and INT4 experts (fragment order, and row-major, which the loader repacks), loaded on the
+//! GPU with the codes kept as stored, and compared with the CPU path of the same file (F32
+//! activations, weights code x scale in F32). The quantized kernels multiply the exact codes and
+//! apply each group's scale to the F32 partial sum, so no weight is rounded: their logits must be
+//! at least as close to the CPU path (mean absolute difference) as the GPU forward of the same
+//! file whose experts were widened to BF16(code x scale) on the host. The argmax must agree
+//! wherever the CPU's top-1/top-2 gap is clear (above 2.0) on tokens whose router margin is
+//! stable (the BF16 activations of the GPU flip expert choices of near-tied tokens in these
+//! random models, as they do for the BF16 checkpoint), and the overall agreement is printed next
+//! to that of the BF16 checkpoint on the same GPU. A segment's logits must be bit-identical alone
+//! and inside a batch.
 mod common;
 
 use std::sync::Arc;
@@ -141,25 +142,29 @@ fn quantized_experts_on_the_gpu_agree_with_the_cpu_path_of_the_same_file() {
             let (config, file) = minnow_model::checkpoint::open(&path).unwrap();
             let file = Arc::new(file);
             let cpu = cpu_logits(config.clone(), file.clone(), &ids);
-            // The same file with its experts widened to BF16 on the host: the very weights the
-            // quantized kernels decode (BF16(code x scale)), summed in the same order, so the
-            // logits must be bit-identical.
+            // The same file with its experts widened to BF16(code x scale) on the host: what
+            // the GPU gives when each weight is rounded to BF16 first.
             let widened = Dequantized::new(file.clone());
             let mut runner = CudaRunner::new(config.clone(), &widened, 0).unwrap();
-            let reference = gpu_logits(&mut runner, &ids);
+            let rounded = gpu_logits(&mut runner, &ids);
             drop(runner);
             let mut runner = CudaRunner::new(config, file.as_ref(), 0).unwrap();
             let gpu = gpu_logits(&mut runner, &ids);
-            let differ = (0..ids.len())
-                .filter(|&r| {
-                    gpu[r * vocab..(r + 1) * vocab] != reference[r * vocab..(r + 1) * vocab]
-                })
-                .count();
-            assert_eq!(
-                differ,
-                0,
-                "{name} {label}: {differ}/{} rows differ from the widened experts' logits",
-                ids.len()
+            let mean_abs = |x: &[f32]| {
+                x.iter()
+                    .zip(&cpu)
+                    .map(|(g, c)| (g - c).abs() as f64)
+                    .sum::<f64>()
+                    / x.len() as f64
+            };
+            let (exact_err, rounded_err) = (mean_abs(&gpu), mean_abs(&rounded));
+            println!(
+                "{name} {label}: mean |gpu - cpu| {exact_err:.5} (BF16-rounded weights: {rounded_err:.5})"
+            );
+            assert!(
+                exact_err <= rounded_err,
+                "{name} {label}: the quantized kernels ({exact_err}) are farther from the CPU path \
+                 than BF16-rounded weights ({rounded_err})"
             );
             let (a, n) = agreement(
                 &format!("{name} {label}"),

@@ -957,10 +957,10 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
 }
 
 /// The grouped GEMM over `*_mma` codes against the CPU's decoding of the same codes: uneven
-/// expert segments, both tile heights, K not a multiple of the 64-column stage, shapes for the
-/// general kernel, every group size. The reference multiplies BF16(code x scale), the weight the
-/// kernel feeds its tensor cores; the rows of one expert must also be bit-identical when the
-/// same tokens are dispatched alone.
+/// expert segments, both tile heights, K not a multiple of the 128-column stage, more than 8
+/// rows in a 16-row tile, shapes for the general kernel, every group size. The reference
+/// multiplies code x scale in F32; the rows of one expert must also be bit-identical when the
+/// same tokens are dispatched alone, and between 16- and 64-row tiles.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grouped_gemm_over_codes_matches_reference() {
@@ -975,6 +975,10 @@ fn grouped_gemm_over_codes_matches_reference() {
         (300, 4, 17, 128, 192, 64, 64),
         (40, 2, 5, 64, 96, 16, 32),
         (9, 3, 4, 64, 32, 64, 16),
+        // A partial last stage (K = 2,064) and tokens past the first 8 of a 16-row tile.
+        (24, 6, 8, 128, 2064, 16, 16),
+        // A CTA's last 128 columns cut short (n = 80: five of its eight warps).
+        (20, 3, 6, 80, 128, 16, 32),
         // The general kernel: n not a multiple of 64.
         (7, 2, 5, 40, 64, 16, 16),
     ];
@@ -993,9 +997,9 @@ fn grouped_gemm_over_codes_matches_reference() {
                 let values = randn(&mut rng, n * kd, 0.05);
                 let q = quant::quantize(encoding, n, kd, group, &values).unwrap();
                 let out = &mut wf[ex * n * kd..(ex + 1) * n * kd];
+                // The kernels multiply the exact codes and scale each group's F32 sum: the
+                // reference weight is code x scale, unrounded.
                 q.view(encoding, n, kd, group).dequantize(out);
-                // The kernel's weight: one BF16 rounding of code x scale.
-                out.iter_mut().for_each(|v| *v = r(*v));
                 codes.extend_from_slice(&q.codes);
                 scales.extend_from_slice(&q.scales);
             }
@@ -1021,46 +1025,47 @@ fn grouped_gemm_over_codes_matches_reference() {
                 codes: dcodes.ptr(),
                 scales: dscales.ptr(),
             };
-            let run = |idx: &[i32], t: usize, x: &[bf16]| -> (Vec<f32>, Vec<i32>) {
-                let a = t * k;
-                let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
-                let (dx, didx) = (g.upload(x).unwrap(), g.upload(idx).unwrap());
-                let slot = g.alloc::<i32>(a).unwrap();
-                let row_token = g.alloc::<i32>(a).unwrap();
-                let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
-                let nt = g.alloc::<i32>(1).unwrap();
-                let y = poisoned_bf16(&g, a * n);
-                ops::moe_dispatch(
-                    &g,
-                    didx.ptr(),
-                    t,
-                    k,
-                    e,
-                    tile_rows,
-                    None,
-                    slot.ptr(),
-                    row_token.ptr(),
-                    tiles.ptr(),
-                    nt.ptr(),
-                )
-                .unwrap();
-                ops::grouped_gemm_codes(
-                    &g,
-                    dx.ptr(),
-                    row_token.ptr(),
-                    &w,
-                    y.ptr(),
-                    tiles.ptr(),
-                    nt.ptr(),
-                    max_tiles,
-                    tile_rows,
-                    n,
-                    kd,
-                )
-                .unwrap();
-                (read_bf16(&g, &y), read(&g, &slot))
-            };
-            let (gy, slots) = run(&idx, t, &x);
+            let run =
+                |idx: &[i32], t: usize, x: &[bf16], tile_rows: usize| -> (Vec<f32>, Vec<i32>) {
+                    let a = t * k;
+                    let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
+                    let (dx, didx) = (g.upload(x).unwrap(), g.upload(idx).unwrap());
+                    let slot = g.alloc::<i32>(a).unwrap();
+                    let row_token = g.alloc::<i32>(a).unwrap();
+                    let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
+                    let nt = g.alloc::<i32>(1).unwrap();
+                    let y = poisoned_bf16(&g, a * n);
+                    ops::moe_dispatch(
+                        &g,
+                        didx.ptr(),
+                        t,
+                        k,
+                        e,
+                        tile_rows,
+                        None,
+                        slot.ptr(),
+                        row_token.ptr(),
+                        tiles.ptr(),
+                        nt.ptr(),
+                    )
+                    .unwrap();
+                    ops::grouped_gemm_codes(
+                        &g,
+                        dx.ptr(),
+                        row_token.ptr(),
+                        &w,
+                        y.ptr(),
+                        tiles.ptr(),
+                        nt.ptr(),
+                        max_tiles,
+                        tile_rows,
+                        n,
+                        kd,
+                    )
+                    .unwrap();
+                    (read_bf16(&g, &y), read(&g, &slot))
+                };
+            let (gy, slots) = run(&idx, t, &x, tile_rows);
             let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
             let (mut got, mut want) = (vec![], vec![]);
             for (i, &p) in slots.iter().enumerate() {
@@ -1079,13 +1084,23 @@ fn grouped_gemm_over_codes_matches_reference() {
             );
             check_bf16(&name, &got, &want);
             // Token 0 alone: its rows are bit-identical to the ones it got in the full batch.
-            let (alone, alone_slots) = run(&idx[..k], 1, &x[..kd]);
+            let (alone, alone_slots) = run(&idx[..k], 1, &x[..kd], tile_rows);
             for j in 0..k {
                 let (p_all, p_alone) = (slots[j] as usize, alone_slots[j] as usize);
                 assert!(
                     gy[p_all * n..(p_all + 1) * n] == alone[p_alone * n..(p_alone + 1) * n],
                     "{name}: token 0's expert {} output differs alone vs in the batch",
                     idx[j]
+                );
+            }
+            // The other tile height (a batch's size picks it): every pick's row bit-identical.
+            let other_rows = if tile_rows == 16 { 64 } else { 16 };
+            let (other, other_slots) = run(&idx, t, &x, other_rows);
+            for (i, (&p, &q)) in slots.iter().zip(&other_slots).enumerate() {
+                let (p, q) = (p as usize, q as usize);
+                assert!(
+                    gy[p * n..(p + 1) * n] == other[q * n..(q + 1) * n],
+                    "{name}: pick {i} differs between tiles of {tile_rows} and {other_rows} rows"
                 );
             }
         }

@@ -140,16 +140,19 @@ pub struct CodeMatrices {
     pub scales: u64,
 }
 
-/// Dynamic shared memory of `grouped_gemm_i{8,4}_r{16,64}`: two chunks of the tile's activation
-/// rows, 256 columns each at a pitch of 264 (mirrors `codes_tile` in kernels/moe.cu).
-fn codes_tile_smem_bytes(tile_rows: usize) -> usize {
-    2 * tile_rows * 264 * 2
+/// Dynamic shared memory of `grouped_gemm_i{8,4}_r{16,64}` (mirrors `minnow_codes::Stage` in
+/// kernels/moe.cu): per stage of 128 columns, 16 bands x 8 code tiles, 16 bands x 8 scale rows
+/// of 16 bytes, and the tile's activation rows at a pitch of 136; 3 stages for 16-row tiles, 2
+/// for 64-row tiles.
+fn codes_tile_smem_bytes(bits: u32, tile_rows: usize) -> usize {
+    let stage = 16 * 8 * (8 * 16 * bits as usize / 8) + 16 * 8 * 16 + tile_rows * 136 * 2;
+    stage * if tile_rows == 16 { 3 } else { 2 }
 }
 
-/// The grouped GEMM of [`grouped_gemm`] over quantized experts: each weight is used as
-/// BF16(code x scale), the products summed in F32 in the same fixed order as the BF16 kernels
-/// (so a row's result does not depend on the batch). Needs `n % 8 == 0`, `k % 16 == 0` and a
-/// group that divides `k` (the format's rules for `*_mma`).
+/// The grouped GEMM of [`grouped_gemm`] over quantized experts: per scale group, the F32 sum of
+/// code x activation on tensor cores, then `acc = fma(sum, scale, acc)`, in ascending K (so a
+/// row's result does not depend on the batch, and no weight is rounded to BF16). Needs
+/// `n % 8 == 0`, `k % 16 == 0` and a group that divides `k` (the format's rules for `*_mma`).
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm_codes(
     gpu: &Gpu,
@@ -194,23 +197,24 @@ pub fn grouped_gemm_codes(
     if max_tiles == 0 {
         return Ok(());
     }
-    // Shapes the tiled kernels refuse take the general kernel; tiles of 16 and 64 rows load
-    // fragments straight from memory into registers (`codes_tile` in kernels/moe.cu).
-    let (kernel, cfg) = if grouped_gemm_tiled(n, k) {
-        (
-            if tile_rows == 16 { r16 } else { r64 },
-            LaunchConfig::new(
-                ((n / 64) as u32, max_tiles as u32, 1),
-                128,
-                codes_tile_smem_bytes(tile_rows) as u32,
-            ),
-        )
-    } else {
-        (
-            any,
-            LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0),
-        )
-    };
+    // Shapes the tiled kernels refuse take the general kernel (`codes_tile` in kernels/moe.cu
+    // needs whole 16-column warps and a group of one to eight 16-column steps).
+    let (kernel, cfg) =
+        if n.is_multiple_of(16) && w.group.is_power_of_two() && (16..=128).contains(&w.group) {
+            (
+                if tile_rows == 16 { r16 } else { r64 },
+                LaunchConfig::new(
+                    (n.div_ceil(128) as u32, max_tiles as u32, 1),
+                    256,
+                    codes_tile_smem_bytes(w.bits, tile_rows) as u32,
+                ),
+            )
+        } else {
+            (
+                any,
+                LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0),
+            )
+        };
     kernel(
         gpu,
         cfg,
@@ -246,6 +250,10 @@ mod tests {
         assert_eq!(moe_max_tiles(4, 256, 16), 1 + 4);
         assert_eq!(grouped_gemm_smem_bytes(16, 3), 3 * 80 * 72 * 2);
         assert_eq!(grouped_gemm_smem_bytes(64, 3), 3 * 128 * 72 * 2);
-        assert_eq!(codes_tile_smem_bytes(64), 67584);
+        // The kernels' static_asserts.
+        assert_eq!(codes_tile_smem_bytes(4, 16), 43776);
+        assert_eq!(codes_tile_smem_bytes(8, 16), 68352);
+        assert_eq!(codes_tile_smem_bytes(4, 64), 55296);
+        assert_eq!(codes_tile_smem_bytes(8, 64), 71680);
     }
 }
