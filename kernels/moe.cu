@@ -191,18 +191,20 @@ namespace minnow_codes {
 constexpr int THREADS = 256;       // 8 warps, 16 output columns (two bands of 8) each
 constexpr int FEATURES = 128;      // output columns per CTA (a tile's activations serve them all)
 constexpr int BANDS = FEATURES / 8;
-constexpr int SK = 8;              // 16-column steps per stage
-constexpr int LDX = SK * 16 + 8;   // bf16 pitch of a stage's activation rows (ldmatrix on distinct banks)
 
+// A tile of 8 rows x 16 columns: codes of BITS bits (16: BF16 weights in the same fragment
+// order, for a packed shared expert).
 template <int BITS>
 __host__ __device__ constexpr int tile_bytes() { return 8 * 16 * BITS / 8; }
 
 // One stage's shared memory: [band][step][tile] codes, [band][group of the stage][8] FP16
-// scales (at most SK groups: group >= 16), then [row][LDX] activations.
+// scales (at most SK groups: group >= 16; none for BF16), then [row][LDX] activations.
 template <int BITS, int ROWS>
 struct Stage {
+    static constexpr int SK = BITS == 16 ? 2 : 8;  // 16-column steps per stage
+    static constexpr int LDX = SK * 16 + 8;  // bf16 pitch of the activation rows (ldmatrix on distinct banks)
     static constexpr int code_bytes = BANDS * SK * tile_bytes<BITS>();
-    static constexpr int scale_bytes = BANDS * SK * 16;
+    static constexpr int scale_bytes = BITS == 16 ? 0 : BANDS * SK * 16;
     static constexpr int x_bytes = ROWS * LDX * 2;
     static constexpr int bytes = code_bytes + scale_bytes + x_bytes;
 };
@@ -218,7 +220,11 @@ __device__ __forceinline__ unsigned bits_of(__nv_bfloat162 v) { return *reinterp
 // exact integer codes: `lo` = (c0, c0 + 1), `hi` = (c0 + 8, c0 + 9).
 template <int BITS>
 __device__ __forceinline__ void decode_pairs(const unsigned char* p, unsigned& lo, unsigned& hi) {
-    if constexpr (BITS == 4) {
+    if constexpr (BITS == 16) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p);
+        lo = v.x;
+        hi = v.y;
+    } else if constexpr (BITS == 4) {
         // Nibbles 0..3 (two's complement). u holds nibble 0 at bits 0-3 and nibble 1 at bits
         // 16-19 (and nibbles 2, 3 eight bits higher); (u & 0x000F000F) ^ 0x43084308 is the BF16
         // pair 128 + (code + 8), since flipping a nibble's top bit adds 8 to its signed value and
@@ -259,6 +265,7 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
                            bf16* __restrict__ Y, int e, int p0, int rows, int n0, int N, int K) {
     constexpr int ROWS = 8 * NT, TB = tile_bytes<BITS>();
     using S = Stage<BITS, ROWS>;
+    constexpr int SK = S::SK, LDX = S::LDX;
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int k_tiles = K / 16, groups = K / group, gsteps = group / 16;  // gsteps: a power of two
@@ -268,14 +275,14 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
 
     // The activation copies of this thread: ROWS x 16 copies of 16 bytes per stage; rows past
     // `rows` are never copied (their columns of the products are never stored).
-    constexpr int X_COPIES = ROWS * (SK * 16 / 8) / THREADS;
-    static_assert(X_COPIES * THREADS == ROWS * SK * 2, "activations: whole copies");
+    constexpr int X_COPIES = (ROWS * SK * 2 + THREADS - 1) / THREADS;
+    static_assert(X_COPIES * THREADS == ROWS * SK * 2 || X_COPIES == 1, "activations: whole copies");
     const bf16* x_src[X_COPIES];
     bool x_ok[X_COPIES];
 #pragma unroll
     for (int i = 0; i < X_COPIES; ++i) {
         const int r = (tid + i * THREADS) / (SK * 2);
-        x_ok[i] = r < rows;
+        x_ok[i] = r < rows && r < ROWS;
         x_src[i] = X + (size_t)(x_ok[i] ? (row_token ? row_token[p0 + r] : p0 + r) : 0) * K +
                    ((tid + i * THREADS) % (SK * 2)) * 8;
     }
@@ -294,7 +301,7 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
         }
         // Scales of the groups the stage's columns fall in: [band][j] = group kt0 / gsteps + j.
         const int g_first = kt0 / gsteps, g_last = (min(kt0 + SK, k_tiles) * 16 - 1) / group;
-        if (tid < BANDS * SK) {
+        if (BITS != 16 && tid < BANDS * SK) {
             const int band = tid / SK, g = g_first + tid % SK;
             cp_async16(base + S::code_bytes + tid * 16, scales + ((band0 + band) * groups + g) * 8,
                        n0 + band * 8 < N && g <= g_last);
@@ -353,7 +360,8 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
                 if (t + 1 < ACTIVE) mma16816(part[t + 1], a, b[2], b[3]);
             }
             const int kt = kt0 + s;
-            if (((kt + 1) & (gsteps - 1)) == 0) {  // the group's last step (group divides K)
+            // BF16 weights have no scales: their sum is part alone.
+            if (BITS != 16 && ((kt + 1) & (gsteps - 1)) == 0) {  // the group's last step (group divides K)
                 const int g = kt / gsteps - g_first;
                 const float s0 = __half2float(scale0[g * 8]), s1 = __half2float(scale1[g * 8]);
 #pragma unroll
@@ -369,6 +377,12 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
         }
     }
     cp_async_wait<0>();
+    if constexpr (BITS == 16) {
+#pragma unroll
+        for (int t = 0; t < ACTIVE; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[t][i] = part[t][i];
+    }
     // D fragment: [0], [1] output column lane / 4 of the warp's first band, tokens 2 (lane % 4)
     // and + 1 of the group; [2], [3] the same tokens, 8 columns on.
     const int col = n0 + warp * 16 + lane / 4;
@@ -418,19 +432,25 @@ __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsig
 
 // grid = (ceil(N / 128), max_tiles), block = 256, dynamic shared memory = STAGES x
 // Stage<BITS, 8 NT>::bytes (codes_tile_smem_bytes in ops/expert_gemm.rs); tiles cut at 8 NT rows;
-// N % 16 == 0, K % 16 == 0, group 16, 32, 64 or 128.
+// N % 16 == 0, K % 16 == 0, group 16, 32, 64 or 128. Tiles of expert `shared_slot` (-1: none)
+// read `shared`, one BF16 matrix in the codes' fragment order (a packed shared expert).
 #define GROUPED_CODES_ENTRY(NAME, BITS, NT, STAGES)                                                      \
     extern "C" __global__ void __launch_bounds__(minnow_codes::THREADS)                                  \
         NAME(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,       \
-             int group, bf16* Y, const int4* tiles, const int* num_tiles, int N, int K) {                \
+             int group, const bf16* shared, int shared_slot, bf16* Y, const int4* tiles,                 \
+             const int* num_tiles, int N, int K) {                                                       \
         pdl_enter();                                                                                     \
         int4 t;                                                                                          \
-        if (grouped_tile(tiles, num_tiles, t))                                                           \
-            minnow_codes::codes_tile_rows<BITS, NT, STAGES>(X, row_token, codes, scales, group, Y, t.x, t.y,  \
-                                                       t.z - t.y, blockIdx.x * minnow_codes::FEATURES, N, K); \
+        if (!grouped_tile(tiles, num_tiles, t)) return;                                                  \
+        const int n0 = blockIdx.x * minnow_codes::FEATURES;                                              \
+        if (t.x == shared_slot)                                                                          \
+            minnow_codes::codes_tile_rows<16, NT, STAGES>(X, row_token,                                  \
+                                                          reinterpret_cast<const unsigned char*>(shared), \
+                                                          nullptr, 16, Y, 0, t.y, t.z - t.y, n0, N, K);   \
+        else                                                                                             \
+            minnow_codes::codes_tile_rows<BITS, NT, STAGES>(X, row_token, codes, scales, group, Y, t.x,  \
+                                                            t.y, t.z - t.y, n0, N, K);                   \
     }
-// Stages: 3 for 16-row tiles, 2 for 64-row tiles (measured on the H200 against 4 / 3 and 64-column
-// CTAs of 4 warps: docs/performance.md).
 GROUPED_CODES_ENTRY(grouped_gemm_i8_r16, 8, 2, 3)
 GROUPED_CODES_ENTRY(grouped_gemm_i4_r16, 4, 2, 3)
 GROUPED_CODES_ENTRY(grouped_gemm_i8_r64, 8, 8, 2)
@@ -440,6 +460,9 @@ static_assert(3 * minnow_codes::Stage<4, 16>::bytes == 43776, "host mirror");
 static_assert(3 * minnow_codes::Stage<8, 16>::bytes == 68352, "host mirror");
 static_assert(2 * minnow_codes::Stage<4, 64>::bytes == 55296, "host mirror");
 static_assert(2 * minnow_codes::Stage<8, 64>::bytes == 71680, "host mirror");
+// A packed shared expert's BF16 tiles fit the smaller encoding's allocation.
+static_assert(3 * minnow_codes::Stage<16, 16>::bytes <= 43776, "BF16 slot, 16-row tiles");
+static_assert(2 * minnow_codes::Stage<16, 64>::bytes <= 55296, "BF16 slot, 64-row tiles");
 
 
 // The batch-invariant dense GEMM Y[M, N] = X[M, K] . W[N, K]^T (BF16 in and out, F32
@@ -538,7 +561,8 @@ __device__ __forceinline__ void gemm_any_tile_codes(const bf16* __restrict__ X, 
 #define GROUPED_QUANT_ANY_ENTRY(NAME, BITS)                                                              \
     extern "C" __global__ void NAME(const bf16* __restrict__ X, const int* __restrict__ row_token,       \
                                     const unsigned char* __restrict__ codes, const __half* __restrict__ scales, \
-                                    int group, bf16* __restrict__ Y, const int4* __restrict__ tiles,     \
+                                    int group, const bf16* /* shared: never packed here */,              \
+                                    int /* shared_slot */, bf16* __restrict__ Y, const int4* __restrict__ tiles, \
                                     const int* __restrict__ num_tiles, int N, int K) {                   \
         pdl_enter();                                                                                     \
         int4 t;                                                                                          \

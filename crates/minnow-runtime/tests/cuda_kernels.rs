@@ -958,9 +958,10 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
 
 /// The grouped GEMM over `*_mma` codes against the CPU's decoding of the same codes: uneven
 /// expert segments, both tile heights, K not a multiple of the 128-column stage, more than 8
-/// rows in a 16-row tile, shapes for the general kernel, every group size. The reference
-/// multiplies code x scale in F32; the rows of one expert must also be bit-identical when the
-/// same tokens are dispatched alone, and between 16- and 64-row tiles.
+/// rows in a 16-row tile, shapes for the general kernel, every group size, and (tiled shapes) a
+/// packed BF16 shared expert as the last slot. The reference multiplies code x scale in F32; the
+/// rows of one expert must also be bit-identical when the same tokens are dispatched alone, and
+/// between 16- and 64-row tiles.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grouped_gemm_over_codes_matches_reference() {
@@ -1019,11 +1020,27 @@ fn grouped_gemm_over_codes_matches_reference() {
                 idx.extend(chosen);
             }
             let (dcodes, dscales) = (g.upload(&codes).unwrap(), g.upload(&scales).unwrap());
+            // Where the tiled kernels run, the last expert is a packed shared expert: BF16
+            // weights in the codes' fragment order, read instead of its codes.
+            let shared_slot = ops::codes_tiled(n, group).then_some(e - 1);
+            let shared_rows = to_bf16(&randn(&mut rng, n * kd, 0.05));
+            let dshared = g
+                .upload(&ops::bf16_fragment_order(n, kd, &shared_rows))
+                .unwrap();
+            if let Some(slot) = shared_slot {
+                for (w, v) in wf[slot * n * kd..(slot + 1) * n * kd]
+                    .iter_mut()
+                    .zip(&shared_rows)
+                {
+                    *w = v.to_f32();
+                }
+            }
             let w = ops::CodeMatrices {
                 bits,
                 group,
                 codes: dcodes.ptr(),
                 scales: dscales.ptr(),
+                shared: shared_slot.map(|slot| (dshared.ptr(), slot)),
             };
             let run =
                 |idx: &[i32], t: usize, x: &[bf16], tile_rows: usize| -> (Vec<f32>, Vec<i32>) {
@@ -1080,7 +1097,7 @@ fn grouped_gemm_over_codes_matches_reference() {
                 ));
             }
             let name = format!(
-                "{encoding} grouped gemm t{t} k{k} e{e} n{n} k{kd} tiles of {tile_rows} group {group}"
+                "{encoding} grouped gemm t{t} k{k} e{e} n{n} k{kd} tiles of {tile_rows} group {group} shared {shared_slot:?}"
             );
             check_bf16(&name, &got, &want);
             // Token 0 alone: its rows are bit-identical to the ones it got in the full batch.

@@ -20,12 +20,14 @@ pub(crate) enum ExpertMatrix {
     /// BF16 rows, `[slots, N, K]`.
     Bf16(DeviceBuffer<bf16>),
     /// `*_mma` codes (tiles of 8 rows x 16 columns) and their FP16 scales, experts concatenated
-    /// as the format lays them out.
+    /// as the format lays them out; with a packed shared expert, its BF16 weights in the same
+    /// fragment order (`ops::bf16_fragment_order`) and its slot (the number of routed experts).
     Codes {
         encoding: QuantEncoding,
         group: usize,
         codes: DeviceBuffer<u8>,
         scales: DeviceBuffer<u8>,
+        shared: Option<(DeviceBuffer<bf16>, usize)>,
     },
 }
 
@@ -33,7 +35,12 @@ impl ExpertMatrix {
     pub fn bytes(&self) -> usize {
         match self {
             ExpertMatrix::Bf16(b) => b.bytes(),
-            ExpertMatrix::Codes { codes, scales, .. } => codes.bytes() + scales.bytes(),
+            ExpertMatrix::Codes {
+                codes,
+                scales,
+                shared,
+                ..
+            } => codes.bytes() + scales.bytes() + shared.as_ref().map_or(0, |(b, _)| b.bytes()),
         }
     }
 
@@ -44,6 +51,35 @@ impl ExpertMatrix {
             ExpertMatrix::Bf16(b) => Some(b),
             ExpertMatrix::Codes { .. } => None,
         }
+    }
+
+    /// Codes with a packed shared expert: its BF16 weights, already in the codes' fragment
+    /// order (`ops::bf16_fragment_order`), become expert `slot`, which the grouped GEMM computes
+    /// with the routed experts. BF16 rows are returned unchanged (they pack the shared expert as
+    /// their last slot at load).
+    pub fn with_shared(self, weights: DeviceBuffer<bf16>, slot: usize) -> Self {
+        match self {
+            ExpertMatrix::Codes {
+                encoding,
+                group,
+                codes,
+                scales,
+                ..
+            } => ExpertMatrix::Codes {
+                encoding,
+                group,
+                codes,
+                scales,
+                shared: Some((weights, slot)),
+            },
+            bf16 => bf16,
+        }
+    }
+
+    /// Whether a packed shared expert can ride beside these codes (the tiled kernels take the
+    /// projection's shape: `n` output rows).
+    pub fn codes_take_shared(&self, n: usize) -> bool {
+        matches!(self, ExpertMatrix::Codes { group, .. } if ops::codes_tiled(n, *group))
     }
 
     /// The encoding's name as a file spells it (`bf16` for BF16 rows).
@@ -89,6 +125,7 @@ impl ExpertMatrix {
                 group,
                 codes,
                 scales,
+                shared,
             } => ops::grouped_gemm_codes(
                 gpu,
                 x,
@@ -98,6 +135,7 @@ impl ExpertMatrix {
                     group: *group,
                     codes: codes.ptr(),
                     scales: scales.ptr(),
+                    shared: shared.as_ref().map(|(b, slot)| (b.ptr(), *slot)),
                 },
                 y,
                 tiles,
@@ -271,6 +309,7 @@ fn load_codes(
         group,
         codes,
         scales,
+        shared: None,
     })
 }
 

@@ -162,9 +162,11 @@ pub(crate) fn queue_forward(
                 // most four blocks (decoding: it then streams at the grouped kernel's bandwidth,
                 // with no extra launches); for longer forwards cuBLAS multiplies its slice of the
                 // packed buffers faster (reading it once, not once per 16-row tile).
+                // Beside quantized experts it always joins (their kernel reads it in the codes'
+                // fragment order, which no other GEMM reads).
                 let packed = matches!(moe.shared, SharedExpert::Packed)
-                    && tile_rows == 16
-                    && t <= 4 * c.block_size.max(32);
+                    && (moe.bf16_experts().is_none()
+                        || (tile_rows == 16 && t <= 4 * c.block_size.max(32)));
                 match &moe.router {
                     RouterWeights::Bf16(w) if invariant => ops::router_logits(
                         gpu,
@@ -203,6 +205,7 @@ pub(crate) fn queue_forward(
                 let pooled = !invariant
                     && ws.pool_entries > 0
                     && packed
+                    && moe.bf16_experts().is_some()
                     && layout.blocks.len() == 1
                     && minnow_runtime::cuda::tuning::tuning().moe_pooled
                     && ops::pooled_experts_supported(&router, t);

@@ -47,8 +47,9 @@ pub(crate) enum SharedExpert {
     /// Own matrices, run through cuBLAS (widths other than one routed expert's).
     Separate(DenseMlp),
     /// Packed as expert `E` after the routed ones (one shared expert of the routed width, as in
-    /// every released checkpoint, with BF16 routed experts): the grouped GEMM computes it along
-    /// with the routed experts.
+    /// every released checkpoint): the grouped GEMM computes it along with the routed experts
+    /// (BF16 routed experts hold it as their last slot; codes carry it in BF16, see
+    /// `ExpertMatrix::Codes`).
     Packed,
 }
 
@@ -118,8 +119,8 @@ impl Moe {
     }
 }
 
-/// Whether the config's shared expert can ride in the grouped GEMM as one more expert (when the
-/// routed experts are BF16 too).
+/// Whether the config's shared expert can ride in the grouped GEMM as one more expert: as the
+/// last slot of BF16 routed experts, or beside codes in their fragment order.
 pub(crate) fn shared_packs(c: &Config) -> bool {
     c.num_shared_experts == 1
 }
@@ -319,21 +320,42 @@ impl Weights {
                     shared_packs(config) && gate_up_codes.is_none() && down_codes.is_none();
                 let slots = e + usize::from(packed);
                 let widen = |name: &str, shape: &[usize]| r.bf16(name, shape);
-                let experts_gate_up = load_projection(
+                let mut experts_gate_up = load_projection(
                     gpu,
                     source,
                     &projection(slots, "gate_up", w, d, &gate_up_label),
                     gate_up_codes,
                     &widen,
                 )?;
-                let experts_down = load_projection(
+                let mut experts_down = load_projection(
                     gpu,
                     source,
                     &projection(slots, "down", d, w, &down_label),
                     down_codes,
                     &widen,
                 )?;
-                let shared = if packed {
+                // Beside codes, the shared expert (BF16) joins the quantized grouped GEMM as
+                // expert `e`, in the codes' fragment order.
+                let beside_codes = shared_packs(config)
+                    && experts_gate_up.codes_take_shared(2 * w)
+                    && experts_down.codes_take_shared(d);
+                if beside_codes {
+                    let rows = |proj: &str, n: usize, k: usize| -> Result<Vec<bf16>> {
+                        let mut all = Vec::with_capacity(n * k);
+                        let names = expert_names(e, proj);
+                        for name in &names {
+                            all.extend(widen(name, &[n / names.len(), k])?);
+                        }
+                        Ok(all)
+                    };
+                    let ordered = |n: usize, k: usize, rows: Vec<bf16>| {
+                        upload(gpu, &ops::bf16_fragment_order(n, k, &rows))
+                    };
+                    experts_gate_up = experts_gate_up
+                        .with_shared(ordered(2 * w, d, rows("gate_up", 2 * w, d)?)?, e);
+                    experts_down = experts_down.with_shared(ordered(d, w, rows("down", d, w)?)?, e);
+                }
+                let shared = if packed || beside_codes {
                     SharedExpert::Packed
                 } else if config.num_shared_experts > 0 {
                     SharedExpert::Separate(swiglu(schema::Mlp::Shared, dims.shared_width)?)
@@ -427,7 +449,13 @@ impl Weights {
                     .map(|j| 0.01 * hash_uniform(seed ^ 0xB1A5 ^ (i as u64) << 40, j))
                     .collect();
                 let packed = shared_packs(config) && experts.is_none();
-                let shared = if packed {
+                // Beside random codes, a random BF16 shared expert joins their grouped GEMM (any
+                // order of random values is random, so no reordering).
+                let beside_codes = shared_packs(config)
+                    && random_codes.is_some()
+                    && ops::codes_tiled(2 * w, RandomCodes::GROUP)
+                    && ops::codes_tiled(d, RandomCodes::GROUP);
+                let shared = if packed || beside_codes {
                     SharedExpert::Packed
                 } else if config.num_shared_experts > 0 {
                     let sw = dims.shared_width;
@@ -440,19 +468,24 @@ impl Weights {
                     SharedExpert::None
                 };
                 let slots = e + usize::from(packed);
+                let (gate_up, down) = match random_codes.as_mut() {
+                    Some(codes) if beside_codes => (
+                        codes.matrix(gpu, 0)?.with_shared(rand(2 * w * d, d)?, e),
+                        codes.matrix(gpu, 1)?.with_shared(rand(d * w, w)?, e),
+                    ),
+                    Some(codes) => (codes.matrix(gpu, 0)?, codes.matrix(gpu, 1)?),
+                    None => (
+                        ExpertMatrix::Bf16(rand(slots * 2 * w * d, d)?),
+                        ExpertMatrix::Bf16(rand(slots * d * w, w)?),
+                    ),
+                };
                 Mlp::Moe(Box::new(Moe::new(
                     gpu,
                     config,
                     RouterWeights::Bf16(upload(gpu, &router)?),
                     upload(gpu, &bias)?,
-                    match random_codes.as_mut() {
-                        Some(codes) => codes.matrix(gpu, 0)?,
-                        None => ExpertMatrix::Bf16(rand(slots * 2 * w * d, d)?),
-                    },
-                    match random_codes.as_mut() {
-                        Some(codes) => codes.matrix(gpu, 1)?,
-                        None => ExpertMatrix::Bf16(rand(slots * d * w, w)?),
-                    },
+                    gate_up,
+                    down,
                     shared,
                 )))
             };
@@ -601,6 +634,7 @@ impl RandomCodes {
             group: Self::GROUP,
             codes: upload(gpu, codes)?,
             scales: upload(gpu, scales)?,
+            shared: None,
         })
     }
 }

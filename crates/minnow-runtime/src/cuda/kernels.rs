@@ -330,6 +330,8 @@ kernel_table! {
             codes: u64,
             scales: u64,
             group: i32,
+            shared: u64,
+            shared_slot: i32,
             y: u64,
             tiles: u64,
             num_tiles: u64,

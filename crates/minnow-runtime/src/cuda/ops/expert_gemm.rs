@@ -138,6 +138,37 @@ pub struct CodeMatrices {
     pub group: usize,
     pub codes: u64,
     pub scales: u64,
+    /// A packed shared expert: BF16 weights in the codes' fragment order
+    /// ([`bf16_fragment_order`]) and the expert slot whose tiles read them.
+    pub shared: Option<(u64, usize)>,
+}
+
+/// A row-major BF16 matrix `[rows, cols]` in the `*_mma` fragment order (tiles of 8 rows x 16
+/// columns, `[rows / 8][cols / 16][lane 0..32][4]`, lane `l` holding row `l / 4` and columns
+/// `2 (l % 4)`, `+ 1`, `+ 8`, `+ 9`): how the quantized grouped GEMM reads a packed shared
+/// expert's BF16 weights beside the routed experts' codes. Needs `rows % 8 == 0` and
+/// `cols % 16 == 0`.
+pub fn bf16_fragment_order<T: Copy>(rows: usize, cols: usize, values: &[T]) -> Vec<T> {
+    assert!(rows.is_multiple_of(8) && cols.is_multiple_of(16) && values.len() == rows * cols);
+    let mut out = Vec::with_capacity(values.len());
+    for band in 0..rows / 8 {
+        for tile in 0..cols / 16 {
+            for lane in 0..32 {
+                let row = band * 8 + lane / 4;
+                let c0 = tile * 16 + 2 * (lane % 4);
+                for c in [c0, c0 + 1, c0 + 8, c0 + 9] {
+                    out.push(values[row * cols + c]);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether the tiled quantized kernels (not the general one) take an `n`-row projection with
+/// groups of `group` columns: the condition for a packed shared expert beside codes.
+pub fn codes_tiled(n: usize, group: usize) -> bool {
+    n.is_multiple_of(16) && group.is_power_of_two() && (16..=128).contains(&group)
 }
 
 /// Dynamic shared memory of `grouped_gemm_i{8,4}_r{16,64}` (mirrors `minnow_codes::Stage` in
@@ -199,22 +230,28 @@ pub fn grouped_gemm_codes(
     }
     // Shapes the tiled kernels refuse take the general kernel (`codes_tile` in kernels/moe.cu
     // needs whole 16-column warps and a group of one to eight 16-column steps).
-    let (kernel, cfg) =
-        if n.is_multiple_of(16) && w.group.is_power_of_two() && (16..=128).contains(&w.group) {
-            (
-                if tile_rows == 16 { r16 } else { r64 },
-                LaunchConfig::new(
-                    (n.div_ceil(128) as u32, max_tiles as u32, 1),
-                    256,
-                    codes_tile_smem_bytes(w.bits, tile_rows) as u32,
-                ),
-            )
-        } else {
-            (
-                any,
-                LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0),
-            )
-        };
+    let tiled = codes_tiled(n, w.group);
+    if w.shared.is_some() && !tiled {
+        return unsupported(format!(
+            "a packed shared expert beside quantized experts of {n} x {k} with groups of {}",
+            w.group
+        ));
+    }
+    let (kernel, cfg) = if tiled {
+        (
+            if tile_rows == 16 { r16 } else { r64 },
+            LaunchConfig::new(
+                (n.div_ceil(128) as u32, max_tiles as u32, 1),
+                256,
+                codes_tile_smem_bytes(w.bits, tile_rows) as u32,
+            ),
+        )
+    } else {
+        (
+            any,
+            LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0),
+        )
+    };
     kernel(
         gpu,
         cfg,
@@ -223,6 +260,8 @@ pub fn grouped_gemm_codes(
         w.codes,
         w.scales,
         w.group as i32,
+        w.shared.map_or(0, |(ptr, _)| ptr),
+        w.shared.map_or(-1, |(_, slot)| slot as i32),
         y,
         tiles,
         num_tiles,
@@ -255,5 +294,20 @@ mod tests {
         assert_eq!(codes_tile_smem_bytes(8, 16), 68352);
         assert_eq!(codes_tile_smem_bytes(4, 64), 55296);
         assert_eq!(codes_tile_smem_bytes(8, 64), 71680);
+    }
+
+    #[test]
+    fn fragment_order_puts_each_lane_s_four_weights_together() {
+        let (rows, cols) = (16, 32);
+        let values: Vec<usize> = (0..rows * cols).collect();
+        let order = bf16_fragment_order(rows, cols, &values);
+        // Every weight exactly once.
+        let mut seen = order.clone();
+        seen.sort_unstable();
+        assert_eq!(seen, values);
+        // Band 1, column tile 1, lane 6: row 8 + 1, columns 16 + 4 + {0, 1, 8, 9}.
+        let at = ((cols / 16 + 1) * 32 + 6) * 4;
+        let want: Vec<usize> = [20, 21, 28, 29].iter().map(|c| 9 * cols + c).collect();
+        assert_eq!(&order[at..at + 4], &want[..]);
     }
 }
