@@ -1,14 +1,22 @@
-//! `cargo xtask make-checkpoint --out DIR --preset P [--family 2.0|2.1|2.2] [--layers N]
-//! [--seed S] [--shard-gib G]`: a random-weight LLaDA2 checkpoint at real shapes, in the
-//! Hugging Face layout (config.json, generation_config.json, sharded BF16 safetensors with
-//! model.safetensors.index.json). For benchmarks and loader tests at scale; the weights are
-//! random, so is any text.
+//! `cargo xtask make-checkpoint --out DIR|FILE.mnw --preset P [--family 2.0|2.1|2.2]
+//! [--layers N] [--seed S] [--experts bf16|int8|int4|nvfp4|fp8] [--shard-gib G] [--workers N]`:
+//! a random-weight LLaDA2 checkpoint at real shapes. For benchmarks and loader tests at scale;
+//! the weights are random, so is any text.
+//!
+//! - `--out DIR`: the Hugging Face layout (config.json, generation_config.json, sharded BF16
+//!   safetensors with model.safetensors.index.json); BF16 experts only.
+//! - `--out FILE.mnw`: one `.mnw` written directly (`make_checkpoint/mnw.rs`), its routed experts
+//!   in `--experts`' encoding, with the assets `serve` needs (the tiny fixtures' tokenizer and
+//!   chat template).
 //!
 //! Presets: `mini-2layer` (the CPU benchmark model: real mini shapes, layer 0 dense, layer 1
-//! MoE; ≈1.5B parameters), `mini` (20 layers, ≈16B), `flash-2layer` (flash widths, 2 layers).
+//! MoE; ≈1.5B parameters), `mini` (20 layers, ≈16B), `flash-2layer` (flash widths, 2 layers),
+//! `flash` (32 layers, ≈100B), `tiny` (the shapes of tests/fixtures: vocabulary 512, hidden 64,
+//! 16 experts; for quick tests of the whole path).
 //! Weights are uniform with the standard deviations of the tiny fixtures' generator scaled to
 //! the width (projections 1/√fan_in, embeddings 1, norms 1 ± 0.1, expert_bias 0.1); `expert_bias`
-//! is stored BF16 for 2.0 and F32 otherwise, like the real checkpoints.
+//! is stored BF16 for 2.0 and F32 otherwise, like the real checkpoints. Every tensor's values
+//! are one stream of its own (seeded by `--seed` and its name), whatever the container.
 
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -18,13 +26,15 @@ use clap::Parser;
 use minnow_model::schema::{self, Role};
 use rayon::prelude::*;
 
+mod mnw;
+
 #[derive(Parser, Debug)]
 #[command(name = "make-checkpoint")]
 struct Args {
-    /// Output directory (created; must be empty or absent).
+    /// Output directory (created; must be empty or absent), or a new FILE.mnw.
     #[arg(long)]
     out: PathBuf,
-    /// mini-2layer, mini or flash-2layer.
+    /// mini-2layer, mini, flash-2layer, flash or tiny.
     #[arg(long, default_value = "mini-2layer")]
     preset: String,
     /// 2.0, 2.1 or 2.2 (2.2: block routing with expert_capacity 48, rope_theta 3e6).
@@ -35,9 +45,23 @@ struct Args {
     layers: Option<usize>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Target shard size in GiB.
+    /// Target shard size in GiB (a directory's safetensors shards).
     #[arg(long, default_value_t = 2.0)]
     shard_gib: f64,
+    /// The routed experts' encoding: bf16, or (in a .mnw only) int8, int4 (`i8_mma`, `i4_mma`,
+    /// groups of 128), nvfp4 or fp8.
+    #[arg(long, default_value = "bf16")]
+    experts: String,
+    /// Threads writing a .mnw (default: every core, at most 64).
+    #[arg(long)]
+    workers: Option<usize>,
+}
+
+impl Args {
+    /// Whether `--out` names a `.mnw` file rather than a directory.
+    fn writes_mnw(&self) -> bool {
+        self.out.extension().is_some_and(|e| e == "mnw")
+    }
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -46,6 +70,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let config = config_for(&args)?;
+    if args.writes_mnw() {
+        return mnw::write(&args, config);
+    }
+    if args.experts != "bf16" {
+        return Err(format!(
+            "--experts {} needs a .mnw output (--out FILE.mnw); a safetensors directory holds \
+             BF16 experts only",
+            args.experts
+        ));
+    }
     if args.out.exists()
         && std::fs::read_dir(&args.out)
             .map_err(|e| format!("{}: {e}", args.out.display()))?
@@ -105,9 +139,11 @@ fn config_for(args: &Args) -> Result<serde_json::Value, String> {
         "mini-2layer" => (2048, 5120, 512, 2, 16),
         "mini" => (2048, 5120, 512, 20, 16),
         "flash-2layer" => (4096, 9216, 1024, 2, 32),
+        "flash" => (4096, 9216, 1024, 32, 32),
+        "tiny" => (64, 128, 32, 2, 4),
         p => {
             return Err(format!(
-                "unknown preset '{p}' (mini-2layer, mini, flash-2layer)"
+                "unknown preset '{p}' (mini-2layer, mini, flash-2layer, flash, tiny)"
             ))
         }
     };
@@ -148,6 +184,26 @@ fn config_for(args: &Args) -> Result<serde_json::Value, String> {
         }
         f => return Err(format!("unknown family '{f}' (2.0, 2.1, 2.2)")),
     }
+    if args.preset == "tiny" {
+        // The rest of tests/fixtures' shapes (their README): small enough for a unit test.
+        for (key, value) in [
+            ("vocab_size", 512),
+            ("num_key_value_heads", 2),
+            ("head_dim", 16),
+            ("rotary_dim", 8),
+            ("num_experts", 16),
+            ("num_experts_per_tok", 4),
+            ("n_group", 4),
+            ("topk_group", 2),
+            ("max_position_embeddings", 512),
+            ("max_window_layers", 2),
+        ] {
+            o.insert(key.into(), value.into());
+        }
+        if o.contains_key("expert_capacity") {
+            o.insert("expert_capacity".into(), 6.into());
+        }
+    }
     Ok(c)
 }
 
@@ -173,6 +229,37 @@ impl Spec {
     }
     fn bytes(&self) -> usize {
         self.numel() * if self.f32 { 4 } else { 2 }
+    }
+
+    /// The tensor's values from element `first` on, in F32 before rounding to the stored type.
+    /// Each tensor has its own stream, so its values do not depend on the sharding or the
+    /// container; the stream is jumped to `first`, so they do not depend on how the writing is
+    /// cut into jobs either.
+    fn draw(&self, seed: u64, first: usize) -> impl Iterator<Item = f32> {
+        let mut rng = SplitMix::at(seed ^ fnv1a(&self.name), first as u64);
+        let (std, base) = match self.init {
+            Init::Std(s) => (s, 0.0),
+            Init::Norm => (0.1, 1.0),
+        };
+        // Uniform on [-√3σ, √3σ] has standard deviation σ.
+        let half_width = std * 3f32.sqrt();
+        std::iter::repeat_with(move || base + half_width * rng.unit())
+    }
+
+    /// Writes elements `first..first + count` in the stored type (F32 or BF16, little-endian).
+    fn stored_bytes(&self, seed: u64, first: usize, count: usize, buf: &mut Vec<u8>) {
+        let values = self.draw(seed, first);
+        if self.f32 {
+            buf.resize(count * 4, 0);
+            for (out, v) in buf.chunks_exact_mut(4).zip(values) {
+                out.copy_from_slice(&v.to_le_bytes());
+            }
+        } else {
+            buf.resize(count * 2, 0);
+            for (out, v) in buf.chunks_exact_mut(2).zip(values) {
+                out.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+            }
+        }
     }
 }
 
@@ -306,30 +393,8 @@ fn create_shard(path: &Path, tensors: &[Spec]) -> Result<(std::fs::File, u64), S
 impl Job<'_> {
     /// Generates this job's values into `buf` and writes them at the job's offset.
     fn run(&self, buf: &mut Vec<u8>) -> Result<(), String> {
-        let t = self.spec;
-        // Each tensor has its own stream, so its values do not depend on the sharding; the
-        // stream is jumped to this job's first element, so they do not depend on the jobs
-        // either.
-        let mut rng = SplitMix::at(self.seed ^ fnv1a(&t.name), self.first as u64);
-        let (std, base) = match t.init {
-            Init::Std(s) => (s, 0.0),
-            Init::Norm => (0.1, 1.0),
-        };
-        // Uniform on [-√3σ, √3σ] has standard deviation σ.
-        let half_width = std * 3f32.sqrt();
-        let size = if t.f32 { 4 } else { 2 };
-        buf.resize(self.count * size, 0);
-        if t.f32 {
-            for out in buf.chunks_exact_mut(4) {
-                let v = base + half_width * rng.unit();
-                out.copy_from_slice(&v.to_le_bytes());
-            }
-        } else {
-            for out in buf.chunks_exact_mut(2) {
-                let v = base + half_width * rng.unit();
-                out.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes());
-            }
-        }
+        self.spec
+            .stored_bytes(self.seed, self.first, self.count, buf);
         self.file
             .write_all_at(buf, self.offset)
             .map_err(|e| format!("{}: {e}", self.path.display()))
@@ -369,36 +434,12 @@ fn fnv1a(s: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use minnow_format::{TensorRef, TensorSource};
-    use minnow_runtime::DType;
-
-    /// Headers only: what `tensor_list` would write, without data.
-    struct Specs(Vec<Spec>);
-
-    impl TensorSource for Specs {
-        fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
-            let s = self.0.iter().find(|s| s.name == name)?;
-            Some(TensorRef {
-                dtype: Some(if s.f32 { DType::F32 } else { DType::BF16 }),
-                dtype_name: if s.f32 { "F32" } else { "BF16" },
-                shape: &s.shape,
-                data: &[],
-                quant: None,
-            })
-        }
-        fn names(&self) -> Vec<&str> {
-            self.0.iter().map(|s| s.name.as_str()).collect()
-        }
-        fn describe(&self) -> String {
-            "specs".into()
-        }
-    }
 
     /// Every preset and family yields a config minnow parses and exactly the tensors it expects,
     /// with the right family detected (2.0 from its BF16 expert_bias).
     #[test]
     fn presets_match_what_the_loader_expects() {
-        for preset in ["mini-2layer", "mini", "flash-2layer"] {
+        for preset in ["mini-2layer", "mini", "flash-2layer", "flash", "tiny"] {
             for (family, want) in [("2.0", "2.0"), ("2.1", "2.1"), ("2.2", "2.2")] {
                 let args = Args::try_parse_from([
                     "make-checkpoint",
@@ -416,7 +457,8 @@ mod tests {
                     Path::new("config.json"),
                 )
                 .unwrap();
-                let specs = Specs(tensor_list(&json, family).unwrap());
+                let tensors = tensor_list(&json, family).unwrap();
+                let specs = mnw::Shapes::new(&tensors);
                 minnow_model::weights::validate(&c, &specs).unwrap();
                 c.refine_family(minnow_model::weights::expert_bias_dtype(&c, &specs));
                 assert_eq!(c.family.version(), want, "{preset} {family}");

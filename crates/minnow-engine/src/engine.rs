@@ -268,12 +268,22 @@ fn load_cpu_runner(
             tracing::debug!("the CPU thread pool already exists; threads = {threads} not applied");
         }
     }
+    let started = std::time::Instant::now();
     let (config, source) =
         minnow_model::checkpoint::open(path).map_err(|e| EngineError::Load(e.to_string()))?;
     // The CPU reads weights through the memory map as it computes: nothing to copy here.
     let bytes_total = minnow_format::total_bytes(&source);
+    let parts = minnow_format::bytes_by_encoding(&source);
+    let place = format!(
+        "mapped {} for the CPU (its pages are read as the forward first touches them)",
+        minnow_format::TensorSource::describe(&source)
+    );
     let model = minnow_model::cpu::CpuModel::from_source(config, std::sync::Arc::new(source))
         .map_err(|e| EngineError::Load(e.to_string()))?;
+    tracing::info!(
+        "{}",
+        minnow_model::load_report::line(&place, &parts, started.elapsed())
+    );
     progress(LoadProgress {
         bytes_done: bytes_total,
         bytes_total,

@@ -16,6 +16,6 @@ mod source;
 pub use checkpoint::Checkpoint;
 pub use error::{FormatError, Result};
 pub use mnw::MnwFile;
-pub use progress::{total_bytes, LoadProgress, ProgressSource};
+pub use progress::{bytes_by_encoding, total_bytes, LoadProgress, ProgressSource};
 pub use safetensors_dir::SafetensorsDir;
 pub use source::{QuantParts, TensorRef, TensorSource};

@@ -23,6 +23,21 @@ pub fn total_bytes(source: &dyn TensorSource) -> u64 {
         .sum()
 }
 
+/// The stored bytes of a source's tensors (data and scales) per encoding name (`bf16`,
+/// `i4_mma`, ...; the container's spelling for a type minnow cannot compute with), sorted by
+/// name: what a load log line reports.
+pub fn bytes_by_encoding(source: &dyn TensorSource) -> Vec<(String, u64)> {
+    let mut out = std::collections::BTreeMap::<String, u64>::new();
+    for t in source.names().iter().filter_map(|name| source.tensor(name)) {
+        let name = t
+            .encoding()
+            .map_or_else(|| t.dtype_name.to_string(), |e| e.name().to_string());
+        *out.entry(name).or_default() +=
+            (t.data.len() + t.quant.map_or(0, |q| q.scales.len())) as u64;
+    }
+    out.into_iter().collect()
+}
+
 /// Wraps a source; every first lookup of a tensor adds its bytes and calls `report`.
 pub struct ProgressSource<'a> {
     inner: &'a dyn TensorSource,
@@ -101,6 +116,7 @@ mod tests {
         let report = |p: LoadProgress| seen.lock().unwrap().push(p);
         let progress = ProgressSource::new(&source, &report);
         assert_eq!(total_bytes(&source), 40);
+        assert_eq!(bytes_by_encoding(&source), [("U8".to_string(), 40)]);
         assert!(progress.tensor("b").is_some());
         assert!(progress.tensor("b").is_some());
         assert!(progress.tensor("missing").is_none());

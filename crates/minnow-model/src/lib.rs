@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod error;
 #[cfg(test)]
 mod import_graph;
+pub mod load_report;
 pub mod router;
 pub mod runner;
 pub mod schema;

@@ -1,17 +1,15 @@
 //! Conversion of a checkpoint (safetensors directory or floating-point `.mnw`) into a new
 //! `.mnw`, quantizing the routed experts (or what `--tensor-rules` names).
 //!
-//! Every tensor's encoding and every region's offset are decided first ([`plan`]); then workers
-//! take tensors in turn and write each into its own regions. A tensor's bytes depend only on the
-//! tensor, so the output is identical for any number of workers. Memory stays bounded: a worker
-//! holds one band of rows of one matrix at a time (at most [`BAND_BYTES`] of F32), and copies
-//! are streamed in chunks from the memory-mapped source.
+//! Every tensor's encoding and every region's offset are decided first ([`plan`]); then the
+//! workers of `planned::write_planned` take tensors in turn and write each into its own regions.
+//! A tensor's bytes depend only on the tensor, so the output is identical for any number of
+//! workers. Memory stays bounded: a worker holds one band of rows of one matrix at a time (at
+//! most [`BAND_BYTES`] of F32), and copies are streamed in chunks from the memory-mapped source.
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicBool;
 
 use minnow_runtime::dtype::widen_into;
 use minnow_runtime::quant::{
@@ -21,9 +19,9 @@ use minnow_runtime::quant::{
 use minnow_runtime::DType;
 use serde::Deserialize;
 
-use super::layout::ARCHITECTURE;
-use super::manifest::{AssetText, Manifest, Region, TensorRecord, VERSION};
-use super::writer::{OutputFile, RegionPlanner};
+use super::planned::{write_planned, Digests, ModelText, RegionStream, TensorOutput, Workers};
+pub use super::planned::{Plan, PlannedTensor, Stage, Summary, Timings};
+use super::writer::RegionPlanner;
 use crate::error::{FormatError, Result};
 use crate::source::{TensorRef, TensorSource};
 
@@ -139,61 +137,6 @@ pub struct ConvertInput<'a> {
     pub expert_families: ExpertFamilies<'a>,
     pub assets: BTreeMap<String, String>,
     pub model_id: String,
-}
-
-/// One tensor of the output.
-#[derive(Clone, Debug)]
-pub struct PlannedTensor {
-    pub name: String,
-    pub shape: Vec<usize>,
-    pub source: Encoding,
-    pub target: Encoding,
-    /// Manifest group size (0 for floating point).
-    pub group_size: usize,
-    pub data_offset: u64,
-    pub data_bytes: u64,
-    pub scales: Option<(u64, u64)>,
-}
-
-/// The decided output: tensors with their regions, plus notes for the user.
-#[derive(Debug)]
-pub struct Plan {
-    pub tensors: Vec<PlannedTensor>,
-    pub data_end: u64,
-    /// Sentences about choices made (a projection kept in its source type, ...).
-    pub notes: Vec<String>,
-}
-
-impl Plan {
-    /// Bytes of every region.
-    pub fn region_bytes(&self) -> u64 {
-        self.tensors
-            .iter()
-            .map(|t| t.data_bytes + t.scales.map_or(0, |s| s.1))
-            .sum()
-    }
-}
-
-/// What a finished conversion reports.
-#[derive(Debug)]
-pub struct Summary {
-    pub file_bytes: u64,
-    pub notes: Vec<String>,
-    /// Tensors and bytes per target encoding.
-    pub per_encoding: BTreeMap<String, (usize, u64)>,
-    pub timings: Timings,
-}
-
-/// Where a conversion's wall time went.
-#[derive(Clone, Copy, Debug)]
-pub struct Timings {
-    /// Encoding the tensors and writing them to the file (the system writes them to the disk
-    /// meanwhile).
-    pub writing: Duration,
-    /// Waiting for what the disk had not yet received.
-    pub sync: Duration,
-    /// Re-reading and checking the file (as `validate` does).
-    pub verifying: Duration,
 }
 
 /// The default integer group size for a K dimension.
@@ -367,23 +310,6 @@ pub fn plan(
     })
 }
 
-/// Digests of one written tensor.
-struct Written {
-    data: String,
-    scales: Option<String>,
-    global_scale: Option<f32>,
-}
-
-/// The two passes of a conversion, for progress reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
-    /// Regions being encoded and written: bytes written of the regions' total.
-    Writing,
-    /// The finished temporary file being re-read and hashed (as `validate` does): bytes read of
-    /// the file's data part.
-    Verifying,
-}
-
 /// Converts `input` into a new file at `out`. `cancel` stops the workers at their next step
 /// (the temporary file is removed); `progress(bytes_done, bytes_total)` reports written bytes.
 pub fn convert(
@@ -410,141 +336,41 @@ pub fn convert_in_stages(
     progress: &(dyn Fn(Stage, u64, u64) + Sync),
 ) -> Result<Summary> {
     let plan = plan(input.source, input.expert_families, options)?;
-    let output = OutputFile::create(out, plan.data_end)?;
-    let started = Instant::now();
-    let total = plan.region_bytes();
-    let done = AtomicU64::new(0);
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let results: Mutex<Vec<Option<Written>>> =
-        Mutex::new((0..plan.tensors.len()).map(|_| None).collect());
-    let first_error: Mutex<Option<FormatError>> = Mutex::new(None);
-    let workers = options.workers.clamp(1, 64);
-    let step = |bytes: usize| {
-        let d = done.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
-        progress(Stage::Writing, d, total);
-    };
-    let stop = || cancel.load(Ordering::Relaxed) || failed.load(Ordering::Relaxed);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| loop {
-                if stop() {
-                    return;
-                }
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(t) = plan.tensors.get(i) else {
-                    return;
-                };
-                let tensor = input.source.tensor(&t.name).expect("planned tensor");
-                let written = write_tensor(&output, t, &tensor, &step, &stop);
-                // Read once: its mapped pages need not stay in this process.
-                input.source.release(&t.name);
-                // Its regions are final: the disk can take them now.
-                let end = t
-                    .scales
-                    .map_or(t.data_offset + t.data_bytes, |(o, b)| o + b);
-                output.start_writeback(t.data_offset, end - t.data_offset);
-                match written {
-                    Ok(w) => results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(w),
-                    Err(e) => {
-                        failed.store(true, Ordering::Relaxed);
-                        first_error
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get_or_insert(e);
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    let writing = started.elapsed();
-    if let Some(e) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        return Err(e);
-    }
-    if cancel.load(Ordering::Relaxed) {
-        return Err(FormatError::invalid(
-            out,
-            "interrupted; no file was written",
-        ));
-    }
-    let results = results.into_inner().unwrap_or_else(|e| e.into_inner());
-    let mut per_encoding: BTreeMap<String, (usize, u64)> = BTreeMap::new();
-    let mut records = BTreeMap::new();
-    for (t, w) in plan.tensors.iter().zip(results) {
-        let w = w.expect("every tensor written when no worker failed");
-        let entry = per_encoding.entry(t.target.name().to_string()).or_default();
-        entry.0 += 1;
-        entry.1 += t.data_bytes + t.scales.map_or(0, |s| s.1);
-        let record = TensorRecord {
-            shape: t.shape.iter().map(|&d| d as u64).collect(),
-            encoding: t.target.name().to_string(),
-            data: Region {
-                offset: t.data_offset,
-                bytes: t.data_bytes,
-                blake3: w.data,
-            },
-            scales: t
-                .scales
-                .zip(w.scales)
-                .map(|((offset, bytes), blake3)| Region {
-                    offset,
-                    bytes,
-                    blake3,
-                }),
-            group_size: t.group_size as u64,
-            global_scale: w.global_scale,
-        };
-        records.insert(t.name.clone(), record);
-    }
-    let manifest = Manifest {
-        version: VERSION,
-        architecture: ARCHITECTURE.to_string(),
-        model_id: input.model_id.clone(),
-        assets: input
-            .assets
-            .iter()
-            .map(|(k, v)| (k.clone(), AssetText(v.clone())))
-            .collect(),
-        tensors: records,
-    };
-    let finished = output.finish(&manifest, plan.data_end, &|done, total| {
-        progress(Stage::Verifying, done, total)
-    })?;
-    Ok(Summary {
-        file_bytes: finished.file_len,
-        notes: plan.notes,
-        per_encoding,
-        timings: Timings {
-            writing,
-            sync: finished.sync,
-            verifying: finished.verify,
+    write_planned(
+        &plan,
+        out,
+        &ModelText {
+            model_id: &input.model_id,
+            assets: &input.assets,
         },
-    })
-}
-
-fn interrupted(name: &str) -> FormatError {
-    FormatError::invalid(name, "interrupted")
+        &Workers {
+            count: options.workers,
+            cancel,
+            progress,
+        },
+        &|output, t| {
+            let tensor = input.source.tensor(&t.name).expect("planned tensor");
+            write_tensor(output, t, &tensor)
+        },
+        // Read once: its mapped pages need not stay in this process.
+        &|t| input.source.release(&t.name),
+    )
 }
 
 /// Writes one tensor's regions and returns their digests.
 fn write_tensor(
-    output: &OutputFile,
+    output: &TensorOutput<'_>,
     t: &PlannedTensor,
     src: &TensorRef<'_>,
-    step: &(dyn Fn(usize) + Sync),
-    stop: &(dyn Fn() -> bool + Sync),
-) -> Result<Written> {
+) -> Result<Digests> {
     match (t.source, t.target) {
         (a, b) if a == b => {
-            let data = copy_region(output, src.data, t.data_offset, step, stop, &t.name)?;
-            let scales = match (t.scales, src.quant) {
-                (Some((offset, _)), Some(q)) => {
-                    Some(copy_region(output, q.scales, offset, step, stop, &t.name)?)
-                }
+            let data = copy_region(output.data(t), src.data)?;
+            let scales = match (output.scales(t), src.quant) {
+                (Some(region), Some(q)) => Some(copy_region(region, q.scales)?),
                 _ => None,
             };
-            Ok(Written {
+            Ok(Digests {
                 data,
                 scales,
                 global_scale: src
@@ -553,34 +379,19 @@ fn write_tensor(
                     .map(|q| q.global_scale),
             })
         }
-        (Encoding::Float(from), Encoding::Float(to)) => {
-            recast(output, t, src.data, from, to, step, stop)
-        }
+        (Encoding::Float(from), Encoding::Float(to)) => recast(output, t, src.data, from, to),
         (Encoding::Float(from), Encoding::Quant(q)) => {
-            quantize_tensor(output, t, src.data, from, q, step, stop)
+            quantize_tensor(output, t, src.data, from, q)
         }
         (Encoding::Quant(_), _) => unreachable!("plan refuses re-encoding quantized tensors"),
     }
 }
 
-fn copy_region(
-    output: &OutputFile,
-    bytes: &[u8],
-    offset: u64,
-    step: &(dyn Fn(usize) + Sync),
-    stop: &(dyn Fn() -> bool + Sync),
-    name: &str,
-) -> Result<String> {
-    let mut hasher = blake3::Hasher::new();
-    for (i, chunk) in bytes.chunks(COPY_CHUNK).enumerate() {
-        if stop() {
-            return Err(interrupted(name));
-        }
-        output.write_at(chunk, offset + (i * COPY_CHUNK) as u64)?;
-        hasher.update(chunk);
-        step(chunk.len());
+fn copy_region(mut region: RegionStream<'_>, bytes: &[u8]) -> Result<String> {
+    for chunk in bytes.chunks(COPY_CHUNK) {
+        region.write(chunk)?;
     }
-    Ok(hasher.finalize().to_hex().to_string())
+    region.finish()
 }
 
 /// Rounds F32 to a floating-point element type (nearest even).
@@ -596,48 +407,36 @@ fn narrow(values: &[f32], to: DType, out: &mut Vec<u8>) {
 }
 
 fn recast(
-    output: &OutputFile,
+    output: &TensorOutput<'_>,
     t: &PlannedTensor,
     data: &[u8],
     from: DType,
     to: DType,
-    step: &(dyn Fn(usize) + Sync),
-    stop: &(dyn Fn() -> bool + Sync),
-) -> Result<Written> {
+) -> Result<Digests> {
     let per_chunk = COPY_CHUNK / 4;
     let mut wide = vec![0.0f32; per_chunk];
     let mut narrow_buf = Vec::new();
-    let mut hasher = blake3::Hasher::new();
-    let mut offset = t.data_offset;
+    let mut region = output.data(t);
     for chunk in data.chunks(per_chunk * from.size()) {
-        if stop() {
-            return Err(interrupted(&t.name));
-        }
         let n = chunk.len() / from.size();
         widen_into(from, chunk, &mut wide[..n]);
         narrow(&wide[..n], to, &mut narrow_buf);
-        output.write_at(&narrow_buf, offset)?;
-        hasher.update(&narrow_buf);
-        offset += narrow_buf.len() as u64;
-        step(narrow_buf.len());
+        region.write(&narrow_buf)?;
     }
-    Ok(Written {
-        data: hasher.finalize().to_hex().to_string(),
+    Ok(Digests {
+        data: region.finish()?,
         scales: None,
         global_scale: None,
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 fn quantize_tensor(
-    output: &OutputFile,
+    output: &TensorOutput<'_>,
     t: &PlannedTensor,
     data: &[u8],
     from: DType,
     q: QuantEncoding,
-    step: &(dyn Fn(usize) + Sync),
-    stop: &(dyn Fn() -> bool + Sync),
-) -> Result<Written> {
+) -> Result<Digests> {
     let (rows, cols) = (t.shape[0], t.shape[1]);
     let row_bytes = cols * from.size();
     // Bands of whole 128-row units, each band's output contiguous in both regions.
@@ -658,13 +457,9 @@ fn quantize_tensor(
         None
     };
     let widened = one_band && global.is_some();
-    let (scales_offset, _) = t.scales.expect("quantized tensors have scales");
-    let (mut data_hash, mut scale_hash) = (blake3::Hasher::new(), blake3::Hasher::new());
-    let (mut data_at, mut scales_at) = (t.data_offset, scales_offset);
+    let mut codes = output.data(t);
+    let mut scales = output.scales(t).expect("quantized tensors have scales");
     for (b, chunk) in data.chunks(band * row_bytes).enumerate() {
-        if stop() {
-            return Err(interrupted(&t.name));
-        }
         let band_rows = chunk.len() / row_bytes;
         let n = band_rows * cols;
         if !widened {
@@ -677,17 +472,12 @@ fn quantize_tensor(
                     format!("cannot quantize (rows from {}): {e}", b * band),
                 )
             })?;
-        output.write_at(&qz.codes, data_at)?;
-        output.write_at(&qz.scales, scales_at)?;
-        data_hash.update(&qz.codes);
-        scale_hash.update(&qz.scales);
-        data_at += qz.codes.len() as u64;
-        scales_at += qz.scales.len() as u64;
-        step(qz.codes.len() + qz.scales.len());
+        codes.write(&qz.codes)?;
+        scales.write(&qz.scales)?;
     }
-    Ok(Written {
-        data: data_hash.finalize().to_hex().to_string(),
-        scales: Some(scale_hash.finalize().to_hex().to_string()),
+    Ok(Digests {
+        data: codes.finish()?,
+        scales: Some(scales.finish()?),
         global_scale: global,
     })
 }

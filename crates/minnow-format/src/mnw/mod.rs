@@ -8,6 +8,9 @@
 //! - [`reader`]: [`MnwFile`], a memory-mapped [`crate::TensorSource`];
 //! - [`writer`]: region placement and the atomic, verified write of a new file;
 //! - [`validate`]: the full BLAKE3 check with bounded memory;
+//! - [`planned`]: writing a planned file on several threads, each tensor's regions filled by the
+//!   caller (a conversion, or `cargo xtask make-checkpoint`'s random weights) and hashed as they
+//!   stream;
 //! - [`convert`]: streaming conversion from any source, quantizing routed experts.
 //!
 //! This file only declares and re-exports: the children import from each other, never from
@@ -16,6 +19,7 @@
 pub mod convert;
 pub mod layout;
 pub mod manifest;
+pub mod planned;
 pub mod reader;
 pub mod validate;
 pub mod writer;

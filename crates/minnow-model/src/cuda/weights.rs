@@ -226,6 +226,7 @@ impl Weights {
     /// Uploads every tensor of the checkpoint (BF16; see [`RouterWeights`] for the router; the
     /// expert bias in F32).
     pub fn load(gpu: &Gpu, config: &Config, source: &dyn TensorSource) -> Result<Self> {
+        let started = std::time::Instant::now();
         let r = Reader { source };
         let dims = Dims::new(config);
         let d = dims.d;
@@ -388,12 +389,31 @@ impl Weights {
                 mlp,
             });
         }
-        Ok(Self {
+        let weights = Self {
             embed: upload(gpu, &r.bf16(&Tensor::Embedding.name(), &[dims.vocab, d])?)?,
             layers,
             final_norm: upload(gpu, &r.bf16(&Tensor::FinalNorm.name(), &[d])?)?,
             lm_head: upload(gpu, &r.bf16(&Tensor::LmHead.name(), &[dims.vocab, d])?)?,
-        })
+        };
+        // The load ends when the last copy has landed.
+        gpu.synchronize().map_err(device_err)?;
+        let parts: Vec<(String, u64)> = weights
+            .bytes_by_encoding()
+            .into_iter()
+            .map(|(name, b)| match name {
+                "other" => ("other tensors".to_string(), b as u64),
+                _ => (format!("routed experts {name}"), b as u64),
+            })
+            .collect();
+        tracing::info!(
+            "{}",
+            crate::load_report::line(
+                &format!("loaded {} to {}", source.describe(), gpu.name()),
+                &parts,
+                started.elapsed()
+            )
+        );
+        Ok(weights)
     }
 
     /// Random weights at the config's shapes, made on the device (benchmarks: no checkpoint file
