@@ -308,4 +308,9 @@ impl ModelRunner for CpuRunner {
         let v = self.model.config().vocab_size;
         Ok(self.kept.1[at * v..(at + 1) * v].to_vec())
     }
+
+    /// The logits are computed in host memory: handing them over is a copy.
+    fn full_logits_cheap(&self) -> bool {
+        true
+    }
 }
