@@ -13,8 +13,10 @@
 //!    table also gives the tokens produced. The engine's tokenizer comes from `--tokenizer-dir`
 //!    (default: the bundled fixture; prompt ids stay below its vocabulary). Each row also gives
 //!    the wall milliseconds per answer token (with `--fake-runner`, the part spent outside the
-//!    runner: the engine's own cost), the grammar masks per answer token (those computed beside
-//!    the forward in parentheses) and the full logits rows the grammar read. A measurement
+//!    runner: the engine's own cost), the requests' forwards per answer token (each request's
+//!    denoising and commit forwards, which a batched step shares among the requests in it), the
+//!    grammar masks per answer token (those computed beside the forward in parentheses) and the
+//!    full logits rows the grammar read. A measurement
 //!    still running after `--deadline-secs` is cancelled and its row says so.
 
 use std::path::PathBuf;
@@ -135,10 +137,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     println!(
-        "| {device}, {} new tokens | requests | answer tokens | tokens/s | constrained / plain | ms per answer token (host) | grammar masks per token (prepared) | full rows read |",
+        "| {device}, {} new tokens | requests | answer tokens | tokens/s | constrained / plain | ms per answer token (host) | forwards per token | grammar masks per token (prepared) | full rows read |",
         args.tokens
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let deadline = std::time::Duration::from_secs_f64(args.deadline_secs.max(0.0));
     // One short request of each kind first: the engine builds its vocabulary's trie at its first
     // grammar (and a GPU runner captures its first graphs), which no row below should pay.
@@ -155,11 +157,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             deadline,
         )?;
         println!(
-            "| plain | {n}{} | {} | {:.0} | | {} | | |",
+            "| plain | {n}{} | {} | {:.0} | | {} | {:.2} | | |",
             plain.unfinished(n),
             plain.tokens,
             plain.rate(),
-            plain.per_token()
+            plain.per_token(),
+            plain.forwards_per_token(),
         );
         let constraint = Some(OutputConstraint::JsonSchema(schema()));
         let json = batch(
@@ -176,11 +179,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "not measured".into()
         };
         println!(
-            "| JSON Schema | {n}{} | {} | {:.0} | {ratio} | {} | {:.2} ({:.2}) | {} |",
+            "| JSON Schema | {n}{} | {} | {:.0} | {ratio} | {} | {:.2} | {:.2} ({:.2}) | {} |",
             json.unfinished(n),
             json.tokens,
             json.rate(),
             json.per_token(),
+            json.forwards_per_token(),
             json.masks as f64 / json.tokens.max(1) as f64,
             json.masks_prepared as f64 / json.tokens.max(1) as f64,
             json.rows_read,
@@ -309,6 +313,8 @@ struct Measured {
     seconds: f64,
     /// Seconds spent inside a `--fake-runner` runner (its forwards and row reads).
     runner_seconds: Option<f64>,
+    /// The finished requests' denoising and commit forwards.
+    forwards: usize,
     /// Grammar masks the requests computed, and how many of them beside the forward.
     masks: usize,
     masks_prepared: usize,
@@ -319,6 +325,10 @@ struct Measured {
 impl Measured {
     fn rate(&self) -> f64 {
         self.tokens as f64 / self.seconds
+    }
+
+    fn forwards_per_token(&self) -> f64 {
+        self.forwards as f64 / self.tokens.max(1) as f64
     }
 
     /// What the requests column adds when some of the `n` requests missed the deadline.
@@ -390,6 +400,7 @@ fn batch(
         tokens: 0,
         seconds: 0.0,
         runner_seconds: None,
+        forwards: 0,
         masks: 0,
         masks_prepared: 0,
         rows_read: 0,
@@ -406,6 +417,7 @@ fn batch(
                 }) => {
                     measured.finished += 1;
                     measured.tokens += output_ids.len();
+                    measured.forwards += stats.denoise_forwards + stats.commit_forwards;
                     measured.masks += stats.grammar_masks;
                     measured.masks_prepared += stats.grammar_masks_prepared;
                     measured.rows_read += stats.grammar_rows_read;

@@ -414,6 +414,7 @@ impl Engine {
             control,
             stops: StopTokens::from_ids(tokenizer.stop_token_ids()),
             vocab_size: config.vocab_size,
+            full_logits_cheap: runner.full_logits_cheap(),
         };
         let max_pos = config.max_position_embeddings;
         let n_ctx = options.max_context.map_or(max_pos, |m| m.min(max_pos));

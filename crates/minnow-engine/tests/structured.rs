@@ -42,6 +42,8 @@ struct Answer {
     reason: FinishReason,
     /// The text of every `Block` event, in order.
     blocks: Vec<String>,
+    /// Full logits rows the grammar read because a row's best ids held no allowed token.
+    rows_read: usize,
 }
 
 fn collect(handle: &mut minnow_engine::RequestHandle) -> Answer {
@@ -53,6 +55,7 @@ fn collect(handle: &mut minnow_engine::RequestHandle) -> Answer {
                 text,
                 output_ids,
                 finish_reason,
+                stats,
                 ..
             } => {
                 return Answer {
@@ -60,6 +63,7 @@ fn collect(handle: &mut minnow_engine::RequestHandle) -> Answer {
                     ids: output_ids,
                     reason: finish_reason,
                     blocks,
+                    rows_read: stats.grammar_rows_read,
                 }
             }
             Event::Error(e) => panic!("request failed: {e}"),
@@ -443,6 +447,97 @@ fn unconstrained_requests_batched_with_constrained_ones_keep_their_tokens() {
     assert!(regex::Regex::new("^[a-c]{40}$")
         .unwrap()
         .is_match(&answers[3].text));
+}
+
+/// A CPU runner that says its full logits are not cheap, as the GPU's are not: constrained
+/// greedy steps then read each row's best ids (`Want::TopK`) and a full row only where the
+/// grammar refuses them all.
+struct BestIdsRunner(minnow_model::cpu::CpuRunner);
+
+impl minnow_model::ModelRunner for BestIdsRunner {
+    fn config(&self) -> &minnow_model::Config {
+        self.0.config()
+    }
+    fn device_name(&self) -> String {
+        self.0.device_name()
+    }
+    fn kv_pages(&self) -> usize {
+        self.0.kv_pages()
+    }
+    fn kv_page_bytes(&self) -> usize {
+        self.0.kv_page_bytes()
+    }
+    fn forward_batch(
+        &mut self,
+        segments: &[minnow_model::Segment<'_>],
+    ) -> minnow_model::Result<Vec<minnow_model::SegmentOutput>> {
+        self.0.forward_batch(segments)
+    }
+    fn logits_row(&mut self, segment: usize, row: usize) -> minnow_model::Result<Vec<f32>> {
+        self.0.logits_row(segment, row)
+    }
+    fn full_logits_cheap(&self) -> bool {
+        false
+    }
+}
+
+/// The CPU runner answers a constrained greedy step with full logits; the best ids the GPU
+/// answers with decide the same tokens. The same requests on the CPU runner made to ask for the
+/// best ids give the same answers, for both greedy algorithms that read them (2.0 and 2.1, with
+/// and without editing), while reading full rows where the fixtures' noise ranks no allowed id
+/// among a row's best.
+#[test]
+fn cpu_constrained_tokens_are_the_same_from_full_logits_and_from_best_ids() {
+    let schemas = schemas();
+    let settings = [
+        ("llada2-tiny-v20", Algorithm::LowConfidence, None),
+        ("llada2-tiny-v21", Algorithm::Joint, None),
+        ("llada2-tiny-v21", Algorithm::Joint, Some((0.95, 0.9))),
+    ];
+    for (fixture_name, algorithm, thresholds) in settings {
+        let params = DecodeParams {
+            algorithm: Some(algorithm),
+            threshold: thresholds.map(|t| t.0),
+            editing_threshold: thresholds.map(|t| t.1),
+            ..Default::default()
+        };
+        let requests = || {
+            let mut requests: Vec<GenerateRequest> = [18, 24]
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| {
+                    let constraint = Some(OutputConstraint::JsonSchema(schemas[s].clone()));
+                    request(200 + i as u32, constraint, params.clone())
+                })
+                .collect();
+            let regex = OutputConstraint::Regex("(cat|dog|bird)s? [0-9]{2,4}".into());
+            requests.push(request(210, Some(regex), params.clone()));
+            requests
+        };
+        let full_logits = run_all(&engine(fixture_name, 3), requests());
+        let cpu = minnow_model::cpu::CpuRunner::load(&fixture(fixture_name)).unwrap();
+        let best_ids = Engine::with_runner(
+            &fixture(fixture_name),
+            Box::new(BestIdsRunner(cpu)),
+            EngineOptions {
+                parallel: 3,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let best_ids = run_all(&best_ids, requests());
+        let what = format!("{fixture_name} {algorithm:?} {thresholds:?}");
+        for (i, (full, best)) in full_logits.iter().zip(&best_ids).enumerate() {
+            assert_eq!(full.ids, best.ids, "{what}: request {i}");
+            assert_eq!(full.reason, FinishReason::Stop, "{what}: request {i}");
+            assert_eq!(full.rows_read, 0, "{what}: full logits read no row twice");
+        }
+        let rows_read: usize = best_ids.iter().map(|a| a.rows_read).sum();
+        assert!(
+            rows_read > 0,
+            "{what}: the best ids never sent a row to be read"
+        );
+    }
 }
 
 #[test]

@@ -29,6 +29,16 @@ pub trait ModelRunner: Send {
     ///
     /// [`Want::TopK`]: crate::batch::Want::TopK
     fn logits_row(&mut self, segment: usize, row: usize) -> Result<Vec<f32>>;
+    /// Whether handing back full logits ([`Want::Logits`]) costs no more than a row's best ids
+    /// ([`Want::TopK`]): true for a runner that computes its logits in host memory, where the
+    /// best ids would be a sort of every row on top of the same logits. A constrained greedy
+    /// step then asks for full logits and never reads a row twice.
+    ///
+    /// [`Want::Logits`]: crate::batch::Want::Logits
+    /// [`Want::TopK`]: crate::batch::Want::TopK
+    fn full_logits_cheap(&self) -> bool {
+        false
+    }
 }
 
 /// A boxed runner (what the engine's device selection returns) is a runner.
@@ -50,6 +60,9 @@ impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
     }
     fn logits_row(&mut self, segment: usize, row: usize) -> Result<Vec<f32>> {
         (**self).logits_row(segment, row)
+    }
+    fn full_logits_cheap(&self) -> bool {
+        (**self).full_logits_cheap()
     }
 }
 

@@ -243,6 +243,7 @@ impl BlockRun {
         let Some(kind) = self.plan() else {
             return Ok(self.state);
         };
+        let kind = kind.to_ask(runner.runner_mut().full_logits_cheap());
         if runner.sequence_len(seq) > self.start {
             runner.truncate_sequence(seq, self.start)?;
         }

@@ -33,7 +33,7 @@ pub(crate) fn generated_masks(block: &[u32], prompt_in_block: usize, mask: u32) 
 #[cfg(test)]
 pub(crate) mod testing;
 
-use minnow_model::TopK;
+use minnow_model::{TopK, Want};
 use rand::rngs::StdRng;
 
 use crate::sampling::{greedy_excluding, Candidate, OfficialSampler};
@@ -92,6 +92,30 @@ pub enum ScoreKind {
     /// greedy step under a grammar reads (docs/decoding.md §13.6); a row's full logits are read
     /// afterwards only where the grammar allows none of its best ids.
     TopK,
+}
+
+impl ScoreKind {
+    /// The scores to ask the runner for, to answer a step that needs `self`. Full logits answer
+    /// every kind, and they replace the best ids on a runner whose full logits are cheap
+    /// (`ModelRunner::full_logits_cheap`, the CPU): its logits are already in host memory, so the
+    /// best ids would cost a sort of every row on top of them, and a second read of each row
+    /// whose best ids the grammar all refuses. Both decide the same tokens (docs/decoding.md
+    /// §13.6).
+    pub fn to_ask(self, full_logits_cheap: bool) -> ScoreKind {
+        match self {
+            ScoreKind::TopK if full_logits_cheap => ScoreKind::Logits,
+            kind => kind,
+        }
+    }
+
+    /// What a forward of a block's `rows` wants back for this kind.
+    pub fn want(self, rows: std::ops::Range<usize>) -> Want {
+        match self {
+            ScoreKind::Logits => Want::Logits(rows),
+            ScoreKind::Top1 => Want::Top1(rows),
+            ScoreKind::TopK => Want::TopK(rows),
+        }
+    }
 }
 
 /// The scores one denoising forward produced for the block, in the form [`ScoreKind`] asked for.

@@ -19,7 +19,7 @@ use super::layout::Layout;
 use super::low_confidence::{schedule, LowConfidence};
 use super::params::ResolvedParams;
 use super::stop_tokens::StopTokens;
-use super::{BlockAlgorithm, BlockLogits, ControlTokens, ReadRow, ScoreKind, StepScores};
+use super::{BlockAlgorithm, BlockLogits, ControlTokens, ReadRow, StepScores};
 use crate::api::{Algorithm, BlockStats, FinishReason, GenerationStats};
 
 /// Prefill chunk size in tokens (rounded down to whole blocks). Bounds the time one request holds
@@ -67,6 +67,9 @@ pub struct DecoderContext {
     pub control: ControlTokens,
     pub stops: StopTokens,
     pub vocab_size: usize,
+    /// The runner's `ModelRunner::full_logits_cheap`: which scores a step asks for
+    /// ([`super::ScoreKind::to_ask`]).
+    pub full_logits_cheap: bool,
 }
 
 enum Phase {
@@ -471,11 +474,7 @@ impl RequestDecoder {
                         let forward = PlannedForward {
                             start: run.start(),
                             ids: run.tokens().to_vec(),
-                            want: match kind {
-                                ScoreKind::Logits => Want::Logits(rows),
-                                ScoreKind::Top1 => Want::Top1(rows),
-                                ScoreKind::TopK => Want::TopK(rows),
-                            },
+                            want: kind.to_ask(self.ctx.full_logits_cheap).want(rows),
                         };
                         self.phase = Phase::Block { index, run };
                         return Ok(Next::Forward(self.planned(forward)));
@@ -726,6 +725,7 @@ mod tests {
             },
             stops: StopTokens::new(EOS, Some(5)),
             vocab_size: crate::decode::testing::VOCAB,
+            full_logits_cheap: false,
         }
     }
 

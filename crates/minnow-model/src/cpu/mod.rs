@@ -189,16 +189,20 @@ impl CpuModel {
             .iter()
             .zip(&wanted)
             .map(|(seg, rows)| {
-                let data = || rows.clone().flat_map(|r| row_logits(r).iter().copied());
+                // The segment's wanted rows, copied a row (a slice) at a time.
+                let data = || {
+                    let mut data = Vec::with_capacity(rows.len() * v);
+                    rows.clone()
+                        .for_each(|r| data.extend_from_slice(row_logits(r)));
+                    data
+                };
                 match seg.want {
                     Want::Nothing => SegmentOutput::Nothing,
-                    Want::Logits(_) => SegmentOutput::Logits(data().collect()),
+                    Want::Logits(_) => SegmentOutput::Logits(data()),
                     Want::Top1(_) => {
                         SegmentOutput::Top1(rows.clone().map(|r| top1(row_logits(r))).collect())
                     }
-                    Want::TopK(_) => {
-                        SegmentOutput::TopK(top_k_of_rows(&data().collect::<Vec<_>>(), v))
-                    }
+                    Want::TopK(_) => SegmentOutput::TopK(top_k_of_rows(&data(), v)),
                 }
             })
             .collect();
@@ -307,5 +311,10 @@ impl ModelRunner for CpuRunner {
         let at = self.kept.0.index(segment, row)?;
         let v = self.model.config().vocab_size;
         Ok(self.kept.1[at * v..(at + 1) * v].to_vec())
+    }
+
+    /// The logits are computed in host memory: handing them over is a copy.
+    fn full_logits_cheap(&self) -> bool {
+        true
     }
 }
