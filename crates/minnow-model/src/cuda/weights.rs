@@ -176,6 +176,16 @@ impl Reader<'_> {
     }
 
     fn bf16(&self, name: &str, shape: &[usize]) -> Result<Vec<bf16>> {
+        // Stored BF16 (most of a checkpoint) is copied as it is: no F32 copy on the way.
+        if let Some(t) = self.source.tensor(name) {
+            if t.shape == shape && t.quant.is_none() && t.dtype == Some(DType::BF16) {
+                return Ok(t
+                    .data
+                    .chunks_exact(2)
+                    .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+                    .collect());
+            }
+        }
         Ok(self
             .values(name, shape)?
             .into_iter()
