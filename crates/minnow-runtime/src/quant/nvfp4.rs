@@ -124,7 +124,7 @@ fn scale_positions(rows: usize, cols: usize) -> impl Iterator<Item = (usize, usi
     })
 }
 
-/// The order of [`word_positions`], written as loops over whole 8-row bands (this runs for every
+/// The order of `word_positions`, written as loops over whole 8-row bands (this runs for every
 /// weight a converter quantizes).
 pub fn pack_codes(rows: usize, cols: usize, codes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(rows * cols / 2);
@@ -154,7 +154,7 @@ pub fn unpack_codes(rows: usize, cols: usize, bytes: &[u8], out: &mut [u8]) {
     }
 }
 
-/// The order of [`scale_positions`], as loops.
+/// The order of `scale_positions`, as loops.
 pub fn pack_scales(rows: usize, cols: usize, scales: &[u8]) -> Vec<u8> {
     let blocks = cols / NVFP4_GROUP;
     let mut out = Vec::with_capacity(rows * blocks);
