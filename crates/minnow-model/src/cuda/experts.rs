@@ -44,6 +44,18 @@ impl ExpertMatrix {
         }
     }
 
+    /// Bytes of the BF16 shared expert carried beside codes (0 for BF16 rows, whose packed slot
+    /// is part of the same buffer).
+    pub fn shared_bytes(&self) -> usize {
+        match self {
+            ExpertMatrix::Codes {
+                shared: Some((b, _)),
+                ..
+            } => b.bytes(),
+            _ => 0,
+        }
+    }
+
     /// The BF16 rows, when the projection is stored that way (the pool GEMM and the packed
     /// shared expert need them).
     pub fn bf16(&self) -> Option<&DeviceBuffer<bf16>> {

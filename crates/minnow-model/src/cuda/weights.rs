@@ -552,8 +552,10 @@ impl Weights {
         for l in &self.layers {
             if let Mlp::Moe(m) = &l.mlp {
                 for x in [&m.experts_gate_up, &m.experts_down] {
-                    add(x.encoding_name(), x.bytes());
-                    experts += x.bytes();
+                    // A shared expert beside codes is BF16: counted with the other tensors.
+                    let routed = x.bytes() - x.shared_bytes();
+                    add(x.encoding_name(), routed);
+                    experts += routed;
                 }
             }
         }
