@@ -8,7 +8,7 @@
 
 use half::{bf16, f16};
 use minnow_format::{TensorRef, TensorSource};
-use minnow_runtime::cuda::ops::{self, CodeMatrices};
+use minnow_runtime::cuda::ops::{self, CodeMatrices, ExpertTiles};
 use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu};
 use minnow_runtime::quant::{int, QuantEncoding};
 
@@ -111,27 +111,12 @@ impl ExpertMatrix {
         x: u64,
         row_token: u64,
         y: u64,
-        tiles: u64,
-        num_tiles: u64,
-        max_tiles: usize,
-        tile_rows: usize,
+        tiles: &ExpertTiles,
         n: usize,
         k: usize,
     ) -> CudaResult<()> {
         match self {
-            ExpertMatrix::Bf16(w) => ops::grouped_gemm(
-                gpu,
-                x,
-                row_token,
-                w.ptr(),
-                y,
-                tiles,
-                num_tiles,
-                max_tiles,
-                tile_rows,
-                n,
-                k,
-            ),
+            ExpertMatrix::Bf16(w) => ops::grouped_gemm(gpu, x, row_token, w.ptr(), y, tiles, n, k),
             ExpertMatrix::Codes {
                 encoding,
                 group,
@@ -151,9 +136,6 @@ impl ExpertMatrix {
                 },
                 y,
                 tiles,
-                num_tiles,
-                max_tiles,
-                tile_rows,
                 n,
                 k,
             ),

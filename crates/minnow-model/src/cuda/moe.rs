@@ -191,7 +191,12 @@ pub(super) fn queue_grouped_experts(
     )?;
     mark("dispatch")?;
     let busy = grouping.busy + usize::from(packed);
-    let max_tiles = ops::moe_max_tiles(a, busy, tile_rows);
+    let tiles = ops::ExpertTiles {
+        tiles: ws.tiles.ptr(),
+        num_tiles: ws.num_tiles.ptr(),
+        max_tiles: ops::moe_max_tiles(a, busy, tile_rows),
+        rows: tile_rows,
+    };
     match (&moe.expert_maps, moe.bf16_experts()) {
         // BF16 experts on Hopper with MINNOW_GROUPED_TMA=1: the weights stream through TMA,
         // SiLU in the gate/up epilogue (kernel by kernel the same bits as the tiles below).
@@ -200,66 +205,45 @@ pub(super) fn queue_grouped_experts(
                 && ops::grouped_tma_supported(gpu, tile_rows, 2 * iw, d)
                 && ops::grouped_tma_supported(gpu, tile_rows, d, iw) =>
         {
+            let (x, row_token, act) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_act.ptr());
+            let up = maps.get(0);
             ops::grouped_gemm_tma(
                 gpu,
-                maps.get(0),
+                up,
                 gate_up.ptr(),
-                ws.a.ptr(),
-                ws.row_token.ptr(),
-                ws.expert_act.ptr(),
-                ws.tiles.ptr(),
-                ws.num_tiles.ptr(),
-                max_tiles,
-                tile_rows,
+                x,
+                row_token,
+                act,
+                &tiles,
                 2 * iw,
                 d,
                 true,
             )?;
             mark("experts gate/up")?;
+            let out = ws.expert_out.ptr();
             ops::grouped_gemm_tma(
                 gpu,
                 maps.get(1),
                 down.ptr(),
-                ws.expert_act.ptr(),
+                act,
                 0,
-                ws.expert_out.ptr(),
-                ws.tiles.ptr(),
-                ws.num_tiles.ptr(),
-                max_tiles,
-                tile_rows,
+                out,
+                &tiles,
                 d,
                 iw,
                 false,
             )?;
         }
         _ => {
-            moe.experts_gate_up.grouped_gemm(
-                gpu,
-                ws.a.ptr(),
-                ws.row_token.ptr(),
-                ws.expert_gu.ptr(),
-                ws.tiles.ptr(),
-                ws.num_tiles.ptr(),
-                max_tiles,
-                tile_rows,
-                2 * iw,
-                d,
-            )?;
+            let (x, row_token, gu) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_gu.ptr());
+            moe.experts_gate_up
+                .grouped_gemm(gpu, x, row_token, gu, &tiles, 2 * iw, d)?;
             mark("experts gate/up")?;
-            ops::silu_mul(gpu, ws.expert_gu.ptr(), ws.expert_act.ptr(), a, iw)?;
+            ops::silu_mul(gpu, gu, ws.expert_act.ptr(), a, iw)?;
             mark("experts silu")?;
-            moe.experts_down.grouped_gemm(
-                gpu,
-                ws.expert_act.ptr(),
-                0,
-                ws.expert_out.ptr(),
-                ws.tiles.ptr(),
-                ws.num_tiles.ptr(),
-                max_tiles,
-                tile_rows,
-                d,
-                iw,
-            )?;
+            let (act, out) = (ws.expert_act.ptr(), ws.expert_out.ptr());
+            moe.experts_down
+                .grouped_gemm(gpu, act, 0, out, &tiles, d, iw)?;
         }
     }
     mark("experts down")?;

@@ -82,8 +82,22 @@ pub fn grouped_gemm_tiled(n: usize, k: usize) -> bool {
     n.is_multiple_of(64) && k.is_multiple_of(32)
 }
 
-/// Grouped GEMM over the dispatched tiles (cut at `tile_rows`, 16 or 64): `Y[p] =
-/// X[row_token[p] or p] . W[e]^T` with `W [E, n, k]`. `row_token` 0 means rows are read in place.
+/// The device-side tile list a dispatch wrote ([`moe_dispatch`]): what every grouped expert
+/// GEMM runs over, one CTA row per possible tile.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertTiles {
+    /// `[max_tiles]` of (expert, first row, end row, unused) as `i32`.
+    pub tiles: u64,
+    /// The number of tiles the dispatch wrote (one `i32`); CTAs past it exit at once.
+    pub num_tiles: u64,
+    /// The bound on that number the grid is sized for ([`moe_max_tiles`]).
+    pub max_tiles: usize,
+    /// The rows a tile holds at most: 16 or 64 (the dispatch's cut).
+    pub rows: usize,
+}
+
+/// Grouped GEMM over the dispatched tiles: `Y[p] = X[row_token[p] or p] . W[e]^T` with
+/// `W [E, n, k]`. `row_token` 0 means rows are read in place.
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm(
     gpu: &Gpu,
@@ -91,13 +105,11 @@ pub fn grouped_gemm(
     row_token: u64,
     w: u64,
     y: u64,
-    tiles: u64,
-    num_tiles: u64,
-    max_tiles: usize,
-    tile_rows: usize,
+    t: &ExpertTiles,
     n: usize,
     k: usize,
 ) -> CudaResult<()> {
+    let (tiles, num_tiles, max_tiles, tile_rows) = (t.tiles, t.num_tiles, t.max_tiles, t.rows);
     if ![16, 64].contains(&tile_rows) {
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
     }
@@ -191,13 +203,11 @@ pub fn grouped_gemm_codes(
     row_token: u64,
     w: &CodeMatrices,
     y: u64,
-    tiles: u64,
-    num_tiles: u64,
-    max_tiles: usize,
-    tile_rows: usize,
+    t: &ExpertTiles,
     n: usize,
     k: usize,
 ) -> CudaResult<()> {
+    let (tiles, num_tiles, max_tiles, tile_rows) = (t.tiles, t.num_tiles, t.max_tiles, t.rows);
     if ![16, 64].contains(&tile_rows) {
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
     }

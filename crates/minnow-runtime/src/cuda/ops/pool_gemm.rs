@@ -117,14 +117,12 @@ pub fn grouped_gemm_tma(
     x: u64,
     row_token: u64,
     y: u64,
-    tiles: u64,
-    num_tiles: u64,
-    max_tiles: usize,
-    tile_rows: usize,
+    t: &super::ExpertTiles,
     n: usize,
     k: usize,
     gated: bool,
 ) -> CudaResult<()> {
+    let (tiles, num_tiles, max_tiles, tile_rows) = (t.tiles, t.num_tiles, t.max_tiles, t.rows);
     if !grouped_tma_supported(gpu, tile_rows, n, k) {
         return unsupported(format!(
             "TMA expert GEMM of {n} x {k} in tiles of {tile_rows} rows"
