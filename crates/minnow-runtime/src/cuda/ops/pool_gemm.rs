@@ -7,6 +7,7 @@ use super::super::gpu::Gpu;
 use super::super::kernels;
 use super::super::launch::LaunchConfig;
 use super::super::tma::MappedTensor;
+use super::expert_gemm::ExpertTiles;
 use super::unsupported::unsupported;
 
 /// Dynamic shared memory of `pool_gemm_tma`: 5 stages of 128 weight rows and 32 token rows in
@@ -117,7 +118,7 @@ pub fn grouped_gemm_tma(
     x: u64,
     row_token: u64,
     y: u64,
-    t: &super::ExpertTiles,
+    t: &ExpertTiles,
     n: usize,
     k: usize,
     gated: bool,
