@@ -180,13 +180,21 @@ GROUPED_ENTRY(grouped_gemm_m64, 64, 3)
 // by side are exactly a lane's part of an m16 x k16 A fragment, so one product covers 16 output
 // columns and 8 tokens, and token groups of 8 with no row are skipped. Codes, scales and
 // activation rows stream through shared memory in STAGES stages of 128 columns (cp.async), so
-// many bytes are in flight whatever the rows per expert; each lane reads its codes from shared
+// many bytes are in flight whatever the rows per expert (a packed shared expert's BF16 tiles:
+// stages of 32 or 64 columns, see Stage); each lane reads its codes from shared
 // memory and turns them into exact BF16 integers (INT4: two logic operations and one BF16
 // subtraction per pair; INT8: through F32's exact 2^23 + integer). The scale is applied to the
 // F32 partial sum of each group: part = codes . x over the group's 16-column steps (tensor cores,
 // F32), then acc = fma(part, scale, acc). So every output is one fixed chain over K, whatever the
 // tile height or the other rows of the tile: quantized experts are batch-invariant, and no weight
 // is rounded to BF16 on the way (the product of code and scale is never formed).
+//
+// E2M1 (NVFP4 repacked at load, E2M1 = true): 4-bit sign-magnitude E2M1 codes in the INT4
+// positions, one BF16 scale (an E4M3 value, exact in BF16) per 16 columns in the FP16 scales'
+// place, and one F32 factor per 8-row band (the matrix's global scale). Each code becomes its
+// exact BF16 value through a byte lookup, times its block scale in BF16, which is exact (E2M1 x
+// E4M3 has at most 5 significant bits): the tensor cores see the stored weights over the global
+// scale, unrounded, and the band's factor multiplies the F32 sum once, at the end.
 namespace minnow_codes {
 constexpr int THREADS = 256;       // 8 warps, 16 output columns (two bands of 8) each
 constexpr int FEATURES = 128;      // output columns per CTA (a tile's activations serve them all)
@@ -201,7 +209,11 @@ __host__ __device__ constexpr int tile_bytes() { return 8 * 16 * BITS / 8; }
 // scales (at most SK groups: group >= 16; none for BF16), then [row][LDX] activations.
 template <int BITS, int ROWS>
 struct Stage {
-    static constexpr int SK = BITS == 16 ? 2 : 8;  // 16-column steps per stage
+    // 16-column steps per stage. A packed shared expert's BF16 tiles (4x the bytes of INT4)
+    // take 32 columns in 16-row tiles and 64 in 64-row tiles: what fits the smaller encoding's
+    // allocation, and long stages keep the 64-row ones (the last slot, so they start last) from
+    // trailing behind the codes.
+    static constexpr int SK = BITS == 16 ? (ROWS == 64 ? 4 : 2) : 8;
     static constexpr int LDX = SK * 16 + 8;  // bf16 pitch of the activation rows (ldmatrix on distinct banks)
     static constexpr int code_bytes = BANDS * SK * tile_bytes<BITS>();
     static constexpr int scale_bytes = BITS == 16 ? 0 : BANDS * SK * 16;
@@ -215,6 +227,29 @@ __device__ __forceinline__ unsigned lop3_and_xor(unsigned a, unsigned b, unsigne
     return d;
 }
 __device__ __forceinline__ unsigned bits_of(__nv_bfloat162 v) { return *reinterpret_cast<unsigned*>(&v); }
+__device__ __forceinline__ __nv_bfloat162 bf162_of(unsigned v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
+
+// The E2M1 magnitudes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6) as BF16, split into the high and the low
+// bytes of codes 0-3 and 4-7: tables for one byte permutation each.
+constexpr unsigned E2M1_HI_0 = 0x3F3F3F00u, E2M1_HI_1 = 0x40404040u;
+constexpr unsigned E2M1_LO_0 = 0xC0800000u, E2M1_LO_1 = 0xC0804000u;
+
+// A lane's four E2M1 codes of one band (the INT4 positions: columns c0, c0 + 1, c0 + 8, c0 + 9)
+// times `scale2` (the block scale in both halves) as two BF16 pairs: `lo` = (c0, c0 + 1), `hi` =
+// (c0 + 8, c0 + 9). Code j sits in bits 4j..4j+3 of the 16 bits, its sign in the top bit.
+__device__ __forceinline__ void decode_e2m1(const unsigned char* p, unsigned scale2, unsigned& lo, unsigned& hi) {
+    const unsigned v = *reinterpret_cast<const unsigned short*>(p);
+    const unsigned mag = v & 0x7777u;  // a selector's top bit would replicate a sign: cleared
+    const unsigned h = __byte_perm(E2M1_HI_0, E2M1_HI_1, mag);
+    const unsigned l = __byte_perm(E2M1_LO_0, E2M1_LO_1, mag);
+    // Signs: code 0's bit 3 and code 1's bit 7 go to bits 15 and 31 of `lo` (u << 12), codes
+    // 2 and 3 (bits 11, 15) to those of `hi` (u << 4).
+    const unsigned u = v | (v << 12);
+    const unsigned a = lop3_and_xor(u << 12, 0x80008000u, __byte_perm(l, h, 0x5140));
+    const unsigned b = lop3_and_xor(u << 4, 0x80008000u, __byte_perm(l, h, 0x7362));
+    lo = bits_of(__hmul2(bf162_of(a), bf162_of(scale2)));
+    hi = bits_of(__hmul2(bf162_of(b), bf162_of(scale2)));
+}
 
 // A lane's four codes of one band (columns c0, c0 + 1, c0 + 8, c0 + 9) as two BF16 pairs of the
 // exact integer codes: `lo` = (c0, c0 + 1), `hi` = (c0 + 8, c0 + 9).
@@ -259,10 +294,15 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
 // n0..n0 + 64 of expert e. NT: token groups of 8 in the tile (2: 16-row tiles, 8: 64-row tiles);
 // ACTIVE: the groups computed (at least those with a row; the others' products are never
 // stored, so computing them changes no output).
-template <int BITS, int NT, int STAGES, int ACTIVE>
+template <int BITS, bool E2M1, int NT, int STAGES, int ACTIVE>
 __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ row_token,
                            const unsigned char* __restrict__ codes, const __half* __restrict__ scales, int group,
-                           bf16* __restrict__ Y, int e, int p0, int rows, int n0, int N, int K) {
+                           const float* __restrict__ band_scale, bf16* __restrict__ Y, int e, int p0, int rows,
+                           int n0, int N, int K) {
+    static_assert(!E2M1 || BITS == 4, "E2M1 codes are 4 bits");
+    // Integer codes scale each group's F32 sum; BF16 weights have no scales; E2M1 codes take
+    // their block scale before the product.
+    constexpr bool SCALED_SUMS = BITS != 16 && !E2M1;
     constexpr int ROWS = 8 * NT, TB = tile_bytes<BITS>();
     using S = Stage<BITS, ROWS>;
     constexpr int SK = S::SK, LDX = S::LDX;
@@ -350,8 +390,16 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
 #pragma unroll
         for (int s = 0; s < SK; ++s) {
             unsigned a[4];
-            decode_pairs<BITS>(code0 + s * TB, a[0], a[2]);
-            decode_pairs<BITS>(code1 + s * TB, a[1], a[3]);
+            if constexpr (E2M1) {
+                // Groups of 16: step s's block scales (BF16 bits), one per band, in both halves.
+                const unsigned short* sc0 = reinterpret_cast<const unsigned short*>(scale0);
+                const unsigned short* sc1 = reinterpret_cast<const unsigned short*>(scale1);
+                decode_e2m1(code0 + s * TB, sc0[s * 8] * 0x10001u, a[0], a[2]);
+                decode_e2m1(code1 + s * TB, sc1[s * 8] * 0x10001u, a[1], a[3]);
+            } else {
+                decode_pairs<BITS>(code0 + s * TB, a[0], a[2]);
+                decode_pairs<BITS>(code1 + s * TB, a[1], a[3]);
+            }
 #pragma unroll
             for (int t = 0; t < ACTIVE; t += 2) {
                 unsigned b[4];
@@ -360,8 +408,8 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
                 if (t + 1 < ACTIVE) mma16816(part[t + 1], a, b[2], b[3]);
             }
             const int kt = kt0 + s;
-            // BF16 weights have no scales: their sum is part alone.
-            if (BITS != 16 && ((kt + 1) & (gsteps - 1)) == 0) {  // the group's last step (group divides K)
+            // BF16 weights and E2M1 codes: their sum is part alone.
+            if (SCALED_SUMS && ((kt + 1) & (gsteps - 1)) == 0) {  // the group's last step (group divides K)
                 const int g = kt / gsteps - g_first;
                 const float s0 = __half2float(scale0[g * 8]), s1 = __half2float(scale1[g * 8]);
 #pragma unroll
@@ -377,11 +425,23 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
         }
     }
     cp_async_wait<0>();
-    if constexpr (BITS == 16) {
+    if constexpr (!SCALED_SUMS) {
 #pragma unroll
         for (int t = 0; t < ACTIVE; ++t)
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[t][i] = part[t][i];
+    }
+    if constexpr (E2M1) {  // the global scales of the warp's two bands
+        if (warp_live) {
+            const float g0 = band_scale[band0 + 2 * warp], g1 = band_scale[band0 + 2 * warp + 1];
+#pragma unroll
+            for (int t = 0; t < ACTIVE; ++t) {
+                acc[t][0] *= g0;
+                acc[t][1] *= g0;
+                acc[t][2] *= g1;
+                acc[t][3] *= g1;
+            }
+        }
     }
     // D fragment: [0], [1] output column lane / 4 of the warp's first band, tokens 2 (lane % 4)
     // and + 1 of the group; [2], [3] the same tokens, 8 columns on.
@@ -404,10 +464,12 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
 }
 
 // The tile with as many token groups computed as it has rows for.
-template <int BITS, int NT, int STAGES>
+template <int BITS, bool E2M1, int NT, int STAGES>
 __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,
-                                int group, bf16* Y, int e, int p0, int rows, int n0, int N, int K) {
-#define MINNOW_CODES_TILE(A) codes_tile<BITS, NT, STAGES, A>(X, row_token, codes, scales, group, Y, e, p0, rows, n0, N, K)
+                                int group, const float* band_scale, bf16* Y, int e, int p0, int rows, int n0, int N,
+                                int K) {
+#define MINNOW_CODES_TILE(A) \
+    codes_tile<BITS, E2M1, NT, STAGES, A>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0, N, K)
     if constexpr (NT == 2) {
         if (rows <= 8)
             MINNOW_CODES_TILE(1);
@@ -432,29 +494,33 @@ __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsig
 
 // grid = (ceil(N / 128), max_tiles), block = 256, dynamic shared memory = STAGES x
 // Stage<BITS, 8 NT>::bytes (codes_tile_smem_bytes in ops/expert_gemm.rs); tiles cut at 8 NT rows;
-// N % 16 == 0, K % 16 == 0, group 16, 32, 64 or 128. Tiles of expert `shared_slot` (-1: none)
-// read `shared`, one BF16 matrix in the codes' fragment order (a packed shared expert).
-#define GROUPED_CODES_ENTRY(NAME, BITS, NT, STAGES)                                                      \
+// N % 16 == 0, K % 16 == 0, group 16, 32, 64 or 128 (E2M1: 16). Tiles of expert `shared_slot`
+// (-1: none) read `shared`, one BF16 matrix in the codes' fragment order (a packed shared
+// expert). `band_scale`: E2M1's F32 factor per 8-row band of the codes (unused otherwise).
+#define GROUPED_CODES_ENTRY(NAME, BITS, E2M1, NT, STAGES)                                                \
     extern "C" __global__ void __launch_bounds__(minnow_codes::THREADS)                                  \
         NAME(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,       \
-             int group, const bf16* shared, int shared_slot, bf16* Y, const int4* tiles,                 \
-             const int* num_tiles, int N, int K) {                                                       \
+             const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y,           \
+             const int4* tiles, const int* num_tiles, int N, int K) {                                    \
         pdl_enter();                                                                                     \
         int4 t;                                                                                          \
         if (!grouped_tile(tiles, num_tiles, t)) return;                                                  \
         const int n0 = blockIdx.x * minnow_codes::FEATURES;                                              \
         if (t.x == shared_slot)                                                                          \
-            minnow_codes::codes_tile_rows<16, NT, STAGES>(X, row_token,                                  \
-                                                          reinterpret_cast<const unsigned char*>(shared), \
-                                                          nullptr, 16, Y, 0, t.y, t.z - t.y, n0, N, K);   \
+            minnow_codes::codes_tile_rows<16, false, NT, STAGES>(                                        \
+                X, row_token, reinterpret_cast<const unsigned char*>(shared), nullptr, 16, nullptr, Y, 0,  \
+                t.y, t.z - t.y, n0, N, K);                                                               \
         else                                                                                             \
-            minnow_codes::codes_tile_rows<BITS, NT, STAGES>(X, row_token, codes, scales, group, Y, t.x,  \
-                                                            t.y, t.z - t.y, n0, N, K);                   \
+            minnow_codes::codes_tile_rows<BITS, E2M1, NT, STAGES>(X, row_token, codes, scales, group,    \
+                                                                  band_scale, Y, t.x, t.y, t.z - t.y, n0, \
+                                                                  N, K);                                 \
     }
-GROUPED_CODES_ENTRY(grouped_gemm_i8_r16, 8, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_i4_r16, 4, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_i8_r64, 8, 8, 2)
-GROUPED_CODES_ENTRY(grouped_gemm_i4_r64, 4, 8, 2)
+GROUPED_CODES_ENTRY(grouped_gemm_i8_r16, 8, false, 2, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_i4_r16, 4, false, 2, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_f4_r16, 4, true, 2, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_i8_r64, 8, false, 8, 2)
+GROUPED_CODES_ENTRY(grouped_gemm_i4_r64, 4, false, 8, 2)
+GROUPED_CODES_ENTRY(grouped_gemm_f4_r64, 4, true, 8, 2)
 // Host mirrors (codes_tile_smem_bytes).
 static_assert(3 * minnow_codes::Stage<4, 16>::bytes == 43776, "host mirror");
 static_assert(3 * minnow_codes::Stage<8, 16>::bytes == 68352, "host mirror");
@@ -561,6 +627,7 @@ __device__ __forceinline__ void gemm_any_tile_codes(const bf16* __restrict__ X, 
 #define GROUPED_QUANT_ANY_ENTRY(NAME, BITS)                                                              \
     extern "C" __global__ void NAME(const bf16* __restrict__ X, const int* __restrict__ row_token,       \
                                     const unsigned char* __restrict__ codes, const __half* __restrict__ scales, \
+                                    const float* /* band_scale: integer codes have none */,             \
                                     int group, const bf16* /* shared: never packed here */,              \
                                     int /* shared_slot */, bf16* __restrict__ Y, const int4* __restrict__ tiles, \
                                     const int* __restrict__ num_tiles, int N, int K) {                   \

@@ -8,9 +8,9 @@
 //! `--prefill 512,2048,...`, `--prefix 1024,8192`, `--profile-one` (only one refinement forward
 //! at the first prefix, without a graph, between `cuProfilerStart`/`Stop`: for
 //! `ncu --profile-from-start off`), `--concurrency 1,4,16,64` (the batched steps),
-//! `--experts bf16|int8|int4` (random routed experts in that encoding: `i8_mma`/`i4_mma` codes
-//! with groups of 128), `--preset mini|flash` (the shapes; flash needs `--experts int4|int8` to
-//! fit one GPU).
+//! `--experts bf16|int8|int4|nvfp4` (random routed experts in that encoding: `i8_mma`/`i4_mma`
+//! codes with groups of 128, or NVFP4 as the loader repacks it: E2M1 codes with a BF16 scale
+//! per 16), `--preset mini|flash` (the shapes; flash needs quantized experts to fit one GPU).
 
 use std::time::Instant;
 
@@ -68,11 +68,13 @@ struct Opts {
 }
 
 impl Opts {
-    /// Bytes per routed-expert weight: codes plus one FP16 scale per 128 of them.
+    /// Bytes per routed-expert weight on the device: codes plus one FP16 scale per 128 of them
+    /// (NVFP4: one BF16 scale per 16).
     fn expert_bytes_per_weight(&self) -> f64 {
         match self.experts {
             None => 2.0,
             Some(QuantEncoding::I8Mma) => 1.0 + 2.0 / 128.0,
+            Some(QuantEncoding::Nvfp4) => 0.5 + 2.0 / 16.0,
             Some(_) => 0.5 + 2.0 / 128.0,
         }
     }
@@ -121,7 +123,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                     Some("bf16") => None,
                     Some("int8") => Some(QuantEncoding::I8Mma),
                     Some("int4") => Some(QuantEncoding::I4Mma),
-                    other => return Err(format!("--experts bf16|int8|int4, got {other:?}")),
+                    Some("nvfp4") => Some(QuantEncoding::Nvfp4),
+                    other => return Err(format!("--experts bf16|int8|int4|nvfp4, got {other:?}")),
                 }
             }
             "--concurrency" => {

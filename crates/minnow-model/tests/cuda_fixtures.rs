@@ -100,6 +100,7 @@ fn compare(
         "{name}: non-finite logits"
     );
     let (mut worst, mut worst_f32, mut compared, mut agree) = (0f32, 0f32, 0, 0);
+    let (mut agree_f32, mut bf16_agree_f32) = (0, 0);
     for (k, t) in rows.clone().enumerate() {
         let row = &got[k * vocab..(k + 1) * vocab];
         let want = &g.logits_bf16[t * vocab..(t + 1) * vocab];
@@ -107,6 +108,12 @@ fn compare(
         let best = argmax(want);
         if argmax(row) == best {
             agree += 1;
+        }
+        if argmax(row) == argmax(want_f32) {
+            agree_f32 += 1;
+        }
+        if best == argmax(want_f32) {
+            bf16_agree_f32 += 1;
         }
         if g.margin[t] > 0.01 {
             compared += 1;
@@ -129,8 +136,16 @@ fn compare(
     }
     let n = rows.len();
     println!(
-        "{name}: {compared}/{n} tokens with router margin > 0.01: max |gpu - bf16 ref| {worst:.3}, max |gpu - f32 ref| {worst_f32:.3}; argmax agrees on {agree}/{n}"
+        "{name}: {compared}/{n} tokens with router margin > 0.01: max |gpu - bf16 ref| {worst:.3}, max |gpu - f32 ref| {worst_f32:.3}; argmax agrees on {agree}/{n}; \
+         with the F32 reference's argmax: gpu {agree_f32}/{n}, official BF16 run {bf16_agree_f32}/{n}"
     );
+    // MINNOW_DUMP_DIR=D writes these logits as little-endian F32 rows to D/<name>.f32, for
+    // offline comparison with the goldens (scripts/fidelity).
+    if let Some(dir) = std::env::var_os("MINNOW_DUMP_DIR") {
+        let file = std::path::Path::new(&dir).join(format!("{}.f32", name.replace(' ', "_")));
+        let bytes: Vec<u8> = got.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(&file, bytes).expect("write the dumped logits");
+    }
     assert!(
         worst <= 0.5,
         "{name}: logits differ from the BF16 reference by {worst}"

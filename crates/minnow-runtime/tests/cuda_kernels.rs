@@ -984,27 +984,54 @@ fn grouped_gemm_over_codes_matches_reference() {
         (20, 3, 6, 80, 128, 16, 32),
         // The general kernel: n not a multiple of 64.
         (7, 2, 5, 40, 64, 16, 16),
+        // NVFP4's shapes (K % 64 == 0) with a partial last stage (K = 2,112).
+        (24, 6, 8, 128, 2112, 64, 16),
     ];
-    for encoding in [QuantEncoding::I8Mma, QuantEncoding::I4Mma] {
-        let bits = if encoding == QuantEncoding::I8Mma {
-            8
-        } else {
-            4
+    for encoding in [
+        QuantEncoding::I8Mma,
+        QuantEncoding::I4Mma,
+        QuantEncoding::Nvfp4,
+    ] {
+        let kind = match encoding {
+            QuantEncoding::I8Mma => ops::CodeKind::Int8,
+            QuantEncoding::I4Mma => ops::CodeKind::Int4,
+            _ => ops::CodeKind::E2m1,
         };
         for &(t, k, e, n, kd, tile_rows, group) in &cases {
+            // NVFP4 runs on the tiled kernels only (the loader widens other shapes), with its
+            // blocks of 16.
+            let nvfp4 = encoding == QuantEncoding::Nvfp4;
+            if nvfp4 && !(n % 16 == 0 && kd % 64 == 0) {
+                continue;
+            }
+            let group = if nvfp4 { 16 } else { group };
             let x = to_bf16(&randn(&mut rng, t * kd, 1.0));
             let mut codes = vec![];
             let mut scales = vec![];
+            let mut band_scale = vec![];
             let mut wf = vec![0.0f32; e * n * kd];
             for ex in 0..e {
-                let values = randn(&mut rng, n * kd, 0.05);
+                // Expert 1 of NVFP4 with all-zero blocks and values that round to -0.
+                let mut values = randn(&mut rng, n * kd, 0.05);
+                if nvfp4 && ex == 1 {
+                    values[..32].iter_mut().for_each(|v| *v = 0.0);
+                    values[kd..kd + 16].iter_mut().for_each(|v| *v = -1e-9);
+                }
                 let q = quant::quantize(encoding, n, kd, group, &values).unwrap();
                 let out = &mut wf[ex * n * kd..(ex + 1) * n * kd];
-                // The kernels multiply the exact codes and scale each group's F32 sum: the
-                // reference weight is code x scale, unrounded.
+                // The kernels multiply the exact codes and scale each group's F32 sum (NVFP4:
+                // the exact E2M1 x E4M3 products, then the global scale): the reference weight
+                // is the stored value, unrounded.
                 q.view(encoding, n, kd, group).dequantize(out);
-                codes.extend_from_slice(&q.codes);
-                scales.extend_from_slice(&q.scales);
+                if nvfp4 {
+                    let (c, s) = ops::nvfp4_fragment_order(n, kd, &q.codes, &q.scales);
+                    codes.extend_from_slice(&c);
+                    scales.extend_from_slice(&s);
+                    band_scale.extend(std::iter::repeat_n(q.global_scale, n / 8));
+                } else {
+                    codes.extend_from_slice(&q.codes);
+                    scales.extend_from_slice(&q.scales);
+                }
             }
             let mut idx = vec![];
             for _ in 0..t {
@@ -1022,6 +1049,9 @@ fn grouped_gemm_over_codes_matches_reference() {
                 idx.extend(chosen);
             }
             let (dcodes, dscales) = (g.upload(&codes).unwrap(), g.upload(&scales).unwrap());
+            // (Integer codes have no band scales: one unused value keeps the upload non-empty.)
+            band_scale.push(1.0);
+            let dband = g.upload(&band_scale).unwrap();
             // Where the tiled kernels run, the last expert is a packed shared expert: BF16
             // weights in the codes' fragment order, read instead of its codes.
             let shared_slot = ops::codes_tiled(n, group).then_some(e - 1);
@@ -1038,10 +1068,11 @@ fn grouped_gemm_over_codes_matches_reference() {
                 }
             }
             let w = ops::CodeMatrices {
-                bits,
+                kind,
                 group,
                 codes: dcodes.ptr(),
                 scales: dscales.ptr(),
+                band_scale: if nvfp4 { dband.ptr() } else { 0 },
                 shared: shared_slot.map(|slot| (dshared.ptr(), slot)),
             };
             let run =

@@ -3,8 +3,12 @@
 //! `[E (+1), D, I]` for down. Each projection is either BF16 rows or, for a quantized checkpoint,
 //! the integer codes and FP16 scales exactly as the file stores them (`i8_mma` / `i4_mma`; the
 //! row-major `i8_sym` / `i4_sym` are repacked into that order once, at load), which the
-//! quantized grouped GEMM reads directly: the weights are never widened on the device.
-//! Encodings without a GPU kernel yet (NVFP4, FP8) are widened to BF16 at load, with a warning.
+//! quantized grouped GEMM reads directly: the weights are never widened on the device. NVFP4 is
+//! repacked once at load (`ops::nvfp4_fragment_order`): its E2M1 codes move to the INT4
+//! positions unchanged and each E4M3 block scale becomes its exact BF16 value, so a weight takes
+//! 5 bits on the device against the file's 4.5 (the scale's second byte buys a kernel that
+//! needs no E4M3 decoding). Encodings without a GPU kernel yet (FP8) and shapes the kernels
+//! refuse are widened to BF16 at load, with a warning.
 
 use half::{bf16, f16};
 use minnow_format::{TensorRef, TensorSource};
@@ -27,6 +31,8 @@ pub(crate) enum ExpertMatrix {
         group: usize,
         codes: DeviceBuffer<u8>,
         scales: DeviceBuffer<u8>,
+        /// NVFP4: each 8-row band's global scale (`[slots x N / 8]`).
+        band_scale: Option<DeviceBuffer<f32>>,
         shared: Option<(DeviceBuffer<bf16>, usize)>,
     },
 }
@@ -38,9 +44,15 @@ impl ExpertMatrix {
             ExpertMatrix::Codes {
                 codes,
                 scales,
+                band_scale,
                 shared,
                 ..
-            } => codes.bytes() + scales.bytes() + shared.as_ref().map_or(0, |(b, _)| b.bytes()),
+            } => {
+                codes.bytes()
+                    + scales.bytes()
+                    + band_scale.as_ref().map_or(0, |b| b.bytes())
+                    + shared.as_ref().map_or(0, |(b, _)| b.bytes())
+            }
         }
     }
 
@@ -76,12 +88,14 @@ impl ExpertMatrix {
                 group,
                 codes,
                 scales,
+                band_scale,
                 ..
             } => ExpertMatrix::Codes {
                 encoding,
                 group,
                 codes,
                 scales,
+                band_scale,
                 shared: Some((weights, slot)),
             },
             bf16 => bf16,
@@ -122,16 +136,18 @@ impl ExpertMatrix {
                 group,
                 codes,
                 scales,
+                band_scale,
                 shared,
             } => ops::grouped_gemm_codes(
                 gpu,
                 x,
                 row_token,
                 &CodeMatrices {
-                    bits: if is_int4(*encoding) { 4 } else { 8 },
+                    kind: code_kind(*encoding),
                     group: *group,
                     codes: codes.ptr(),
                     scales: scales.ptr(),
+                    band_scale: band_scale.as_ref().map_or(0, |b| b.ptr()),
                     shared: shared.as_ref().map(|(b, slot)| (b.ptr(), *slot)),
                 },
                 y,
@@ -143,15 +159,22 @@ impl ExpertMatrix {
     }
 }
 
-fn is_int4(e: QuantEncoding) -> bool {
-    matches!(e, QuantEncoding::I4Mma | QuantEncoding::I4Sym)
+/// The kernel's view of codes loaded from `e` (an encoding [`device_encoding`] accepts).
+fn code_kind(e: QuantEncoding) -> ops::CodeKind {
+    match e {
+        QuantEncoding::I4Mma | QuantEncoding::I4Sym => ops::CodeKind::Int4,
+        QuantEncoding::Nvfp4 => ops::CodeKind::E2m1,
+        _ => ops::CodeKind::Int8,
+    }
 }
 
-/// The fragment-order encoding of an integer encoding.
-fn mma_of(e: QuantEncoding) -> Option<QuantEncoding> {
+/// What a stored encoding becomes on the device: the fragment order of an integer encoding, or
+/// NVFP4 itself (repacked by `load_codes`); `None` for encodings without a GPU kernel.
+fn device_encoding(e: QuantEncoding) -> Option<QuantEncoding> {
     match e {
         QuantEncoding::I8Mma | QuantEncoding::I8Sym => Some(QuantEncoding::I8Mma),
         QuantEncoding::I4Mma | QuantEncoding::I4Sym => Some(QuantEncoding::I4Mma),
+        QuantEncoding::Nvfp4 => Some(QuantEncoding::Nvfp4),
         _ => None,
     }
 }
@@ -182,11 +205,16 @@ pub(crate) fn stored_codes(
         }
     }
     let (encoding, group) = common?;
-    mma_of(encoding)?;
-    let shapes_ok = p.rows.is_multiple_of(8)
-        && p.cols.is_multiple_of(16)
-        && group > 0
-        && p.cols.is_multiple_of(group);
+    device_encoding(encoding)?;
+    let shapes_ok = if encoding == QuantEncoding::Nvfp4 {
+        // The E2M1 kernels are the tiled ones only (whole 16-row warps).
+        p.rows.is_multiple_of(16) && p.cols.is_multiple_of(64) && group == 16
+    } else {
+        p.rows.is_multiple_of(8)
+            && p.cols.is_multiple_of(16)
+            && group > 0
+            && p.cols.is_multiple_of(group)
+    };
     shapes_ok.then_some((encoding, group))
 }
 
@@ -238,7 +266,10 @@ fn load_codes(
     stored: QuantEncoding,
     group: usize,
 ) -> Result<ExpertMatrix> {
-    let encoding = mma_of(stored).expect("an integer encoding");
+    let encoding = device_encoding(stored).expect("checked by stored_codes");
+    if encoding == QuantEncoding::Nvfp4 {
+        return load_nvfp4(gpu, source, p);
+    }
     let (rows, cols) = (p.rows, p.cols);
     let groups = cols / group;
     let code_bytes = encoding
@@ -303,6 +334,47 @@ fn load_codes(
         group,
         codes,
         scales,
+        band_scale: None,
+        shared: None,
+    })
+}
+
+/// NVFP4 experts, repacked for the E2M1 kernels (see the module documentation).
+fn load_nvfp4(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Result<ExpertMatrix> {
+    let (rows, cols) = (p.rows, p.cols);
+    let code_bytes = rows * cols / 2;
+    let scale_bytes = rows * cols / 16;
+    let n = p.names.len();
+    let codes = gpu.alloc::<u8>(n * code_bytes).map_err(device_err)?;
+    let scales = gpu.alloc::<u8>(n * 2 * scale_bytes).map_err(device_err)?;
+    let mut band_scale = Vec::with_capacity(n * rows / 8);
+    tracing::info!(
+        "{}: nvfp4 experts repacked once for the GPU kernels (E2M1 codes at the INT4 positions,          BF16 block scales)",
+        p.label
+    );
+    for (i, name) in p.names.iter().enumerate() {
+        let t = tensor(source, name, &[rows, cols])?;
+        let q = t.quant.expect("checked by stored_codes");
+        if t.data.len() != code_bytes || q.scales.len() != scale_bytes {
+            return Err(ModelError::Weights(format!(
+                "{name}: nvfp4 codes of {} bytes and scales of {}, expected {code_bytes} and                  {scale_bytes}",
+                t.data.len(),
+                q.scales.len()
+            )));
+        }
+        let (packed, packed_scales) = ops::nvfp4_fragment_order(rows, cols, t.data, q.scales);
+        gpu.write(&codes, i * code_bytes, &packed)
+            .map_err(device_err)?;
+        gpu.write(&scales, i * 2 * scale_bytes, &packed_scales)
+            .map_err(device_err)?;
+        band_scale.extend(std::iter::repeat_n(q.global_scale, rows / 8));
+    }
+    Ok(ExpertMatrix::Codes {
+        encoding: QuantEncoding::Nvfp4,
+        group: 16,
+        codes,
+        scales,
+        band_scale: Some(gpu.upload(&band_scale).map_err(device_err)?),
         shared: None,
     })
 }

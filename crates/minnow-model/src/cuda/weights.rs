@@ -482,9 +482,9 @@ impl Weights {
                 // Beside random codes, a random BF16 shared expert joins their grouped GEMM (any
                 // order of random values is random, so no reordering).
                 let beside_codes = shared_packs(config)
-                    && random_codes.is_some()
-                    && ops::codes_tiled(2 * w, RandomCodes::GROUP)
-                    && ops::codes_tiled(d, RandomCodes::GROUP);
+                    && random_codes.as_ref().is_some_and(|c| {
+                        ops::codes_tiled(2 * w, c.group) && ops::codes_tiled(d, c.group)
+                    });
                 let shared = if packed || beside_codes {
                     SharedExpert::Packed
                 } else if config.num_shared_experts > 0 {
@@ -597,27 +597,31 @@ impl Weights {
     }
 }
 
-/// Random `*_mma` codes and scales for the two expert projections of a layer (gate/up
-/// `[E, 2 I, D]`, down `[E, D, I]`), made once on the host and uploaded for every layer.
+/// Random codes and scales for the two expert projections of a layer (gate/up `[E, 2 I, D]`,
+/// down `[E, D, I]`) in the device's order (`*_mma`, or NVFP4 as `load_codes` repacks it), made
+/// once on the host and uploaded for every layer.
 struct RandomCodes {
     encoding: QuantEncoding,
-    /// Per projection: codes and scales.
-    host: [(Vec<u8>, Vec<u8>); 2],
+    /// Columns per scale: 128 for integer codes, NVFP4's 16.
+    group: usize,
+    /// Per projection: codes, scales and rows.
+    host: [(Vec<u8>, Vec<u8>, usize); 2],
 }
 
 impl RandomCodes {
-    const GROUP: usize = 128;
-
     fn new(config: &Config, experts: Option<QuantEncoding>, seed: u64) -> Result<Option<Self>> {
         let Some(encoding) = experts else {
             return Ok(None);
         };
-        let int4 = match encoding {
-            QuantEncoding::I8Mma => false,
-            QuantEncoding::I4Mma => true,
+        // The standard deviation of a uniformly random code: about 74 (INT8), 4.6 (INT4) or 2.9
+        // (E2M1, whose sixteen values are ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}).
+        let (spread, group) = match encoding {
+            QuantEncoding::I8Mma => (74.0, 128),
+            QuantEncoding::I4Mma => (4.6, 128),
+            QuantEncoding::Nvfp4 => (2.9, 16),
             other => {
                 return Err(ModelError::Weights(format!(
-                    "random experts in {other}: only i8_mma and i4_mma have GPU kernels"
+                    "random experts in {other}: only i8_mma, i4_mma and nvfp4 have GPU kernels"
                 )))
             }
         };
@@ -627,10 +631,10 @@ impl RandomCodes {
             config.hidden_size,
         );
         let mut state = seed | 1;
-        let mut make = |rows: usize, cols: usize| -> Result<(Vec<u8>, Vec<u8>)> {
-            if !(cols.is_multiple_of(Self::GROUP) && rows.is_multiple_of(8)) {
+        let mut make = |rows: usize, cols: usize| -> Result<(Vec<u8>, Vec<u8>, usize)> {
+            if !(cols.is_multiple_of(128) && rows.is_multiple_of(16)) {
                 return Err(ModelError::Weights(format!(
-                    "random {encoding} experts need rows % 8 == 0 and columns % 128 == 0, got {rows} x {cols}"
+                    "random {encoding} experts need rows % 16 == 0 and columns % 128 == 0, got {rows} x {cols}"
                 )));
             }
             let bytes = encoding.codes_bytes(rows, cols).expect("small shape");
@@ -643,29 +647,41 @@ impl RandomCodes {
                 let v = state.to_le_bytes();
                 chunk.copy_from_slice(&v[..chunk.len()]);
             }
-            // Uniform codes over the full range have a standard deviation of about 74 (INT8) or
-            // 4.6 (INT4): scales that give weights of standard deviation 1/sqrt(fan_in).
-            let spread = if int4 { 4.6 } else { 74.0 };
-            let scale = f16::from_f32(1.0 / (spread * (cols as f32).sqrt()));
-            let scales = scale.to_le_bytes().repeat(rows * cols / Self::GROUP);
-            Ok((codes, scales))
+            // Scales that give weights of standard deviation 1/sqrt(fan_in) (NVFP4's block
+            // scales are BF16 on the device).
+            let scale = 1.0 / (spread * (cols as f32).sqrt());
+            let scale = if encoding == QuantEncoding::Nvfp4 {
+                half::bf16::from_f32(scale).to_le_bytes()
+            } else {
+                f16::from_f32(scale).to_le_bytes()
+            };
+            let scales = scale.repeat(rows * cols / group);
+            Ok((codes, scales, rows))
         };
         let gate_up = make(e * 2 * w, d)?;
         let down = make(e * d, w)?;
         Ok(Some(Self {
             encoding,
+            group,
             host: [gate_up, down],
         }))
     }
 
     /// Projection 0 (gate/up) or 1 (down) of one layer, uploaded.
     fn matrix(&mut self, gpu: &Gpu, projection: usize) -> Result<ExpertMatrix> {
-        let (codes, scales) = &self.host[projection];
+        let (codes, scales, rows) = &self.host[projection];
+        // NVFP4's global scales: one per 8-row band, all 1 here.
+        let band_scale = if self.encoding == QuantEncoding::Nvfp4 {
+            Some(upload(gpu, &vec![1f32; rows / 8])?)
+        } else {
+            None
+        };
         Ok(ExpertMatrix::Codes {
             encoding: self.encoding,
-            group: Self::GROUP,
+            group: self.group,
             codes: upload(gpu, codes)?,
             scales: upload(gpu, scales)?,
+            band_scale,
             shared: None,
         })
     }

@@ -318,17 +318,21 @@ kernel_table! {
             n: i32,
             k: i32,
         );
-        /// Experts stored as INT8/INT4 `*_mma` codes with FP16 group scales.
+        /// Experts stored as INT8/INT4 `*_mma` codes with FP16 group scales, or as E2M1 codes
+        /// (NVFP4 repacked at load) with BF16 block scales and a factor per 8-row band.
         grouped_gemm_i8_r16,
         grouped_gemm_i8_r64,
         grouped_gemm_i4_r16,
         grouped_gemm_i4_r64,
+        grouped_gemm_f4_r16,
+        grouped_gemm_f4_r64,
         grouped_gemm_i8_any,
         grouped_gemm_i4_any as CodesGemm (
             x: u64,
             row_token: u64,
             codes: u64,
             scales: u64,
+            band_scale: u64,
             group: i32,
             shared: u64,
             shared_slot: i32,

@@ -140,16 +140,38 @@ pub fn grouped_gemm(
     )
 }
 
+/// What the codes of [`CodeMatrices`] are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CodeKind {
+    /// `i8_mma` codes, FP16 group scales.
+    Int8,
+    /// `i4_mma` codes, FP16 group scales.
+    Int4,
+    /// NVFP4 as [`nvfp4_fragment_order`] repacks it: E2M1 codes in the `i4_mma` positions, BF16
+    /// block scales of 16 columns, and an F32 factor per 8-row band (the global scale).
+    E2m1,
+}
+
+impl CodeKind {
+    fn bits(self) -> usize {
+        match self {
+            CodeKind::Int8 => 8,
+            CodeKind::Int4 | CodeKind::E2m1 => 4,
+        }
+    }
+}
+
 /// Routed expert weights stored as `*_mma` codes (tiles of 8 rows x 16 columns in tensor-core
-/// fragment order) with FP16 group scales: what the quantized grouped GEMM reads.
+/// fragment order) with group scales: what the quantized grouped GEMM reads.
 #[derive(Clone, Copy, Debug)]
 pub struct CodeMatrices {
-    /// 8 (`i8_mma`) or 4 (`i4_mma`).
-    pub bits: u32,
-    /// Columns per scale.
+    pub kind: CodeKind,
+    /// Columns per scale (16 for E2M1).
     pub group: usize,
     pub codes: u64,
     pub scales: u64,
+    /// E2M1: one F32 per 8-row band of the codes (`[slots x n / 8]`); 0 otherwise.
+    pub band_scale: u64,
     /// A packed shared expert: BF16 weights in the codes' fragment order
     /// ([`bf16_fragment_order`]) and the expert slot whose tiles read them.
     pub shared: Option<(u64, usize)>,
@@ -177,6 +199,41 @@ pub fn bf16_fragment_order<T: Copy>(rows: usize, cols: usize, values: &[T]) -> V
     out
 }
 
+/// NVFP4 codes and block scales of one `[rows, cols]` matrix (the format's fragment order, see
+/// `quant::nvfp4`) in the order the quantized grouped GEMM reads them as [`CodeKind::E2m1`]:
+/// each code's nibble (sign, exponent, mantissa: unchanged) at the position an `i4_mma` code of
+/// the same row and column takes, and each block's E4M3 scale as BF16 bits (exact: every E4M3
+/// value is a BF16 value) in the `i4_mma` scale order with groups of 16, `[rows / 8][cols /
+/// 16][8]`. The global scale is not part of it (the kernel takes it per band). Needs `rows % 8 ==
+/// 0` and `cols % 64 == 0`; `codes` and `scales` as the format stores them.
+pub fn nvfp4_fragment_order(
+    rows: usize,
+    cols: usize,
+    codes: &[u8],
+    scales: &[u8],
+) -> (Vec<u8>, Vec<u8>) {
+    use crate::quant::{fp8, int, nvfp4, QuantEncoding};
+    assert!(rows.is_multiple_of(8) && cols.is_multiple_of(64));
+    let mut nibbles = vec![0u8; rows * cols];
+    nvfp4::unpack_codes(rows, cols, codes, &mut nibbles);
+    // `pack_codes` keeps a code's low four bits, whatever they mean.
+    let nibbles: Vec<i8> = nibbles.into_iter().map(|c| c as i8).collect();
+    let packed = int::pack_codes(QuantEncoding::I4Mma, rows, cols, &nibbles);
+    let blocks = cols / 16;
+    let row_major = nvfp4::unpack_scales(rows, cols, scales);
+    let e4m3 = fp8::e4m3_table();
+    let mut out = Vec::with_capacity(rows * blocks * 2);
+    for band in 0..rows / 8 {
+        for g in 0..blocks {
+            for r in 0..8 {
+                let value = e4m3[row_major[(band * 8 + r) * blocks + g] as usize];
+                out.extend_from_slice(&half::bf16::from_f32(value).to_le_bytes());
+            }
+        }
+    }
+    (packed, out)
+}
+
 /// Whether the tiled quantized kernels (not the general one) take an `n`-row projection with
 /// groups of `group` columns: the condition for a packed shared expert beside codes.
 pub fn codes_tiled(n: usize, group: usize) -> bool {
@@ -187,8 +244,8 @@ pub fn codes_tiled(n: usize, group: usize) -> bool {
 /// kernels/moe.cu): per stage of 128 columns, 16 bands x 8 code tiles, 16 bands x 8 scale rows
 /// of 16 bytes, and the tile's activation rows at a pitch of 136; 3 stages for 16-row tiles, 2
 /// for 64-row tiles.
-fn codes_tile_smem_bytes(bits: u32, tile_rows: usize) -> usize {
-    let stage = 16 * 8 * (8 * 16 * bits as usize / 8) + 16 * 8 * 16 + tile_rows * 136 * 2;
+fn codes_tile_smem_bytes(bits: usize, tile_rows: usize) -> usize {
+    let stage = 16 * 8 * (8 * 16 * bits / 8) + 16 * 8 * 16 + tile_rows * 136 * 2;
     stage * if tile_rows == 16 { 3 } else { 2 }
 }
 
@@ -213,22 +270,30 @@ pub fn grouped_gemm_codes(
     }
     // The kernels per encoding: (16-row tiles, 64-row tiles, the general kernel).
     use kernels::moe::{
-        grouped_gemm_i4_any, grouped_gemm_i4_r16, grouped_gemm_i4_r64, grouped_gemm_i8_any,
-        grouped_gemm_i8_r16, grouped_gemm_i8_r64, CodesGemm,
+        grouped_gemm_f4_r16, grouped_gemm_f4_r64, grouped_gemm_i4_any, grouped_gemm_i4_r16,
+        grouped_gemm_i4_r64, grouped_gemm_i8_any, grouped_gemm_i8_r16, grouped_gemm_i8_r64,
+        CodesGemm,
     };
-    let (r16, r64, any): (CodesGemm, CodesGemm, CodesGemm) = match w.bits {
-        8 => (
+    let (r16, r64, any): (CodesGemm, CodesGemm, Option<CodesGemm>) = match w.kind {
+        CodeKind::Int8 => (
             grouped_gemm_i8_r16,
             grouped_gemm_i8_r64,
-            grouped_gemm_i8_any,
+            Some(grouped_gemm_i8_any),
         ),
-        4 => (
+        CodeKind::Int4 => (
             grouped_gemm_i4_r16,
             grouped_gemm_i4_r64,
-            grouped_gemm_i4_any,
+            Some(grouped_gemm_i4_any),
         ),
-        b => return unsupported(format!("{b}-bit expert codes")),
+        // E2M1 has tiled kernels only: a loader widens shapes they refuse.
+        CodeKind::E2m1 => (grouped_gemm_f4_r16, grouped_gemm_f4_r64, None),
     };
+    if w.kind == CodeKind::E2m1 && (w.group != 16 || w.band_scale == 0) {
+        return unsupported(format!(
+            "E2M1 expert codes need groups of 16 and band scales (got groups of {})",
+            w.group
+        ));
+    }
     if !n.is_multiple_of(8) || !k.is_multiple_of(16) || w.group == 0 || !k.is_multiple_of(w.group) {
         return unsupported(format!(
             "quantized experts of {n} x {k} with groups of {}",
@@ -247,20 +312,22 @@ pub fn grouped_gemm_codes(
             w.group
         ));
     }
-    let (kernel, cfg) = if tiled {
-        (
+    let (kernel, cfg) = match (tiled, any) {
+        (true, _) => (
             if tile_rows == 16 { r16 } else { r64 },
             LaunchConfig::new(
                 (n.div_ceil(128) as u32, max_tiles as u32, 1),
                 256,
-                codes_tile_smem_bytes(w.bits, tile_rows) as u32,
+                codes_tile_smem_bytes(w.kind.bits(), tile_rows) as u32,
             ),
-        )
-    } else {
-        (
+        ),
+        (false, Some(any)) => (
             any,
             LaunchConfig::new((n.div_ceil(64) as u32, max_tiles as u32, 1), 64, 0),
-        )
+        ),
+        (false, None) => {
+            return unsupported(format!("{:?} expert codes of {n} x {k}", w.kind));
+        }
     };
     kernel(
         gpu,
@@ -269,6 +336,7 @@ pub fn grouped_gemm_codes(
         row_token,
         w.codes,
         w.scales,
+        w.band_scale,
         w.group as i32,
         w.shared.map_or(0, |(ptr, _)| ptr),
         w.shared.map_or(-1, |(_, slot)| slot as i32),
@@ -283,6 +351,45 @@ pub fn grouped_gemm_codes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvfp4_repacked_for_the_gpu_holds_the_same_values() {
+        use crate::quant::{self, int, nvfp4::e2m1_to_f32, QuantEncoding};
+        let (rows, cols) = (16, 128);
+        // Deterministic values with every sign and magnitude, an all-zero block (row 0,
+        // columns 0..16), negative values that round to zero, and one large outlier.
+        let mut values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0)
+            .collect();
+        values[..16].iter_mut().for_each(|v| *v = 0.0);
+        values[cols + 3] = -1e-6;
+        values[5 * cols + 70] = 40.0;
+        let q = quant::quantize(QuantEncoding::Nvfp4, rows, cols, 16, &values).unwrap();
+        let mut want = vec![0f32; rows * cols];
+        q.view(QuantEncoding::Nvfp4, rows, cols, 16)
+            .dequantize(&mut want);
+        let (codes, scales) = nvfp4_fragment_order(rows, cols, &q.codes, &q.scales);
+        let mut nibbles = vec![0i8; rows * cols];
+        int::unpack_codes(QuantEncoding::I4Mma, rows, cols, &codes, &mut nibbles);
+        let blocks = cols / 16;
+        assert_eq!(scales.len(), rows * blocks * 2);
+        let mut negative_zeros = 0;
+        for r in 0..rows {
+            for c in 0..cols {
+                let at = ((r / 8 * blocks + c / 16) * 8 + r % 8) * 2;
+                let scale = half::bf16::from_le_bytes([scales[at], scales[at + 1]]).to_f32();
+                let code = nibbles[r * cols + c] as u8 & 0xF;
+                negative_zeros += usize::from(code == 8);
+                let got = (e2m1_to_f32(code) * scale) * q.global_scale;
+                assert_eq!(
+                    got.to_bits(),
+                    want[r * cols + c].to_bits(),
+                    "row {r} column {c}"
+                );
+            }
+        }
+        assert!(negative_zeros > 0, "a -0 code survives the repacking");
+    }
 
     #[test]
     fn expert_tiles_follow_rows_per_expert() {
@@ -301,6 +408,7 @@ mod tests {
         assert_eq!(grouped_gemm_smem_bytes(64, 3), 3 * 128 * 72 * 2);
         // The kernels' static_asserts.
         assert_eq!(codes_tile_smem_bytes(4, 16), 43776);
+        assert_eq!(codes_tile_smem_bytes(CodeKind::E2m1.bits(), 64), 55296);
         assert_eq!(codes_tile_smem_bytes(8, 16), 68352);
         assert_eq!(codes_tile_smem_bytes(4, 64), 55296);
         assert_eq!(codes_tile_smem_bytes(8, 64), 71680);
