@@ -263,9 +263,11 @@ extern "C" __global__ void __launch_bounds__(1024)
 // 8 l + 256, ... (fused multiply-adds in column order), then the columns past the last whole
 // group (k = 8 (K / 8) + l, + 32, ...), then a fixed butterfly over the 32 lanes.
 // X is [T, K] BF16, W is [E, K] (F32 or BF16), logits [T, E] F32.
-// grid = (ceil(T / ROUTER_ROWS), ceil(E / 8)), block = 256: warp w of a CTA takes expert
-// blockIdx.y * 8 + w for ROUTER_ROWS rows (the expert's weights are read once for all of them;
-// 16-byte loads of both operands).
+// grid = (ceil(T / ROWS), ceil(E / 8)), block = 256: warp w of a CTA takes expert
+// blockIdx.y * 8 + w for ROWS rows (the expert's weights are read once for all of them; 16-byte
+// loads of both operands). ROWS only decides how the work is cut into warps: 16 for the entries
+// without a suffix, 4 for `_r4` (four times the warps for a denoising step's 32 rows, whose 64
+// CTAs of 16 rows left half the GPU idle); every output's arithmetic is the same.
 #define ROUTER_ROWS 16
 __device__ __forceinline__ void load_w8(const float* w, float (&f)[8]) {
     const float4 a = *reinterpret_cast<const float4*>(w), b = *reinterpret_cast<const float4*>(w + 4);
@@ -280,17 +282,17 @@ __device__ __forceinline__ void load_w8(const bf16* w, float (&f)[8]) {
 __device__ __forceinline__ float weight_f32(float w) { return w; }
 __device__ __forceinline__ float weight_f32(bf16 w) { return to_f32(w); }
 
-template <typename TW>
+template <typename TW, int ROWS>
 __device__ void router_logits_tile(const bf16* __restrict__ X, const TW* __restrict__ W, float* __restrict__ logits,
                                    int T, int E, int K) {
     const int lane = threadIdx.x & 31;
     const int e = blockIdx.y * 8 + (threadIdx.x >> 5);
-    const int t0 = blockIdx.x * ROUTER_ROWS;
+    const int t0 = blockIdx.x * ROWS;
     if (e >= E) return;
-    const int rows = min(ROUTER_ROWS, T - t0);
-    float acc[ROUTER_ROWS];
+    const int rows = min(ROWS, T - t0);
+    float acc[ROWS];
 #pragma unroll
-    for (int r = 0; r < ROUTER_ROWS; ++r) acc[r] = 0.f;
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
     const TW* w = W + (size_t)e * K;
     const bf16* x = X + (size_t)t0 * K;
     // 16-byte loads need every row 16-byte aligned (K % 8 == 0); otherwise all columns go the
@@ -301,12 +303,12 @@ __device__ void router_logits_tile(const bf16* __restrict__ X, const TW* __restr
         load_w8(w + k0, wv);
         // All rows' loads first (rows past the end re-read the last row and are never stored), so
         // they are in flight together instead of one round trip per row.
-        uint4 xv[ROUTER_ROWS];
+        uint4 xv[ROWS];
 #pragma unroll
-        for (int r = 0; r < ROUTER_ROWS; ++r)
+        for (int r = 0; r < ROWS; ++r)
             xv[r] = *reinterpret_cast<const uint4*>(x + (size_t)min(r, rows - 1) * K + k0);
 #pragma unroll
-        for (int r = 0; r < ROUTER_ROWS; ++r) {
+        for (int r = 0; r < ROWS; ++r) {
             const bf16* xb = reinterpret_cast<const bf16*>(&xv[r]);
 #pragma unroll
             for (int c = 0; c < 8; ++c) acc[r] = fmaf(to_f32(xb[c]), wv[c], acc[r]);
@@ -315,11 +317,11 @@ __device__ void router_logits_tile(const bf16* __restrict__ X, const TW* __restr
     for (int k = whole + lane; k < K; k += 32) {
         const float wk = weight_f32(w[k]);
 #pragma unroll
-        for (int r = 0; r < ROUTER_ROWS; ++r)
+        for (int r = 0; r < ROWS; ++r)
             if (r < rows) acc[r] = fmaf(to_f32(x[(size_t)r * K + k]), wk, acc[r]);
     }
 #pragma unroll
-    for (int r = 0; r < ROUTER_ROWS; ++r) {
+    for (int r = 0; r < ROWS; ++r) {
         const float v = warp_sum(acc[r]);
         if (lane == 0 && r < rows) logits[(size_t)(t0 + r) * E + e] = v;
     }
@@ -404,10 +406,20 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     router_logits_f32w(const bf16* X, const float* W, float* logits, int T, int E, int K) {
     pdl_enter();
-    router_logits_tile<float>(X, W, logits, T, E, K);
+    router_logits_tile<float, ROUTER_ROWS>(X, W, logits, T, E, K);
 }
 extern "C" __global__ void __launch_bounds__(256)
     router_logits_bf16w(const bf16* X, const bf16* W, float* logits, int T, int E, int K) {
     pdl_enter();
-    router_logits_tile<bf16>(X, W, logits, T, E, K);
+    router_logits_tile<bf16, ROUTER_ROWS>(X, W, logits, T, E, K);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    router_logits_f32w_r4(const bf16* X, const float* W, float* logits, int T, int E, int K) {
+    pdl_enter();
+    router_logits_tile<float, 4>(X, W, logits, T, E, K);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    router_logits_bf16w_r4(const bf16* X, const bf16* W, float* logits, int T, int E, int K) {
+    pdl_enter();
+    router_logits_tile<bf16, 4>(X, W, logits, T, E, K);
 }

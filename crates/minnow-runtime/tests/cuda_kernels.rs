@@ -1586,19 +1586,20 @@ fn router_logits_are_the_same_bits_for_few_and_many_rows() {
                 &all_v,
                 &matmul_t(&xf, &wf, t, e, k),
             );
-            // The first and the last 16 rows again, alone (the narrow kernel).
-            for r0 in [0, t - 16] {
-                let few = poisoned_f32(&g, 16 * e);
+            // The first and the last 16 rows again, alone (the narrow kernel), and 3 and 37
+            // rows (the narrow kernel with 4 rows per warp where `router_few_rows` allows).
+            for (r0, n) in [(0, 16), (t - 16, 16), (5, 3), (7, 37)] {
+                let few = poisoned_f32(&g, n * e);
                 let x_at = dx.ptr() + (r0 * k * 2) as u64;
-                ops::router_logits(&g, x_at, dw, f32_weights, few.ptr(), 16, e, k).unwrap();
+                ops::router_logits(&g, x_at, dw, f32_weights, few.ptr(), n, e, k).unwrap();
                 let few_v = read(&g, &few);
                 let same = few_v
                     .iter()
-                    .zip(&all_v[r0 * e..(r0 + 16) * e])
+                    .zip(&all_v[r0 * e..(r0 + n) * e])
                     .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(
                     same,
-                    "rows {r0}..+16 of {e}x{k}: narrow and wide kernels differ"
+                    "rows {r0}..+{n} of {e}x{k}: the kernels for few and many rows differ"
                 );
             }
         }

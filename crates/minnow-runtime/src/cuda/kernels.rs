@@ -259,6 +259,8 @@ kernel_table! {
         /// per warp.
         router_logits_f32w,
         router_logits_bf16w,
+        router_logits_f32w_r4,
+        router_logits_bf16w_r4,
         router_logits_wide_f32w,
         router_logits_wide_bf16w as RouterLogits (
             x: u64,

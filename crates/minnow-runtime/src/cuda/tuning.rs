@@ -41,6 +41,9 @@ pub struct Tuning {
     /// Router logits of at least this many rows run the wide kernel (4 experts per warp; the
     /// same bits as the narrow one, see kernels/router.cu): `MINNOW_ROUTER_WIDE_ROWS`.
     pub router_wide_rows: usize,
+    /// Router logits of at most this many rows run the narrow kernel with 4 rows per warp
+    /// instead of 16 (same bits): `MINNOW_ROUTER_FEW_ROWS`.
+    pub router_few_rows: usize,
 }
 
 impl Default for Tuning {
@@ -56,6 +59,7 @@ impl Default for Tuning {
             dense16_rows: 32,
             dense128_rows: 256,
             router_wide_rows: 256,
+            router_few_rows: 64,
         }
     }
 }
@@ -93,6 +97,8 @@ pub fn tuning() -> &'static Tuning {
             dense128_rows: env_usize("MINNOW_DENSE128_ROWS", |_| true).unwrap_or(d.dense128_rows),
             router_wide_rows: env_usize("MINNOW_ROUTER_WIDE_ROWS", |_| true)
                 .unwrap_or(d.router_wide_rows),
+            router_few_rows: env_usize("MINNOW_ROUTER_FEW_ROWS", |_| true)
+                .unwrap_or(d.router_few_rows),
         }
     })
 }

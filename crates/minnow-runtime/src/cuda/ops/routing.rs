@@ -263,19 +263,28 @@ pub fn router_logits(
     // Both kernels compute every output in the same order (bits equal); the wide one shares
     // each loaded row among 4 experts per warp and wins once there are enough rows to fill the
     // GPU with its 4x fewer CTAs.
-    let wide = t >= super::super::tuning::tuning().router_wide_rows;
+    let tuning = super::super::tuning::tuning();
+    let wide = t >= tuning.router_wide_rows;
+    // The narrow kernels' rows per warp: 4 for few rows (more warps in flight), else 16.
+    let few = !wide && t <= tuning.router_few_rows;
     use kernels::router::{
-        router_logits_bf16w, router_logits_f32w, router_logits_wide_bf16w, router_logits_wide_f32w,
-        RouterLogits,
+        router_logits_bf16w, router_logits_bf16w_r4, router_logits_f32w, router_logits_f32w_r4,
+        router_logits_wide_bf16w, router_logits_wide_f32w, RouterLogits,
     };
-    let (kernel, experts_per_cta): (RouterLogits, _) = match (wide, w_f32) {
-        (false, true) => (router_logits_f32w, 8),
-        (false, false) => (router_logits_bf16w, 8),
-        (true, true) => (router_logits_wide_f32w, 32),
-        (true, false) => (router_logits_wide_bf16w, 32),
+    let (kernel, experts_per_cta, rows_per_cta): (RouterLogits, _, _) = match (wide, few, w_f32) {
+        (false, true, true) => (router_logits_f32w_r4, 8, 4),
+        (false, true, false) => (router_logits_bf16w_r4, 8, 4),
+        (false, false, true) => (router_logits_f32w, 8, 16),
+        (false, false, false) => (router_logits_bf16w, 8, 16),
+        (true, _, true) => (router_logits_wide_f32w, 32, 16),
+        (true, _, false) => (router_logits_wide_bf16w, 32, 16),
     };
     let cfg = LaunchConfig::new(
-        (t.div_ceil(16) as u32, e.div_ceil(experts_per_cta) as u32, 1),
+        (
+            t.div_ceil(rows_per_cta) as u32,
+            e.div_ceil(experts_per_cta) as u32,
+            1,
+        ),
         256,
         0,
     );
