@@ -495,7 +495,7 @@ def main():
         head = (f"{'variant':40} {'max|d-f32|':>10} {'top1=f32':>8} {'max|d-bf16|':>11} {'same-set':>8}"
                 f" {'exact':>5} {'top1=bf16':>9} {'sets!=f32':>9} {'sets!=bf16':>10} {'rms-same':>8}")
         if gpu is not None:
-            head += f" {'max|d-gpu|':>10} {'top1=gpu':>8}"
+            head += f" {'max|d-gpu|':>10} {'exact-gpu':>9} {'top1=gpu':>8}"
         print(head)
         for spec in args.variants:
             if args.seeds:
@@ -519,7 +519,8 @@ def main():
                     f" {int((a == am16).sum()):6}/{T}"
                     f" {sum(x != y for x, y in zip(sets, f32_sets)):9} {int((~same).sum()):10} {r['rms_same']:8.4f}")
             if gpu is not None:
-                line += f" {np.abs(out - gpu).max():10.3g} {int((a == argmax_rows(gpu)).sum()):5}/{T}"
+                dg = np.abs(out - gpu)
+                line += f" {dg.max():10.3g} {(dg == 0).mean():9.4f} {int((a == argmax_rows(gpu)).sum()):5}/{T}"
             print(line)
             if args.rows:
                 print(f"{'':40} rows != f32 argmax: {r['rows_off']}")
