@@ -83,11 +83,58 @@ fn argmax(row: &[f32]) -> usize {
     best
 }
 
+/// A token's F32 top-1 is decided when its F32 top-1/top-2 logit gap is at least this...
+const DECIDED_GAP: f32 = 0.5;
+/// ...and its router margin (every MoE layer) at least this.
+const DECIDED_MARGIN: f32 = 0.01;
+
+/// Item 7 of issue 17 in the form BF16 arithmetic can meet: on every token whose F32 top-1 is
+/// decided (`DECIDED_GAP`, `DECIDED_MARGIN`), `got` (rows `rows` of the forward) has the F32
+/// reference's argmax. The other tokens are near a tie: which way a BF16 forward sends them
+/// depends on which values happen to round up, not on how precise the forward is. The
+/// emulation in scripts/fidelity/emulate.py finds the official BF16 run's rounding and minnow's
+/// GPU path equally likely to keep the F32 top-1 (v20: 93.5 of 96 tokens on average over 300
+/// dithered runs of each, anywhere from 91 to 96), and no dithered run of either that flipped
+/// a decided token (its gap moved by at most 0.38). Returns how many of the rows are decided,
+/// or names the first decided token whose argmax differs.
+fn f32_top1_on_decided_rows(
+    g: &Golden,
+    got: &[f32],
+    rows: std::ops::Range<usize>,
+    vocab: usize,
+) -> Result<usize, String> {
+    let mut decided = 0;
+    for (k, t) in rows.enumerate() {
+        let want = &g.logits_f32[t * vocab..(t + 1) * vocab];
+        let best = argmax(want);
+        let second = (0..vocab)
+            .filter(|&c| c != best)
+            .map(|c| want[c])
+            .fold(f32::NEG_INFINITY, f32::max);
+        if want[best] - second < DECIDED_GAP || g.margin[t] < DECIDED_MARGIN {
+            continue;
+        }
+        decided += 1;
+        let row = &got[k * vocab..(k + 1) * vocab];
+        if argmax(row) != best {
+            return Err(format!(
+                "token {t}: argmax {} where the F32 reference's is {best} (F32 gap {:.3}, router margin {:.4})",
+                argmax(row),
+                want[best] - second,
+                g.margin[t]
+            ));
+        }
+    }
+    Ok(decided)
+}
+
 /// Compares rows `rows` of `got` (which starts at row `rows.start`) with the goldens, the way
 /// the fixture README advises for a BF16 engine: on tokens whose router margin is above 0.01,
 /// every logit within 0.5 of the BF16 reference, and the same argmax wherever the reference's
-/// top-1/top-2 gap exceeds 1.0 (far beyond BF16 noise). Returns how many tokens were compared
-/// (those with router margin above 0.01); the overall argmax agreement is printed, not asserted.
+/// top-1/top-2 gap exceeds 1.0 (far beyond BF16 noise); plus the F32 reference's argmax on every
+/// token whose F32 top-1 is decided (`f32_top1_on_decided_rows`). Returns how many tokens were
+/// compared (those with router margin above 0.01); the overall argmax agreement is printed, not
+/// asserted.
 fn compare(
     name: &str,
     g: &Golden,
@@ -135,9 +182,11 @@ fn compare(
         }
     }
     let n = rows.len();
+    let decided = f32_top1_on_decided_rows(g, got, rows, vocab)
+        .unwrap_or_else(|e| panic!("{name}: decided F32 top-1 lost: {e}"));
     println!(
         "{name}: {compared}/{n} tokens with router margin > 0.01: max |gpu - bf16 ref| {worst:.3}, max |gpu - f32 ref| {worst_f32:.3}; argmax agrees on {agree}/{n}; \
-         with the F32 reference's argmax: gpu {agree_f32}/{n}, official BF16 run {bf16_agree_f32}/{n}"
+         with the F32 reference's argmax: gpu {agree_f32}/{n} (all {decided} decided tokens), official BF16 run {bf16_agree_f32}/{n}"
     );
     // MINNOW_DUMP_DIR=D writes these logits as little-endian F32 rows to D/<name>.f32, for
     // offline comparison with the goldens (scripts/fidelity).
@@ -794,6 +843,66 @@ fn the_top1_comparison_fails_on_one_ulp_or_one_token() {
     let err = top1_batched_vs_alone(&mut perturbed(name, Perturbation::OtherToken))
         .expect_err("another token must fail");
     assert!(err.contains("tokens differ on 1/32 rows"), "{err}");
+}
+
+/// The rule the GPU is held to holds for PyTorch's own BF16 run of every fixture (its
+/// `logits_bf16`), and has teeth: the F32 logits pass, and fail once a decided token's argmax
+/// moves (and only then: moving an undecided token's argmax passes).
+#[test]
+fn the_official_bf16_run_keeps_every_decided_f32_top1() {
+    for (name, want_decided) in [
+        ("llada2-tiny-v20", 77),
+        ("llada2-tiny-v21", 65),
+        ("llada2-tiny-v22", 28),
+    ] {
+        let g = golden(&fixture(name));
+        let n = g.ids.len();
+        let vocab = g.logits_f32.len() / n;
+        assert_eq!(
+            f32_top1_on_decided_rows(&g, &g.logits_bf16, 0..n, vocab),
+            Ok(want_decided),
+            "{name}"
+        );
+        assert_eq!(
+            f32_top1_on_decided_rows(&g, &g.logits_f32, 0..n, vocab),
+            Ok(want_decided),
+            "{name}"
+        );
+        // The last rows alone (a cached forward's rows start at 64).
+        let tail = &g.logits_bf16[64 * vocab..];
+        assert!(f32_top1_on_decided_rows(&g, tail, 64..n, vocab).is_ok());
+        // Swap the top two logits of the first decided token and of the first undecided one.
+        let gap = |t: usize| {
+            let mut r = g.logits_f32[t * vocab..(t + 1) * vocab].to_vec();
+            r.sort_by(|a, b| b.total_cmp(a));
+            r[0] - r[1]
+        };
+        let swapped = |t: usize| {
+            let mut l = g.logits_f32.clone();
+            let row = &mut l[t * vocab..(t + 1) * vocab];
+            let best = argmax(row);
+            let second = (0..vocab)
+                .filter(|&c| c != best)
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+                .unwrap();
+            row.swap(best, second);
+            l
+        };
+        let decided = (0..n)
+            .find(|&t| gap(t) >= DECIDED_GAP && g.margin[t] >= DECIDED_MARGIN)
+            .unwrap();
+        let err = f32_top1_on_decided_rows(&g, &swapped(decided), 0..n, vocab).unwrap_err();
+        assert!(
+            err.starts_with(&format!("token {decided}:")),
+            "{name}: {err}"
+        );
+        let undecided = (0..n).find(|&t| gap(t) < DECIDED_GAP).unwrap();
+        assert_eq!(
+            f32_top1_on_decided_rows(&g, &swapped(undecided), 0..n, vocab),
+            Ok(want_decided),
+            "{name}"
+        );
+    }
 }
 
 #[test]
