@@ -172,6 +172,11 @@ pub struct CodeMatrices {
     pub scales: u64,
     /// E2M1: one F32 per 8-row band of the codes (`[slots x n / 8]`); 0 otherwise.
     pub band_scale: u64,
+    /// A gate/up projection whose rows the loader interleaved in blocks of 64 (gate rows
+    /// `64 b..64 b + 64`, then the up rows of the same range, [`interleave_gate_up`]): the
+    /// kernel writes `silu_mul(gate, up)`, `n / 2` columns, instead of `n` columns of gate and up.
+    /// Needs `n % 128 == 0`.
+    pub gated: bool,
     /// A packed shared expert: BF16 weights in the codes' fragment order
     /// ([`bf16_fragment_order`]) and the expert slot whose tiles read them.
     pub shared: Option<(u64, usize)>,
@@ -234,6 +239,22 @@ pub fn nvfp4_fragment_order(
     (packed, out)
 }
 
+/// One expert's gate and up matrices (`w` rows each, `w % 64 == 0`) in a layout whose 8-row bands
+/// are contiguous runs of `band_len` elements (codes, scales, band scales and BF16 rows in the
+/// fragment order all are), in the row order of the gated codes kernels: 64 gate rows, the same
+/// 64 up rows, the next 64 gate rows, and so on.
+pub fn interleave_gate_up<T: Copy>(gate: &[T], up: &[T], band_len: usize) -> Vec<T> {
+    assert_eq!(gate.len(), up.len());
+    let block = 8 * band_len; // 64 rows
+    assert!(gate.len().is_multiple_of(block));
+    let mut out = Vec::with_capacity(2 * gate.len());
+    for (g, u) in gate.chunks_exact(block).zip(up.chunks_exact(block)) {
+        out.extend_from_slice(g);
+        out.extend_from_slice(u);
+    }
+    out
+}
+
 /// Whether the tiled quantized kernels (not the general one) take an `n`-row projection with
 /// groups of `group` columns: the condition for a packed shared expert beside codes.
 pub fn codes_tiled(n: usize, group: usize) -> bool {
@@ -269,25 +290,31 @@ pub fn grouped_gemm_codes(
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
     }
     // The kernels per encoding: (16-row tiles, 64-row tiles, the general kernel).
-    use kernels::moe::{
-        grouped_gemm_f4_r16, grouped_gemm_f4_r64, grouped_gemm_i4_any, grouped_gemm_i4_r16,
-        grouped_gemm_i4_r64, grouped_gemm_i8_any, grouped_gemm_i8_r16, grouped_gemm_i8_r64,
-        CodesGemm,
-    };
-    let (r16, r64, any): (CodesGemm, CodesGemm, Option<CodesGemm>) = match w.kind {
-        CodeKind::Int8 => (
+    use kernels::moe::*;
+    let (r16, r64, any): (CodesGemm, CodesGemm, Option<CodesGemm>) = match (w.kind, w.gated) {
+        (CodeKind::Int8, false) => (
             grouped_gemm_i8_r16,
             grouped_gemm_i8_r64,
             Some(grouped_gemm_i8_any),
         ),
-        CodeKind::Int4 => (
+        (CodeKind::Int4, false) => (
             grouped_gemm_i4_r16,
             grouped_gemm_i4_r64,
             Some(grouped_gemm_i4_any),
         ),
         // E2M1 has tiled kernels only: a loader widens shapes they refuse.
-        CodeKind::E2m1 => (grouped_gemm_f4_r16, grouped_gemm_f4_r64, None),
+        (CodeKind::E2m1, false) => (grouped_gemm_f4_r16, grouped_gemm_f4_r64, None),
+        // Gated: tiled kernels only (checked below).
+        (CodeKind::Int8, true) => (grouped_gemm_i8_r16_gated, grouped_gemm_i8_r64_gated, None),
+        (CodeKind::Int4, true) => (grouped_gemm_i4_r16_gated, grouped_gemm_i4_r64_gated, None),
+        (CodeKind::E2m1, true) => (grouped_gemm_f4_r16_gated, grouped_gemm_f4_r64_gated, None),
     };
+    if w.gated && !(codes_tiled(n, w.group) && n.is_multiple_of(128)) {
+        return unsupported(format!(
+            "a gated expert GEMM over {n} interleaved gate/up rows with groups of {}",
+            w.group
+        ));
+    }
     if w.kind == CodeKind::E2m1 && (w.group != 16 || w.band_scale == 0) {
         return unsupported(format!(
             "E2M1 expert codes need groups of 16 and band scales (got groups of {})",
@@ -351,6 +378,23 @@ pub fn grouped_gemm_codes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gated_order_alternates_64_gate_rows_and_their_64_up_rows() {
+        // 128 rows per matrix, one element per 8-row band: bands 0..16 of gate and of up.
+        let gate: Vec<u32> = (0..16).collect();
+        let up: Vec<u32> = (100..116).collect();
+        let out = interleave_gate_up(&gate, &up, 1);
+        let want: Vec<u32> = (0..8)
+            .chain(100..108)
+            .chain(8..16)
+            .chain(108..116)
+            .collect();
+        assert_eq!(out, want);
+        // Longer bands move whole.
+        let out = interleave_gate_up(&[1u8; 16], &[2u8; 16], 2);
+        assert_eq!(out, [[1u8; 16], [2u8; 16]].concat());
+    }
 
     #[test]
     fn nvfp4_repacked_for_the_gpu_holds_the_same_values() {
