@@ -5,7 +5,7 @@
 # which copies them (stripped) into ./bin. The fresh PTX comes back as $OUT/ptx.tar.
 #
 #   bash scripts/device/gpu_check.sh [tests|bench|all|quant|structured] [extra bench args]
-# `quant`: the quantized-expert kernel and model tests, then the bench with BF16, INT8 and INT4
+# `quant`: the quantized-expert kernel and model tests, then the bench with BF16, INT8, INT4 and NVFP4
 # routed experts. `structured`: the top-k kernel's test, then bench-structured on random mini
 # weights (constrained vs plain decode at concurrency 1 and 16).
 set -uo pipefail
@@ -48,7 +48,7 @@ if [ "$what" = quant ]; then
   echo "== quantized fixtures"
   timeout 300 bin/test-cuda_quant --ignored --nocapture 2>&1 | grep -vE "^\s*$" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  for e in bf16 int8 int4; do
+  for e in bf16 int8 int4 nvfp4; do
     echo "== bench --experts $e"
     bin/xtask bench --experts "$e" "$@" 2>&1 | tee "$OUT/bench_$e.txt" | grep -E "^\||weights"
   done
