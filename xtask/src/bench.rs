@@ -39,7 +39,7 @@ pub(crate) const MINI_22: &str = r#"{
 /// LLaDA2.2-flash at the shapes docs/model.md gives: mini's config with flash's widths
 /// (hidden 4,096, 32 layers, 32 query heads, dense MLP 9,216, 256 experts of width 1,024, top-8,
 /// block routing with 48 admitted experts; the values it marks unconfirmed are
-/// Ling-flash-2.0's). BF16 experts would need ~200 GB: run it with `--experts int4|int8`.
+/// Ling-flash-2.0's). BF16 experts would need ~200 GB: run it with `--experts int4|int8|nvfp4`.
 fn flash_22() -> String {
     let mut config: serde_json::Value = serde_json::from_str(MINI_22).expect("MINI_22 is JSON");
     for (key, value) in [
