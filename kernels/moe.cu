@@ -294,7 +294,7 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
 // n0..n0 + 64 of expert e. NT: token groups of 8 in the tile (2: 16-row tiles, 8: 64-row tiles);
 // ACTIVE: the groups computed (at least those with a row; the others' products are never
 // stored, so computing them changes no output).
-template <int BITS, bool E2M1, bool GATED, int NT, int STAGES, int ACTIVE>
+template <int BITS, bool E2M1, int NT, int STAGES, int ACTIVE>
 __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ row_token,
                            const unsigned char* __restrict__ codes, const __half* __restrict__ scales, int group,
                            const float* __restrict__ band_scale, bf16* __restrict__ Y, int e, int p0, int rows,
@@ -445,45 +445,6 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
     }
     // D fragment: [0], [1] output column lane / 4 of the warp's first band, tokens 2 (lane % 4)
     // and + 1 of the group; [2], [3] the same tokens, 8 columns on.
-    if constexpr (GATED) {
-        // The CTA's first 64 columns are gate rows and the next 64 the matching up rows (the
-        // loader interleaves gate/up in blocks of 64; N % 128 == 0, so every warp is live): the
-        // up warps hand their BF16 outputs to the gate warps through shared memory, which
-        // write silu_mul_bf16 of the two, as silu_mul would from the BF16 outputs (same bits).
-        // Y has N / 2 columns.
-        __syncthreads();  // every warp is past its last stage
-        bf16* up = reinterpret_cast<bf16*>(smem);  // [ROWS][64]
-        const int c = (warp & 3) * 16 + lane / 4;
-        if (warp >= 4) {
-#pragma unroll
-            for (int t = 0; t < ACTIVE; ++t) {
-                const int r = t * 8 + 2 * (lane % 4);
-                up[r * 64 + c] = to_bf16(acc[t][0]);
-                up[r * 64 + c + 8] = to_bf16(acc[t][2]);
-                up[(r + 1) * 64 + c] = to_bf16(acc[t][1]);
-                up[(r + 1) * 64 + c + 8] = to_bf16(acc[t][3]);
-            }
-        }
-        __syncthreads();
-        if (warp < 4) {
-            const int half = N / 2, out = n0 / 2 + c;
-#pragma unroll
-            for (int t = 0; t < ACTIVE; ++t) {
-                const int r = t * 8 + 2 * (lane % 4);
-                if (r < rows) {
-                    bf16* y = Y + (size_t)(p0 + r) * half + out;
-                    y[0] = silu_mul_bf16(to_f32(to_bf16(acc[t][0])), to_f32(up[r * 64 + c]));
-                    y[8] = silu_mul_bf16(to_f32(to_bf16(acc[t][2])), to_f32(up[r * 64 + c + 8]));
-                }
-                if (r + 1 < rows) {
-                    bf16* y = Y + (size_t)(p0 + r + 1) * half + out;
-                    y[0] = silu_mul_bf16(to_f32(to_bf16(acc[t][1])), to_f32(up[(r + 1) * 64 + c]));
-                    y[8] = silu_mul_bf16(to_f32(to_bf16(acc[t][3])), to_f32(up[(r + 1) * 64 + c + 8]));
-                }
-            }
-        }
-        return;
-    }
     const int col = n0 + warp * 16 + lane / 4;
     if (!warp_live) return;
 #pragma unroll
@@ -503,12 +464,12 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
 }
 
 // The tile with as many token groups computed as it has rows for.
-template <int BITS, bool E2M1, bool GATED, int NT, int STAGES>
+template <int BITS, bool E2M1, int NT, int STAGES>
 __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,
                                 int group, const float* band_scale, bf16* Y, int e, int p0, int rows, int n0, int N,
                                 int K) {
 #define MINNOW_CODES_TILE(A) \
-    codes_tile<BITS, E2M1, GATED, NT, STAGES, A>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0, N, K)
+    codes_tile<BITS, E2M1, NT, STAGES, A>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0, N, K)
     if constexpr (NT == 2) {
         if (rows <= 8)
             MINNOW_CODES_TILE(1);
@@ -536,10 +497,7 @@ __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsig
 // N % 16 == 0, K % 16 == 0, group 16, 32, 64 or 128 (E2M1: 16). Tiles of expert `shared_slot`
 // (-1: none) read `shared`, one BF16 matrix in the codes' fragment order (a packed shared
 // expert). `band_scale`: E2M1's F32 factor per 8-row band of the codes (unused otherwise).
-// GATED (the `_gated` entries): gate/up rows interleaved in blocks of 64 (N % 128 == 0), Y =
-// silu(gate) * up with N / 2 columns (see codes_tile). A template parameter, not an argument: the
-// epilogue's exchange would otherwise cost every instance registers.
-#define GROUPED_CODES_ENTRY(NAME, BITS, E2M1, GATED, NT, STAGES)                                         \
+#define GROUPED_CODES_ENTRY(NAME, BITS, E2M1, NT, STAGES)                                                \
     extern "C" __global__ void __launch_bounds__(minnow_codes::THREADS)                                  \
         NAME(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,       \
              const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y,           \
@@ -549,25 +507,20 @@ __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsig
         if (!grouped_tile(tiles, num_tiles, t)) return;                                                  \
         const int n0 = blockIdx.x * minnow_codes::FEATURES;                                              \
         if (t.x == shared_slot)                                                                          \
-            minnow_codes::codes_tile_rows<16, false, GATED, NT, STAGES>(                                 \
+            minnow_codes::codes_tile_rows<16, false, NT, STAGES>(                                        \
                 X, row_token, reinterpret_cast<const unsigned char*>(shared), nullptr, 16, nullptr, Y, 0,  \
                 t.y, t.z - t.y, n0, N, K);                                                               \
         else                                                                                             \
-            minnow_codes::codes_tile_rows<BITS, E2M1, GATED, NT, STAGES>(                                \
-                X, row_token, codes, scales, group, band_scale, Y, t.x, t.y, t.z - t.y, n0, N, K);       \
+            minnow_codes::codes_tile_rows<BITS, E2M1, NT, STAGES>(X, row_token, codes, scales, group,    \
+                                                                  band_scale, Y, t.x, t.y, t.z - t.y, n0, \
+                                                                  N, K);                                 \
     }
-GROUPED_CODES_ENTRY(grouped_gemm_i8_r16, 8, false, false, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_i4_r16, 4, false, false, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_f4_r16, 4, true, false, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_i8_r64, 8, false, false, 8, 2)
-GROUPED_CODES_ENTRY(grouped_gemm_i4_r64, 4, false, false, 8, 2)
-GROUPED_CODES_ENTRY(grouped_gemm_f4_r64, 4, true, false, 8, 2)
-GROUPED_CODES_ENTRY(grouped_gemm_i8_r16_gated, 8, false, true, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_i4_r16_gated, 4, false, true, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_f4_r16_gated, 4, true, true, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_i8_r64_gated, 8, false, true, 8, 2)
-GROUPED_CODES_ENTRY(grouped_gemm_i4_r64_gated, 4, false, true, 8, 2)
-GROUPED_CODES_ENTRY(grouped_gemm_f4_r64_gated, 4, true, true, 8, 2)
+GROUPED_CODES_ENTRY(grouped_gemm_i8_r16, 8, false, 2, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_i4_r16, 4, false, 2, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_f4_r16, 4, true, 2, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_i8_r64, 8, false, 8, 2)
+GROUPED_CODES_ENTRY(grouped_gemm_i4_r64, 4, false, 8, 2)
+GROUPED_CODES_ENTRY(grouped_gemm_f4_r64, 4, true, 8, 2)
 // Host mirrors (codes_tile_smem_bytes).
 static_assert(3 * minnow_codes::Stage<4, 16>::bytes == 43776, "host mirror");
 static_assert(3 * minnow_codes::Stage<8, 16>::bytes == 68352, "host mirror");

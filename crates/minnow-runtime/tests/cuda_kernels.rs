@@ -1073,90 +1073,51 @@ fn grouped_gemm_over_codes_matches_reference() {
                 codes: dcodes.ptr(),
                 scales: dscales.ptr(),
                 band_scale: if nvfp4 { dband.ptr() } else { 0 },
-                gated: false,
                 shared: shared_slot.map(|slot| (dshared.ptr(), slot)),
             };
-            // The gated kernels (gate/up rows interleaved in blocks of 64) write silu(gate) x up,
-            // n / 2 columns.
-            let run_as = |w: &ops::CodeMatrices,
-                          idx: &[i32],
-                          t: usize,
-                          x: &[bf16],
-                          tile_rows: usize|
-             -> (Vec<f32>, Vec<i32>) {
-                let a = t * k;
-                let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
-                let (dx, didx) = (g.upload(x).unwrap(), g.upload(idx).unwrap());
-                let slot = g.alloc::<i32>(a).unwrap();
-                let row_token = g.alloc::<i32>(a).unwrap();
-                let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
-                let nt = g.alloc::<i32>(1).unwrap();
-                let y = poisoned_bf16(&g, a * if w.gated { n / 2 } else { n });
-                ops::moe_dispatch(
-                    &g,
-                    didx.ptr(),
-                    t,
-                    k,
-                    e,
-                    tile_rows,
-                    None,
-                    slot.ptr(),
-                    row_token.ptr(),
-                    tiles.ptr(),
-                    nt.ptr(),
-                )
-                .unwrap();
-                ops::grouped_gemm_codes(
-                    &g,
-                    dx.ptr(),
-                    row_token.ptr(),
-                    w,
-                    y.ptr(),
-                    &ops::ExpertTiles {
-                        tiles: tiles.ptr(),
-                        num_tiles: nt.ptr(),
-                        max_tiles,
-                        rows: tile_rows,
-                    },
-                    n,
-                    kd,
-                )
-                .unwrap();
-                (read_bf16(&g, &y), read(&g, &slot))
-            };
-            let run = |idx: &[i32], t: usize, x: &[bf16], tile_rows: usize| {
-                run_as(&w, idx, t, x, tile_rows)
-            };
+            let run =
+                |idx: &[i32], t: usize, x: &[bf16], tile_rows: usize| -> (Vec<f32>, Vec<i32>) {
+                    let a = t * k;
+                    let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
+                    let (dx, didx) = (g.upload(x).unwrap(), g.upload(idx).unwrap());
+                    let slot = g.alloc::<i32>(a).unwrap();
+                    let row_token = g.alloc::<i32>(a).unwrap();
+                    let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
+                    let nt = g.alloc::<i32>(1).unwrap();
+                    let y = poisoned_bf16(&g, a * n);
+                    ops::moe_dispatch(
+                        &g,
+                        didx.ptr(),
+                        t,
+                        k,
+                        e,
+                        tile_rows,
+                        None,
+                        slot.ptr(),
+                        row_token.ptr(),
+                        tiles.ptr(),
+                        nt.ptr(),
+                    )
+                    .unwrap();
+                    ops::grouped_gemm_codes(
+                        &g,
+                        dx.ptr(),
+                        row_token.ptr(),
+                        &w,
+                        y.ptr(),
+                        &ops::ExpertTiles {
+                            tiles: tiles.ptr(),
+                            num_tiles: nt.ptr(),
+                            max_tiles,
+                            rows: tile_rows,
+                        },
+                        n,
+                        kd,
+                    )
+                    .unwrap();
+                    (read_bf16(&g, &y), read(&g, &slot))
+                };
             let (gy, slots) = run(&idx, t, &x, tile_rows);
-            if ops::codes_tiled(n, group) && n % 128 == 0 {
-                // Gated: the same picks' rows, bit for bit silu_mul of the plain outputs.
-                let gated = ops::CodeMatrices { gated: true, ..w };
-                // (The dispatch orders an expert's rows by atomics: a pick's row may differ
-                // between the two runs.)
-                let (gated_y, gated_slots) = run_as(&gated, &idx, t, &x, tile_rows);
-                let half = n / 2;
-                let mut gu = vec![bf16::ZERO; slots.len() * n];
-                for p in 0..slots.len() {
-                    for b in 0..n / 128 {
-                        for j in 0..64 {
-                            gu[p * n + b * 64 + j] = bf16::from_f32(gy[p * n + b * 128 + j]);
-                            gu[p * n + half + b * 64 + j] =
-                                bf16::from_f32(gy[p * n + b * 128 + 64 + j]);
-                        }
-                    }
-                }
-                let dgu = g.upload(&gu).unwrap();
-                let act = poisoned_bf16(&g, slots.len() * half);
-                ops::silu_mul(&g, dgu.ptr(), act.ptr(), slots.len(), half).unwrap();
-                let want_act = read_bf16(&g, &act);
-                for (i, (&p, &q)) in slots.iter().zip(&gated_slots).enumerate() {
-                    let (p, q) = (p as usize, q as usize);
-                    assert!(
-                        gated_y[q * half..(q + 1) * half] == want_act[p * half..(p + 1) * half],
-                        "{encoding} gated t{t} n{n} k{kd} tiles of {tile_rows}: pick {i} differs from silu_mul of the plain outputs"
-                    );
-                }
-            }
             let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
             let (mut got, mut want) = (vec![], vec![]);
             for (i, &p) in slots.iter().enumerate() {

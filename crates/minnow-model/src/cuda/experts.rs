@@ -10,8 +10,6 @@
 //! needs no E4M3 decoding). Encodings without a GPU kernel yet (FP8) and shapes the kernels
 //! refuse are widened to BF16 at load, with a warning.
 
-use std::borrow::Cow;
-
 use half::{bf16, f16};
 use minnow_format::{TensorRef, TensorSource};
 use minnow_runtime::cuda::ops::{self, CodeMatrices, ExpertTiles};
@@ -35,9 +33,6 @@ pub(crate) enum ExpertMatrix {
         scales: DeviceBuffer<u8>,
         /// NVFP4: each 8-row band's global scale (`[slots x N / 8]`).
         band_scale: Option<DeviceBuffer<f32>>,
-        /// A gate/up projection in the gated kernels' row order ([`ops::interleave_gate_up`]):
-        /// its GEMM writes `silu_mul(gate, up)` (see [`ExpertMatrix::gated`]).
-        gated: bool,
         shared: Option<(DeviceBuffer<bf16>, usize)>,
     },
 }
@@ -94,7 +89,6 @@ impl ExpertMatrix {
                 codes,
                 scales,
                 band_scale,
-                gated,
                 ..
             } => ExpertMatrix::Codes {
                 encoding,
@@ -102,7 +96,6 @@ impl ExpertMatrix {
                 codes,
                 scales,
                 band_scale,
-                gated,
                 shared: Some((weights, slot)),
             },
             bf16 => bf16,
@@ -113,13 +106,6 @@ impl ExpertMatrix {
     /// projection's shape: `n` output rows).
     pub fn codes_take_shared(&self, n: usize) -> bool {
         matches!(self, ExpertMatrix::Codes { group, .. } if ops::codes_tiled(n, *group))
-    }
-
-    /// Whether this gate/up projection's rows are in the gated kernels' order: its
-    /// [`grouped_gemm`](Self::grouped_gemm) writes `silu_mul(gate, up)` (`n / 2` columns), and
-    /// a packed shared expert must be interleaved the same way ([`ops::interleave_gate_up`]).
-    pub fn gated(&self) -> bool {
-        matches!(self, ExpertMatrix::Codes { gated: true, .. })
     }
 
     /// The encoding's name as a file spells it (`bf16` for BF16 rows).
@@ -151,7 +137,6 @@ impl ExpertMatrix {
                 codes,
                 scales,
                 band_scale,
-                gated,
                 shared,
             } => ops::grouped_gemm_codes(
                 gpu,
@@ -163,7 +148,6 @@ impl ExpertMatrix {
                     codes: codes.ptr(),
                     scales: scales.ptr(),
                     band_scale: band_scale.as_ref().map_or(0, |b| b.ptr()),
-                    gated: *gated,
                     shared: shared.as_ref().map(|(b, slot)| (b.ptr(), *slot)),
                 },
                 y,
@@ -202,8 +186,6 @@ pub(crate) struct Projection<'a> {
     pub cols: usize,
     /// Where the projection is logged ("layer 3 gate/up").
     pub label: &'a str,
-    /// A gate/up projection: `names` alternate gate and up tensors, expert by expert.
-    pub gate_up: bool,
 }
 
 /// How a projection's tensors are stored, when they can stay quantized on the device: every
@@ -308,8 +290,7 @@ fn load_codes(
             encoding.name()
         );
     }
-    // One tensor's codes and scales in the device's order.
-    let parts = |name: &String| -> Result<CodesAndScales<'_>> {
+    for (i, name) in p.names.iter().enumerate() {
         let t = tensor(source, name, &[rows, cols])?;
         let q = t.quant.expect("checked by stored_codes");
         let check = |what: &str, got: usize, want: usize| {
@@ -321,43 +302,32 @@ fn load_codes(
                 )))
             }
         };
-        check("scales", q.scales.len(), scale_bytes)?;
         if stored == encoding {
             check("codes", t.data.len(), code_bytes)?;
-            return Ok((Cow::Borrowed(t.data), Cow::Borrowed(q.scales)));
-        }
-        let row_major = stored
-            .codes_bytes(rows, cols)
-            .ok_or_else(|| ModelError::Weights(format!("{name}: shape overflows")))?;
-        check("codes", t.data.len(), row_major)?;
-        let mut values = vec![0i8; rows * cols];
-        int::unpack_codes(stored, rows, cols, t.data, &mut values);
-        let packed = int::pack_codes(encoding, rows, cols, &values);
-        let row_scales: Vec<f16> = int::unpack_scales(stored, rows, groups, q.scales)
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
-        let packed_scales = int::pack_scales(encoding, rows, groups, &row_scales);
-        Ok((Cow::Owned(packed), Cow::Owned(packed_scales)))
-    };
-    let gated = gated_layout(p);
-    let per = if gated { 2 } else { 1 };
-    for (j, names) in p.names.chunks(per).enumerate() {
-        let mut tensors = names.iter().map(parts).collect::<Result<Vec<_>>>()?;
-        let (c, s) = if gated {
-            let bands = rows / 8;
-            let (up, gate) = (tensors.pop().unwrap(), tensors.pop().unwrap());
-            (
-                Cow::Owned(ops::interleave_gate_up(&gate.0, &up.0, code_bytes / bands)),
-                Cow::Owned(ops::interleave_gate_up(&gate.1, &up.1, scale_bytes / bands)),
-            )
+            check("scales", q.scales.len(), scale_bytes)?;
+            gpu.write(&codes, i * code_bytes, t.data)
+                .map_err(device_err)?;
+            gpu.write(&scales, i * scale_bytes, q.scales)
+                .map_err(device_err)?;
         } else {
-            tensors.pop().unwrap()
-        };
-        gpu.write(&codes, j * per * code_bytes, &c)
-            .map_err(device_err)?;
-        gpu.write(&scales, j * per * scale_bytes, &s)
-            .map_err(device_err)?;
+            let row_major = stored
+                .codes_bytes(rows, cols)
+                .ok_or_else(|| ModelError::Weights(format!("{name}: shape overflows")))?;
+            check("codes", t.data.len(), row_major)?;
+            check("scales", q.scales.len(), scale_bytes)?;
+            let mut values = vec![0i8; rows * cols];
+            int::unpack_codes(stored, rows, cols, t.data, &mut values);
+            let packed = int::pack_codes(encoding, rows, cols, &values);
+            let row_scales: Vec<f16> = int::unpack_scales(stored, rows, groups, q.scales)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect();
+            let packed_scales = int::pack_scales(encoding, rows, groups, &row_scales);
+            gpu.write(&codes, i * code_bytes, &packed)
+                .map_err(device_err)?;
+            gpu.write(&scales, i * scale_bytes, &packed_scales)
+                .map_err(device_err)?;
+        }
     }
     Ok(ExpertMatrix::Codes {
         encoding,
@@ -365,21 +335,8 @@ fn load_codes(
         codes,
         scales,
         band_scale: None,
-        gated,
         shared: None,
     })
-}
-
-/// One tensor's codes and scales as the device takes them (borrowed when stored that way).
-type CodesAndScales<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
-
-/// Whether a projection's codes take the gated kernels' row order: a gate/up projection (one
-/// gate and one up tensor per expert) whose `w` rows per tensor are whole blocks of 64.
-fn gated_layout(p: &Projection<'_>) -> bool {
-    minnow_runtime::cuda::tuning::tuning().codes_gated
-        && p.gate_up
-        && p.rows.is_multiple_of(64)
-        && p.names.len().is_multiple_of(2)
 }
 
 /// NVFP4 experts, repacked for the E2M1 kernels (see the module documentation).
@@ -396,8 +353,7 @@ fn load_nvfp4(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Resul
          BF16 block scales)",
         p.label
     );
-    // One tensor's codes, BF16 block scales and band scales in the device's order.
-    let parts = |name: &String| -> Result<(Vec<u8>, Vec<u8>, Vec<f32>)> {
+    for (i, name) in p.names.iter().enumerate() {
         let t = tensor(source, name, &[rows, cols])?;
         let q = t.quant.expect("checked by stored_codes");
         if t.data.len() != code_bytes || q.scales.len() != scale_bytes {
@@ -408,29 +364,12 @@ fn load_nvfp4(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Resul
                 q.scales.len()
             )));
         }
-        let (c, s) = ops::nvfp4_fragment_order(rows, cols, t.data, q.scales);
-        Ok((c, s, vec![q.global_scale; rows / 8]))
-    };
-    let gated = gated_layout(p);
-    let per = if gated { 2 } else { 1 };
-    for (j, names) in p.names.chunks(per).enumerate() {
-        let mut tensors = names.iter().map(parts).collect::<Result<Vec<_>>>()?;
-        let (c, s, b) = if gated {
-            let bands = rows / 8;
-            let (up, gate) = (tensors.pop().unwrap(), tensors.pop().unwrap());
-            (
-                ops::interleave_gate_up(&gate.0, &up.0, code_bytes / bands),
-                ops::interleave_gate_up(&gate.1, &up.1, 2 * scale_bytes / bands),
-                ops::interleave_gate_up(&gate.2, &up.2, 1),
-            )
-        } else {
-            tensors.pop().unwrap()
-        };
-        gpu.write(&codes, j * per * code_bytes, &c)
+        let (packed, packed_scales) = ops::nvfp4_fragment_order(rows, cols, t.data, q.scales);
+        gpu.write(&codes, i * code_bytes, &packed)
             .map_err(device_err)?;
-        gpu.write(&scales, j * per * 2 * scale_bytes, &s)
+        gpu.write(&scales, i * 2 * scale_bytes, &packed_scales)
             .map_err(device_err)?;
-        band_scale.extend(b);
+        band_scale.extend(std::iter::repeat_n(q.global_scale, rows / 8));
     }
     Ok(ExpertMatrix::Codes {
         encoding: QuantEncoding::Nvfp4,
@@ -438,7 +377,6 @@ fn load_nvfp4(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Resul
         codes,
         scales,
         band_scale: Some(gpu.upload(&band_scale).map_err(device_err)?),
-        gated,
         shared: None,
     })
 }

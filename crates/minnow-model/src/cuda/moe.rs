@@ -234,15 +234,6 @@ pub(super) fn queue_grouped_experts(
                 false,
             )?;
         }
-        // Codes in the gated row order: SiLU in the gate/up epilogue.
-        _ if moe.experts_gate_up.gated() => {
-            let (x, row_token, act) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_act.ptr());
-            moe.experts_gate_up
-                .grouped_gemm(gpu, x, row_token, act, &tiles, 2 * iw, d)?;
-            mark("experts gate/up")?;
-            moe.experts_down
-                .grouped_gemm(gpu, act, 0, ws.expert_out.ptr(), &tiles, d, iw)?;
-        }
         _ => {
             let (x, row_token, gu) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_gu.ptr());
             moe.experts_gate_up

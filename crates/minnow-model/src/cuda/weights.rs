@@ -321,7 +321,6 @@ impl Weights {
                     rows,
                     cols,
                     label,
-                    gate_up: proj == "gate_up",
                 };
                 let gate_up_label = format!("layer {i} experts gate/up");
                 let down_label = format!("layer {i} experts down");
@@ -363,21 +362,8 @@ impl Weights {
                     let ordered = |n: usize, k: usize, rows: Vec<bf16>| {
                         upload(gpu, &ops::bf16_fragment_order(n, k, &rows))
                     };
-                    let gate_up_rows = rows("gate_up", 2 * w, d)?;
-                    let shared_gate_up = if experts_gate_up.gated() {
-                        // The routed experts' gated row order (fragment order keeps 8-row bands
-                        // contiguous: 8 x d values each).
-                        let (gate, up) = gate_up_rows.split_at(w * d);
-                        let interleaved = ops::interleave_gate_up(
-                            &ops::bf16_fragment_order(w, d, gate),
-                            &ops::bf16_fragment_order(w, d, up),
-                            8 * d,
-                        );
-                        upload(gpu, &interleaved)?
-                    } else {
-                        ordered(2 * w, d, gate_up_rows)?
-                    };
-                    experts_gate_up = experts_gate_up.with_shared(shared_gate_up, e);
+                    experts_gate_up = experts_gate_up
+                        .with_shared(ordered(2 * w, d, rows("gate_up", 2 * w, d)?)?, e);
                     experts_down = experts_down.with_shared(ordered(d, w, rows("down", d, w)?)?, e);
                 }
                 let shared = if packed || beside_codes {
@@ -513,21 +499,10 @@ impl Weights {
                 };
                 let slots = e + usize::from(packed);
                 let (gate_up, down) = match random_codes.as_mut() {
-                    Some(codes) if beside_codes => {
-                        let gate_up = codes.matrix(gpu, 0)?;
-                        let mut shared = rand(2 * w * d, d)?;
-                        if gate_up.gated() {
-                            // The same shared expert in the gated row order (as the codes).
-                            let mut host = vec![bf16::ZERO; 2 * w * d];
-                            gpu.read(&shared, 0, &mut host).map_err(device_err)?;
-                            let (gate, up) = host.split_at(w * d);
-                            shared = upload(gpu, &ops::interleave_gate_up(gate, up, 8 * d))?;
-                        }
-                        (
-                            gate_up.with_shared(shared, e),
-                            codes.matrix(gpu, 1)?.with_shared(rand(d * w, w)?, e),
-                        )
-                    }
+                    Some(codes) if beside_codes => (
+                        codes.matrix(gpu, 0)?.with_shared(rand(2 * w * d, d)?, e),
+                        codes.matrix(gpu, 1)?.with_shared(rand(d * w, w)?, e),
+                    ),
                     Some(codes) => (codes.matrix(gpu, 0)?, codes.matrix(gpu, 1)?),
                     None => (
                         ExpertMatrix::Bf16(rand(slots * 2 * w * d, d)?),
@@ -631,9 +606,6 @@ struct RandomCodes {
     group: usize,
     /// Per projection: codes, scales and rows.
     host: [(Vec<u8>, Vec<u8>, usize); 2],
-    /// Whether the gate/up codes take the gated kernels (expert width a multiple of 64 and
-    /// `codes_gated`), in their row order.
-    gated: bool,
 }
 
 impl RandomCodes {
@@ -686,28 +658,12 @@ impl RandomCodes {
             let scales = scale.repeat(rows * cols / group);
             Ok((codes, scales, rows))
         };
-        let mut gate_up = make(e * 2 * w, d)?;
+        let gate_up = make(e * 2 * w, d)?;
         let down = make(e * d, w)?;
-        let gated = w.is_multiple_of(64) && minnow_runtime::cuda::tuning::tuning().codes_gated;
-        if gated {
-            // The gated kernels' row order, as a file's experts get it at load: the same model
-            // either way, so the two orders give the same tokens. (The scales are all equal.)
-            let per_expert = gate_up.0.len() / e;
-            let band = per_expert / 2 / (w / 8);
-            gate_up.0 = gate_up
-                .0
-                .chunks_exact(per_expert)
-                .flat_map(|x| {
-                    let (gate, up) = x.split_at(per_expert / 2);
-                    ops::interleave_gate_up(gate, up, band)
-                })
-                .collect();
-        }
         Ok(Some(Self {
             encoding,
             group,
             host: [gate_up, down],
-            gated,
         }))
     }
 
@@ -720,14 +676,12 @@ impl RandomCodes {
         } else {
             None
         };
-        let gated = projection == 0 && self.gated;
         Ok(ExpertMatrix::Codes {
             encoding: self.encoding,
             group: self.group,
             codes: upload(gpu, codes)?,
             scales: upload(gpu, scales)?,
             band_scale,
-            gated,
             shared: None,
         })
     }

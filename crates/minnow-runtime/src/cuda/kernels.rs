@@ -321,20 +321,13 @@ kernel_table! {
             k: i32,
         );
         /// Experts stored as INT8/INT4 `*_mma` codes with FP16 group scales, or as E2M1 codes
-        /// (NVFP4 repacked at load) with BF16 block scales and a factor per 8-row band; `_gated`:
-        /// interleaved gate/up rows, SiLU in the epilogue.
+        /// (NVFP4 repacked at load) with BF16 block scales and a factor per 8-row band.
         grouped_gemm_i8_r16,
         grouped_gemm_i8_r64,
         grouped_gemm_i4_r16,
         grouped_gemm_i4_r64,
         grouped_gemm_f4_r16,
         grouped_gemm_f4_r64,
-        grouped_gemm_i8_r16_gated,
-        grouped_gemm_i8_r64_gated,
-        grouped_gemm_i4_r16_gated,
-        grouped_gemm_i4_r64_gated,
-        grouped_gemm_f4_r16_gated,
-        grouped_gemm_f4_r64_gated,
         grouped_gemm_i8_any,
         grouped_gemm_i4_any as CodesGemm (
             x: u64,

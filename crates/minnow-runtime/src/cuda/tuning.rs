@@ -20,11 +20,6 @@ pub struct Tuning {
     /// 2.2 denoising steps run their experts as batched cuBLAS GEMMs over the admitted pool
     /// (`MINNOW_MOE_POOLED=0`: the grouped GEMM over dispatched rows instead).
     pub moe_pooled: bool,
-    /// Quantized gate/up experts are loaded in the gated kernels' row order, SiLU in the GEMM's
-    /// epilogue (`MINNOW_CODES_GATED=1`; same bits as the plain order and a separate `silu_mul`).
-    /// Off by default: on the H200 it made INT4 batched steps and prefill ~10 % slower and NVFP4
-    /// no faster (docs/performance.md).
-    pub codes_gated: bool,
     /// The pooled experts use the bulk-copy kernel where it applies (`MINNOW_POOL_GEMM=0`: cuBLAS's
     /// batched GEMM).
     pub pool_gemm: bool,
@@ -58,7 +53,6 @@ impl Default for Tuning {
             attn_max_splits: 16,
             moe64_rows: 12,
             moe_pooled: true,
-            codes_gated: false,
             pool_gemm: true,
             grouped_tma: false,
             invariant: true,
@@ -94,8 +88,6 @@ pub fn tuning() -> &'static Tuning {
             moe64_rows: env_usize("MINNOW_MOE64_ROWS", |v| (1..=1024).contains(&v))
                 .unwrap_or(d.moe64_rows),
             moe_pooled: env_usize("MINNOW_MOE_POOLED", |v| v <= 1).map_or(d.moe_pooled, |v| v == 1),
-            codes_gated: env_usize("MINNOW_CODES_GATED", |v| v <= 1)
-                .map_or(d.codes_gated, |v| v == 1),
             pool_gemm: env_usize("MINNOW_POOL_GEMM", |v| v <= 1).map_or(d.pool_gemm, |v| v == 1),
             grouped_tma: env_usize("MINNOW_GROUPED_TMA", |v| v <= 1)
                 .map_or(d.grouped_tma, |v| v == 1),

@@ -172,11 +172,6 @@ pub struct CodeMatrices {
     pub scales: u64,
     /// E2M1: one F32 per 8-row band of the codes (`[slots x n / 8]`); 0 otherwise.
     pub band_scale: u64,
-    /// A gate/up projection whose rows the loader interleaved in blocks of 64 (gate rows
-    /// `64 b..64 b + 64`, then the up rows of the same range, [`interleave_gate_up`]): the
-    /// kernel writes `silu_mul(gate, up)`, `n / 2` columns, instead of `n` columns of gate and up.
-    /// Needs `n % 128 == 0`.
-    pub gated: bool,
     /// A packed shared expert: BF16 weights in the codes' fragment order
     /// ([`bf16_fragment_order`]) and the expert slot whose tiles read them.
     pub shared: Option<(u64, usize)>,
@@ -224,35 +219,14 @@ pub fn nvfp4_fragment_order(
     // `pack_codes` keeps a code's low four bits, whatever they mean.
     let nibbles: Vec<i8> = nibbles.into_iter().map(|c| c as i8).collect();
     let packed = int::pack_codes(QuantEncoding::I4Mma, rows, cols, &nibbles);
-    let blocks = cols / 16;
-    let row_major = nvfp4::unpack_scales(rows, cols, scales);
     let e4m3 = fp8::e4m3_table();
-    let mut out = Vec::with_capacity(rows * blocks * 2);
-    for band in 0..rows / 8 {
-        for g in 0..blocks {
-            for r in 0..8 {
-                let value = e4m3[row_major[(band * 8 + r) * blocks + g] as usize];
-                out.extend_from_slice(&half::bf16::from_f32(value).to_le_bytes());
-            }
-        }
-    }
-    (packed, out)
-}
-
-/// One expert's gate and up matrices (`w` rows each, `w % 64 == 0`) in a layout whose 8-row bands
-/// are contiguous runs of `band_len` elements (codes, scales, band scales and BF16 rows in the
-/// fragment order all are), in the row order of the gated codes kernels: 64 gate rows, the same
-/// 64 up rows, the next 64 gate rows, and so on.
-pub fn interleave_gate_up<T: Copy>(gate: &[T], up: &[T], band_len: usize) -> Vec<T> {
-    assert_eq!(gate.len(), up.len());
-    let block = 8 * band_len; // 64 rows
-    assert!(gate.len().is_multiple_of(block));
-    let mut out = Vec::with_capacity(2 * gate.len());
-    for (g, u) in gate.chunks_exact(block).zip(up.chunks_exact(block)) {
-        out.extend_from_slice(g);
-        out.extend_from_slice(u);
-    }
-    out
+    // `pack_scales` moves 16-bit values into the `*_mma` scale order; these are BF16 bits.
+    let bf16_bits: Vec<half::f16> = nvfp4::unpack_scales(rows, cols, scales)
+        .into_iter()
+        .map(|code| half::f16::from_bits(half::bf16::from_f32(e4m3[code as usize]).to_bits()))
+        .collect();
+    let packed_scales = int::pack_scales(QuantEncoding::I4Mma, rows, cols / 16, &bf16_bits);
+    (packed, packed_scales)
 }
 
 /// Whether the tiled quantized kernels (not the general one) take an `n`-row projection with
@@ -290,31 +264,25 @@ pub fn grouped_gemm_codes(
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
     }
     // The kernels per encoding: (16-row tiles, 64-row tiles, the general kernel).
-    use kernels::moe::*;
-    let (r16, r64, any): (CodesGemm, CodesGemm, Option<CodesGemm>) = match (w.kind, w.gated) {
-        (CodeKind::Int8, false) => (
+    use kernels::moe::{
+        grouped_gemm_f4_r16, grouped_gemm_f4_r64, grouped_gemm_i4_any, grouped_gemm_i4_r16,
+        grouped_gemm_i4_r64, grouped_gemm_i8_any, grouped_gemm_i8_r16, grouped_gemm_i8_r64,
+        CodesGemm,
+    };
+    let (r16, r64, any): (CodesGemm, CodesGemm, Option<CodesGemm>) = match w.kind {
+        CodeKind::Int8 => (
             grouped_gemm_i8_r16,
             grouped_gemm_i8_r64,
             Some(grouped_gemm_i8_any),
         ),
-        (CodeKind::Int4, false) => (
+        CodeKind::Int4 => (
             grouped_gemm_i4_r16,
             grouped_gemm_i4_r64,
             Some(grouped_gemm_i4_any),
         ),
         // E2M1 has tiled kernels only: a loader widens shapes they refuse.
-        (CodeKind::E2m1, false) => (grouped_gemm_f4_r16, grouped_gemm_f4_r64, None),
-        // Gated: tiled kernels only (checked below).
-        (CodeKind::Int8, true) => (grouped_gemm_i8_r16_gated, grouped_gemm_i8_r64_gated, None),
-        (CodeKind::Int4, true) => (grouped_gemm_i4_r16_gated, grouped_gemm_i4_r64_gated, None),
-        (CodeKind::E2m1, true) => (grouped_gemm_f4_r16_gated, grouped_gemm_f4_r64_gated, None),
+        CodeKind::E2m1 => (grouped_gemm_f4_r16, grouped_gemm_f4_r64, None),
     };
-    if w.gated && !(codes_tiled(n, w.group) && n.is_multiple_of(128)) {
-        return unsupported(format!(
-            "a gated expert GEMM over {n} interleaved gate/up rows with groups of {}",
-            w.group
-        ));
-    }
     if w.kind == CodeKind::E2m1 && (w.group != 16 || w.band_scale == 0) {
         return unsupported(format!(
             "E2M1 expert codes need groups of 16 and band scales (got groups of {})",
@@ -378,23 +346,6 @@ pub fn grouped_gemm_codes(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn gated_order_alternates_64_gate_rows_and_their_64_up_rows() {
-        // 128 rows per matrix, one element per 8-row band: bands 0..16 of gate and of up.
-        let gate: Vec<u32> = (0..16).collect();
-        let up: Vec<u32> = (100..116).collect();
-        let out = interleave_gate_up(&gate, &up, 1);
-        let want: Vec<u32> = (0..8)
-            .chain(100..108)
-            .chain(8..16)
-            .chain(108..116)
-            .collect();
-        assert_eq!(out, want);
-        // Longer bands move whole.
-        let out = interleave_gate_up(&[1u8; 16], &[2u8; 16], 2);
-        assert_eq!(out, [[1u8; 16], [2u8; 16]].concat());
-    }
 
     #[test]
     fn nvfp4_repacked_for_the_gpu_holds_the_same_values() {
