@@ -83,6 +83,22 @@ fn argmax(row: &[f32]) -> usize {
     best
 }
 
+/// A row's argmax and runner-up (the larger logit among the others).
+fn top2(row: &[f32]) -> (usize, usize) {
+    let best = argmax(row);
+    let second = (0..row.len())
+        .filter(|&c| c != best)
+        .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+        .unwrap();
+    (best, second)
+}
+
+/// A row's top-1/top-2 logit gap.
+fn top2_gap(row: &[f32]) -> f32 {
+    let (best, second) = top2(row);
+    row[best] - row[second]
+}
+
 /// A token's F32 top-1 is decided when its F32 top-1/top-2 logit gap is at least this...
 const DECIDED_GAP: f32 = 0.5;
 /// ...and its router margin (every MoE layer) at least this.
@@ -107,11 +123,8 @@ fn f32_top1_on_decided_rows(
     for (k, t) in rows.enumerate() {
         let want = &g.logits_f32[t * vocab..(t + 1) * vocab];
         let best = argmax(want);
-        let second = (0..vocab)
-            .filter(|&c| c != best)
-            .map(|c| want[c])
-            .fold(f32::NEG_INFINITY, f32::max);
-        if want[best] - second < DECIDED_GAP || g.margin[t] < DECIDED_MARGIN {
+        let gap = top2_gap(want);
+        if gap < DECIDED_GAP || g.margin[t] < DECIDED_MARGIN {
             continue;
         }
         decided += 1;
@@ -120,7 +133,7 @@ fn f32_top1_on_decided_rows(
             return Err(format!(
                 "token {t}: argmax {} where the F32 reference's is {best} (F32 gap {:.3}, router margin {:.4})",
                 argmax(row),
-                want[best] - second,
+                gap,
                 g.margin[t]
             ));
         }
@@ -168,11 +181,7 @@ fn compare(
                 worst = worst.max((row[c] - want[c]).abs());
                 worst_f32 = worst_f32.max((row[c] - want_f32[c]).abs());
             }
-            let second = (0..vocab)
-                .filter(|&c| c != best)
-                .map(|c| want[c])
-                .fold(f32::NEG_INFINITY, f32::max);
-            if want[best] - second > 1.0 {
+            if top2_gap(want) > 1.0 {
                 assert_eq!(
                     argmax(row),
                     best,
@@ -872,19 +881,11 @@ fn the_official_bf16_run_keeps_every_decided_f32_top1() {
         let tail = &g.logits_bf16[64 * vocab..];
         assert!(f32_top1_on_decided_rows(&g, tail, 64..n, vocab).is_ok());
         // Swap the top two logits of the first decided token and of the first undecided one.
-        let gap = |t: usize| {
-            let mut r = g.logits_f32[t * vocab..(t + 1) * vocab].to_vec();
-            r.sort_by(|a, b| b.total_cmp(a));
-            r[0] - r[1]
-        };
+        let gap = |t: usize| top2_gap(&g.logits_f32[t * vocab..(t + 1) * vocab]);
         let swapped = |t: usize| {
             let mut l = g.logits_f32.clone();
             let row = &mut l[t * vocab..(t + 1) * vocab];
-            let best = argmax(row);
-            let second = (0..vocab)
-                .filter(|&c| c != best)
-                .max_by(|&a, &b| row[a].total_cmp(&row[b]))
-                .unwrap();
+            let (best, second) = top2(row);
             row.swap(best, second);
             l
         };
