@@ -7,7 +7,11 @@
 // head g, times floor(64 / group) consecutive tokens (the last 64 mod group rows stay idle when
 // the group does not divide 64), so K/V tiles are loaded once for all heads of the group (GQA).
 // The key range can be split over gridDim.z CTAs ("split-K", for short forwards over long
-// prefixes); each split writes an unnormalised partial (O, m, l) and attn_combine merges them.
+// prefixes); each split writes an unnormalised partial (O, m, l) and attention_combine merges them.
+// In batch-invariant mode the splits are fixed 256-key chunks and the merge is a left-to-right
+// fold over them (merge_chunk): the tensor-core kernel can also walk all of a row's chunks in one
+// CTA and fold them in registers (attention_fa_seq_d*), which gives the same bits as the split
+// kernel plus the combine, so the launcher picks either by the forward's size.
 //
 // Numerics: scores in F32 (tensor cores, BF16 inputs), softmax in F32, probabilities rounded to
 // BF16 before P.V (as the reference does), F32 accumulation. The reference's eager path rounds
@@ -58,6 +62,28 @@ __device__ __forceinline__ int split_tiles(int tile_lim, int chunk_tiles) {
 __device__ __forceinline__ int split_begin(int tile_lim, int chunk_tiles) {
     return blockIdx.z * split_tiles(tile_lim, chunk_tiles);
 }
+
+// One step of the fold that merges a row's key chunks in key order: the running state (M, L,
+// acc) takes chunk (m_s, l_s, O_s) as
+//   M' = max(M, m_s), a = e^(M - M') (0 while nothing is folded), b = e^(m_s - M'),
+//   L' = l_s b + L a, acc' = O_s b + acc a (each one rounding of a product, then one fused
+//   multiply-add), and the row's output is BF16(acc / L) after the last chunk.
+// Chunks with m_s = -inf (no key of the row) are skipped by the caller. attention_combine (chunks
+// from memory) and attention_fa_seq (chunks in registers) both fold with these functions, in the
+// same order, so they give the same bits.
+struct FoldScale {
+    float a, b;
+};
+__device__ __forceinline__ FoldScale fold_scale(float& M, float m_s) {
+    const float next = fmaxf(M, m_s);
+    const FoldScale f{M == -INFINITY ? 0.f : expf(M - next), expf(m_s - next)};
+    M = next;
+    return f;
+}
+__device__ __forceinline__ float fold(float acc, float chunk, FoldScale f) {
+    return __fmaf_rn(chunk, f.b, __fmul_rn(acc, f.a));
+}
+__device__ __forceinline__ float fold_result(float acc, float L) { return __fdiv_rn(acc, L); }
 }  // namespace minnow_attention
 
 // The work of one attention CTA in a batched forward. segs[s] = (first row of segment s in the
@@ -68,8 +94,8 @@ struct AttnTile {
     const int* table;
 };
 __device__ __forceinline__ AttnTile attn_tile(const int4* __restrict__ segs, const int2* __restrict__ tiles,
-                                              const int* __restrict__ tables) {
-    const int2 t = tiles[blockIdx.x];
+                                              const int* __restrict__ tables, int index) {
+    const int2 t = tiles[index];
     const int4 s = segs[t.x];
     return AttnTile{s.x, s.y, s.z, t.y, tables + s.w};
 }
@@ -106,7 +132,7 @@ __device__ void attention_tile(const bf16* __restrict__ q, const bf16* __restric
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int group = n_heads / n_kv, tq = ROWS / group, used = tq * group;
     const int g = blockIdx.y;
-    const AttnTile tile = attn_tile(segs, tiles, tables);
+    const AttnTile tile = attn_tile(segs, tiles, tables, blockIdx.x);
     const int tok0 = tile.tok0, len = tile.len, row0 = tile.row0;
     const int pos0 = tile.pos0, end = pos0 + len;
     constexpr int CH = D / 8;  // 16-byte chunks per row
@@ -286,11 +312,18 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return *reinterpret_cast<unsigned*>(&v);
 }
 
-template <int D>
+// SEQ = false: the CTA takes key split blockIdx.z (one fixed chunk, or an even share) and writes
+// its unnormalised partial (O, m, l) for attention_combine. SEQ = true (chunk_tiles > 0, gridDim.z
+// = 1): the CTA walks every chunk of its rows' keys in order, computing each chunk exactly as a
+// split CTA would (fresh online-softmax state, the same instructions), folds it into a running
+// state with the combine's functions, and writes the BF16 output itself: no partials in memory,
+// no combine launch, the same bits. Tiles are taken last first, so a prefill's longest rows start
+// first.
+template <int D, bool SEQ>
 __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-                        float* __restrict__ part_o, float* __restrict__ part_ml, const int4* __restrict__ segs,
-                        const int2* __restrict__ tiles, const int* __restrict__ tables, int T, int n_heads,
-                        int n_kv, int block, float scale, int chunk_tiles) {
+                        float* __restrict__ part_o, float* __restrict__ part_ml, bf16* __restrict__ out,
+                        const int4* __restrict__ segs, const int2* __restrict__ tiles, const int* __restrict__ tables,
+                        int T, int n_heads, int n_kv, int block, float scale, int chunk_tiles) {
     using L = FaSmem<D>;
     constexpr int LD = L::LD, CH = D / 8, KS = D / 16, ND = D / 8;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -300,7 +333,7 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int group = n_heads / n_kv, tq = ROWS / group, used = tq * group;
     const int kvh = blockIdx.y;
-    const AttnTile tile = attn_tile(segs, tiles, tables);
+    const AttnTile tile = attn_tile(segs, tiles, tables, SEQ ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
     const int tok0 = tile.tok0, len = tile.len, row0 = tile.row0;
     const int pos0 = tile.pos0, end = pos0 + len;
 
@@ -312,9 +345,9 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
     const int limb = vb ? key_limit(pos0 + tokb, block, end) : 0;
     const int last_tok = min(len - 1, tok0 + tq - 1);
     const int tile_lim = key_limit(pos0 + last_tok, block, end);
-    const int kbeg = split_begin(tile_lim, chunk_tiles) * KT;
+    const int kbeg = SEQ ? 0 : split_begin(tile_lim, chunk_tiles) * KT;
     const int per_split = split_tiles(tile_lim, chunk_tiles);
-    const int kend = min(tile_lim, kbeg + per_split * KT);
+    const int kend = SEQ ? tile_lim : min(tile_lim, kbeg + per_split * KT);
 
     auto load_tile = [&](int stage, int kb) {
         bf16* dk = sK + stage * KT * LD;
@@ -361,10 +394,24 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
 #pragma unroll
     for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
+    // SEQ: the fold of the chunks done so far (rows ra: elements 0, 1; rb: 2, 3).
+    float acc[SEQ ? ND : 1][4];
+    float fold_ma = -INFINITY, fold_mb = -INFINITY, fold_la = 0.f, fold_lb = 0.f;
+    if (SEQ) {
+#pragma unroll
+        for (int n = 0; n < (SEQ ? ND : 1); ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    }
+    const int chunk_keys = chunk_tiles * KT;
 
     if (kbeg < kend && !early) load_tile(0, kbeg);
     int stage = 0;
     for (int kb = kbeg; kb < kend; kb += KT, stage ^= 1) {
+        if (SEQ && kb != kbeg && kb % chunk_keys == 0) {  // a new chunk starts from a fresh state
+#pragma unroll
+            for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+            ma = mb = -INFINITY;
+            la = lb = 0.f;
+        }
         if (kb + KT < kend) {
             load_tile(stage ^ 1, kb + KT);
             asm volatile("cp.async.wait_group 1;\n" ::);
@@ -447,14 +494,55 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
                 mma16816(o[n + 1], pa[j], vb[2], vb[3]);
             }
         }
+        if (SEQ && ((kb + KT) % chunk_keys == 0 || kb + KT >= kend)) {
+            // The chunk ends: its (m, l) as a split CTA would write them, then one fold step.
+            float sa = la, sb = lb;
+#pragma unroll
+            for (int off = 1; off <= 2; off <<= 1) {
+                sa += __shfl_xor_sync(0xffffffffu, sa, off);
+                sb += __shfl_xor_sync(0xffffffffu, sb, off);
+            }
+            if (ma != -INFINITY) {
+                const FoldScale f = fold_scale(fold_ma, ma);
+                fold_la = fold(fold_la, sa, f);
+#pragma unroll
+                for (int n = 0; n < (SEQ ? ND : 1); ++n) {
+                    acc[n][0] = fold(acc[n][0], o[n][0], f);
+                    acc[n][1] = fold(acc[n][1], o[n][1], f);
+                }
+            }
+            if (mb != -INFINITY) {
+                const FoldScale f = fold_scale(fold_mb, mb);
+                fold_lb = fold(fold_lb, sb, f);
+#pragma unroll
+                for (int n = 0; n < (SEQ ? ND : 1); ++n) {
+                    acc[n][2] = fold(acc[n][2], o[n][2], f);
+                    acc[n][3] = fold(acc[n][3], o[n][3], f);
+                }
+            }
+        }
         __syncthreads();  // the next iteration's copy overwrites the other stage
+    }
+    const int heada = kvh * group + ra / tq, headb = kvh * group + rb / tq;
+    if (SEQ) {
+        bf16* outa = out + ((size_t)(row0 + toka) * n_heads + heada) * D;
+        bf16* outb = out + ((size_t)(row0 + tokb) * n_heads + headb) * D;
+#pragma unroll
+        for (int n = 0; n < (SEQ ? ND : 1); ++n) {
+            if (va)
+                *reinterpret_cast<unsigned*>(outa + n * 8 + 2 * t4) =
+                    pack_bf16(fold_result(acc[n][0], fold_la), fold_result(acc[n][1], fold_la));
+            if (vb)
+                *reinterpret_cast<unsigned*>(outb + n * 8 + 2 * t4) =
+                    pack_bf16(fold_result(acc[n][2], fold_lb), fold_result(acc[n][3], fold_lb));
+        }
+        return;
     }
 #pragma unroll
     for (int off = 1; off <= 2; off <<= 1) {
         la += __shfl_xor_sync(0xffffffffu, la, off);
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
-    const int heada = kvh * group + ra / tq, headb = kvh * group + rb / tq;
     float* oa = part_o + (((size_t)blockIdx.z * T + row0 + toka) * n_heads + heada) * D;
     float* ob = part_o + (((size_t)blockIdx.z * T + row0 + tokb) * n_heads + headb) * D;
 #pragma unroll
@@ -481,28 +569,37 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
 // grid = (tiles, G, splits), block = 128; dynamic shared memory = FaSmem<D>::total (mirrored by
 // attention_smem_bytes in ops.rs). Arguments as attention_d{D}; fa_tile waits for the previous
 // kernel itself (after starting the first key tile's copy when it can).
+// attention_fa_seq_d{D}: grid = (tiles, G, 1), chunk_tiles > 0, output straight into `out`
+// [T, H, D] BF16 (no partials, no combine).
 #define FA_ENTRY(D)                                                                                      \
     extern "C" __global__ void __launch_bounds__(minnow_fa::THREADS) attention_fa_d##D(                 \
         const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,          \
         const int4* segs, const int2* tiles, const int* tables, int T, int n_heads, int n_kv, int block, \
         float scale, int chunk_tiles) {                                                                  \
-        minnow_fa::fa_tile<D>(q, k_cache, v_cache, part_o, part_ml, segs, tiles, tables, T, n_heads,     \
-                              n_kv, block, scale, chunk_tiles);                                          \
+        minnow_fa::fa_tile<D, false>(q, k_cache, v_cache, part_o, part_ml, nullptr, segs, tiles, tables, \
+                                     T, n_heads, n_kv, block, scale, chunk_tiles);                       \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(minnow_fa::THREADS) attention_fa_seq_d##D(             \
+        const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const int4* segs,           \
+        const int2* tiles, const int* tables, int T, int n_heads, int n_kv, int block, float scale,      \
+        int chunk_tiles) {                                                                               \
+        minnow_fa::fa_tile<D, true>(q, k_cache, v_cache, nullptr, nullptr, out, segs, tiles, tables, T,  \
+                                    n_heads, n_kv, block, scale, chunk_tiles);                           \
     }
 FA_ENTRY(64)
 FA_ENTRY(128)
 static_assert(minnow_fa::FaSmem<128>::total == 64 * 136 * 2 * 5, "host mirror");
 
-// Merges the splits: out[t, h, :] = BF16( sum_s O_s e^(m_s - M) / sum_s l_s e^(m_s - M) ).
-// grid = (T, H), block = min(D, 256) threads; splits <= 256. Splits whose max is -inf (no key of
-// the row in their range) are skipped, so a row's result does not depend on how many splits the
-// forward launched. The (m, l) pairs of all splits are
-// loaded at once and each split's scale e^(m_s - M) computed once (a loop of dependent loads per
-// split cost an L2 round trip each); the sums keep split order.
+// Merges the splits: out[t, h, :] = BF16 of the fold (minnow_attention::fold) of the splits' partial
+// (O, m, l) in split order. grid = (T, H), block = min(D, 256) threads; splits <= 256. Splits whose
+// max is -inf (no key of the row in their range) are skipped, so a row's result does not depend
+// on how many splits the forward launched. The (m, l) pairs of all splits are loaded at once and
+// each split's fold scales computed once by one thread (a loop of dependent loads per split cost
+// an L2 round trip each); each output element then folds its splits' O values.
 extern "C" __global__ void attention_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                              bf16* __restrict__ out, int T, int n_heads, int d, int splits) {
     pdl_enter();
-    __shared__ float sm[256], sl[256], se[256];
+    __shared__ float sm[256], sl[256], sa[256], sb[256];
     __shared__ float total_l;
     const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     for (int s = tid; s < splits; s += blockDim.x) {
@@ -512,12 +609,13 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part_o, c
     }
     __syncthreads();
     if (tid == 0) {
-        float m = -INFINITY;
-        for (int s = 0; s < splits; ++s) m = fmaxf(m, sm[s]);
-        float l = 0.f;
+        float m = -INFINITY, l = 0.f;
         for (int s = 0; s < splits; ++s) {
-            se[s] = sm[s] != -INFINITY ? expf(sm[s] - m) : 0.f;
-            if (sm[s] != -INFINITY) l += sl[s] * se[s];
+            if (sm[s] == -INFINITY) continue;
+            const FoldScale f = fold_scale(m, sm[s]);
+            l = fold(l, sl[s], f);
+            sa[s] = f.a;
+            sb[s] = f.b;
         }
         total_l = l;
     }
@@ -529,13 +627,13 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part_o, c
             float v[8];
 #pragma unroll
             for (int u = 0; u < 8; ++u)
-                v[u] = s0 + u < splits && se[s0 + u] != 0.f
+                v[u] = s0 + u < splits && sm[s0 + u] != -INFINITY
                            ? part_o[(((size_t)(s0 + u) * T + t) * n_heads + h) * d + i]
                            : 0.f;
 #pragma unroll
             for (int u = 0; u < 8; ++u)
-                if (s0 + u < splits && sm[s0 + u] != -INFINITY) acc += v[u] * se[s0 + u];
+                if (s0 + u < splits && sm[s0 + u] != -INFINITY) acc = fold(acc, v[u], FoldScale{sa[s0 + u], sb[s0 + u]});
         }
-        out[((size_t)t * n_heads + h) * d + i] = to_bf16(acc / l);
+        out[((size_t)t * n_heads + h) * d + i] = to_bf16(fold_result(acc, l));
     }
 }

@@ -428,14 +428,15 @@ fn page_table(n: usize, pool: usize) -> Vec<u32> {
     pages
 }
 
-/// One batched attention launch over `segments` (prefix, tokens), each with its own scrambled
-/// block table into one shared pool, against the per-segment reference.
+/// One batched attention launch per entry of `splits` over `segments` (prefix, tokens), each
+/// with its own scrambled block table into one shared pool, against the per-segment reference;
+/// the outputs (BF16 values widened), one per entry, all from the same inputs.
 fn check_attention_batch(
     g: &Gpu,
     shape: &AttentionShape,
     segments: &[(usize, usize)],
-    splits: usize,
-) {
+    splits: &[ops::AttentionSplits],
+) -> Vec<Vec<f32>> {
     let mut rng = rng();
     let (heads, kv, d) = (shape.heads, shape.kv_heads, shape.head_dim);
     let page = shape.block;
@@ -484,46 +485,54 @@ fn check_attention_batch(
         g.upload(&kpool).unwrap(),
         g.upload(&vpool).unwrap(),
     );
-    let (po, pml) = ops::attention_scratch_len(shape, t_total, splits);
-    let (dpo, dpml, out) = (
-        poisoned_f32(g, po),
-        poisoned_f32(g, pml),
-        poisoned_bf16(g, t_total * heads * d),
-    );
     let batch = ops::AttentionBatch {
         segs: dsegs.ptr(),
         tiles: dtiles.ptr(),
         tables: dtables.ptr(),
         tiles_count: tiles.len(),
     };
-    ops::attention(
-        g,
-        shape,
-        dq.ptr(),
-        dk.ptr(),
-        dv.ptr(),
-        dpo.ptr(),
-        dpml.ptr(),
-        out.ptr(),
-        &batch,
-        t_total,
-        ops::AttentionSplits::Even(splits),
-    )
-    .unwrap();
-    let got = read_bf16(g, &out);
     let f = |x: &[bf16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
-    let mut row0 = 0;
-    for (&(pos0, t), (k, v)) in segments.iter().zip(&logical) {
-        let qs = &q[row0 * heads * d..(row0 + t) * heads * d];
-        let want = attention_ref(&f(qs), &f(k), &f(v), t, pos0, heads, kv, d, page);
-        check_bf16(
-            &format!("attention h{heads} g{kv} d{d} prefix {pos0} t {t} splits {splits} in a batch of {}", segments.len()),
-            &got[row0 * heads * d..(row0 + t) * heads * d],
-            &want,
+    let mut outputs = Vec::new();
+    for &splits in splits {
+        let (po, pml) = ops::attention_scratch_len(shape, t_total, splits.count());
+        let (dpo, dpml, out) = (
+            poisoned_f32(g, po),
+            poisoned_f32(g, pml),
+            poisoned_bf16(g, t_total * heads * d),
         );
-        row0 += t;
+        ops::attention(
+            g,
+            shape,
+            dq.ptr(),
+            dk.ptr(),
+            dv.ptr(),
+            dpo.ptr(),
+            dpml.ptr(),
+            out.ptr(),
+            &batch,
+            t_total,
+            splits,
+        )
+        .unwrap();
+        let got = read_bf16(g, &out);
+        let mut row0 = 0;
+        for (&(pos0, t), (k, v)) in segments.iter().zip(&logical) {
+            let qs = &q[row0 * heads * d..(row0 + t) * heads * d];
+            let want = attention_ref(&f(qs), &f(k), &f(v), t, pos0, heads, kv, d, page);
+            check_bf16(
+                &format!("attention h{heads} g{kv} d{d} prefix {pos0} t {t} splits {splits:?} in a batch of {}", segments.len()),
+                &got[row0 * heads * d..(row0 + t) * heads * d],
+                &want,
+            );
+            row0 += t;
+        }
+        outputs.push(got);
     }
+    outputs
 }
+
+/// (heads, kv heads, head dim, segments (prefix, tokens)).
+type AttentionShapeCase = (usize, usize, usize, Vec<(usize, usize)>);
 
 /// (heads, kv heads, head dim, segments (prefix, tokens), key splits).
 type AttentionCase = (usize, usize, usize, Vec<(usize, usize)>, usize);
@@ -562,7 +571,64 @@ fn attention_matches_reference() {
             rotary_dim: d / 2,
             block: 32,
         };
-        check_attention_batch(&g, &shape, &segments, splits);
+        check_attention_batch(&g, &shape, &segments, &[ops::AttentionSplits::Even(splits)]);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_in_one_cta_per_tile_gives_the_bits_of_a_cta_per_chunk() {
+    let g = gpu();
+    // Prefill-like forwards over several 256-key chunks, chunks cut inside a tile's keys, a
+    // prefix that ends inside a chunk, batches of segments of different lengths, GQA groups that
+    // do not divide 64 (2 tokens per tile for 24 heads per KV head).
+    let cases: Vec<AttentionShapeCase> = vec![
+        (16, 4, 128, vec![(0, 700)]),
+        (16, 4, 128, vec![(1000, 300)]),
+        (
+            16,
+            4,
+            128,
+            vec![(1024, 32), (0, 600), (300, 45), (13, 7), (2000, 64)],
+        ),
+        (8, 8, 64, vec![(200, 333)]),
+        (6, 2, 64, vec![(0, 96), (40, 530)]),
+        (48, 2, 128, vec![(250, 40)]),
+    ];
+    for (heads, kv, d, segments) in cases {
+        let shape = AttentionShape {
+            heads,
+            kv_heads: kv,
+            head_dim: d,
+            rotary_dim: d / 2,
+            block: 32,
+        };
+        let chunks = segments
+            .iter()
+            .map(|&(p, t)| (p + t).div_ceil(ops::ATTENTION_CHUNK_KEYS))
+            .max()
+            .unwrap();
+        let outputs = check_attention_batch(
+            &g,
+            &shape,
+            &segments,
+            &[
+                ops::AttentionSplits::FixedChunks(chunks),
+                ops::AttentionSplits::FixedChunksInOneCta,
+            ],
+        );
+        let differ = outputs[0]
+            .iter()
+            .zip(&outputs[1])
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "h{heads} g{kv} d{d} {segments:?}: {differ} of {} outputs differ between a CTA per \
+             chunk and one CTA per tile",
+            outputs[0].len()
+        );
     }
 }
 

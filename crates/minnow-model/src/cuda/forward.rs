@@ -47,9 +47,22 @@ pub(crate) fn queue_forward(
     let qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd;
     let attn_width = c.num_attention_heads * hd;
     let blas = gpu.blas();
-    let invariant = minnow_runtime::cuda::tuning::tuning().invariant;
+    let tuning = minnow_runtime::cuda::tuning::tuning();
+    let invariant = tuning.invariant;
+    let attention_ctas = layout.tiles.len() * c.num_key_value_heads;
     let splits = if invariant {
-        ops::AttentionSplits::FixedChunks(layout.key_chunks)
+        // Both give the same bits; one CTA per tile saves the partials' round trip once the
+        // tiles alone fill the GPU (prefill, big batched steps).
+        if ops::attention_uses_fa(hd)
+            && attention_ctas
+                >= tuning
+                    .attn_one_cta_per_sm
+                    .saturating_mul(gpu.sm_count() as usize)
+        {
+            ops::AttentionSplits::FixedChunksInOneCta
+        } else {
+            ops::AttentionSplits::FixedChunks(layout.key_chunks)
+        }
     } else {
         ops::AttentionSplits::Even(
             attention_splits(c, layout.tiles.len(), gpu.sm_count())

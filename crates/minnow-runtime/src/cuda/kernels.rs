@@ -197,6 +197,24 @@ kernel_table! {
             scale: f32,
             chunk_tiles: i32,
         );
+        /// The tensor-core kernels walking all of a tile's fixed key chunks in one CTA and
+        /// writing the output (no partials, no combine).
+        attention_fa_seq_d64,
+        attention_fa_seq_d128 as AttentionOneCta (
+            q: u64,
+            k_cache: u64,
+            v_cache: u64,
+            out: u64,
+            segs: u64,
+            tiles: u64,
+            tables: u64,
+            tokens: i32,
+            n_heads: i32,
+            n_kv: i32,
+            block: i32,
+            scale: f32,
+            chunk_tiles: i32,
+        );
         attention_combine(
             part_o: u64,
             part_ml: u64,

@@ -177,12 +177,18 @@ pub enum AttentionSplits {
     /// Splits of [`ATTENTION_CHUNK_KEYS`] at fixed key positions, this many of them (enough for
     /// the forward's longest key range): a row's result depends on its own keys only.
     FixedChunks(usize),
+    /// The same fixed chunks walked in order by one CTA per tile, which folds them as the
+    /// combine would and writes the output: the bits of [`AttentionSplits::FixedChunks`] without
+    /// the partials' round trip through memory, for forwards with enough tiles to fill the GPU.
+    /// Head dims of the tensor-core kernel only ([`attention_uses_fa`]).
+    FixedChunksInOneCta,
 }
 
 impl AttentionSplits {
     pub fn count(self) -> usize {
         match self {
             AttentionSplits::Even(n) | AttentionSplits::FixedChunks(n) => n.max(1),
+            AttentionSplits::FixedChunksInOneCta => 1,
         }
     }
 }
@@ -205,9 +211,48 @@ pub fn attention(
     splits: AttentionSplits,
 ) -> CudaResult<()> {
     shape.check()?;
+    let d = shape.head_dim;
+    if splits == AttentionSplits::FixedChunksInOneCta {
+        use kernels::attention::{attention_fa_seq_d128, attention_fa_seq_d64, AttentionOneCta};
+        let kernel: AttentionOneCta = match d {
+            64 => attention_fa_seq_d64,
+            128 => attention_fa_seq_d128,
+            _ => {
+                return unsupported(format!(
+                    "attention in one CTA per tile for head_dim {d} (64 or 128)"
+                ))
+            }
+        };
+        if batch.tiles_count == 0 || tokens == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid: (batch.tiles_count as u32, shape.kv_heads as u32, 1),
+            block: (128, 1, 1),
+            shared_bytes: attention_smem_bytes(d) as u32,
+        };
+        return kernel(
+            gpu,
+            cfg,
+            q,
+            k_pool,
+            v_pool,
+            out,
+            batch.segs,
+            batch.tiles,
+            batch.tables,
+            tokens as i32,
+            shape.heads as i32,
+            shape.kv_heads as i32,
+            shape.block as i32,
+            1.0 / (d as f32).sqrt(),
+            (ATTENTION_CHUNK_KEYS / 64) as i32,
+        );
+    }
     let (splits, chunk_tiles) = match splits {
         AttentionSplits::Even(n) => (n.max(1), 0),
         AttentionSplits::FixedChunks(n) => (n.max(1), ATTENTION_CHUNK_KEYS / 64),
+        AttentionSplits::FixedChunksInOneCta => unreachable!("launched above"),
     };
     if splits > ATTENTION_MAX_SPLITS {
         return unsupported(format!(
@@ -218,7 +263,6 @@ pub fn attention(
     if batch.tiles_count == 0 || tokens == 0 {
         return Ok(());
     }
-    let d = shape.head_dim;
     let cfg = LaunchConfig {
         grid: (
             batch.tiles_count as u32,
