@@ -71,7 +71,13 @@ pub fn qk_norm_rope(
 ) -> CudaResult<()> {
     shape.check()?;
     let heads = shape.heads + 2 * shape.kv_heads;
-    let cfg = LaunchConfig::new((tokens as u32, heads as u32, 1), 32, 0);
+    // ROPE_WARPS (kernels/rope.cu) heads of one token per CTA.
+    const ROPE_WARPS: usize = 8;
+    let cfg = LaunchConfig::new(
+        (tokens as u32, heads.div_ceil(ROPE_WARPS) as u32, 1),
+        32 * ROPE_WARPS as u32,
+        0,
+    );
     kernels::rope::qk_norm_rope(
         gpu,
         cfg,
