@@ -298,6 +298,9 @@ __device__ void router_logits_tile(const bf16* __restrict__ X, const TW* __restr
     // 16-byte loads need every row 16-byte aligned (K % 8 == 0); otherwise all columns go the
     // scalar way.
     const int whole = K % 8 == 0 ? K : 0;
+    // Few rows: unrolled so that the next steps' loads are issued before this step's arithmetic
+    // (the order of the multiply-adds into each output does not change).
+#pragma unroll(ROWS <= 4 ? 4 : 1)
     for (int k0 = lane * 8; k0 < whole; k0 += 256) {
         float wv[8];
         load_w8(w + k0, wv);
