@@ -1619,9 +1619,12 @@ fn pool_gemm_matches_reference() {
 }
 
 /// Router logits: the wide kernel (many rows) and the narrow one (a few) give every output the
-/// same bits, and both match an F64 reference. Shapes: mini's router (256 experts over 2,048),
-/// a 16-expert router (fewer experts than one wide CTA covers) and K = 72 (columns past the last
-/// whole 256-column group take the scalar path).
+/// same bits, and both match an F64 reference; so does the tensor-core kernel of BF16 weights
+/// (every row count, K % 16 == 0). Shapes: mini's router (256 experts over 2,048), a
+/// 16-expert router (fewer experts than one wide CTA covers), K = 72 (columns past the last whole
+/// 256-column group take the scalar path; BF16 weights take the F32 kernels), 40 experts over
+/// 64 columns (experts past the last whole 32 of a CTA; four column steps for eight warps, as
+/// for the fixtures' hidden size) and flash's 4,096 columns.
 #[test]
 #[ignore]
 fn router_logits_are_the_same_bits_for_few_and_many_rows() {
@@ -1629,7 +1632,7 @@ fn router_logits_are_the_same_bits_for_few_and_many_rows() {
     let mut rng = rng();
     let wide_rows = minnow_runtime::cuda::tuning::tuning().router_wide_rows;
     let t = wide_rows.max(16) + 44;
-    for (e, k) in [(256, 2048), (16, 2048), (256, 72)] {
+    for (e, k) in [(256, 2048), (16, 2048), (256, 72), (40, 64), (256, 4096)] {
         let x = to_bf16(&randn(&mut rng, t * k, 1.0));
         let w32 = randn(&mut rng, e * k, 0.05);
         let w16 = to_bf16(&w32);

@@ -274,7 +274,8 @@ kernel_table! {
             num_tiles: u64,
         );
         /// F32 or BF16 router weights; the wide kernels share each loaded row among 4 experts
-        /// per warp.
+        /// per warp; `mma`: BF16 weights on tensor cores.
+        router_logits_mma_bf16w,
         router_logits_f32w,
         router_logits_bf16w,
         router_logits_f32w_r4,

@@ -3,7 +3,8 @@
 //! `MINNOW_MOE16_STAGES` (3 or 4: pipeline depth of the 16-row expert GEMM; 3 measured 3 % faster
 //! per refinement step on the H200) and `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
 //! short forward's attention; 16 beat 8 and 32), `MINNOW_ATTN_ONE_CTA_PER_SM` (tiles per SM from
-//! which batch-invariant attention walks a tile's key chunks in one CTA), `MINNOW_MOE64_ROWS` (1..=1024: rows per busy
+//! which batch-invariant attention walks a tile's key chunks in one CTA), `MINNOW_ROUTER_MMA=0`
+//! (BF16 router weights on the F32 CUDA-core kernels instead of tensor cores), `MINNOW_MOE64_ROWS` (1..=1024: rows per busy
 //! expert from which the grouped expert GEMM takes 64-row tiles); `MINNOW_MOE_POOLED=0` turns off the batched
 //! experts of 2.2 denoising steps, and `MINNOW_POOL_GEMM=0` runs them with cuBLAS instead of the
 //! bulk-copy kernel, `MINNOW_GROUPED_TMA=1` the grouped expert GEMM through TMA (experimental), for A/B runs. `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the
@@ -49,6 +50,9 @@ pub struct Tuning {
     /// chunk plus the combine) when the forward has at least this many CTAs (tiles x KV heads)
     /// per SM: `MINNOW_ATTN_ONE_CTA_PER_SM` (0: always, a large value: never).
     pub attn_one_cta_per_sm: usize,
+    /// BF16 router weights multiply on tensor cores (`MINNOW_ROUTER_MMA=0`: the F32 CUDA-core
+    /// kernels, whose sums round differently, so the two settings give different bits).
+    pub router_mma: bool,
 }
 
 impl Default for Tuning {
@@ -66,6 +70,7 @@ impl Default for Tuning {
             router_wide_rows: 256,
             router_few_rows: 64,
             attn_one_cta_per_sm: 2,
+            router_mma: true,
         }
     }
 }
@@ -107,6 +112,7 @@ pub fn tuning() -> &'static Tuning {
                 .unwrap_or(d.router_few_rows),
             attn_one_cta_per_sm: env_usize("MINNOW_ATTN_ONE_CTA_PER_SM", |_| true)
                 .unwrap_or(d.attn_one_cta_per_sm),
+            router_mma: env_usize("MINNOW_ROUTER_MMA", |v| v <= 1).map_or(d.router_mma, |v| v == 1),
         }
     })
 }

@@ -260,10 +260,18 @@ pub fn router_logits(
     if t == 0 || e == 0 {
         return Ok(());
     }
+    let tuning = super::super::tuning::tuning();
+    if !w_f32 && k.is_multiple_of(16) && tuning.router_mma {
+        // BF16 weights on tensor cores, for every row count: each output's sum is cut by K
+        // alone (kernels/router.cu), so a row's bits do not depend on the batch.
+        let cfg = LaunchConfig::new((t.div_ceil(16) as u32, e.div_ceil(32) as u32, 1), 256, 0);
+        return kernels::router::router_logits_mma_bf16w(
+            gpu, cfg, x, w, logits, t as i32, e as i32, k as i32,
+        );
+    }
     // Both kernels compute every output in the same order (bits equal); the wide one shares
     // each loaded row among 4 experts per warp and wins once there are enough rows to fill the
     // GPU with its 4x fewer CTAs.
-    let tuning = super::super::tuning::tuning();
     let wide = t >= tuning.router_wide_rows;
     // The narrow kernels' rows per warp: 4 for few rows (more warps in flight), else 16.
     let few = !wide && t <= tuning.router_few_rows;
