@@ -531,6 +531,17 @@ fn check_attention_batch(
     outputs
 }
 
+/// The attention shape of a test case: half the head dim rotated, blocks (and pages) of 32.
+fn test_attention_shape(heads: usize, kv_heads: usize, head_dim: usize) -> AttentionShape {
+    AttentionShape {
+        heads,
+        kv_heads,
+        head_dim,
+        rotary_dim: head_dim / 2,
+        block: 32,
+    }
+}
+
 /// (heads, kv heads, head dim, segments (prefix, tokens)).
 type AttentionShapeCase = (usize, usize, usize, Vec<(usize, usize)>);
 
@@ -564,13 +575,7 @@ fn attention_matches_reference() {
         (48, 2, 128, vec![(32, 33)], 3),
     ];
     for (heads, kv, d, segments, splits) in cases {
-        let shape = AttentionShape {
-            heads,
-            kv_heads: kv,
-            head_dim: d,
-            rotary_dim: d / 2,
-            block: 32,
-        };
+        let shape = test_attention_shape(heads, kv, d);
         check_attention_batch(&g, &shape, &segments, &[ops::AttentionSplits::Even(splits)]);
     }
 }
@@ -596,13 +601,7 @@ fn attention_in_one_cta_per_tile_gives_the_bits_of_a_cta_per_chunk() {
         (48, 2, 128, vec![(250, 40)]),
     ];
     for (heads, kv, d, segments) in cases {
-        let shape = AttentionShape {
-            heads,
-            kv_heads: kv,
-            head_dim: d,
-            rotary_dim: d / 2,
-            block: 32,
-        };
+        let shape = test_attention_shape(heads, kv, d);
         let chunks = segments
             .iter()
             .map(|&(p, t)| (p + t).div_ceil(ops::ATTENTION_CHUNK_KEYS))

@@ -218,6 +218,17 @@ pub fn attention(
 ) -> CudaResult<()> {
     shape.check()?;
     let d = shape.head_dim;
+    let scale = 1.0 / (d as f32).sqrt();
+    // Tiles x KV heads x key splits CTAs of 128 threads.
+    let cfg = |splits: usize| LaunchConfig {
+        grid: (
+            batch.tiles_count as u32,
+            shape.kv_heads as u32,
+            splits as u32,
+        ),
+        block: (128, 1, 1),
+        shared_bytes: attention_smem_bytes(d) as u32,
+    };
     if splits == AttentionSplits::FixedChunksInOneCta {
         use kernels::attention::{attention_fa_seq_d128, attention_fa_seq_d64, AttentionOneCta};
         let kernel: AttentionOneCta = match d {
@@ -232,14 +243,9 @@ pub fn attention(
         if batch.tiles_count == 0 || tokens == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid: (batch.tiles_count as u32, shape.kv_heads as u32, 1),
-            block: (128, 1, 1),
-            shared_bytes: attention_smem_bytes(d) as u32,
-        };
         return kernel(
             gpu,
-            cfg,
+            cfg(1),
             q,
             k_pool,
             v_pool,
@@ -251,7 +257,7 @@ pub fn attention(
             shape.heads as i32,
             shape.kv_heads as i32,
             shape.block as i32,
-            1.0 / (d as f32).sqrt(),
+            scale,
             (ATTENTION_CHUNK_KEYS / 64) as i32,
         );
     }
@@ -269,16 +275,6 @@ pub fn attention(
     if batch.tiles_count == 0 || tokens == 0 {
         return Ok(());
     }
-    let cfg = LaunchConfig {
-        grid: (
-            batch.tiles_count as u32,
-            shape.kv_heads as u32,
-            splits.max(1) as u32,
-        ),
-        block: (128, 1, 1),
-        shared_bytes: attention_smem_bytes(d) as u32,
-    };
-    let scale = 1.0 / (d as f32).sqrt();
     use kernels::attention::{
         attention_d128, attention_d16, attention_d256, attention_d32, attention_d64,
         attention_fa_d128, attention_fa_d64, Attention,
@@ -295,7 +291,7 @@ pub fn attention(
     };
     kernel(
         gpu,
-        cfg,
+        cfg(splits),
         q,
         k_pool,
         v_pool,
