@@ -9,9 +9,9 @@
 // The key range can be split over gridDim.z CTAs ("split-K", for short forwards over long
 // prefixes); each split writes an unnormalised partial (O, m, l) and attention_combine merges them.
 // In batch-invariant mode the splits are fixed 256-key chunks and the merge is a left-to-right
-// fold over them (merge_chunk): the tensor-core kernel can also walk all of a row's chunks in one
-// CTA and fold them in registers (attention_fa_seq_d*), which gives the same bits as the split
-// kernel plus the combine, so the launcher picks either by the forward's size.
+// fold over them (fold_scale, fold): the tensor-core kernel can also walk all of a row's chunks
+// in one CTA and fold them in registers (attention_fa_seq_d*), which gives the same bits as the
+// split kernel plus the combine, so the launcher picks either by the forward's size.
 //
 // Numerics: scores in F32 (tensor cores, BF16 inputs), softmax in F32, probabilities rounded to
 // BF16 before P.V (as the reference does), F32 accumulation. The reference's eager path rounds
