@@ -122,17 +122,16 @@ fn f32_top1_on_decided_rows(
     let mut decided = 0;
     for (k, t) in rows.enumerate() {
         let want = &g.logits_f32[t * vocab..(t + 1) * vocab];
-        let best = argmax(want);
-        let gap = top2_gap(want);
+        let (best, second) = top2(want);
+        let gap = want[best] - want[second];
         if gap < DECIDED_GAP || g.margin[t] < DECIDED_MARGIN {
             continue;
         }
         decided += 1;
-        let row = &got[k * vocab..(k + 1) * vocab];
-        if argmax(row) != best {
+        let got_top = argmax(&got[k * vocab..(k + 1) * vocab]);
+        if got_top != best {
             return Err(format!(
-                "token {t}: argmax {} where the F32 reference's is {best} (F32 gap {:.3}, router margin {:.4})",
-                argmax(row),
+                "token {t}: argmax {got_top} where the F32 reference's is {best} (F32 gap {:.3}, router margin {:.4})",
                 gap,
                 g.margin[t]
             ));
@@ -165,16 +164,10 @@ fn compare(
         let row = &got[k * vocab..(k + 1) * vocab];
         let want = &g.logits_bf16[t * vocab..(t + 1) * vocab];
         let want_f32 = &g.logits_f32[t * vocab..(t + 1) * vocab];
-        let best = argmax(want);
-        if argmax(row) == best {
-            agree += 1;
-        }
-        if argmax(row) == argmax(want_f32) {
-            agree_f32 += 1;
-        }
-        if best == argmax(want_f32) {
-            bf16_agree_f32 += 1;
-        }
+        let (best, got_top, f32_top) = (argmax(want), argmax(row), argmax(want_f32));
+        agree += usize::from(got_top == best);
+        agree_f32 += usize::from(got_top == f32_top);
+        bf16_agree_f32 += usize::from(best == f32_top);
         if g.margin[t] > 0.01 {
             compared += 1;
             for c in 0..vocab {
@@ -183,8 +176,7 @@ fn compare(
             }
             if top2_gap(want) > 1.0 {
                 assert_eq!(
-                    argmax(row),
-                    best,
+                    got_top, best,
                     "{name}: token {t} has a clear reference argmax"
                 );
             }

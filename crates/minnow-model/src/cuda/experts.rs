@@ -162,9 +162,10 @@ impl ExpertMatrix {
 /// The kernel's view of codes loaded from `e` (an encoding [`device_encoding`] accepts).
 fn code_kind(e: QuantEncoding) -> ops::CodeKind {
     match e {
+        QuantEncoding::I8Mma | QuantEncoding::I8Sym => ops::CodeKind::Int8,
         QuantEncoding::I4Mma | QuantEncoding::I4Sym => ops::CodeKind::Int4,
         QuantEncoding::Nvfp4 => ops::CodeKind::E2m1,
-        _ => ops::CodeKind::Int8,
+        other => unreachable!("{other} experts never load as codes (device_encoding refuses them)"),
     }
 }
 

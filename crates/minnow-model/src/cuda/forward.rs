@@ -10,7 +10,7 @@ use super::batch_layout::{Layout, Meta};
 use super::dense::{dense_gemm, queue_swiglu};
 use super::kv_pool::KvPool;
 use super::moe::{queue_grouped_experts, queue_pooled_experts, Grouping};
-use super::shapes::{attention_shape, attention_splits, router_shape};
+use super::shapes::{attention_shape, attention_splits, invariant_attention_splits, router_shape};
 use super::weights::{Mlp, RouterWeights, SharedExpert, Weights};
 use super::workspace::Workspace;
 use crate::batch::TOP_K;
@@ -47,22 +47,9 @@ pub(crate) fn queue_forward(
     let qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd;
     let attn_width = c.num_attention_heads * hd;
     let blas = gpu.blas();
-    let tuning = minnow_runtime::cuda::tuning::tuning();
-    let invariant = tuning.invariant;
-    let attention_ctas = layout.tiles.len() * c.num_key_value_heads;
+    let invariant = minnow_runtime::cuda::tuning::tuning().invariant;
     let splits = if invariant {
-        // Both give the same bits; one CTA per tile saves the partials' round trip once the
-        // tiles alone fill the GPU (prefill, big batched steps).
-        if ops::attention_uses_fa(hd)
-            && attention_ctas
-                >= tuning
-                    .attn_one_cta_per_sm
-                    .saturating_mul(gpu.sm_count() as usize)
-        {
-            ops::AttentionSplits::FixedChunksInOneCta
-        } else {
-            ops::AttentionSplits::FixedChunks(layout.key_chunks)
-        }
+        invariant_attention_splits(c, layout.tiles.len(), layout.key_chunks, gpu.sm_count())
     } else {
         ops::AttentionSplits::Even(
             attention_splits(c, layout.tiles.len(), gpu.sm_count())

@@ -8,12 +8,14 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use minnow_format::TensorSource;
+use minnow_runtime::cuda::ops::AttentionSplits;
 use minnow_runtime::cuda::{DeviceBuffer, Gpu, Graph, Profile};
 
 use super::batch_layout::{BatchShape, Layout};
 use super::device_error::device_err;
 use super::forward::queue_forward;
 use super::kv_pool::KvPool;
+use super::shapes::invariant_attention_splits;
 use super::weights::Weights;
 use super::workspace::Workspace;
 use crate::batch::{pages_for, Segment, SegmentOutput, TopK, Want, TOP_K};
@@ -271,9 +273,19 @@ impl CudaRunner {
         let t = layout.tokens;
         let rows = layout.head_rows.len();
         let gpu = &self.gpu;
-        // Batch-invariant attention keeps a partial per (token, fixed-position key split).
+        // Batch-invariant attention keeps a partial per (token, fixed-position key split) when it
+        // runs a CTA per chunk; one CTA per tile keeps none.
         let attn_rows = if minnow_runtime::cuda::tuning::tuning().invariant {
-            t * layout.key_chunks
+            let splits = invariant_attention_splits(
+                &self.config,
+                layout.tiles.len(),
+                layout.key_chunks,
+                gpu.sm_count(),
+            );
+            match splits {
+                AttentionSplits::FixedChunksInOneCta => 0,
+                _ => t * splits.count(),
+            }
         } else {
             0
         };
