@@ -430,31 +430,35 @@ extern "C" __global__ void __launch_bounds__(256)
 // Router logits on tensor cores for BF16 router weights (every released checkpoint stores them in
 // BF16): a product of two BF16 values is exact in F32, so logits[t, e] = sum_k X[t, k] W[e, k]
 // differs from the F32 kernels above only in how the sum rounds (tensor-core F32 accumulation).
-// CTA = ROUTER_MMA_WARPS warps over 16 rows x 32 experts. The K / 16 column steps are cut into
+// CTA = ROUTER_MMA_WARPS warps over 16 rows x 8 NB experts. The K / 16 column steps are cut into
 // ROUTER_MMA_WARPS fixed ranges (by K alone); warp w sums its range with mma.m16n8k16 in column
 // order, and the warps' partial tiles are added in warp order through shared memory. A row's sums
-// never see another row (each output row of an mma depends only on its own A row), so its bits
-// are the same in any batch. grid = (ceil(T / 16), ceil(E / 32)), block = 32 * ROUTER_MMA_WARPS;
-// K % 16 == 0 (the launcher checks).
+// never see another row (each output row of an mma depends only on its own A row), and an
+// output's chain never depends on NB (each 8-expert block is its own mma), so its bits are the
+// same in any batch and with either NB: 4 (32 experts per CTA, the weights' rows shared by more
+// work) where the grid fills the GPU, 1 (4x the CTAs) for a denoising step's few rows.
+// grid = (ceil(T / 16), ceil(E / (8 NB))), block = 32 * ROUTER_MMA_WARPS; K % 16 == 0 (the
+// launcher checks).
 #define ROUTER_MMA_WARPS 8
-extern "C" __global__ void __launch_bounds__(32 * ROUTER_MMA_WARPS)
-    router_logits_mma_bf16w(const bf16* __restrict__ X, const bf16* __restrict__ W, float* __restrict__ logits,
-                            int T, int E, int K) {
-    __shared__ float part[ROUTER_MMA_WARPS][16][33];
+template <int NB>
+__device__ __forceinline__ void router_logits_mma_tile(const bf16* __restrict__ X, const bf16* __restrict__ W,
+                                                       float* __restrict__ logits, int T, int E, int K) {
+    constexpr int COLS = 8 * NB;
+    __shared__ float part[ROUTER_MMA_WARPS][16][COLS + 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    const int t0 = blockIdx.x * 16, e0 = blockIdx.y * 32;
+    const int t0 = blockIdx.x * 16, e0 = blockIdx.y * COLS;
     const int steps = K / 16;
     const int s_begin = warp * steps / ROUTER_MMA_WARPS, s_end = (warp + 1) * steps / ROUTER_MMA_WARPS;
     // Rows past T and experts past E re-read the last ones and are never stored.
-    const bf16* w[4];
+    const bf16* w[NB];
 #pragma unroll
-    for (int nb = 0; nb < 4; ++nb) w[nb] = W + (size_t)min(e0 + nb * 8 + g, E - 1) * K + 2 * t4;
+    for (int nb = 0; nb < NB; ++nb) w[nb] = W + (size_t)min(e0 + nb * 8 + g, E - 1) * K + 2 * t4;
     pdl_enter();
     const bf16* xa = X + (size_t)min(t0 + g, T - 1) * K + 2 * t4;
     const bf16* xb = X + (size_t)min(t0 + g + 8, T - 1) * K + 2 * t4;
-    float c[4][4];
+    float c[NB][4];
 #pragma unroll
-    for (int nb = 0; nb < 4; ++nb) c[nb][0] = c[nb][1] = c[nb][2] = c[nb][3] = 0.f;
+    for (int nb = 0; nb < NB; ++nb) c[nb][0] = c[nb][1] = c[nb][2] = c[nb][3] = 0.f;
 #pragma unroll 8
     for (int s = s_begin; s < s_end; ++s) {
         const int k = s * 16;
@@ -464,7 +468,7 @@ extern "C" __global__ void __launch_bounds__(32 * ROUTER_MMA_WARPS)
         a[2] = *reinterpret_cast<const unsigned*>(xa + k + 8);
         a[3] = *reinterpret_cast<const unsigned*>(xb + k + 8);
 #pragma unroll
-        for (int nb = 0; nb < 4; ++nb) {
+        for (int nb = 0; nb < NB; ++nb) {
             const unsigned b0 = *reinterpret_cast<const unsigned*>(w[nb] + k);
             const unsigned b1 = *reinterpret_cast<const unsigned*>(w[nb] + k + 8);
             mma16816(c[nb], a, b0, b1);
@@ -472,18 +476,29 @@ extern "C" __global__ void __launch_bounds__(32 * ROUTER_MMA_WARPS)
     }
     // c[nb][0..1]: row g, experts nb * 8 + 2 t4 + {0, 1}; c[nb][2..3]: row g + 8.
 #pragma unroll
-    for (int nb = 0; nb < 4; ++nb) {
+    for (int nb = 0; nb < NB; ++nb) {
         part[warp][g][nb * 8 + 2 * t4] = c[nb][0];
         part[warp][g][nb * 8 + 2 * t4 + 1] = c[nb][1];
         part[warp][g + 8][nb * 8 + 2 * t4] = c[nb][2];
         part[warp][g + 8][nb * 8 + 2 * t4 + 1] = c[nb][3];
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < 16 * 32; i += blockDim.x) {
-        const int r = i / 32, col = i % 32;
+    for (int i = threadIdx.x; i < 16 * COLS; i += blockDim.x) {
+        const int r = i / COLS, col = i % COLS;
         float v = part[0][r][col];
 #pragma unroll
         for (int p = 1; p < ROUTER_MMA_WARPS; ++p) v += part[p][r][col];
         if (t0 + r < T && e0 + col < E) logits[(size_t)(t0 + r) * E + e0 + col] = v;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ROUTER_MMA_WARPS)
+    router_logits_mma_bf16w(const bf16* __restrict__ X, const bf16* __restrict__ W, float* __restrict__ logits,
+                            int T, int E, int K) {
+    router_logits_mma_tile<4>(X, W, logits, T, E, K);
+}
+extern "C" __global__ void __launch_bounds__(32 * ROUTER_MMA_WARPS)
+    router_logits_mma_bf16w_e8(const bf16* __restrict__ X, const bf16* __restrict__ W, float* __restrict__ logits,
+                               int T, int E, int K) {
+    router_logits_mma_tile<1>(X, W, logits, T, E, K);
 }

@@ -1619,7 +1619,7 @@ fn pool_gemm_matches_reference() {
 
 /// Router logits: the wide kernel (many rows) and the narrow one (a few) give every output the
 /// same bits, and both match an F64 reference; so does the tensor-core kernel of BF16 weights
-/// (every row count, K % 16 == 0). Shapes: mini's router (256 experts over 2,048), a
+/// (every row count, K % 16 == 0; 8 experts per CTA for few rows, 32 for many). Shapes: mini's router (256 experts over 2,048), a
 /// 16-expert router (fewer experts than one wide CTA covers), K = 72 (columns past the last whole
 /// 256-column group take the scalar path; BF16 weights take the F32 kernels), 40 experts over
 /// 64 columns (experts past the last whole 32 of a CTA; four column steps for eight warps, as

@@ -274,8 +274,9 @@ kernel_table! {
             num_tiles: u64,
         );
         /// F32 or BF16 router weights; the wide kernels share each loaded row among 4 experts
-        /// per warp; `mma`: BF16 weights on tensor cores.
+        /// per warp; `mma`: BF16 weights on tensor cores (`_e8`: 8 experts per CTA, not 32).
         router_logits_mma_bf16w,
+        router_logits_mma_bf16w_e8,
         router_logits_f32w,
         router_logits_bf16w,
         router_logits_f32w_r4,

@@ -263,11 +263,18 @@ pub fn router_logits(
     let tuning = super::super::tuning::tuning();
     if !w_f32 && k.is_multiple_of(16) && tuning.router_mma {
         // BF16 weights on tensor cores, for every row count: each output's sum is cut by K
-        // alone (kernels/router.cu), so a row's bits do not depend on the batch.
-        let cfg = LaunchConfig::new((t.div_ceil(16) as u32, e.div_ceil(32) as u32, 1), 256, 0);
-        return kernels::router::router_logits_mma_bf16w(
-            gpu, cfg, x, w, logits, t as i32, e as i32, k as i32,
-        );
+        // alone (kernels/router.cu), so a row's bits do not depend on the batch, nor on how
+        // many experts a CTA covers: 32, or 8 when CTAs of 32 would leave SMs idle (a
+        // denoising step's 32 rows make 16 CTAs of 32 experts, 64 of 8).
+        let rows = t.div_ceil(16);
+        let (kernel, experts_per_cta): (kernels::router::RouterLogits, usize) =
+            if rows * e.div_ceil(32) < gpu.sm_count() as usize {
+                (kernels::router::router_logits_mma_bf16w_e8, 8)
+            } else {
+                (kernels::router::router_logits_mma_bf16w, 32)
+            };
+        let cfg = LaunchConfig::new((rows as u32, e.div_ceil(experts_per_cta) as u32, 1), 256, 0);
+        return kernel(gpu, cfg, x, w, logits, t as i32, e as i32, k as i32);
     }
     // Both kernels compute every output in the same order (bits equal); the wide one shares
     // each loaded row among 4 experts per warp and wins once there are enough rows to fill the
