@@ -49,6 +49,14 @@ struct Rest {
 }
 
 fn main() {
+    // The libraries' logs (e.g. the CUDA runner's load log with its dense GEMM plans) on stderr,
+    // warnings only unless RUST_LOG asks for more.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     let result = match Cli::parse().task {
         Task::Kernels(r) => kernels::run(&r.args),
         Task::Bench(r) => bench::run(&r.args),
