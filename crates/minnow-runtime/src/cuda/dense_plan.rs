@@ -68,6 +68,8 @@ pub struct DenseShape {
 
 /// Largest output a planning probe may allocate; buckets past it keep minnow's own kernel.
 const PROBE_BYTES: usize = 1 << 30;
+/// Bytes written between timed runs to evict the weights from L2 (H100/H200: 50 MB).
+const L2_FLUSH_BYTES: usize = 256 << 20;
 /// Rows compared at each end of a probe's output.
 const COMPARED_ROWS: usize = 64;
 
@@ -92,6 +94,7 @@ pub fn plan_dense_gemms(
         .take_while(|&b| b < max_rows.max(1) * 2)
         .collect();
     let mut report = Vec::new();
+    let l2_flush = gpu.alloc::<half::bf16>(L2_FLUSH_BYTES / 2)?;
     for shape in shapes {
         let (n, k) = (shape.n, shape.k);
         let max_bucket = buckets
@@ -107,13 +110,21 @@ pub fn plan_dense_gemms(
         ops::fill_random_bf16(gpu, x.ptr(), max_bucket * k, 0x5eed, 1.0)?;
         let y = gpu.alloc::<half::bf16>(max_bucket * n)?;
         let timer = gpu.timer()?;
+        // Each timed call starts with the weights out of L2, as in a forward, where every
+        // layer's weights were evicted by the layers since. Timed warm, a small GEMM's weights
+        // (QKV 12.6 MB, O 8.4 MB at mini's shapes) sit in L2, which favours a kernel that keeps
+        // too few reads in flight to stream them from memory: that kernel won the plan of a
+        // denoising step's 32 rows and then ran at a third of the bandwidth.
         let time = |f: &dyn Fn() -> CudaResult<()>| -> CudaResult<f32> {
             f()?;
-            timer.start()?;
-            for _ in 0..3 {
+            let mut total = 0.0;
+            for rep in 0..3 {
+                ops::fill_random_bf16(gpu, l2_flush.ptr(), l2_flush.len(), rep, 1.0)?;
+                timer.start()?;
                 f()?;
+                total += timer.stop_ms()?;
             }
-            Ok(timer.stop_ms()? / 3.0)
+            Ok(total / 3.0)
         };
         let ends = |m: usize| -> CudaResult<Vec<u16>> {
             let rows = m.min(COMPARED_ROWS);

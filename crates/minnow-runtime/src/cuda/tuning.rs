@@ -4,7 +4,8 @@
 //! per refinement step on the H200) and `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
 //! short forward's attention; 16 beat 8 and 32), `MINNOW_ATTN_ONE_CTA_PER_SM` (tiles per SM from
 //! which batch-invariant attention walks a tile's key chunks in one CTA), `MINNOW_ROUTER_MMA=0`
-//! (BF16 router weights on the F32 CUDA-core kernels instead of tensor cores), `MINNOW_MOE64_ROWS` (1..=1024: rows per busy
+//! (BF16 router weights on the F32 CUDA-core kernels instead of tensor cores),
+//! `MINNOW_DENSE_LT_MIN_ROWS` (dense GEMMs of fewer rows skip their cuBLASLt plan), `MINNOW_MOE64_ROWS` (1..=1024: rows per busy
 //! expert from which the grouped expert GEMM takes 64-row tiles); `MINNOW_MOE_POOLED=0` turns off the batched
 //! experts of 2.2 denoising steps, and `MINNOW_POOL_GEMM=0` runs them with cuBLAS instead of the
 //! bulk-copy kernel, `MINNOW_GROUPED_TMA=1` the grouped expert GEMM through TMA (experimental), for A/B runs. `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the
@@ -53,6 +54,9 @@ pub struct Tuning {
     /// BF16 router weights multiply on tensor cores (`MINNOW_ROUTER_MMA=0`: the F32 CUDA-core
     /// kernels, whose sums round differently, so the two settings give different bits).
     pub router_mma: bool,
+    /// Planned cuBLASLt algorithms run dense GEMMs of at least this many rows; fewer rows take
+    /// minnow's kernel (same bits either way): `MINNOW_DENSE_LT_MIN_ROWS`.
+    pub dense_lt_min_rows: usize,
 }
 
 impl Default for Tuning {
@@ -71,6 +75,7 @@ impl Default for Tuning {
             router_few_rows: 64,
             attn_one_cta_per_sm: 2,
             router_mma: true,
+            dense_lt_min_rows: 0,
         }
     }
 }
@@ -113,6 +118,8 @@ pub fn tuning() -> &'static Tuning {
             attn_one_cta_per_sm: env_usize("MINNOW_ATTN_ONE_CTA_PER_SM", |_| true)
                 .unwrap_or(d.attn_one_cta_per_sm),
             router_mma: env_usize("MINNOW_ROUTER_MMA", |v| v <= 1).map_or(d.router_mma, |v| v == 1),
+            dense_lt_min_rows: env_usize("MINNOW_DENSE_LT_MIN_ROWS", |_| true)
+                .unwrap_or(d.dense_lt_min_rows),
         }
     })
 }

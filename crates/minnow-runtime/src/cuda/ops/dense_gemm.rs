@@ -25,7 +25,10 @@ pub fn dense_gemm(
     }
     // A planned cuBLASLt algorithm gives the same bits as the kernels below (checked when it
     // was planned: `blaslt::plan_dense_gemms`), faster at this row count.
-    if let Some(lt) = gpu.blas_lt_if_created() {
+    if let Some(lt) = gpu
+        .blas_lt_if_created()
+        .filter(|_| m >= super::super::tuning::tuning().dense_lt_min_rows)
+    {
         if let Some(algo) = lt.planned(m, n, k) {
             return lt.gemm_bf16(gpu, &algo, x, w, y, m, n, k);
         }
