@@ -490,6 +490,16 @@ __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsig
     }
 #undef MINNOW_CODES_TILE
 }
+
+// Stages of a packed shared expert's BF16 tiles: as many as the codes' allocation holds (at most
+// 8). Its CTAs stream 4x (INT4) or 2x (INT8) the bytes of a codes CTA over as many stages, so
+// with the codes' stage count they are the launch's tail; more stages in flight keep more of
+// their bytes coming. The stage count changes no product (each output is the same chain over K).
+template <int BITS, int NT, int STAGES>
+__host__ __device__ constexpr int bf16_slot_stages() {
+    constexpr int fit = STAGES * Stage<BITS, 8 * NT>::bytes / Stage<16, 8 * NT>::bytes;
+    return fit > 8 ? 8 : fit;
+}
 }  // namespace minnow_codes
 
 // grid = (ceil(N / 128), max_tiles), block = 256, dynamic shared memory = STAGES x
@@ -507,7 +517,7 @@ __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsig
         if (!grouped_tile(tiles, num_tiles, t)) return;                                                  \
         const int n0 = blockIdx.x * minnow_codes::FEATURES;                                              \
         if (t.x == shared_slot)                                                                          \
-            minnow_codes::codes_tile_rows<16, false, NT, STAGES>(                                        \
+            minnow_codes::codes_tile_rows<16, false, NT, minnow_codes::bf16_slot_stages<BITS, NT, STAGES>()>( \
                 X, row_token, reinterpret_cast<const unsigned char*>(shared), nullptr, 16, nullptr, Y, 0,  \
                 t.y, t.z - t.y, n0, N, K);                                                               \
         else                                                                                             \
@@ -527,8 +537,13 @@ static_assert(3 * minnow_codes::Stage<8, 16>::bytes == 68352, "host mirror");
 static_assert(2 * minnow_codes::Stage<4, 64>::bytes == 55296, "host mirror");
 static_assert(2 * minnow_codes::Stage<8, 64>::bytes == 71680, "host mirror");
 // A packed shared expert's BF16 tiles fit the smaller encoding's allocation.
-static_assert(3 * minnow_codes::Stage<16, 16>::bytes <= 43776, "BF16 slot, 16-row tiles");
-static_assert(2 * minnow_codes::Stage<16, 64>::bytes <= 55296, "BF16 slot, 64-row tiles");
+static_assert(minnow_codes::bf16_slot_stages<4, 2, 3>() * minnow_codes::Stage<16, 16>::bytes <= 43776,
+              "BF16 slot, 16-row tiles");
+static_assert(minnow_codes::bf16_slot_stages<8, 2, 3>() * minnow_codes::Stage<16, 16>::bytes <= 68352,
+              "BF16 slot beside INT8, 16-row tiles");
+static_assert(minnow_codes::bf16_slot_stages<4, 8, 2>() * minnow_codes::Stage<16, 64>::bytes <= 55296,
+              "BF16 slot, 64-row tiles");
+static_assert(minnow_codes::bf16_slot_stages<4, 2, 3>() == 4, "BF16 slot beside INT4: 4 stages");
 
 
 // The batch-invariant dense GEMM Y[M, N] = X[M, K] . W[N, K]^T (BF16 in and out, F32
