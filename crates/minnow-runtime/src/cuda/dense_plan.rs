@@ -114,7 +114,7 @@ pub fn plan_dense_gemms(
         // layer's weights were evicted by the layers since. Timed warm, a small GEMM's weights
         // (QKV 12.6 MB, O 8.4 MB at mini's shapes) sit in L2, which favours a kernel that keeps
         // too few reads in flight to stream them from memory: that kernel won the plan of a
-        // denoising step's 32 rows and then ran at a third of the bandwidth.
+        // denoising step's 32 rows and then took twice cuBLASLt's time in the forward.
         let time = |f: &dyn Fn() -> CudaResult<()>| -> CudaResult<f32> {
             f()?;
             let mut total = 0.0;
