@@ -244,6 +244,16 @@ fn launch_route_block(
     )
 }
 
+/// Experts per CTA of the tensor-core router kernel for `t` rows of `e` experts: 32, or 8 when
+/// CTAs of 32 would number fewer than the GPU's `sms` (speed only: both give the same bits).
+fn mma_router_experts_per_cta(t: usize, e: usize, sms: usize) -> usize {
+    if t.div_ceil(16) * e.div_ceil(32) < sms {
+        8
+    } else {
+        32
+    }
+}
+
 /// Router logits `logits[t, e] = X[t] · W[e]` in F32 with a fixed summation order per output
 /// (batch-invariant; `kernels/router.cu`). `w_f32` says whether `W [e, k]` is F32 or BF16.
 #[allow(clippy::too_many_arguments)]
@@ -267,12 +277,12 @@ pub fn router_logits(
         // many experts a CTA covers: 32, or 8 when CTAs of 32 would leave SMs idle (a
         // denoising step's 32 rows make 16 CTAs of 32 experts, 64 of 8).
         let rows = t.div_ceil(16);
-        let (kernel, experts_per_cta): (kernels::router::RouterLogits, usize) =
-            if rows * e.div_ceil(32) < gpu.sm_count() as usize {
-                (kernels::router::router_logits_mma_bf16w_e8, 8)
-            } else {
-                (kernels::router::router_logits_mma_bf16w, 32)
-            };
+        let experts_per_cta = mma_router_experts_per_cta(t, e, gpu.sm_count() as usize);
+        let kernel: kernels::router::RouterLogits = if experts_per_cta == 8 {
+            kernels::router::router_logits_mma_bf16w_e8
+        } else {
+            kernels::router::router_logits_mma_bf16w
+        };
         let cfg = LaunchConfig::new((rows as u32, e.div_ceil(experts_per_cta) as u32, 1), 256, 0);
         return kernel(gpu, cfg, x, w, logits, t as i32, e as i32, k as i32);
     }
@@ -355,6 +365,18 @@ mod tests {
             router(2048, 8, None, Some(48)).check().is_err(),
             "too many experts for one CTA"
         );
+    }
+
+    #[test]
+    fn the_tensor_core_router_narrows_its_ctas_only_when_the_gpu_would_idle() {
+        // A denoising step of mini (32 rows, 256 experts) on an H200's 132 SMs: 16 CTAs of 32
+        // experts, so 64 of 8.
+        assert_eq!(mma_router_experts_per_cta(32, 256, 132), 8);
+        // 16 concurrent steps (512 rows): 256 CTAs of 32 already fill it.
+        assert_eq!(mma_router_experts_per_cta(512, 256, 132), 32);
+        // The boundary: 132 CTAs of 32 are enough.
+        assert_eq!(mma_router_experts_per_cta(16 * 33, 128, 132), 32);
+        assert_eq!(mma_router_experts_per_cta(16 * 32, 128, 132), 8);
     }
 
     #[test]
