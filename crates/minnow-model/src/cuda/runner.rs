@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use minnow_format::TensorSource;
-use minnow_runtime::cuda::ops::AttentionSplits;
 use minnow_runtime::cuda::{DeviceBuffer, Gpu, Graph, Profile};
 
 use super::batch_layout::{BatchShape, Layout};
@@ -282,10 +281,7 @@ impl CudaRunner {
                 layout.key_chunks,
                 gpu.sm_count(),
             );
-            match splits {
-                AttentionSplits::FixedChunksInOneCta => 0,
-                _ => t * splits.count(),
-            }
+            t * splits.partials_per_row()
         } else {
             0
         };

@@ -197,6 +197,74 @@ impl AttentionSplits {
             AttentionSplits::FixedChunksInOneCta => 1,
         }
     }
+
+    /// F32 partials (O, m, l) each query row leaves in memory for the combine: one per split,
+    /// none when one CTA per tile folds the chunks itself (the scratch [`attention`] needs).
+    pub fn partials_per_row(self) -> usize {
+        match self {
+            AttentionSplits::FixedChunksInOneCta => 0,
+            other => other.count(),
+        }
+    }
+}
+
+/// Tiles x KV heads x `splits` CTAs of 128 threads.
+fn attention_grid(shape: &AttentionShape, batch: &AttentionBatch, splits: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid: (
+            batch.tiles_count as u32,
+            shape.kv_heads as u32,
+            splits as u32,
+        ),
+        block: (128, 1, 1),
+        shared_bytes: attention_smem_bytes(shape.head_dim) as u32,
+    }
+}
+
+/// [`attention`] with [`AttentionSplits::FixedChunksInOneCta`]: one CTA per tile walks its fixed
+/// chunks and writes the output (no partials, no combine).
+#[allow(clippy::too_many_arguments)]
+fn attention_in_one_cta(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    q: u64,
+    k_pool: u64,
+    v_pool: u64,
+    out: u64,
+    batch: &AttentionBatch,
+    tokens: usize,
+) -> CudaResult<()> {
+    use kernels::attention::{attention_fa_seq_d128, attention_fa_seq_d64, AttentionOneCta};
+    let d = shape.head_dim;
+    let kernel: AttentionOneCta = match d {
+        64 => attention_fa_seq_d64,
+        128 => attention_fa_seq_d128,
+        _ => {
+            return unsupported(format!(
+                "attention in one CTA per tile for head_dim {d} (64 or 128)"
+            ))
+        }
+    };
+    if batch.tiles_count == 0 || tokens == 0 {
+        return Ok(());
+    }
+    kernel(
+        gpu,
+        attention_grid(shape, batch, 1),
+        q,
+        k_pool,
+        v_pool,
+        out,
+        batch.segs,
+        batch.tiles,
+        batch.tables,
+        tokens as i32,
+        shape.heads as i32,
+        shape.kv_heads as i32,
+        shape.block as i32,
+        1.0 / (d as f32).sqrt(),
+        (ATTENTION_CHUNK_KEYS / 64) as i32,
+    )
 }
 
 /// Block-causal attention of a batch's `tokens` query rows, each segment over its own keys
@@ -219,52 +287,12 @@ pub fn attention(
     shape.check()?;
     let d = shape.head_dim;
     let scale = 1.0 / (d as f32).sqrt();
-    // Tiles x KV heads x key splits CTAs of 128 threads.
-    let cfg = |splits: usize| LaunchConfig {
-        grid: (
-            batch.tiles_count as u32,
-            shape.kv_heads as u32,
-            splits as u32,
-        ),
-        block: (128, 1, 1),
-        shared_bytes: attention_smem_bytes(d) as u32,
-    };
-    if splits == AttentionSplits::FixedChunksInOneCta {
-        use kernels::attention::{attention_fa_seq_d128, attention_fa_seq_d64, AttentionOneCta};
-        let kernel: AttentionOneCta = match d {
-            64 => attention_fa_seq_d64,
-            128 => attention_fa_seq_d128,
-            _ => {
-                return unsupported(format!(
-                    "attention in one CTA per tile for head_dim {d} (64 or 128)"
-                ))
-            }
-        };
-        if batch.tiles_count == 0 || tokens == 0 {
-            return Ok(());
-        }
-        return kernel(
-            gpu,
-            cfg(1),
-            q,
-            k_pool,
-            v_pool,
-            out,
-            batch.segs,
-            batch.tiles,
-            batch.tables,
-            tokens as i32,
-            shape.heads as i32,
-            shape.kv_heads as i32,
-            shape.block as i32,
-            scale,
-            (ATTENTION_CHUNK_KEYS / 64) as i32,
-        );
-    }
     let (splits, chunk_tiles) = match splits {
         AttentionSplits::Even(n) => (n.max(1), 0),
         AttentionSplits::FixedChunks(n) => (n.max(1), ATTENTION_CHUNK_KEYS / 64),
-        AttentionSplits::FixedChunksInOneCta => unreachable!("launched above"),
+        AttentionSplits::FixedChunksInOneCta => {
+            return attention_in_one_cta(gpu, shape, q, k_pool, v_pool, out, batch, tokens)
+        }
     };
     if splits > ATTENTION_MAX_SPLITS {
         return unsupported(format!(
@@ -291,7 +319,7 @@ pub fn attention(
     };
     kernel(
         gpu,
-        cfg(splits),
+        attention_grid(shape, batch, splits),
         q,
         k_pool,
         v_pool,
