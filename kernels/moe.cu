@@ -189,13 +189,21 @@ GROUPED_ENTRY(grouped_gemm_m64, 64, 3)
 // tile height or the other rows of the tile: quantized experts are batch-invariant, and no weight
 // is rounded to BF16 on the way (the product of code and scale is never formed).
 //
-// E2M1 (NVFP4 repacked at load, E2M1 = true): 4-bit sign-magnitude E2M1 codes in the INT4
+// E2M1 (NVFP4 repacked at load, ENC = E2M1): 4-bit sign-magnitude E2M1 codes in the INT4
 // positions, one BF16 scale (an E4M3 value, exact in BF16) per 16 columns in the FP16 scales'
 // place, and one F32 factor per 8-row band (the matrix's global scale). Each code becomes its
 // exact BF16 value through a byte lookup, times its block scale in BF16, which is exact (E2M1 x
 // E4M3 has at most 5 significant bits): the tensor cores see the stored weights over the global
 // scale, unrounded, and the band's factor multiplies the F32 sum once, at the end.
+//
+// E4M3 (our `fp8_e4m3_b128`, repacked at load): one E4M3 byte per weight at the INT8 positions,
+// groups of 128 columns, and in the FP16 scales' 16 bytes per (band, group) the block's F32
+// scale (four copies; a 128 x 128 block covers 16 bands). Each code becomes its exact BF16 value
+// (every E4M3 value is one) and the block scale multiplies each group's F32 sum, as for integers.
 namespace minnow_codes {
+// How codes are read: integers with FP16 scales of each group's sum, E2M1 with BF16 block scales
+// before the product and an F32 factor per band, E4M3 with an F32 scale of each group's sum.
+enum Codes : int { INT = 0, E2M1 = 1, E4M3 = 2 };
 constexpr int THREADS = 256;       // 8 warps, 16 output columns (two bands of 8) each
 constexpr int FEATURES = 128;      // output columns per CTA (a tile's activations serve them all)
 constexpr int BANDS = FEATURES / 8;
@@ -283,6 +291,36 @@ __device__ __forceinline__ void decode_pairs(const unsigned char* p, unsigned& l
     }
 }
 
+// A lane's four E4M3 codes of one band (the INT8 positions: columns c0, c0 + 1, c0 + 8, c0 + 9)
+// as two BF16 pairs of their exact values, `lo` = (c0, c0 + 1), `hi` = (c0 + 8, c0 + 9). Both
+// ways give the same bits. (Code 0x7F, NaN in E4M3, is never written: the quantizer saturates
+// at 448. The hardware conversion keeps it NaN; the bit placement reads it as 480.)
+__device__ __forceinline__ void decode_e4m3(const unsigned char* p, unsigned& lo, unsigned& hi) {
+    const unsigned u = *reinterpret_cast<const unsigned*>(p);
+    float c[4];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    // The FP8 conversion (sm_89 on): two codes to an exact F16 pair, whose halves widen exactly.
+    unsigned h01, h23;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h01) : "h"((unsigned short)(u & 0xFFFFu)));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h23) : "h"((unsigned short)(u >> 16)));
+    const __half2 a = *reinterpret_cast<const __half2*>(&h01), b = *reinterpret_cast<const __half2*>(&h23);
+    c[0] = __low2float(a);
+    c[1] = __high2float(a);
+    c[2] = __low2float(b);
+    c[3] = __high2float(b);
+#else
+    // Exponent and mantissa placed in F32's low exponent bits and top mantissa bits read the code
+    // as a value 2^-120 times its own (E4M3 subnormals as F32 subnormals); times 2^120 is exact.
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const unsigned b = (u >> (8 * j)) & 0xFFu;
+        c[j] = __uint_as_float(((b & 0x7Fu) << 20) | ((b & 0x80u) << 24)) * 0x1p120f;
+    }
+#endif
+    lo = bits_of(__floats2bfloat162_rn(c[0], c[1]));
+    hi = bits_of(__floats2bfloat162_rn(c[2], c[3]));
+}
+
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
     const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -294,15 +332,16 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
 // n0..n0 + 64 of expert e. NT: token groups of 8 in the tile (2: 16-row tiles, 8: 64-row tiles);
 // ACTIVE: the groups computed (at least those with a row; the others' products are never
 // stored, so computing them changes no output).
-template <int BITS, bool E2M1, int NT, int STAGES, int ACTIVE>
+template <int BITS, int ENC, int NT, int STAGES, int ACTIVE>
 __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ row_token,
                            const unsigned char* __restrict__ codes, const __half* __restrict__ scales, int group,
                            const float* __restrict__ band_scale, bf16* __restrict__ Y, int e, int p0, int rows,
                            int n0, int N, int K) {
-    static_assert(!E2M1 || BITS == 4, "E2M1 codes are 4 bits");
-    // Integer codes scale each group's F32 sum; BF16 weights have no scales; E2M1 codes take
-    // their block scale before the product.
-    constexpr bool SCALED_SUMS = BITS != 16 && !E2M1;
+    static_assert(ENC != E2M1 || BITS == 4, "E2M1 codes are 4 bits");
+    static_assert(ENC != E4M3 || BITS == 8, "E4M3 codes are 8 bits");
+    // Integer and E4M3 codes scale each group's F32 sum; BF16 weights have no scales; E2M1 codes
+    // take their block scale before the product.
+    constexpr bool SCALED_SUMS = BITS != 16 && ENC != E2M1;
     constexpr int ROWS = 8 * NT, TB = tile_bytes<BITS>();
     using S = Stage<BITS, ROWS>;
     constexpr int SK = S::SK, LDX = S::LDX;
@@ -390,12 +429,15 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
 #pragma unroll
         for (int s = 0; s < SK; ++s) {
             unsigned a[4];
-            if constexpr (E2M1) {
+            if constexpr (ENC == E2M1) {
                 // Groups of 16: step s's block scales (BF16 bits), one per band, in both halves.
                 const unsigned short* sc0 = reinterpret_cast<const unsigned short*>(scale0);
                 const unsigned short* sc1 = reinterpret_cast<const unsigned short*>(scale1);
                 decode_e2m1(code0 + s * TB, sc0[s * 8] * 0x10001u, a[0], a[2]);
                 decode_e2m1(code1 + s * TB, sc1[s * 8] * 0x10001u, a[1], a[3]);
+            } else if constexpr (ENC == E4M3) {
+                decode_e4m3(code0 + s * TB, a[0], a[2]);
+                decode_e4m3(code1 + s * TB, a[1], a[3]);
             } else {
                 decode_pairs<BITS>(code0 + s * TB, a[0], a[2]);
                 decode_pairs<BITS>(code1 + s * TB, a[1], a[3]);
@@ -411,7 +453,15 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
             // BF16 weights and E2M1 codes: their sum is part alone.
             if (SCALED_SUMS && ((kt + 1) & (gsteps - 1)) == 0) {  // the group's last step (group divides K)
                 const int g = kt / gsteps - g_first;
-                const float s0 = __half2float(scale0[g * 8]), s1 = __half2float(scale1[g * 8]);
+                float s0, s1;
+                if constexpr (ENC == E4M3) {  // the 128 x 128 block's F32 scale, first of four
+                    const float* f0 = reinterpret_cast<const float*>(base + S::code_bytes) + (2 * warp) * SK * 4;
+                    s0 = f0[g * 4];
+                    s1 = f0[SK * 4 + g * 4];
+                } else {
+                    s0 = __half2float(scale0[g * 8]);
+                    s1 = __half2float(scale1[g * 8]);
+                }
 #pragma unroll
                 for (int t = 0; t < ACTIVE; ++t) {
                     acc[t][0] = fmaf(part[t][0], s0, acc[t][0]);
@@ -431,7 +481,7 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[t][i] = part[t][i];
     }
-    if constexpr (E2M1) {  // the global scales of the warp's two bands
+    if constexpr (ENC == E2M1) {  // the global scales of the warp's two bands
         if (warp_live) {
             const float g0 = band_scale[band0 + 2 * warp], g1 = band_scale[band0 + 2 * warp + 1];
 #pragma unroll
@@ -464,12 +514,12 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
 }
 
 // The tile with as many token groups computed as it has rows for.
-template <int BITS, bool E2M1, int NT, int STAGES>
+template <int BITS, int ENC, int NT, int STAGES>
 __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,
                                 int group, const float* band_scale, bf16* Y, int e, int p0, int rows, int n0, int N,
                                 int K) {
 #define MINNOW_CODES_TILE(A) \
-    codes_tile<BITS, E2M1, NT, STAGES, A>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0, N, K)
+    codes_tile<BITS, ENC, NT, STAGES, A>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0, N, K)
     if constexpr (NT == 2) {
         if (rows <= 8)
             MINNOW_CODES_TILE(1);
@@ -507,7 +557,7 @@ __host__ __device__ constexpr int bf16_slot_stages() {
 // N % 16 == 0, K % 16 == 0, group 16, 32, 64 or 128 (E2M1: 16). Tiles of expert `shared_slot`
 // (-1: none) read `shared`, one BF16 matrix in the codes' fragment order (a packed shared
 // expert). `band_scale`: E2M1's F32 factor per 8-row band of the codes (unused otherwise).
-#define GROUPED_CODES_ENTRY(NAME, BITS, E2M1, NT, STAGES)                                                \
+#define GROUPED_CODES_ENTRY(NAME, BITS, ENC, NT, STAGES)                                                 \
     extern "C" __global__ void __launch_bounds__(minnow_codes::THREADS)                                  \
         NAME(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,       \
              const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y,           \
@@ -517,20 +567,22 @@ __host__ __device__ constexpr int bf16_slot_stages() {
         if (!grouped_tile(tiles, num_tiles, t)) return;                                                  \
         const int n0 = blockIdx.x * minnow_codes::FEATURES;                                              \
         if (t.x == shared_slot)                                                                          \
-            minnow_codes::codes_tile_rows<16, false, NT, minnow_codes::bf16_slot_stages<BITS, NT, STAGES>()>( \
+            minnow_codes::codes_tile_rows<16, minnow_codes::INT, NT, minnow_codes::bf16_slot_stages<BITS, NT, STAGES>()>( \
                 X, row_token, reinterpret_cast<const unsigned char*>(shared), nullptr, 16, nullptr, Y, 0,  \
                 t.y, t.z - t.y, n0, N, K);                                                               \
         else                                                                                             \
-            minnow_codes::codes_tile_rows<BITS, E2M1, NT, STAGES>(X, row_token, codes, scales, group,    \
+            minnow_codes::codes_tile_rows<BITS, ENC, NT, STAGES>(X, row_token, codes, scales, group,     \
                                                                   band_scale, Y, t.x, t.y, t.z - t.y, n0, \
                                                                   N, K);                                 \
     }
-GROUPED_CODES_ENTRY(grouped_gemm_i8_r16, 8, false, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_i4_r16, 4, false, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_f4_r16, 4, true, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_i8_r64, 8, false, 8, 2)
-GROUPED_CODES_ENTRY(grouped_gemm_i4_r64, 4, false, 8, 2)
-GROUPED_CODES_ENTRY(grouped_gemm_f4_r64, 4, true, 8, 2)
+GROUPED_CODES_ENTRY(grouped_gemm_i8_r16, 8, minnow_codes::INT, 2, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_i4_r16, 4, minnow_codes::INT, 2, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_f4_r16, 4, minnow_codes::E2M1, 2, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_f8_r16, 8, minnow_codes::E4M3, 2, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_i8_r64, 8, minnow_codes::INT, 8, 2)
+GROUPED_CODES_ENTRY(grouped_gemm_i4_r64, 4, minnow_codes::INT, 8, 2)
+GROUPED_CODES_ENTRY(grouped_gemm_f4_r64, 4, minnow_codes::E2M1, 8, 2)
+GROUPED_CODES_ENTRY(grouped_gemm_f8_r64, 8, minnow_codes::E4M3, 8, 2)
 // Host mirrors (codes_tile_smem_bytes).
 static_assert(3 * minnow_codes::Stage<4, 16>::bytes == 43776, "host mirror");
 static_assert(3 * minnow_codes::Stage<8, 16>::bytes == 68352, "host mirror");

@@ -8,9 +8,9 @@
 //! `--prefill 512,2048,...`, `--prefix 1024,8192`, `--profile-one` (only one refinement forward
 //! at the first prefix, without a graph, between `cuProfilerStart`/`Stop`: for
 //! `ncu --profile-from-start off`), `--concurrency 1,4,16,64` (the batched steps),
-//! `--experts bf16|int8|int4|nvfp4` (random routed experts in that encoding: `i8_mma`/`i4_mma`
-//! codes with groups of 128, or NVFP4 as the loader repacks it: E2M1 codes with a BF16 scale
-//! per 16), `--preset mini|flash` (the shapes; flash needs quantized experts to fit one GPU).
+//! `--experts bf16|int8|int4|nvfp4|fp8` (random routed experts in that encoding: `i8_mma`/`i4_mma`
+//! codes with groups of 128, or NVFP4 and FP8 as the loader repacks them: E2M1 codes with a
+//! BF16 scale per 16, E4M3 codes with an F32 scale per 128 x 128 block), `--preset mini|flash` (the shapes; flash needs quantized experts to fit one GPU).
 
 use std::time::Instant;
 
@@ -39,7 +39,7 @@ pub(crate) const MINI_22: &str = r#"{
 /// LLaDA2.2-flash at the shapes docs/model.md gives: mini's config with flash's widths
 /// (hidden 4,096, 32 layers, 32 query heads, dense MLP 9,216, 256 experts of width 1,024, top-8,
 /// block routing with 48 admitted experts; the values it marks unconfirmed are
-/// Ling-flash-2.0's). BF16 experts would need ~200 GB: run it with `--experts int4|int8|nvfp4`.
+/// Ling-flash-2.0's). BF16 experts would need ~200 GB: run it with `--experts int4|int8|nvfp4|fp8`.
 fn flash_22() -> String {
     let mut config: serde_json::Value = serde_json::from_str(MINI_22).expect("MINI_22 is JSON");
     for (key, value) in [
@@ -69,12 +69,14 @@ struct Opts {
 
 impl Opts {
     /// Bytes per routed-expert weight on the device: codes plus one FP16 scale per 128 of them
-    /// (NVFP4: one BF16 scale per 16).
+    /// (NVFP4: one BF16 scale per 16; FP8: an F32 block scale per 8 rows x 128 columns, as
+    /// `ops::fp8_fragment_order` repacks it, 4x over).
     fn expert_bytes_per_weight(&self) -> f64 {
         match self.experts {
             None => 2.0,
             Some(QuantEncoding::I8Mma) => 1.0 + 2.0 / 128.0,
             Some(QuantEncoding::Nvfp4) => 0.5 + 2.0 / 16.0,
+            Some(QuantEncoding::Fp8Block) => 1.0 + 16.0 / (8.0 * 128.0),
             Some(_) => 0.5 + 2.0 / 128.0,
         }
     }
@@ -124,7 +126,10 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                     Some("int8") => Some(QuantEncoding::I8Mma),
                     Some("int4") => Some(QuantEncoding::I4Mma),
                     Some("nvfp4") => Some(QuantEncoding::Nvfp4),
-                    other => return Err(format!("--experts bf16|int8|int4|nvfp4, got {other:?}")),
+                    Some("fp8") => Some(QuantEncoding::Fp8Block),
+                    other => {
+                        return Err(format!("--experts bf16|int8|int4|nvfp4|fp8, got {other:?}"))
+                    }
                 }
             }
             "--concurrency" => {

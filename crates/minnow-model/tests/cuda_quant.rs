@@ -1,7 +1,8 @@
 //! Quantized experts on the GPU (ignored: needs a GPU; `cargo test -p minnow-model --test
 //! cuda_quant -- --ignored --nocapture`). Each tiny fixture is converted to `.mnw` files with
-//! INT8, INT4 (fragment order, and row-major, which the loader repacks) and NVFP4 experts
-//! (repacked for the E2M1 kernels where the shape allows), loaded on the
+//! INT8, INT4 (fragment order, and row-major, which the loader repacks), NVFP4 experts
+//! (repacked for the E2M1 kernels where the shape allows) and our FP8 (repacked for the E4M3
+//! kernels), loaded on the
 //! GPU with the codes kept as stored, and compared with the CPU path of the same file (F32
 //! activations, weights code x scale in F32). The quantized kernels multiply the exact codes and
 //! apply each group's scale to the F32 partial sum, so no weight is rounded: their logits must be
@@ -140,6 +141,12 @@ fn quantized_experts_on_the_gpu_agree_with_the_cpu_path_of_the_same_file() {
             // The fixtures' gate/up (32 x 64) take the E2M1 kernels; their down projections
             // (64 x 32: K is not a multiple of 64) are widened.
             (ExpertChoice::Nvfp4, QuantLayout::Mma, "nvfp4 (repacked)"),
+            // Both projections take the E4M3 kernels (groups of 64 and 32 inside the blocks).
+            (
+                ExpertChoice::Fp8,
+                QuantLayout::Mma,
+                "fp8_e4m3_b128 (repacked)",
+            ),
         ] {
             let path = dir.path().join(format!("{name}-{label}.mnw"));
             write_fixture_mnw(name, &path, &quantized_options(experts, layout));

@@ -1051,48 +1051,76 @@ fn grouped_gemm_over_codes_matches_reference() {
         (7, 2, 5, 40, 64, 16, 16),
         // NVFP4's shapes (K % 64 == 0) with a partial last stage (K = 2,112).
         (24, 6, 8, 128, 2112, 64, 16),
+        // FP8's blocks: three 128-row blocks of scales per expert, three 128-column groups
+        // (the cases above give it blocks cut short, with groups of 64 and 16).
+        (50, 4, 6, 384, 384, 64, 128),
     ];
     for encoding in [
         QuantEncoding::I8Mma,
         QuantEncoding::I4Mma,
         QuantEncoding::Nvfp4,
+        QuantEncoding::Fp8Block,
     ] {
         let kind = match encoding {
             QuantEncoding::I8Mma => ops::CodeKind::Int8,
             QuantEncoding::I4Mma => ops::CodeKind::Int4,
+            QuantEncoding::Fp8Block => ops::CodeKind::E4m3,
             _ => ops::CodeKind::E2m1,
         };
         for &(t, k, e, n, kd, tile_rows, group) in &cases {
-            // NVFP4 runs on the tiled kernels only (the loader widens other shapes), with its
-            // blocks of 16.
+            // NVFP4 and FP8 run on the tiled kernels only (the loader widens other shapes), with
+            // their blocks of 16 and 128.
             let nvfp4 = encoding == QuantEncoding::Nvfp4;
-            if nvfp4 && !(n % 16 == 0 && kd % 64 == 0) {
+            let fp8 = encoding == QuantEncoding::Fp8Block;
+            if nvfp4 && !(n % 16 == 0 && kd % 64 == 0) || fp8 && n % 16 != 0 {
                 continue;
             }
-            let group = if nvfp4 { 16 } else { group };
+            // (FP8: the file's blocks are 128 x 128; the kernel's groups, `fp8_group`, lie
+            // inside them.)
+            let quant_group = match encoding {
+                QuantEncoding::Nvfp4 => 16,
+                QuantEncoding::Fp8Block => 128,
+                _ => group,
+            };
+            let group = if fp8 {
+                ops::fp8_group(kd).unwrap()
+            } else {
+                quant_group
+            };
             let x = to_bf16(&randn(&mut rng, t * kd, 1.0));
             let mut codes = vec![];
             let mut scales = vec![];
             let mut band_scale = vec![];
             let mut wf = vec![0.0f32; e * n * kd];
             for ex in 0..e {
-                // Expert 1 of NVFP4 with all-zero blocks and values that round to -0.
+                // Expert 1 of NVFP4 with all-zero blocks and values that round to -0; of FP8,
+                // a row of E4M3 subnormals (one value sets the block's scale) and -0.
                 let mut values = randn(&mut rng, n * kd, 0.05);
                 if nvfp4 && ex == 1 {
                     values[..32].iter_mut().for_each(|v| *v = 0.0);
                     values[kd..kd + 16].iter_mut().for_each(|v| *v = -1e-9);
                 }
-                let q = quant::quantize(encoding, n, kd, group, &values).unwrap();
+                if fp8 && ex == 1 {
+                    values[..kd].iter_mut().for_each(|v| *v *= 1e-3);
+                }
+                let mut q = quant::quantize(encoding, n, kd, quant_group, &values).unwrap();
+                if fp8 && ex == 1 {
+                    q.codes[kd] = 0x80; // our quantizer writes no -0; another writer may
+                }
                 let out = &mut wf[ex * n * kd..(ex + 1) * n * kd];
                 // The kernels multiply the exact codes and scale each group's F32 sum (NVFP4:
                 // the exact E2M1 x E4M3 products, then the global scale): the reference weight
                 // is the stored value, unrounded.
-                q.view(encoding, n, kd, group).dequantize(out);
+                q.view(encoding, n, kd, quant_group).dequantize(out);
                 if nvfp4 {
                     let (c, s) = ops::nvfp4_fragment_order(n, kd, &q.codes, &q.scales);
                     codes.extend_from_slice(&c);
                     scales.extend_from_slice(&s);
                     band_scale.extend(std::iter::repeat_n(q.global_scale, n / 8));
+                } else if fp8 {
+                    let (c, s) = ops::fp8_fragment_order(n, kd, &q.codes, &q.scales);
+                    codes.extend_from_slice(&c);
+                    scales.extend_from_slice(&s);
                 } else {
                     codes.extend_from_slice(&q.codes);
                     scales.extend_from_slice(&q.scales);

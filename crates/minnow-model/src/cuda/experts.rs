@@ -7,8 +7,11 @@
 //! repacked once at load (`ops::nvfp4_fragment_order`): its E2M1 codes move to the INT4
 //! positions unchanged and each E4M3 block scale becomes its exact BF16 value, so a weight takes
 //! 5 bits on the device against the file's 4.5 (the scale's second byte buys a kernel that
-//! needs no E4M3 decoding). Encodings without a GPU kernel yet (FP8) and shapes the kernels
-//! refuse are widened to BF16 at load, with a warning.
+//! needs no E4M3 decoding). Our FP8 (`fp8_e4m3_b128`) is repacked once too
+//! (`ops::fp8_fragment_order`): its E4M3 bytes move to the INT8 positions unchanged and each
+//! 128 x 128 block's F32 scale is copied per 8-row band and group (`ops::fp8_group`), 1.016
+//! bytes a weight on the device against the file's 1.0001 at groups of 128. Shapes the kernels refuse are widened to BF16 at load, with a
+//! warning.
 
 use half::{bf16, f16};
 use minnow_format::{TensorRef, TensorSource};
@@ -165,18 +168,18 @@ fn code_kind(e: QuantEncoding) -> ops::CodeKind {
         QuantEncoding::I8Mma | QuantEncoding::I8Sym => ops::CodeKind::Int8,
         QuantEncoding::I4Mma | QuantEncoding::I4Sym => ops::CodeKind::Int4,
         QuantEncoding::Nvfp4 => ops::CodeKind::E2m1,
-        other => unreachable!("{other} experts never load as codes (device_encoding refuses them)"),
+        QuantEncoding::Fp8Block => ops::CodeKind::E4m3,
     }
 }
 
 /// What a stored encoding becomes on the device: the fragment order of an integer encoding, or
-/// NVFP4 itself (repacked by `load_codes`); `None` for encodings without a GPU kernel.
-fn device_encoding(e: QuantEncoding) -> Option<QuantEncoding> {
+/// NVFP4 and FP8 themselves (repacked by `load_codes`). Every encoding has a GPU kernel.
+fn device_encoding(e: QuantEncoding) -> QuantEncoding {
     match e {
-        QuantEncoding::I8Mma | QuantEncoding::I8Sym => Some(QuantEncoding::I8Mma),
-        QuantEncoding::I4Mma | QuantEncoding::I4Sym => Some(QuantEncoding::I4Mma),
-        QuantEncoding::Nvfp4 => Some(QuantEncoding::Nvfp4),
-        _ => None,
+        QuantEncoding::I8Mma | QuantEncoding::I8Sym => QuantEncoding::I8Mma,
+        QuantEncoding::I4Mma | QuantEncoding::I4Sym => QuantEncoding::I4Mma,
+        QuantEncoding::Nvfp4 => QuantEncoding::Nvfp4,
+        QuantEncoding::Fp8Block => QuantEncoding::Fp8Block,
     }
 }
 
@@ -190,7 +193,7 @@ pub(crate) struct Projection<'a> {
 }
 
 /// How a projection's tensors are stored, when they can stay quantized on the device: every
-/// tensor in one integer encoding and group size, at shapes the fragment order allows.
+/// tensor in one encoding and group size, at shapes its kernels take.
 pub(crate) fn stored_codes(
     source: &dyn TensorSource,
     p: &Projection<'_>,
@@ -206,10 +209,12 @@ pub(crate) fn stored_codes(
         }
     }
     let (encoding, group) = common?;
-    device_encoding(encoding)?;
     let shapes_ok = if encoding == QuantEncoding::Nvfp4 {
         // The E2M1 kernels are the tiled ones only (whole 16-row warps).
         p.rows.is_multiple_of(16) && p.cols.is_multiple_of(64) && group == 16
+    } else if encoding == QuantEncoding::Fp8Block {
+        // So are the E4M3 ones, whose scale groups lie inside the 128-column blocks.
+        p.rows.is_multiple_of(16) && ops::fp8_group(p.cols).is_some()
     } else {
         p.rows.is_multiple_of(8)
             && p.cols.is_multiple_of(16)
@@ -244,7 +249,7 @@ pub(crate) fn load_projection(
     }
     if any_quantized(source, p) {
         tracing::warn!(
-            "{}: quantized experts in an encoding the GPU kernels do not read yet (or mixed \
+            "{}: quantized experts at a shape the GPU kernels do not take (or in mixed \
              encodings); widened to BF16 on the device",
             p.label
         );
@@ -267,9 +272,12 @@ fn load_codes(
     stored: QuantEncoding,
     group: usize,
 ) -> Result<ExpertMatrix> {
-    let encoding = device_encoding(stored).expect("checked by stored_codes");
+    let encoding = device_encoding(stored);
     if encoding == QuantEncoding::Nvfp4 {
         return load_nvfp4(gpu, source, p);
+    }
+    if encoding == QuantEncoding::Fp8Block {
+        return load_fp8(gpu, source, p);
     }
     let (rows, cols) = (p.rows, p.cols);
     let groups = cols / group;
@@ -378,6 +386,49 @@ fn load_nvfp4(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Resul
         codes,
         scales,
         band_scale: Some(gpu.upload(&band_scale).map_err(device_err)?),
+        shared: None,
+    })
+}
+
+/// FP8 experts, repacked for the E4M3 kernels (see the module documentation).
+fn load_fp8(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Result<ExpertMatrix> {
+    use minnow_runtime::quant::FP8_BLOCK;
+    let (rows, cols) = (p.rows, p.cols);
+    let group = ops::fp8_group(cols).expect("checked by stored_codes");
+    let code_bytes = rows * cols;
+    let file_scale_bytes = rows.div_ceil(FP8_BLOCK) * cols.div_ceil(FP8_BLOCK) * 4;
+    let scale_bytes = rows / 8 * (cols / group) * 16;
+    let n = p.names.len();
+    let codes = gpu.alloc::<u8>(n * code_bytes).map_err(device_err)?;
+    let scales = gpu.alloc::<u8>(n * scale_bytes).map_err(device_err)?;
+    tracing::info!(
+        "{}: fp8_e4m3_b128 experts repacked once for the GPU kernels (E4M3 codes at the INT8 \
+         positions, F32 block scales per 8-row band and {group} columns)",
+        p.label
+    );
+    for (i, name) in p.names.iter().enumerate() {
+        let t = tensor(source, name, &[rows, cols])?;
+        let q = t.quant.expect("checked by stored_codes");
+        if t.data.len() != code_bytes || q.scales.len() != file_scale_bytes {
+            return Err(ModelError::Weights(format!(
+                "{name}: fp8 codes of {} bytes and scales of {}, expected {code_bytes} and \
+                 {file_scale_bytes}",
+                t.data.len(),
+                q.scales.len()
+            )));
+        }
+        let (packed, packed_scales) = ops::fp8_fragment_order(rows, cols, t.data, q.scales);
+        gpu.write(&codes, i * code_bytes, &packed)
+            .map_err(device_err)?;
+        gpu.write(&scales, i * scale_bytes, &packed_scales)
+            .map_err(device_err)?;
+    }
+    Ok(ExpertMatrix::Codes {
+        encoding: QuantEncoding::Fp8Block,
+        group,
+        codes,
+        scales,
+        band_scale: None,
         shared: None,
     })
 }

@@ -598,11 +598,11 @@ impl Weights {
 }
 
 /// Random codes and scales for the two expert projections of a layer (gate/up `[E, 2 I, D]`,
-/// down `[E, D, I]`) in the device's order (`*_mma`, or NVFP4 as `load_codes` repacks it), made
-/// once on the host and uploaded for every layer.
+/// down `[E, D, I]`) in the device's order (`*_mma`, or NVFP4 and FP8 as `load_codes` repacks
+/// them), made once on the host and uploaded for every layer.
 struct RandomCodes {
     encoding: QuantEncoding,
-    /// Columns per scale: 128 for integer codes, NVFP4's 16.
+    /// Columns per scale: 128 for integer and FP8 codes, NVFP4's 16.
     group: usize,
     /// Per projection: codes, scales and rows.
     host: [(Vec<u8>, Vec<u8>, usize); 2],
@@ -613,15 +613,18 @@ impl RandomCodes {
         let Some(encoding) = experts else {
             return Ok(None);
         };
-        // The standard deviation of a uniformly random code: about 74 (INT8), 4.6 (INT4) or 2.9
-        // (E2M1, whose sixteen values are ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}).
+        // The standard deviation of a uniformly random code: about 74 (INT8), 4.6 (INT4), 2.9
+        // (E2M1, whose sixteen values are ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}) or 100 (the 254 E4M3
+        // values that are numbers).
         let (spread, group) = match encoding {
             QuantEncoding::I8Mma => (74.0, 128),
             QuantEncoding::I4Mma => (4.6, 128),
             QuantEncoding::Nvfp4 => (2.9, 16),
+            QuantEncoding::Fp8Block => (100.0, 128),
             other => {
                 return Err(ModelError::Weights(format!(
-                    "random experts in {other}: only i8_mma, i4_mma and nvfp4 have GPU kernels"
+                    "random experts in {other}: only i8_mma, i4_mma, nvfp4 and fp8_e4m3_b128 \
+                     have GPU kernels"
                 )))
             }
         };
@@ -647,15 +650,26 @@ impl RandomCodes {
                 let v = state.to_le_bytes();
                 chunk.copy_from_slice(&v[..chunk.len()]);
             }
+            if encoding == QuantEncoding::Fp8Block {
+                // Every byte but E4M3's two NaNs is a number: those become ±448.
+                for c in codes.iter_mut().filter(|c| **c & 0x7F == 0x7F) {
+                    *c -= 1;
+                }
+            }
             // Scales that give weights of standard deviation 1/sqrt(fan_in) (NVFP4's block
             // scales are BF16 on the device).
             let scale = 1.0 / (spread * (cols as f32).sqrt());
-            let scale = if encoding == QuantEncoding::Nvfp4 {
-                half::bf16::from_f32(scale).to_le_bytes()
-            } else {
-                f16::from_f32(scale).to_le_bytes()
+            // (FP8: four F32 copies of the block scale per 8-row band and group, as
+            // `ops::fp8_fragment_order` lays them out, in the 16 bytes of eight FP16 scales.)
+            let scales = match encoding {
+                QuantEncoding::Nvfp4 => half::bf16::from_f32(scale)
+                    .to_le_bytes()
+                    .repeat(rows * cols / group),
+                QuantEncoding::Fp8Block => scale.to_le_bytes().repeat(rows * cols / group / 2),
+                _ => f16::from_f32(scale)
+                    .to_le_bytes()
+                    .repeat(rows * cols / group),
             };
-            let scales = scale.repeat(rows * cols / group);
             Ok((codes, scales, rows))
         };
         let gate_up = make(e * 2 * w, d)?;

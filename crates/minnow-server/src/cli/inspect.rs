@@ -79,13 +79,29 @@ fn report(c: &Config, source: &Checkpoint) -> String {
     // Per encoding and group size: tensors and bytes (codes plus scales).
     let mut encodings: BTreeMap<(String, usize), (usize, usize)> = BTreeMap::new();
     // What the CUDA loader holds on the GPU, per form: integer expert codes and scales as
-    // stored, the router's bias (and a router not stored in BF16) in F32, everything else in
-    // BF16 (NVFP4 and FP8 experts widened).
+    // stored, NVFP4 and FP8 experts repacked (E2M1 codes with BF16 block scales; E4M3 codes with
+    // an F32 block scale per 8-row band and group) where the kernels take their shape, the
+    // router's bias (and a router not stored in BF16) in F32, everything else in BF16.
     let mut on_gpu: BTreeMap<&'static str, usize> = BTreeMap::new();
     for name in source.names() {
         let t = source.tensor(name).expect("listed tensor");
         let role = Tensor::parse(name).map(|t| t.role());
+        let (rows, cols) = match t.shape[..] {
+            [r, c] => (r, c),
+            _ => (0, 0),
+        };
         let gpu_form = match t.quant.map(|q| q.encoding) {
+            Some(minnow_runtime::QuantEncoding::Nvfp4)
+                if rows.is_multiple_of(8) && cols.is_multiple_of(64) =>
+            {
+                ("e2m1", t.data.len() + rows * cols / 8)
+            }
+            Some(minnow_runtime::QuantEncoding::Fp8Block) if rows.is_multiple_of(8) => {
+                match minnow_runtime::cuda::ops::fp8_group(cols) {
+                    Some(group) => ("e4m3", t.data.len() + rows / 8 * (cols / group) * 16),
+                    None => ("bf16", t.numel() * 2),
+                }
+            }
             Some(
                 e @ (minnow_runtime::QuantEncoding::I8Mma
                 | minnow_runtime::QuantEncoding::I4Mma

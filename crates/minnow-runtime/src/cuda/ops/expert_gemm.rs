@@ -150,12 +150,15 @@ pub enum CodeKind {
     /// NVFP4 as [`nvfp4_fragment_order`] repacks it: E2M1 codes in the `i4_mma` positions, BF16
     /// block scales of 16 columns, and an F32 factor per 8-row band (the global scale).
     E2m1,
+    /// `fp8_e4m3_b128` as [`fp8_fragment_order`] repacks it: E4M3 codes in the `i8_mma`
+    /// positions and each 128 x 128 block's F32 scale per (8-row band, group of 128 columns).
+    E4m3,
 }
 
 impl CodeKind {
     fn bits(self) -> usize {
         match self {
-            CodeKind::Int8 => 8,
+            CodeKind::Int8 | CodeKind::E4m3 => 8,
             CodeKind::Int4 | CodeKind::E2m1 => 4,
         }
     }
@@ -229,6 +232,51 @@ pub fn nvfp4_fragment_order(
     (packed, packed_scales)
 }
 
+/// The scale group the E4M3 kernels use for an FP8 matrix of `cols` columns: the largest of
+/// 128, 64, 32 and 16 that divides `cols` (the kernels need groups that divide K; each such group
+/// lies inside one 128-column block, so it takes that block's scale). `None` when 16 does not
+/// divide `cols`.
+pub fn fp8_group(cols: usize) -> Option<usize> {
+    [128, 64, 32, 16]
+        .into_iter()
+        .find(|g| cols.is_multiple_of(*g))
+}
+
+/// Our block-scaled FP8 (`fp8_e4m3_b128`: row-major E4M3 codes, one F32 scale per 128 x 128
+/// block, edge blocks cut short) of one `[rows, cols]` matrix in the order the quantized grouped
+/// GEMM reads it as [`CodeKind::E4m3`] with groups of [`fp8_group`] columns: each code byte,
+/// unchanged, at the position an `i8_mma` code of the same row and column takes, and per 8-row
+/// band and group 16 bytes holding its block's F32 scale four times (the place of an `i8_mma`
+/// band's eight FP16 scales, so the kernels' copies stay the same; 1/64 of the codes' bytes with
+/// groups of 128, against the file's 1/16,384). Needs `rows % 8 == 0` and `cols % 16 == 0`;
+/// `codes` and `scales` as the format stores them.
+pub fn fp8_fragment_order(
+    rows: usize,
+    cols: usize,
+    codes: &[u8],
+    scales: &[u8],
+) -> (Vec<u8>, Vec<u8>) {
+    use crate::quant::{int, QuantEncoding, FP8_BLOCK};
+    let group = fp8_group(cols).expect("columns a multiple of 16");
+    assert!(rows.is_multiple_of(8));
+    let (blocks_k, groups) = (cols.div_ceil(FP8_BLOCK), cols / group);
+    assert_eq!(codes.len(), rows * cols);
+    assert_eq!(scales.len(), rows.div_ceil(FP8_BLOCK) * blocks_k * 4);
+    // `pack_codes` moves a code's eight bits, whatever they mean.
+    let bytes: Vec<i8> = codes.iter().map(|&c| c as i8).collect();
+    let packed = int::pack_codes(QuantEncoding::I8Mma, rows, cols, &bytes);
+    let mut packed_scales = Vec::with_capacity(rows / 8 * groups * 16);
+    for band in 0..rows / 8 {
+        for g in 0..groups {
+            let block = band * 8 / FP8_BLOCK * blocks_k + g * group / FP8_BLOCK;
+            for _ in 0..4 {
+                packed_scales.extend_from_slice(&scales[block * 4..block * 4 + 4]);
+            }
+        }
+    }
+    (packed, packed_scales)
+}
+
 /// Whether the tiled quantized kernels (not the general one) take an `n`-row projection with
 /// groups of `group` columns: the condition for a packed shared expert beside codes.
 pub fn codes_tiled(n: usize, group: usize) -> bool {
@@ -265,9 +313,9 @@ pub fn grouped_gemm_codes(
     }
     // The kernels per encoding: (16-row tiles, 64-row tiles, the general kernel).
     use kernels::moe::{
-        grouped_gemm_f4_r16, grouped_gemm_f4_r64, grouped_gemm_i4_any, grouped_gemm_i4_r16,
-        grouped_gemm_i4_r64, grouped_gemm_i8_any, grouped_gemm_i8_r16, grouped_gemm_i8_r64,
-        CodesGemm,
+        grouped_gemm_f4_r16, grouped_gemm_f4_r64, grouped_gemm_f8_r16, grouped_gemm_f8_r64,
+        grouped_gemm_i4_any, grouped_gemm_i4_r16, grouped_gemm_i4_r64, grouped_gemm_i8_any,
+        grouped_gemm_i8_r16, grouped_gemm_i8_r64, CodesGemm,
     };
     let (r16, r64, any): (CodesGemm, CodesGemm, Option<CodesGemm>) = match w.kind {
         CodeKind::Int8 => (
@@ -280,8 +328,9 @@ pub fn grouped_gemm_codes(
             grouped_gemm_i4_r64,
             Some(grouped_gemm_i4_any),
         ),
-        // E2M1 has tiled kernels only: a loader widens shapes they refuse.
+        // E2M1 and E4M3 have tiled kernels only: a loader widens shapes they refuse.
         CodeKind::E2m1 => (grouped_gemm_f4_r16, grouped_gemm_f4_r64, None),
+        CodeKind::E4m3 => (grouped_gemm_f8_r16, grouped_gemm_f8_r64, None),
     };
     if w.kind == CodeKind::E2m1 && (w.group != 16 || w.band_scale == 0) {
         return unsupported(format!(
@@ -387,6 +436,65 @@ mod tests {
     }
 
     #[test]
+    fn fp8_repacked_for_the_gpu_holds_the_same_values() {
+        use crate::quant::{self, fp8::e4m3_to_f32, int, QuantEncoding};
+        // Two 128-row blocks of scales and two 128-column blocks (both second ones cut short:
+        // groups of 64); block (0, 1) holds E4M3 subnormals next to one value that sets its
+        // scale, and a -0 code.
+        let (rows, cols) = (136, 192);
+        let mut values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0)
+            .collect();
+        for r in 0..128 {
+            values[r * cols + 128..r * cols + 192]
+                .iter_mut()
+                .for_each(|v| *v *= 1e-4);
+        }
+        values[130] = 5.0;
+        let mut q = quant::quantize(QuantEncoding::Fp8Block, rows, cols, 128, &values).unwrap();
+        // Our quantizer writes no -0; another writer may.
+        q.codes[131] = 0x80;
+        let mut want = vec![0f32; rows * cols];
+        q.view(QuantEncoding::Fp8Block, rows, cols, 128)
+            .dequantize(&mut want);
+        let (codes, scales) = fp8_fragment_order(rows, cols, &q.codes, &q.scales);
+        let mut bytes = vec![0i8; rows * cols];
+        int::unpack_codes(QuantEncoding::I8Mma, rows, cols, &codes, &mut bytes);
+        assert_eq!(fp8_group(cols), Some(64));
+        let groups = cols / 64;
+        assert_eq!(scales.len(), rows / 8 * groups * 16);
+        let (mut subnormals, mut negative_zeros) = (0, 0);
+        for r in 0..rows {
+            for c in 0..cols {
+                let at = (r / 8 * groups + c / 64) * 16;
+                let copies: Vec<f32> = scales[at..at + 16]
+                    .chunks(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                    .collect();
+                assert!(
+                    copies.iter().all(|&s| s == copies[0]),
+                    "band {} group {}",
+                    r / 8,
+                    c / 64
+                );
+                let code = bytes[r * cols + c] as u8;
+                subnormals += usize::from(code & 0x78 == 0 && code & 7 != 0);
+                negative_zeros += usize::from(code == 0x80);
+                let got = e4m3_to_f32(code) * copies[0];
+                assert_eq!(
+                    got.to_bits(),
+                    want[r * cols + c].to_bits(),
+                    "row {r} column {c}"
+                );
+            }
+        }
+        assert!(
+            subnormals > 0 && negative_zeros > 0,
+            "subnormal and -0 codes survive"
+        );
+    }
+
+    #[test]
     fn expert_tiles_follow_rows_per_expert() {
         // A denoising step: 32 tokens x 8 picks over 256 experts -> few rows per expert.
         assert_eq!(moe_tile_rows(256, 256), 16);
@@ -405,6 +513,7 @@ mod tests {
         assert_eq!(codes_tile_smem_bytes(4, 16), 43776);
         assert_eq!(codes_tile_smem_bytes(CodeKind::E2m1.bits(), 64), 55296);
         assert_eq!(codes_tile_smem_bytes(8, 16), 68352);
+        assert_eq!(codes_tile_smem_bytes(CodeKind::E4m3.bits(), 16), 68352);
         assert_eq!(codes_tile_smem_bytes(4, 64), 55296);
         assert_eq!(codes_tile_smem_bytes(8, 64), 71680);
     }
