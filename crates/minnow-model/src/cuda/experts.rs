@@ -14,7 +14,7 @@
 //! warning.
 
 use half::{bf16, f16};
-use minnow_format::{TensorRef, TensorSource};
+use minnow_format::{QuantParts, TensorRef, TensorSource};
 use minnow_runtime::cuda::ops::{self, CodeMatrices, ExpertTiles};
 use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu};
 use minnow_runtime::quant::{int, QuantEncoding};
@@ -351,35 +351,21 @@ fn load_codes(
 /// NVFP4 experts, repacked for the E2M1 kernels (see the module documentation).
 fn load_nvfp4(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Result<ExpertMatrix> {
     let (rows, cols) = (p.rows, p.cols);
-    let code_bytes = rows * cols / 2;
-    let scale_bytes = rows * cols / 16;
-    let n = p.names.len();
-    let codes = gpu.alloc::<u8>(n * code_bytes).map_err(device_err)?;
-    let scales = gpu.alloc::<u8>(n * 2 * scale_bytes).map_err(device_err)?;
-    let mut band_scale = Vec::with_capacity(n * rows / 8);
     tracing::info!(
         "{}: nvfp4 experts repacked once for the GPU kernels (E2M1 codes at the INT4 positions, \
          BF16 block scales)",
         p.label
     );
-    for (i, name) in p.names.iter().enumerate() {
-        let t = tensor(source, name, &[rows, cols])?;
-        let q = t.quant.expect("checked by stored_codes");
-        if t.data.len() != code_bytes || q.scales.len() != scale_bytes {
-            return Err(ModelError::Weights(format!(
-                "{name}: nvfp4 codes of {} bytes and scales of {}, expected {code_bytes} and \
-                 {scale_bytes}",
-                t.data.len(),
-                q.scales.len()
-            )));
-        }
-        let (packed, packed_scales) = ops::nvfp4_fragment_order(rows, cols, t.data, q.scales);
-        gpu.write(&codes, i * code_bytes, &packed)
-            .map_err(device_err)?;
-        gpu.write(&scales, i * 2 * scale_bytes, &packed_scales)
-            .map_err(device_err)?;
+    let mut band_scale = Vec::with_capacity(p.names.len() * rows / 8);
+    let sizes = RepackSizes {
+        codes: rows * cols / 2,
+        file_scales: rows * cols / 16,
+        device_scales: rows * cols / 8,
+    };
+    let (codes, scales) = load_repacked(gpu, source, p, "nvfp4", sizes, |data, q| {
         band_scale.extend(std::iter::repeat_n(q.global_scale, rows / 8));
-    }
+        ops::nvfp4_fragment_order(rows, cols, data, q.scales)
+    })?;
     Ok(ExpertMatrix::Codes {
         encoding: QuantEncoding::Nvfp4,
         group: 16,
@@ -395,34 +381,19 @@ fn load_fp8(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Result<
     use minnow_runtime::quant::FP8_BLOCK;
     let (rows, cols) = (p.rows, p.cols);
     let group = ops::fp8_group(cols).expect("checked by stored_codes");
-    let code_bytes = rows * cols;
-    let file_scale_bytes = rows.div_ceil(FP8_BLOCK) * cols.div_ceil(FP8_BLOCK) * 4;
-    let scale_bytes = rows / 8 * (cols / group) * 16;
-    let n = p.names.len();
-    let codes = gpu.alloc::<u8>(n * code_bytes).map_err(device_err)?;
-    let scales = gpu.alloc::<u8>(n * scale_bytes).map_err(device_err)?;
     tracing::info!(
         "{}: fp8_e4m3_b128 experts repacked once for the GPU kernels (E4M3 codes at the INT8 \
          positions, F32 block scales per 8-row band and {group} columns)",
         p.label
     );
-    for (i, name) in p.names.iter().enumerate() {
-        let t = tensor(source, name, &[rows, cols])?;
-        let q = t.quant.expect("checked by stored_codes");
-        if t.data.len() != code_bytes || q.scales.len() != file_scale_bytes {
-            return Err(ModelError::Weights(format!(
-                "{name}: fp8 codes of {} bytes and scales of {}, expected {code_bytes} and \
-                 {file_scale_bytes}",
-                t.data.len(),
-                q.scales.len()
-            )));
-        }
-        let (packed, packed_scales) = ops::fp8_fragment_order(rows, cols, t.data, q.scales);
-        gpu.write(&codes, i * code_bytes, &packed)
-            .map_err(device_err)?;
-        gpu.write(&scales, i * scale_bytes, &packed_scales)
-            .map_err(device_err)?;
-    }
+    let sizes = RepackSizes {
+        codes: rows * cols,
+        file_scales: rows.div_ceil(FP8_BLOCK) * cols.div_ceil(FP8_BLOCK) * 4,
+        device_scales: rows / 8 * (cols / group) * 16,
+    };
+    let (codes, scales) = load_repacked(gpu, source, p, "fp8", sizes, |data, q| {
+        ops::fp8_fragment_order(rows, cols, data, q.scales)
+    })?;
     Ok(ExpertMatrix::Codes {
         encoding: QuantEncoding::Fp8Block,
         group,
@@ -431,6 +402,51 @@ fn load_fp8(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Result<
         band_scale: None,
         shared: None,
     })
+}
+
+/// Bytes per expert matrix of a repacked encoding: its codes (the same in the file and on the
+/// device), and its scales as the file stores them and as the kernels read them.
+struct RepackSizes {
+    codes: usize,
+    file_scales: usize,
+    device_scales: usize,
+}
+
+/// Every expert matrix of the projection checked against the sizes its file must have, turned
+/// into the kernels' order by `repack` (codes, scales), and written side by side on the device.
+fn load_repacked(
+    gpu: &Gpu,
+    source: &dyn TensorSource,
+    p: &Projection<'_>,
+    what: &str,
+    sizes: RepackSizes,
+    mut repack: impl FnMut(&[u8], &QuantParts<'_>) -> (Vec<u8>, Vec<u8>),
+) -> Result<(DeviceBuffer<u8>, DeviceBuffer<u8>)> {
+    let n = p.names.len();
+    let codes = gpu.alloc::<u8>(n * sizes.codes).map_err(device_err)?;
+    let scales = gpu
+        .alloc::<u8>(n * sizes.device_scales)
+        .map_err(device_err)?;
+    for (i, name) in p.names.iter().enumerate() {
+        let t = tensor(source, name, &[p.rows, p.cols])?;
+        let q = t.quant.expect("checked by stored_codes");
+        if t.data.len() != sizes.codes || q.scales.len() != sizes.file_scales {
+            return Err(ModelError::Weights(format!(
+                "{name}: {what} codes of {} bytes and scales of {}, expected {} and {}",
+                t.data.len(),
+                q.scales.len(),
+                sizes.codes,
+                sizes.file_scales
+            )));
+        }
+        let (packed, packed_scales) = repack(t.data, &q);
+        debug_assert_eq!(packed_scales.len(), sizes.device_scales);
+        gpu.write(&codes, i * sizes.codes, &packed)
+            .map_err(device_err)?;
+        gpu.write(&scales, i * sizes.device_scales, &packed_scales)
+            .map_err(device_err)?;
+    }
+    Ok((codes, scales))
 }
 
 fn tensor<'a>(source: &'a dyn TensorSource, name: &str, shape: &[usize]) -> Result<TensorRef<'a>> {
