@@ -197,8 +197,8 @@ GROUPED_ENTRY(grouped_gemm_m64, 64, 3)
 // scale, unrounded, and the band's factor multiplies the F32 sum once, at the end.
 //
 // E4M3 (our `fp8_e4m3_b128`, repacked at load): one E4M3 byte per weight at the INT8 positions,
-// groups of 128 columns, and in the FP16 scales' 16 bytes per (band, group) the block's F32
-// scale (four copies; a 128 x 128 block covers 16 bands). Each code becomes its exact BF16 value
+// groups of up to 128 columns (each inside one 128 x 128 block), and in the FP16 scales' 16
+// bytes per (band, group) the group's block's F32 scale (four copies; a block covers 16 bands). Each code becomes its exact BF16 value
 // (every E4M3 value is one) and the block scale multiplies each group's F32 sum, as for integers.
 namespace minnow_codes {
 // How codes are read: integers with FP16 scales of each group's sum, E2M1 with BF16 block scales

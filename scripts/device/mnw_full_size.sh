@@ -19,7 +19,8 @@
 # Results are appended to $OUT/mnw.txt step by step, so a run cut short keeps what it measured;
 # the table is printed at the end (and each row as soon as it is known).
 # Scratch space: $MNW_WORK (default ./mnw_full_work, removed at the end).
-# Time: made to fit one 10-minute call on the 16-core device machine (not yet measured there).
+# Time on the 16-core device machine: ~110 s for int8 and nvfp4 (make-checkpoint 26 s, each
+# conversion 12-15 s, each validate ~1 s); all four fit one 10-minute call.
 
 set -euo pipefail
 

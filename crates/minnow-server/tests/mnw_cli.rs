@@ -97,6 +97,30 @@ fn converts_identically_for_any_worker_count_and_validates() {
     assert_eq!(left, ["w1.mnw", "w4.mnw"]);
 }
 
+/// `inspect` counts what the GPU loader keeps of repacked encodings. The v21 fixture's MoE layer
+/// has 16 experts with gate and up of 32 x 64 and down of 64 x 32. FP8 keeps every code byte
+/// plus 16 bytes of scales per 8-row band and group (groups of 64 for gate/up, 32 for down):
+/// 16 x (2 x (2,048 + 64) + (2,048 + 128)) = 102,400 bytes. NVFP4 keeps gate/up as E2M1 with
+/// BF16 block scales (2 x 16 x (1,024 + 256) = 40,960 bytes) and widens down (K = 32 is not a
+/// multiple of 64).
+#[test]
+fn inspect_counts_the_gpu_bytes_of_repacked_experts() {
+    let dir = tempfile::tempdir().unwrap();
+    for (experts, form) in [("fp8", "e4m3 100.0 KiB"), ("nvfp4", "e2m1 40.0 KiB")] {
+        let file = convert(
+            dir.path(),
+            &format!("{experts}.mnw"),
+            &["--experts", experts],
+        );
+        let inspect = ok(minnow_bare(&["inspect", file.to_str().unwrap()]));
+        let on_gpu = inspect
+            .lines()
+            .find(|l| l.starts_with("weights on GPU "))
+            .expect("a GPU line");
+        assert!(on_gpu.contains(form), "{experts}: {on_gpu}");
+    }
+}
+
 /// A `.mnw` is a complete model: generation from it (tokenizer, template and config from its
 /// assets) matches generation from the directory it was written from.
 #[test]
