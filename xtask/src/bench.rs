@@ -8,9 +8,10 @@
 //! `--prefill 512,2048,...`, `--prefix 1024,8192`, `--profile-one` (only one refinement forward
 //! at the first prefix, without a graph, between `cuProfilerStart`/`Stop`: for
 //! `ncu --profile-from-start off`), `--concurrency 1,4,16,64` (the batched steps),
-//! `--experts bf16|int8|int4|nvfp4|fp8` (random routed experts in that encoding: `i8_mma`/`i4_mma`
-//! codes with groups of 128, or NVFP4 and FP8 as the loader repacks them: E2M1 codes with a
-//! BF16 scale per 16, E4M3 codes with an F32 scale per 128 x 128 block), `--preset mini|flash` (the shapes; flash needs quantized experts to fit one GPU).
+//! `--experts bf16|int8|int4|nvfp4|fp8` (random routed experts in that encoding: `i8_mma` /
+//! `i4_mma` codes with groups of 128, or NVFP4 and FP8 as the loader repacks them: E2M1 codes
+//! with a BF16 scale per 16, E4M3 codes with an F32 scale per 128 x 128 block), `--preset
+//! mini|flash` (the shapes; flash needs quantized experts to fit one GPU).
 
 use std::time::Instant;
 

@@ -10,8 +10,8 @@
 //! needs no E4M3 decoding). Our FP8 (`fp8_e4m3_b128`) is repacked once too
 //! (`ops::fp8_fragment_order`): its E4M3 bytes move to the INT8 positions unchanged and each
 //! 128 x 128 block's F32 scale is copied per 8-row band and group (`ops::fp8_group`), 1.016
-//! bytes a weight on the device against the file's 1.0001 at groups of 128. Shapes the kernels refuse are widened to BF16 at load, with a
-//! warning.
+//! bytes a weight on the device against the file's 1.0001 at groups of 128. Shapes the kernels
+//! refuse are widened to BF16 at load, with a warning.
 
 use half::{bf16, f16};
 use minnow_format::{QuantParts, TensorRef, TensorSource};
@@ -209,12 +209,10 @@ pub(crate) fn stored_codes(
         }
     }
     let (encoding, group) = common?;
-    let shapes_ok = if encoding == QuantEncoding::Nvfp4 {
-        // The E2M1 kernels are the tiled ones only (whole 16-row warps).
-        p.rows.is_multiple_of(16) && p.cols.is_multiple_of(64) && group == 16
-    } else if encoding == QuantEncoding::Fp8Block {
-        // So are the E4M3 ones, whose scale groups lie inside the 128-column blocks.
-        p.rows.is_multiple_of(16) && ops::fp8_group(p.cols).is_some()
+    let shapes_ok = if matches!(encoding, QuantEncoding::Nvfp4 | QuantEncoding::Fp8Block) {
+        // The E2M1 and E4M3 kernels are the tiled ones only.
+        ops::repacked_bytes(encoding, p.rows, p.cols).is_some()
+            && (encoding != QuantEncoding::Nvfp4 || group == 16)
     } else {
         p.rows.is_multiple_of(8)
             && p.cols.is_multiple_of(16)
@@ -357,15 +355,17 @@ fn load_nvfp4(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Resul
         p.label
     );
     let mut band_scale = Vec::with_capacity(p.names.len() * rows / 8);
-    let sizes = RepackSizes {
-        codes: rows * cols / 2,
-        file_scales: rows * cols / 16,
-        device_scales: rows * cols / 8,
-    };
-    let (codes, scales) = load_repacked(gpu, source, p, "nvfp4", sizes, |data, q| {
-        band_scale.extend(std::iter::repeat_n(q.global_scale, rows / 8));
-        ops::nvfp4_fragment_order(rows, cols, data, q.scales)
-    })?;
+    let (codes, scales) = load_repacked(
+        gpu,
+        source,
+        p,
+        QuantEncoding::Nvfp4,
+        rows * cols / 16,
+        |data, q| {
+            band_scale.extend(std::iter::repeat_n(q.global_scale, rows / 8));
+            ops::nvfp4_fragment_order(rows, cols, data, q.scales)
+        },
+    )?;
     Ok(ExpertMatrix::Codes {
         encoding: QuantEncoding::Nvfp4,
         group: 16,
@@ -386,14 +386,15 @@ fn load_fp8(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Result<
          positions, F32 block scales per 8-row band and {group} columns)",
         p.label
     );
-    let sizes = RepackSizes {
-        codes: rows * cols,
-        file_scales: rows.div_ceil(FP8_BLOCK) * cols.div_ceil(FP8_BLOCK) * 4,
-        device_scales: rows / 8 * (cols / group) * 16,
-    };
-    let (codes, scales) = load_repacked(gpu, source, p, "fp8", sizes, |data, q| {
-        ops::fp8_fragment_order(rows, cols, data, q.scales)
-    })?;
+    let file_scales = rows.div_ceil(FP8_BLOCK) * cols.div_ceil(FP8_BLOCK) * 4;
+    let (codes, scales) = load_repacked(
+        gpu,
+        source,
+        p,
+        QuantEncoding::Fp8Block,
+        file_scales,
+        |data, q| ops::fp8_fragment_order(rows, cols, data, q.scales),
+    )?;
     Ok(ExpertMatrix::Codes {
         encoding: QuantEncoding::Fp8Block,
         group,
@@ -404,46 +405,39 @@ fn load_fp8(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Result<
     })
 }
 
-/// Bytes per expert matrix of a repacked encoding: its codes (the same in the file and on the
-/// device), and its scales as the file stores them and as the kernels read them.
-struct RepackSizes {
-    codes: usize,
-    file_scales: usize,
-    device_scales: usize,
-}
-
-/// Every expert matrix of the projection checked against the sizes its file must have, turned
-/// into the kernels' order by `repack` (codes, scales), and written side by side on the device.
+/// Every expert matrix of a projection in `encoding` (NVFP4 or FP8, repacked at load), checked
+/// against the sizes its file must have (`file_scales` bytes of scales; the codes are as many
+/// bytes in the file as on the device), turned into the kernels' order by `repack` (codes,
+/// scales), and written side by side on the device, `ops::repacked_bytes` per matrix.
 fn load_repacked(
     gpu: &Gpu,
     source: &dyn TensorSource,
     p: &Projection<'_>,
-    what: &str,
-    sizes: RepackSizes,
+    encoding: QuantEncoding,
+    file_scales: usize,
     mut repack: impl FnMut(&[u8], &QuantParts<'_>) -> (Vec<u8>, Vec<u8>),
 ) -> Result<(DeviceBuffer<u8>, DeviceBuffer<u8>)> {
+    let (code_bytes, scale_bytes) =
+        ops::repacked_bytes(encoding, p.rows, p.cols).expect("checked by stored_codes");
     let n = p.names.len();
-    let codes = gpu.alloc::<u8>(n * sizes.codes).map_err(device_err)?;
-    let scales = gpu
-        .alloc::<u8>(n * sizes.device_scales)
-        .map_err(device_err)?;
+    let codes = gpu.alloc::<u8>(n * code_bytes).map_err(device_err)?;
+    let scales = gpu.alloc::<u8>(n * scale_bytes).map_err(device_err)?;
     for (i, name) in p.names.iter().enumerate() {
         let t = tensor(source, name, &[p.rows, p.cols])?;
         let q = t.quant.expect("checked by stored_codes");
-        if t.data.len() != sizes.codes || q.scales.len() != sizes.file_scales {
+        if t.data.len() != code_bytes || q.scales.len() != file_scales {
             return Err(ModelError::Weights(format!(
-                "{name}: {what} codes of {} bytes and scales of {}, expected {} and {}",
+                "{name}: {encoding} codes of {} bytes and scales of {}, expected {code_bytes} \
+                 and {file_scales}",
                 t.data.len(),
-                q.scales.len(),
-                sizes.codes,
-                sizes.file_scales
+                q.scales.len()
             )));
         }
         let (packed, packed_scales) = repack(t.data, &q);
-        debug_assert_eq!(packed_scales.len(), sizes.device_scales);
-        gpu.write(&codes, i * sizes.codes, &packed)
+        debug_assert_eq!(packed_scales.len(), scale_bytes);
+        gpu.write(&codes, i * code_bytes, &packed)
             .map_err(device_err)?;
-        gpu.write(&scales, i * sizes.device_scales, &packed_scales)
+        gpu.write(&scales, i * scale_bytes, &packed_scales)
             .map_err(device_err)?;
     }
     Ok((codes, scales))

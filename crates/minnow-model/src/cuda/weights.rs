@@ -659,13 +659,17 @@ impl RandomCodes {
             // Scales that give weights of standard deviation 1/sqrt(fan_in) (NVFP4's block
             // scales are BF16 on the device).
             let scale = 1.0 / (spread * (cols as f32).sqrt());
-            // (FP8: four F32 copies of the block scale per 8-row band and group, as
-            // `ops::fp8_fragment_order` lays them out, in the 16 bytes of eight FP16 scales.)
+            // (FP8: copies of the F32 block scale filling the scales' bytes the repacked
+            // layout has, `ops::repacked_bytes`.)
             let scales = match encoding {
                 QuantEncoding::Nvfp4 => half::bf16::from_f32(scale)
                     .to_le_bytes()
                     .repeat(rows * cols / group),
-                QuantEncoding::Fp8Block => scale.to_le_bytes().repeat(rows * cols / group / 2),
+                QuantEncoding::Fp8Block => {
+                    let (_, bytes) = ops::repacked_bytes(encoding, rows, cols)
+                        .expect("rows % 16 == 0, columns % 128 == 0");
+                    scale.to_le_bytes().repeat(bytes / 4)
+                }
                 _ => f16::from_f32(scale)
                     .to_le_bytes()
                     .repeat(rows * cols / group),

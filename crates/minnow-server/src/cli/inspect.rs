@@ -90,23 +90,24 @@ fn report(c: &Config, source: &Checkpoint) -> String {
             [r, c] => (r, c),
             _ => (0, 0),
         };
-        let gpu_form = match t.quant.map(|q| q.encoding) {
-            Some(minnow_runtime::QuantEncoding::Nvfp4)
-                if rows.is_multiple_of(8) && cols.is_multiple_of(64) =>
-            {
-                ("e2m1", t.data.len() + rows * cols / 8)
+        let repacked = t
+            .quant
+            .and_then(|q| minnow_runtime::cuda::ops::repacked_bytes(q.encoding, rows, cols));
+        let gpu_form = match (t.quant.map(|q| q.encoding), repacked) {
+            (Some(minnow_runtime::QuantEncoding::Nvfp4), Some((codes, scales))) => {
+                ("e2m1", codes + scales)
             }
-            Some(minnow_runtime::QuantEncoding::Fp8Block) if rows.is_multiple_of(8) => {
-                match minnow_runtime::cuda::ops::fp8_group(cols) {
-                    Some(group) => ("e4m3", t.data.len() + rows / 8 * (cols / group) * 16),
-                    None => ("bf16", t.numel() * 2),
-                }
+            (Some(minnow_runtime::QuantEncoding::Fp8Block), Some((codes, scales))) => {
+                ("e4m3", codes + scales)
             }
-            Some(
-                e @ (minnow_runtime::QuantEncoding::I8Mma
-                | minnow_runtime::QuantEncoding::I4Mma
-                | minnow_runtime::QuantEncoding::I8Sym
-                | minnow_runtime::QuantEncoding::I4Sym),
+            (
+                Some(
+                    e @ (minnow_runtime::QuantEncoding::I8Mma
+                    | minnow_runtime::QuantEncoding::I4Mma
+                    | minnow_runtime::QuantEncoding::I8Sym
+                    | minnow_runtime::QuantEncoding::I4Sym),
+                ),
+                _,
             ) => {
                 let form = if matches!(
                     e,

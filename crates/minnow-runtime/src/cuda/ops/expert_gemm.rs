@@ -242,6 +242,30 @@ pub fn fp8_group(cols: usize) -> Option<usize> {
         .find(|g| cols.is_multiple_of(*g))
 }
 
+/// Bytes one `[rows, cols]` matrix of an encoding repacked at load (NVFP4 or our FP8) takes on
+/// the device, `(codes, scales)`, when the repacked kernels take its shape (whole 16-row warps;
+/// NVFP4: K % 64 == 0; FP8: groups of [`fp8_group`]); `None` otherwise (the loader then widens it
+/// to BF16) and for encodings stored as they are. NVFP4: 4-bit codes and a BF16 scale per 16
+/// (the band's global scale apart); FP8: a byte per code and 16 bytes of scales per 8-row band
+/// and group.
+pub fn repacked_bytes(
+    encoding: crate::quant::QuantEncoding,
+    rows: usize,
+    cols: usize,
+) -> Option<(usize, usize)> {
+    use crate::quant::QuantEncoding;
+    if !rows.is_multiple_of(16) {
+        return None;
+    }
+    match encoding {
+        QuantEncoding::Nvfp4 if cols.is_multiple_of(64) => Some((rows * cols / 2, rows * cols / 8)),
+        QuantEncoding::Fp8Block => {
+            fp8_group(cols).map(|group| (rows * cols, rows / 8 * (cols / group) * 16))
+        }
+        _ => None,
+    }
+}
+
 /// Our block-scaled FP8 (`fp8_e4m3_b128`: row-major E4M3 codes, one F32 scale per 128 x 128
 /// block, edge blocks cut short) of one `[rows, cols]` matrix in the order the quantized grouped
 /// GEMM reads it as [`CodeKind::E4m3`] with groups of [`fp8_group`] columns: each code byte,
@@ -262,9 +286,13 @@ pub fn fp8_fragment_order(
     let (blocks_k, groups) = (cols.div_ceil(FP8_BLOCK), cols / group);
     assert_eq!(codes.len(), rows * cols);
     assert_eq!(scales.len(), rows.div_ceil(FP8_BLOCK) * blocks_k * 4);
-    // `pack_codes` moves a code's eight bits, whatever they mean.
-    let bytes: Vec<i8> = codes.iter().map(|&c| c as i8).collect();
-    let packed = int::pack_codes(QuantEncoding::I8Mma, rows, cols, &bytes);
+    // `pack_codes` moves a code's eight bits, whatever they mean (a view, no copy).
+    let packed = int::pack_codes(
+        QuantEncoding::I8Mma,
+        rows,
+        cols,
+        bytemuck::cast_slice(codes),
+    );
     let mut packed_scales = Vec::with_capacity(rows / 8 * groups * 16);
     for band in 0..rows / 8 {
         for g in 0..groups {
@@ -396,15 +424,20 @@ pub fn grouped_gemm_codes(
 mod tests {
     use super::*;
 
+    /// Deterministic values with every sign and a spread of magnitudes, for the repacking tests.
+    fn patterned(rows: usize, cols: usize) -> Vec<f32> {
+        (0..rows * cols)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0)
+            .collect()
+    }
+
     #[test]
     fn nvfp4_repacked_for_the_gpu_holds_the_same_values() {
         use crate::quant::{self, int, nvfp4::e2m1_to_f32, QuantEncoding};
         let (rows, cols) = (16, 128);
         // Deterministic values with every sign and magnitude, an all-zero block (row 0,
         // columns 0..16), negative values that round to zero, and one large outlier.
-        let mut values: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0)
-            .collect();
+        let mut values = patterned(rows, cols);
         values[..16].iter_mut().for_each(|v| *v = 0.0);
         values[cols + 3] = -1e-6;
         values[5 * cols + 70] = 40.0;
@@ -417,6 +450,10 @@ mod tests {
         int::unpack_codes(QuantEncoding::I4Mma, rows, cols, &codes, &mut nibbles);
         let blocks = cols / 16;
         assert_eq!(scales.len(), rows * blocks * 2);
+        assert_eq!(
+            repacked_bytes(QuantEncoding::Nvfp4, rows, cols),
+            Some((codes.len(), scales.len()))
+        );
         let mut negative_zeros = 0;
         for r in 0..rows {
             for c in 0..cols {
@@ -441,10 +478,8 @@ mod tests {
         // Two 128-row blocks of scales and two 128-column blocks (both second ones cut short:
         // groups of 64); block (0, 1) holds E4M3 subnormals next to one value that sets its
         // scale, and a -0 code.
-        let (rows, cols) = (136, 192);
-        let mut values: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0)
-            .collect();
+        let (rows, cols) = (144, 192);
+        let mut values = patterned(rows, cols);
         for r in 0..128 {
             values[r * cols + 128..r * cols + 192]
                 .iter_mut()
@@ -463,6 +498,10 @@ mod tests {
         assert_eq!(fp8_group(cols), Some(64));
         let groups = cols / 64;
         assert_eq!(scales.len(), rows / 8 * groups * 16);
+        assert_eq!(
+            repacked_bytes(QuantEncoding::Fp8Block, rows, cols),
+            Some((codes.len(), scales.len()))
+        );
         let (mut subnormals, mut negative_zeros) = (0, 0);
         for r in 0..rows {
             for c in 0..cols {
