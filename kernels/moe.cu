@@ -550,6 +550,285 @@ __host__ __device__ constexpr int bf16_slot_stages() {
     constexpr int fit = STAGES * Stage<BITS, 8 * NT>::bytes / Stage<16, 8 * NT>::bytes;
     return fit > 8 ? 8 : fit;
 }
+
+// ---------------------------------------------------------------------------------------------
+// FP8 x FP8 (W8A8): E4M3 weights (the E4M3 codes above) times E4M3 activations on the FP8
+// tensor cores (mma.m16n8k32, sm_89 on). The activations are quantized first, per row and group
+// of columns (`quantize_rows_e4m3`: the group's largest magnitude over 448 is its F32 scale, each
+// value / scale its nearest-even E4M3 code), into bytes permuted inside each 16-column chunk so
+// that the i8_mma positions of the weights and a k32 product's fragments meet (see
+// `e4m3_rows_order` in ops/expert_gemm.rs). Each group's F32 sum (two 16-column steps per
+// product) takes both scales: acc = fma(part, weight scale x row scale, acc), in ascending K,
+// so every output is one fixed chain whatever the tile or its other rows, as above.
+
+// The E4M3 code nearest to x (ties to even, saturating at +-448, a zero or a value that rounds to
+// zero keeps no sign): the CPU quantizer's rule (quant::fp8::f32_to_e4m3), read off x's bits.
+__device__ __forceinline__ unsigned e4m3_code(float x) {
+    const float a = fabsf(x);
+    unsigned code;
+    if (!(a > 0.f)) {
+        code = 0u;  // zero and NaN
+    } else if (a >= 448.f) {
+        code = 126u;
+    } else if (a < 0.015625f) {  // subnormal codes: multiples of 2^-9, rounded by 1.5 x 2^23
+        code = (unsigned)__fsub_rn(__fadd_rn(__fmul_rn(a, 512.f), 12582912.f), 12582912.f);
+    } else {
+        const unsigned bits = __float_as_uint(a);
+        code = ((bits + 0x7FFFFu + ((bits >> 20) & 1u)) >> 20) - (120u << 3);
+    }
+    return (x < 0.f && code != 0u) ? (code | 0x80u) : code;
+}
+
+// grid = ceil(rows x K / 16 / 256), block = 256: one thread per 16-column chunk of a row.
+// Q: [rows, K] bytes, chunk bytes 4j..4j + 3 holding columns 2j, 2j + 1, 2j + 8, 2j + 9;
+// S: [rows, K / group] F32 (1 for an all-zero group). group: 16..128, a power of two dividing K.
+__device__ __forceinline__ void quantize_rows_e4m3_body(const bf16* __restrict__ X, int rows, int K, int group,
+                                                        unsigned char* __restrict__ Q, float* __restrict__ S) {
+    const int chunks = K / 16, gsteps = group / 16;
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool live = idx < (long)rows * chunks;
+    float v[16];
+    if (live) {
+        const uint4* src = reinterpret_cast<const uint4*>(X + idx * 16);
+        const uint4 u0 = src[0], u1 = src[1];
+        const unsigned pairs[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {  // BF16 pairs, low half first
+            v[2 * i] = __uint_as_float(pairs[i] << 16);
+            v[2 * i + 1] = __uint_as_float(pairs[i] & 0xFFFF0000u);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = 0.f;
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    // A group's chunks are neighbouring threads of one warp (a row starts at a multiple of gsteps).
+    for (int o = 1; o < gsteps; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = amax == 0.f ? 1.f : fmaxf(__fdiv_rn(amax, 448.f), 1.17549435e-38f);
+    if (!live) return;
+    unsigned w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int c[4] = {2 * j, 2 * j + 1, 2 * j + 8, 2 * j + 9};
+        unsigned word = 0u;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) word |= e4m3_code(__fdiv_rn(v[c[b]], scale)) << (8 * b);
+        w[j] = word;
+    }
+    reinterpret_cast<uint4*>(Q)[idx] = make_uint4(w[0], w[1], w[2], w[3]);
+    if (idx % gsteps == 0) S[idx / gsteps] = scale;
+}
+
+// D += A . B: one m16n8k32 E4M3 product with F32 accumulation (sm_89 on; the sm_80 PTX traps,
+// and the host launches these kernels only with the sm_90 PTX).
+__device__ __forceinline__ void mma16832_e4m3(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const int bytes = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+
+// One stage of the W8A8 tile: the E4M3 stage's codes and scales, then the rows' activation
+// bytes at a pitch of LDQ, then their F32 scales of the (at most GPS) groups the stage covers.
+template <int ROWS>
+struct StageQ {
+    static constexpr int SK = 8;
+    static constexpr int LDQ = SK * 16 + 16;  // ldmatrix rows of 16 bytes on distinct banks
+    static constexpr int GPS = SK / 2;        // groups of at least 32 columns
+    static constexpr int code_bytes = Stage<8, ROWS>::code_bytes;
+    static constexpr int scale_bytes = Stage<8, ROWS>::scale_bytes;
+    static constexpr int q_bytes = ROWS * LDQ;
+    static constexpr int xs_bytes = ROWS * GPS * 4;
+    static constexpr int bytes = code_bytes + scale_bytes + q_bytes + xs_bytes;
+};
+
+// The W8A8 tile: as codes_tile<8, E4M3> but over the quantized rows Q (gathered through
+// row_token when given) and their scales S; groups of 32..128 columns.
+template <int NT, int STAGES, int ACTIVE>
+__device__ void w8a8_tile(const unsigned char* __restrict__ Q, const float* __restrict__ S,
+                          const int* __restrict__ row_token, const unsigned char* __restrict__ codes,
+                          const __half* __restrict__ scales, int group, bf16* __restrict__ Y, int e, int p0,
+                          int rows, int n0, int N, int K) {
+    constexpr int ROWS = 8 * NT, TB = tile_bytes<8>();
+    using S_ = StageQ<ROWS>;
+    constexpr int SK = S_::SK, LDQ = S_::LDQ, GPS = S_::GPS;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int k_tiles = K / 16, groups = K / group, gsteps = group / 16;  // gsteps: 2, 4 or 8
+    const size_t band0 = ((size_t)e * N + n0) / 8;
+    const int stages_k = (k_tiles + SK - 1) / SK;
+    const bool warp_live = n0 + warp * 16 < N;
+
+    // Activation bytes: ROWS x 8 copies of 16 bytes per stage; scales: ROWS x GPS copies of 4.
+    constexpr int Q_COPIES = (ROWS * SK + THREADS - 1) / THREADS;
+    static_assert(Q_COPIES * THREADS == ROWS * SK || Q_COPIES == 1, "activations: whole copies");
+    static_assert(ROWS * GPS <= THREADS, "row scales: one copy per thread");
+    const unsigned char* q_src[Q_COPIES];
+    bool q_ok[Q_COPIES];
+#pragma unroll
+    for (int i = 0; i < Q_COPIES; ++i) {
+        const int r = (tid + i * THREADS) / SK;
+        q_ok[i] = r < rows && r < ROWS;
+        q_src[i] = Q + (size_t)(q_ok[i] ? (row_token ? row_token[p0 + r] : p0 + r) : 0) * K +
+                   ((tid + i * THREADS) % SK) * 16;
+    }
+    const int s_row = tid / GPS, s_slot = tid % GPS;
+    const bool s_ok = tid < ROWS * GPS && s_row < rows;
+    const float* s_src = S + (size_t)(s_ok ? (row_token ? row_token[p0 + s_row] : p0 + s_row) : 0) * groups;
+    auto load_stage = [&](int buf, int st) {
+        unsigned char* base = smem + buf * S_::bytes;
+        const int kt0 = st * SK;
+        constexpr int CODE_COPIES = S_::code_bytes / 16 / THREADS;
+        static_assert(CODE_COPIES * 16 * THREADS == S_::code_bytes, "codes: whole copies");
+#pragma unroll
+        for (int i = 0; i < CODE_COPIES; ++i) {
+            const int byte = (tid + i * THREADS) * 16;
+            const int band = byte / (SK * TB), within = byte % (SK * TB);
+            cp_async16(base + byte, codes + ((band0 + band) * k_tiles + kt0) * TB + within,
+                       n0 + band * 8 < N && kt0 + within / TB < k_tiles);
+        }
+        const int g_first = kt0 / gsteps, g_last = (min(kt0 + SK, k_tiles) * 16 - 1) / group;
+        if (tid < BANDS * SK) {
+            const int band = tid / SK, g = g_first + tid % SK;
+            cp_async16(base + S_::code_bytes + tid * 16, scales + ((band0 + band) * groups + g) * 8,
+                       n0 + band * 8 < N && g <= g_last);
+        }
+        unsigned char* sq = base + S_::code_bytes + S_::scale_bytes;
+#pragma unroll
+        for (int i = 0; i < Q_COPIES; ++i) {
+            const int c = tid + i * THREADS, r = c / SK, col = (c % SK) * 16;
+            if (q_ok[i]) cp_async16(sq + r * LDQ + col, q_src[i] + kt0 * 16, kt0 * 16 + col < K);
+        }
+        if (s_ok) {
+            const int g = g_first + s_slot;
+            cp_async4(sq + S_::q_bytes + (s_row * GPS + s_slot) * 4, s_src + min(g, groups - 1), g <= g_last);
+        }
+    };
+
+    float acc[ACTIVE][4], part[ACTIVE][4];
+#pragma unroll
+    for (int t = 0; t < ACTIVE; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[t][i] = part[t][i] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < stages_k) load_stage(s, s);
+        cp_async_commit();
+    }
+    for (int st = 0; st < stages_k; ++st) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const int next = st + STAGES - 1;
+        if (next < stages_k) load_stage(next % STAGES, next);
+        cp_async_commit();
+
+        const unsigned char* base = smem + (st % STAGES) * S_::bytes;
+        const unsigned char* code0 = base + (2 * warp) * SK * TB + lane * 4;
+        const unsigned char* code1 = code0 + SK * TB;
+        const float* wscale = reinterpret_cast<const float*>(base + S_::code_bytes) + (2 * warp) * SK * 4;
+        const unsigned char* sq = base + S_::code_bytes + S_::scale_bytes;
+        const float* sxs = reinterpret_cast<const float*>(sq + S_::q_bytes);
+        // ldmatrix rows: lanes 0-7 / 8-15 give tokens 0-7 of the step pair's first / second
+        // chunk, lanes 16-31 tokens 8-15 of the same: b0, b1 of two token groups.
+        const unsigned char* qrow = sq + ((lane & 7) + ((lane >> 4) << 3)) * LDQ + ((lane >> 3) & 1) * 16;
+        const int kt0 = st * SK, g_first = kt0 / gsteps;
+        if (!warp_live) continue;
+#pragma unroll
+        for (int s = 0; s < SK; s += 2) {
+            // Steps s and s + 1 of one band: a lane's bytes of a k32 A fragment.
+            unsigned a[4];
+            a[0] = *reinterpret_cast<const unsigned*>(code0 + s * TB);
+            a[1] = *reinterpret_cast<const unsigned*>(code1 + s * TB);
+            a[2] = *reinterpret_cast<const unsigned*>(code0 + (s + 1) * TB);
+            a[3] = *reinterpret_cast<const unsigned*>(code1 + (s + 1) * TB);
+#pragma unroll
+            for (int t = 0; t < ACTIVE; t += 2) {
+                unsigned b[4];
+                ldmatrix_x4(b, reinterpret_cast<const bf16*>(qrow + t * 8 * LDQ + s * 16));
+                mma16832_e4m3(part[t], a, b[0], b[1]);
+                if (t + 1 < ACTIVE) mma16832_e4m3(part[t + 1], a, b[2], b[3]);
+            }
+            const int kt = kt0 + s + 1;
+            if (((kt + 1) & (gsteps - 1)) == 0) {  // the group's last step
+                const int g = kt / gsteps - g_first;
+                const float s0 = wscale[g * 4], s1 = wscale[SK * 4 + g * 4];
+#pragma unroll
+                for (int t = 0; t < ACTIVE; ++t) {
+                    const int r = t * 8 + 2 * (lane % 4);
+                    const float x0 = sxs[r * GPS + g], x1 = sxs[(r + 1) * GPS + g];
+                    acc[t][0] = fmaf(part[t][0], s0 * x0, acc[t][0]);
+                    acc[t][1] = fmaf(part[t][1], s0 * x1, acc[t][1]);
+                    acc[t][2] = fmaf(part[t][2], s1 * x0, acc[t][2]);
+                    acc[t][3] = fmaf(part[t][3], s1 * x1, acc[t][3]);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) part[t][i] = 0.f;
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+    const int col = n0 + warp * 16 + lane / 4;
+    if (!warp_live) return;
+#pragma unroll
+    for (int t = 0; t < ACTIVE; ++t) {
+        const int r = t * 8 + 2 * (lane % 4);
+        if (r < rows) {
+            bf16* y = Y + (size_t)(p0 + r) * N + col;
+            y[0] = to_bf16(acc[t][0]);
+            y[8] = to_bf16(acc[t][2]);
+        }
+        if (r + 1 < rows) {
+            bf16* y = Y + (size_t)(p0 + r + 1) * N + col;
+            y[0] = to_bf16(acc[t][1]);
+            y[8] = to_bf16(acc[t][3]);
+        }
+    }
+}
+
+template <int NT, int STAGES>
+__device__ void w8a8_tile_rows(const unsigned char* Q, const float* S, const int* row_token,
+                               const unsigned char* codes, const __half* scales, int group, bf16* Y, int e, int p0,
+                               int rows, int n0, int N, int K) {
+#define MINNOW_W8A8_TILE(A) w8a8_tile<NT, STAGES, A>(Q, S, row_token, codes, scales, group, Y, e, p0, rows, n0, N, K)
+    if constexpr (NT == 2) {
+        if (rows <= 8)
+            MINNOW_W8A8_TILE(1);
+        else
+            MINNOW_W8A8_TILE(2);
+    } else {
+        static_assert(NT == 8, "16- or 64-row tiles");
+        switch ((rows + 7) / 8) {
+            case 1: MINNOW_W8A8_TILE(1); break;
+            case 2: MINNOW_W8A8_TILE(2); break;
+            case 3: MINNOW_W8A8_TILE(3); break;
+            case 4: MINNOW_W8A8_TILE(4); break;
+            case 5: MINNOW_W8A8_TILE(5); break;
+            case 6: MINNOW_W8A8_TILE(6); break;
+            case 7: MINNOW_W8A8_TILE(7); break;
+            default: MINNOW_W8A8_TILE(8); break;
+        }
+    }
+#undef MINNOW_W8A8_TILE
+}
+// The BF16 slot's stages in an allocation of `bytes` (at most 8).
+template <int NT>
+__host__ __device__ constexpr int slot_stages_in(int bytes) {
+    return bytes / Stage<16, 8 * NT>::bytes > 8 ? 8 : bytes / Stage<16, 8 * NT>::bytes;
+}
 }  // namespace minnow_codes
 
 // grid = (ceil(N / 128), max_tiles), block = 256, dynamic shared memory = STAGES x
@@ -583,6 +862,39 @@ GROUPED_CODES_ENTRY(grouped_gemm_i8_r64, 8, minnow_codes::INT, 8, 2)
 GROUPED_CODES_ENTRY(grouped_gemm_i4_r64, 4, minnow_codes::INT, 8, 2)
 GROUPED_CODES_ENTRY(grouped_gemm_f4_r64, 4, minnow_codes::E2M1, 8, 2)
 GROUPED_CODES_ENTRY(grouped_gemm_f8_r64, 8, minnow_codes::E4M3, 8, 2)
+
+// W8A8: E4M3 codes times the rows quantized by quantize_rows_e4m3 (Q, S); the grid as the f8
+// kernels', dynamic shared memory = W8A8_STAGES x StageQ<8 NT>::bytes (w8a8_stage_bytes in
+// ops/expert_gemm.rs), which a packed shared expert's BF16 tiles (over X) fill with as many
+// stages as fit. Groups of 32, 64 or 128 columns.
+#define GROUPED_W8A8_ENTRY(NAME, NT, W8A8_STAGES)                                                        \
+    extern "C" __global__ void __launch_bounds__(minnow_codes::THREADS)                                  \
+        NAME(const bf16* X, const unsigned char* Q, const float* S, const int* row_token,                 \
+             const unsigned char* codes, const __half* scales, int group, const bf16* shared,            \
+             int shared_slot, bf16* Y, const int4* tiles, const int* num_tiles, int N, int K) {          \
+        pdl_enter();                                                                                     \
+        int4 t;                                                                                          \
+        if (!grouped_tile(tiles, num_tiles, t)) return;                                                  \
+        const int n0 = blockIdx.x * minnow_codes::FEATURES;                                              \
+        constexpr int SLOT = minnow_codes::slot_stages_in<NT>(W8A8_STAGES * minnow_codes::StageQ<8 * NT>::bytes); \
+        if (t.x == shared_slot)                                                                          \
+            minnow_codes::codes_tile_rows<16, minnow_codes::INT, NT, SLOT>(                              \
+                X, row_token, reinterpret_cast<const unsigned char*>(shared), nullptr, 16, nullptr, Y, 0,  \
+                t.y, t.z - t.y, n0, N, K);                                                               \
+        else                                                                                             \
+            minnow_codes::w8a8_tile_rows<NT, W8A8_STAGES>(Q, S, row_token, codes, scales, group, Y, t.x,  \
+                                                          t.y, t.z - t.y, n0, N, K);                     \
+    }
+GROUPED_W8A8_ENTRY(grouped_gemm_f8f8_r16, 2, 3)
+GROUPED_W8A8_ENTRY(grouped_gemm_f8f8_r64, 8, 2)
+static_assert(3 * minnow_codes::StageQ<16>::bytes == 62976, "host mirror");
+static_assert(2 * minnow_codes::StageQ<64>::bytes == 57344, "host mirror");
+
+extern "C" __global__ void quantize_rows_e4m3(const bf16* X, int rows, int K, int group, unsigned char* Q, float* S) {
+    pdl_enter();
+    minnow_codes::quantize_rows_e4m3_body(X, rows, K, group, Q, S);
+}
+
 // Host mirrors (codes_tile_smem_bytes).
 static_assert(3 * minnow_codes::Stage<4, 16>::bytes == 43776, "host mirror");
 static_assert(3 * minnow_codes::Stage<8, 16>::bytes == 68352, "host mirror");

@@ -177,7 +177,11 @@ fn quantized_experts_on_the_gpu_agree_with_the_cpu_path_of_the_same_file() {
             // the BF16 activations both GPU runs share (v20: 0.10723 against 0.10722), so the
             // comparison says nothing there; the kernel test checks the E2M1 kernels' products
             // against the stored values instead (`grouped_gemm_over_codes_matches_reference`).
-            if experts != ExpertChoice::Nvfp4 {
+            // With MINNOW_FP8_ACTIVATIONS=1 the FP8 experts multiply E4M3 activations (W8A8),
+            // an approximation the CPU path does not make: the comparison does not apply.
+            let w8a8 = experts == ExpertChoice::Fp8
+                && minnow_runtime::cuda::tuning::tuning().fp8_activations;
+            if experts != ExpertChoice::Nvfp4 && !w8a8 {
                 assert!(
                     exact_err <= rounded_err,
                     "{name} {label}: the quantized kernels ({exact_err}) are farther from the CPU \
@@ -189,7 +193,7 @@ fn quantized_experts_on_the_gpu_agree_with_the_cpu_path_of_the_same_file() {
                 &gpu,
                 &cpu,
                 vocab,
-                Some((CLEAR_GAP, &margins)),
+                (!w8a8).then_some((CLEAR_GAP, &margins[..])),
             );
             let worst = gpu
                 .iter()

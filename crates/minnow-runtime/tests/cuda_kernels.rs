@@ -1173,85 +1173,138 @@ fn grouped_gemm_over_codes_matches_reference() {
                 band_scale: if nvfp4 { dband.ptr() } else { 0 },
                 shared: shared_slot.map(|slot| (dshared.ptr(), slot)),
             };
-            let run =
-                |idx: &[i32], t: usize, x: &[bf16], tile_rows: usize| -> (Vec<f32>, Vec<i32>) {
-                    let a = t * k;
-                    let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
-                    let (dx, didx) = (g.upload(x).unwrap(), g.upload(idx).unwrap());
-                    let slot = g.alloc::<i32>(a).unwrap();
-                    let row_token = g.alloc::<i32>(a).unwrap();
-                    let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
-                    let nt = g.alloc::<i32>(1).unwrap();
-                    let y = poisoned_bf16(&g, a * n);
-                    ops::moe_dispatch(
-                        &g,
-                        didx.ptr(),
-                        t,
-                        k,
-                        e,
-                        tile_rows,
-                        None,
-                        slot.ptr(),
-                        row_token.ptr(),
-                        tiles.ptr(),
-                        nt.ptr(),
-                    )
-                    .unwrap();
-                    ops::grouped_gemm_codes(
-                        &g,
-                        dx.ptr(),
-                        row_token.ptr(),
-                        &w,
-                        y.ptr(),
-                        &ops::ExpertTiles {
-                            tiles: tiles.ptr(),
-                            num_tiles: nt.ptr(),
-                            max_tiles,
-                            rows: tile_rows,
-                        },
+            // FP8 also as W8A8 (E4M3 activations on FP8 tensor cores) where the GPU has them.
+            let modes: &[bool] = if fp8 { &[false, true] } else { &[false] };
+            for &w8a8 in modes {
+                if w8a8 && !ops::w8a8_supported(&g, &w, n, kd) {
+                    continue;
+                }
+                let run =
+                    |idx: &[i32], t: usize, x: &[bf16], tile_rows: usize| -> (Vec<f32>, Vec<i32>) {
+                        let a = t * k;
+                        // W8A8: the rows quantized on the device (checked against the CPU below).
+                        let xq_codes = g.alloc::<u8>(t * kd).unwrap();
+                        let xq_scales = g.alloc::<f32>(t * kd / group).unwrap();
+                        let xq = ops::E4m3Rows {
+                            codes: xq_codes.ptr(),
+                            scales: xq_scales.ptr(),
+                        };
+                        let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
+                        let (dx, didx) = (g.upload(x).unwrap(), g.upload(idx).unwrap());
+                        let slot = g.alloc::<i32>(a).unwrap();
+                        let row_token = g.alloc::<i32>(a).unwrap();
+                        let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
+                        let nt = g.alloc::<i32>(1).unwrap();
+                        let y = poisoned_bf16(&g, a * n);
+                        ops::moe_dispatch(
+                            &g,
+                            didx.ptr(),
+                            t,
+                            k,
+                            e,
+                            tile_rows,
+                            None,
+                            slot.ptr(),
+                            row_token.ptr(),
+                            tiles.ptr(),
+                            nt.ptr(),
+                        )
+                        .unwrap();
+                        if w8a8 {
+                            ops::quantize_rows_e4m3(&g, dx.ptr(), t, kd, group, &xq).unwrap();
+                        }
+                        ops::grouped_gemm_codes(
+                            &g,
+                            dx.ptr(),
+                            w8a8.then_some(&xq),
+                            row_token.ptr(),
+                            &w,
+                            y.ptr(),
+                            &ops::ExpertTiles {
+                                tiles: tiles.ptr(),
+                                num_tiles: nt.ptr(),
+                                max_tiles,
+                                rows: tile_rows,
+                            },
+                            n,
+                            kd,
+                        )
+                        .unwrap();
+                        (read_bf16(&g, &y), read(&g, &slot))
+                    };
+                let (gy, slots) = run(&idx, t, &x, tile_rows);
+                let x_bf16: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+                let mut xf = x_bf16.clone();
+                if w8a8 {
+                    // The device's E4M3 rows are the CPU quantizer's, byte for byte; the reference
+                    // multiplies their values (code x scale) by the stored weights.
+                    let (codes, scales) = quant::fp8::quantize_rows(t, kd, group, &xf);
+                    let dx = g.upload(&x).unwrap();
+                    let dq = g.alloc::<u8>(t * kd).unwrap();
+                    let ds = g.alloc::<f32>(t * kd / group).unwrap();
+                    let rows = ops::E4m3Rows {
+                        codes: dq.ptr(),
+                        scales: ds.ptr(),
+                    };
+                    ops::quantize_rows_e4m3(&g, dx.ptr(), t, kd, group, &rows).unwrap();
+                    assert!(
+                        read(&g, &dq) == ops::e4m3_rows_order(t, kd, &codes),
+                        "t{t} k{kd} group {group}: E4M3 activation codes differ from the CPU's"
+                    );
+                    let got_scales: Vec<u32> = read(&g, &ds).iter().map(|v| v.to_bits()).collect();
+                    let want_scales: Vec<u32> = scales.iter().map(|v| v.to_bits()).collect();
+                    assert!(
+                        got_scales == want_scales,
+                        "t{t} k{kd} group {group}: E4M3 activation scales differ from the CPU's"
+                    );
+                    let table = quant::fp8::e4m3_table();
+                    for (i, v) in xf.iter_mut().enumerate() {
+                        *v = table[codes[i] as usize] * scales[i / group];
+                    }
+                }
+                let (mut got, mut want) = (vec![], vec![]);
+                for (i, &p) in slots.iter().enumerate() {
+                    let (ex, ti, p) = (idx[i] as usize, i / k, p as usize);
+                    got.extend_from_slice(&gy[p * n..(p + 1) * n]);
+                    // (A packed shared expert's BF16 tiles read the BF16 rows.)
+                    let rows = if Some(ex) == shared_slot {
+                        &x_bf16
+                    } else {
+                        &xf
+                    };
+                    want.extend(matmul_t(
+                        &rows[ti * kd..(ti + 1) * kd],
+                        &wf[ex * n * kd..(ex + 1) * n * kd],
+                        1,
                         n,
                         kd,
-                    )
-                    .unwrap();
-                    (read_bf16(&g, &y), read(&g, &slot))
-                };
-            let (gy, slots) = run(&idx, t, &x, tile_rows);
-            let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
-            let (mut got, mut want) = (vec![], vec![]);
-            for (i, &p) in slots.iter().enumerate() {
-                let (ex, ti, p) = (idx[i] as usize, i / k, p as usize);
-                got.extend_from_slice(&gy[p * n..(p + 1) * n]);
-                want.extend(matmul_t(
-                    &xf[ti * kd..(ti + 1) * kd],
-                    &wf[ex * n * kd..(ex + 1) * n * kd],
-                    1,
-                    n,
-                    kd,
-                ));
-            }
-            let name = format!(
-                "{encoding} grouped gemm t{t} k{k} e{e} n{n} k{kd} tiles of {tile_rows} group {group} shared {shared_slot:?}"
-            );
-            check_bf16(&name, &got, &want);
-            // Token 0 alone: its rows are bit-identical to the ones it got in the full batch.
-            let (alone, alone_slots) = run(&idx[..k], 1, &x[..kd], tile_rows);
-            for j in 0..k {
-                let (p_all, p_alone) = (slots[j] as usize, alone_slots[j] as usize);
-                assert!(
-                    gy[p_all * n..(p_all + 1) * n] == alone[p_alone * n..(p_alone + 1) * n],
-                    "{name}: token 0's expert {} output differs alone vs in the batch",
-                    idx[j]
+                    ));
+                }
+                let name = format!(
+                    "{encoding}{} grouped gemm t{t} k{k} e{e} n{n} k{kd} tiles of {tile_rows} group {group} shared {shared_slot:?}",
+                    if w8a8 { " (W8A8)" } else { "" }
                 );
-            }
-            // The other tile height (a batch's size picks it): every pick's row bit-identical.
-            let other_rows = if tile_rows == 16 { 64 } else { 16 };
-            let (other, other_slots) = run(&idx, t, &x, other_rows);
-            for (i, (&p, &q)) in slots.iter().zip(&other_slots).enumerate() {
-                let (p, q) = (p as usize, q as usize);
-                assert!(
-                    gy[p * n..(p + 1) * n] == other[q * n..(q + 1) * n],
-                    "{name}: pick {i} differs between tiles of {tile_rows} and {other_rows} rows"
-                );
+                check_bf16(&name, &got, &want);
+                // Token 0 alone: its rows are bit-identical to the ones it got in the full batch.
+                let (alone, alone_slots) = run(&idx[..k], 1, &x[..kd], tile_rows);
+                for j in 0..k {
+                    let (p_all, p_alone) = (slots[j] as usize, alone_slots[j] as usize);
+                    assert!(
+                        gy[p_all * n..(p_all + 1) * n] == alone[p_alone * n..(p_alone + 1) * n],
+                        "{name}: token 0's expert {} output differs alone vs in the batch",
+                        idx[j]
+                    );
+                }
+                // The other tile height (a batch's size picks it): every pick's row bit-identical.
+                let other_rows = if tile_rows == 16 { 64 } else { 16 };
+                let (other, other_slots) = run(&idx, t, &x, other_rows);
+                for (i, (&p, &q)) in slots.iter().zip(&other_slots).enumerate() {
+                    let (p, q) = (p as usize, q as usize);
+                    assert!(
+                        gy[p * n..(p + 1) * n] == other[q * n..(q + 1) * n],
+                        "{name}: pick {i} differs between tiles of {tile_rows} and {other_rows} rows"
+                    );
+                }
             }
         }
     }

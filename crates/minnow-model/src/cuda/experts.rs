@@ -119,21 +119,10 @@ impl ExpertMatrix {
         }
     }
 
-    /// `Y[p] = X[row_token[p] or p] . W[e]^T` over the dispatched tiles (see
-    /// [`ops::grouped_gemm`]), whatever the encoding.
-    #[allow(clippy::too_many_arguments)]
-    pub fn grouped_gemm(
-        &self,
-        gpu: &Gpu,
-        x: u64,
-        row_token: u64,
-        y: u64,
-        tiles: &ExpertTiles,
-        n: usize,
-        k: usize,
-    ) -> CudaResult<()> {
+    /// The kernels' view of codes (`None` for BF16 rows).
+    fn code_matrices(&self) -> Option<CodeMatrices> {
         match self {
-            ExpertMatrix::Bf16(w) => ops::grouped_gemm(gpu, x, row_token, w.ptr(), y, tiles, n, k),
+            ExpertMatrix::Bf16(_) => None,
             ExpertMatrix::Codes {
                 encoding,
                 group,
@@ -141,23 +130,46 @@ impl ExpertMatrix {
                 scales,
                 band_scale,
                 shared,
-            } => ops::grouped_gemm_codes(
-                gpu,
-                x,
-                row_token,
-                &CodeMatrices {
-                    kind: code_kind(*encoding),
-                    group: *group,
-                    codes: codes.ptr(),
-                    scales: scales.ptr(),
-                    band_scale: band_scale.as_ref().map_or(0, |b| b.ptr()),
-                    shared: shared.as_ref().map(|(b, slot)| (b.ptr(), *slot)),
-                },
-                y,
-                tiles,
-                n,
-                k,
-            ),
+            } => Some(CodeMatrices {
+                kind: code_kind(*encoding),
+                group: *group,
+                codes: codes.ptr(),
+                scales: scales.ptr(),
+                band_scale: band_scale.as_ref().map_or(0, |b| b.ptr()),
+                shared: shared.as_ref().map(|(b, slot)| (b.ptr(), *slot)),
+            }),
+        }
+    }
+
+    /// The column group of the activation rows when this `n` x `k` projection multiplies FP8
+    /// codes by FP8 activations here (`ops::w8a8_supported`), else `None`.
+    pub fn w8a8_group(&self, gpu: &Gpu, n: usize, k: usize) -> Option<usize> {
+        self.code_matrices()
+            .filter(|w| ops::w8a8_supported(gpu, w, n, k))
+            .map(|w| w.group)
+    }
+
+    /// `Y[p] = X[row_token[p] or p] . W[e]^T` over the dispatched tiles (see
+    /// [`ops::grouped_gemm`]), whatever the encoding; with `xq` (FP8 codes, see
+    /// [`Self::w8a8_group`]) over those E4M3 rows of `X`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn grouped_gemm(
+        &self,
+        gpu: &Gpu,
+        x: u64,
+        xq: Option<&ops::E4m3Rows>,
+        row_token: u64,
+        y: u64,
+        tiles: &ExpertTiles,
+        n: usize,
+        k: usize,
+    ) -> CudaResult<()> {
+        match (self, self.code_matrices()) {
+            (ExpertMatrix::Bf16(w), _) => {
+                ops::grouped_gemm(gpu, x, row_token, w.ptr(), y, tiles, n, k)
+            }
+            (_, Some(w)) => ops::grouped_gemm_codes(gpu, x, xq, row_token, &w, y, tiles, n, k),
+            (_, None) => unreachable!("codes have a kernel view"),
         }
     }
 }

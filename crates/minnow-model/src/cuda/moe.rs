@@ -2,10 +2,11 @@
 //! pool, or as the dispatched grouped GEMMs of any other forward.
 
 use minnow_runtime::cuda::ops::{self, RouterShape};
-use minnow_runtime::cuda::{CudaResult, Gpu};
+use minnow_runtime::cuda::tuning::tuning;
+use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu};
 
 use super::dense::{queue_swiglu, queue_swiglu_at};
-use super::weights::{Moe, SharedExpert};
+use super::weights::{Mlp, Moe, SharedExpert, Weights};
 use super::workspace::Workspace;
 use crate::config::Config;
 
@@ -129,6 +130,27 @@ pub(super) fn queue_pooled_experts(
     Ok((0, ws.slot_pos.ptr_at(t * k)))
 }
 
+/// The activation groups (gate/up, down) when this layer's FP8 experts multiply E4M3
+/// activations on FP8 tensor cores (`MINNOW_FP8_ACTIVATIONS=1` on Hopper, both projections).
+fn moe_w8a8_groups(gpu: &Gpu, c: &Config, moe: &Moe) -> Option<(usize, usize)> {
+    if !tuning().fp8_activations {
+        return None;
+    }
+    let (d, iw) = (c.hidden_size, c.moe_intermediate_size);
+    let up = moe.experts_gate_up.w8a8_group(gpu, 2 * iw, d)?;
+    let down = moe.experts_down.w8a8_group(gpu, d, iw)?;
+    Some((up, down))
+}
+
+/// Whether any MoE layer of `weights` runs its FP8 experts on FP8 tensor cores (the workspace
+/// then holds their E4M3 inputs).
+pub(super) fn runs_w8a8(gpu: &Gpu, c: &Config, weights: &Weights) -> bool {
+    weights.layers.iter().any(|l| match &l.mlp {
+        Mlp::Moe(m) => moe_w8a8_groups(gpu, c, m).is_some(),
+        Mlp::Dense(_) => false,
+    })
+}
+
 /// How a grouped MoE layer runs: the batch's routing blocks, how many experts can get rows,
 /// the expert GEMM's tile rows and whether the shared expert rides in it.
 pub(super) struct Grouping {
@@ -201,7 +223,7 @@ pub(super) fn queue_grouped_experts(
         // BF16 experts on Hopper with MINNOW_GROUPED_TMA=1: the weights stream through TMA,
         // SiLU in the gate/up epilogue (kernel by kernel the same bits as the tiles below).
         (Some(maps), Some((gate_up, down)))
-            if minnow_runtime::cuda::tuning::tuning().grouped_tma
+            if tuning().grouped_tma
                 && ops::grouped_tma_supported(gpu, tile_rows, 2 * iw, d)
                 && ops::grouped_tma_supported(gpu, tile_rows, d, iw) =>
         {
@@ -235,15 +257,53 @@ pub(super) fn queue_grouped_experts(
             )?;
         }
         _ => {
+            // FP8 experts on FP8 tensor cores: each input row quantized once, per column group.
+            let w8a8 = match &ws.e4m3_rows {
+                Some([x_rows, act_rows]) => {
+                    moe_w8a8_groups(gpu, c, moe).map(|groups| (x_rows, act_rows, groups))
+                }
+                None => None,
+            };
+            let e4m3 = |(codes, scales): &(DeviceBuffer<u8>, DeviceBuffer<f32>)| ops::E4m3Rows {
+                codes: codes.ptr(),
+                scales: scales.ptr(),
+            };
             let (x, row_token, gu) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_gu.ptr());
-            moe.experts_gate_up
-                .grouped_gemm(gpu, x, row_token, gu, &tiles, 2 * iw, d)?;
+            let xq = match w8a8 {
+                Some((x_rows, _, (group, _))) => {
+                    let q = e4m3(x_rows);
+                    ops::quantize_rows_e4m3(gpu, x, t, d, group, &q)?;
+                    mark("experts quantize")?;
+                    Some(q)
+                }
+                None => None,
+            };
+            moe.experts_gate_up.grouped_gemm(
+                gpu,
+                x,
+                xq.as_ref(),
+                row_token,
+                gu,
+                &tiles,
+                2 * iw,
+                d,
+            )?;
             mark("experts gate/up")?;
-            ops::silu_mul(gpu, gu, ws.expert_act.ptr(), a, iw)?;
+            let act = ws.expert_act.ptr();
+            ops::silu_mul(gpu, gu, act, a, iw)?;
             mark("experts silu")?;
-            let (act, out) = (ws.expert_act.ptr(), ws.expert_out.ptr());
+            let actq = match w8a8 {
+                Some((_, act_rows, (_, group))) => {
+                    let q = e4m3(act_rows);
+                    ops::quantize_rows_e4m3(gpu, act, a, iw, group, &q)?;
+                    mark("experts quantize")?;
+                    Some(q)
+                }
+                None => None,
+            };
+            let out = ws.expert_out.ptr();
             moe.experts_down
-                .grouped_gemm(gpu, act, 0, out, &tiles, d, iw)?;
+                .grouped_gemm(gpu, act, actq.as_ref(), 0, out, &tiles, d, iw)?;
         }
     }
     mark("experts down")?;

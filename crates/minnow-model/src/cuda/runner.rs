@@ -152,12 +152,19 @@ impl CudaRunner {
         {
             tracing::info!("dense GEMM plan: {line}");
         }
+        let w8a8 = super::moe::runs_w8a8(&gpu, &config, &weights);
+        if w8a8 {
+            tracing::info!(
+                "FP8 experts multiply E4M3 activations on FP8 tensor cores (MINNOW_FP8_ACTIVATIONS=1)"
+            );
+        }
         let workspace = Workspace::new(
             &gpu,
             &config,
             tokens,
             PLANNED_LOGIT_ROWS,
             PLANNED_ATTENTION_ROWS,
+            w8a8,
         )
         .map_err(device_err)?;
         let meta = gpu.alloc(4096).map_err(device_err)?;
@@ -294,8 +301,10 @@ impl CudaRunner {
             let attn_rows = attn_rows.max(self.workspace.attn_rows);
             self.graphs.clear();
             // Free the old workspace before allocating the larger one.
-            self.workspace = Workspace::new(gpu, &self.config, 1, 1, 0).map_err(device_err)?;
-            self.workspace = Workspace::new(gpu, &self.config, tokens, logit_rows, attn_rows)
+            let w8a8 = self.workspace.e4m3_rows.is_some();
+            self.workspace =
+                Workspace::new(gpu, &self.config, 1, 1, 0, w8a8).map_err(device_err)?;
+            self.workspace = Workspace::new(gpu, &self.config, tokens, logit_rows, attn_rows, w8a8)
                 .map_err(device_err)?;
         }
         if self.meta.len() < meta.len() {

@@ -52,6 +52,10 @@ pub(crate) struct Workspace {
     pub(super) expert_out: DeviceBuffer<bf16>,
     /// Tensor maps of the pool GEMMs' inputs `[a, expert_act]` (see `Moe::expert_maps`).
     pub(super) pool_maps: Option<TensorMaps>,
+    /// E4M3 copies of the experts' inputs (`a`, then `expert_act`) when FP8 experts multiply
+    /// FP8 activations (`Workspace::new`'s `w8a8`): codes and F32 scales per group of at least
+    /// 16 columns.
+    pub(super) e4m3_rows: Option<[(DeviceBuffer<u8>, DeviceBuffer<f32>); 2]>,
     pub logits_bf16: DeviceBuffer<bf16>,
     pub logits_f32: DeviceBuffer<f32>,
     /// The wanted rows' argmax tokens (`[0, rows)`) then their confidences as F32 bits
@@ -65,13 +69,15 @@ pub(crate) struct Workspace {
 
 impl Workspace {
     /// `attn_rows`: (token x split) rows of attention partials wanted at least (batch-invariant
-    /// attention needs tokens x fixed-position splits).
+    /// attention needs tokens x fixed-position splits); `w8a8`: room for the E4M3 inputs of FP8
+    /// experts on FP8 tensor cores.
     pub fn new(
         gpu: &Gpu,
         c: &Config,
         tokens: usize,
         logit_rows: usize,
         attn_rows: usize,
+        w8a8: bool,
     ) -> CudaResult<Self> {
         let t = tokens.max(1);
         let r = logit_rows.max(1);
@@ -127,6 +133,14 @@ impl Workspace {
         } else {
             None
         };
+        let e4m3_rows = if w8a8 {
+            let rows = |n: usize| -> CudaResult<(DeviceBuffer<u8>, DeviceBuffer<f32>)> {
+                Ok((gpu.alloc(n)?, gpu.alloc(n / 16)?))
+            };
+            Some([rows(t * d)?, rows(expert_rows * iw)?])
+        } else {
+            None
+        };
         Ok(Self {
             tokens: t,
             logit_rows: r,
@@ -162,6 +176,7 @@ impl Workspace {
             expert_act,
             expert_out,
             pool_maps,
+            e4m3_rows,
             logits_bf16: gpu.alloc(r * c.vocab_size)?,
             logits_f32: gpu.alloc(r * c.vocab_size)?,
             top: gpu.alloc(2 * r)?,

@@ -367,6 +367,27 @@ kernel_table! {
             n: i32,
             k: i32,
         );
+        /// E4M3 experts times E4M3 activation rows (W8A8; the sm_90 PTX only: the sm_80 build
+        /// traps).
+        grouped_gemm_f8f8_r16,
+        grouped_gemm_f8f8_r64 as W8a8Gemm (
+            x: u64,
+            q: u64,
+            s: u64,
+            row_token: u64,
+            codes: u64,
+            scales: u64,
+            group: i32,
+            shared: u64,
+            shared_slot: i32,
+            y: u64,
+            tiles: u64,
+            num_tiles: u64,
+            n: i32,
+            k: i32,
+        );
+        /// BF16 rows to E4M3 codes and an F32 scale per group of columns.
+        quantize_rows_e4m3(x: u64, rows: i32, k: i32, group: i32, q: u64, s: u64);
         /// The batch-invariant dense GEMM over one weight matrix.
         dense_gemm_m16,
         dense_gemm_m64,

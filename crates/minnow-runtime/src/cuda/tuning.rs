@@ -11,6 +11,9 @@
 //! bulk-copy kernel, `MINNOW_GROUPED_TMA=1` the grouped expert GEMM through TMA (experimental), for A/B runs. `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the
 //! default is on): cuBLAS for dense GEMMs and the router, the pooled experts, attention splits
 //! sized to the batch. Faster in places, but a request's tokens then depend on the load.
+//! `MINNOW_FP8_ACTIVATIONS=1` multiplies FP8 experts by E4M3 activations on FP8 tensor cores
+//! (W8A8: other bits, still invariant; measured slower than the default, see
+//! docs/performance.md).
 
 use std::sync::OnceLock;
 
@@ -57,6 +60,10 @@ pub struct Tuning {
     /// Planned cuBLASLt algorithms run dense GEMMs of at least this many rows; fewer rows take
     /// minnow's kernel (same bits either way): `MINNOW_DENSE_LT_MIN_ROWS`.
     pub dense_lt_min_rows: usize,
+    /// FP8 (`fp8_e4m3_b128`) experts multiply E4M3 activations on FP8 tensor cores
+    /// (`MINNOW_FP8_ACTIVATIONS=1`, Hopper): every row's expert inputs are quantized per group
+    /// of columns first, which changes the bits (for every row alike, so invariance holds).
+    pub fp8_activations: bool,
 }
 
 impl Default for Tuning {
@@ -76,6 +83,7 @@ impl Default for Tuning {
             attn_one_cta_per_sm: 2,
             router_mma: true,
             dense_lt_min_rows: 0,
+            fp8_activations: false,
         }
     }
 }
@@ -120,6 +128,8 @@ pub fn tuning() -> &'static Tuning {
             router_mma: env_usize("MINNOW_ROUTER_MMA", |v| v <= 1).map_or(d.router_mma, |v| v == 1),
             dense_lt_min_rows: env_usize("MINNOW_DENSE_LT_MIN_ROWS", |_| true)
                 .unwrap_or(d.dense_lt_min_rows),
+            fp8_activations: env_usize("MINNOW_FP8_ACTIVATIONS", |v| v <= 1)
+                .map_or(d.fp8_activations, |v| v == 1),
         }
     })
 }

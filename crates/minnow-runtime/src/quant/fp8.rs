@@ -74,6 +74,27 @@ fn block_scale(max_abs: f32) -> f32 {
     }
 }
 
+/// Activation rows as the W8A8 expert GEMM quantizes them on the GPU: per row and group of
+/// `group` columns one F32 scale (the block rule: `max_abs / 448`, 1 for an all-zero group) and
+/// each value's E4M3 code of value / scale. Returns the codes (row-major, natural column order)
+/// and the scales `[rows, cols / group]`. Needs `cols % group == 0`.
+pub fn quantize_rows(
+    rows: usize,
+    cols: usize,
+    group: usize,
+    values: &[f32],
+) -> (Vec<u8>, Vec<f32>) {
+    assert!(group > 0 && cols.is_multiple_of(group) && values.len() == rows * cols);
+    let mut codes = Vec::with_capacity(values.len());
+    let mut scales = Vec::with_capacity(rows * cols / group);
+    for run in values.chunks_exact(group) {
+        let s = block_scale(run.iter().fold(0.0f32, |m, v| m.max(v.abs())));
+        scales.push(s);
+        codes.extend(run.iter().map(|v| f32_to_e4m3(v / s)));
+    }
+    (codes, scales)
+}
+
 pub(super) fn quantize_block(rows: usize, cols: usize, values: &[f32]) -> Quantized {
     let (bn, bk) = (rows.div_ceil(FP8_BLOCK), cols.div_ceil(FP8_BLOCK));
     let mut scales = vec![0.0f32; bn * bk];

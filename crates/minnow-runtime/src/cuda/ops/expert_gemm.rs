@@ -305,6 +305,84 @@ pub fn fp8_fragment_order(
     (packed, packed_scales)
 }
 
+/// Activation rows quantized to E4M3 for the W8A8 expert GEMM ([`quantize_rows_e4m3`]):
+/// `codes` `[rows, k]` bytes in [`e4m3_rows_order`], `scales` `[rows, k / group]` F32.
+#[derive(Clone, Copy, Debug)]
+pub struct E4m3Rows {
+    pub codes: u64,
+    pub scales: u64,
+}
+
+/// Where column `c` of a row of E4M3 activation codes sits in the W8A8 kernels' order: inside
+/// each 16-column chunk, bytes `4 j .. 4 j + 3` hold columns `2 j`, `2 j + 1`, `2 j + 8`,
+/// `2 j + 9`, the positions lane `j` of a quad holds in the `i8_mma` weight tiles. An m16n8k32
+/// product over two such chunks then pairs every weight with its own activation (the k order
+/// inside the product is permuted alike on both sides).
+pub fn e4m3_rows_position(c: usize) -> usize {
+    let (chunk, i) = (c / 16, c % 16);
+    let (j, b) = match i {
+        0..=7 => (i / 2, i % 2),
+        _ => ((i - 8) / 2, 2 + i % 2),
+    };
+    chunk * 16 + 4 * j + b
+}
+
+/// E4M3 activation codes `[rows, cols]` (row-major, natural order) in the W8A8 kernels' order
+/// ([`e4m3_rows_position`]). Needs `cols % 16 == 0`.
+pub fn e4m3_rows_order(rows: usize, cols: usize, codes: &[u8]) -> Vec<u8> {
+    assert!(cols.is_multiple_of(16) && codes.len() == rows * cols);
+    let mut out = vec![0u8; codes.len()];
+    for (src, dst) in codes.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
+        for (c, &v) in src.iter().enumerate() {
+            dst[e4m3_rows_position(c)] = v;
+        }
+    }
+    out
+}
+
+/// Whether FP8 experts of an `n` x `k` projection run as W8A8 here: E4M3 codes on the tiled
+/// kernels with groups of 32..128 columns, and the sm_90 PTX (FP8 tensor cores; the portable
+/// build has no FP8 product).
+pub fn w8a8_supported(gpu: &Gpu, w: &CodeMatrices, n: usize, k: usize) -> bool {
+    w.kind == CodeKind::E4m3
+        && gpu.uses_sm90_ptx()
+        && codes_tiled(n, w.group)
+        && w.group >= 32
+        && k.is_multiple_of(w.group)
+}
+
+/// `rows` BF16 rows of `k` columns to E4M3 codes and F32 scales per group of `group` columns
+/// (the rule of `quant::fp8::quantize_rows`, bit for bit), in the order the W8A8 kernels read.
+pub fn quantize_rows_e4m3(
+    gpu: &Gpu,
+    x: u64,
+    rows: usize,
+    k: usize,
+    group: usize,
+    out: &E4m3Rows,
+) -> CudaResult<()> {
+    if !group.is_power_of_two() || !(16..=128).contains(&group) || !k.is_multiple_of(group) {
+        return unsupported(format!(
+            "E4M3 activation rows of {k} columns in groups of {group}"
+        ));
+    }
+    let threads = rows * k / 16;
+    if threads == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig::new((threads.div_ceil(256) as u32, 1, 1), 256, 0);
+    kernels::moe::quantize_rows_e4m3(
+        gpu,
+        cfg,
+        x,
+        rows as i32,
+        k as i32,
+        group as i32,
+        out.codes,
+        out.scales,
+    )
+}
+
 /// Whether the tiled quantized kernels (not the general one) take an `n`-row projection with
 /// groups of `group` columns: the condition for a packed shared expert beside codes.
 pub fn codes_tiled(n: usize, group: usize) -> bool {
@@ -320,14 +398,25 @@ fn codes_tile_smem_bytes(bits: usize, tile_rows: usize) -> usize {
     stage * if tile_rows == 16 { 3 } else { 2 }
 }
 
+/// One stage of the W8A8 tiles (mirrors `minnow_codes::StageQ`): the E4M3 stage's codes and
+/// scales, the rows' E4M3 bytes at a pitch of 144 and 4 F32 row scales per row.
+fn w8a8_stage_bytes(tile_rows: usize) -> usize {
+    16 * 8 * 128 + 16 * 8 * 16 + tile_rows * 144 + tile_rows * 16
+}
+
 /// The grouped GEMM of [`grouped_gemm`] over quantized experts: per scale group, the F32 sum of
 /// code x activation on tensor cores, then `acc = fma(sum, scale, acc)`, in ascending K (so a
 /// row's result does not depend on the batch, and no weight is rounded to BF16). Needs
 /// `n % 8 == 0`, `k % 16 == 0` and a group that divides `k` (the format's rules for `*_mma`).
+///
+/// With `xq` (E4M3 experts where [`w8a8_supported`]): the W8A8 kernels over those rows, `x`'s
+/// quantization by [`quantize_rows_e4m3`] with the experts' group (`x` itself still feeds a
+/// packed shared expert).
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm_codes(
     gpu: &Gpu,
     x: u64,
+    xq: Option<&E4m3Rows>,
     row_token: u64,
     w: &CodeMatrices,
     y: u64,
@@ -338,6 +427,48 @@ pub fn grouped_gemm_codes(
     let (tiles, num_tiles, max_tiles, tile_rows) = (t.tiles, t.num_tiles, t.max_tiles, t.rows);
     if ![16, 64].contains(&tile_rows) {
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
+    }
+    if let Some(q) = xq {
+        if !w8a8_supported(gpu, w, n, k) {
+            return unsupported(format!(
+                "W8A8 over {:?} experts of {n} x {k} with groups of {} here",
+                w.kind, w.group
+            ));
+        }
+        if max_tiles == 0 {
+            return Ok(());
+        }
+        use kernels::moe::{grouped_gemm_f8f8_r16, grouped_gemm_f8f8_r64, W8a8Gemm};
+        // 3 stages for 16-row tiles, 2 for 64-row tiles, as the E4M3 kernels (3 and 4 stages
+        // for 64 rows measured slower in prefill).
+        let (kernel, stages): (W8a8Gemm, usize) = if tile_rows == 16 {
+            (grouped_gemm_f8f8_r16, 3)
+        } else {
+            (grouped_gemm_f8f8_r64, 2)
+        };
+        let cfg = LaunchConfig::new(
+            (n.div_ceil(128) as u32, max_tiles as u32, 1),
+            256,
+            (stages * w8a8_stage_bytes(tile_rows)) as u32,
+        );
+        return kernel(
+            gpu,
+            cfg,
+            x,
+            q.codes,
+            q.scales,
+            row_token,
+            w.codes,
+            w.scales,
+            w.group as i32,
+            w.shared.map_or(0, |(ptr, _)| ptr),
+            w.shared.map_or(-1, |(_, slot)| slot as i32),
+            y,
+            tiles,
+            num_tiles,
+            n as i32,
+            k as i32,
+        );
     }
     // The kernels per encoding: (16-row tiles, 64-row tiles, the general kernel).
     use kernels::moe::{
@@ -473,6 +604,53 @@ mod tests {
     }
 
     #[test]
+    fn e4m3_rows_put_each_column_beside_its_weight_in_the_fragment_order() {
+        // Row 0 of a band in the fragment order: tile t's lanes 0..4 hold, four values each,
+        // the columns an activation row's chunk t must hold in the same places.
+        let cols = 48;
+        let columns: Vec<u32> = (0..8 * cols as u32).collect();
+        let fragments = bf16_fragment_order(8, cols, &columns);
+        let row: Vec<u8> = (0..cols as u8).collect();
+        let ordered = e4m3_rows_order(1, cols, &row);
+        for tile in 0..cols / 16 {
+            let weights = &fragments[tile * 128..tile * 128 + 16];
+            let activations = &ordered[tile * 16..tile * 16 + 16];
+            assert!(weights
+                .iter()
+                .zip(activations)
+                .all(|(&w, &a)| w == a as u32));
+        }
+    }
+
+    #[test]
+    fn fp8_activation_rows_take_a_scale_per_group() {
+        use crate::quant::fp8::{e4m3_to_f32, quantize_rows};
+        let (rows, cols, group) = (2, 64, 32);
+        let mut values = patterned(rows, cols);
+        values[32..64].iter_mut().for_each(|v| *v = 0.0); // row 0's second group: zeros
+        values[64] = -1e-30; // rounds to a zero code, which keeps no sign
+        let (codes, scales) = quantize_rows(rows, cols, group, &values);
+        assert_eq!(scales.len(), rows * cols / group);
+        assert_eq!(scales[1], 1.0);
+        assert_eq!(codes[64], 0);
+        for (i, (&code, &v)) in codes.iter().zip(&values).enumerate() {
+            let s = scales[i / group];
+            let max = values[i / group * group..][..group]
+                .iter()
+                .fold(0f32, |m, v| m.max(v.abs()));
+            if max > 0.0 {
+                assert_eq!(s, max / 448.0);
+            }
+            // E4M3 keeps 3 mantissa bits: within half an ulp (1/16 relative) or a subnormal step.
+            let back = e4m3_to_f32(code) * s;
+            assert!(
+                (back - v).abs() <= v.abs() / 16.0 + s * 2f32.powi(-10),
+                "{i}: {v} -> {back}"
+            );
+        }
+    }
+
+    #[test]
     fn fp8_repacked_for_the_gpu_holds_the_same_values() {
         use crate::quant::{self, fp8::e4m3_to_f32, int, QuantEncoding};
         // Two 128-row blocks of scales and two 128-column blocks (both second ones cut short:
@@ -555,6 +733,8 @@ mod tests {
         assert_eq!(codes_tile_smem_bytes(CodeKind::E4m3.bits(), 16), 68352);
         assert_eq!(codes_tile_smem_bytes(4, 64), 55296);
         assert_eq!(codes_tile_smem_bytes(8, 64), 71680);
+        assert_eq!(3 * w8a8_stage_bytes(16), 62976);
+        assert_eq!(2 * w8a8_stage_bytes(64), 57344);
     }
 
     #[test]
