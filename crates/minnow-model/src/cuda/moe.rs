@@ -130,6 +130,26 @@ pub(super) fn queue_pooled_experts(
     Ok((0, ws.slot_pos.ptr_at(t * k)))
 }
 
+/// `rows` x `cols` BF16 expert inputs at `x` as E4M3 rows in `buffers` (codes, scales), per
+/// group of `group` columns, for the W8A8 expert GEMM.
+fn quantize_input(
+    gpu: &Gpu,
+    buffers: &(DeviceBuffer<u8>, DeviceBuffer<f32>),
+    x: u64,
+    rows: usize,
+    cols: usize,
+    group: usize,
+    mark: &mut Mark,
+) -> CudaResult<ops::E4m3Rows> {
+    let q = ops::E4m3Rows {
+        codes: buffers.0.ptr(),
+        scales: buffers.1.ptr(),
+    };
+    ops::quantize_rows_e4m3(gpu, x, rows, cols, group, &q)?;
+    mark("experts quantize")?;
+    Ok(q)
+}
+
 /// The activation groups (gate/up, down) when this layer's FP8 experts multiply E4M3
 /// activations on FP8 tensor cores (`MINNOW_FP8_ACTIVATIONS=1` on Hopper, both projections).
 fn moe_w8a8_groups(gpu: &Gpu, c: &Config, moe: &Moe) -> Option<(usize, usize)> {
@@ -259,25 +279,13 @@ pub(super) fn queue_grouped_experts(
         _ => {
             // FP8 experts on FP8 tensor cores: each input row quantized once, per column group.
             let w8a8 = match &ws.e4m3_rows {
-                Some([x_rows, act_rows]) => {
-                    moe_w8a8_groups(gpu, c, moe).map(|groups| (x_rows, act_rows, groups))
-                }
+                Some(buffers) => moe_w8a8_groups(gpu, c, moe).map(|groups| (buffers, groups)),
                 None => None,
-            };
-            let e4m3 = |(codes, scales): &(DeviceBuffer<u8>, DeviceBuffer<f32>)| ops::E4m3Rows {
-                codes: codes.ptr(),
-                scales: scales.ptr(),
             };
             let (x, row_token, gu) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_gu.ptr());
-            let xq = match w8a8 {
-                Some((x_rows, _, (group, _))) => {
-                    let q = e4m3(x_rows);
-                    ops::quantize_rows_e4m3(gpu, x, t, d, group, &q)?;
-                    mark("experts quantize")?;
-                    Some(q)
-                }
-                None => None,
-            };
+            let xq = w8a8
+                .map(|(b, g)| quantize_input(gpu, &b[0], x, t, d, g.0, mark))
+                .transpose()?;
             moe.experts_gate_up.grouped_gemm(
                 gpu,
                 x,
@@ -292,15 +300,9 @@ pub(super) fn queue_grouped_experts(
             let act = ws.expert_act.ptr();
             ops::silu_mul(gpu, gu, act, a, iw)?;
             mark("experts silu")?;
-            let actq = match w8a8 {
-                Some((_, act_rows, (_, group))) => {
-                    let q = e4m3(act_rows);
-                    ops::quantize_rows_e4m3(gpu, act, a, iw, group, &q)?;
-                    mark("experts quantize")?;
-                    Some(q)
-                }
-                None => None,
-            };
+            let actq = w8a8
+                .map(|(b, g)| quantize_input(gpu, &b[1], act, a, iw, g.1, mark))
+                .transpose()?;
             let out = ws.expert_out.ptr();
             moe.experts_down
                 .grouped_gemm(gpu, act, actq.as_ref(), 0, out, &tiles, d, iw)?;
