@@ -805,6 +805,66 @@ fn router_matches_reference() {
     }
 }
 
+/// One `moe_dispatch` over the device routing `idx` (t tokens x k picks among e experts, and
+/// one more assignment per token to the packed expert `shared` when given): each assignment's
+/// row, each row's token and the tiles of at most `tile_rows` rows.
+struct Dispatched {
+    slot: DeviceBuffer<i32>,
+    row_token: DeviceBuffer<i32>,
+    tiles: DeviceBuffer<i32>,
+    num_tiles: DeviceBuffer<i32>,
+    max_tiles: usize,
+    tile_rows: usize,
+}
+
+impl Dispatched {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        g: &Gpu,
+        idx: &DeviceBuffer<i32>,
+        t: usize,
+        k: usize,
+        e: usize,
+        tile_rows: usize,
+        shared: Option<usize>,
+    ) -> Self {
+        let a = t * k + shared.map_or(0, |_| t);
+        let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
+        let d = Self {
+            slot: g.alloc::<i32>(a).unwrap(),
+            row_token: g.alloc::<i32>(a).unwrap(),
+            tiles: g.alloc::<i32>(4 * max_tiles).unwrap(),
+            num_tiles: g.alloc::<i32>(1).unwrap(),
+            max_tiles,
+            tile_rows,
+        };
+        ops::moe_dispatch(
+            g,
+            idx.ptr(),
+            t,
+            k,
+            e,
+            tile_rows,
+            shared,
+            d.slot.ptr(),
+            d.row_token.ptr(),
+            d.tiles.ptr(),
+            d.num_tiles.ptr(),
+        )
+        .unwrap();
+        d
+    }
+
+    fn expert_tiles(&self) -> ops::ExpertTiles {
+        ops::ExpertTiles {
+            tiles: self.tiles.ptr(),
+            num_tiles: self.num_tiles.ptr(),
+            max_tiles: self.max_tiles,
+            rows: self.tile_rows,
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
@@ -835,49 +895,27 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
         let a = if packed { t * (k + 1) } else { t * k };
         let expert_of = |i: usize| if i < t * k { idx[i] as usize } else { e - 1 };
         let token_of = |i: usize| if i < t * k { i / k } else { i - t * k };
-        let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
         let (dx, dw, didx) = (
             g.upload(&x).unwrap(),
             g.upload(&w).unwrap(),
             g.upload(&idx).unwrap(),
         );
-        let slot = g.alloc::<i32>(a).unwrap();
-        let row_token = g.alloc::<i32>(a).unwrap();
-        let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
-        let nt = g.alloc::<i32>(1).unwrap();
+        let dispatched = Dispatched::new(&g, &didx, t, k, e, tile_rows, packed.then_some(e - 1));
+        let (slot, row_token) = (&dispatched.slot, &dispatched.row_token);
         let y = poisoned_bf16(&g, a * n);
-        ops::moe_dispatch(
-            &g,
-            didx.ptr(),
-            t,
-            k,
-            e,
-            tile_rows,
-            packed.then_some(e - 1),
-            slot.ptr(),
-            row_token.ptr(),
-            tiles.ptr(),
-            nt.ptr(),
-        )
-        .unwrap();
         ops::grouped_gemm(
             &g,
             dx.ptr(),
             row_token.ptr(),
             dw.ptr(),
             y.ptr(),
-            &ops::ExpertTiles {
-                tiles: tiles.ptr(),
-                num_tiles: nt.ptr(),
-                max_tiles,
-                rows: tile_rows,
-            },
+            &dispatched.expert_tiles(),
             n,
             kd,
         )
         .unwrap();
         let gy = read_bf16(&g, &y);
-        let slots = read(&g, &slot);
+        let slots = read(&g, slot);
         let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
         let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
         let (mut got, mut want) = (vec![], vec![]);
@@ -898,8 +936,8 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
             &want,
         );
         // The tile list covers every row exactly once, in tiles of at most tile_rows rows.
-        let ntiles = read(&g, &nt)[0] as usize;
-        let tl = read(&g, &tiles);
+        let ntiles = read(&g, &dispatched.num_tiles)[0] as usize;
+        let tl = read(&g, &dispatched.tiles);
         let covered: usize = (0..ntiles)
             .map(|i| (tl[4 * i + 2] - tl[4 * i + 1]) as usize)
             .sum();
@@ -1181,56 +1219,33 @@ fn grouped_gemm_over_codes_matches_reference() {
                 }
                 let run =
                     |idx: &[i32], t: usize, x: &[bf16], tile_rows: usize| -> (Vec<f32>, Vec<i32>) {
-                        let a = t * k;
-                        // W8A8: the rows quantized on the device (checked against the CPU below).
-                        let xq_codes = g.alloc::<u8>(t * kd).unwrap();
-                        let xq_scales = g.alloc::<f32>(t * kd / group).unwrap();
-                        let xq = ops::E4m3Rows {
-                            codes: xq_codes.ptr(),
-                            scales: xq_scales.ptr(),
-                        };
-                        let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
                         let (dx, didx) = (g.upload(x).unwrap(), g.upload(idx).unwrap());
-                        let slot = g.alloc::<i32>(a).unwrap();
-                        let row_token = g.alloc::<i32>(a).unwrap();
-                        let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
-                        let nt = g.alloc::<i32>(1).unwrap();
-                        let y = poisoned_bf16(&g, a * n);
-                        ops::moe_dispatch(
-                            &g,
-                            didx.ptr(),
-                            t,
-                            k,
-                            e,
-                            tile_rows,
-                            None,
-                            slot.ptr(),
-                            row_token.ptr(),
-                            tiles.ptr(),
-                            nt.ptr(),
-                        )
-                        .unwrap();
-                        if w8a8 {
-                            ops::quantize_rows_e4m3(&g, dx.ptr(), t, kd, group, &xq).unwrap();
-                        }
+                        let dispatched = Dispatched::new(&g, &didx, t, k, e, tile_rows, None);
+                        let y = poisoned_bf16(&g, t * k * n);
+                        // W8A8: the rows quantized on the device (checked against the CPU below).
+                        let xq_buffers = w8a8.then(|| {
+                            let codes = g.alloc::<u8>(t * kd).unwrap();
+                            let scales = g.alloc::<f32>(t * kd / group).unwrap();
+                            let rows = ops::E4m3Rows {
+                                codes: codes.ptr(),
+                                scales: scales.ptr(),
+                            };
+                            ops::quantize_rows_e4m3(&g, dx.ptr(), t, kd, group, &rows).unwrap();
+                            (codes, scales, rows)
+                        });
                         ops::grouped_gemm_codes(
                             &g,
                             dx.ptr(),
-                            w8a8.then_some(&xq),
-                            row_token.ptr(),
+                            xq_buffers.as_ref().map(|(_, _, rows)| rows),
+                            dispatched.row_token.ptr(),
                             &w,
                             y.ptr(),
-                            &ops::ExpertTiles {
-                                tiles: tiles.ptr(),
-                                num_tiles: nt.ptr(),
-                                max_tiles,
-                                rows: tile_rows,
-                            },
+                            &dispatched.expert_tiles(),
                             n,
                             kd,
                         )
                         .unwrap();
-                        (read_bf16(&g, &y), read(&g, &slot))
+                        (read_bf16(&g, &y), read(&g, &dispatched.slot))
                     };
                 let (gy, slots) = run(&idx, t, &x, tile_rows);
                 let x_bf16: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
@@ -1792,12 +1807,9 @@ struct DispatchedCase {
     case: TmaCase,
     /// Assignment rows (with the packed shared expert's).
     a: usize,
-    max_tiles: usize,
     x: DeviceBuffer<bf16>,
     w: DeviceBuffer<bf16>,
-    row_token: DeviceBuffer<i32>,
-    tiles: DeviceBuffer<i32>,
-    num_tiles: DeviceBuffer<i32>,
+    dispatched: Dispatched,
     maps: TensorMaps,
 }
 
@@ -1809,25 +1821,7 @@ impl DispatchedCase {
         let w = g.upload(&to_bf16(&randn(rng, e * n * kd, 0.05))).unwrap();
         let idx = g.upload(&skewed_routing(rng, t, k, routed, 0.3)).unwrap();
         let a = if packed { t * (k + 1) } else { t * k };
-        let max_tiles = ops::moe_max_tiles(a, e, tile_rows);
-        let slot = g.alloc::<i32>(a).unwrap();
-        let row_token = g.alloc::<i32>(a).unwrap();
-        let tiles = g.alloc::<i32>(4 * max_tiles).unwrap();
-        let num_tiles = g.alloc::<i32>(1).unwrap();
-        ops::moe_dispatch(
-            g,
-            idx.ptr(),
-            t,
-            k,
-            e,
-            tile_rows,
-            packed.then_some(e - 1),
-            slot.ptr(),
-            row_token.ptr(),
-            tiles.ptr(),
-            num_tiles.ptr(),
-        )
-        .unwrap();
+        let dispatched = Dispatched::new(g, &idx, t, k, e, tile_rows, packed.then_some(e - 1));
         let maps = TensorMaps::new(
             g,
             &[Bf16Rows {
@@ -1841,12 +1835,9 @@ impl DispatchedCase {
         Self {
             case,
             a,
-            max_tiles,
             x,
             w,
-            row_token,
-            tiles,
-            num_tiles,
+            dispatched,
             maps,
         }
     }
@@ -1868,20 +1859,15 @@ impl DispatchedCase {
 
     /// The TMA kernel into `y`.
     fn tma(&self, g: &Gpu, y: &DeviceBuffer<bf16>) {
-        let (_, _, _, n, kd, tile_rows, _, gated) = self.case;
+        let (_, _, _, n, kd, _, _, gated) = self.case;
         ops::grouped_gemm_tma(
             g,
             self.maps.get(0),
             self.w.ptr(),
             self.x.ptr(),
-            self.row_token.ptr(),
+            self.dispatched.row_token.ptr(),
             y.ptr(),
-            &ops::ExpertTiles {
-                tiles: self.tiles.ptr(),
-                num_tiles: self.num_tiles.ptr(),
-                max_tiles: self.max_tiles,
-                rows: tile_rows,
-            },
+            &self.dispatched.expert_tiles(),
             n,
             kd,
             gated,
@@ -1891,20 +1877,15 @@ impl DispatchedCase {
 
     /// The reference: the 4-warp grouped kernels, then `silu_mul` when gated.
     fn four_warp(&self, g: &Gpu) -> Vec<f32> {
-        let (_, _, _, n, kd, tile_rows, _, gated) = self.case;
+        let (_, _, _, n, kd, _, _, gated) = self.case;
         let y = poisoned_bf16(g, self.a * n);
         ops::grouped_gemm(
             g,
             self.x.ptr(),
-            self.row_token.ptr(),
+            self.dispatched.row_token.ptr(),
             self.w.ptr(),
             y.ptr(),
-            &ops::ExpertTiles {
-                tiles: self.tiles.ptr(),
-                num_tiles: self.num_tiles.ptr(),
-                max_tiles: self.max_tiles,
-                rows: tile_rows,
-            },
+            &self.dispatched.expert_tiles(),
             n,
             kd,
         )

@@ -119,10 +119,10 @@ impl ExpertMatrix {
         }
     }
 
-    /// The kernels' view of codes (`None` for BF16 rows).
-    fn code_matrices(&self) -> Option<CodeMatrices> {
+    /// What the kernels read: the BF16 rows, or the codes as `ops::CodeMatrices`.
+    fn kernel_view(&self) -> KernelView<'_> {
         match self {
-            ExpertMatrix::Bf16(_) => None,
+            ExpertMatrix::Bf16(rows) => KernelView::Bf16(rows),
             ExpertMatrix::Codes {
                 encoding,
                 group,
@@ -130,7 +130,7 @@ impl ExpertMatrix {
                 scales,
                 band_scale,
                 shared,
-            } => Some(CodeMatrices {
+            } => KernelView::Codes(CodeMatrices {
                 kind: code_kind(*encoding),
                 group: *group,
                 codes: codes.ptr(),
@@ -144,9 +144,10 @@ impl ExpertMatrix {
     /// The column group of the activation rows when this `n` x `k` projection multiplies FP8
     /// codes by FP8 activations here (`ops::w8a8_supported`), else `None`.
     pub fn w8a8_group(&self, gpu: &Gpu, n: usize, k: usize) -> Option<usize> {
-        self.code_matrices()
-            .filter(|w| ops::w8a8_supported(gpu, w, n, k))
-            .map(|w| w.group)
+        match self.kernel_view() {
+            KernelView::Codes(w) if ops::w8a8_supported(gpu, &w, n, k) => Some(w.group),
+            _ => None,
+        }
     }
 
     /// `Y[p] = X[row_token[p] or p] . W[e]^T` over the dispatched tiles (see
@@ -164,14 +165,19 @@ impl ExpertMatrix {
         n: usize,
         k: usize,
     ) -> CudaResult<()> {
-        match (self, self.code_matrices()) {
-            (ExpertMatrix::Bf16(w), _) => {
-                ops::grouped_gemm(gpu, x, row_token, w.ptr(), y, tiles, n, k)
+        match self.kernel_view() {
+            KernelView::Bf16(w) => ops::grouped_gemm(gpu, x, row_token, w.ptr(), y, tiles, n, k),
+            KernelView::Codes(w) => {
+                ops::grouped_gemm_codes(gpu, x, xq, row_token, &w, y, tiles, n, k)
             }
-            (_, Some(w)) => ops::grouped_gemm_codes(gpu, x, xq, row_token, &w, y, tiles, n, k),
-            (_, None) => unreachable!("codes have a kernel view"),
         }
     }
+}
+
+/// What the expert GEMM kernels read of an [`ExpertMatrix`].
+enum KernelView<'a> {
+    Bf16(&'a DeviceBuffer<bf16>),
+    Codes(CodeMatrices),
 }
 
 /// The kernel's view of codes loaded from `e` (an encoding [`device_encoding`] accepts).
