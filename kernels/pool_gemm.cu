@@ -50,43 +50,7 @@ static_assert(SMEM_BYTES == 5 * 40960 + 1024 + 8192 + 80, "host mirror: pool_gem
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 namespace minnow_pool {
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    }
-}
-// One box of a 2D tensor map (in global memory) at columns c0.., rows c1.. into shared memory;
-// completion counts its bytes on `bar`.
-__device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c0, int c1, unsigned bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-        "l"(map), "r"(c0), "r"(c1), "r"(bar)
-        : "memory");
-}
-// Byte offset of the 16-byte chunk `chunk` of row `row` in a box written with the 128-byte swizzle
-// (rows of 128 bytes; the chunk index is XORed with the row's position in its 8-row atom).
-__device__ __forceinline__ unsigned swizzled(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
+using namespace minnow_tma;  // mbarriers, TMA boxes, the 128-byte swizzle (common.cuh)
 }  // namespace minnow_pool
 #endif
 
@@ -116,6 +80,7 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
             mbar_init(full0 + 8 * s, 1);
             mbar_init(empty0 + 8 * s, CONSUMERS);
         }
+        mbar_init_fence();
     }
     __syncthreads();
     const int tiles_per_entry = N / ROWS, tiles = B * tiles_per_entry, k_steps = K / BK;
@@ -315,9 +280,6 @@ static_assert(Shape<64>::SMEM_BYTES == 4 * 49152 + 1024 + 18432 + 64, "host mirr
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 namespace minnow_grouped {
-__device__ __forceinline__ void cp_async_arrive_noinc(unsigned bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 
 template <int TOKENS>
 __device__ void grouped_tma(const void* __restrict__ w_map, unsigned long long w_base, unsigned long long w_ptr,
@@ -338,6 +300,7 @@ __device__ void grouped_tma(const void* __restrict__ w_map, unsigned long long w
             mbar_init(full0 + 8 * s, 1 + 32);  // the TMA's expect_tx + each producer lane's copies
             mbar_init(empty0 + 8 * s, CONSUMERS);
         }
+        mbar_init_fence();
     }
     __syncthreads();
     pdl_enter();  // the tile list and X come from the kernels before

@@ -22,6 +22,17 @@ const HASH_LINE_PREFIX: &str = "// minnow-kernel-source-blake3: ";
 /// (`pdl_enter` in kernels/common.cuh) and is what sm_90+ GPUs load.
 const ARCHS: [(&str, &str); 2] = [("sm_80", ""), ("sm_90", ".sm90")];
 
+/// The nvcc target of a module's `.sm90` build: `sm_90a` for the modules that use Hopper's
+/// arch-specific instructions (wgmma; the runtime loads them only on compute capability 9.0),
+/// else `arch`.
+fn target(stem: &str, arch: &'static str) -> &'static str {
+    if arch == "sm_90" && minnow_runtime::cuda::ptx::SM90A_MODULES.contains(&stem) {
+        "sm_90a"
+    } else {
+        arch
+    }
+}
+
 /// The workspace root: the nearest ancestor of the current directory holding `kernels/`.
 fn workspace_root() -> Result<PathBuf, String> {
     let mut dir = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
@@ -67,6 +78,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let stem = cu.file_stem().unwrap().to_string_lossy().to_string();
         let hash = source_hash(cu, &common)?;
         for (arch, suffix) in ARCHS {
+            let arch = target(&stem, arch);
             let out = root.join(PTX_DIR).join(format!("{stem}{suffix}.ptx"));
             if check_only {
                 let current = std::fs::read_to_string(&out).unwrap_or_default();

@@ -863,6 +863,36 @@ impl Dispatched {
             rows: self.tile_rows,
         }
     }
+
+    /// The same rows (same order: the dispatch's atomics ran once) cut into tiles of at most
+    /// `rows`: the tile list of another kernel over this dispatch. Returns the tile and count
+    /// buffers, which the [`ops::ExpertTiles`] borrows by address.
+    fn recut(
+        &self,
+        g: &Gpu,
+        rows: usize,
+    ) -> (DeviceBuffer<i32>, DeviceBuffer<i32>, ops::ExpertTiles) {
+        let count = read(g, &self.num_tiles)[0] as usize;
+        let tiles = read(g, &self.tiles);
+        let mut cut = Vec::new();
+        for t in tiles[..4 * count].chunks(4) {
+            let (e, mut p, end) = (t[0], t[1], t[2]);
+            while p < end {
+                let q = end.min(p + rows as i32);
+                cut.extend_from_slice(&[e, p, q, 0]);
+                p = q;
+            }
+        }
+        let n = cut.len() / 4;
+        let (tiles, num) = (g.upload(&cut).unwrap(), g.upload(&[n as i32]).unwrap());
+        let expert_tiles = ops::ExpertTiles {
+            tiles: tiles.ptr(),
+            num_tiles: num.ptr(),
+            max_tiles: n,
+            rows,
+        };
+        (tiles, num, expert_tiles)
+    }
 }
 
 #[test]
@@ -1857,10 +1887,15 @@ impl DispatchedCase {
         format!("t{t} k{k} e{e} n{n} k{kd} tiles of {tile_rows} packed {packed} gated {gated}")
     }
 
-    /// The TMA kernel into `y`.
+    /// The TMA kernel into `y`: the wgmma kernel for tiles of 128 rows.
     fn tma(&self, g: &Gpu, y: &DeviceBuffer<bf16>) {
-        let (_, _, _, n, kd, _, _, gated) = self.case;
-        ops::grouped_gemm_tma(
+        let (_, _, _, n, kd, tile_rows, _, gated) = self.case;
+        let kernel = if tile_rows == ops::GROUPED_WGMMA_ROWS {
+            ops::grouped_gemm_wgmma
+        } else {
+            ops::grouped_gemm_tma
+        };
+        kernel(
             g,
             self.maps.get(0),
             self.w.ptr(),
@@ -1875,17 +1910,24 @@ impl DispatchedCase {
         .unwrap();
     }
 
-    /// The reference: the 4-warp grouped kernels, then `silu_mul` when gated.
+    /// The reference: the 4-warp grouped kernels, then `silu_mul` when gated (over the same
+    /// rows cut at 64 when the case's tiles are taller than those kernels take).
     fn four_warp(&self, g: &Gpu) -> Vec<f32> {
-        let (_, _, _, n, kd, _, _, gated) = self.case;
+        let (_, _, _, n, kd, tile_rows, _, gated) = self.case;
         let y = poisoned_bf16(g, self.a * n);
+        let (_cut, _count, tiles) = if tile_rows > 64 {
+            let (t, c, tiles) = self.dispatched.recut(g, 64);
+            (Some(t), Some(c), tiles)
+        } else {
+            (None, None, self.dispatched.expert_tiles())
+        };
         ops::grouped_gemm(
             g,
             self.x.ptr(),
             self.dispatched.row_token.ptr(),
             self.w.ptr(),
             y.ptr(),
-            &self.dispatched.expert_tiles(),
+            &tiles,
             n,
             kd,
         )
@@ -1954,6 +1996,102 @@ fn grouped_gemm_tma_gives_the_grouped_kernels_bits() {
                 "{name}: a row past the tiles was written"
             );
             println!("TMA grouped GEMM {name}, launch {launch}: {outputs} outputs bit-identical");
+        }
+    }
+}
+
+/// The wgmma grouped expert GEMM (tiles of up to 128 rows) gives exactly the bits of the 4-warp
+/// mma.sync kernels over the same rows (cut at 64), and of the 16-row tiles a lone request's
+/// rows take: so a row's bits do not depend on which kernel its forward picks. Mini's shapes,
+/// gated and not, tiles of 1-128 rows (skewed routing), a refinement-sized, an x16-, x64- and a
+/// prefill-sized batch, three launches each; rows outside the tiles stay unwritten.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grouped_gemm_wgmma_gives_the_grouped_kernels_bits() {
+    let g = gpu();
+    if !ops::grouped_wgmma_supported(&g, 1024, 2048) {
+        cannot_run(
+            "grouped_gemm_wgmma_gives_the_grouped_kernels_bits",
+            &format!(
+                "the wgmma grouped GEMM cannot run on {}: it needs compute capability 9.0",
+                g.name()
+            ),
+        );
+        return;
+    }
+    let mut rng = rng();
+    let rows = ops::GROUPED_WGMMA_ROWS;
+    let cases: [TmaCase; 8] = [
+        (32, 8, 256, 1024, 2048, rows, false, true),
+        (32, 8, 256, 2048, 512, rows, false, false),
+        (300, 8, 256, 1024, 2048, rows, false, true),
+        (512, 8, 256, 2048, 512, rows, false, false),
+        (2048, 8, 256, 1024, 2048, rows, false, true),
+        (2048, 8, 256, 2048, 512, rows, false, false),
+        (4096, 8, 256, 1024, 2048, rows, false, true),
+        (70, 4, 9, 256, 384, rows, false, false),
+    ];
+    // MINNOW_WGMMA_CASES=n runs the first n (the small ones, e.g. under compute-sanitizer).
+    let take = std::env::var("MINNOW_WGMMA_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases.len());
+    for case in cases.into_iter().take(take) {
+        let d = DispatchedCase::new(&g, &mut rng, case);
+        let (want, outputs, name) = (d.four_warp(&g), d.a * d.width(), d.name());
+        // The 16-row tiles too (a lone request's): same bits.
+        let (_t, _c, tiles16) = d.dispatched.recut(&g, 16);
+        let (_, _, _, n, kd, _, _, gated) = case;
+        let y16 = poisoned_bf16(&g, d.a * n);
+        ops::grouped_gemm(
+            &g,
+            d.x.ptr(),
+            d.dispatched.row_token.ptr(),
+            d.w.ptr(),
+            y16.ptr(),
+            &tiles16,
+            n,
+            kd,
+        )
+        .unwrap();
+        let want16 = if gated {
+            let act = poisoned_bf16(&g, d.a * d.width());
+            ops::silu_mul(&g, y16.ptr(), act.ptr(), d.a, d.width()).unwrap();
+            read_bf16(&g, &act)
+        } else {
+            read_bf16(&g, &y16)
+        };
+        let same16 = want16
+            .iter()
+            .zip(&want)
+            .all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(same16, "{name}: the 16- and 64-row tiles differ");
+        for launch in 0..3 {
+            let y = poisoned_bf16(&g, outputs + d.width());
+            d.tma(&g, &y);
+            let got = read_bf16(&g, &y);
+            let differ = got[..outputs]
+                .iter()
+                .zip(&want)
+                .filter(|(p, q)| p.to_bits() != q.to_bits())
+                .count();
+            if differ > 0 {
+                let first = (0..outputs)
+                    .find(|&i| got[i].to_bits() != want[i].to_bits())
+                    .unwrap();
+                panic!(
+                    "{name}: {differ} of {outputs} outputs differ in bits (first: row {}, column {}: {} vs {})",
+                    first / d.width(),
+                    first % d.width(),
+                    got[first],
+                    want[first]
+                );
+            }
+            assert!(
+                got[outputs..].iter().all(|v| v.is_nan()),
+                "{name}: a row past the tiles was written"
+            );
+            println!("wgmma grouped GEMM {name}, launch {launch}: {outputs} outputs bit-identical");
         }
     }
 }

@@ -61,9 +61,9 @@ pub(crate) struct Moe {
     pub experts_down: ExpertMatrix,
     pub shared: SharedExpert,
     /// Tensor maps of the BF16 `[experts_gate_up, experts_down]` (boxes of 64 rows) for the TMA
-    /// kernels that stream them: the grouped expert GEMM (`ops::grouped_tma_supported`) and the
-    /// pool GEMM of 2.2 denoising steps (`ops::pool_gemm_supported`), where the GPU and the
-    /// shapes allow either.
+    /// kernels that stream them: the wgmma grouped expert GEMM (`ops::grouped_wgmma_supported`),
+    /// the opt-in mma.sync one (`ops::grouped_tma_supported`) and the pool GEMM of 2.2 denoising
+    /// steps (`ops::pool_gemm_supported`), where the GPU and the shapes allow any of them.
     pub expert_maps: Option<TensorMaps>,
 }
 
@@ -84,11 +84,15 @@ impl Moe {
             && packed
             && ops::pool_gemm_supported(gpu, 1, 2 * w, d)
             && ops::pool_gemm_supported(gpu, 1, d, w);
-        let grouped = minnow_runtime::cuda::tuning::tuning().grouped_tma
+        let tuning = minnow_runtime::cuda::tuning::tuning();
+        let grouped = (tuning.grouped_tma
             && [16, 64].iter().any(|&rows| {
                 ops::grouped_tma_supported(gpu, rows, 2 * w, d)
                     && ops::grouped_tma_supported(gpu, rows, d, w)
-            });
+            }))
+            || (tuning.grouped_wgmma
+                && ops::grouped_wgmma_supported(gpu, 2 * w, d)
+                && ops::grouped_wgmma_supported(gpu, d, w));
         let expert_maps = match (experts_gate_up.bf16(), experts_down.bf16()) {
             (Some(gate_up), Some(down)) if pooled || grouped => TensorMaps::try_rows(
                 gpu,

@@ -121,8 +121,18 @@ impl Gpu {
         self.capability.0 >= 9 && !self.force_sm80
     }
 
+    /// Whether the sm_90a builds (`ptx::SM90A_MODULES`: wgmma) are loaded: compute capability
+    /// exactly 9.0, not forced to the portable build.
+    pub fn uses_sm90a_ptx(&self) -> bool {
+        self.capability == (9, 0) && !self.force_sm80
+    }
+
     fn load_module(&mut self, module: &PtxModule) -> CudaResult<()> {
-        let sm90 = self.uses_sm90_ptx();
+        let sm90 = if ptx::SM90A_MODULES.contains(&module.name) {
+            self.uses_sm90a_ptx()
+        } else {
+            self.uses_sm90_ptx()
+        };
         let embedded = if sm90 { module.ptx_sm90 } else { module.ptx };
         let text = match ptx::override_text(module.name, sm90)? {
             Some(text) => std::borrow::Cow::Owned(text),

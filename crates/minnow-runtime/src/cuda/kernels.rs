@@ -324,6 +324,23 @@ kernel_table! {
             gated: i32,
         );
     }
+    /// `kernels/expert_wgmma.cu` (Hopper sm_90a only: elsewhere a trap).
+    expert_wgmma (max_dynamic_shared: 200 * 1024) {
+        /// The grouped expert GEMM on wgmma over tiles of up to 128 rows.
+        grouped_gemm_wgmma(
+            w_map: u64,
+            w_base: u64,
+            w_ptr: u64,
+            x: u64,
+            row_token: u64,
+            y: u64,
+            tiles: u64,
+            num_tiles: u64,
+            n: i32,
+            k: i32,
+            gated: i32,
+        );
+    }
     /// `kernels/moe.cu`.
     moe (max_dynamic_shared: 112 * 1024) {
         /// BF16 experts over the dispatched tiles.

@@ -10,6 +10,11 @@ use super::error::{CudaError, CudaResult};
 /// Prefix of the first line of every generated PTX file; the hex hash follows.
 pub const HASH_LINE_PREFIX: &str = "// minnow-kernel-source-blake3: ";
 
+/// Modules whose Hopper build targets `sm_90a` (wgmma and other arch-specific instructions)
+/// instead of `sm_90`: such PTX runs on compute capability 9.0 only, so other GPUs load the
+/// module's portable build, whose kernels trap (their launchers check first).
+pub const SM90A_MODULES: &[&str] = &["expert_wgmma"];
+
 /// Kernel developers' switch: with `MINNOW_PTX_DIR` set, modules load `<dir>/<name>.ptx` (or
 /// `<name>.sm90.ptx`) from disk instead of the embedded text, so kernels compiled on a GPU
 /// machine (`cargo xtask kernels` there) run with binaries built before them. Unset in normal
@@ -104,6 +109,7 @@ mod tests {
             kernels::attention::PARAMS,
             kernels::router::PARAMS,
             kernels::pool_gemm::PARAMS,
+            kernels::expert_wgmma::PARAMS,
             kernels::moe::PARAMS,
         ];
         assert_eq!(families.len(), MODULES.len());
@@ -123,6 +129,25 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The arch-specific modules' Hopper PTX was built for sm_90a and every other module's for
+    /// sm_90: the loader's choice of build (`Gpu::load_module`) relies on it.
+    #[test]
+    fn hopper_builds_target_what_the_loader_expects() {
+        for module in MODULES {
+            let want = if SM90A_MODULES.contains(&module.name) {
+                ".target sm_90a"
+            } else {
+                ".target sm_90"
+            };
+            let target = module
+                .ptx_sm90
+                .lines()
+                .find(|l| l.starts_with(".target"))
+                .unwrap_or_else(|| panic!("no .target in ptx/{}.sm90.ptx", module.name));
+            assert_eq!(target.trim(), want, "ptx/{}.sm90.ptx", module.name);
         }
     }
 

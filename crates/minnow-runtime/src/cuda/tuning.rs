@@ -8,7 +8,9 @@
 //! `MINNOW_DENSE_LT_MIN_ROWS` (dense GEMMs of fewer rows skip their cuBLASLt plan), `MINNOW_MOE64_ROWS` (1..=1024: rows per busy
 //! expert from which the grouped expert GEMM takes 64-row tiles); `MINNOW_MOE_POOLED=0` turns off the batched
 //! experts of 2.2 denoising steps, and `MINNOW_POOL_GEMM=0` runs them with cuBLAS instead of the
-//! bulk-copy kernel, `MINNOW_GROUPED_TMA=1` the grouped expert GEMM through TMA (experimental), for A/B runs. `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the
+//! bulk-copy kernel, `MINNOW_GROUPED_TMA=1` the grouped expert GEMM through TMA (experimental), and
+//! `MINNOW_GROUPED_WGMMA=0` keeps BF16 experts with many rows on the mma.sync tiles instead of
+//! the wgmma kernel (same bits), for A/B runs. `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the
 //! default is on): cuBLAS for dense GEMMs and the router, the pooled experts, attention splits
 //! sized to the batch. Faster in places, but a request's tokens then depend on the load.
 //! `MINNOW_FP8_ACTIVATIONS=1` multiplies FP8 experts by E4M3 activations on FP8 tensor cores
@@ -34,6 +36,10 @@ pub struct Tuning {
     /// but whole forwards with it on were seen to decode differently from run to run on the H200,
     /// a race not found yet; docs/performance.md).
     pub grouped_tma: bool,
+    /// Forwards whose experts get many rows each (where the grouped GEMM cuts 64-row tiles) run
+    /// BF16 experts through the wgmma kernel over 128-row tiles on compute capability 9.0
+    /// (`MINNOW_GROUPED_WGMMA`; same bits as the mma.sync tiles).
+    pub grouped_wgmma: bool,
     /// Every row's arithmetic is independent of the batch around it (on by default; see
     /// docs/performance.md for its cost): the dense GEMMs, the router and the lm_head run
     /// minnow's fixed-order kernels, the experts always take the grouped GEMM, and attention
@@ -75,6 +81,7 @@ impl Default for Tuning {
             moe_pooled: true,
             pool_gemm: true,
             grouped_tma: false,
+            grouped_wgmma: true,
             invariant: true,
             dense16_rows: 32,
             dense128_rows: 256,
@@ -115,6 +122,8 @@ pub fn tuning() -> &'static Tuning {
             pool_gemm: env_usize("MINNOW_POOL_GEMM", |v| v <= 1).map_or(d.pool_gemm, |v| v == 1),
             grouped_tma: env_usize("MINNOW_GROUPED_TMA", |v| v <= 1)
                 .map_or(d.grouped_tma, |v| v == 1),
+            grouped_wgmma: env_usize("MINNOW_GROUPED_WGMMA", |v| v <= 1)
+                .map_or(d.grouped_wgmma, |v| v == 1),
             invariant: env_usize("MINNOW_BATCH_INVARIANT", |v| v <= 1)
                 .map_or(d.invariant, |v| v == 1),
             dense16_rows: env_usize("MINNOW_DENSE16_ROWS", |_| true).unwrap_or(d.dense16_rows),

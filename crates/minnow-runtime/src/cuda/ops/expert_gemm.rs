@@ -92,7 +92,8 @@ pub struct ExpertTiles {
     pub num_tiles: u64,
     /// The bound on that number the grid is sized for ([`moe_max_tiles`]).
     pub max_tiles: usize,
-    /// The rows a tile holds at most: 16 or 64 (the dispatch's cut).
+    /// The rows a tile holds at most: 16 or 64 (the dispatch's cut), or
+    /// [`GROUPED_WGMMA_ROWS`](super::GROUPED_WGMMA_ROWS) for the wgmma kernel.
     pub rows: usize,
 }
 

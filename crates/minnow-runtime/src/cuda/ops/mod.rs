@@ -3,13 +3,15 @@
 //! something wrong), pick the kernel and its grid. Buffers are passed as device addresses so that
 //! callers can address sub-ranges. One module per job: `elementwise` (norms, activations,
 //! combine, top-1), `attention` (RoPE and attention), `routing` (router logits and expert
-//! choice), `expert_gemm` (dispatch and the grouped expert GEMMs), `pool_gemm` (a denoising
+//! choice), `expert_gemm` (dispatch and the grouped expert GEMMs), `expert_wgmma` (the
+//! grouped expert GEMM on Hopper's wgmma), `pool_gemm` (a denoising
 //! step's pooled experts) and `dense_gemm`.
 
 mod attention;
 mod dense_gemm;
 mod elementwise;
 mod expert_gemm;
+mod expert_wgmma;
 mod pool_gemm;
 mod routing;
 mod unsupported;
@@ -18,5 +20,6 @@ pub use attention::*;
 pub use dense_gemm::*;
 pub use elementwise::*;
 pub use expert_gemm::*;
+pub use expert_wgmma::*;
 pub use pool_gemm::*;
 pub use routing::*;
