@@ -2096,9 +2096,9 @@ fn grouped_gemm_wgmma_gives_the_grouped_kernels_bits() {
     }
 }
 
-/// Many launches of the TMA grouped GEMM on the same inputs give the same bits every time: whole
-/// forwards with it decoded differently from run to run, so a rare race is looked for here
-/// (`MINNOW_TMA_STRESS_LAUNCHES`, default 300 per shape).
+/// Many launches of the TMA grouped GEMM on the same inputs give the same bits every time (whole
+/// forwards with it once decoded differently from run to run, until its barrier initialisation
+/// was fenced for the async proxy; `MINNOW_TMA_STRESS_LAUNCHES`, default 300 per shape).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grouped_gemm_tma_is_deterministic_over_many_launches() {

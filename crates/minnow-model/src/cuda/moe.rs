@@ -277,7 +277,7 @@ pub(super) fn queue_grouped_experts(
         ops::grouped_gemm_wgmma(gpu, down_map, down.ptr(), act, 0, out, &tiles, d, iw, false)?;
     } else {
         match (&moe.expert_maps, moe.bf16_experts()) {
-            // BF16 experts on Hopper with MINNOW_GROUPED_TMA=1: the weights stream through TMA,
+            // BF16 experts on Hopper (MINNOW_GROUPED_TMA, on by default): the weights stream through TMA,
             // SiLU in the gate/up epilogue (kernel by kernel the same bits as the tiles below).
             (Some(maps), Some((gate_up, down)))
                 if tuning().grouped_tma

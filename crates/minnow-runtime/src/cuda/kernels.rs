@@ -308,7 +308,7 @@ kernel_table! {
             gated: i32,
             weights_ready: i32,
         );
-        /// The grouped expert GEMM over the dispatched tiles, weights through TMA (opt-in).
+        /// The grouped expert GEMM over the dispatched tiles, weights through TMA.
         grouped_gemm_tma_r16,
         grouped_gemm_tma_r64 as GroupedTma (
             w_map: u64,

@@ -8,9 +8,9 @@
 //! `MINNOW_DENSE_LT_MIN_ROWS` (dense GEMMs of fewer rows skip their cuBLASLt plan), `MINNOW_MOE64_ROWS` (1..=1024: rows per busy
 //! expert from which the grouped expert GEMM takes 64-row tiles); `MINNOW_MOE_POOLED=0` turns off the batched
 //! experts of 2.2 denoising steps, and `MINNOW_POOL_GEMM=0` runs them with cuBLAS instead of the
-//! bulk-copy kernel, `MINNOW_GROUPED_TMA=1` the grouped expert GEMM through TMA (experimental), and
-//! `MINNOW_GROUPED_WGMMA=0` keeps BF16 experts with many rows on the mma.sync tiles instead of
-//! the wgmma kernel (same bits), for A/B runs. `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the
+//! bulk-copy kernel, `MINNOW_GROUPED_TMA=0` keeps BF16 experts with few rows on the 4-warp tiles instead of the
+//! TMA-fed kernel and `MINNOW_GROUPED_WGMMA=0` those with many rows off the wgmma kernel (same
+//! bits), for A/B runs. `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the
 //! default is on): cuBLAS for dense GEMMs and the router, the pooled experts, attention splits
 //! sized to the batch. Faster in places, but a request's tokens then depend on the load.
 //! `MINNOW_FP8_ACTIVATIONS=1` multiplies FP8 experts by E4M3 activations on FP8 tensor cores
@@ -32,9 +32,11 @@ pub struct Tuning {
     /// batched GEMM).
     pub pool_gemm: bool,
     /// The grouped expert GEMM over BF16 experts streams its weights through TMA where it applies
-    /// (`MINNOW_GROUPED_TMA=1`; off by default: kernel by kernel it gives the 4-warp tiles' bits,
-    /// but whole forwards with it on were seen to decode differently from run to run on the H200,
-    /// a race not found yet; docs/performance.md).
+    /// (Hopper and newer; with the wgmma kernel on, that is the 16-row tiles of short forwards:
+    /// a refinement step measured 5-6 % faster). `MINNOW_GROUPED_TMA=0` keeps the 4-warp tiles.
+    /// Same bits either way. (It was opt-in while whole forwards with it decoded differently
+    /// from run to run; fencing its barrier initialisation for the async proxy ended that:
+    /// docs/performance.md.)
     pub grouped_tma: bool,
     /// Forwards whose experts get many rows each (where the grouped GEMM cuts 64-row tiles) run
     /// BF16 experts through the wgmma kernel over 128-row tiles on compute capability 9.0
@@ -80,7 +82,7 @@ impl Default for Tuning {
             moe64_rows: 12,
             moe_pooled: true,
             pool_gemm: true,
-            grouped_tma: false,
+            grouped_tma: true,
             grouped_wgmma: true,
             invariant: true,
             dense16_rows: 32,

@@ -95,7 +95,7 @@ pub const fn grouped_tma_smem_bytes(tile_rows: usize) -> usize {
 /// Whether [`grouped_gemm_tma`] can take an expert GEMM of `n` outputs over `k` inputs cut in
 /// `tile_rows`-row tiles: the sm_90 kernels are loaded, the device grants their shared memory,
 /// whole 128-row weight slices and 128-deep stages. (The forward uses it only with
-/// `MINNOW_GROUPED_TMA=1`: see `tuning::Tuning::grouped_tma`.)
+/// `MINNOW_GROUPED_TMA` on, the default: see `tuning::Tuning::grouped_tma`.)
 pub fn grouped_tma_supported(gpu: &Gpu, tile_rows: usize, n: usize, k: usize) -> bool {
     gpu.uses_sm90_ptx()
         && [16, 64].contains(&tile_rows)
