@@ -1910,13 +1910,52 @@ impl DispatchedCase {
         .unwrap();
     }
 
-    /// The reference: the 4-warp grouped kernels, then `silu_mul` when gated (over the same
-    /// rows cut at 64 when the case's tiles are taller than those kernels take).
+    /// Three launches of the streamed kernel ([`Self::tma`]) give exactly `want` (a race between
+    /// the copies and the tensor cores would show as a difference between them), and rows outside
+    /// the tiles stay unwritten.
+    fn check_launches(&self, g: &Gpu, want: &[f32], kernel: &str) {
+        let (outputs, name) = (self.a * self.width(), self.name());
+        for launch in 0..3 {
+            let y = poisoned_bf16(g, outputs + self.width());
+            self.tma(g, &y);
+            let got = read_bf16(g, &y);
+            let differ = got[..outputs]
+                .iter()
+                .zip(want)
+                .filter(|(p, q)| p.to_bits() != q.to_bits())
+                .count();
+            if differ > 0 {
+                let first = (0..outputs)
+                    .find(|&i| got[i].to_bits() != want[i].to_bits())
+                    .unwrap();
+                panic!(
+                    "{kernel} {name}: {differ} of {outputs} outputs differ in bits (first: row {}, column {}: {} vs {})",
+                    first / self.width(),
+                    first % self.width(),
+                    got[first],
+                    want[first]
+                );
+            }
+            assert!(
+                got[outputs..].iter().all(|v| v.is_nan()),
+                "{kernel} {name}: a row past the tiles was written"
+            );
+            println!("{kernel} {name}, launch {launch}: {outputs} outputs bit-identical");
+        }
+    }
+
+    /// The reference: the 4-warp grouped kernels, then `silu_mul` when gated.
     fn four_warp(&self, g: &Gpu) -> Vec<f32> {
+        self.four_warp_in(g, self.case.5.min(64))
+    }
+
+    /// The 4-warp grouped kernels (then `silu_mul` when gated) over the same rows cut into tiles
+    /// of `rows` (16 or 64).
+    fn four_warp_in(&self, g: &Gpu, rows: usize) -> Vec<f32> {
         let (_, _, _, n, kd, tile_rows, _, gated) = self.case;
         let y = poisoned_bf16(g, self.a * n);
-        let (_cut, _count, tiles) = if tile_rows > 64 {
-            let (t, c, tiles) = self.dispatched.recut(g, 64);
+        let (_cut, _count, tiles) = if tile_rows != rows {
+            let (t, c, tiles) = self.dispatched.recut(g, rows);
             (Some(t), Some(c), tiles)
         } else {
             (None, None, self.dispatched.expert_tiles())
@@ -1975,28 +2014,7 @@ fn grouped_gemm_tma_gives_the_grouped_kernels_bits() {
     ];
     for case in cases {
         let d = DispatchedCase::new(&g, &mut rng, case);
-        let (want, outputs, name) = (d.four_warp(&g), d.a * d.width(), d.name());
-        // Three launches: a race between the copies and the tensor cores would show as a
-        // difference between them.
-        for launch in 0..3 {
-            let y = poisoned_bf16(&g, outputs + d.width());
-            d.tma(&g, &y);
-            let got = read_bf16(&g, &y);
-            let differ = got[..outputs]
-                .iter()
-                .zip(&want)
-                .filter(|(p, q)| p.to_bits() != q.to_bits())
-                .count();
-            assert_eq!(
-                differ, 0,
-                "{name}: {differ} of {outputs} outputs differ in bits"
-            );
-            assert!(
-                got[outputs..].iter().all(|v| v.is_nan()),
-                "{name}: a row past the tiles was written"
-            );
-            println!("TMA grouped GEMM {name}, launch {launch}: {outputs} outputs bit-identical");
-        }
+        d.check_launches(&g, &d.four_warp(&g), "TMA grouped GEMM");
     }
 }
 
@@ -2038,61 +2056,15 @@ fn grouped_gemm_wgmma_gives_the_grouped_kernels_bits() {
         .unwrap_or(cases.len());
     for case in cases.into_iter().take(take) {
         let d = DispatchedCase::new(&g, &mut rng, case);
-        let (want, outputs, name) = (d.four_warp(&g), d.a * d.width(), d.name());
+        let (want, name) = (d.four_warp(&g), d.name());
         // The 16-row tiles too (a lone request's): same bits.
-        let (_t, _c, tiles16) = d.dispatched.recut(&g, 16);
-        let (_, _, _, n, kd, _, _, gated) = case;
-        let y16 = poisoned_bf16(&g, d.a * n);
-        ops::grouped_gemm(
-            &g,
-            d.x.ptr(),
-            d.dispatched.row_token.ptr(),
-            d.w.ptr(),
-            y16.ptr(),
-            &tiles16,
-            n,
-            kd,
-        )
-        .unwrap();
-        let want16 = if gated {
-            let act = poisoned_bf16(&g, d.a * d.width());
-            ops::silu_mul(&g, y16.ptr(), act.ptr(), d.a, d.width()).unwrap();
-            read_bf16(&g, &act)
-        } else {
-            read_bf16(&g, &y16)
-        };
+        let want16 = d.four_warp_in(&g, 16);
         let same16 = want16
             .iter()
             .zip(&want)
             .all(|(p, q)| p.to_bits() == q.to_bits());
         assert!(same16, "{name}: the 16- and 64-row tiles differ");
-        for launch in 0..3 {
-            let y = poisoned_bf16(&g, outputs + d.width());
-            d.tma(&g, &y);
-            let got = read_bf16(&g, &y);
-            let differ = got[..outputs]
-                .iter()
-                .zip(&want)
-                .filter(|(p, q)| p.to_bits() != q.to_bits())
-                .count();
-            if differ > 0 {
-                let first = (0..outputs)
-                    .find(|&i| got[i].to_bits() != want[i].to_bits())
-                    .unwrap();
-                panic!(
-                    "{name}: {differ} of {outputs} outputs differ in bits (first: row {}, column {}: {} vs {})",
-                    first / d.width(),
-                    first % d.width(),
-                    got[first],
-                    want[first]
-                );
-            }
-            assert!(
-                got[outputs..].iter().all(|v| v.is_nan()),
-                "{name}: a row past the tiles was written"
-            );
-            println!("wgmma grouped GEMM {name}, launch {launch}: {outputs} outputs bit-identical");
-        }
+        d.check_launches(&g, &want, "wgmma grouped GEMM");
     }
 }
 

@@ -2,6 +2,7 @@
 //! pool, or as the dispatched grouped GEMMs of any other forward.
 
 use minnow_runtime::cuda::ops::{self, RouterShape};
+use minnow_runtime::cuda::tma::MappedTensor;
 use minnow_runtime::cuda::tuning::tuning;
 use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu};
 
@@ -171,6 +172,21 @@ pub(super) fn runs_w8a8(gpu: &Gpu, c: &Config, weights: &Weights) -> bool {
     })
 }
 
+/// A grouped expert GEMM over BF16 weights read through their tensor map, with the gated
+/// (SiLU) epilogue for gate/up: `ops::grouped_gemm_wgmma` or `ops::grouped_gemm_tma`.
+type StreamedGemm = fn(
+    &Gpu,
+    MappedTensor,
+    u64,
+    u64,
+    u64,
+    u64,
+    &ops::ExpertTiles,
+    usize,
+    usize,
+    bool,
+) -> CudaResult<()>;
+
 /// How a grouped MoE layer runs: the batch's routing blocks, how many experts can get rows,
 /// the expert GEMM's tile rows and whether the shared expert rides in it.
 pub(super) struct Grouping {
@@ -209,18 +225,13 @@ pub(super) fn queue_grouped_experts(
     // BF16 experts with many rows each on compute capability 9.0 (MINNOW_GROUPED_WGMMA=0 turns it
     // off): the wgmma kernel over 128-row tiles, so an expert's weights stream once for up to
     // 128 rows.
-    let wgmma = match (&moe.expert_maps, moe.bf16_experts()) {
-        (Some(maps), Some(weights))
-            if grouping.tile_rows == 64
-                && tuning().grouped_wgmma
-                && ops::grouped_wgmma_supported(gpu, 2 * iw, d)
-                && ops::grouped_wgmma_supported(gpu, d, iw) =>
-        {
-            Some((maps, weights))
-        }
-        _ => None,
-    };
-    let tile_rows = if wgmma.is_some() {
+    let bf16_maps = moe.expert_maps.is_some() && moe.bf16_experts().is_some();
+    let wgmma = bf16_maps
+        && grouping.tile_rows == 64
+        && tuning().grouped_wgmma
+        && ops::grouped_wgmma_supported(gpu, 2 * iw, d)
+        && ops::grouped_wgmma_supported(gpu, d, iw);
+    let tile_rows = if wgmma {
         ops::GROUPED_WGMMA_ROWS
     } else {
         grouping.tile_rows
@@ -257,93 +268,80 @@ pub(super) fn queue_grouped_experts(
         max_tiles: ops::moe_max_tiles(a, busy, tile_rows),
         rows: tile_rows,
     };
-    if let Some((maps, (gate_up, down))) = wgmma {
-        let (x, row_token, act) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_act.ptr());
-        let (gu_map, down_map) = (maps.get(0), maps.get(1));
-        ops::grouped_gemm_wgmma(
-            gpu,
-            gu_map,
-            gate_up.ptr(),
-            x,
-            row_token,
-            act,
-            &tiles,
-            2 * iw,
-            d,
-            true,
-        )?;
-        mark("experts gate/up")?;
-        let out = ws.expert_out.ptr();
-        ops::grouped_gemm_wgmma(gpu, down_map, down.ptr(), act, 0, out, &tiles, d, iw, false)?;
+    // BF16 experts whose weights stream through TMA, SiLU in the gate/up epilogue (the same bits
+    // as the 4-warp tiles below): the wgmma kernel for 128-row tiles, else on Hopper the TMA-fed
+    // mma.sync kernel (MINNOW_GROUPED_TMA, on by default).
+    let streamed: Option<StreamedGemm> = if wgmma {
+        Some(ops::grouped_gemm_wgmma)
+    } else if bf16_maps
+        && tuning().grouped_tma
+        && ops::grouped_tma_supported(gpu, tile_rows, 2 * iw, d)
+        && ops::grouped_tma_supported(gpu, tile_rows, d, iw)
+    {
+        Some(ops::grouped_gemm_tma)
     } else {
-        match (&moe.expert_maps, moe.bf16_experts()) {
-            // BF16 experts on Hopper (MINNOW_GROUPED_TMA, on by default): the weights stream through TMA,
-            // SiLU in the gate/up epilogue (kernel by kernel the same bits as the tiles below).
-            (Some(maps), Some((gate_up, down)))
-                if tuning().grouped_tma
-                    && ops::grouped_tma_supported(gpu, tile_rows, 2 * iw, d)
-                    && ops::grouped_tma_supported(gpu, tile_rows, d, iw) =>
-            {
-                let (x, row_token, act) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_act.ptr());
-                let up = maps.get(0);
-                ops::grouped_gemm_tma(
-                    gpu,
-                    up,
-                    gate_up.ptr(),
-                    x,
-                    row_token,
-                    act,
-                    &tiles,
-                    2 * iw,
-                    d,
-                    true,
-                )?;
-                mark("experts gate/up")?;
-                let out = ws.expert_out.ptr();
-                ops::grouped_gemm_tma(
-                    gpu,
-                    maps.get(1),
-                    down.ptr(),
-                    act,
-                    0,
-                    out,
-                    &tiles,
-                    d,
-                    iw,
-                    false,
-                )?;
-            }
-            _ => {
-                // FP8 experts on FP8 tensor cores: each input row quantized once, per column group.
-                let w8a8 = match &ws.e4m3_rows {
-                    Some(buffers) => moe_w8a8_groups(gpu, c, moe).map(|groups| (buffers, groups)),
-                    None => None,
-                };
-                let (x, row_token, gu) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_gu.ptr());
-                let xq = w8a8
-                    .map(|(b, g)| quantize_input(gpu, &b[0], x, t, d, g.0, mark))
-                    .transpose()?;
-                moe.experts_gate_up.grouped_gemm(
-                    gpu,
-                    x,
-                    xq.as_ref(),
-                    row_token,
-                    gu,
-                    &tiles,
-                    2 * iw,
-                    d,
-                )?;
-                mark("experts gate/up")?;
-                let act = ws.expert_act.ptr();
-                ops::silu_mul(gpu, gu, act, a, iw)?;
-                mark("experts silu")?;
-                let actq = w8a8
-                    .map(|(b, g)| quantize_input(gpu, &b[1], act, a, iw, g.1, mark))
-                    .transpose()?;
-                let out = ws.expert_out.ptr();
-                moe.experts_down
-                    .grouped_gemm(gpu, act, actq.as_ref(), 0, out, &tiles, d, iw)?;
-            }
+        None
+    };
+    match (streamed, &moe.expert_maps, moe.bf16_experts()) {
+        (Some(gemm), Some(maps), Some((gate_up, down))) => {
+            let (x, row_token, act) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_act.ptr());
+            gemm(
+                gpu,
+                maps.get(0),
+                gate_up.ptr(),
+                x,
+                row_token,
+                act,
+                &tiles,
+                2 * iw,
+                d,
+                true,
+            )?;
+            mark("experts gate/up")?;
+            let out = ws.expert_out.ptr();
+            gemm(
+                gpu,
+                maps.get(1),
+                down.ptr(),
+                act,
+                0,
+                out,
+                &tiles,
+                d,
+                iw,
+                false,
+            )?;
+        }
+        _ => {
+            // FP8 experts on FP8 tensor cores: each input row quantized once, per column group.
+            let w8a8 = match &ws.e4m3_rows {
+                Some(buffers) => moe_w8a8_groups(gpu, c, moe).map(|groups| (buffers, groups)),
+                None => None,
+            };
+            let (x, row_token, gu) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_gu.ptr());
+            let xq = w8a8
+                .map(|(b, g)| quantize_input(gpu, &b[0], x, t, d, g.0, mark))
+                .transpose()?;
+            moe.experts_gate_up.grouped_gemm(
+                gpu,
+                x,
+                xq.as_ref(),
+                row_token,
+                gu,
+                &tiles,
+                2 * iw,
+                d,
+            )?;
+            mark("experts gate/up")?;
+            let act = ws.expert_act.ptr();
+            ops::silu_mul(gpu, gu, act, a, iw)?;
+            mark("experts silu")?;
+            let actq = w8a8
+                .map(|(b, g)| quantize_input(gpu, &b[1], act, a, iw, g.1, mark))
+                .transpose()?;
+            let out = ws.expert_out.ptr();
+            moe.experts_down
+                .grouped_gemm(gpu, act, actq.as_ref(), 0, out, &tiles, d, iw)?;
         }
     }
     mark("experts down")?;
