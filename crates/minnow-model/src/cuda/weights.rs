@@ -62,7 +62,7 @@ pub(crate) struct Moe {
     pub shared: SharedExpert,
     /// Tensor maps of the BF16 `[experts_gate_up, experts_down]` (boxes of 64 rows) for the TMA
     /// kernels that stream them: the wgmma grouped expert GEMM (`ops::grouped_wgmma_supported`),
-    /// the opt-in mma.sync one (`ops::grouped_tma_supported`) and the pool GEMM of 2.2 denoising
+    /// the TMA-fed mma.sync one (`ops::grouped_tma_supported`) and the pool GEMM of 2.2 denoising
     /// steps (`ops::pool_gemm_supported`), where the GPU and the shapes allow any of them.
     pub expert_maps: Option<TensorMaps>,
 }

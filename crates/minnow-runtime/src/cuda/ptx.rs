@@ -1,5 +1,6 @@
 //! The kernels of `kernels/*.cu`, compiled by `cargo xtask kernels` (nvcc; sm_80 PTX, and sm_90
-//! PTX for Hopper and newer, which the driver JIT-compiles for the device at load) and committed,
+//! PTX for Hopper and newer, or sm_90a for the modules of [`SM90A_MODULES`], which the driver
+//! JIT-compiles for the device at load) and committed,
 //! so users need no nvcc; the kernel table (`kernels.rs`) embeds them. Each PTX
 //! file starts with a line naming the BLAKE3 hash of its source (the `.cu` file followed by
 //! `kernels/common.cuh`); a test fails when a source changed without regenerating its PTX, and
