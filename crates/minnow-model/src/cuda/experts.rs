@@ -84,25 +84,11 @@ impl ExpertMatrix {
     /// order (`ops::bf16_fragment_order`), become expert `slot`, which the grouped GEMM computes
     /// with the routed experts. BF16 rows are returned unchanged (they pack the shared expert as
     /// their last slot at load).
-    pub fn with_shared(self, weights: DeviceBuffer<bf16>, slot: usize) -> Self {
-        match self {
-            ExpertMatrix::Codes {
-                encoding,
-                group,
-                codes,
-                scales,
-                band_scale,
-                ..
-            } => ExpertMatrix::Codes {
-                encoding,
-                group,
-                codes,
-                scales,
-                band_scale,
-                shared: Some((weights, slot)),
-            },
-            bf16 => bf16,
+    pub fn with_shared(mut self, weights: DeviceBuffer<bf16>, slot: usize) -> Self {
+        if let ExpertMatrix::Codes { shared, .. } = &mut self {
+            *shared = Some((weights, slot));
         }
+        self
     }
 
     /// Whether a packed shared expert can ride beside these codes (the tiled kernels take the

@@ -225,8 +225,8 @@ pub(super) fn queue_grouped_experts(
     // BF16 experts with many rows each on compute capability 9.0 (MINNOW_GROUPED_WGMMA=0 turns it
     // off): the wgmma kernel over 128-row tiles, so an expert's weights stream once for up to
     // 128 rows.
-    let bf16_maps = moe.expert_maps.is_some() && moe.bf16_experts().is_some();
-    let wgmma = bf16_maps
+    let bf16_maps = moe.expert_maps.as_ref().zip(moe.bf16_experts());
+    let wgmma = bf16_maps.is_some()
         && grouping.tile_rows == 64
         && tuning().grouped_wgmma
         && ops::grouped_wgmma_supported(gpu, 2 * iw, d)
@@ -271,19 +271,21 @@ pub(super) fn queue_grouped_experts(
     // BF16 experts whose weights stream through TMA, SiLU in the gate/up epilogue (the same bits
     // as the 4-warp tiles below): the wgmma kernel for 128-row tiles, else on Hopper the TMA-fed
     // mma.sync kernel (MINNOW_GROUPED_TMA, on by default).
-    let streamed: Option<StreamedGemm> = if wgmma {
-        Some(ops::grouped_gemm_wgmma)
-    } else if bf16_maps
-        && tuning().grouped_tma
-        && ops::grouped_tma_supported(gpu, tile_rows, 2 * iw, d)
-        && ops::grouped_tma_supported(gpu, tile_rows, d, iw)
-    {
-        Some(ops::grouped_gemm_tma)
-    } else {
-        None
-    };
-    match (streamed, &moe.expert_maps, moe.bf16_experts()) {
-        (Some(gemm), Some(maps), Some((gate_up, down))) => {
+    let streamed = bf16_maps.and_then(|weights| {
+        let gemm: StreamedGemm = if wgmma {
+            ops::grouped_gemm_wgmma
+        } else if tuning().grouped_tma
+            && ops::grouped_tma_supported(gpu, tile_rows, 2 * iw, d)
+            && ops::grouped_tma_supported(gpu, tile_rows, d, iw)
+        {
+            ops::grouped_gemm_tma
+        } else {
+            return None;
+        };
+        Some((gemm, weights))
+    });
+    match streamed {
+        Some((gemm, (maps, (gate_up, down)))) => {
             let (x, row_token, act) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_act.ptr());
             gemm(
                 gpu,
@@ -312,7 +314,7 @@ pub(super) fn queue_grouped_experts(
                 false,
             )?;
         }
-        _ => {
+        None => {
             // FP8 experts on FP8 tensor cores: each input row quantized once, per column group.
             let w8a8 = match &ws.e4m3_rows {
                 Some(buffers) => moe_w8a8_groups(gpu, c, moe).map(|groups| (buffers, groups)),

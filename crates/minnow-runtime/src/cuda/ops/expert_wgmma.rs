@@ -5,9 +5,9 @@
 use super::super::error::CudaResult;
 use super::super::gpu::Gpu;
 use super::super::kernels;
-use super::super::launch::LaunchConfig;
 use super::super::tma::MappedTensor;
 use super::expert_gemm::ExpertTiles;
+use super::pool_gemm::launch_persistent;
 use super::unsupported::unsupported;
 
 /// Most rows of a tile [`grouped_gemm_wgmma`] takes (two consumer warpgroups of 64): dispatch
@@ -56,29 +56,10 @@ pub fn grouped_gemm_wgmma(
             t.rows
         ));
     }
-    let items = t.max_tiles * n / 128;
-    if items == 0 {
-        return Ok(());
-    }
-    let cfg = LaunchConfig::new(
-        ((items as u32).min(gpu.sm_count()), 1, 1),
-        384,
-        grouped_wgmma_smem_bytes() as u32,
-    );
-    kernels::expert_wgmma::grouped_gemm_wgmma(
-        gpu,
-        cfg,
-        w.map,
-        w.base,
-        w_ptr,
-        x,
-        row_token,
-        y,
-        t.tiles,
-        t.num_tiles,
-        n as i32,
-        k as i32,
-        i32::from(gated),
+    let kernel = kernels::expert_wgmma::grouped_gemm_wgmma;
+    let smem = grouped_wgmma_smem_bytes();
+    launch_persistent(
+        gpu, kernel, 384, smem, w, w_ptr, x, row_token, y, t, n, k, gated,
     )
 }
 

@@ -4,7 +4,7 @@
 
 use super::super::error::CudaResult;
 use super::super::gpu::Gpu;
-use super::super::kernels;
+use super::super::kernels::{self, pool_gemm::GroupedTma};
 use super::super::launch::LaunchConfig;
 use super::super::tma::MappedTensor;
 use super::expert_gemm::ExpertTiles;
@@ -123,26 +123,51 @@ pub fn grouped_gemm_tma(
     k: usize,
     gated: bool,
 ) -> CudaResult<()> {
-    let (tiles, num_tiles, max_tiles, tile_rows) = (t.tiles, t.num_tiles, t.max_tiles, t.rows);
+    let tile_rows = t.rows;
     if !grouped_tma_supported(gpu, tile_rows, n, k) {
         return unsupported(format!(
             "TMA expert GEMM of {n} x {k} in tiles of {tile_rows} rows"
         ));
     }
-    let items = max_tiles * n / 128;
-    if items == 0 {
-        return Ok(());
-    }
-    use kernels::pool_gemm::{grouped_gemm_tma_r16, grouped_gemm_tma_r64, GroupedTma};
+    use kernels::pool_gemm::{grouped_gemm_tma_r16, grouped_gemm_tma_r64};
     let kernel: GroupedTma = if tile_rows == 16 {
         grouped_gemm_tma_r16
     } else {
         grouped_gemm_tma_r64
     };
+    let smem = grouped_tma_smem_bytes(tile_rows);
+    launch_persistent(
+        gpu, kernel, 288, smem, w, w_ptr, x, row_token, y, t, n, k, gated,
+    )
+}
+
+/// Launches a persistent streamed expert GEMM (`grouped_gemm_tma_r*`, `grouped_gemm_wgmma`: the
+/// same parameters) with `threads` per CTA and `smem` bytes of dynamic shared memory: one CTA
+/// per multiprocessor, or per (tile, 128-row weight slice) item when there are fewer.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_persistent(
+    gpu: &Gpu,
+    kernel: GroupedTma,
+    threads: u32,
+    smem: usize,
+    w: MappedTensor,
+    w_ptr: u64,
+    x: u64,
+    row_token: u64,
+    y: u64,
+    t: &ExpertTiles,
+    n: usize,
+    k: usize,
+    gated: bool,
+) -> CudaResult<()> {
+    let items = t.max_tiles * n / 128;
+    if items == 0 {
+        return Ok(());
+    }
     let cfg = LaunchConfig::new(
         ((items as u32).min(gpu.sm_count()), 1, 1),
-        288,
-        grouped_tma_smem_bytes(tile_rows) as u32,
+        threads,
+        smem as u32,
     );
     kernel(
         gpu,
@@ -153,8 +178,8 @@ pub fn grouped_gemm_tma(
         x,
         row_token,
         y,
-        tiles,
-        num_tiles,
+        t.tiles,
+        t.num_tiles,
         n as i32,
         k as i32,
         i32::from(gated),
