@@ -103,6 +103,20 @@ __device__ __forceinline__ void mbar_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// Thread 0 initialises `stages` pairs of stage barriers, full0 + 8 s (a stage's bytes landed:
+// `full_arrivals` per phase) and empty0 + 8 s (its readers are done: `empty_arrivals`), fenced
+// for the copy engine; then the whole CTA synchronises.
+__device__ __forceinline__ void init_stage_barriers(unsigned full0, unsigned empty0, int stages, unsigned full_arrivals,
+                                                    unsigned empty_arrivals) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; ++s) {
+            mbar_init(full0 + 8 * s, full_arrivals);
+            mbar_init(empty0 + 8 * s, empty_arrivals);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+}
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }

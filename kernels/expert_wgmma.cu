@@ -31,7 +31,7 @@
 // Measured and left out (docs/performance.md): 256-row tiles (each warpgroup two 64-row blocks,
 // 4 stages) were slower for a 4K prefill (gate/up 10.1 against 9.0 ms), and this kernel over
 // the 16-row tiles of a lone request's refinement step slower than the mma.sync ones.
-#include "common.cuh"
+#include "codes.cuh"
 
 namespace minnow_wgmma {
 constexpr int ROWS = 128;      // weight rows per item: two 64-row TMA boxes
@@ -98,6 +98,48 @@ __device__ __forceinline__ void fence_operands(float (&d)[64]) {
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// D[64 x 64] += A[64 x 16] . B[64 x 16]^T with A in registers: warp w of the warpgroup holds rows
+// 16w..16w + 15 in the A-fragment layout of mma.m16n8k16 (a[0]: row g, columns 2 t4 and + 1;
+// a[1]: row g + 8; a[2], a[3]: the same rows 8 columns on), B (K-major) comes from shared memory
+// through its descriptor. d[4j + q] is row 16w + g + 8 (q >> 1), column 8j + 2 t4 + (q & 1).
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const unsigned (&a)[4], unsigned long long b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+// The same with 128 columns: d[4j + q] is row 16w + g + 8 (q >> 1), column 8j + 2 t4 + (q & 1).
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const unsigned (&a)[4], unsigned long long b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+template <int N>
+__device__ __forceinline__ void fence_floats(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_words(unsigned (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
 __device__ void grouped_wgmma(const void* __restrict__ w_map, unsigned long long w_base, unsigned long long w_ptr,
                               const bf16* __restrict__ X, const int* __restrict__ row_token, bf16* __restrict__ Y,
                               const int4* __restrict__ tiles, const int* __restrict__ num_tiles, int N, int K,
@@ -107,14 +149,8 @@ __device__ void grouped_wgmma(const void* __restrict__ w_map, unsigned long long
     const unsigned stages = (raw + 1023) & ~1023u;
     const unsigned full0 = stages + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full0 + 8 * s, 1 + 128);  // the TMA's expect_tx + each producer thread's copies
-            mbar_init(empty0 + 8 * s, CONSUMERS);
-        }
-        mbar_init_fence();
-    }
-    __syncthreads();
+    // Full: the TMA's expect_tx + each producer thread's copies; empty: each consumer warpgroup.
+    init_stage_barriers(full0, empty0, STAGES, 1 + 128, CONSUMERS);
     pdl_enter();  // the tile list and X come from the kernels before
     const int slices = N / ROWS, k_steps = K / BK;
     const int items = num_tiles[0] * slices;
@@ -239,3 +275,319 @@ extern "C" __global__ void __launch_bounds__(minnow_wgmma::THREADS, 1)
     __trap();  // launched only where the sm_90a build is loaded (ops::grouped_wgmma_supported)
 #endif
 }
+
+// ---------------------------------------------------------------------------------------------
+// Quantized experts on wgmma: the grouped GEMM over `*_mma` codes (codes.cuh) of moe.cu's codes
+// tiles, for tiles of up to 128 rows, with exactly their bits.
+//
+// The codes' fragment order is the A-fragment layout of mma.m16n8k16, which is also how a wgmma
+// with A in registers takes each warp's 16 rows. So here the weights are the M side: each warp
+// decodes its two bands (16 output columns) of a stage straight into registers, as the mma.sync
+// tiles do, and the tile's activation rows are the N side, from shared memory. An item is 128
+// output columns (16 bands) of one tile; consumer warpgroup w takes bands 8w .. 8w + 7 times all
+// the tile's rows (m64n128k16), so the rows stream once per 128 columns. The producer warpgroup
+// copies each 64-deep K stage with cp.async: the rows into the 128-byte-swizzled layout wgmma
+// reads, the 16 bands' code tiles, and their scale rows.
+//
+// Batch invariance: integer and E4M3 codes sum each group of columns on the tensor cores into a
+// fresh F32 partial (16-deep steps in ascending K), then acc = fma(part, scale, acc) in ascending
+// groups, as codes_tile does; E2M1 codes and a packed shared expert's BF16 tiles accumulate one
+// F32 sum over K (E2M1: times the band's factor at the end).
+//
+// Measured (H200, docs/performance.md): faster than the mma.sync codes tiles for FP8 experts in
+// prefill and large batches, slower for integer codes, so moe.rs takes it for FP8 by default
+// (Tuning::codes_wgmma). ptxas still serialises its wgmmas (C7513: the next stage's A registers
+// are decoded while the products run); removing that is what should make it win everywhere.
+// Earlier versions, measured and replaced: partial sums and commit groups chosen at run time
+// (serialised, and short of registers), and 64-column items (the rows streamed twice as often).
+namespace minnow_codes_wgmma {
+constexpr int ROWS = 128;  // output columns per item: 16 bands, 8 per consumer warpgroup, two per warp
+constexpr int BANDS = ROWS / 8;
+constexpr int TOKENS = 128;  // most activation rows per tile
+constexpr int BK = 64;       // K per stage: one 128-byte swizzled activation row
+constexpr int STEPS = BK / 16;
+constexpr int STAGES = 6;
+constexpr int X_BYTES = TOKENS * BK * 2;                                    // 16 KB, first (swizzle atoms)
+constexpr int CODE_BYTES = BANDS * STEPS * minnow_codes::tile_bytes<16>();  // 16 KB: room for BF16 tiles
+constexpr int SCALE_BYTES = BANDS * STEPS * 16;  // a 16-byte scale row per (band, group): <= STEPS groups
+constexpr int STAGE_BYTES = 33 * 1024;
+static_assert(X_BYTES + CODE_BYTES + SCALE_BYTES <= STAGE_BYTES && STAGE_BYTES % 1024 == 0, "stage layout");
+constexpr int CONSUMERS = 2;
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+static_assert(SMEM_BYTES == 6 * 33792 + 1024 + 96, "host mirror: codes_wgmma_smem_bytes in ops");
+constexpr int COPIES = TOKENS * (BK / 8) / 128;  // a producer thread's 16-byte row copies per stage
+}  // namespace minnow_codes_wgmma
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace minnow_codes_wgmma {
+using namespace minnow_tma;
+using namespace minnow_codes;
+using minnow_wgmma::fence_floats;
+using minnow_wgmma::fence_words;
+using minnow_wgmma::sw128_desc;
+using minnow_wgmma::wgmma_commit;
+using minnow_wgmma::wgmma_fence;
+using minnow_wgmma::wgmma_m64n128k16_rs;
+using minnow_wgmma::wgmma_wait;
+
+__device__ __forceinline__ void cp_async16_to(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+// acc = fma(part, scale, acc) for the rows of the warp's two bands (f0: band 2w, f1: band 2w + 1),
+// then part = 0 for the group after next.
+__device__ __forceinline__ void fold(float (&acc)[64], float (&part)[64], float f0, float f1) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+        acc[i] = fmaf(part[i], (i & 2) ? f1 : f0, acc[i]);
+        part[i] = 0.f;
+    }
+}
+
+// The consumer side of the stage ring: where the stages are, and how many this warpgroup has read.
+struct Ring {
+    const unsigned char* ptr;  // the stages, as a generic pointer
+    unsigned stages, full0, empty0;
+    int it;
+    int wg, tid;
+};
+
+// One item for one consumer warpgroup: the tile's rows (`rows` of them, from `y`'s row 0) times
+// the warpgroup's 8 bands of the item, over k_steps stages of the ring. BITS/ENC: how the stage's
+// code tiles decode (16: a packed shared expert's BF16 tiles); GSTEPS: 16-column steps per scale
+// group, 0 for one F32 sum over K (BF16 tiles, E2M1 codes; E2M1 then multiplies each band by its
+// factor from `band_factor`).
+//
+// The A fragments alternate between two register sets by stage (a period of two stages,
+// unrolled), so a stage decodes while the one before is in flight. A scale group's sum is folded
+// once its products are complete (wait_group 0): with the default groups of 128 columns, every
+// second stage.
+template <int BITS, int ENC, int GSTEPS>
+__device__ __forceinline__ void consume_item(Ring& ring, int k_steps, int rows, bf16* __restrict__ y, int N,
+                                             const float* __restrict__ band_factor) {
+    constexpr bool SCALED = GSTEPS > 0;
+    constexpr int TB = tile_bytes<BITS>();
+    constexpr int CSTEPS = SCALED && GSTEPS < STEPS ? GSTEPS : STEPS;  // steps per commit group
+    const int warp = ring.tid >> 5, lane = ring.tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int band = 8 * ring.wg + 2 * warp;  // the warp's first band in the item
+    float acc[64], part[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.f;
+    unsigned a[2][STEPS][4];
+    int held = -1;  // the last stage read, released once its products are complete
+    for (int ks0 = 0; ks0 < k_steps; ks0 += 2) {
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int ks = ks0 + u;
+            if (ks >= k_steps) break;  // an odd number of stages (shapes other than mini's)
+            const int s = ring.it % STAGES;
+            mbar_wait(ring.full0 + 8 * s, (ring.it / STAGES) & 1);
+            ++ring.it;
+            const unsigned char* base = ring.ptr + s * STAGE_BYTES;
+            const unsigned char* code0 = base + X_BYTES + band * STEPS * TB + lane * (BITS / 2);
+            const unsigned char* code1 = code0 + STEPS * TB;
+            const unsigned char* scale0 = base + X_BYTES + CODE_BYTES + band * STEPS * 16;
+            const unsigned char* scale1 = scale0 + STEPS * 16;
+#pragma unroll
+            for (int kk = 0; kk < STEPS; ++kk) {
+                unsigned(&f)[4] = a[u][kk];
+                if constexpr (BITS == 16 || ENC == INT) {
+                    decode_pairs<BITS>(code0 + kk * TB, f[0], f[2]);
+                    decode_pairs<BITS>(code1 + kk * TB, f[1], f[3]);
+                } else if constexpr (ENC == E2M1) {
+                    // Groups of 16: step kk's block scale (BF16 bits) of the lane's row, both halves.
+                    const unsigned b0 = reinterpret_cast<const unsigned short*>(scale0 + kk * 16)[g];
+                    const unsigned b1 = reinterpret_cast<const unsigned short*>(scale1 + kk * 16)[g];
+                    decode_e2m1(code0 + kk * TB, b0 * 0x10001u, f[0], f[2]);
+                    decode_e2m1(code1 + kk * TB, b1 * 0x10001u, f[1], f[3]);
+                } else {
+                    decode_e4m3(code0 + kk * TB, f[0], f[2]);
+                    decode_e4m3(code1 + kk * TB, f[1], f[3]);
+                }
+            }
+            const unsigned x = ring.stages + s * STAGE_BYTES;
+#pragma unroll
+            for (int kk = 0; kk < STEPS; ++kk) {
+                if (kk % CSTEPS == 0) {
+                    fence_floats(acc);
+                    fence_floats(part);
+                    fence_words(a[u]);
+                    wgmma_fence();
+                }
+                wgmma_m64n128k16_rs(part, a[u][kk], sw128_desc(x + 32 * kk));
+                if ((kk + 1) % CSTEPS == 0) {
+                    wgmma_commit();
+                    // The last step of a scale group: its sum is needed now.
+                    const bool group_end = SCALED && ((ks * STEPS + kk + 1) % (SCALED ? GSTEPS : 1)) == 0;
+                    if (group_end)
+                        wgmma_wait<0>();
+                    else
+                        wgmma_wait<1>();  // every commit group but this one is complete
+                    fence_floats(acc);
+                    fence_floats(part);
+                    fence_words(a[0]);
+                    fence_words(a[1]);
+                    if (kk + 1 == CSTEPS && held >= 0) {  // the stages before this one are read
+                        if (ring.tid == 0) mbar_arrive(ring.empty0 + 8 * held);
+                        held = -1;
+                    }
+                    if (group_end) {
+                        const int j = GSTEPS < STEPS ? kk / (SCALED ? GSTEPS : 1) : 0;  // its scale row in the stage
+                        float f0, f1;
+                        if constexpr (ENC == E4M3) {  // the 128 x 128 block's F32 scale, first of four
+                            f0 = *reinterpret_cast<const float*>(scale0 + j * 16);
+                            f1 = *reinterpret_cast<const float*>(scale1 + j * 16);
+                        } else {
+                            f0 = __half2float(reinterpret_cast<const __half*>(scale0 + j * 16)[g]);
+                            f1 = __half2float(reinterpret_cast<const __half*>(scale1 + j * 16)[g]);
+                        }
+                        fold(acc, part, f0, f1);
+                    }
+                }
+            }
+            held = s;
+        }
+    }
+    wgmma_wait<0>();
+    fence_floats(acc);
+    fence_floats(part);
+    fence_words(a[0]);
+    fence_words(a[1]);
+    if (ring.tid == 0) mbar_arrive(ring.empty0 + 8 * held);
+    if constexpr (!SCALED) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] = part[i];
+    }
+    if constexpr (ENC == E2M1 && BITS == 4) {  // the global scales of the warp's two bands
+        const float g0 = band_factor[band], g1 = band_factor[band + 1];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] *= (i & 2) ? g1 : g0;
+    }
+    // acc[4j + q]: output column 8 band + g + 8 (q >> 1) of the item, tile row 8j + 2 t4 + (q & 1).
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int row = 8 * j + 2 * t4 + (q & 1);
+            if (row < rows) y[(size_t)row * N + 8 * band + g + 8 * (q >> 1)] = to_bf16(acc[4 * j + q]);
+        }
+}
+
+template <int BITS, int ENC>
+__device__ void grouped_codes(const bf16* __restrict__ X, const int* __restrict__ row_token,
+                              const unsigned char* __restrict__ codes, const __half* __restrict__ scales,
+                              const float* __restrict__ band_scale, int group, const bf16* __restrict__ shared,
+                              int shared_slot, bf16* __restrict__ Y, const int4* __restrict__ tiles,
+                              const int* __restrict__ num_tiles, int N, int K) {
+    constexpr int TB = tile_bytes<BITS>(), TB16 = tile_bytes<16>();
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned stages = (raw + 1023) & ~1023u;
+    const unsigned char* stage_ptr = smem_raw + (stages - raw);
+    const unsigned full0 = stages + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
+    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    // Full: each producer thread's copies; empty: each consumer warpgroup.
+    init_stage_barriers(full0, empty0, STAGES, 128, CONSUMERS);
+    pdl_enter();  // the tile list and X come from the kernels before
+    const int slices = N / ROWS, k_steps = K / BK, k_tiles = K / 16;
+    const int groups = K / group, gsteps = group / 16;  // gsteps: 1, 2, 4 or 8
+    const int stage_groups = gsteps < STEPS ? STEPS / gsteps : 1;  // scale rows of a band per stage
+    const int items = num_tiles[0] * slices;
+
+    // A consumer thread holds 128 F32 sums (its share of two 64 x 128 blocks) and two sets of A
+    // fragments; a producer thread needs few registers: move them over.
+    if (wg == CONSUMERS) {  // producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+        const int chunk = tid & 7, row0 = tid >> 3;
+        int it = 0;
+        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+            const int4 t = tiles[item / slices];
+            const int n0 = (item % slices) * ROWS, rows = t.z - t.y;
+            const bool bf16_slot = t.x == shared_slot;
+            const int tb = bf16_slot ? TB16 : TB, band_bytes = STEPS * tb;
+            // The item's 8 bands, each k_tiles tiles of tb bytes (a packed shared expert: its
+            // own matrix, the slot's only expert).
+            const size_t band0 = bf16_slot ? (size_t)n0 / 8 : ((size_t)t.x * N + n0) / 8;
+            const unsigned char* w = bf16_slot ? reinterpret_cast<const unsigned char*>(shared) : codes;
+            const bf16* src[COPIES];
+#pragma unroll
+            for (int j = 0; j < COPIES; ++j) {
+                const int r = row0 + 16 * j, p = t.y + (r < rows ? r : 0);
+                src[j] = X + (size_t)(row_token ? row_token[p] : p) * K + chunk * 8;
+            }
+            for (int ks = 0; ks < k_steps; ++ks, ++it) {
+                const int s = it % STAGES;
+                const unsigned dst = stages + s * STAGE_BYTES;
+                mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+                // Rows past the tile are not copied: their products land in outputs never written.
+#pragma unroll
+                for (int j = 0; j < COPIES; ++j) {
+                    const int r = row0 + 16 * j;
+                    if (r < rows) cp_async16_to(dst + swizzled(r, chunk), src[j] + ks * BK);
+                }
+                for (int c = tid; c < BANDS * band_bytes / 16; c += 128) {
+                    const int band = c * 16 / band_bytes, within = c * 16 % band_bytes;
+                    cp_async16_to(dst + X_BYTES + c * 16,
+                                  w + ((band0 + band) * k_tiles + ks * STEPS) * tb + within);
+                }
+                if (!bf16_slot && tid < BANDS * stage_groups) {
+                    const int band = tid / stage_groups, j = tid % stage_groups;
+                    const int g = ks * STEPS / gsteps + j;
+                    cp_async16_to(dst + X_BYTES + CODE_BYTES + (band * STEPS + j) * 16,
+                                  scales + ((band0 + band) * groups + g) * 8);
+                }
+                cp_async_arrive_noinc(full0 + 8 * s);
+            }
+        }
+        // A thread must not exit with copies in flight: they would land (and arrive) after it.
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return;
+    }
+
+    // Consumer warpgroup wg: bands 8 wg .. 8 wg + 7 of each item, times all the tile's rows.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    Ring ring{stage_ptr, stages, full0, empty0, 0, wg, tid};
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        const int4 t = tiles[item / slices];
+        const int n0 = (item % slices) * ROWS, rows = t.z - t.y;
+        bf16* y = Y + (size_t)t.y * N + n0;
+        if (t.x == shared_slot) {
+            consume_item<16, INT, 0>(ring, k_steps, rows, y, N, nullptr);
+        } else if constexpr (ENC == E2M1) {
+            consume_item<4, E2M1, 0>(ring, k_steps, rows, y, N, band_scale + ((size_t)t.x * N + n0) / 8);
+        } else {
+            switch (gsteps) {
+                case 1: consume_item<BITS, ENC, 1>(ring, k_steps, rows, y, N, nullptr); break;
+                case 2: consume_item<BITS, ENC, 2>(ring, k_steps, rows, y, N, nullptr); break;
+                case 4: consume_item<BITS, ENC, 4>(ring, k_steps, rows, y, N, nullptr); break;
+                default: consume_item<BITS, ENC, 8>(ring, k_steps, rows, y, N, nullptr); break;
+            }
+        }
+    }
+}
+}  // namespace minnow_codes_wgmma
+#endif
+
+// grid = min(items, SMs) with items = max_tiles * N / 64, block = minnow_codes_wgmma::THREADS
+// (384), dynamic shared memory = minnow_codes_wgmma::SMEM_BYTES (codes_wgmma_smem_bytes in ops).
+// The parameters of moe.cu's codes kernels (GROUPED_CODES_ENTRY); requires N % 64 == 0,
+// K % 64 == 0, a group of 16, 32, 64 or 128 columns dividing K, and tiles cut at <= 128 rows.
+#define GROUPED_CODES_WGMMA_ENTRY(NAME, BITS, ENC)                                                              \
+    extern "C" __global__ void __launch_bounds__(minnow_codes_wgmma::THREADS, 1)                                \
+        NAME(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,              \
+             const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y, const int4* tiles, \
+             const int* num_tiles, int N, int K) {                                                              \
+        MINNOW_CODES_WGMMA_BODY(BITS, ENC)                                                                      \
+    }
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MINNOW_CODES_WGMMA_BODY(BITS, ENC)                                                                \
+    minnow_codes_wgmma::grouped_codes<BITS, ENC>(X, row_token, codes, scales, band_scale, group, shared, \
+                                                 shared_slot, Y, tiles, num_tiles, N, K);
+#else
+#define MINNOW_CODES_WGMMA_BODY(BITS, ENC) __trap();  // launched only where the sm_90a build is loaded
+#endif
+GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_i8_wgmma, 8, minnow_codes::INT)
+GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_i4_wgmma, 4, minnow_codes::INT)
+GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f4_wgmma, 4, minnow_codes::E2M1)
+GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f8_wgmma, 8, minnow_codes::E4M3)

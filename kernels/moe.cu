@@ -10,7 +10,7 @@
 //
 // Quantized experts (`i8_mma` / `i4_mma` codes with FP16 group scales, docs/model-format.md)
 // have their own tiles below (minnow_codes).
-#include "common.cuh"
+#include "codes.cuh"
 #include <cuda_fp16.h>
 #include <mma.h>
 using namespace nvcuda;
@@ -198,20 +198,13 @@ GROUPED_ENTRY(grouped_gemm_m64, 64, 3)
 //
 // E4M3 (our `fp8_e4m3_b128`, repacked at load): one E4M3 byte per weight at the INT8 positions,
 // groups of up to 128 columns (each inside one 128 x 128 block), and in the FP16 scales' 16
-// bytes per (band, group) the group's block's F32 scale (four copies; a block covers 16 bands). Each code becomes its exact BF16 value
-// (every E4M3 value is one) and the block scale multiplies each group's F32 sum, as for integers.
+// bytes per (band, group) the group's block's F32 scale (four copies; a block covers 16 bands).
+// Each code becomes its exact BF16 value (every E4M3 value is one) and the block scale multiplies
+// each group's F32 sum, as for integers. The codes' layout and decoders live in codes.cuh.
 namespace minnow_codes {
-// How codes are read: integers with FP16 scales of each group's sum, E2M1 with BF16 block scales
-// before the product and an F32 factor per band, E4M3 with an F32 scale of each group's sum.
-enum Codes : int { INT = 0, E2M1 = 1, E4M3 = 2 };
 constexpr int THREADS = 256;       // 8 warps, 16 output columns (two bands of 8) each
 constexpr int FEATURES = 128;      // output columns per CTA (a tile's activations serve them all)
 constexpr int BANDS = FEATURES / 8;
-
-// A tile of 8 rows x 16 columns: codes of BITS bits (16: BF16 weights in the same fragment
-// order, for a packed shared expert).
-template <int BITS>
-__host__ __device__ constexpr int tile_bytes() { return 8 * 16 * BITS / 8; }
 
 // One stage's shared memory: [band][step][tile] codes, [band][group of the stage][8] FP16
 // scales (at most SK groups: group >= 16; none for BF16), then [row][LDX] activations.
@@ -228,98 +221,6 @@ struct Stage {
     static constexpr int x_bytes = ROWS * LDX * 2;
     static constexpr int bytes = code_bytes + scale_bytes + x_bytes;
 };
-
-__device__ __forceinline__ unsigned lop3_and_xor(unsigned a, unsigned b, unsigned c) {
-    unsigned d;  // (a & b) ^ c
-    asm("lop3.b32 %0, %1, %2, %3, 0x6a;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-__device__ __forceinline__ unsigned bits_of(__nv_bfloat162 v) { return *reinterpret_cast<unsigned*>(&v); }
-__device__ __forceinline__ __nv_bfloat162 bf162_of(unsigned v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
-
-// The E2M1 magnitudes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6) as BF16, split into the high and the low
-// bytes of codes 0-3 and 4-7: tables for one byte permutation each.
-constexpr unsigned E2M1_HI_0 = 0x3F3F3F00u, E2M1_HI_1 = 0x40404040u;
-constexpr unsigned E2M1_LO_0 = 0xC0800000u, E2M1_LO_1 = 0xC0804000u;
-
-// A lane's four E2M1 codes of one band (the INT4 positions: columns c0, c0 + 1, c0 + 8, c0 + 9)
-// times `scale2` (the block scale in both halves) as two BF16 pairs: `lo` = (c0, c0 + 1), `hi` =
-// (c0 + 8, c0 + 9). Code j sits in bits 4j..4j+3 of the 16 bits, its sign in the top bit.
-__device__ __forceinline__ void decode_e2m1(const unsigned char* p, unsigned scale2, unsigned& lo, unsigned& hi) {
-    const unsigned v = *reinterpret_cast<const unsigned short*>(p);
-    const unsigned mag = v & 0x7777u;  // a selector's top bit would replicate a sign: cleared
-    const unsigned h = __byte_perm(E2M1_HI_0, E2M1_HI_1, mag);
-    const unsigned l = __byte_perm(E2M1_LO_0, E2M1_LO_1, mag);
-    // Signs: code 0's bit 3 and code 1's bit 7 go to bits 15 and 31 of `lo` (u << 12), codes
-    // 2 and 3 (bits 11, 15) to those of `hi` (u << 4).
-    const unsigned u = v | (v << 12);
-    const unsigned a = lop3_and_xor(u << 12, 0x80008000u, __byte_perm(l, h, 0x5140));
-    const unsigned b = lop3_and_xor(u << 4, 0x80008000u, __byte_perm(l, h, 0x7362));
-    lo = bits_of(__hmul2(bf162_of(a), bf162_of(scale2)));
-    hi = bits_of(__hmul2(bf162_of(b), bf162_of(scale2)));
-}
-
-// A lane's four codes of one band (columns c0, c0 + 1, c0 + 8, c0 + 9) as two BF16 pairs of the
-// exact integer codes: `lo` = (c0, c0 + 1), `hi` = (c0 + 8, c0 + 9).
-template <int BITS>
-__device__ __forceinline__ void decode_pairs(const unsigned char* p, unsigned& lo, unsigned& hi) {
-    if constexpr (BITS == 16) {
-        const uint2 v = *reinterpret_cast<const uint2*>(p);
-        lo = v.x;
-        hi = v.y;
-    } else if constexpr (BITS == 4) {
-        // Nibbles 0..3 (two's complement). u holds nibble 0 at bits 0-3 and nibble 1 at bits
-        // 16-19 (and nibbles 2, 3 eight bits higher); (u & 0x000F000F) ^ 0x43084308 is the BF16
-        // pair 128 + (code + 8), since flipping a nibble's top bit adds 8 to its signed value and
-        // 0x4300 is 128.0; subtracting 136.0 (0x4308) leaves the code, exactly.
-        const unsigned v = *reinterpret_cast<const unsigned short*>(p);
-        const unsigned u = v | (v << 12);
-        const __nv_bfloat162 bias = __halves2bfloat162(__ushort_as_bfloat16(0x4308), __ushort_as_bfloat16(0x4308));
-        const unsigned l = lop3_and_xor(u, 0x000F000Fu, 0x43084308u);
-        const unsigned h = lop3_and_xor(u >> 8, 0x000F000Fu, 0x43084308u);
-        lo = bits_of(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&l), bias));
-        hi = bits_of(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&h), bias));
-    } else {
-        // Bytes 0..3. Each byte + 128 placed in the low mantissa of 2^23 is the F32 value
-        // 2^23 + 128 + code; subtracting 2^23 + 128 leaves the code, exact in BF16.
-        const unsigned u = *reinterpret_cast<const unsigned*>(p) ^ 0x80808080u;
-        float c[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) c[j] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440 + j)) - 8388736.f;
-        lo = bits_of(__floats2bfloat162_rn(c[0], c[1]));
-        hi = bits_of(__floats2bfloat162_rn(c[2], c[3]));
-    }
-}
-
-// A lane's four E4M3 codes of one band (the INT8 positions: columns c0, c0 + 1, c0 + 8, c0 + 9)
-// as two BF16 pairs of their exact values, `lo` = (c0, c0 + 1), `hi` = (c0 + 8, c0 + 9). Both
-// ways give the same bits. (Code 0x7F, NaN in E4M3, is never written: the quantizer saturates
-// at 448. The hardware conversion keeps it NaN; the bit placement reads it as 480.)
-__device__ __forceinline__ void decode_e4m3(const unsigned char* p, unsigned& lo, unsigned& hi) {
-    const unsigned u = *reinterpret_cast<const unsigned*>(p);
-    float c[4];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    // The FP8 conversion (sm_89 on): two codes to an exact F16 pair, whose halves widen exactly.
-    unsigned h01, h23;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h01) : "h"((unsigned short)(u & 0xFFFFu)));
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h23) : "h"((unsigned short)(u >> 16)));
-    const __half2 a = *reinterpret_cast<const __half2*>(&h01), b = *reinterpret_cast<const __half2*>(&h23);
-    c[0] = __low2float(a);
-    c[1] = __high2float(a);
-    c[2] = __low2float(b);
-    c[3] = __high2float(b);
-#else
-    // Exponent and mantissa placed in F32's low exponent bits and top mantissa bits read the code
-    // as a value 2^-120 times its own (E4M3 subnormals as F32 subnormals); times 2^120 is exact.
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const unsigned b = (u >> (8 * j)) & 0xFFu;
-        c[j] = __uint_as_float(((b & 0x7Fu) << 20) | ((b & 0x80u) << 24)) * 0x1p120f;
-    }
-#endif
-    lo = bits_of(__floats2bfloat162_rn(c[0], c[1]));
-    hi = bits_of(__floats2bfloat162_rn(c[2], c[3]));
-}
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
     const unsigned addr = (unsigned)__cvta_generic_to_shared(p);

@@ -75,14 +75,7 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
     float* up = reinterpret_cast<float*>(smem_raw + (stages - raw) + STAGES * STAGE_BYTES);  // [64][TOKENS]
     const unsigned full0 = stages + STAGES * STAGE_BYTES + UP_BYTES, empty0 = full0 + 8 * STAGES;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, CONSUMERS);
-        }
-        mbar_init_fence();
-    }
-    __syncthreads();
+    init_stage_barriers(full0, empty0, STAGES, 1, CONSUMERS);  // full: the expect_tx; empty: each consumer warp
     const int tiles_per_entry = N / ROWS, tiles = B * tiles_per_entry, k_steps = K / BK;
     const unsigned long long row_bytes = 2ull * K;
 
@@ -295,14 +288,8 @@ __device__ void grouped_tma(const void* __restrict__ w_map, unsigned long long w
     float* up = reinterpret_cast<float*>(smem_raw + (stages - raw) + STAGES * S::STAGE_BYTES);  // [TOKENS][UP_LD]
     const unsigned full0 = stages + STAGES * S::STAGE_BYTES + S::UP_BYTES, empty0 = full0 + 8 * STAGES;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full0 + 8 * s, 1 + 32);  // the TMA's expect_tx + each producer lane's copies
-            mbar_init(empty0 + 8 * s, CONSUMERS);
-        }
-        mbar_init_fence();
-    }
-    __syncthreads();
+    // Full: the TMA's expect_tx + each producer lane's copies; empty: each consumer warp.
+    init_stage_barriers(full0, empty0, STAGES, 1 + 32, CONSUMERS);
     pdl_enter();  // the tile list and X come from the kernels before
     const int slices = N / ROWS, k_steps = K / BK;
     const int items = num_tiles[0] * slices;

@@ -1,6 +1,6 @@
 //! `cargo xtask kernels`: compiles every `kernels/*.cu` with nvcc into PTX under
 //! `crates/minnow-runtime/src/cuda/ptx/`, each file headed by the BLAKE3 hash of its source
-//! (the `.cu` file, then `kernels/common.cuh`). The PTX is committed so users need no nvcc; a
+//! (`ptx::kernel_source_hash`: the `.cu` file, then every `kernels/*.cuh`). The PTX is committed so users need no nvcc; a
 //! minnow-runtime test fails when a source and its PTX disagree.
 //!
 //! Environment: `NVCC` (default `nvcc`), `NVCC_FLAGS` (extra flags, whitespace separated, e.g.
@@ -12,7 +12,7 @@
 //! so create the new `ptx/<name>.ptx` and `ptx/<name>.sm90.ptx` empty and declare the module in
 //! the kernel table (`crates/minnow-runtime/src/cuda/kernels.rs`) before running this task.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 const PTX_DIR: &str = "crates/minnow-runtime/src/cuda/ptx";
@@ -48,19 +48,9 @@ fn workspace_root() -> Result<PathBuf, String> {
     }
 }
 
-fn source_hash(cu: &Path, common: &[u8]) -> Result<String, String> {
-    let source = std::fs::read(cu).map_err(|e| format!("{}: {e}", cu.display()))?;
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(&source);
-    hasher.update(common);
-    Ok(hasher.finalize().to_hex().to_string())
-}
-
 pub fn run(args: &[String]) -> Result<(), String> {
     let check_only = args.iter().any(|a| a == "--check");
     let root = workspace_root()?;
-    let common = std::fs::read(root.join("kernels/common.cuh"))
-        .map_err(|e| format!("kernels/common.cuh: {e}"))?;
     let mut sources: Vec<PathBuf> = std::fs::read_dir(root.join("kernels"))
         .map_err(|e| format!("kernels/: {e}"))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -76,7 +66,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut stale = Vec::new();
     for cu in &sources {
         let stem = cu.file_stem().unwrap().to_string_lossy().to_string();
-        let hash = source_hash(cu, &common)?;
+        let hash = minnow_runtime::cuda::ptx::kernel_source_hash(&root.join("kernels"), &stem)?;
         for (arch, suffix) in ARCHS {
             let arch = target(&stem, arch);
             let out = root.join(PTX_DIR).join(format!("{stem}{suffix}.ptx"));

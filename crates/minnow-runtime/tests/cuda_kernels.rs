@@ -1125,6 +1125,7 @@ fn grouped_gemm_over_codes_matches_reference() {
     ];
     // `MINNOW_TEST_ENCODING=NAME` keeps one encoding (e.g. under compute-sanitizer, which is slow).
     let only = std::env::var("MINNOW_TEST_ENCODING").ok();
+    let mut wgmma_cases = 0;
     for encoding in [
         QuantEncoding::I8Mma,
         QuantEncoding::I4Mma,
@@ -1263,17 +1264,30 @@ fn grouped_gemm_over_codes_matches_reference() {
                             ops::quantize_rows_e4m3(&g, dx.ptr(), t, kd, group, &rows).unwrap();
                             (codes, scales, rows)
                         });
-                        ops::grouped_gemm_codes(
-                            &g,
-                            dx.ptr(),
-                            xq_buffers.as_ref().map(|(_, _, rows)| rows),
-                            dispatched.row_token.ptr(),
-                            &w,
-                            y.ptr(),
-                            &dispatched.expert_tiles(),
-                            n,
-                            kd,
-                        )
+                        if tile_rows == ops::GROUPED_WGMMA_ROWS {
+                            ops::grouped_gemm_codes_wgmma(
+                                &g,
+                                dx.ptr(),
+                                dispatched.row_token.ptr(),
+                                &w,
+                                y.ptr(),
+                                &dispatched.expert_tiles(),
+                                n,
+                                kd,
+                            )
+                        } else {
+                            ops::grouped_gemm_codes(
+                                &g,
+                                dx.ptr(),
+                                xq_buffers.as_ref().map(|(_, _, rows)| rows),
+                                dispatched.row_token.ptr(),
+                                &w,
+                                y.ptr(),
+                                &dispatched.expert_tiles(),
+                                n,
+                                kd,
+                            )
+                        }
                         .unwrap();
                         (read_bf16(&g, &y), read(&g, &dispatched.slot))
                     };
@@ -1350,9 +1364,31 @@ fn grouped_gemm_over_codes_matches_reference() {
                         "{name}: pick {i} differs between tiles of {tile_rows} and {other_rows} rows"
                     );
                 }
+                // Tiles of 128 rows on the wgmma kernels (Hopper, BF16 activations), where they
+                // take the shape: every pick's row bit-identical to the mma.sync tiles'.
+                if !w8a8 && ops::codes_wgmma_supported(&g, &w, n, kd) {
+                    let (wide, wide_slots) = run(&idx, t, &x, ops::GROUPED_WGMMA_ROWS);
+                    for (i, (&p, &q)) in slots.iter().zip(&wide_slots).enumerate() {
+                        let (p, q) = (p as usize, q as usize);
+                        assert!(
+                            gy[p * n..(p + 1) * n] == wide[q * n..(q + 1) * n],
+                            "{name}: pick {i} differs between the wgmma kernel and tiles of {tile_rows} rows"
+                        );
+                    }
+                    wgmma_cases += 1;
+                }
             }
         }
     }
+    // On compute capability 9.0 the wgmma kernels must have been compared (every encoding has
+    // cases of their shapes); elsewhere they are not loaded.
+    if g.uses_sm90a_ptx() && only.is_none() {
+        assert!(
+            wgmma_cases >= 8,
+            "only {wgmma_cases} cases ran on the wgmma kernels"
+        );
+    }
+    eprintln!("codes: {wgmma_cases} cases compared with the wgmma kernels");
 }
 
 #[test]

@@ -136,6 +136,16 @@ impl ExpertMatrix {
         }
     }
 
+    /// The kind of this `n` x `k` projection's codes when the wgmma kernels take them here
+    /// (tiles of `ops::GROUPED_WGMMA_ROWS`, BF16 activations: `ops::codes_wgmma_supported`);
+    /// `None` for BF16 rows, whose streamed kernels moe.rs picks itself.
+    pub fn codes_wgmma(&self, gpu: &Gpu, n: usize, k: usize) -> Option<ops::CodeKind> {
+        match self.kernel_view() {
+            KernelView::Codes(w) if ops::codes_wgmma_supported(gpu, &w, n, k) => Some(w.kind),
+            _ => None,
+        }
+    }
+
     /// `Y[p] = X[row_token[p] or p] . W[e]^T` over the dispatched tiles (see
     /// [`ops::grouped_gemm`]), whatever the encoding; with `xq` (FP8 codes, see
     /// [`Self::w8a8_group`]) over those E4M3 rows of `X`.
@@ -153,6 +163,10 @@ impl ExpertMatrix {
     ) -> CudaResult<()> {
         match self.kernel_view() {
             KernelView::Bf16(w) => ops::grouped_gemm(gpu, x, row_token, w.ptr(), y, tiles, n, k),
+            // Tiles of 128 rows: moe.rs chose the wgmma kernels (`Self::codes_wgmma`).
+            KernelView::Codes(w) if tiles.rows == ops::GROUPED_WGMMA_ROWS && xq.is_none() => {
+                ops::grouped_gemm_codes_wgmma(gpu, x, row_token, &w, y, tiles, n, k)
+            }
             KernelView::Codes(w) => {
                 ops::grouped_gemm_codes(gpu, x, xq, row_token, &w, y, tiles, n, k)
             }

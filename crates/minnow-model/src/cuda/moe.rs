@@ -226,11 +226,27 @@ pub(super) fn queue_grouped_experts(
     // off): the wgmma kernel over 128-row tiles, so an expert's weights stream once for up to
     // 128 rows.
     let bf16_maps = moe.expert_maps.as_ref().zip(moe.bf16_experts());
-    let wgmma = bf16_maps.is_some()
-        && grouping.tile_rows == 64
-        && tuning().grouped_wgmma
-        && ops::grouped_wgmma_supported(gpu, 2 * iw, d)
-        && ops::grouped_wgmma_supported(gpu, d, iw);
+    // Quantized experts likewise on their wgmma kernels (BF16 activations: not with W8A8), by
+    // default only FP8 codes with 32 or more rows per expert (`Tuning::codes_wgmma`).
+    let w8a8_on = ws.e4m3_rows.is_some() && moe_w8a8_groups(gpu, c, moe).is_some();
+    let wgmma = grouping.tile_rows == 64
+        && match bf16_maps {
+            Some(_) => {
+                tuning().grouped_wgmma
+                    && ops::grouped_wgmma_supported(gpu, 2 * iw, d)
+                    && ops::grouped_wgmma_supported(gpu, d, iw)
+            }
+            None => {
+                let kind = moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d);
+                let busy = grouping.busy + usize::from(packed);
+                !w8a8_on
+                    && kind.is_some()
+                    && moe.experts_down.codes_wgmma(gpu, d, iw).is_some()
+                    && tuning()
+                        .codes_wgmma
+                        .unwrap_or(kind == Some(ops::CodeKind::E4m3) && a >= 32 * busy.max(1))
+            }
+        };
     let tile_rows = if wgmma {
         ops::GROUPED_WGMMA_ROWS
     } else {

@@ -340,6 +340,25 @@ kernel_table! {
             k: i32,
             gated: i32,
         );
+        /// The same over quantized experts (the parameters of `moe`'s codes kernels).
+        grouped_gemm_i8_wgmma,
+        grouped_gemm_i4_wgmma,
+        grouped_gemm_f4_wgmma,
+        grouped_gemm_f8_wgmma as CodesWgmma (
+            x: u64,
+            row_token: u64,
+            codes: u64,
+            scales: u64,
+            band_scale: u64,
+            group: i32,
+            shared: u64,
+            shared_slot: i32,
+            y: u64,
+            tiles: u64,
+            num_tiles: u64,
+            n: i32,
+            k: i32,
+        );
     }
     /// `kernels/moe.cu`.
     moe (max_dynamic_shared: 112 * 1024) {

@@ -2,8 +2,8 @@
 //! PTX for Hopper and newer, or sm_90a for the modules of [`SM90A_MODULES`], which the driver
 //! JIT-compiles for the device at load) and committed,
 //! so users need no nvcc; the kernel table (`kernels.rs`) embeds them. Each PTX
-//! file starts with a line naming the BLAKE3 hash of its source (the `.cu` file followed by
-//! `kernels/common.cuh`); a test fails when a source changed without regenerating its PTX, and
+//! file starts with a line naming the BLAKE3 hash of its source ([`kernel_source_hash`]: the
+//! `.cu` file followed by every header of `kernels/`); a test fails when a source changed without regenerating its PTX, and
 //! another when a kernel's parameters in the table differ from its PTX entry's.
 
 use super::error::{CudaError, CudaResult};
@@ -31,6 +31,27 @@ pub fn override_text(name: &str, sm90: bool) -> CudaResult<Option<String>> {
         .map_err(|e| CudaError::Unsupported(format!("MINNOW_PTX_DIR: {}: {e}", path.display())))
 }
 
+/// The hash a PTX file of module `name` records: BLAKE3 over `kernels/<name>.cu` followed by
+/// every `kernels/*.cuh` in name order (all of them, included or not, so no header edit can
+/// leave a stale PTX behind). `cargo xtask kernels` writes it; a test checks it.
+pub fn kernel_source_hash(kernels_dir: &std::path::Path, name: &str) -> Result<String, String> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let mut headers: Vec<std::path::PathBuf> = std::fs::read_dir(kernels_dir)
+        .map_err(|e| format!("{}: {e}", kernels_dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cuh"))
+        .collect();
+    headers.sort();
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&read(&kernels_dir.join(format!("{name}.cu")))?);
+    for header in &headers {
+        hasher.update(&read(header)?);
+    }
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
 /// The hash recorded in a PTX file's first line, if it has one.
 pub fn recorded_hash(ptx: &str) -> Option<&str> {
     ptx.lines()
@@ -52,14 +73,8 @@ mod tests {
     /// sources (`cargo xtask kernels` regenerates it).
     #[test]
     fn committed_ptx_matches_kernel_sources() {
-        let common = std::fs::read(kernels_dir().join("common.cuh")).expect("kernels/common.cuh");
         for module in MODULES {
-            let source = std::fs::read(kernels_dir().join(format!("{}.cu", module.name)))
-                .unwrap_or_else(|e| panic!("kernels/{}.cu: {e}", module.name));
-            let mut hasher = blake3::Hasher::new();
-            hasher.update(&source);
-            hasher.update(&common);
-            let expected = hasher.finalize().to_hex().to_string();
+            let expected = kernel_source_hash(&kernels_dir(), module.name).unwrap();
             for (ptx, suffix) in [(module.ptx, ""), (module.ptx_sm90, ".sm90")] {
                 assert_eq!(
                     recorded_hash(ptx),

@@ -42,6 +42,12 @@ pub struct Tuning {
     /// BF16 experts through the wgmma kernel over 128-row tiles on compute capability 9.0
     /// (`MINNOW_GROUPED_WGMMA`; same bits as the mma.sync tiles).
     pub grouped_wgmma: bool,
+    /// Quantized experts of such forwards on their wgmma kernel (128-row tiles, the same bits as
+    /// the mma.sync codes tiles): by default (`None`) for E4M3 (FP8) experts averaging at least
+    /// 32 rows each (prefill, large batches), where it measured faster; integer and NVFP4 codes
+    /// measured slower on it (docs/performance.md). `MINNOW_CODES_WGMMA=1`: every encoding
+    /// wherever 64-row tiles would be cut; `=0`: never.
+    pub codes_wgmma: Option<bool>,
     /// Every row's arithmetic is independent of the batch around it (on by default; see
     /// docs/performance.md for its cost): the dense GEMMs, the router and the lm_head run
     /// minnow's fixed-order kernels, the experts always take the grouped GEMM, and attention
@@ -84,6 +90,7 @@ impl Default for Tuning {
             pool_gemm: true,
             grouped_tma: true,
             grouped_wgmma: true,
+            codes_wgmma: None,
             invariant: true,
             dense16_rows: 32,
             dense128_rows: 256,
@@ -126,6 +133,8 @@ pub fn tuning() -> &'static Tuning {
                 .map_or(d.grouped_tma, |v| v == 1),
             grouped_wgmma: env_usize("MINNOW_GROUPED_WGMMA", |v| v <= 1)
                 .map_or(d.grouped_wgmma, |v| v == 1),
+            codes_wgmma: env_usize("MINNOW_CODES_WGMMA", |v| v <= 1)
+                .map_or(d.codes_wgmma, |v| Some(v == 1)),
             invariant: env_usize("MINNOW_BATCH_INVARIANT", |v| v <= 1)
                 .map_or(d.invariant, |v| v == 1),
             dense16_rows: env_usize("MINNOW_DENSE16_ROWS", |_| true).unwrap_or(d.dense16_rows),

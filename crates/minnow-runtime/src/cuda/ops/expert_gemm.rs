@@ -412,7 +412,7 @@ fn w8a8_stage_bytes(tile_rows: usize) -> usize {
 ///
 /// With `xq` (E4M3 experts where [`w8a8_supported`]): the W8A8 kernels over those rows, `x`'s
 /// quantization by [`quantize_rows_e4m3`] with the experts' group (`x` itself still feeds a
-/// packed shared expert).
+/// packed shared expert). Tiles of 16 or 64 rows; `grouped_gemm_codes_wgmma` takes 128.
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm_codes(
     gpu: &Gpu,

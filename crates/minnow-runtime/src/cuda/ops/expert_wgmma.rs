@@ -1,12 +1,14 @@
 //! The launcher of `kernels/expert_wgmma.cu`: the grouped expert GEMM on Hopper's warpgroup
 //! tensor-core instructions, for forwards whose experts get many rows each (batched denoising
-//! steps, prefill). Same bits as the mma.sync grouped kernels of `expert_gemm`.
+//! steps, prefill), over BF16 experts and over quantized ones (`*_mma` codes). Same bits as the
+//! mma.sync grouped kernels of `expert_gemm`.
 
 use super::super::error::CudaResult;
 use super::super::gpu::Gpu;
 use super::super::kernels;
+use super::super::launch::LaunchConfig;
 use super::super::tma::MappedTensor;
-use super::expert_gemm::ExpertTiles;
+use super::expert_gemm::{codes_tiled, CodeKind, CodeMatrices, ExpertTiles};
 use super::pool_gemm::launch_persistent;
 use super::unsupported::unsupported;
 
@@ -63,6 +65,86 @@ pub fn grouped_gemm_wgmma(
     )
 }
 
+/// Dynamic shared memory of the quantized wgmma kernels: 6 stages of 33 KB (128 activation rows
+/// of 64 BF16 columns, the 16 bands' code tiles with room for a packed shared expert's BF16
+/// tiles, their scale rows), 1 KB to align them to the swizzle atom, then 12 mbarriers
+/// (minnow_codes_wgmma::SMEM_BYTES in kernels/expert_wgmma.cu).
+pub const fn codes_wgmma_smem_bytes() -> usize {
+    6 * 33 * 1024 + 1024 + 2 * 6 * 8
+}
+
+/// Whether [`grouped_gemm_codes_wgmma`] takes these codes, `n` outputs over `k` inputs: the sm_90a build is
+/// loaded, the device grants the shared memory, whole 128-column items and 64-deep stages, and the
+/// groups of the tiled codes kernels (the same bits).
+pub fn codes_wgmma_supported(gpu: &Gpu, w: &CodeMatrices, n: usize, k: usize) -> bool {
+    gpu.uses_sm90a_ptx()
+        && gpu.max_shared_optin() as usize >= codes_wgmma_smem_bytes()
+        && n.is_multiple_of(128)
+        && k.is_multiple_of(64)
+        && codes_tiled(n, w.group)
+        && k.is_multiple_of(w.group)
+        && (w.kind != CodeKind::E2m1 || (w.group == 16 && w.band_scale != 0))
+}
+
+/// The quantized grouped GEMM (`expert_gemm`'s `grouped_gemm_codes`, BF16 activations) over
+/// tiles of up to [`GROUPED_WGMMA_ROWS`] rows, one persistent CTA per multiprocessor walking
+/// (tile, 128-column) items: exactly the bits of the mma.sync codes kernels. Check
+/// [`codes_wgmma_supported`] first.
+#[allow(clippy::too_many_arguments)]
+pub fn grouped_gemm_codes_wgmma(
+    gpu: &Gpu,
+    x: u64,
+    row_token: u64,
+    w: &CodeMatrices,
+    y: u64,
+    t: &ExpertTiles,
+    n: usize,
+    k: usize,
+) -> CudaResult<()> {
+    if t.rows > GROUPED_WGMMA_ROWS || !codes_wgmma_supported(gpu, w, n, k) {
+        return unsupported(format!(
+            "wgmma over {:?} experts of {n} x {k} with groups of {} in tiles of {} rows",
+            w.kind, w.group, t.rows
+        ));
+    }
+    use kernels::expert_wgmma::{
+        grouped_gemm_f4_wgmma, grouped_gemm_f8_wgmma, grouped_gemm_i4_wgmma, grouped_gemm_i8_wgmma,
+        CodesWgmma,
+    };
+    let kernel: CodesWgmma = match w.kind {
+        CodeKind::Int8 => grouped_gemm_i8_wgmma,
+        CodeKind::Int4 => grouped_gemm_i4_wgmma,
+        CodeKind::E2m1 => grouped_gemm_f4_wgmma,
+        CodeKind::E4m3 => grouped_gemm_f8_wgmma,
+    };
+    let items = t.max_tiles * n / 128;
+    if items == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig::new(
+        ((items as u32).min(gpu.sm_count()), 1, 1),
+        384,
+        codes_wgmma_smem_bytes() as u32,
+    );
+    kernel(
+        gpu,
+        cfg,
+        x,
+        row_token,
+        w.codes,
+        w.scales,
+        w.band_scale,
+        w.group as i32,
+        w.shared.map_or(0, |(ptr, _)| ptr),
+        w.shared.map_or(-1, |(_, slot)| slot as i32),
+        y,
+        t.tiles,
+        t.num_tiles,
+        n as i32,
+        k as i32,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,5 +160,8 @@ mod tests {
             .unwrap();
         assert!(grouped_wgmma_smem_bytes() <= module.max_dynamic_shared as usize);
         assert!(module.max_dynamic_shared as usize <= 227 * 1024);
+        // minnow_codes_wgmma::SMEM_BYTES, the same module.
+        assert_eq!(codes_wgmma_smem_bytes(), 6 * 33792 + 1024 + 96);
+        assert!(codes_wgmma_smem_bytes() <= module.max_dynamic_shared as usize);
     }
 }
