@@ -340,11 +340,12 @@ kernel_table! {
             k: i32,
             gated: i32,
         );
-        /// The same over quantized experts (the parameters of `moe`'s codes kernels).
+        /// The same over quantized experts (the parameters of `moe`'s codes kernels, so their
+        /// launchers are `moe::CodesGemm`s too).
         grouped_gemm_i8_wgmma,
         grouped_gemm_i4_wgmma,
         grouped_gemm_f4_wgmma,
-        grouped_gemm_f8_wgmma as CodesWgmma (
+        grouped_gemm_f8_wgmma (
             x: u64,
             row_token: u64,
             codes: u64,

@@ -533,6 +533,24 @@ pub fn grouped_gemm_codes(
             return unsupported(format!("{:?} expert codes of {n} x {k}", w.kind));
         }
     };
+    launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k)
+}
+
+/// Launches a kernel of the codes family (the mma.sync tiles and their wgmma siblings share
+/// the parameters) over codes `w` and the dispatched tiles `t`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_codes(
+    kernel: kernels::moe::CodesGemm,
+    gpu: &Gpu,
+    cfg: LaunchConfig,
+    x: u64,
+    row_token: u64,
+    w: &CodeMatrices,
+    y: u64,
+    t: &ExpertTiles,
+    n: usize,
+    k: usize,
+) -> CudaResult<()> {
     kernel(
         gpu,
         cfg,
@@ -545,8 +563,8 @@ pub fn grouped_gemm_codes(
         w.shared.map_or(0, |(ptr, _)| ptr),
         w.shared.map_or(-1, |(_, slot)| slot as i32),
         y,
-        tiles,
-        num_tiles,
+        t.tiles,
+        t.num_tiles,
         n as i32,
         k as i32,
     )

@@ -8,7 +8,7 @@ use super::super::gpu::Gpu;
 use super::super::kernels;
 use super::super::launch::LaunchConfig;
 use super::super::tma::MappedTensor;
-use super::expert_gemm::{codes_tiled, CodeKind, CodeMatrices, ExpertTiles};
+use super::expert_gemm::{codes_tiled, launch_codes, CodeKind, CodeMatrices, ExpertTiles};
 use super::pool_gemm::launch_persistent;
 use super::unsupported::unsupported;
 
@@ -109,9 +109,9 @@ pub fn grouped_gemm_codes_wgmma(
     }
     use kernels::expert_wgmma::{
         grouped_gemm_f4_wgmma, grouped_gemm_f8_wgmma, grouped_gemm_i4_wgmma, grouped_gemm_i8_wgmma,
-        CodesWgmma,
     };
-    let kernel: CodesWgmma = match w.kind {
+    // (The codes family's launcher type: the same parameters as the mma.sync tiles.)
+    let kernel: kernels::moe::CodesGemm = match w.kind {
         CodeKind::Int8 => grouped_gemm_i8_wgmma,
         CodeKind::Int4 => grouped_gemm_i4_wgmma,
         CodeKind::E2m1 => grouped_gemm_f4_wgmma,
@@ -126,23 +126,7 @@ pub fn grouped_gemm_codes_wgmma(
         384,
         codes_wgmma_smem_bytes() as u32,
     );
-    kernel(
-        gpu,
-        cfg,
-        x,
-        row_token,
-        w.codes,
-        w.scales,
-        w.band_scale,
-        w.group as i32,
-        w.shared.map_or(0, |(ptr, _)| ptr),
-        w.shared.map_or(-1, |(_, slot)| slot as i32),
-        y,
-        t.tiles,
-        t.num_tiles,
-        n as i32,
-        k as i32,
-    )
+    launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k)
 }
 
 #[cfg(test)]
