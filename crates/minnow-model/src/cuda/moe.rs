@@ -172,6 +172,24 @@ pub(super) fn runs_w8a8(gpu: &Gpu, c: &Config, weights: &Weights) -> bool {
     })
 }
 
+/// Rows per expert, on average over the forward, from which FP8 experts take the wgmma kernel
+/// by default: prefill and batches of 64 denoising blocks (64 rows or more per expert) measured
+/// faster there than on the mma.sync tiles, 16 blocks (16 rows) slower (docs/performance.md).
+const CODES_WGMMA_MIN_ROWS: usize = 32;
+
+/// Whether quantized experts of `kind` run the wgmma kernel in a forward of `assignments` rows
+/// over `busy` experts that can get them (one whose dispatch would cut 64-row tiles): the knob
+/// when set (`Tuning::codes_wgmma`), else FP8 experts averaging [`CODES_WGMMA_MIN_ROWS`] rows
+/// or more. (Integer codes measured slower on it; NVFP4 is not measured.)
+fn codes_wgmma_wanted(
+    kind: ops::CodeKind,
+    assignments: usize,
+    busy: usize,
+    knob: Option<bool>,
+) -> bool {
+    knob.unwrap_or(kind == ops::CodeKind::E4m3 && assignments >= CODES_WGMMA_MIN_ROWS * busy.max(1))
+}
+
 /// A grouped expert GEMM over BF16 weights read through their tensor map, with the gated
 /// (SiLU) epilogue for gate/up: `ops::grouped_gemm_wgmma` or `ops::grouped_gemm_tma`.
 type StreamedGemm = fn(
@@ -237,14 +255,15 @@ pub(super) fn queue_grouped_experts(
                     && ops::grouped_wgmma_supported(gpu, d, iw)
             }
             None => {
-                let kind = moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d);
                 let busy = grouping.busy + usize::from(packed);
-                !w8a8_on
-                    && kind.is_some()
-                    && moe.experts_down.codes_wgmma(gpu, d, iw).is_some()
-                    && tuning()
-                        .codes_wgmma
-                        .unwrap_or(kind == Some(ops::CodeKind::E4m3) && a >= 32 * busy.max(1))
+                match moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d) {
+                    Some(kind) => {
+                        !w8a8_on
+                            && moe.experts_down.codes_wgmma(gpu, d, iw).is_some()
+                            && codes_wgmma_wanted(kind, a, busy, tuning().codes_wgmma)
+                    }
+                    None => false,
+                }
             }
         };
     let tile_rows = if wgmma {
@@ -394,4 +413,41 @@ pub(super) fn queue_grouped_experts(
         }
         SharedExpert::None => (0, 0),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Mini's shapes: 8 of 256 routed experts per token plus the packed shared expert, so a
+    // forward of t tokens has 9 t assignments over at most 257 experts.
+    const BUSY: usize = 257;
+
+    #[test]
+    fn fp8_prefill_and_64_block_batches_take_the_wgmma_kernel_by_default() {
+        let (prefill, x64) = (4096 * 9, 64 * 32 * 9);
+        assert!(codes_wgmma_wanted(ops::CodeKind::E4m3, prefill, BUSY, None));
+        assert!(codes_wgmma_wanted(ops::CodeKind::E4m3, x64, BUSY, None));
+    }
+
+    #[test]
+    fn fp8_16_block_batches_and_other_encodings_keep_the_mma_sync_tiles_by_default() {
+        let (prefill, x16) = (4096 * 9, 16 * 32 * 9);
+        assert!(!codes_wgmma_wanted(ops::CodeKind::E4m3, x16, BUSY, None));
+        for kind in [
+            ops::CodeKind::Int4,
+            ops::CodeKind::Int8,
+            ops::CodeKind::E2m1,
+        ] {
+            assert!(!codes_wgmma_wanted(kind, prefill, BUSY, None), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn the_knob_decides_for_every_encoding_when_set() {
+        for kind in [ops::CodeKind::Int4, ops::CodeKind::E4m3] {
+            assert!(codes_wgmma_wanted(kind, 9, BUSY, Some(true)));
+            assert!(!codes_wgmma_wanted(kind, 4096 * 9, BUSY, Some(false)));
+        }
+    }
 }
