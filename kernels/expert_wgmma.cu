@@ -98,21 +98,10 @@ __device__ __forceinline__ void fence_operands(float (&d)[64]) {
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// D[64 x 64] += A[64 x 16] . B[64 x 16]^T with A in registers: warp w of the warpgroup holds rows
-// 16w..16w + 15 in the A-fragment layout of mma.m16n8k16 (a[0]: row g, columns 2 t4 and + 1;
+// D[64 x 128] += A[64 x 16] . B[128 x 16]^T with A in registers: warp w of the warpgroup holds
+// rows 16w..16w + 15 in the A-fragment layout of mma.m16n8k16 (a[0]: row g, columns 2 t4 and + 1;
 // a[1]: row g + 8; a[2], a[3]: the same rows 8 columns on), B (K-major) comes from shared memory
 // through its descriptor. d[4j + q] is row 16w + g + 8 (q >> 1), column 8j + 2 t4 + (q & 1).
-__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const unsigned (&a)[4], unsigned long long b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-// The same with 128 columns: d[4j + q] is row 16w + g + 8 (q >> 1), column 8j + 2 t4 + (q & 1).
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const unsigned (&a)[4], unsigned long long b) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"

@@ -12,5 +12,5 @@ while [ $# -gt 0 ]; do
   shift
 done
 stem=$(basename "$cu" .cu)
-suffix=""; [ "$arch" = "sm_90" ] && suffix=".sm90"
+suffix=""; case "$arch" in sm_90*) suffix=".sm90" ;; esac  # sm_90a too (ptx::SM90A_MODULES)
 cp "$PTX_DIR/$stem$suffix.ptx" "$out"

@@ -10,7 +10,9 @@ tmp=$(mktemp -d)
 for cu in "$src"/*.cu; do
   stem=$(basename "$cu" .cu)
   nvcc -ptx -arch=sm_80 -std=c++17 "$cu" -o "$tmp/$stem.ptx"
-  nvcc -ptx -arch=sm_90 -std=c++17 "$cu" -o "$tmp/$stem.sm90.ptx"
-  ptxas -arch=sm_90 -v "$tmp/$stem.sm90.ptx" -o /dev/null 2>&1 | grep -E "error|spill|Used" | grep -E "attention|route_block|qk_norm|grouped_gemm_any|error" | head -20 || true
+  # Modules with arch-specific instructions (wgmma) build for sm_90a: ptx::SM90A_MODULES.
+  arch90=sm_90; [ "$stem" = expert_wgmma ] && arch90=sm_90a
+  nvcc -ptx -arch=$arch90 -std=c++17 "$cu" -o "$tmp/$stem.sm90.ptx"
+  ptxas -arch=$arch90 -v "$tmp/$stem.sm90.ptx" -o /dev/null 2>&1 | grep -E "error|spill|Used" | grep -E "attention|route_block|qk_norm|grouped_gemm_any|error" | head -20 || true
 done
 tar -C "$tmp" -czf "$out/ptx.tar.gz" .

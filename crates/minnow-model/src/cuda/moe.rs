@@ -240,31 +240,28 @@ pub(super) fn queue_grouped_experts(
     } else {
         (e, t * k)
     };
+    let busy = grouping.busy + usize::from(packed);
+    // FP8 experts on FP8 tensor cores (W8A8): the workspace's E4M3 rows and the two groups.
+    let w8a8 = match &ws.e4m3_rows {
+        Some(buffers) => moe_w8a8_groups(gpu, c, moe).map(|groups| (buffers, groups)),
+        None => None,
+    };
     // BF16 experts with many rows each on compute capability 9.0 (MINNOW_GROUPED_WGMMA=0 turns it
     // off): the wgmma kernel over 128-row tiles, so an expert's weights stream once for up to
     // 128 rows.
     let bf16_maps = moe.expert_maps.as_ref().zip(moe.bf16_experts());
-    // Quantized experts likewise on their wgmma kernels (BF16 activations: not with W8A8), by
-    // default only FP8 codes with 32 or more rows per expert (`Tuning::codes_wgmma`).
-    let w8a8_on = ws.e4m3_rows.is_some() && moe_w8a8_groups(gpu, c, moe).is_some();
     let wgmma = grouping.tile_rows == 64
-        && match bf16_maps {
-            Some(_) => {
-                tuning().grouped_wgmma
-                    && ops::grouped_wgmma_supported(gpu, 2 * iw, d)
-                    && ops::grouped_wgmma_supported(gpu, d, iw)
-            }
-            None => {
-                let busy = grouping.busy + usize::from(packed);
-                match moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d) {
-                    Some(kind) => {
-                        !w8a8_on
-                            && moe.experts_down.codes_wgmma(gpu, d, iw).is_some()
-                            && codes_wgmma_wanted(kind, a, busy, tuning().codes_wgmma)
-                    }
-                    None => false,
-                }
-            }
+        && if bf16_maps.is_some() {
+            tuning().grouped_wgmma
+                && ops::grouped_wgmma_supported(gpu, 2 * iw, d)
+                && ops::grouped_wgmma_supported(gpu, d, iw)
+        } else {
+            // Quantized experts likewise on their wgmma kernels (BF16 activations: not with
+            // W8A8), by default only FP8 codes with 32 or more rows per expert.
+            let kind = moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d);
+            w8a8.is_none()
+                && kind.is_some_and(|kind| codes_wgmma_wanted(kind, a, busy, tuning().codes_wgmma))
+                && moe.experts_down.codes_wgmma(gpu, d, iw).is_some()
         };
     let tile_rows = if wgmma {
         ops::GROUPED_WGMMA_ROWS
@@ -296,7 +293,6 @@ pub(super) fn queue_grouped_experts(
         ws.num_tiles.ptr(),
     )?;
     mark("dispatch")?;
-    let busy = grouping.busy + usize::from(packed);
     let tiles = ops::ExpertTiles {
         tiles: ws.tiles.ptr(),
         num_tiles: ws.num_tiles.ptr(),
@@ -351,10 +347,6 @@ pub(super) fn queue_grouped_experts(
         }
         None => {
             // FP8 experts on FP8 tensor cores: each input row quantized once, per column group.
-            let w8a8 = match &ws.e4m3_rows {
-                Some(buffers) => moe_w8a8_groups(gpu, c, moe).map(|groups| (buffers, groups)),
-                None => None,
-            };
             let (x, row_token, gu) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_gu.ptr());
             let xq = w8a8
                 .map(|(b, g)| quantize_input(gpu, &b[0], x, t, d, g.0, mark))

@@ -181,6 +181,14 @@ pub struct CodeMatrices {
     pub shared: Option<(u64, usize)>,
 }
 
+impl CodeMatrices {
+    /// Whether the kind has what its kernels read: E2M1 codes come with groups of 16 and their
+    /// band scales.
+    pub(super) fn complete(&self) -> bool {
+        self.kind != CodeKind::E2m1 || (self.group == 16 && self.band_scale != 0)
+    }
+}
+
 /// A row-major BF16 matrix `[rows, cols]` in the `*_mma` fragment order (tiles of 8 rows x 16
 /// columns, `[rows / 8][cols / 16][lane 0..32][4]`, lane `l` holding row `l / 4` and columns
 /// `2 (l % 4)`, `+ 1`, `+ 8`, `+ 9`): how the quantized grouped GEMM reads a packed shared
@@ -492,7 +500,7 @@ pub fn grouped_gemm_codes(
         CodeKind::E2m1 => (grouped_gemm_f4_r16, grouped_gemm_f4_r64, None),
         CodeKind::E4m3 => (grouped_gemm_f8_r16, grouped_gemm_f8_r64, None),
     };
-    if w.kind == CodeKind::E2m1 && (w.group != 16 || w.band_scale == 0) {
+    if !w.complete() {
         return unsupported(format!(
             "E2M1 expert codes need groups of 16 and band scales (got groups of {})",
             w.group

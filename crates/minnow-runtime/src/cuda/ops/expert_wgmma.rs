@@ -6,10 +6,9 @@
 use super::super::error::CudaResult;
 use super::super::gpu::Gpu;
 use super::super::kernels;
-use super::super::launch::LaunchConfig;
 use super::super::tma::MappedTensor;
 use super::expert_gemm::{codes_tiled, launch_codes, CodeKind, CodeMatrices, ExpertTiles};
-use super::pool_gemm::launch_persistent;
+use super::pool_gemm::{launch_persistent, persistent_grid};
 use super::unsupported::unsupported;
 
 /// Most rows of a tile [`grouped_gemm_wgmma`] takes (two consumer warpgroups of 64): dispatch
@@ -27,8 +26,15 @@ pub const fn grouped_wgmma_smem_bytes() -> usize {
 /// sm_90a build is loaded (compute capability 9.0), the device grants its shared memory, whole
 /// 128-row weight slices and 64-deep stages.
 pub fn grouped_wgmma_supported(gpu: &Gpu, n: usize, k: usize) -> bool {
+    wgmma_fits(gpu, grouped_wgmma_smem_bytes(), n, k)
+}
+
+/// What every kernel of the module needs: the sm_90a build is loaded (compute capability 9.0),
+/// the device grants `smem` bytes of shared memory, whole items of 128 output columns and
+/// 64-deep stages.
+fn wgmma_fits(gpu: &Gpu, smem: usize, n: usize, k: usize) -> bool {
     gpu.uses_sm90a_ptx()
-        && gpu.max_shared_optin() as usize >= grouped_wgmma_smem_bytes()
+        && gpu.max_shared_optin() as usize >= smem
         && n.is_multiple_of(128)
         && k.is_multiple_of(64)
 }
@@ -73,17 +79,13 @@ pub const fn codes_wgmma_smem_bytes() -> usize {
     6 * 33 * 1024 + 1024 + 2 * 6 * 8
 }
 
-/// Whether [`grouped_gemm_codes_wgmma`] takes these codes, `n` outputs over `k` inputs: the sm_90a build is
-/// loaded, the device grants the shared memory, whole 128-column items and 64-deep stages, and the
-/// groups of the tiled codes kernels (the same bits).
+/// Whether [`grouped_gemm_codes_wgmma`] takes these codes, `n` outputs over `k` inputs: what
+/// the module needs, and the groups of the tiled codes kernels (the same bits).
 pub fn codes_wgmma_supported(gpu: &Gpu, w: &CodeMatrices, n: usize, k: usize) -> bool {
-    gpu.uses_sm90a_ptx()
-        && gpu.max_shared_optin() as usize >= codes_wgmma_smem_bytes()
-        && n.is_multiple_of(128)
-        && k.is_multiple_of(64)
+    wgmma_fits(gpu, codes_wgmma_smem_bytes(), n, k)
         && codes_tiled(n, w.group)
         && k.is_multiple_of(w.group)
-        && (w.kind != CodeKind::E2m1 || (w.group == 16 && w.band_scale != 0))
+        && w.complete()
 }
 
 /// The quantized grouped GEMM (`expert_gemm`'s `grouped_gemm_codes`, BF16 activations) over
@@ -117,16 +119,10 @@ pub fn grouped_gemm_codes_wgmma(
         CodeKind::E2m1 => grouped_gemm_f4_wgmma,
         CodeKind::E4m3 => grouped_gemm_f8_wgmma,
     };
-    let items = t.max_tiles * n / 128;
-    if items == 0 {
-        return Ok(());
+    match persistent_grid(gpu, t, n, 384, codes_wgmma_smem_bytes()) {
+        Some(cfg) => launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k),
+        None => Ok(()),
     }
-    let cfg = LaunchConfig::new(
-        ((items as u32).min(gpu.sm_count()), 1, 1),
-        384,
-        codes_wgmma_smem_bytes() as u32,
-    );
-    launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k)
 }
 
 #[cfg(test)]

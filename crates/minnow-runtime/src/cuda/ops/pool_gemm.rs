@@ -141,6 +141,26 @@ pub fn grouped_gemm_tma(
     )
 }
 
+/// The launch of a persistent grouped expert GEMM whose items are (tile, 128 of the `n` output
+/// columns): one CTA per multiprocessor, or per item when there are fewer; `None` when the tile
+/// list cannot hold any.
+pub(super) fn persistent_grid(
+    gpu: &Gpu,
+    t: &ExpertTiles,
+    n: usize,
+    threads: u32,
+    smem: usize,
+) -> Option<LaunchConfig> {
+    let items = t.max_tiles * n / 128;
+    (items > 0).then(|| {
+        LaunchConfig::new(
+            ((items as u32).min(gpu.sm_count()), 1, 1),
+            threads,
+            smem as u32,
+        )
+    })
+}
+
 /// Launches a persistent streamed expert GEMM (`grouped_gemm_tma_r*`, `grouped_gemm_wgmma`: the
 /// same parameters) with `threads` per CTA and `smem` bytes of dynamic shared memory: one CTA
 /// per multiprocessor, or per (tile, 128-row weight slice) item when there are fewer.
@@ -160,15 +180,9 @@ pub(super) fn launch_persistent(
     k: usize,
     gated: bool,
 ) -> CudaResult<()> {
-    let items = t.max_tiles * n / 128;
-    if items == 0 {
+    let Some(cfg) = persistent_grid(gpu, t, n, threads, smem) else {
         return Ok(());
-    }
-    let cfg = LaunchConfig::new(
-        ((items as u32).min(gpu.sm_count()), 1, 1),
-        threads,
-        smem as u32,
-    );
+    };
     kernel(
         gpu,
         cfg,
