@@ -194,7 +194,15 @@ __device__ void grouped_wgmma(const void* __restrict__ w_map, unsigned long long
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
         const int4 t = tiles[item / slices];
         const int n0 = (item % slices) * ROWS, rows = t.z - t.y, p0 = t.y;
-        const bool active = rows > 64 * wg;  // a warpgroup with no rows only releases stages
+        if (rows <= 64 * wg) {  // a warpgroup with no rows only releases the stages (outside
+                                // the product loop: a branch around wgmmas serialises them, C7518)
+            for (int ks = 0; ks < k_steps; ++ks, ++it) {
+                const int s = it % STAGES;
+                mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+                if (tid == 0) mbar_arrive(empty0 + 8 * s);
+            }
+            continue;
+        }
         float acc[64];
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.f;
@@ -202,10 +210,6 @@ __device__ void grouped_wgmma(const void* __restrict__ w_map, unsigned long long
         for (int ks = 0; ks < k_steps; ++ks, ++it) {
             const int s = it % STAGES;
             mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
-            if (!active) {
-                if (tid == 0) mbar_arrive(empty0 + 8 * s);
-                continue;
-            }
             const unsigned w = stages + s * STAGE_BYTES, x = w + W_BYTES + wg * (64 * 128);
             fence_operands(acc);
             wgmma_fence();
@@ -217,7 +221,6 @@ __device__ void grouped_wgmma(const void* __restrict__ w_map, unsigned long long
             if (pending >= 0 && tid == 0) mbar_arrive(empty0 + 8 * pending);
             pending = s;
         }
-        if (!active) continue;
         wgmma_wait<0>();
         fence_operands(acc);
         if (tid == 0) mbar_arrive(empty0 + 8 * pending);
@@ -283,12 +286,14 @@ extern "C" __global__ void __launch_bounds__(minnow_wgmma::THREADS, 1)
 // groups, as codes_tile does; E2M1 codes and a packed shared expert's BF16 tiles accumulate one
 // F32 sum over K (E2M1: times the band's factor at the end).
 //
-// Measured (H200, docs/performance.md): faster than the mma.sync codes tiles for FP8 experts in
-// prefill and large batches, slower for integer codes, so moe.rs takes it for FP8 by default
-// (Tuning::codes_wgmma). ptxas still serialises its wgmmas (C7513: the next stage's A registers
-// are decoded while the products run); removing that is what should make it win everywhere.
+// Measured (H200, docs/performance.md): faster than the mma.sync codes tiles for FP8 and INT8
+// experts in prefill and large batches, slower for INT4 and for 16-block batches, so moe.rs
+// takes it for those two encodings from 32 rows per expert (Tuning::codes_wgmma). Each stage's
+// products complete (wait_group 0) before the next stage is decoded into the same A registers,
+// so ptxas keeps them asynchronous; the FP8 instance is still short of registers (C7512).
 // Earlier versions, measured and replaced: partial sums and commit groups chosen at run time
-// (serialised, and short of registers), and 64-column items (the rows streamed twice as often).
+// (serialised, and short of registers), 64-column items (the rows streamed twice as often), and
+// two A register sets decoded while the other stage's products ran (serialised, C7513).
 namespace minnow_codes_wgmma {
 constexpr int ROWS = 128;  // output columns per item: 16 bands, 8 per consumer warpgroup, two per warp
 constexpr int BANDS = ROWS / 8;
@@ -363,87 +368,68 @@ __device__ __forceinline__ void consume_item(Ring& ring, int k_steps, int rows, 
     float acc[64], part[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.f;
-    unsigned a[2][STEPS][4];
-    int held = -1;  // the last stage read, released once its products are complete
-    for (int ks0 = 0; ks0 < k_steps; ks0 += 2) {
+    unsigned a[STEPS][4];
+    // Every stage ends with all its products complete (wait_group 0) before the next stage's
+    // decoding writes the A registers: no wgmma is in flight while a register it reads is
+    // written, which ptxas can see (so it does not serialise the products, C7513). The other
+    // consumer warpgroup's products run while this one decodes.
+    for (int ks = 0; ks < k_steps; ++ks) {
+        const int s = ring.it % STAGES;
+        mbar_wait(ring.full0 + 8 * s, (ring.it / STAGES) & 1);
+        ++ring.it;
+        const unsigned char* base = ring.ptr + s * STAGE_BYTES;
+        const unsigned char* code0 = base + X_BYTES + band * STEPS * TB + lane * (BITS / 2);
+        const unsigned char* code1 = code0 + STEPS * TB;
+        const unsigned char* scale0 = base + X_BYTES + CODE_BYTES + band * STEPS * 16;
+        const unsigned char* scale1 = scale0 + STEPS * 16;
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const int ks = ks0 + u;
-            if (ks >= k_steps) break;  // an odd number of stages (shapes other than mini's)
-            const int s = ring.it % STAGES;
-            mbar_wait(ring.full0 + 8 * s, (ring.it / STAGES) & 1);
-            ++ring.it;
-            const unsigned char* base = ring.ptr + s * STAGE_BYTES;
-            const unsigned char* code0 = base + X_BYTES + band * STEPS * TB + lane * (BITS / 2);
-            const unsigned char* code1 = code0 + STEPS * TB;
-            const unsigned char* scale0 = base + X_BYTES + CODE_BYTES + band * STEPS * 16;
-            const unsigned char* scale1 = scale0 + STEPS * 16;
-#pragma unroll
-            for (int kk = 0; kk < STEPS; ++kk) {
-                unsigned(&f)[4] = a[u][kk];
-                if constexpr (BITS == 16 || ENC == INT) {
-                    decode_pairs<BITS>(code0 + kk * TB, f[0], f[2]);
-                    decode_pairs<BITS>(code1 + kk * TB, f[1], f[3]);
-                } else if constexpr (ENC == E2M1) {
-                    // Groups of 16: step kk's block scale (BF16 bits) of the lane's row, both halves.
-                    const unsigned b0 = reinterpret_cast<const unsigned short*>(scale0 + kk * 16)[g];
-                    const unsigned b1 = reinterpret_cast<const unsigned short*>(scale1 + kk * 16)[g];
-                    decode_e2m1(code0 + kk * TB, b0 * 0x10001u, f[0], f[2]);
-                    decode_e2m1(code1 + kk * TB, b1 * 0x10001u, f[1], f[3]);
-                } else {
-                    decode_e4m3(code0 + kk * TB, f[0], f[2]);
-                    decode_e4m3(code1 + kk * TB, f[1], f[3]);
-                }
+        for (int kk = 0; kk < STEPS; ++kk) {
+            unsigned(&f)[4] = a[kk];
+            if constexpr (BITS == 16 || ENC == INT) {
+                decode_pairs<BITS>(code0 + kk * TB, f[0], f[2]);
+                decode_pairs<BITS>(code1 + kk * TB, f[1], f[3]);
+            } else if constexpr (ENC == E2M1) {
+                const unsigned b0 = reinterpret_cast<const unsigned short*>(scale0 + kk * 16)[g];
+                const unsigned b1 = reinterpret_cast<const unsigned short*>(scale1 + kk * 16)[g];
+                decode_e2m1(code0 + kk * TB, b0 * 0x10001u, f[0], f[2]);
+                decode_e2m1(code1 + kk * TB, b1 * 0x10001u, f[1], f[3]);
+            } else {
+                decode_e4m3(code0 + kk * TB, f[0], f[2]);
+                decode_e4m3(code1 + kk * TB, f[1], f[3]);
             }
-            const unsigned x = ring.stages + s * STAGE_BYTES;
-#pragma unroll
-            for (int kk = 0; kk < STEPS; ++kk) {
-                if (kk % CSTEPS == 0) {
-                    fence_floats(acc);
-                    fence_floats(part);
-                    fence_words(a[u]);
-                    wgmma_fence();
-                }
-                wgmma_m64n128k16_rs(part, a[u][kk], sw128_desc(x + 32 * kk));
-                if ((kk + 1) % CSTEPS == 0) {
-                    wgmma_commit();
-                    // The last step of a scale group: its sum is needed now.
-                    const bool group_end = SCALED && ((ks * STEPS + kk + 1) % (SCALED ? GSTEPS : 1)) == 0;
-                    if (group_end)
-                        wgmma_wait<0>();
-                    else
-                        wgmma_wait<1>();  // every commit group but this one is complete
-                    fence_floats(acc);
-                    fence_floats(part);
-                    fence_words(a[0]);
-                    fence_words(a[1]);
-                    if (kk + 1 == CSTEPS && held >= 0) {  // the stages before this one are read
-                        if (ring.tid == 0) mbar_arrive(ring.empty0 + 8 * held);
-                        held = -1;
-                    }
-                    if (group_end) {
-                        const int j = GSTEPS < STEPS ? kk / (SCALED ? GSTEPS : 1) : 0;  // its scale row in the stage
-                        float f0, f1;
-                        if constexpr (ENC == E4M3) {  // the 128 x 128 block's F32 scale, first of four
-                            f0 = *reinterpret_cast<const float*>(scale0 + j * 16);
-                            f1 = *reinterpret_cast<const float*>(scale1 + j * 16);
-                        } else {
-                            f0 = __half2float(reinterpret_cast<const __half*>(scale0 + j * 16)[g]);
-                            f1 = __half2float(reinterpret_cast<const __half*>(scale1 + j * 16)[g]);
-                        }
-                        fold(acc, part, f0, f1);
-                    }
-                }
-            }
-            held = s;
         }
+        const unsigned x = ring.stages + s * STAGE_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < STEPS; ++kk) {
+            if (kk % CSTEPS == 0) {
+                fence_floats(acc);
+                fence_floats(part);
+                fence_words(a);
+                wgmma_fence();
+            }
+            wgmma_m64n128k16_rs(part, a[kk], sw128_desc(x + 32 * kk));
+            if ((kk + 1) % CSTEPS == 0) {
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_floats(acc);
+                fence_floats(part);
+                fence_words(a);
+                if (SCALED && ((ks * STEPS + kk + 1) % (SCALED ? GSTEPS : 1)) == 0) {
+                    const int j = GSTEPS < STEPS ? kk / (SCALED ? GSTEPS : 1) : 0;
+                    float f0, f1;
+                    if constexpr (ENC == E4M3) {
+                        f0 = *reinterpret_cast<const float*>(scale0 + j * 16);
+                        f1 = *reinterpret_cast<const float*>(scale1 + j * 16);
+                    } else {
+                        f0 = __half2float(reinterpret_cast<const __half*>(scale0 + j * 16)[g]);
+                        f1 = __half2float(reinterpret_cast<const __half*>(scale1 + j * 16)[g]);
+                    }
+                    fold(acc, part, f0, f1);
+                }
+            }
+        }
+        if (ring.tid == 0) mbar_arrive(ring.empty0 + 8 * s);  // its products are complete
     }
-    wgmma_wait<0>();
-    fence_floats(acc);
-    fence_floats(part);
-    fence_words(a[0]);
-    fence_words(a[1]);
-    if (ring.tid == 0) mbar_arrive(ring.empty0 + 8 * held);
     if constexpr (!SCALED) {
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = part[i];

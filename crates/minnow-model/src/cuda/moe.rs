@@ -172,22 +172,25 @@ pub(super) fn runs_w8a8(gpu: &Gpu, c: &Config, weights: &Weights) -> bool {
     })
 }
 
-/// Rows per expert, on average over the forward, from which FP8 experts take the wgmma kernel
-/// by default: prefill and batches of 64 denoising blocks (64 rows or more per expert) measured
-/// faster there than on the mma.sync tiles, 16 blocks (16 rows) slower (docs/performance.md).
+/// Rows per expert, on average over the forward, from which FP8 and INT8 experts take the wgmma
+/// kernel by default: prefill and batches of 64 denoising blocks (64 rows or more per expert)
+/// measured faster there than on the mma.sync tiles, 16 blocks (about 20 rows) slower
+/// (docs/performance.md).
 const CODES_WGMMA_MIN_ROWS: usize = 32;
 
 /// Whether quantized experts of `kind` run the wgmma kernel in a forward of `assignments` rows
 /// over `busy` experts that can get them (one whose dispatch would cut 64-row tiles): the knob
-/// when set (`Tuning::codes_wgmma`), else FP8 experts averaging [`CODES_WGMMA_MIN_ROWS`] rows
-/// or more. (Integer codes measured slower on it; NVFP4 is not measured.)
+/// when set (`Tuning::codes_wgmma`), else FP8 or INT8 experts averaging
+/// [`CODES_WGMMA_MIN_ROWS`] rows or more. (INT4 measured slower on it at every batch size:
+/// its decoding is the longer one; NVFP4 is not measured.)
 fn codes_wgmma_wanted(
     kind: ops::CodeKind,
     assignments: usize,
     busy: usize,
     knob: Option<bool>,
 ) -> bool {
-    knob.unwrap_or(kind == ops::CodeKind::E4m3 && assignments >= CODES_WGMMA_MIN_ROWS * busy.max(1))
+    let wins = matches!(kind, ops::CodeKind::E4m3 | ops::CodeKind::Int8);
+    knob.unwrap_or(wins && assignments >= CODES_WGMMA_MIN_ROWS * busy.max(1))
 }
 
 /// A grouped expert GEMM over BF16 weights read through their tensor map, with the gated
@@ -416,21 +419,21 @@ mod tests {
     const BUSY: usize = 257;
 
     #[test]
-    fn fp8_prefill_and_64_block_batches_take_the_wgmma_kernel_by_default() {
+    fn fp8_and_int8_prefill_and_64_block_batches_take_the_wgmma_kernel_by_default() {
         let (prefill, x64) = (4096 * 9, 64 * 32 * 9);
-        assert!(codes_wgmma_wanted(ops::CodeKind::E4m3, prefill, BUSY, None));
-        assert!(codes_wgmma_wanted(ops::CodeKind::E4m3, x64, BUSY, None));
+        for kind in [ops::CodeKind::E4m3, ops::CodeKind::Int8] {
+            assert!(codes_wgmma_wanted(kind, prefill, BUSY, None), "{kind:?}");
+            assert!(codes_wgmma_wanted(kind, x64, BUSY, None), "{kind:?}");
+        }
     }
 
     #[test]
-    fn fp8_16_block_batches_and_other_encodings_keep_the_mma_sync_tiles_by_default() {
+    fn sixteen_block_batches_int4_and_nvfp4_keep_the_mma_sync_tiles_by_default() {
         let (prefill, x16) = (4096 * 9, 16 * 32 * 9);
-        assert!(!codes_wgmma_wanted(ops::CodeKind::E4m3, x16, BUSY, None));
-        for kind in [
-            ops::CodeKind::Int4,
-            ops::CodeKind::Int8,
-            ops::CodeKind::E2m1,
-        ] {
+        for kind in [ops::CodeKind::E4m3, ops::CodeKind::Int8] {
+            assert!(!codes_wgmma_wanted(kind, x16, BUSY, None), "{kind:?}");
+        }
+        for kind in [ops::CodeKind::Int4, ops::CodeKind::E2m1] {
             assert!(!codes_wgmma_wanted(kind, prefill, BUSY, None), "{kind:?}");
         }
     }

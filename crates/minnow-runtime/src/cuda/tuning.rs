@@ -43,9 +43,9 @@ pub struct Tuning {
     /// (`MINNOW_GROUPED_WGMMA`; same bits as the mma.sync tiles).
     pub grouped_wgmma: bool,
     /// Quantized experts of such forwards on their wgmma kernel (128-row tiles, the same bits as
-    /// the mma.sync codes tiles): by default (`None`) for E4M3 (FP8) experts averaging at least
-    /// 32 rows each (prefill, large batches), where it measured faster; integer codes measured
-    /// slower on it, NVFP4 is not measured yet (docs/performance.md). `MINNOW_CODES_WGMMA=1`:
+    /// the mma.sync codes tiles): by default (`None`) for FP8 and INT8 experts averaging at least
+    /// 32 rows each (prefill, large batches), where it measured faster; INT4 measured slower on
+    /// it, NVFP4 is not measured yet (docs/performance.md). `MINNOW_CODES_WGMMA=1`:
     /// every encoding wherever 64-row tiles would be cut; `=0`: never.
     pub codes_wgmma: Option<bool>,
     /// Every row's arithmetic is independent of the batch around it (on by default; see
