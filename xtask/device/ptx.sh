@@ -11,7 +11,7 @@ for cu in "$src"/*.cu; do
   stem=$(basename "$cu" .cu)
   nvcc -ptx -arch=sm_80 -std=c++17 "$cu" -o "$tmp/$stem.ptx"
   # Modules with arch-specific instructions (wgmma) build for sm_90a: ptx::SM90A_MODULES.
-  arch90=sm_90; [ "$stem" = expert_wgmma ] && arch90=sm_90a
+  arch90=sm_90; case "$stem" in expert_wgmma|attention_wgmma) arch90=sm_90a ;; esac
   nvcc -ptx -arch=$arch90 -std=c++17 "$cu" -o "$tmp/$stem.sm90.ptx"
   ptxas -arch=$arch90 -v "$tmp/$stem.sm90.ptx" -o /dev/null 2>&1 | grep -E "error|spill|Used" | grep -E "attention|route_block|qk_norm|grouped_gemm_any|error" | head -20 || true
 done

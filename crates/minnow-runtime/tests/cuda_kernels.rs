@@ -473,11 +473,13 @@ fn check_attention_batch(
     }
     let lens: Vec<usize> = segments.iter().map(|s| s.1).collect();
     let tiles = ops::attention_tiles(shape, &lens);
+    let wide_tiles = ops::attention_wide_tiles(shape, &lens);
     let flat = |x: &[[i32; 4]]| x.iter().flatten().copied().collect::<Vec<i32>>();
-    let (dsegs, dtiles, dtables) = (
+    let flat2 = |x: &[[i32; 2]]| x.iter().flatten().copied().collect::<Vec<i32>>();
+    let (dsegs, dtiles, dwide, dtables) = (
         g.upload(&flat(&segs)).unwrap(),
-        g.upload(&tiles.iter().flatten().copied().collect::<Vec<i32>>())
-            .unwrap(),
+        g.upload(&flat2(&tiles)).unwrap(),
+        g.upload(&flat2(&wide_tiles)).unwrap(),
         g.upload(&tables).unwrap(),
     );
     let (dq, dk, dv) = (
@@ -490,6 +492,8 @@ fn check_attention_batch(
         tiles: dtiles.ptr(),
         tables: dtables.ptr(),
         tiles_count: tiles.len(),
+        wide_tiles: dwide.ptr(),
+        wide_tiles_count: wide_tiles.len(),
     };
     let f = |x: &[bf16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
     let mut outputs = Vec::new();
@@ -600,8 +604,12 @@ fn attention_in_one_cta_per_tile_gives_the_bits_of_a_cta_per_chunk() {
         (6, 2, 64, vec![(0, 96), (40, 530)]),
         (48, 2, 128, vec![(250, 40)]),
     ];
+    // On compute capability 9.0, head dim 128 runs the wgmma kernel (unless MINNOW_ATTN_WGMMA=0):
+    // the comparison must not silently stop covering it.
+    let mut on_wgmma = 0;
     for (heads, kv, d, segments) in cases {
         let shape = test_attention_shape(heads, kv, d);
+        on_wgmma += usize::from(ops::attention_wgmma_supported(&g, &shape));
         let chunks = segments
             .iter()
             .map(|&(p, t)| (p + t).div_ceil(ops::ATTENTION_CHUNK_KEYS))
@@ -627,6 +635,13 @@ fn attention_in_one_cta_per_tile_gives_the_bits_of_a_cta_per_chunk() {
             "h{heads} g{kv} d{d} {segments:?}: {differ} of {} outputs differ between a CTA per \
              chunk and one CTA per tile",
             outputs[0].len()
+        );
+    }
+    eprintln!("{on_wgmma} cases on the wgmma kernel");
+    if g.uses_sm90a_ptx() && minnow_runtime::cuda::tuning::tuning().attention_wgmma {
+        assert!(
+            on_wgmma >= 4,
+            "only {on_wgmma} cases ran the wgmma attention kernel"
         );
     }
 }

@@ -75,6 +75,8 @@ pub(crate) struct Layout {
     pub topk: bool,
     /// Attention CTAs: (segment, first token).
     pub tiles: Vec<[i32; 2]>,
+    /// The same for the wgmma attention kernel's CTAs of twice the tokens.
+    pub wide_tiles: Vec<[i32; 2]>,
     /// Fixed-position attention splits (see [`BatchShape::key_chunks`]).
     pub key_chunks: usize,
     /// 2.2 routing blocks: (first row, rows).
@@ -84,6 +86,7 @@ pub(crate) struct Layout {
     off_head: usize,
     off_segs: usize,
     off_tiles: usize,
+    off_wide_tiles: usize,
     off_blocks: usize,
     off_tables: usize,
 }
@@ -122,12 +125,14 @@ impl Layout {
             _ => None,
         };
         let tiles = ops::attention_tiles(&attention_shape(c), &lens);
+        let wide_tiles = ops::attention_wide_tiles(&attention_shape(c), &lens);
         let off_pos = align4(tokens);
         let off_slot = off_pos + align4(tokens);
         let off_head = off_slot + align4(tokens);
         let off_segs = off_head + align4(head_rows.len());
         let off_tiles = off_segs + 4 * lens.len();
-        let off_blocks = off_tiles + align4(2 * tiles.len());
+        let off_wide_tiles = off_tiles + align4(2 * tiles.len());
+        let off_blocks = off_wide_tiles + align4(2 * wide_tiles.len());
         let off_tables = off_blocks + align4(2 * blocks.len());
         Self {
             tokens,
@@ -137,6 +142,7 @@ impl Layout {
             top1,
             topk,
             tiles,
+            wide_tiles,
             key_chunks: shape.key_chunks,
             blocks,
             off_pos,
@@ -144,13 +150,14 @@ impl Layout {
             off_head,
             off_segs,
             off_tiles,
+            off_wide_tiles,
             off_blocks,
             off_tables,
         }
     }
 
     /// The metadata of `segments` (whose shape this layout was made from): ids, positions, pool
-    /// rows, wanted rows, segments, attention tiles, routing blocks, then the block tables.
+    /// rows, wanted rows, segments, attention tiles (both widths), routing blocks, then the block tables.
     pub fn fill(&self, c: &Config, segments: &[Segment<'_>]) -> Vec<u32> {
         let p = c.block_size;
         let table_len: usize = segments
@@ -178,9 +185,14 @@ impl Layout {
             row += s.ids.len();
         }
         m[self.off_head..self.off_head + self.head_rows.len()].copy_from_slice(&self.head_rows);
-        for (i, t) in self.tiles.iter().enumerate() {
-            m[self.off_tiles + 2 * i] = t[0] as u32;
-            m[self.off_tiles + 2 * i + 1] = t[1] as u32;
+        for (off, tiles) in [
+            (self.off_tiles, &self.tiles),
+            (self.off_wide_tiles, &self.wide_tiles),
+        ] {
+            for (i, t) in tiles.iter().enumerate() {
+                m[off + 2 * i] = t[0] as u32;
+                m[off + 2 * i + 1] = t[1] as u32;
+            }
         }
         for (i, b) in self.blocks.iter().enumerate() {
             m[self.off_blocks + 2 * i] = b[0] as u32;
@@ -213,6 +225,8 @@ impl Meta {
                 tiles: at(l.off_tiles),
                 tables: at(l.off_tables),
                 tiles_count: l.tiles.len(),
+                wide_tiles: at(l.off_wide_tiles),
+                wide_tiles_count: l.wide_tiles.len(),
             },
             blocks: ops::RoutingBlocks::Listed {
                 ptr: at(l.off_blocks),

@@ -225,6 +225,25 @@ kernel_table! {
             splits: i32,
         );
     }
+    /// `kernels/attention_wgmma.cu` (Hopper sm_90a only: elsewhere a trap).
+    attention_wgmma (max_dynamic_shared: 200 * 1024) {
+        /// `attention_fa_seq_d128`'s bits on wgmma, one CTA per tile of 128 query rows.
+        attention_wgmma_seq_d128(
+            q: u64,
+            k_cache: u64,
+            v_cache: u64,
+            out: u64,
+            segs: u64,
+            tiles: u64,
+            tables: u64,
+            tokens: i32,
+            n_heads: i32,
+            n_kv: i32,
+            block: i32,
+            scale: f32,
+            chunk_tiles: i32,
+        );
+    }
     /// `kernels/router.cu`.
     router (max_dynamic_shared: ROUTER_MAX_SHARED) {
         route_topk(

@@ -14,7 +14,7 @@ pub const HASH_LINE_PREFIX: &str = "// minnow-kernel-source-blake3: ";
 /// Modules whose Hopper build targets `sm_90a` (wgmma and other arch-specific instructions)
 /// instead of `sm_90`: such PTX runs on compute capability 9.0 only, so other GPUs load the
 /// module's portable build, whose kernels trap (their launchers check first).
-pub const SM90A_MODULES: &[&str] = &["expert_wgmma"];
+pub const SM90A_MODULES: &[&str] = &["attention_wgmma", "expert_wgmma"];
 
 /// Kernel developers' switch: with `MINNOW_PTX_DIR` set, modules load `<dir>/<name>.ptx` (or
 /// `<name>.sm90.ptx`) from disk instead of the embedded text, so kernels compiled on a GPU
@@ -123,6 +123,7 @@ mod tests {
             kernels::elementwise::PARAMS,
             kernels::rope::PARAMS,
             kernels::attention::PARAMS,
+            kernels::attention_wgmma::PARAMS,
             kernels::router::PARAMS,
             kernels::pool_gemm::PARAMS,
             kernels::expert_wgmma::PARAMS,

@@ -68,6 +68,9 @@ pub struct Tuning {
     /// chunk plus the combine) when the forward has at least this many CTAs (tiles x KV heads)
     /// per SM: `MINNOW_ATTN_ONE_CTA_PER_SM` (0: always, a large value: never).
     pub attn_one_cta_per_sm: usize,
+    /// That one-CTA-per-tile attention runs on the wgmma kernel on compute capability 9.0
+    /// (head dim 128; same bits as the mma.sync kernel): `MINNOW_ATTN_WGMMA`.
+    pub attention_wgmma: bool,
     /// BF16 router weights multiply on tensor cores (`MINNOW_ROUTER_MMA=0`: the F32 CUDA-core
     /// kernels, whose sums round differently, so the two settings give different bits).
     pub router_mma: bool,
@@ -97,6 +100,7 @@ impl Default for Tuning {
             router_wide_rows: 256,
             router_few_rows: 64,
             attn_one_cta_per_sm: 2,
+            attention_wgmma: true,
             router_mma: true,
             dense_lt_min_rows: 0,
             fp8_activations: false,
@@ -145,6 +149,8 @@ pub fn tuning() -> &'static Tuning {
                 .unwrap_or(d.router_few_rows),
             attn_one_cta_per_sm: env_usize("MINNOW_ATTN_ONE_CTA_PER_SM", |_| true)
                 .unwrap_or(d.attn_one_cta_per_sm),
+            attention_wgmma: env_usize("MINNOW_ATTN_WGMMA", |v| v <= 1)
+                .map_or(d.attention_wgmma, |v| v == 1),
             router_mma: env_usize("MINNOW_ROUTER_MMA", |v| v <= 1).map_or(d.router_mma, |v| v == 1),
             dense_lt_min_rows: env_usize("MINNOW_DENSE_LT_MIN_ROWS", |_| true)
                 .unwrap_or(d.dense_lt_min_rows),

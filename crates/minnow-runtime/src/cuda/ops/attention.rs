@@ -150,22 +150,35 @@ pub type AttentionSegment = [i32; 4];
 /// The attention CTAs' work list for segments of these lengths: `(segment, first token)` i32
 /// pairs, [`attention_tile_tokens`] tokens each.
 pub fn attention_tiles(shape: &AttentionShape, lens: &[usize]) -> Vec<[i32; 2]> {
-    let tq = attention_tile_tokens(shape);
+    tiles_of(attention_tile_tokens(shape), lens)
+}
+
+/// The work list of the wgmma kernel (one CTA per 128 query rows, two tiles of
+/// [`attention_tiles`]): `(segment, first token)` pairs, twice [`attention_tile_tokens`] tokens
+/// each.
+pub fn attention_wide_tiles(shape: &AttentionShape, lens: &[usize]) -> Vec<[i32; 2]> {
+    tiles_of(2 * attention_tile_tokens(shape), lens)
+}
+
+fn tiles_of(tokens: usize, lens: &[usize]) -> Vec<[i32; 2]> {
     lens.iter()
         .enumerate()
-        .flat_map(|(s, &n)| (0..n).step_by(tq).map(move |t| [s as i32, t as i32]))
+        .flat_map(|(s, &n)| (0..n).step_by(tokens).map(move |t| [s as i32, t as i32]))
         .collect()
 }
 
 /// Device arrays describing a batched forward to the attention kernels: `segs`
-/// ([`AttentionSegment`] per segment), `tiles` (from [`attention_tiles`]; `tiles_count` of them)
-/// and `tables` (every segment's block table: page ids of the layer pools, page size = block).
+/// ([`AttentionSegment`] per segment), `tiles` (from [`attention_tiles`]; `tiles_count` of them),
+/// `wide_tiles` (from [`attention_wide_tiles`]; `wide_tiles_count`) and `tables` (every segment's
+/// block table: page ids of the layer pools, page size = block).
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionBatch {
     pub segs: u64,
     pub tiles: u64,
     pub tables: u64,
     pub tiles_count: usize,
+    pub wide_tiles: u64,
+    pub wide_tiles_count: usize,
 }
 
 /// Keys per split of the batch-invariant attention: split `z` covers key positions
@@ -186,7 +199,8 @@ pub enum AttentionSplits {
     /// The same fixed chunks walked in order by one CTA per tile, which folds them as the
     /// combine would and writes the output: the bits of [`AttentionSplits::FixedChunks`] without
     /// the partials' round trip through memory, for forwards with enough tiles to fill the GPU.
-    /// Head dims of the tensor-core kernel only ([`attention_uses_fa`]).
+    /// Head dims of the tensor-core kernel only ([`attention_uses_fa`]); on Hopper, head dim
+    /// 128 runs the wgmma kernel over wide tiles ([`attention_wgmma_supported`]), same bits.
     FixedChunksInOneCta,
 }
 
@@ -221,6 +235,23 @@ fn attention_grid(shape: &AttentionShape, batch: &AttentionBatch, splits: usize)
     }
 }
 
+/// Dynamic shared memory of `attention_wgmma_seq_d128`: 1 KB to align the stages to the swizzle
+/// atom, two stages of a 64-key tile's K and V (32 KB each), the two warpgroups' running folds
+/// (64 KB), four mbarriers (minnow_attn_wgmma::SMEM_BYTES in kernels/attention_wgmma.cu).
+pub const fn attention_wgmma_smem_bytes() -> usize {
+    1024 + 2 * 32 * 1024 + 64 * 1024 + 4 * 8
+}
+
+/// Whether [`AttentionSplits::FixedChunksInOneCta`] runs on the wgmma kernel: head dim 128, the
+/// sm_90a build loaded (compute capability 9.0), enough shared memory, and
+/// `Tuning::attention_wgmma` (`MINNOW_ATTN_WGMMA`, on by default).
+pub fn attention_wgmma_supported(gpu: &Gpu, shape: &AttentionShape) -> bool {
+    shape.head_dim == 128
+        && gpu.uses_sm90a_ptx()
+        && gpu.max_shared_optin() as usize >= attention_wgmma_smem_bytes()
+        && super::super::tuning::tuning().attention_wgmma
+}
+
 /// [`attention`] with [`AttentionSplits::FixedChunksInOneCta`]: one CTA per tile walks its fixed
 /// chunks and writes the output (no partials, no combine).
 #[allow(clippy::too_many_arguments)]
@@ -236,6 +267,31 @@ fn attention_in_one_cta(
 ) -> CudaResult<()> {
     use kernels::attention::{attention_fa_seq_d128, attention_fa_seq_d64, AttentionOneCta};
     let d = shape.head_dim;
+    let chunk_tiles = (ATTENTION_CHUNK_KEYS / 64) as i32;
+    if batch.wide_tiles_count > 0 && tokens > 0 && attention_wgmma_supported(gpu, shape) {
+        let cfg = LaunchConfig {
+            grid: (batch.wide_tiles_count as u32, shape.kv_heads as u32, 1),
+            block: (384, 1, 1),
+            shared_bytes: attention_wgmma_smem_bytes() as u32,
+        };
+        return kernels::attention_wgmma::attention_wgmma_seq_d128(
+            gpu,
+            cfg,
+            q,
+            k_pool,
+            v_pool,
+            out,
+            batch.segs,
+            batch.wide_tiles,
+            batch.tables,
+            tokens as i32,
+            shape.heads as i32,
+            shape.kv_heads as i32,
+            shape.block as i32,
+            1.0 / (d as f32).sqrt(),
+            chunk_tiles,
+        );
+    }
     let kernel: AttentionOneCta = match d {
         64 => attention_fa_seq_d64,
         128 => attention_fa_seq_d128,
@@ -263,7 +319,7 @@ fn attention_in_one_cta(
         shape.kv_heads as i32,
         shape.block as i32,
         1.0 / (d as f32).sqrt(),
-        (ATTENTION_CHUNK_KEYS / 64) as i32,
+        chunk_tiles,
     )
 }
 
@@ -409,6 +465,26 @@ mod tests {
             vec![[0, 0], [1, 0], [2, 0], [2, 21], [2, 42]]
         );
         assert_eq!(attention_tile_tokens(&attention(16, 4, 128, 64)), 16);
+    }
+
+    #[test]
+    fn wide_tiles_pair_the_tiles_inside_each_segment() {
+        // Mini's group of 4: 32 tokens (one block) per wgmma CTA; a segment's last wide tile may
+        // hold a single narrow one.
+        let s = attention(16, 4, 128, 32);
+        assert_eq!(
+            attention_wide_tiles(&s, &[70, 32]),
+            vec![[0, 0], [0, 32], [0, 64], [1, 0]]
+        );
+        let s = attention(6, 2, 64, 32);
+        assert_eq!(attention_wide_tiles(&s, &[43]), vec![[0, 0], [0, 42]]);
+    }
+
+    #[test]
+    fn wgmma_attention_shared_memory_mirrors_the_kernel() {
+        // minnow_attn_wgmma::SMEM_BYTES in kernels/attention_wgmma.cu (static_assert there).
+        assert_eq!(attention_wgmma_smem_bytes(), 1024 + 2 * 32768 + 65536 + 32);
+        assert!(attention_wgmma_smem_bytes() <= 200 * 1024);
     }
 
     #[test]
