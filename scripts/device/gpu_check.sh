@@ -22,6 +22,7 @@ tar cf "$OUT/ptx.tar" -C crates/minnow-runtime/src/cuda ptx
 # them, too few registers): a wgmma kernel that gets one runs its products one at a time.
 echo "== ptxas wgmma advisories (sm_90a modules)"
 for ptx in crates/minnow-runtime/src/cuda/ptx/{expert,attention}_wgmma.sm90.ptx; do
+  echo "-- $(basename "$ptx")"
   ptxas -arch=sm_90a -v "$ptx" -o /dev/null 2>&1 | grep -E "C75[0-9][0-9]" | sed 's/^ptxas info    : //'
 done
 export MINNOW_PTX_DIR=$root/crates/minnow-runtime/src/cuda/ptx

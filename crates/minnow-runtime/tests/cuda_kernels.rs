@@ -289,8 +289,8 @@ fn qk_norm_rope_matches_reference() {
     for &(heads, kv, d, rot, pos0, t) in &[
         (16usize, 4usize, 128usize, 64usize, 4000usize, 9usize),
         (4, 2, 16, 8, 3, 5),
-        // More heads than a CTA's 32 warps (flash: 32 + 2 x 4), the two-element lanes of
-        // d 64 and the eight of d 256.
+        // Flash's 40 heads (32 + 2 x 4: five CTAs of eight warps per token), the two-element
+        // lanes of d 64 and the eight of d 256.
         (32, 4, 128, 64, 100, 3),
         (8, 2, 64, 32, 7, 4),
         (4, 2, 256, 128, 50, 3),
