@@ -13,8 +13,9 @@
 // in one CTA and fold them in registers (attention_fa_seq_d*), which gives the same bits as the
 // split kernel plus the combine, so the launcher picks either by the forward's size.
 //
-// Numerics: scores in F32 (tensor cores, BF16 inputs), softmax in F32, probabilities rounded to
-// BF16 before P.V (as the reference does), F32 accumulation. The reference's eager path rounds
+// Numerics: scores in F32 (tensor cores, BF16 inputs), softmax in F32 (the tensor-core kernels
+// take each probability's exponential as an exp2, minnow_attention::probs_bf16x2), probabilities
+// rounded to BF16 before P.V (as the reference does), F32 accumulation. The reference's eager path rounds
 // the scaled scores to BF16 first; that differs at BF16 noise level (the fixture README accepts
 // SDPA-style kernels).
 #include "attention.cuh"
@@ -413,25 +414,20 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
         float suma = 0.f, sumb = 0.f;
 #pragma unroll
         for (int nb = 0; nb < KT / 8; ++nb) {
-            // Probabilities rounded to BF16 (as the reference does before P.V); the sums use the
-            // rounded values so that the normalisation matches what P.V accumulates.
-            const float p0 = na == -INFINITY ? 0.f : __bfloat162float(__float2bfloat16_rn(expf(s[nb][0] - na)));
-            const float p1 = na == -INFINITY ? 0.f : __bfloat162float(__float2bfloat16_rn(expf(s[nb][1] - na)));
-            const float p2 = nbm == -INFINITY ? 0.f : __bfloat162float(__float2bfloat16_rn(expf(s[nb][2] - nbm)));
-            const float p3 = nbm == -INFINITY ? 0.f : __bfloat162float(__float2bfloat16_rn(expf(s[nb][3] - nbm)));
-            suma += p0 + p1;
-            sumb += p2 + p3;
-            pa[nb / 2][(nb & 1) * 2 + 0] = pack_bf16(p0, p1);
-            pa[nb / 2][(nb & 1) * 2 + 1] = pack_bf16(p2, p3);
+            pa[nb / 2][(nb & 1) * 2 + 0] = probs_bf16x2(s[nb][0], s[nb][1], na, suma);
+            pa[nb / 2][(nb & 1) * 2 + 1] = probs_bf16x2(s[nb][2], s[nb][3], nbm, sumb);
         }
         la = la * alpha_a + suma;
         lb = lb * alpha_b + sumb;
+        // Rescaling by exactly 1 (neither row's max moved) changes nothing: skipped.
+        if (alpha_a != 1.f || alpha_b != 1.f) {
 #pragma unroll
-        for (int n = 0; n < ND; ++n) {
-            o[n][0] *= alpha_a;
-            o[n][1] *= alpha_a;
-            o[n][2] *= alpha_b;
-            o[n][3] *= alpha_b;
+            for (int n = 0; n < ND; ++n) {
+                o[n][0] *= alpha_a;
+                o[n][1] *= alpha_a;
+                o[n][2] *= alpha_b;
+                o[n][3] *= alpha_b;
+            }
         }
         // O += P V: V fragments through ldmatrix.trans, two 8-wide dim blocks per load.
         const int mi = lane >> 3, ri = lane & 7;

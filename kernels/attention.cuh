@@ -31,6 +31,32 @@ __device__ __forceinline__ float fold(float acc, float chunk, FoldScale f) {
     return __fmaf_rn(chunk, f.b, __fmul_rn(acc, f.a));
 }
 __device__ __forceinline__ float fold_result(float acc, float L) { return __fdiv_rn(acc, L); }
+
+// Two probabilities e^(x - m) of one row rounded to BF16 (as the reference rounds P before P.V),
+// packed as the P.V product's A-fragment word (x0 in the low half), with their sum added to
+// `sum` from the rounded values (so the normalisation matches what P.V accumulates). All zero
+// while the row's max is -inf (no key yet). e^(x - m) is computed as 2^(x log2(e) - m log2(e)):
+// one fused multiply-add and the SFU's exp2 per score (m log2(e) is the same product for every
+// score of the row), where expf spent ten instructions; the result differs from expf's by a few
+// F32 ulps, far below the BF16 rounding that follows. One conversion packs both values; the sum
+// unpacks them with integer operations instead of converting each to BF16 and back. Every
+// kernel of the head-dim-64/128 family (attention_fa_*, attention_wgmma_*) computes P here, so
+// they keep giving each other's bits.
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ unsigned probs_bf16x2(float x0, float x1, float m, float& sum) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    const float ml = m * LOG2E;
+    const float e0 = m == -INFINITY ? 0.f : exp2_approx(__fmaf_rn(x0, LOG2E, -ml));
+    const float e1 = m == -INFINITY ? 0.f : exp2_approx(__fmaf_rn(x1, LOG2E, -ml));
+    __nv_bfloat162 v = __floats2bfloat162_rn(e0, e1);
+    const unsigned u = *reinterpret_cast<unsigned*>(&v);
+    sum += __uint_as_float(u << 16) + __uint_as_float(u & 0xffff0000u);
+    return u;
+}
 }  // namespace minnow_attention
 
 // The work of one attention CTA in a batched forward. segs[s] = (first row of segment s in the

@@ -165,16 +165,30 @@ __device__ void attention_seq(const bf16* __restrict__ q, const bf16* __restrict
 
         // Online softmax over rows ra (elements 4 nb + 0, 1) and rb (4 nb + 2, 3): the
         // instructions of attention_fa_seq.
+        // A tile below both rows' limits (all but the diagonal ones of a prefill) needs no mask:
+        // the same values, without a comparison per score.
         float mxa = -INFINITY, mxb = -INFINITY;
+        if (kb + KT <= lima && kb + KT <= limb) {
 #pragma unroll
-        for (int nb = 0; nb < KT / 8; ++nb) {
-            const int key = kb + nb * 8 + 2 * t4;
+            for (int nb = 0; nb < KT / 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                sc[4 * nb + e] = key + e < lima ? sc[4 * nb + e] * scale : -INFINITY;
-                sc[4 * nb + 2 + e] = key + e < limb ? sc[4 * nb + 2 + e] * scale : -INFINITY;
-                mxa = fmaxf(mxa, sc[4 * nb + e]);
-                mxb = fmaxf(mxb, sc[4 * nb + 2 + e]);
+                for (int e = 0; e < 2; ++e) {
+                    sc[4 * nb + e] *= scale;
+                    sc[4 * nb + 2 + e] *= scale;
+                    mxa = fmaxf(mxa, sc[4 * nb + e]);
+                    mxb = fmaxf(mxb, sc[4 * nb + 2 + e]);
+                }
+        } else {
+#pragma unroll
+            for (int nb = 0; nb < KT / 8; ++nb) {
+                const int key = kb + nb * 8 + 2 * t4;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    sc[4 * nb + e] = key + e < lima ? sc[4 * nb + e] * scale : -INFINITY;
+                    sc[4 * nb + 2 + e] = key + e < limb ? sc[4 * nb + 2 + e] * scale : -INFINITY;
+                    mxa = fmaxf(mxa, sc[4 * nb + e]);
+                    mxb = fmaxf(mxb, sc[4 * nb + 2 + e]);
+                }
             }
         }
 #pragma unroll
@@ -191,23 +205,21 @@ __device__ void attention_seq(const bf16* __restrict__ q, const bf16* __restrict
         float suma = 0.f, sumb = 0.f;
 #pragma unroll
         for (int nb = 0; nb < KT / 8; ++nb) {
-            const float p0 = na == -INFINITY ? 0.f : __bfloat162float(__float2bfloat16_rn(expf(sc[4 * nb + 0] - na)));
-            const float p1 = na == -INFINITY ? 0.f : __bfloat162float(__float2bfloat16_rn(expf(sc[4 * nb + 1] - na)));
-            const float p2 = nbm == -INFINITY ? 0.f : __bfloat162float(__float2bfloat16_rn(expf(sc[4 * nb + 2] - nbm)));
-            const float p3 = nbm == -INFINITY ? 0.f : __bfloat162float(__float2bfloat16_rn(expf(sc[4 * nb + 3] - nbm)));
-            suma += p0 + p1;
-            sumb += p2 + p3;
-            pa[nb / 2][(nb & 1) * 2 + 0] = pack_bf16(p0, p1);
-            pa[nb / 2][(nb & 1) * 2 + 1] = pack_bf16(p2, p3);
+            pa[nb / 2][(nb & 1) * 2 + 0] = probs_bf16x2(sc[4 * nb + 0], sc[4 * nb + 1], na, suma);
+            pa[nb / 2][(nb & 1) * 2 + 1] = probs_bf16x2(sc[4 * nb + 2], sc[4 * nb + 3], nbm, sumb);
         }
         la = la * alpha_a + suma;
         lb = lb * alpha_b + sumb;
+        // Rescaling by exactly 1 (neither row's max moved, most tiles once a row has seen some
+        // keys) changes nothing: skipped.
+        if (alpha_a != 1.f || alpha_b != 1.f) {
 #pragma unroll
-        for (int n = 0; n < 16; ++n) {
-            o[4 * n + 0] *= alpha_a;
-            o[4 * n + 1] *= alpha_a;
-            o[4 * n + 2] *= alpha_b;
-            o[4 * n + 3] *= alpha_b;
+            for (int n = 0; n < 16; ++n) {
+                o[4 * n + 0] *= alpha_a;
+                o[4 * n + 1] *= alpha_a;
+                o[4 * n + 2] *= alpha_b;
+                o[4 * n + 3] *= alpha_b;
+            }
         }
 
         // O += P V over the tile's keys in four 16-key steps.

@@ -105,7 +105,11 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total) {
 //   tiles[i]         (expert, first row, end row) of the i-th tile of at most `tile_rows` rows
 //   num_tiles[0]     number of tiles (the grouped GEMM's grid has an upper bound of tiles and the
 //                    CTAs past num_tiles exit, so no host round trip is needed)
-// Rows of one expert are in no particular order (atomics); each row's result does not depend on it.
+// Rows of a routed expert are in no particular order (atomics); each row's result does not depend
+// on it. The shared expert's rows are its tokens in order, counted and placed without atomics (all
+// T of them on one counter would serialise). Each thread reads DISPATCH_UNROLL assignments before
+// it updates their counters, so their loads are in flight together.
+#define DISPATCH_UNROLL 8
 extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows,
                                         int shared_expert, int* __restrict__ slot_pos, int* __restrict__ row_token,
                                         int4* __restrict__ tiles, int* __restrict__ num_tiles) {
@@ -115,8 +119,19 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
     __shared__ int scratch[32];
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
-    const int total_a = shared_expert >= 0 ? A + A / k : A;
-    for (int a = threadIdx.x; a < total_a; a += blockDim.x) atomicAdd(&cnt[a < A ? topk_idx[a] : shared_expert], 1);
+    const int T = A / k, stride = DISPATCH_UNROLL * blockDim.x;
+    if (shared_expert >= 0 && threadIdx.x == 0) cnt[shared_expert] = T;
+    for (int a0 = threadIdx.x; a0 < A; a0 += stride) {
+        int ex[DISPATCH_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
+            const int a = a0 + u * blockDim.x;
+            ex[u] = a < A ? topk_idx[a] : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < DISPATCH_UNROLL; ++u)
+            if (ex[u] >= 0) atomicAdd(&cnt[ex[u]], 1);
+    }
     __syncthreads();
     const int e = threadIdx.x;
     const int c = e < E ? cnt[e] : 0;
@@ -131,10 +146,129 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
     }
     if (threadIdx.x == 0) num_tiles[0] = total;
     __syncthreads();
-    for (int a = threadIdx.x; a < total_a; a += blockDim.x) {
-        const int p = atomicAdd(&cursor[a < A ? topk_idx[a] : shared_expert], 1);
-        slot_pos[a] = p;
-        row_token[p] = a < A ? a / k : a - A;
+    for (int a0 = threadIdx.x; a0 < A; a0 += stride) {
+        int ex[DISPATCH_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
+            const int a = a0 + u * blockDim.x;
+            ex[u] = a < A ? topk_idx[a] : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
+            if (ex[u] < 0) continue;
+            const int a = a0 + u * blockDim.x;
+            const int p = atomicAdd(&cursor[ex[u]], 1);
+            slot_pos[a] = p;
+            row_token[p] = a / k;
+        }
+    }
+    if (shared_expert >= 0) {
+        const int first = cursor[shared_expert];  // no routed assignment moves it
+        for (int t = threadIdx.x; t < T; t += blockDim.x) {
+            slot_pos[A + t] = first + t;
+            row_token[first + t] = t;
+        }
+    }
+}
+
+// The same dispatch over several CTAs, for forwards with many assignments (a single CTA's
+// scattered writes bound it at ~40 us per layer for a 4,096-token prefill). Three launches:
+//   moe_dispatch_count    CTA c counts the routed experts of its contiguous range of assignments
+//                         into hist[c * E + e] (E ints per CTA of `scratch`)
+//   moe_dispatch_plan     one CTA of 1024 threads: each expert's total (the shared expert's is T),
+//                         the same scan and tiles as moe_dispatch, then hist[c * E + e] becomes the
+//                         first row CTA c places for expert e (the expert's offset plus the counts
+//                         of the CTAs before c)
+//   moe_dispatch_scatter  CTA c places its range's assignments from those cursors (shared-memory
+//                         atomics), and its share of the shared expert's rows (token order)
+// The outputs mean what moe_dispatch's do; rows of a routed expert are again in no particular
+// order. grid of count and scatter = `ctas` (moe_dispatch_ranges), dynamic shared memory E ints.
+__device__ __forceinline__ void dispatch_range(int A, int* a0, int* a1) {
+    const int per = (A + gridDim.x - 1) / gridDim.x;
+    *a0 = min(A, blockIdx.x * per);
+    *a1 = min(A, *a0 + per);
+}
+extern "C" __global__ void moe_dispatch_count(const int* __restrict__ topk_idx, int A, int E,
+                                              int* __restrict__ hist) {
+    pdl_enter();
+    extern __shared__ int cnt[];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    int a0, a1;
+    dispatch_range(A, &a0, &a1);
+    for (int b = a0 + threadIdx.x; b < a1; b += DISPATCH_UNROLL * blockDim.x) {
+        int ex[DISPATCH_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
+            const int a = b + u * blockDim.x;
+            ex[u] = a < a1 ? topk_idx[a] : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < DISPATCH_UNROLL; ++u)
+            if (ex[u] >= 0) atomicAdd(&cnt[ex[u]], 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) hist[(size_t)blockIdx.x * E + e] = cnt[e];
+}
+extern "C" __global__ void moe_dispatch_plan(int* __restrict__ hist, int ctas, int T, int E, int tile_rows,
+                                             int shared_expert, int4* __restrict__ tiles,
+                                             int* __restrict__ num_tiles) {
+    pdl_enter();
+    __shared__ int scratch[32];
+    const int e = threadIdx.x;
+    int c = 0;
+    if (e < E) {
+        for (int i = 0; i < ctas; ++i) c += hist[(size_t)i * E + e];
+        if (e == shared_expert) c += T;
+    }
+    const int nt = (c + tile_rows - 1) / tile_rows;
+    int total;
+    const int off = block_exclusive_scan(c, scratch, &total);
+    const int toff = block_exclusive_scan(nt, scratch, &total);
+    if (e < E) {
+        for (int r = 0; r < nt; ++r)
+            tiles[toff + r] = make_int4(e, off + r * tile_rows, off + min(c, (r + 1) * tile_rows), 0);
+        int next = off;
+        for (int i = 0; i < ctas; ++i) {
+            const int h = hist[(size_t)i * E + e];
+            hist[(size_t)i * E + e] = next;
+            next += h;
+        }
+    }
+    if (threadIdx.x == 0) num_tiles[0] = total;
+}
+extern "C" __global__ void moe_dispatch_scatter(const int* __restrict__ topk_idx, int A, int k, int E,
+                                                int shared_expert, const int* __restrict__ hist,
+                                                int* __restrict__ slot_pos, int* __restrict__ row_token) {
+    pdl_enter();
+    extern __shared__ int cursor[];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cursor[e] = hist[(size_t)blockIdx.x * E + e];
+    __syncthreads();
+    int a0, a1;
+    dispatch_range(A, &a0, &a1);
+    for (int b = a0 + threadIdx.x; b < a1; b += DISPATCH_UNROLL * blockDim.x) {
+        int ex[DISPATCH_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
+            const int a = b + u * blockDim.x;
+            ex[u] = a < a1 ? topk_idx[a] : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
+            if (ex[u] < 0) continue;
+            const int a = b + u * blockDim.x;
+            const int p = atomicAdd(&cursor[ex[u]], 1);
+            slot_pos[a] = p;
+            row_token[p] = a / k;
+        }
+    }
+    if (shared_expert >= 0) {
+        // No routed assignment moves the shared expert's cursor: every CTA's is its first row.
+        const int first = cursor[shared_expert], T = A / k;
+        for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x) {
+            slot_pos[A + t] = first + t;
+            row_token[first + t] = t;
+        }
     }
 }
 
@@ -501,4 +635,122 @@ extern "C" __global__ void __launch_bounds__(32 * ROUTER_MMA_WARPS)
     router_logits_mma_bf16w_e8(const bf16* __restrict__ X, const bf16* __restrict__ W, float* __restrict__ logits,
                                int T, int E, int K) {
     router_logits_mma_tile<1>(X, W, logits, T, E, K);
+}
+
+// The same sums for prefill-sized row counts, tiled through shared memory: a CTA of 4 warps takes
+// 64 rows x 64 experts (warp w: rows 32 (w % 2).., experts 32 (w / 2)..), streams 64-column
+// slices of X and W through ROUTER_TILED_STAGES cp.async stages (128-byte rows, 16-byte chunks
+// swizzled by row so that ldmatrix reads are conflict-free) and multiplies them with
+// mma.m16n8k16. The bits are router_logits_mma_tile's: each output's K / 16 column steps keep
+// the same ROUTER_MMA_WARPS ranges; every range is summed from zero in column order into its own
+// accumulator (the chain that warp p of the mma kernel computes), and the ranges are folded in
+// order as they end (part 0, + part 1, ..., that kernel's sum over its warps' partial tiles).
+// Rows past T and experts past E are zero-filled and never stored.
+// grid = (ceil(T / 64), ceil(E / 64)), block = 128; K % 16 == 0 (the launcher checks).
+#define ROUTER_TILED_ROWS 64
+#define ROUTER_TILED_COLS 64
+#define ROUTER_TILED_STAGES 3
+__device__ __forceinline__ unsigned router_smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a slice of 128-byte rows.
+__device__ __forceinline__ unsigned router_swizzled(int row, int chunk) {
+    return row * 128 + ((chunk ^ (row & 7)) << 4);
+}
+__device__ __forceinline__ void router_ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    router_logits_mma_tiled_bf16w(const bf16* __restrict__ X, const bf16* __restrict__ W,
+                                  float* __restrict__ logits, int T, int E, int K) {
+    constexpr int BM = ROUTER_TILED_ROWS, BN = ROUTER_TILED_COLS, STAGES = ROUTER_TILED_STAGES;
+    __shared__ __align__(128) unsigned char xs[STAGES][BM * 128];
+    __shared__ __align__(128) unsigned char ws[STAGES][BN * 128];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int t0 = blockIdx.x * BM, e0 = blockIdx.y * BN;
+    const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
+    const int steps = K / 16, slices = (K + 63) / 64;
+    pdl_enter();
+    // One 64-column slice into a stage: 64 rows x 8 chunks of X and of W, 4 of each per thread.
+    auto load = [&](int slice, int stage) {
+        const int k = slice * 64;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int c = tid + i * 128, row = c >> 3, chunk = c & 7;
+            const bool col_ok = k + chunk * 8 < K;
+            const bool xok = col_ok && t0 + row < T, wok = col_ok && e0 + row < E;
+            cp_async16(xs[stage] + router_swizzled(row, chunk), xok ? X + (size_t)(t0 + row) * K + k + chunk * 8 : X,
+                       xok);
+            cp_async16(ws[stage] + router_swizzled(row, chunk), wok ? W + (size_t)(e0 + row) * K + k + chunk * 8 : W,
+                       wok);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < slices) load(s, s);
+        cp_async_commit();
+    }
+    float c[2][4][4], total[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) c[i][j][v] = total[i][j][v] = 0.f;
+    int range = 0;  // the mma kernel's warp whose column range is being summed
+    // Ends range `range`: its sum joins the total (the first one is the total), c restarts.
+    auto fold = [&]() {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int v = 0; v < 4; ++v) {
+                    total[i][j][v] = range == 0 ? c[i][j][v] : total[i][j][v] + c[i][j][v];
+                    c[i][j][v] = 0.f;
+                }
+        ++range;
+    };
+    for (int slice = 0; slice < slices; ++slice) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (slice + STAGES - 1 < slices) load(slice + STAGES - 1, (slice + STAGES - 1) % STAGES);
+        cp_async_commit();
+        const unsigned xb = router_smem_addr(xs[slice % STAGES]), wb = router_smem_addr(ws[slice % STAGES]);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const int s = slice * 4 + kk;
+            if (s >= steps) break;
+            while (range < ROUTER_MMA_WARPS && s >= (range + 1) * steps / ROUTER_MMA_WARPS) fold();
+            unsigned a[2][4], b[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+                router_ldmatrix_x4(a[i], xb + router_swizzled(wm + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                router_ldmatrix_x4(b[j], wb + router_swizzled(wn + j * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                              kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) mma16816(c[i][j], a[i], b[j >> 1][(j & 1) * 2], b[j >> 1][(j & 1) * 2 + 1]);
+        }
+    }
+    cp_async_wait<0>();
+    while (range < ROUTER_MMA_WARPS) fold();
+    // total[i][j][0..1]: row wm + 16 i + g, experts wn + 8 j + 2 t4 + {0, 1}; [2..3]: row + 8.
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int t = t0 + wm + i * 16 + g + h * 8, e = e0 + wn + j * 8 + 2 * t4;
+                if (t >= T) continue;
+                if (e < E) logits[(size_t)t * E + e] = total[i][j][2 * h];
+                if (e + 1 < E) logits[(size_t)t * E + e + 1] = total[i][j][2 * h + 1];
+            }
 }

@@ -833,6 +833,9 @@ struct Dispatched {
     row_token: DeviceBuffer<i32>,
     tiles: DeviceBuffer<i32>,
     num_tiles: DeviceBuffer<i32>,
+    /// Kept alive until the dispatch has run (the kernels read it).
+    #[allow(dead_code)]
+    scratch: DeviceBuffer<i32>,
     max_tiles: usize,
     tile_rows: usize,
 }
@@ -855,6 +858,7 @@ impl Dispatched {
             row_token: g.alloc::<i32>(a).unwrap(),
             tiles: g.alloc::<i32>(4 * max_tiles).unwrap(),
             num_tiles: g.alloc::<i32>(1).unwrap(),
+            scratch: g.alloc::<i32>(ops::moe_dispatch_scratch_len(e)).unwrap(),
             max_tiles,
             tile_rows,
         };
@@ -870,6 +874,7 @@ impl Dispatched {
             d.row_token.ptr(),
             d.tiles.ptr(),
             d.num_tiles.ptr(),
+            d.scratch.ptr(),
         )
         .unwrap();
         d
@@ -934,6 +939,8 @@ fn moe_dispatch_grouped_gemm_and_combine_match_reference() {
         // 24-wide experts: the general kernel (gate/up 48 x 64, down 64 x 24).
         (7, 2, 5, 48, 64, 16, true),
         (40, 2, 3, 64, 24, 64, false),
+        // 8,800 routed assignments: the multi-CTA dispatch (five CTAs, the last one short).
+        (1100, 8, 257, 64, 64, 64, true),
     ];
     for &(t, k, e, n, kd, tile_rows, packed) in &cases {
         let routed = if packed { e - 1 } else { e };
@@ -1816,9 +1823,24 @@ fn pool_gemm_matches_reference() {
 fn router_logits_are_the_same_bits_for_few_and_many_rows() {
     let g = gpu();
     let mut rng = rng();
-    let wide_rows = minnow_runtime::cuda::tuning::tuning().router_wide_rows;
-    let t = wide_rows.max(16) + 44;
-    for (e, k) in [(256, 2048), (16, 2048), (256, 72), (40, 64), (256, 4096)] {
+    let tuning = minnow_runtime::cuda::tuning::tuning();
+    // Past both thresholds: all rows take the wide F32 kernel or the tiled tensor-core one, and
+    // the last 64-row tile is partial.
+    let t = tuning
+        .router_wide_rows
+        .max(tuning.router_tiled_rows)
+        .max(16)
+        + 44;
+    // K = 1040: 65 column steps, so the 8 summation ranges are uneven and end inside the tiled
+    // kernel's 32-column slices, the last slice half past K; K = 64: some ranges are empty.
+    for (e, k) in [
+        (256, 2048),
+        (16, 2048),
+        (256, 72),
+        (40, 64),
+        (256, 4096),
+        (24, 1040),
+    ] {
         let x = to_bf16(&randn(&mut rng, t * k, 1.0));
         let w32 = randn(&mut rng, e * k, 0.05);
         let w16 = to_bf16(&w32);

@@ -196,6 +196,7 @@ pub(crate) fn queue_forward(
                         blas.gemm_f32(ws.a_f32.ptr(), w.ptr(), ws.router_logits.ptr(), t, e, d)?;
                     }
                 }
+                mark("router logits")?;
                 // A denoising step of 2.2 (one routing block in the whole batch) runs its experts
                 // over the admitted pool (queue_pooled_experts); other forwards, batches of
                 // several blocks too, as grouped GEMMs over the dispatched assignments (each

@@ -294,6 +294,7 @@ pub(super) fn queue_grouped_experts(
         ws.row_token.ptr(),
         ws.tiles.ptr(),
         ws.num_tiles.ptr(),
+        ws.dispatch_scratch.ptr(),
     )?;
     mark("dispatch")?;
     let tiles = ops::ExpertTiles {

@@ -36,6 +36,8 @@ pub(crate) struct Workspace {
     pub(super) row_token: DeviceBuffer<i32>,
     pub(super) tiles: DeviceBuffer<i32>,
     pub(super) num_tiles: DeviceBuffer<i32>,
+    /// Per-CTA expert counts of the multi-CTA dispatch.
+    pub(super) dispatch_scratch: DeviceBuffer<i32>,
     pub(super) expert_gu: DeviceBuffer<bf16>,
     /// Entries of the admitted pool of a 2.2 denoising step (capacity + the shared expert; 0
     /// when the model has no such pool) and the u64 address arrays of its batched GEMMs:
@@ -165,6 +167,7 @@ impl Workspace {
             row_token: gpu.alloc(a)?,
             tiles: gpu.alloc(4 * max_tiles)?,
             num_tiles: gpu.alloc(1)?,
+            dispatch_scratch: gpu.alloc(ops::moe_dispatch_scratch_len(e))?,
             expert_gu,
             pool_entries,
             pool_x,

@@ -292,10 +292,32 @@ kernel_table! {
             tiles: u64,
             num_tiles: u64,
         );
+        moe_dispatch_count(topk_idx: u64, assignments: i32, experts: i32, hist: u64);
+        moe_dispatch_plan(
+            hist: u64,
+            ctas: i32,
+            tokens: i32,
+            experts: i32,
+            tile_rows: i32,
+            shared_expert: i32,
+            tiles: u64,
+            num_tiles: u64,
+        );
+        moe_dispatch_scatter(
+            topk_idx: u64,
+            assignments: i32,
+            k: i32,
+            experts: i32,
+            shared_expert: i32,
+            hist: u64,
+            slot_pos: u64,
+            row_token: u64,
+        );
         /// F32 or BF16 router weights; the wide kernels share each loaded row among 4 experts
         /// per warp; `mma`: BF16 weights on tensor cores (`_e8`: 8 experts per CTA, not 32).
         router_logits_mma_bf16w,
         router_logits_mma_bf16w_e8,
+        router_logits_mma_tiled_bf16w,
         router_logits_f32w,
         router_logits_bf16w,
         router_logits_f32w_r4,

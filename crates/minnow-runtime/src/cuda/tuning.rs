@@ -74,6 +74,10 @@ pub struct Tuning {
     /// BF16 router weights multiply on tensor cores (`MINNOW_ROUTER_MMA=0`: the F32 CUDA-core
     /// kernels, whose sums round differently, so the two settings give different bits).
     pub router_mma: bool,
+    /// BF16 router logits of at least this many rows run the shared-memory tiled tensor-core
+    /// kernel (same bits as the untiled one, see kernels/router.cu): `MINNOW_ROUTER_TILED_ROWS`
+    /// (a value above any forward's rows keeps the untiled kernel).
+    pub router_tiled_rows: usize,
     /// Planned cuBLASLt algorithms run dense GEMMs of at least this many rows; fewer rows take
     /// minnow's kernel (same bits either way): `MINNOW_DENSE_LT_MIN_ROWS`.
     pub dense_lt_min_rows: usize,
@@ -102,6 +106,7 @@ impl Default for Tuning {
             attn_one_cta_per_sm: 2,
             attention_wgmma: true,
             router_mma: true,
+            router_tiled_rows: 1024,
             dense_lt_min_rows: 0,
             fp8_activations: false,
         }
@@ -152,6 +157,8 @@ pub fn tuning() -> &'static Tuning {
             attention_wgmma: env_usize("MINNOW_ATTN_WGMMA", |v| v <= 1)
                 .map_or(d.attention_wgmma, |v| v == 1),
             router_mma: env_usize("MINNOW_ROUTER_MMA", |v| v <= 1).map_or(d.router_mma, |v| v == 1),
+            router_tiled_rows: env_usize("MINNOW_ROUTER_TILED_ROWS", |_| true)
+                .unwrap_or(d.router_tiled_rows),
             dense_lt_min_rows: env_usize("MINNOW_DENSE_LT_MIN_ROWS", |_| true)
                 .unwrap_or(d.dense_lt_min_rows),
             fp8_activations: env_usize("MINNOW_FP8_ACTIVATIONS", |v| v <= 1)

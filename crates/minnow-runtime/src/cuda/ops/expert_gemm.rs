@@ -28,10 +28,25 @@ pub fn moe_max_tiles(assignments: usize, experts: usize, tile_rows: usize) -> us
     assignments.div_ceil(tile_rows) + experts.min(assignments)
 }
 
+/// Most CTAs of the multi-CTA dispatch (`moe_dispatch_count` / `_scatter`).
+const DISPATCH_MAX_CTAS: usize = 64;
+/// Routed assignments per CTA of the multi-CTA dispatch, and the fewest for which it replaces
+/// the single-CTA kernel (whose scattered writes from one SM cost ~40 µs per layer at 32,768).
+const DISPATCH_PER_CTA: usize = 2048;
+const DISPATCH_MULTI_MIN: usize = 8192;
+
+/// The `i32`s of scratch [`moe_dispatch`] needs for `experts` experts (per-CTA counts).
+pub fn moe_dispatch_scratch_len(experts: usize) -> usize {
+    DISPATCH_MAX_CTAS * experts
+}
+
 /// Sorts the `tokens * k` assignments by expert — plus, with `shared_expert`, one more per token to
 /// that expert (assignment `tokens * k + t`) — into `slot_pos [A]`, `row_token [A]` (i32), the
 /// tile list `tiles [max_tiles, 4]` (i32) cut at `tile_rows` rows, and `num_tiles [1]`. `experts`
-/// counts the shared expert too.
+/// counts the shared expert too; no routed assignment may name it. `scratch` holds
+/// [`moe_dispatch_scratch_len`] i32s. Few assignments take one CTA; many take three launches over
+/// up to 64 CTAs (the same outputs; rows of one routed expert are in no particular order either
+/// way, and no row's result depends on it).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_dispatch(
     gpu: &Gpu,
@@ -45,6 +60,7 @@ pub fn moe_dispatch(
     row_token: u64,
     tiles: u64,
     num_tiles: u64,
+    scratch: u64,
 ) -> CudaResult<()> {
     if shared_expert.is_some_and(|s| s >= experts) {
         return unsupported(format!(
@@ -54,16 +70,54 @@ pub fn moe_dispatch(
     if experts > 1024 {
         return unsupported(format!("{experts} experts (at most 1024)"));
     }
+    let a = tokens * k;
+    let shared = shared_expert.map_or(-1, |s| s as i32);
+    if a >= DISPATCH_MULTI_MIN {
+        let ctas = a.div_ceil(DISPATCH_PER_CTA).min(DISPATCH_MAX_CTAS);
+        let per_cta = LaunchConfig::new((ctas as u32, 1, 1), 512, (4 * experts) as u32);
+        kernels::router::moe_dispatch_count(
+            gpu,
+            per_cta,
+            topk_idx,
+            a as i32,
+            experts as i32,
+            scratch,
+        )?;
+        kernels::router::moe_dispatch_plan(
+            gpu,
+            LaunchConfig::new((1, 1, 1), 1024, 0),
+            scratch,
+            ctas as i32,
+            tokens as i32,
+            experts as i32,
+            tile_rows as i32,
+            shared,
+            tiles,
+            num_tiles,
+        )?;
+        return kernels::router::moe_dispatch_scatter(
+            gpu,
+            per_cta,
+            topk_idx,
+            a as i32,
+            k as i32,
+            experts as i32,
+            shared,
+            scratch,
+            slot_pos,
+            row_token,
+        );
+    }
     let cfg = LaunchConfig::new((1, 1, 1), 1024, (8 * experts) as u32);
     kernels::router::moe_dispatch(
         gpu,
         cfg,
         topk_idx,
-        (tokens * k) as i32,
+        a as i32,
         k as i32,
         experts as i32,
         tile_rows as i32,
-        shared_expert.map_or(-1, |s| s as i32),
+        shared,
         slot_pos,
         row_token,
         tiles,
