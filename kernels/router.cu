@@ -574,6 +574,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // grid = (ceil(T / 16), ceil(E / (8 NB))), block = 32 * ROUTER_MMA_WARPS; K % 16 == 0 (the
 // launcher checks).
 #define ROUTER_MMA_WARPS 8
+#define ROUTER_MMA_HELD 16
 template <int NB>
 __device__ __forceinline__ void router_logits_mma_tile(const bf16* __restrict__ X, const bf16* __restrict__ W,
                                                        float* __restrict__ logits, int T, int E, int K) {
@@ -582,17 +583,49 @@ __device__ __forceinline__ void router_logits_mma_tile(const bf16* __restrict__ 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int t0 = blockIdx.x * 16, e0 = blockIdx.y * COLS;
     const int steps = K / 16;
-    const int s_begin = warp * steps / ROUTER_MMA_WARPS, s_end = (warp + 1) * steps / ROUTER_MMA_WARPS;
+    const int s_begin = warp * steps / ROUTER_MMA_WARPS;
+    int s_end = (warp + 1) * steps / ROUTER_MMA_WARPS;
     // Rows past T and experts past E re-read the last ones and are never stored.
     const bf16* w[NB];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) w[nb] = W + (size_t)min(e0 + nb * 8 + g, E - 1) * K + 2 * t4;
-    pdl_enter();
     const bf16* xa = X + (size_t)min(t0 + g, T - 1) * K + 2 * t4;
     const bf16* xb = X + (size_t)min(t0 + g + 8, T - 1) * K + 2 * t4;
     float c[NB][4];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) c[nb][0] = c[nb][1] = c[nb][2] = c[nb][3] = 0.f;
+    // A denoising step's variant (8 experts per CTA) with at most ROUTER_MMA_HELD steps per warp
+    // (K <= 2,048): the warp's weight fragments are loaded before the wait for the previous
+    // kernel (the weights are not its output), then all of its X fragments at once, so the step
+    // waits for one memory round trip instead of a round trip per eight steps. The same products
+    // in the same order.
+    constexpr int HELD = ROUTER_MMA_HELD;
+    if (NB == 1 && s_end - s_begin <= HELD) {
+        unsigned bw[HELD][2], ax[HELD][4];
+#pragma unroll
+        for (int i = 0; i < HELD; ++i)
+            if (s_begin + i < s_end) {
+                const int k = (s_begin + i) * 16;
+                bw[i][0] = *reinterpret_cast<const unsigned*>(w[0] + k);
+                bw[i][1] = *reinterpret_cast<const unsigned*>(w[0] + k + 8);
+            }
+        pdl_enter();
+#pragma unroll
+        for (int i = 0; i < HELD; ++i)
+            if (s_begin + i < s_end) {
+                const int k = (s_begin + i) * 16;
+                ax[i][0] = *reinterpret_cast<const unsigned*>(xa + k);
+                ax[i][1] = *reinterpret_cast<const unsigned*>(xb + k);
+                ax[i][2] = *reinterpret_cast<const unsigned*>(xa + k + 8);
+                ax[i][3] = *reinterpret_cast<const unsigned*>(xb + k + 8);
+            }
+#pragma unroll
+        for (int i = 0; i < HELD; ++i)
+            if (s_begin + i < s_end) mma16816(c[0], ax[i], bw[i][0], bw[i][1]);
+        s_end = s_begin;  // nothing left for the loop below
+    } else {
+        pdl_enter();
+    }
 #pragma unroll 8
     for (int s = s_begin; s < s_end; ++s) {
         const int k = s * 16;
