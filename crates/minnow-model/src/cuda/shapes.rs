@@ -17,7 +17,7 @@ pub(crate) fn attention_splits(config: &Config, tiles: usize, sm_count: u32) -> 
 
 /// How a batch-invariant forward of `tiles` attention tiles cuts its keys. Both answers give
 /// the same bits: one CTA per tile walking every fixed chunk (no partials in memory) once the
-/// tiles alone fill the GPU, which prefill and big batched steps do, else a CTA per fixed chunk
+/// tiles alone nearly fill the GPU, which prefill and big batched steps do, else a CTA per fixed chunk
 /// (`key_chunks` of them) plus the combine. The forward launches by this answer and the runner
 /// sizes the partials' scratch by it, so the two cannot disagree.
 pub(crate) fn invariant_attention_splits(
@@ -27,10 +27,10 @@ pub(crate) fn invariant_attention_splits(
     sm_count: u32,
 ) -> AttentionSplits {
     let ctas = tiles * config.num_key_value_heads;
-    let one_cta_from = minnow_runtime::cuda::tuning::tuning()
-        .attn_one_cta_per_sm
-        .saturating_mul(sm_count as usize);
-    if ops::attention_uses_fa(config.head_dim) && ctas >= one_cta_from {
+    let percent = minnow_runtime::cuda::tuning::tuning().attn_one_cta_percent;
+    if ops::attention_uses_fa(config.head_dim)
+        && ctas.saturating_mul(100) >= percent.saturating_mul(sm_count as usize)
+    {
         AttentionSplits::FixedChunksInOneCta
     } else {
         AttentionSplits::FixedChunks(key_chunks)
@@ -72,10 +72,10 @@ mod tests {
 
     #[test]
     fn attention_runs_one_cta_per_tile_only_when_the_tiles_fill_the_gpu() {
-        let per_sm = minnow_runtime::cuda::tuning::tuning().attn_one_cta_per_sm;
+        let percent = minnow_runtime::cuda::tuning::tuning().attn_one_cta_percent;
         let c = config(128);
-        // 132 SMs: the tiles x 2 KV heads reach `per_sm` CTAs per SM, or fall one short.
-        let enough = (per_sm * 132).div_ceil(2);
+        // 132 SMs: the tiles x 2 KV heads reach `percent` % of them, or fall one tile short.
+        let enough = (percent * 132).div_ceil(200);
         assert_eq!(
             invariant_attention_splits(&c, enough, 16, 132),
             AttentionSplits::FixedChunksInOneCta

@@ -2,8 +2,9 @@
 //! run can compare variants on the same binary (docs/performance.md records which won):
 //! `MINNOW_MOE16_STAGES` (3 or 4: pipeline depth of the 16-row expert GEMM; 3 measured 3 % faster
 //! per refinement step on the H200) and `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
-//! short forward's attention; 16 beat 8 and 32), `MINNOW_ATTN_ONE_CTA_PER_SM` (tiles per SM from
-//! which batch-invariant attention walks a tile's key chunks in one CTA), `MINNOW_ROUTER_MMA=0`
+//! short forward's attention; 16 beat 8 and 32), `MINNOW_ATTN_ONE_CTA_PERCENT` (tiles x KV heads,
+//! in percent of the SMs, from which batch-invariant attention walks a tile's key chunks in one
+//! CTA), `MINNOW_ROUTER_MMA=0`
 //! (BF16 router weights on the F32 CUDA-core kernels instead of tensor cores), `MINNOW_ROUTER_TILED_ROWS`
 //! (rows from which BF16 router logits take the shared-memory tiled kernel; same bits),
 //! `MINNOW_DENSE_LT_MIN_ROWS` (dense GEMMs of fewer rows skip their cuBLASLt plan), `MINNOW_MOE64_ROWS` (1..=1024: rows per busy
@@ -66,9 +67,10 @@ pub struct Tuning {
     /// instead of 16 (same bits): `MINNOW_ROUTER_FEW_ROWS`.
     pub router_few_rows: usize,
     /// Batch-invariant attention walks each tile's key chunks in one CTA (same bits as a CTA per
-    /// chunk plus the combine) when the forward has at least this many CTAs (tiles x KV heads)
-    /// per SM: `MINNOW_ATTN_ONE_CTA_PER_SM` (0: always, a large value: never).
-    pub attn_one_cta_per_sm: usize,
+    /// chunk plus the combine) when the forward's tiles x KV heads reach this percentage of the
+    /// SMs: `MINNOW_ATTN_ONE_CTA_PERCENT` (0: always, a large value: never). 75: on the H200
+    /// eight 32-token requests (64) were faster with a CTA per chunk, sixteen (128) in one CTA.
+    pub attn_one_cta_percent: usize,
     /// That one-CTA-per-tile attention runs on the wgmma kernel on compute capability 9.0
     /// (head dim 128; same bits as the mma.sync kernel): `MINNOW_ATTN_WGMMA`.
     pub attention_wgmma: bool,
@@ -104,7 +106,7 @@ impl Default for Tuning {
             dense128_rows: 256,
             router_wide_rows: 256,
             router_few_rows: 64,
-            attn_one_cta_per_sm: 2,
+            attn_one_cta_percent: 75,
             attention_wgmma: true,
             router_mma: true,
             router_tiled_rows: 1024,
@@ -153,8 +155,8 @@ pub fn tuning() -> &'static Tuning {
                 .unwrap_or(d.router_wide_rows),
             router_few_rows: env_usize("MINNOW_ROUTER_FEW_ROWS", |_| true)
                 .unwrap_or(d.router_few_rows),
-            attn_one_cta_per_sm: env_usize("MINNOW_ATTN_ONE_CTA_PER_SM", |_| true)
-                .unwrap_or(d.attn_one_cta_per_sm),
+            attn_one_cta_percent: env_usize("MINNOW_ATTN_ONE_CTA_PERCENT", |_| true)
+                .unwrap_or(d.attn_one_cta_percent),
             attention_wgmma: env_usize("MINNOW_ATTN_WGMMA", |v| v <= 1)
                 .map_or(d.attention_wgmma, |v| v == 1),
             router_mma: env_usize("MINNOW_ROUTER_MMA", |v| v <= 1).map_or(d.router_mma, |v| v == 1),
