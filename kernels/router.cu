@@ -96,6 +96,65 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total) {
     return before + incl - v;
 }
 
+// The parts of the dispatch below (one CTA, or three launches over many CTAs). Each thread reads
+// DISPATCH_UNROLL assignments before it updates their counters, so their loads are in flight
+// together.
+#define DISPATCH_UNROLL 8
+// Calls f(a, expert) for the assignments a in [a_begin, a_end), this thread's share.
+template <typename F>
+__device__ __forceinline__ void for_assignments(const int* __restrict__ topk_idx, int a_begin, int a_end, F f) {
+    for (int b = a_begin + threadIdx.x; b < a_end; b += DISPATCH_UNROLL * blockDim.x) {
+        int ex[DISPATCH_UNROLL];
+#pragma unroll
+        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
+            const int a = b + u * blockDim.x;
+            ex[u] = a < a_end ? topk_idx[a] : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < DISPATCH_UNROLL; ++u)
+            if (ex[u] >= 0) f(b + u * blockDim.x, ex[u]);
+    }
+}
+// Counts the routed experts of assignments [a_begin, a_end) into `cnt` (shared memory).
+__device__ __forceinline__ void count_assignments(const int* __restrict__ topk_idx, int a_begin, int a_end,
+                                                  int* cnt) {
+    for_assignments(topk_idx, a_begin, a_end, [&](int, int e) { atomicAdd(&cnt[e], 1); });
+}
+// Places assignments [a_begin, a_end) at their expert's next row (`cursor`, shared memory).
+__device__ __forceinline__ void place_assignments(const int* __restrict__ topk_idx, int a_begin, int a_end, int k,
+                                                  int* cursor, int* __restrict__ slot_pos,
+                                                  int* __restrict__ row_token) {
+    for_assignments(topk_idx, a_begin, a_end, [&](int a, int e) {
+        const int p = atomicAdd(&cursor[e], 1);
+        slot_pos[a] = p;
+        row_token[p] = a / k;
+    });
+}
+// The packed shared expert's rows, its tokens in order from row `first`: tokens t0, t0 + step, ...
+__device__ __forceinline__ void place_shared(int first, int A, int T, int t0, int step, int* __restrict__ slot_pos,
+                                             int* __restrict__ row_token) {
+    for (int t = t0; t < T; t += step) {
+        slot_pos[A + t] = first + t;
+        row_token[first + t] = t;
+    }
+}
+// Thread e (< E, of a CTA of blockDim >= E threads) holding expert e's row count c: every
+// expert's first row (returned) and its tiles of at most `tile_rows` rows, in expert order, and
+// the number of tiles.
+__device__ __forceinline__ int plan_tiles(int c, int E, int tile_rows, int* scratch, int4* __restrict__ tiles,
+                                          int* __restrict__ num_tiles) {
+    const int e = threadIdx.x;
+    const int nt = (c + tile_rows - 1) / tile_rows;
+    int total;
+    const int off = block_exclusive_scan(c, scratch, &total);
+    const int toff = block_exclusive_scan(nt, scratch, &total);
+    if (e < E)
+        for (int r = 0; r < nt; ++r)
+            tiles[toff + r] = make_int4(e, off + r * tile_rows, off + min(c, (r + 1) * tile_rows), 0);
+    if (threadIdx.x == 0) num_tiles[0] = total;
+    return off;
+}
+
 // Groups the A = T * k assignments by expert (one CTA of 1024 threads, E <= 1024). With
 // `shared_expert` >= 0 every token also gets an assignment to that expert (the shared expert packed
 // after the routed ones, so the grouped GEMM computes it too): assignment A + t is token t's.
@@ -107,9 +166,7 @@ __device__ int block_exclusive_scan(int v, int* scratch, int* total) {
 //                    CTAs past num_tiles exit, so no host round trip is needed)
 // Rows of a routed expert are in no particular order (atomics); each row's result does not depend
 // on it. The shared expert's rows are its tokens in order, counted and placed without atomics (all
-// T of them on one counter would serialise). Each thread reads DISPATCH_UNROLL assignments before
-// it updates their counters, so their loads are in flight together.
-#define DISPATCH_UNROLL 8
+// T of them on one counter would serialise).
 extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows,
                                         int shared_expert, int* __restrict__ slot_pos, int* __restrict__ row_token,
                                         int4* __restrict__ tiles, int* __restrict__ num_tiles) {
@@ -119,56 +176,17 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
     __shared__ int scratch[32];
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
-    const int T = A / k, stride = DISPATCH_UNROLL * blockDim.x;
+    const int T = A / k;
     if (shared_expert >= 0 && threadIdx.x == 0) cnt[shared_expert] = T;
-    for (int a0 = threadIdx.x; a0 < A; a0 += stride) {
-        int ex[DISPATCH_UNROLL];
-#pragma unroll
-        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
-            const int a = a0 + u * blockDim.x;
-            ex[u] = a < A ? topk_idx[a] : -1;
-        }
-#pragma unroll
-        for (int u = 0; u < DISPATCH_UNROLL; ++u)
-            if (ex[u] >= 0) atomicAdd(&cnt[ex[u]], 1);
-    }
+    count_assignments(topk_idx, 0, A, cnt);
     __syncthreads();
     const int e = threadIdx.x;
-    const int c = e < E ? cnt[e] : 0;
-    const int nt = (c + tile_rows - 1) / tile_rows;
-    int total;
-    const int off = block_exclusive_scan(c, scratch, &total);
-    const int toff = block_exclusive_scan(nt, scratch, &total);
-    if (e < E) {
-        cursor[e] = off;
-        for (int r = 0; r < nt; ++r)
-            tiles[toff + r] = make_int4(e, off + r * tile_rows, off + min(c, (r + 1) * tile_rows), 0);
-    }
-    if (threadIdx.x == 0) num_tiles[0] = total;
+    const int off = plan_tiles(e < E ? cnt[e] : 0, E, tile_rows, scratch, tiles, num_tiles);
+    if (e < E) cursor[e] = off;
     __syncthreads();
-    for (int a0 = threadIdx.x; a0 < A; a0 += stride) {
-        int ex[DISPATCH_UNROLL];
-#pragma unroll
-        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
-            const int a = a0 + u * blockDim.x;
-            ex[u] = a < A ? topk_idx[a] : -1;
-        }
-#pragma unroll
-        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
-            if (ex[u] < 0) continue;
-            const int a = a0 + u * blockDim.x;
-            const int p = atomicAdd(&cursor[ex[u]], 1);
-            slot_pos[a] = p;
-            row_token[p] = a / k;
-        }
-    }
-    if (shared_expert >= 0) {
-        const int first = cursor[shared_expert];  // no routed assignment moves it
-        for (int t = threadIdx.x; t < T; t += blockDim.x) {
-            slot_pos[A + t] = first + t;
-            row_token[first + t] = t;
-        }
-    }
+    place_assignments(topk_idx, 0, A, k, cursor, slot_pos, row_token);
+    // No routed assignment moves the shared expert's cursor.
+    if (shared_expert >= 0) place_shared(cursor[shared_expert], A, T, threadIdx.x, blockDim.x, slot_pos, row_token);
 }
 
 // The same dispatch over several CTAs, for forwards with many assignments (a single CTA's
@@ -196,17 +214,7 @@ extern "C" __global__ void moe_dispatch_count(const int* __restrict__ topk_idx, 
     __syncthreads();
     int a0, a1;
     dispatch_range(A, &a0, &a1);
-    for (int b = a0 + threadIdx.x; b < a1; b += DISPATCH_UNROLL * blockDim.x) {
-        int ex[DISPATCH_UNROLL];
-#pragma unroll
-        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
-            const int a = b + u * blockDim.x;
-            ex[u] = a < a1 ? topk_idx[a] : -1;
-        }
-#pragma unroll
-        for (int u = 0; u < DISPATCH_UNROLL; ++u)
-            if (ex[u] >= 0) atomicAdd(&cnt[ex[u]], 1);
-    }
+    count_assignments(topk_idx, a0, a1, cnt);
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x) hist[(size_t)blockIdx.x * E + e] = cnt[e];
 }
@@ -221,21 +229,13 @@ extern "C" __global__ void moe_dispatch_plan(int* __restrict__ hist, int ctas, i
         for (int i = 0; i < ctas; ++i) c += hist[(size_t)i * E + e];
         if (e == shared_expert) c += T;
     }
-    const int nt = (c + tile_rows - 1) / tile_rows;
-    int total;
-    const int off = block_exclusive_scan(c, scratch, &total);
-    const int toff = block_exclusive_scan(nt, scratch, &total);
-    if (e < E) {
-        for (int r = 0; r < nt; ++r)
-            tiles[toff + r] = make_int4(e, off + r * tile_rows, off + min(c, (r + 1) * tile_rows), 0);
-        int next = off;
+    int next = plan_tiles(c, E, tile_rows, scratch, tiles, num_tiles);
+    if (e < E)
         for (int i = 0; i < ctas; ++i) {
             const int h = hist[(size_t)i * E + e];
             hist[(size_t)i * E + e] = next;
             next += h;
         }
-    }
-    if (threadIdx.x == 0) num_tiles[0] = total;
 }
 extern "C" __global__ void moe_dispatch_scatter(const int* __restrict__ topk_idx, int A, int k, int E,
                                                 int shared_expert, const int* __restrict__ hist,
@@ -246,30 +246,11 @@ extern "C" __global__ void moe_dispatch_scatter(const int* __restrict__ topk_idx
     __syncthreads();
     int a0, a1;
     dispatch_range(A, &a0, &a1);
-    for (int b = a0 + threadIdx.x; b < a1; b += DISPATCH_UNROLL * blockDim.x) {
-        int ex[DISPATCH_UNROLL];
-#pragma unroll
-        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
-            const int a = b + u * blockDim.x;
-            ex[u] = a < a1 ? topk_idx[a] : -1;
-        }
-#pragma unroll
-        for (int u = 0; u < DISPATCH_UNROLL; ++u) {
-            if (ex[u] < 0) continue;
-            const int a = b + u * blockDim.x;
-            const int p = atomicAdd(&cursor[ex[u]], 1);
-            slot_pos[a] = p;
-            row_token[p] = a / k;
-        }
-    }
-    if (shared_expert >= 0) {
-        // No routed assignment moves the shared expert's cursor: every CTA's is its first row.
-        const int first = cursor[shared_expert], T = A / k;
-        for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x) {
-            slot_pos[A + t] = first + t;
-            row_token[first + t] = t;
-        }
-    }
+    place_assignments(topk_idx, a0, a1, k, cursor, slot_pos, row_token);
+    // No routed assignment moves the shared expert's cursor: every CTA's is its first row.
+    if (shared_expert >= 0)
+        place_shared(cursor[shared_expert], A, A / k, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x,
+                     slot_pos, row_token);
 }
 
 // Most tokens one route_block CTA routes, and the largest top-k it supports (mirrored in ops.rs).
