@@ -200,7 +200,8 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
 //   moe_dispatch_scatter  CTA c places its range's assignments from those cursors (shared-memory
 //                         atomics), and its share of the shared expert's rows (token order)
 // The outputs mean what moe_dispatch's do; rows of a routed expert are again in no particular
-// order. grid of count and scatter = `ctas` (moe_dispatch_ranges), dynamic shared memory E ints.
+// order. grid of count and scatter = the same `ctas` (ops::moe_dispatch picks it; dispatch_range
+// cuts A into their contiguous ranges), dynamic shared memory E ints.
 __device__ __forceinline__ void dispatch_range(int A, int* a0, int* a1) {
     const int per = (A + gridDim.x - 1) / gridDim.x;
     *a0 = min(A, blockIdx.x * per);

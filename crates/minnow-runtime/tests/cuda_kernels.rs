@@ -833,8 +833,7 @@ struct Dispatched {
     row_token: DeviceBuffer<i32>,
     tiles: DeviceBuffer<i32>,
     num_tiles: DeviceBuffer<i32>,
-    /// Kept alive until the dispatch has run (the kernels read it).
-    #[allow(dead_code)]
+    /// The dispatch's scratch, kept alive as long as the outputs (the kernels read it).
     scratch: DeviceBuffer<i32>,
     max_tiles: usize,
     tile_rows: usize,

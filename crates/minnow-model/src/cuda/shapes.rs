@@ -19,8 +19,8 @@ pub(crate) fn attention_splits(config: &Config, tiles: usize, sm_count: u32) -> 
 /// the same bits: one CTA per tile walking every fixed chunk (no partials in memory) once the
 /// tiles alone nearly fill the GPU (`Tuning::attn_one_cta_percent`), which prefill and batched
 /// steps of 16 or more requests do, else a CTA per fixed chunk (`key_chunks` of them) plus the
-/// combine. The forward launches by this answer and the runner
-/// sizes the partials' scratch by it, so the two cannot disagree.
+/// combine. The forward launches by this answer and the runner sizes the partials' scratch by
+/// it, so the two cannot disagree.
 pub(crate) fn invariant_attention_splits(
     config: &Config,
     tiles: usize,

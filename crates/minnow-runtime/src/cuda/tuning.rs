@@ -4,8 +4,8 @@
 //! per refinement step on the H200) and `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
 //! short forward's attention; 16 beat 8 and 32), `MINNOW_ATTN_ONE_CTA_PERCENT` (tiles x KV heads,
 //! in percent of the SMs, from which batch-invariant attention walks a tile's key chunks in one
-//! CTA), `MINNOW_ROUTER_MMA=0`
-//! (BF16 router weights on the F32 CUDA-core kernels instead of tensor cores),
+//! CTA), `MINNOW_ROUTER_MMA=0` (BF16 router weights on the F32 CUDA-core kernels instead of
+//! tensor cores),
 //! `MINNOW_ROUTER_TILED_ROWS` (rows from which BF16 router logits take the shared-memory tiled
 //! kernel; same bits),
 //! `MINNOW_DENSE_LT_MIN_ROWS` (dense GEMMs of fewer rows skip their cuBLASLt plan), `MINNOW_MOE64_ROWS` (1..=1024: rows per busy

@@ -30,9 +30,10 @@ pub fn moe_max_tiles(assignments: usize, experts: usize, tile_rows: usize) -> us
 
 /// Most CTAs of the multi-CTA dispatch (`moe_dispatch_count` / `_scatter`).
 const DISPATCH_MAX_CTAS: usize = 64;
-/// Routed assignments per CTA of the multi-CTA dispatch, and the fewest for which it replaces
-/// the single-CTA kernel (whose scattered writes from one SM cost ~40 µs per layer at 32,768).
+/// Routed assignments per CTA of the multi-CTA dispatch.
 const DISPATCH_PER_CTA: usize = 2048;
+/// The fewest routed assignments for which the multi-CTA dispatch replaces the single-CTA kernel
+/// (whose scattered writes from one SM cost ~40 µs per layer at 32,768).
 const DISPATCH_MULTI_MIN: usize = 8192;
 
 /// The `i32`s of scratch [`moe_dispatch`] needs for `experts` experts (per-CTA counts).

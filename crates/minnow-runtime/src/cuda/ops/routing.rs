@@ -277,7 +277,8 @@ pub fn router_logits(
         // many experts a CTA covers: 32, or 8 when CTAs of 32 would leave SMs idle (a
         // denoising step's 32 rows make 16 CTAs of 32 experts, 64 of 8).
         if t >= tuning.router_tiled_rows {
-            // Prefill: 64 rows x 64 experts per CTA through shared memory (the same sums).
+            // Many rows (prefill, large batches): 64 rows x 64 experts per CTA through shared
+            // memory (ROUTER_TILED_ROWS / _COLS in kernels/router.cu; the same sums).
             let cfg = LaunchConfig::new((t.div_ceil(64) as u32, e.div_ceil(64) as u32, 1), 128, 0);
             return kernels::router::router_logits_mma_tiled_bf16w(
                 gpu, cfg, x, w, logits, t as i32, e as i32, k as i32,
