@@ -88,11 +88,28 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Shared-memory addressing of the tensor-core kernels on every supported architecture (sm_80
+// and newer): a pointer's shared-window address, the 128-byte swizzle that TMA boxes and the
+// tiled router's cp.async slices are written with, and ldmatrix over it.
+namespace minnow_smem {
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// Byte offset of the 16-byte chunk `chunk` of row `row` in a box written with the 128-byte swizzle
+// (rows of 128 bytes; the chunk index is XORed with the row's position in its 8-row atom).
+__device__ __forceinline__ unsigned swizzled(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+}  // namespace minnow_smem
+
 // Hopper's asynchronous copies (kernels/pool_gemm.cu, kernels/expert_wgmma.cu): mbarriers, boxes
 // of a 2D tensor map copied by the Tensor Memory Accelerator, and the 128-byte swizzle they write.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 namespace minnow_tma {
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+using minnow_smem::ldmatrix_x4;
+using minnow_smem::smem_addr;
+using minnow_smem::swizzled;
 
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
@@ -144,14 +161,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
         "l"(map), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
-}
-// Byte offset of the 16-byte chunk `chunk` of row `row` in a box written with the 128-byte swizzle
-// (rows of 128 bytes; the chunk index is XORed with the row's position in its 8-row atom).
-__device__ __forceinline__ unsigned swizzled(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
 }
 }  // namespace minnow_tma
 #endif

@@ -226,25 +226,70 @@ __device__ __forceinline__ Top1 top1_shfl(Top1 v, int o) {
     return r;
 }
 
+// Takes one logit at index c into a thread's running Top1 (indices arrive in increasing order, so
+// an equal value keeps the lower index).
+__device__ __forceinline__ void top1_take(Top1& acc, float x, int c) {
+    if (x > acc.m) {
+        acc.s = acc.m == -INFINITY ? 1.f : acc.s * expf(acc.m - x) + 1.f;
+        acc.m = x;
+        acc.i = c;
+    } else if (x != -INFINITY) {  // -inf adds nothing (and -inf - -inf would be NaN)
+        acc.s += expf(x - acc.m);
+    }
+}
+
 // Pass 1 of the argmax/softmax confidence of logits rows: CTA (row, slice) reduces its slice of
 // the row to (max, argmax, sum of exp) in scratch[row, slice, 0..3]. grid = (rows, slices).
+// Slices are whole 8-logit vectors: with vocab % 8 == 0 (16-byte aligned rows) each thread reads
+// TOP1_BATCH vectors per round, all in flight at once, takes their max first and then adds their
+// exponentials against the running max (one rescale per round at most, not per new maximum);
+// other vocabularies take the logits one by one.
+#define TOP1_BATCH 4
 extern "C" __global__ void top1_partial(const bf16* __restrict__ logits, float* __restrict__ scratch, int vocab) {
     pdl_enter();
     __shared__ Top1 warps[32];
     const int slices = gridDim.y;
-    const int per = (vocab + slices - 1) / slices;
-    const int c0 = blockIdx.y * per, c1 = min(vocab, c0 + per);
+    const int per = ((vocab + slices - 1) / slices + 7) & ~7;
+    const int c0 = min(vocab, blockIdx.y * per), c1 = min(vocab, c0 + per);
     const bf16* row = logits + (size_t)blockIdx.x * vocab;
     Top1 acc = {-INFINITY, 0x7fffffff, 0.f};
-    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-        const float x = to_f32(row[c]);
-        if (x > acc.m) {  // c grows per thread: equal values keep the lower index
-            acc.s = acc.m == -INFINITY ? 1.f : acc.s * expf(acc.m - x) + 1.f;
-            acc.m = x;
-            acc.i = c;
-        } else {
-            acc.s += expf(x - acc.m);
+    if (vocab % 8 == 0) {
+        const uint4* vec = reinterpret_cast<const uint4*>(row);
+        const int v0 = c0 / 8, v1 = c1 / 8, step = blockDim.x;
+        for (int v = v0 + threadIdx.x; v < v1; v += step * TOP1_BATCH) {
+            uint4 raw[TOP1_BATCH];
+#pragma unroll
+            for (int u = 0; u < TOP1_BATCH; ++u)
+                raw[u] = v + u * step < v1 ? vec[v + u * step] : make_uint4(0xff80ff80u, 0xff80ff80u, 0xff80ff80u, 0xff80ff80u);
+            // The round's max and its first index (vectors and lanes in increasing index order).
+            float bm = -INFINITY;
+            int bi = 0x7fffffff;
+#pragma unroll
+            for (int u = 0; u < TOP1_BATCH; ++u) {
+                const bf16* x = reinterpret_cast<const bf16*>(&raw[u]);
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    if (to_f32(x[e]) > bm) {
+                        bm = to_f32(x[e]);
+                        bi = (v + u * step) * 8 + e;
+                    }
+            }
+            if (bm > acc.m) {
+                acc.s = acc.m == -INFINITY ? 0.f : acc.s * expf(acc.m - bm);
+                acc.m = bm;
+                acc.i = bi;
+            }
+            if (acc.m == -INFINITY) continue;  // every value so far is -inf (or padding)
+#pragma unroll
+            for (int u = 0; u < TOP1_BATCH; ++u) {
+                if (v + u * step >= v1) break;
+                const bf16* x = reinterpret_cast<const bf16*>(&raw[u]);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc.s += expf(to_f32(x[e]) - acc.m);
+            }
         }
+    } else {
+        for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) top1_take(acc, to_f32(row[c]), c);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc = top1_merge(acc, top1_shfl(acc, o));

@@ -566,7 +566,7 @@ __device__ __forceinline__ void router_logits_mma_tile(const bf16* __restrict__ 
     const int t0 = blockIdx.x * 16, e0 = blockIdx.y * COLS;
     const int steps = K / 16;
     const int s_begin = warp * steps / ROUTER_MMA_WARPS;
-    int s_end = (warp + 1) * steps / ROUTER_MMA_WARPS;
+    const int s_end = (warp + 1) * steps / ROUTER_MMA_WARPS;
     // Rows past T and experts past E re-read the last ones and are never stored.
     const bf16* w[NB];
 #pragma unroll
@@ -604,23 +604,22 @@ __device__ __forceinline__ void router_logits_mma_tile(const bf16* __restrict__ 
 #pragma unroll
         for (int i = 0; i < HELD; ++i)
             if (s_begin + i < s_end) mma16816(c[0], ax[i], bw[i][0], bw[i][1]);
-        s_end = s_begin;  // nothing left for the loop below
     } else {
         pdl_enter();
-    }
 #pragma unroll 8
-    for (int s = s_begin; s < s_end; ++s) {
-        const int k = s * 16;
-        unsigned a[4];
-        a[0] = *reinterpret_cast<const unsigned*>(xa + k);
-        a[1] = *reinterpret_cast<const unsigned*>(xb + k);
-        a[2] = *reinterpret_cast<const unsigned*>(xa + k + 8);
-        a[3] = *reinterpret_cast<const unsigned*>(xb + k + 8);
+        for (int s = s_begin; s < s_end; ++s) {
+            const int k = s * 16;
+            unsigned a[4];
+            a[0] = *reinterpret_cast<const unsigned*>(xa + k);
+            a[1] = *reinterpret_cast<const unsigned*>(xb + k);
+            a[2] = *reinterpret_cast<const unsigned*>(xa + k + 8);
+            a[3] = *reinterpret_cast<const unsigned*>(xb + k + 8);
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-            const unsigned b0 = *reinterpret_cast<const unsigned*>(w[nb] + k);
-            const unsigned b1 = *reinterpret_cast<const unsigned*>(w[nb] + k + 8);
-            mma16816(c[nb], a, b0, b1);
+            for (int nb = 0; nb < NB; ++nb) {
+                const unsigned b0 = *reinterpret_cast<const unsigned*>(w[nb] + k);
+                const unsigned b1 = *reinterpret_cast<const unsigned*>(w[nb] + k + 8);
+                mma16816(c[nb], a, b0, b1);
+            }
         }
     }
     // c[nb][0..1]: row g, experts nb * 8 + 2 t4 + {0, 1}; c[nb][2..3]: row g + 8.
@@ -665,18 +664,6 @@ extern "C" __global__ void __launch_bounds__(32 * ROUTER_MMA_WARPS)
 #define ROUTER_TILED_ROWS 64
 #define ROUTER_TILED_COLS 64
 #define ROUTER_TILED_STAGES 3
-__device__ __forceinline__ unsigned router_smem_addr(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a slice of 128-byte rows.
-__device__ __forceinline__ unsigned router_swizzled(int row, int chunk) {
-    return row * 128 + ((chunk ^ (row & 7)) << 4);
-}
-__device__ __forceinline__ void router_ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
 
 extern "C" __global__ void __launch_bounds__(128)
     router_logits_mma_tiled_bf16w(const bf16* __restrict__ X, const bf16* __restrict__ W,
@@ -688,6 +675,7 @@ extern "C" __global__ void __launch_bounds__(128)
     const int t0 = blockIdx.x * BM, e0 = blockIdx.y * BN;
     const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
     const int steps = K / 16, slices = (K + 63) / 64;
+    using minnow_smem::ldmatrix_x4, minnow_smem::smem_addr, minnow_smem::swizzled;
     pdl_enter();
     // One 64-column slice into a stage: 64 rows x 8 chunks of X and of W, 4 of each per thread.
     auto load = [&](int slice, int stage) {
@@ -697,9 +685,9 @@ extern "C" __global__ void __launch_bounds__(128)
             const int c = tid + i * 128, row = c >> 3, chunk = c & 7;
             const bool col_ok = k + chunk * 8 < K;
             const bool xok = col_ok && t0 + row < T, wok = col_ok && e0 + row < E;
-            cp_async16(xs[stage] + router_swizzled(row, chunk), xok ? X + (size_t)(t0 + row) * K + k + chunk * 8 : X,
+            cp_async16(xs[stage] + swizzled(row, chunk), xok ? X + (size_t)(t0 + row) * K + k + chunk * 8 : X,
                        xok);
-            cp_async16(ws[stage] + router_swizzled(row, chunk), wok ? W + (size_t)(e0 + row) * K + k + chunk * 8 : W,
+            cp_async16(ws[stage] + swizzled(row, chunk), wok ? W + (size_t)(e0 + row) * K + k + chunk * 8 : W,
                        wok);
         }
     };
@@ -734,7 +722,7 @@ extern "C" __global__ void __launch_bounds__(128)
         __syncthreads();
         if (slice + STAGES - 1 < slices) load(slice + STAGES - 1, (slice + STAGES - 1) % STAGES);
         cp_async_commit();
-        const unsigned xb = router_smem_addr(xs[slice % STAGES]), wb = router_smem_addr(ws[slice % STAGES]);
+        const unsigned xb = smem_addr(xs[slice % STAGES]), wb = smem_addr(ws[slice % STAGES]);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
             const int s = slice * 4 + kk;
@@ -743,10 +731,10 @@ extern "C" __global__ void __launch_bounds__(128)
             unsigned a[2][4], b[2][4];
 #pragma unroll
             for (int i = 0; i < 2; ++i)
-                router_ldmatrix_x4(a[i], xb + router_swizzled(wm + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+                ldmatrix_x4(a[i], xb + swizzled(wm + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
 #pragma unroll
             for (int j = 0; j < 2; ++j)
-                router_ldmatrix_x4(b[j], wb + router_swizzled(wn + j * 16 + (lane & 7) + ((lane >> 4) << 3),
+                ldmatrix_x4(b[j], wb + swizzled(wn + j * 16 + (lane & 7) + ((lane >> 4) << 3),
                                                               kk * 2 + ((lane >> 3) & 1)));
 #pragma unroll
             for (int i = 0; i < 2; ++i)

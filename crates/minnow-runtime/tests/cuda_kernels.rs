@@ -1422,44 +1422,60 @@ fn grouped_gemm_over_codes_matches_reference() {
 fn top1_softmax_and_conversion() {
     let g = gpu();
     let mut rng = rng();
-    let (rows, v) = (7, 157184);
-    let mut x = randn(&mut rng, rows * v, 8.0);
-    // A tie at the maximum in row 0: the lower index must win.
-    x[10] = 40.0;
-    x[20] = 40.0;
-    // ... and in row 1 across two slices of the row.
-    x[v + 3] = 40.0;
-    x[v + 150_000] = 40.0;
-    let xb = to_bf16(&x);
-    let (dx, tok, conf, f) = (
-        g.upload(&xb).unwrap(),
-        g.alloc::<u32>(rows).unwrap(),
-        poisoned_f32(&g, rows),
-        poisoned_f32(&g, rows * v),
-    );
-    let scratch = poisoned_f32(&g, rows * ops::TOP1_SLICES * 3);
-    ops::top1_softmax(&g, dx.ptr(), scratch.ptr(), tok.ptr(), conf.ptr(), rows, v).unwrap();
-    ops::bf16_to_f32(&g, dx.ptr(), f.ptr(), rows * v).unwrap();
-    let xf: Vec<f32> = xb.iter().map(|b| b.to_f32()).collect();
-    assert_eq!(read(&g, &f), xf);
-    let (gt, gc) = (read(&g, &tok), read(&g, &conf));
-    let mut want_c = vec![];
-    for i in 0..rows {
-        let row = &xf[i * v..(i + 1) * v];
-        let (mut bi, mut bv) = (0, f32::NEG_INFINITY);
-        for (j, &val) in row.iter().enumerate() {
-            if val > bv {
-                bv = val;
-                bi = j;
+    // Mini's vocabulary (16-byte rows: vector loads in rounds) and one that is not a multiple of
+    // 8 (the one-by-one path).
+    for (rows, v) in [(7, 157184), (3, 40_001)] {
+        let mut x = randn(&mut rng, rows * v, 8.0);
+        // A tie at the maximum in row 0: the lower index must win.
+        x[10] = 40.0;
+        x[20] = 40.0;
+        // ... and in row 1 across two slices of the row.
+        x[v + 3] = 40.0;
+        x[v + 30_000] = 40.0;
+        // ... and in row 2 inside one thread's round (vectors 256 apart) and across its rounds,
+        // beside -inf logits (which add nothing to the sum).
+        x[2 * v + 5 + 2048] = 40.0;
+        x[2 * v + 5 + 4 * 2048] = 40.0;
+        x[2 * v + 5 + 8 * 2048] = 40.0;
+        x[2 * v..2 * v + 64].fill(f32::NEG_INFINITY);
+        if rows > 3 {
+            // Row 3 rises round after round.
+            for (i, c) in (0..v).step_by(997).enumerate() {
+                x[3 * v + c] = 10.0 + i as f32 * 0.25;
             }
         }
-        assert_eq!(gt[i] as usize, bi, "argmax of row {i}");
-        let s: f64 = row.iter().map(|&val| ((val - bv) as f64).exp()).sum();
-        want_c.push((1.0 / s) as f32);
+        let xb = to_bf16(&x);
+        let (dx, tok, conf, f) = (
+            g.upload(&xb).unwrap(),
+            g.alloc::<u32>(rows).unwrap(),
+            poisoned_f32(&g, rows),
+            poisoned_f32(&g, rows * v),
+        );
+        let scratch = poisoned_f32(&g, rows * ops::TOP1_SLICES * 3);
+        ops::top1_softmax(&g, dx.ptr(), scratch.ptr(), tok.ptr(), conf.ptr(), rows, v).unwrap();
+        ops::bf16_to_f32(&g, dx.ptr(), f.ptr(), rows * v).unwrap();
+        let xf: Vec<f32> = xb.iter().map(|b| b.to_f32()).collect();
+        assert_eq!(read(&g, &f), xf);
+        let (gt, gc) = (read(&g, &tok), read(&g, &conf));
+        let mut want_c = vec![];
+        for i in 0..rows {
+            let row = &xf[i * v..(i + 1) * v];
+            let (mut bi, mut bv) = (0, f32::NEG_INFINITY);
+            for (j, &val) in row.iter().enumerate() {
+                if val > bv {
+                    bv = val;
+                    bi = j;
+                }
+            }
+            assert_eq!(gt[i] as usize, bi, "argmax of row {i} (vocab {v})");
+            let s: f64 = row.iter().map(|&val| ((val - bv) as f64).exp()).sum();
+            want_c.push((1.0 / s) as f32);
+        }
+        check_f32("top1 confidence", &gc, &want_c);
+        assert_eq!(gt[0], 10);
+        assert_eq!(gt[1], 3);
+        assert_eq!(gt[2], 5 + 2048);
     }
-    check_f32("top1 confidence", &gc, &want_c);
-    assert_eq!(gt[0], 10);
-    assert_eq!(gt[1], 3);
 }
 
 /// The first `k` ids of a row in `topk_rows`' order, computed independently: values compared as
