@@ -274,11 +274,36 @@ static_assert(Shape<64>::SMEM_BYTES == 4 * 49152 + 1024 + 18432 + 64, "host mirr
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 namespace minnow_grouped {
 
+// One expert GEMM of a launch: the weights' tensor map and their first row in it, the input rows
+// (gathered through row_token, or in place when null), the output and its shape.
+struct ExpertGemm {
+    const void* w_map;
+    int w_row0;
+    const bf16* X;
+    const int* row_token;
+    bf16* Y;
+    int N, K, gated;
+};
+
+// A (tile, 128-row weight slice) item of one of the launch's GEMMs.
+struct Item {
+    int gemm, tile, n0;
+};
+
+// Counters by which the fused launch's down items wait for their tile's gate/up items:
+// ready[tile] counts finished gate/up slices, passed[tile] the down items that saw them all; the
+// last of those resets both, so every launch finds them zero (they start zeroed).
+__device__ __forceinline__ int load_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// The launch's GEMMs come by value and each item picks its own with a select per field, so they
+// stay in registers (an array indexed by the item's GEMM would live in local memory).
 template <int TOKENS>
-__device__ void grouped_tma(const void* __restrict__ w_map, unsigned long long w_base, unsigned long long w_ptr,
-                            const bf16* __restrict__ X, const int* __restrict__ row_token, bf16* __restrict__ Y,
-                            const int4* __restrict__ tiles, const int* __restrict__ num_tiles, int N, int K,
-                            int gated) {
+__device__ void grouped_tma(const ExpertGemm g0, const ExpertGemm g1, int fused, const int4* __restrict__ tiles,
+                            const int* __restrict__ num_tiles, int* __restrict__ ready) {
     using namespace minnow_pool;
     using S = Shape<TOKENS>;
     constexpr int STAGES = S::STAGES;
@@ -291,18 +316,26 @@ __device__ void grouped_tma(const void* __restrict__ w_map, unsigned long long w
     // Full: the TMA's expect_tx + each producer lane's copies; empty: each consumer warp.
     init_stage_barriers(full0, empty0, STAGES, 1 + 32, CONSUMERS);
     pdl_enter();  // the tile list and X come from the kernels before
-    const int slices = N / ROWS, k_steps = K / BK;
-    const int items = num_tiles[0] * slices;
-    // The first weight row of expert 0 in the map (the matrix may start inside a larger tensor).
-    const int w_row0 = (int)((w_ptr - w_base) / (2ull * K));
+    const int n_tiles = num_tiles[0];
+    const int slices0 = g0.N / ROWS, slices1 = fused ? g1.N / ROWS : 0;
+    const int items0 = n_tiles * slices0, items = items0 + n_tiles * slices1;
+    // Items of GEMM 0 first, tile by tile; then, when fused, those of GEMM 1 (the down projection
+    // over GEMM 0's gated output).
+    auto item_at = [&](int item) {
+        return item < items0 ? Item{0, item / slices0, (item % slices0) * ROWS}
+                             : Item{1, (item - items0) / slices1, ((item - items0) % slices1) * ROWS};
+    };
+    int* passed = ready + (fused ? n_tiles : 0);
 
     if (warp == CONSUMERS) {  // producer: lane 0 the weights, every lane its share of the rows
         int it = 0;
         for (int item = blockIdx.x; item < items; item += gridDim.x) {
-            const int4 t = tiles[item / slices];
-            const int n0 = (item % slices) * ROWS, rows = t.z - t.y;
-            const int row_a = w_row0 + t.x * N + (gated ? n0 / 2 : n0);
-            const int row_b = gated ? w_row0 + t.x * N + N / 2 + n0 / 2 : row_a + W_BOX_ROWS;
+            const Item m = item_at(item);
+            const ExpertGemm G = m.gemm ? g1 : g0;
+            const int4 t = tiles[m.tile];
+            const int rows = t.z - t.y, k_steps = G.K / BK;
+            const int row_a = G.w_row0 + t.x * G.N + (G.gated ? m.n0 / 2 : m.n0);
+            const int row_b = G.gated ? G.w_row0 + t.x * G.N + G.N / 2 + m.n0 / 2 : row_a + W_BOX_ROWS;
             // This lane's rows: copies c = lane * COPIES + j, row c / 16, chunk c % 16.
             const bf16* src[S::LANE_ROWS];
             bool ok[S::LANE_ROWS];
@@ -311,7 +344,7 @@ __device__ void grouped_tma(const void* __restrict__ w_map, unsigned long long w
                 const int r = lane * S::COPIES / 16 + i;
                 ok[i] = r < rows;
                 const int p = t.y + (ok[i] ? r : 0);
-                src[i] = X + (size_t)(row_token ? row_token[p] : p) * K;
+                src[i] = G.X + (size_t)(G.row_token ? G.row_token[p] : p) * G.K;
             }
             for (int ks = 0; ks < k_steps; ++ks, ++it) {
                 const int s = it % STAGES;
@@ -321,8 +354,18 @@ __device__ void grouped_tma(const void* __restrict__ w_map, unsigned long long w
                     mbar_expect_tx(bar, HALVES * W_HALF);
 #pragma unroll
                     for (int h = 0; h < HALVES; ++h) {
-                        tma_load_2d(dst + h * W_HALF, w_map, ks * BK + h * BOX_K, row_a, bar);
-                        tma_load_2d(dst + h * W_HALF + W_BOX, w_map, ks * BK + h * BOX_K, row_b, bar);
+                        tma_load_2d(dst + h * W_HALF, G.w_map, ks * BK + h * BOX_K, row_a, bar);
+                        tma_load_2d(dst + h * W_HALF + W_BOX, G.w_map, ks * BK + h * BOX_K, row_b, bar);
+                    }
+                }
+                if (m.gemm == 1 && ks == 0) {
+                    // The down item's rows are its tile's gate/up outputs: wait until every gate/up
+                    // slice of the tile has published them (its weights are already on the way).
+                    while (load_acquire(ready + m.tile) < slices0) __nanosleep(64);
+                    __syncwarp();
+                    if (lane == 0 && atomicAdd(passed + m.tile, 1) == slices1 - 1) {
+                        ready[m.tile] = 0;
+                        passed[m.tile] = 0;
                     }
                 }
 #pragma unroll
@@ -353,13 +396,15 @@ __device__ void grouped_tma(const void* __restrict__ w_map, unsigned long long w
     const int a_row = lane & 15, a_half = lane >> 4;
     int it = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
-        const int4 t = tiles[item / slices];
-        const int n0 = (item % slices) * ROWS, rows = t.z - t.y, p0 = t.y;
+        const Item m = item_at(item);
+        const ExpertGemm G = m.gemm ? g1 : g0;
+        const int4 t = tiles[m.tile];
+        const int n0 = m.n0, rows = t.z - t.y, p0 = t.y, k_steps = G.K / BK;
         float acc[TOKENS / 16][2][4];
 #pragma unroll
-        for (int m = 0; m < TOKENS / 16; ++m)
+        for (int mm = 0; mm < TOKENS / 16; ++mm)
 #pragma unroll
-            for (int j = 0; j < 2; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
+            for (int j = 0; j < 2; ++j) acc[mm][j][0] = acc[mm][j][1] = acc[mm][j][2] = acc[mm][j][3] = 0.f;
         for (int ks = 0; ks < k_steps; ++ks, ++it) {
             const int s = it % STAGES;
             mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
@@ -370,28 +415,28 @@ __device__ void grouped_tma(const void* __restrict__ w_map, unsigned long long w
                 unsigned b[4];
                 ldmatrix_x4(b, base + box * W_HALF + swizzled(b_row, chunk | b_half));
 #pragma unroll
-                for (int m = 0; m < TOKENS / 16; ++m) {
+                for (int mm = 0; mm < TOKENS / 16; ++mm) {
                     unsigned a[4];
-                    ldmatrix_x4(a, xbase + box * S::X_HALF + swizzled(m * 16 + a_row, chunk | a_half));
-                    mma16816(acc[m][0], a, b[0], b[1]);
-                    mma16816(acc[m][1], a, b[2], b[3]);
+                    ldmatrix_x4(a, xbase + box * S::X_HALF + swizzled(mm * 16 + a_row, chunk | a_half));
+                    mma16816(acc[mm][0], a, b[0], b[1]);
+                    mma16816(acc[mm][1], a, b[2], b[3]);
                 }
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(empty0 + 8 * s);
         }
         // acc[m][j][0..1]: row m*16 + g, columns 16w + 8j + 2 t4 (+1); [2..3]: row + 8.
-        if (!gated) {
+        if (!G.gated) {
 #pragma unroll
-            for (int m = 0; m < TOKENS / 16; ++m)
+            for (int mm = 0; mm < TOKENS / 16; ++mm)
 #pragma unroll
                 for (int j = 0; j < 2; ++j)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const int row = m * 16 + g + 8 * h, col = n0 + warp * 16 + j * 8 + 2 * t4;
+                        const int row = mm * 16 + g + 8 * h, col = n0 + warp * 16 + j * 8 + 2 * t4;
                         if (row < rows)
-                            *reinterpret_cast<__nv_bfloat162*>(Y + (size_t)(p0 + row) * N + col) =
-                                __floats2bfloat162_rn(acc[m][j][2 * h], acc[m][j][2 * h + 1]);
+                            *reinterpret_cast<__nv_bfloat162*>(G.Y + (size_t)(p0 + row) * G.N + col) =
+                                __floats2bfloat162_rn(acc[mm][j][2 * h], acc[mm][j][2 * h + 1]);
                     }
             continue;
         }
@@ -399,35 +444,41 @@ __device__ void grouped_tma(const void* __restrict__ w_map, unsigned long long w
         // the same intermediate columns) through shared memory; named barrier 1 spans the consumers.
         if (warp >= 4) {
 #pragma unroll
-            for (int m = 0; m < TOKENS / 16; ++m)
+            for (int mm = 0; mm < TOKENS / 16; ++mm)
 #pragma unroll
                 for (int j = 0; j < 2; ++j)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const int row = m * 16 + g + 8 * h, c = (warp - 4) * 16 + j * 8 + 2 * t4;
-                        up[row * UP_LD + c] = to_f32(to_bf16(acc[m][j][2 * h]));
-                        up[row * UP_LD + c + 1] = to_f32(to_bf16(acc[m][j][2 * h + 1]));
+                        const int row = mm * 16 + g + 8 * h, c = (warp - 4) * 16 + j * 8 + 2 * t4;
+                        up[row * UP_LD + c] = to_f32(to_bf16(acc[mm][j][2 * h]));
+                        up[row * UP_LD + c + 1] = to_f32(to_bf16(acc[mm][j][2 * h + 1]));
                     }
         }
         asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 32));
         if (warp < 4) {
-            const int I = N / 2;
+            const int I = G.N / 2;
 #pragma unroll
-            for (int m = 0; m < TOKENS / 16; ++m)
+            for (int mm = 0; mm < TOKENS / 16; ++mm)
 #pragma unroll
                 for (int j = 0; j < 2; ++j)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const int row = m * 16 + g + 8 * h, c = warp * 16 + j * 8 + 2 * t4;
+                        const int row = mm * 16 + g + 8 * h, c = warp * 16 + j * 8 + 2 * t4;
                         if (row < rows) {
                             __nv_bfloat162 v;
-                            v.x = silu_mul_bf16(to_f32(to_bf16(acc[m][j][2 * h])), up[row * UP_LD + c]);
-                            v.y = silu_mul_bf16(to_f32(to_bf16(acc[m][j][2 * h + 1])), up[row * UP_LD + c + 1]);
-                            *reinterpret_cast<__nv_bfloat162*>(Y + (size_t)(p0 + row) * I + n0 / 2 + c) = v;
+                            v.x = silu_mul_bf16(to_f32(to_bf16(acc[mm][j][2 * h])), up[row * UP_LD + c]);
+                            v.y = silu_mul_bf16(to_f32(to_bf16(acc[mm][j][2 * h + 1])), up[row * UP_LD + c + 1]);
+                            *reinterpret_cast<__nv_bfloat162*>(G.Y + (size_t)(p0 + row) * I + n0 / 2 + c) = v;
                         }
                     }
+            // Fused: this thread's outputs are visible device-wide before the slice is counted.
+            if (fused) __threadfence();
         }
         asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 32));  // `up` is free for the next item
+        if (fused && warp == 0 && lane == 0) {
+            __threadfence();
+            atomicAdd(ready + m.tile, 1);
+        }
     }
 }
 }  // namespace minnow_grouped
@@ -441,12 +492,19 @@ __device__ void grouped_tma(const void* __restrict__ w_map, unsigned long long w
     extern "C" __global__ void __launch_bounds__(minnow_grouped::THREADS, 1)                             \
         NAME(const void* __restrict__ w_map, unsigned long long w_base, unsigned long long w_ptr,        \
              const bf16* __restrict__ X, const int* __restrict__ row_token, bf16* __restrict__ Y,         \
-             const int4* __restrict__ tiles, const int* __restrict__ num_tiles, int N, int K, int gated) { \
+             const int4* __restrict__ tiles, const int* __restrict__ num_tiles, int N, int K, int gated,  \
+             const void* __restrict__ down_map, unsigned long long down_base, unsigned long long down_ptr, \
+             bf16* __restrict__ down_Y, int down_N, int* __restrict__ ready) {                           \
         GROUPED_TMA_BODY(TOKENS)                                                                         \
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define GROUPED_TMA_BODY(TOKENS) \
-    minnow_grouped::grouped_tma<TOKENS>(w_map, w_base, w_ptr, X, row_token, Y, tiles, num_tiles, N, K, gated);
+#define GROUPED_TMA_BODY(TOKENS)                                                                              \
+    const int fused = down_map != nullptr;                                                                    \
+    const minnow_grouped::ExpertGemm gate_up{w_map, (int)((w_ptr - w_base) / (2ull * K)), X, row_token, Y, N, K, \
+                                             gated};                                                          \
+    const minnow_grouped::ExpertGemm down{down_map, fused ? (int)((down_ptr - down_base) / (2ull * (N / 2))) : 0, \
+                                          Y, nullptr, down_Y, down_N, N / 2, 0};                              \
+    minnow_grouped::grouped_tma<TOKENS>(gate_up, down, fused, tiles, num_tiles, ready);
 #else
 #define GROUPED_TMA_BODY(TOKENS) __trap();  // launched only where the sm_90 build is loaded
 #endif

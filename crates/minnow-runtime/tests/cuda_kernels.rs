@@ -2111,6 +2111,150 @@ fn grouped_gemm_tma_gives_the_grouped_kernels_bits() {
     }
 }
 
+/// The TMA kernel's gate/up + down launch gives exactly the bits of its two launches (gate/up
+/// gated, then down over that output), launch after launch, and leaves its counters zeroed for
+/// the next one: a refinement-sized batch with the packed shared expert, a prefill-sized one in
+/// 64-row tiles, and a small model whose items do not fill the GPU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grouped_tma_pair_gives_the_bits_of_two_launches() {
+    let g = gpu();
+    if !ops::grouped_tma_supported(&g, 16, 1024, 2048) {
+        cannot_run(
+            "grouped_tma_pair_gives_the_bits_of_two_launches",
+            &format!(
+                "the TMA grouped GEMM cannot run on {}: it needs the sm_90 kernels and its \
+                 shared memory",
+                g.name()
+            ),
+        );
+        return;
+    }
+    let mut rng = rng();
+    // (tokens, top-k, experts with the packed one, hidden, intermediate, tile rows, packed)
+    let cases = [
+        (32, 8, 257, 2048, 512, 16, true),
+        (300, 8, 256, 2048, 512, 64, false),
+        (7, 4, 9, 256, 128, 16, false),
+    ];
+    for (t, k, e, d, iw, tile_rows, packed) in cases {
+        let name = format!("t{t} k{k} e{e} d{d} i{iw} tiles of {tile_rows} packed {packed}");
+        let routed = if packed { e - 1 } else { e };
+        let x = g.upload(&to_bf16(&randn(&mut rng, t * d, 1.0))).unwrap();
+        let gate_up = g
+            .upload(&to_bf16(&randn(&mut rng, e * 2 * iw * d, 0.05)))
+            .unwrap();
+        let down = g
+            .upload(&to_bf16(&randn(&mut rng, e * d * iw, 0.05)))
+            .unwrap();
+        let idx = g
+            .upload(&skewed_routing(&mut rng, t, k, routed, 0.3))
+            .unwrap();
+        let a = if packed { t * (k + 1) } else { t * k };
+        let dispatched = Dispatched::new(&g, &idx, t, k, e, tile_rows, packed.then_some(e - 1));
+        let box_rows = ops::POOL_GEMM_WEIGHT_ROWS;
+        let maps = TensorMaps::new(
+            &g,
+            &[
+                Bf16Rows {
+                    base: gate_up.ptr(),
+                    cols: d,
+                    rows: e * 2 * iw,
+                    box_rows,
+                },
+                Bf16Rows {
+                    base: down.ptr(),
+                    cols: iw,
+                    rows: e * d,
+                    box_rows,
+                },
+            ],
+        )
+        .unwrap();
+        let tiles = dispatched.expert_tiles();
+        let row_token = dispatched.row_token.ptr();
+        let (act_two, out_two) = (poisoned_bf16(&g, a * iw), poisoned_bf16(&g, a * d));
+        ops::grouped_gemm_tma(
+            &g,
+            maps.get(0),
+            gate_up.ptr(),
+            x.ptr(),
+            row_token,
+            act_two.ptr(),
+            &tiles,
+            2 * iw,
+            d,
+            true,
+        )
+        .unwrap();
+        ops::grouped_gemm_tma(
+            &g,
+            maps.get(1),
+            down.ptr(),
+            act_two.ptr(),
+            0,
+            out_two.ptr(),
+            &tiles,
+            d,
+            iw,
+            false,
+        )
+        .unwrap();
+        let (want_act, want_out) = (read_bf16(&g, &act_two), read_bf16(&g, &out_two));
+        assert!(
+            want_out.iter().all(|v| !v.is_nan()),
+            "{name}: the two launches left outputs unwritten"
+        );
+        let ready = g
+            .upload(&vec![0i32; ops::grouped_tma_ready_len(tiles.max_tiles)])
+            .unwrap();
+        for launch in 0..3 {
+            let (act, out) = (poisoned_bf16(&g, a * iw), poisoned_bf16(&g, a * d));
+            let projection = ops::DownProjection {
+                w: maps.get(1),
+                w_ptr: down.ptr(),
+                y: out.ptr(),
+                n: d,
+                ready: ready.ptr(),
+            };
+            ops::grouped_gemm_tma_pair(
+                &g,
+                maps.get(0),
+                gate_up.ptr(),
+                x.ptr(),
+                row_token,
+                act.ptr(),
+                &tiles,
+                2 * iw,
+                d,
+                &projection,
+            )
+            .unwrap();
+            for (what, got, want) in [
+                ("gate/up", read_bf16(&g, &act), &want_act),
+                ("down", read_bf16(&g, &out), &want_out),
+            ] {
+                let differ = got
+                    .iter()
+                    .zip(want.iter())
+                    .filter(|(p, q)| p.to_bits() != q.to_bits())
+                    .count();
+                assert_eq!(
+                    differ,
+                    0,
+                    "{name}, launch {launch}: {differ} of {} {what} outputs differ from two launches",
+                    got.len()
+                );
+            }
+            assert!(
+                read(&g, &ready).iter().all(|&c| c == 0),
+                "{name}, launch {launch}: the counters were not left zeroed"
+            );
+            println!("TMA gate/up + down {name}, launch {launch}: bit-identical to two launches");
+        }
+    }
+}
+
 /// The wgmma grouped expert GEMM (tiles of up to 128 rows) gives exactly the bits of the 4-warp
 /// mma.sync kernels over the same rows (cut at 64), and of the 16-row tiles a lone request's
 /// rows take: so a row's bits do not depend on which kernel its forward picks. Mini's shapes,

@@ -320,6 +320,31 @@ pub(super) fn queue_grouped_experts(
         Some((gemm, weights))
     });
     match streamed {
+        // The TMA kernel runs the down projection behind gate/up in the same launch (same bits):
+        // one launch's tail instead of two, and no start of a second kernel.
+        Some((_, (maps, (gate_up, down)))) if !wgmma && tuning().grouped_pair => {
+            let (x, row_token, act) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_act.ptr());
+            let down = ops::DownProjection {
+                w: maps.get(1),
+                w_ptr: down.ptr(),
+                y: ws.expert_out.ptr(),
+                n: d,
+                ready: ws.tile_ready.ptr(),
+            };
+            ops::grouped_gemm_tma_pair(
+                gpu,
+                maps.get(0),
+                gate_up.ptr(),
+                x,
+                row_token,
+                act,
+                &tiles,
+                2 * iw,
+                d,
+                &down,
+            )?;
+            mark("experts gate/up + down")?;
+        }
         Some((gemm, (maps, (gate_up, down)))) => {
             let (x, row_token, act) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_act.ptr());
             gemm(
@@ -348,6 +373,7 @@ pub(super) fn queue_grouped_experts(
                 iw,
                 false,
             )?;
+            mark("experts down")?;
         }
         None => {
             // FP8 experts on FP8 tensor cores: each input row quantized once, per column group.
@@ -375,9 +401,9 @@ pub(super) fn queue_grouped_experts(
             let out = ws.expert_out.ptr();
             moe.experts_down
                 .grouped_gemm(gpu, act, actq.as_ref(), 0, out, &tiles, d, iw)?;
+            mark("experts down")?;
         }
     }
-    mark("experts down")?;
     Ok(match &moe.shared {
         SharedExpert::Separate(mlp) => {
             queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.shared_out.ptr(), t, d)?;

@@ -38,6 +38,9 @@ pub(crate) struct Workspace {
     pub(super) num_tiles: DeviceBuffer<i32>,
     /// Per-CTA expert counts of the multi-CTA dispatch.
     pub(super) dispatch_scratch: DeviceBuffer<i32>,
+    /// The zeroed counters of the TMA expert GEMM's gate/up + down launch
+    /// (`ops::DownProjection::ready`).
+    pub(super) tile_ready: DeviceBuffer<i32>,
     pub(super) expert_gu: DeviceBuffer<bf16>,
     /// Entries of the admitted pool of a 2.2 denoising step (capacity + the shared expert; 0
     /// when the model has no such pool) and the u64 address arrays of its batched GEMMs:
@@ -168,6 +171,7 @@ impl Workspace {
             tiles: gpu.alloc(4 * max_tiles)?,
             num_tiles: gpu.alloc(1)?,
             dispatch_scratch: gpu.alloc(ops::moe_dispatch_scratch_len(e))?,
+            tile_ready: gpu.upload(&vec![0i32; ops::grouped_tma_ready_len(max_tiles)])?,
             expert_gu,
             pool_entries,
             pool_x,

@@ -349,7 +349,9 @@ kernel_table! {
             gated: i32,
             weights_ready: i32,
         );
-        /// The grouped expert GEMM over the dispatched tiles, weights through TMA.
+        /// The grouped expert GEMM over the dispatched tiles, weights through TMA; with a
+        /// `down_map`, the gate/up GEMM and then the down projection over its output in one
+        /// launch (`ready`: the zeroed counters its down items wait on).
         grouped_gemm_tma_r16,
         grouped_gemm_tma_r64 as GroupedTma (
             w_map: u64,
@@ -363,12 +365,18 @@ kernel_table! {
             n: i32,
             k: i32,
             gated: i32,
+            down_map: u64,
+            down_base: u64,
+            down_ptr: u64,
+            down_y: u64,
+            down_n: i32,
+            ready: u64,
         );
     }
     /// `kernels/expert_wgmma.cu` (Hopper sm_90a only: elsewhere a trap).
     expert_wgmma (max_dynamic_shared: 200 * 1024) {
         /// The grouped expert GEMM on wgmma over tiles of up to 128 rows.
-        grouped_gemm_wgmma(
+        grouped_gemm_wgmma as GroupedWgmma (
             w_map: u64,
             w_base: u64,
             w_ptr: u64,

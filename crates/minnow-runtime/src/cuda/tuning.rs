@@ -12,7 +12,7 @@
 //! expert from which the grouped expert GEMM takes 64-row tiles); `MINNOW_MOE_POOLED=0` turns off the batched
 //! experts of 2.2 denoising steps, and `MINNOW_POOL_GEMM=0` runs them with cuBLAS instead of the
 //! bulk-copy kernel, `MINNOW_GROUPED_TMA=0` keeps BF16 experts with few rows on the 4-warp tiles instead of the
-//! TMA-fed kernel and `MINNOW_GROUPED_WGMMA=0` those with many rows off the wgmma kernel (same
+//! TMA-fed kernel (`MINNOW_GROUPED_PAIR=0` runs its gate/up and down as two launches) and `MINNOW_GROUPED_WGMMA=0` those with many rows off the wgmma kernel (same
 //! bits), for A/B runs. `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the
 //! default is on): cuBLAS for dense GEMMs and the router, the pooled experts, attention splits
 //! sized to the batch. Faster in places, but a request's tokens then depend on the load.
@@ -41,6 +41,9 @@ pub struct Tuning {
     /// from run to run; fencing its barrier initialisation for the async proxy ended that:
     /// docs/performance.md.)
     pub grouped_tma: bool,
+    /// That TMA kernel runs the down projection behind gate/up in one launch
+    /// (`MINNOW_GROUPED_PAIR=0`: two launches; same bits).
+    pub grouped_pair: bool,
     /// Forwards whose experts get many rows each (where the grouped GEMM cuts 64-row tiles) run
     /// BF16 experts through the wgmma kernel over 128-row tiles on compute capability 9.0
     /// (`MINNOW_GROUPED_WGMMA`; same bits as the mma.sync tiles).
@@ -100,6 +103,7 @@ impl Default for Tuning {
             moe_pooled: true,
             pool_gemm: true,
             grouped_tma: true,
+            grouped_pair: true,
             grouped_wgmma: true,
             codes_wgmma: None,
             invariant: true,
@@ -144,6 +148,8 @@ pub fn tuning() -> &'static Tuning {
             pool_gemm: env_usize("MINNOW_POOL_GEMM", |v| v <= 1).map_or(d.pool_gemm, |v| v == 1),
             grouped_tma: env_usize("MINNOW_GROUPED_TMA", |v| v <= 1)
                 .map_or(d.grouped_tma, |v| v == 1),
+            grouped_pair: env_usize("MINNOW_GROUPED_PAIR", |v| v <= 1)
+                .map_or(d.grouped_pair, |v| v == 1),
             grouped_wgmma: env_usize("MINNOW_GROUPED_WGMMA", |v| v <= 1)
                 .map_or(d.grouped_wgmma, |v| v == 1),
             codes_wgmma: env_usize("MINNOW_CODES_WGMMA", |v| v <= 1)

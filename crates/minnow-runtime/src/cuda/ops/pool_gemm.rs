@@ -4,7 +4,7 @@
 
 use super::super::error::CudaResult;
 use super::super::gpu::Gpu;
-use super::super::kernels::{self, pool_gemm::GroupedTma};
+use super::super::kernels::{self, expert_wgmma::GroupedWgmma, pool_gemm::GroupedTma};
 use super::super::launch::LaunchConfig;
 use super::super::tma::MappedTensor;
 use super::expert_gemm::ExpertTiles;
@@ -123,6 +123,86 @@ pub fn grouped_gemm_tma(
     k: usize,
     gated: bool,
 ) -> CudaResult<()> {
+    launch_grouped_tma(gpu, w, w_ptr, x, row_token, y, t, n, k, gated, None)
+}
+
+/// The down projection that [`grouped_gemm_tma_pair`] runs behind the gate/up GEMM in the same
+/// launch.
+#[derive(Clone, Copy, Debug)]
+pub struct DownProjection {
+    /// The tensor map of the experts' `[E, n, I]` down weights, which start at `w_ptr`.
+    pub w: MappedTensor,
+    pub w_ptr: u64,
+    /// `[rows, n]` outputs.
+    pub y: u64,
+    pub n: usize,
+    /// [`grouped_tma_ready_len`] zeroed `i32` counters, left zeroed (by which each tile's down
+    /// items wait for its gate/up items).
+    pub ready: u64,
+}
+
+/// The `i32` counters [`DownProjection::ready`] needs for tile lists of up to `max_tiles`.
+pub const fn grouped_tma_ready_len(max_tiles: usize) -> usize {
+    2 * max_tiles
+}
+
+/// The gate/up GEMM of [`grouped_gemm_tma`] (gated: `act [rows, I]` from `w` of `[E, 2I, k]`)
+/// and the down projection `down.y = act . W_down[e]^T` in one persistent launch: every CTA
+/// walks the gate/up items first, then the down items, each of which waits until all gate/up
+/// slices of its tile are written. Outputs are the bits of the two separate launches (each item
+/// computes as there); the launch saves the second kernel's start and the first one's tail, when
+/// most multiprocessors would idle (a refinement's 400 gate/up items fill 132 of them three
+/// times and four of them a fourth time). Check [`grouped_tma_supported`] for both shapes first.
+#[allow(clippy::too_many_arguments)]
+pub fn grouped_gemm_tma_pair(
+    gpu: &Gpu,
+    w: MappedTensor,
+    w_ptr: u64,
+    x: u64,
+    row_token: u64,
+    act: u64,
+    t: &ExpertTiles,
+    two_i: usize,
+    k: usize,
+    down: &DownProjection,
+) -> CudaResult<()> {
+    if !grouped_tma_supported(gpu, t.rows, down.n, two_i / 2) {
+        return unsupported(format!(
+            "TMA down projection of {} x {} in tiles of {} rows",
+            down.n,
+            two_i / 2,
+            t.rows
+        ));
+    }
+    launch_grouped_tma(
+        gpu,
+        w,
+        w_ptr,
+        x,
+        row_token,
+        act,
+        t,
+        two_i,
+        k,
+        true,
+        Some(down),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_grouped_tma(
+    gpu: &Gpu,
+    w: MappedTensor,
+    w_ptr: u64,
+    x: u64,
+    row_token: u64,
+    y: u64,
+    t: &ExpertTiles,
+    n: usize,
+    k: usize,
+    gated: bool,
+    down: Option<&DownProjection>,
+) -> CudaResult<()> {
     let tile_rows = t.rows;
     if !grouped_tma_supported(gpu, tile_rows, n, k) {
         return unsupported(format!(
@@ -136,8 +216,33 @@ pub fn grouped_gemm_tma(
         grouped_gemm_tma_r64
     };
     let smem = grouped_tma_smem_bytes(tile_rows);
-    launch_persistent(
-        gpu, kernel, 288, smem, w, w_ptr, x, row_token, y, t, n, k, gated,
+    let down_n = down.map_or(0, |d| d.n);
+    let Some(cfg) = persistent_grid(gpu, t, n + down_n, 288, smem) else {
+        return Ok(());
+    };
+    let (down_map, down_base, down_ptr, down_y, ready) = down.map_or((0, 0, 0, 0, 0), |d| {
+        (d.w.map, d.w.base, d.w_ptr, d.y, d.ready)
+    });
+    kernel(
+        gpu,
+        cfg,
+        w.map,
+        w.base,
+        w_ptr,
+        x,
+        row_token,
+        y,
+        t.tiles,
+        t.num_tiles,
+        n as i32,
+        k as i32,
+        i32::from(gated),
+        down_map,
+        down_base,
+        down_ptr,
+        down_y,
+        down_n as i32,
+        ready,
     )
 }
 
@@ -161,13 +266,12 @@ pub(super) fn persistent_grid(
     })
 }
 
-/// Launches a persistent streamed expert GEMM (`grouped_gemm_tma_r*`, `grouped_gemm_wgmma`: the
-/// same parameters) with `threads` per CTA and `smem` bytes of dynamic shared memory: one CTA
+/// Launches a persistent streamed expert GEMM (`grouped_gemm_wgmma`) with `threads` per CTA and `smem` bytes of dynamic shared memory: one CTA
 /// per multiprocessor, or per (tile, 128-row weight slice) item when there are fewer.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn launch_persistent(
     gpu: &Gpu,
-    kernel: GroupedTma,
+    kernel: GroupedWgmma,
     threads: u32,
     smem: usize,
     w: MappedTensor,
