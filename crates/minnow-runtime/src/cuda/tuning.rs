@@ -1,24 +1,34 @@
 //! Launch-shape knobs that only change speed, read once from the environment so that one bench
-//! run can compare variants on the same binary (docs/performance.md records which won):
-//! `MINNOW_MOE16_STAGES` (3 or 4: pipeline depth of the 16-row expert GEMM; 3 measured 3 % faster
-//! per refinement step on the H200) and `MINNOW_ATTN_MAX_SPLITS` (1..=64: most key splits of a
-//! short forward's attention; 16 beat 8 and 32), `MINNOW_ATTN_ONE_CTA_PERCENT` (tiles x KV heads,
-//! in percent of the SMs, from which batch-invariant attention walks a tile's key chunks in one
-//! CTA), `MINNOW_ROUTER_MMA=0` (BF16 router weights on the F32 CUDA-core kernels instead of
-//! tensor cores),
-//! `MINNOW_ROUTER_TILED_ROWS` (rows from which BF16 router logits take the shared-memory tiled
-//! kernel; same bits),
-//! `MINNOW_DENSE_LT_MIN_ROWS` (dense GEMMs of fewer rows skip their cuBLASLt plan), `MINNOW_MOE64_ROWS` (1..=1024: rows per busy
-//! expert from which the grouped expert GEMM takes 64-row tiles); `MINNOW_MOE_POOLED=0` turns off the batched
-//! experts of 2.2 denoising steps, and `MINNOW_POOL_GEMM=0` runs them with cuBLAS instead of the
-//! bulk-copy kernel, `MINNOW_GROUPED_TMA=0` keeps BF16 experts with few rows on the 4-warp tiles instead of the
-//! TMA-fed kernel (`MINNOW_GROUPED_PAIR=0` runs its gate/up and down as two launches) and `MINNOW_GROUPED_WGMMA=0` those with many rows off the wgmma kernel (same
-//! bits), for A/B runs. `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the
-//! default is on): cuBLAS for dense GEMMs and the router, the pooled experts, attention splits
-//! sized to the batch. Faster in places, but a request's tokens then depend on the load.
-//! `MINNOW_FP8_ACTIVATIONS=1` multiplies FP8 experts by E4M3 activations on FP8 tensor cores
-//! (W8A8: other bits, still invariant; measured slower than the default, see
-//! docs/performance.md).
+//! run can compare variants on the same binary (docs/performance.md records which won). Unless
+//! a line says otherwise, every setting gives the same bits.
+//! - `MINNOW_MOE16_STAGES` (3 or 4): pipeline depth of the 16-row expert GEMM; 3 measured 3 %
+//!   faster per refinement step on the H200.
+//! - `MINNOW_ATTN_MAX_SPLITS` (1..=64): most key splits of a short forward's attention; 16 beat
+//!   8 and 32.
+//! - `MINNOW_ATTN_ONE_CTA_PERCENT`: tiles x KV heads, in percent of the SMs, from which
+//!   batch-invariant attention walks a tile's key chunks in one CTA.
+//! - `MINNOW_ROUTER_MMA=0`: BF16 router weights on the F32 CUDA-core kernels instead of tensor
+//!   cores (other bits).
+//! - `MINNOW_ROUTER_TILED_ROWS`: rows from which BF16 router logits take the shared-memory tiled
+//!   kernel.
+//! - `MINNOW_DENSE_LT_MIN_ROWS`: dense GEMMs of fewer rows skip their cuBLASLt plan.
+//! - `MINNOW_MOE64_ROWS` (1..=1024): rows per busy expert from which the grouped expert GEMM
+//!   takes 64-row tiles.
+//! - `MINNOW_MOE_POOLED=0` turns off the batched experts of 2.2 denoising steps, and
+//!   `MINNOW_POOL_GEMM=0` runs them with cuBLAS instead of the bulk-copy kernel.
+//! - `MINNOW_GROUPED_TMA=0` keeps BF16 experts with few rows on the 4-warp tiles instead of the
+//!   TMA-fed kernel; `MINNOW_GROUPED_PAIR=0` runs that kernel's gate/up and down as two launches.
+//! - `MINNOW_GROUPED_WGMMA=0` keeps experts with many rows off the wgmma kernel.
+//! - `MINNOW_BATCH_INVARIANT=0` turns batch invariance off (the default is on): cuBLAS for dense
+//!   GEMMs and the router, the pooled experts, attention splits sized to the batch. Faster in
+//!   places, but a request's tokens then depend on the load.
+//! - `MINNOW_FP8_ACTIVATIONS=1` multiplies FP8 experts by E4M3 activations on FP8 tensor cores
+//!   (W8A8: other bits, still invariant; measured slower than the default, see
+//!   docs/performance.md).
+//!
+//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_DENSE16_ROWS`,
+//! `MINNOW_DENSE128_ROWS`, `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`) are described on
+//! the fields of [`Tuning`] they set.
 
 use std::sync::OnceLock;
 
