@@ -189,6 +189,8 @@ pub fn grouped_gemm_tma_pair(
     )
 }
 
+/// Launches `grouped_gemm_tma_r{16,64}` over the items of the gate/up (or any one) GEMM and,
+/// with `down`, those of the down projection behind it.
 #[allow(clippy::too_many_arguments)]
 fn launch_grouped_tma(
     gpu: &Gpu,
@@ -266,8 +268,10 @@ pub(super) fn persistent_grid(
     })
 }
 
-/// Launches a persistent streamed expert GEMM (`grouped_gemm_wgmma`) with `threads` per CTA and `smem` bytes of dynamic shared memory: one CTA
-/// per multiprocessor, or per (tile, 128-row weight slice) item when there are fewer.
+/// Launches the persistent wgmma expert GEMM (`grouped_gemm_wgmma`; the TMA kernels take the
+/// pair's parameters too, see `launch_grouped_tma`) with `threads` per CTA and `smem` bytes of
+/// dynamic shared memory: one CTA per multiprocessor, or per (tile, 128-row weight slice) item
+/// when there are fewer.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn launch_persistent(
     gpu: &Gpu,
