@@ -484,10 +484,13 @@ __device__ void grouped_tma(const ExpertGemm g0, const ExpertGemm g1, int fused,
 }  // namespace minnow_grouped
 #endif
 
-// grid = min(items, SMs) with items = max_tiles * N / 128, block = 288, dynamic shared memory =
-// minnow_grouped::Shape<TOKENS>::SMEM_BYTES (grouped_tma_smem_bytes in ops.rs). w_map: the 2D
-// tensor map (boxes of 64 rows x 64 columns, 128-byte swizzle) of a tensor holding the experts'
-// weights [E, N, K] at w_ptr. Requires N % 128 == 0, K % 128 == 0 and tiles cut at TOKENS rows.
+// grid = min(items, SMs) with items = max_tiles * (N + down_N) / 128, block = 288, dynamic shared
+// memory = minnow_grouped::Shape<TOKENS>::SMEM_BYTES (grouped_tma_smem_bytes in ops.rs). w_map:
+// the 2D tensor map (boxes of 64 rows x 64 columns, 128-byte swizzle) of a tensor holding the
+// experts' weights [E, N, K] at w_ptr. Requires N % 128 == 0, K % 128 == 0 and tiles cut at
+// TOKENS rows. With a non-null down_map (gated only): the down weights [E, down_N, N / 2] at
+// down_ptr, run over Y into down_Y in the same launch, and `ready` 2 x max_tiles zeroed counters
+// (left zeroed); with a null one the down_* and ready arguments are unused.
 #define GROUPED_TMA_ENTRY(NAME, TOKENS)                                                                  \
     extern "C" __global__ void __launch_bounds__(minnow_grouped::THREADS, 1)                             \
         NAME(const void* __restrict__ w_map, unsigned long long w_base, unsigned long long w_ptr,        \
