@@ -244,6 +244,14 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
 // `gated` (gate/up, W[e] = [gate; up] with N = 2I rows): a slice takes 64 gate rows and the 64 up
 // rows of the same intermediate columns, and the epilogue writes silu_mul's result (row pitch I),
 // as pool_gemm_tma does.
+//
+// The pair (a down projection given with the gated GEMM): one launch walks every gate/up item,
+// then every down item over the gate/up output. Why: a denoising step's ~50 tiles make 400
+// gate/up and 800 down items for 132 CTAs, so each kernel alone ends with a partial round that
+// leaves most multiprocessors idle; one walk has one such round and one kernel start. Items are
+// taken in index order by every CTA and each gate/up item precedes every down item, so a down
+// item's wait (for the gate/up slices of its own tile) only ever waits on work that no waiting
+// CTA holds up. Each item computes as in two launches: the same bits.
 namespace minnow_grouped {
 using minnow_pool::BK;
 using minnow_pool::BOX_K;
@@ -290,9 +298,10 @@ struct Item {
     int gemm, tile, n0;
 };
 
-// Counters by which the fused launch's down items wait for their tile's gate/up items:
-// ready[tile] counts finished gate/up slices, passed[tile] the down items that saw them all; the
-// last of those resets both, so every launch finds them zero (they start zeroed).
+// The pair's counters: ready[tile] counts the tile's published gate/up slices, passed[tile] (at
+// ready + the launch's tile count) the down items that saw them all; the last of those zeroes
+// both, so every launch finds them zero (the workspace allocates them zeroed). A down item reads
+// ready[tile] with acquire semantics: its rows were written before the matching release.
 __device__ __forceinline__ int load_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
