@@ -735,7 +735,7 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
             for (int j = 0; j < 2; ++j)
                 ldmatrix_x4(b[j], wb + swizzled(wn + j * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                              kk * 2 + ((lane >> 3) & 1)));
+                                                kk * 2 + ((lane >> 3) & 1)));
 #pragma unroll
             for (int i = 0; i < 2; ++i)
 #pragma unroll

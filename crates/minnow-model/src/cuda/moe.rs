@@ -320,60 +320,50 @@ pub(super) fn queue_grouped_experts(
         Some((gemm, weights))
     });
     match streamed {
-        // The TMA kernel runs the down projection behind gate/up in the same launch (same bits):
-        // one launch's tail instead of two, and no start of a second kernel.
-        Some((_, (maps, (gate_up, down)))) if !wgmma && tuning().grouped_pair => {
-            let (x, row_token, act) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_act.ptr());
-            let down = ops::DownProjection {
-                w: maps.get(1),
-                w_ptr: down.ptr(),
-                y: ws.expert_out.ptr(),
-                n: d,
-                ready: ws.tile_ready.ptr(),
-            };
-            ops::grouped_gemm_tma_pair(
-                gpu,
-                maps.get(0),
-                gate_up.ptr(),
-                x,
-                row_token,
-                act,
-                &tiles,
-                2 * iw,
-                d,
-                &down,
-            )?;
-            mark("experts gate/up + down")?;
-        }
         Some((gemm, (maps, (gate_up, down)))) => {
             let (x, row_token, act) = (ws.a.ptr(), ws.row_token.ptr(), ws.expert_act.ptr());
-            gemm(
-                gpu,
-                maps.get(0),
-                gate_up.ptr(),
-                x,
-                row_token,
-                act,
-                &tiles,
-                2 * iw,
-                d,
-                true,
-            )?;
-            mark("experts gate/up")?;
             let out = ws.expert_out.ptr();
-            gemm(
-                gpu,
-                maps.get(1),
-                down.ptr(),
-                act,
-                0,
-                out,
-                &tiles,
-                d,
-                iw,
-                false,
-            )?;
-            mark("experts down")?;
+            let (w, w_ptr) = (maps.get(0), gate_up.ptr());
+            if !wgmma && tuning().grouped_pair {
+                // The TMA kernel runs the down projection behind gate/up in the same launch
+                // (same bits): one launch's tail instead of two, and no second kernel start.
+                let down = ops::DownProjection {
+                    w: maps.get(1),
+                    w_ptr: down.ptr(),
+                    y: out,
+                    n: d,
+                    ready: ws.tile_ready.ptr(),
+                };
+                ops::grouped_gemm_tma_pair(
+                    gpu,
+                    w,
+                    w_ptr,
+                    x,
+                    row_token,
+                    act,
+                    &tiles,
+                    2 * iw,
+                    d,
+                    &down,
+                )?;
+                mark("experts gate/up + down")?;
+            } else {
+                gemm(gpu, w, w_ptr, x, row_token, act, &tiles, 2 * iw, d, true)?;
+                mark("experts gate/up")?;
+                gemm(
+                    gpu,
+                    maps.get(1),
+                    down.ptr(),
+                    act,
+                    0,
+                    out,
+                    &tiles,
+                    d,
+                    iw,
+                    false,
+                )?;
+                mark("experts down")?;
+            }
         }
         None => {
             // FP8 experts on FP8 tensor cores: each input row quantized once, per column group.

@@ -376,7 +376,7 @@ kernel_table! {
     /// `kernels/expert_wgmma.cu` (Hopper sm_90a only: elsewhere a trap).
     expert_wgmma (max_dynamic_shared: 200 * 1024) {
         /// The grouped expert GEMM on wgmma over tiles of up to 128 rows.
-        grouped_gemm_wgmma as GroupedWgmma (
+        grouped_gemm_wgmma(
             w_map: u64,
             w_base: u64,
             w_ptr: u64,

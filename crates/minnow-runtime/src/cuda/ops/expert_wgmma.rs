@@ -8,7 +8,7 @@ use super::super::gpu::Gpu;
 use super::super::kernels;
 use super::super::tma::MappedTensor;
 use super::expert_gemm::{codes_tiled, launch_codes, CodeKind, CodeMatrices, ExpertTiles};
-use super::pool_gemm::{launch_persistent, persistent_grid};
+use super::pool_gemm::persistent_grid;
 use super::unsupported::unsupported;
 
 /// Most rows of a tile [`grouped_gemm_wgmma`] takes (two consumer warpgroups of 64): dispatch
@@ -64,10 +64,24 @@ pub fn grouped_gemm_wgmma(
             t.rows
         ));
     }
-    let kernel = kernels::expert_wgmma::grouped_gemm_wgmma;
-    let smem = grouped_wgmma_smem_bytes();
-    launch_persistent(
-        gpu, kernel, 384, smem, w, w_ptr, x, row_token, y, t, n, k, gated,
+    // One CTA per multiprocessor, or per (tile, 128-row weight slice) item when there are fewer.
+    let Some(cfg) = persistent_grid(gpu, t, n, 384, grouped_wgmma_smem_bytes()) else {
+        return Ok(());
+    };
+    kernels::expert_wgmma::grouped_gemm_wgmma(
+        gpu,
+        cfg,
+        w.map,
+        w.base,
+        w_ptr,
+        x,
+        row_token,
+        y,
+        t.tiles,
+        t.num_tiles,
+        n as i32,
+        k as i32,
+        i32::from(gated),
     )
 }
 

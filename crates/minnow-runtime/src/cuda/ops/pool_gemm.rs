@@ -4,7 +4,7 @@
 
 use super::super::error::CudaResult;
 use super::super::gpu::Gpu;
-use super::super::kernels::{self, expert_wgmma::GroupedWgmma, pool_gemm::GroupedTma};
+use super::super::kernels::{self, pool_gemm::GroupedTma};
 use super::super::launch::LaunchConfig;
 use super::super::tma::MappedTensor;
 use super::expert_gemm::ExpertTiles;
@@ -266,46 +266,6 @@ pub(super) fn persistent_grid(
             smem as u32,
         )
     })
-}
-
-/// Launches the persistent wgmma expert GEMM (`grouped_gemm_wgmma`; the TMA kernels take the
-/// pair's parameters too, see `launch_grouped_tma`) with `threads` per CTA and `smem` bytes of
-/// dynamic shared memory: one CTA per multiprocessor, or per (tile, 128-row weight slice) item
-/// when there are fewer.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn launch_persistent(
-    gpu: &Gpu,
-    kernel: GroupedWgmma,
-    threads: u32,
-    smem: usize,
-    w: MappedTensor,
-    w_ptr: u64,
-    x: u64,
-    row_token: u64,
-    y: u64,
-    t: &ExpertTiles,
-    n: usize,
-    k: usize,
-    gated: bool,
-) -> CudaResult<()> {
-    let Some(cfg) = persistent_grid(gpu, t, n, threads, smem) else {
-        return Ok(());
-    };
-    kernel(
-        gpu,
-        cfg,
-        w.map,
-        w.base,
-        w_ptr,
-        x,
-        row_token,
-        y,
-        t.tiles,
-        t.num_tiles,
-        n as i32,
-        k as i32,
-        i32::from(gated),
-    )
 }
 
 #[cfg(test)]
