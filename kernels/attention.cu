@@ -259,11 +259,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const bf16* 
                  : "r"(s));
 }
 
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&v);
-}
-
 // SEQ = false: the CTA takes key split blockIdx.z (one fixed chunk, or an even share) and writes
 // its unnormalised partial (O, m, l) for attention_combine. SEQ = true (chunk_tiles > 0, gridDim.z
 // = 1): the CTA walks every chunk of its rows' keys in order, computing each chunk exactly as a

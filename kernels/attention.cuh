@@ -47,13 +47,18 @@ __device__ __forceinline__ float exp2_approx(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+// Two F32 values rounded to BF16 and packed low, high: an A fragment register of P, or two
+// output columns.
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
 __device__ __forceinline__ unsigned probs_bf16x2(float x0, float x1, float m, float& sum) {
     constexpr float LOG2E = 1.4426950408889634f;
     const float ml = m * LOG2E;
     const float e0 = m == -INFINITY ? 0.f : exp2_approx(__fmaf_rn(x0, LOG2E, -ml));
     const float e1 = m == -INFINITY ? 0.f : exp2_approx(__fmaf_rn(x1, LOG2E, -ml));
-    __nv_bfloat162 v = __floats2bfloat162_rn(e0, e1);
-    const unsigned u = *reinterpret_cast<unsigned*>(&v);
+    const unsigned u = pack_bf16(e0, e1);
     sum += __uint_as_float(u << 16) + __uint_as_float(u & 0xffff0000u);
     return u;
 }

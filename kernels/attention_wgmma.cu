@@ -45,11 +45,6 @@ using namespace minnow_tma;
 using namespace minnow_wgmma;
 using namespace minnow_attention;
 
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&v);
-}
-
 // 16 bytes global -> shared (a shared-space address), or 16 zero bytes when !valid.
 __device__ __forceinline__ void copy16(unsigned dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)

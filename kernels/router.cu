@@ -702,7 +702,7 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int v = 0; v < 4; ++v) c[i][j][v] = total[i][j][v] = 0.f;
+            for (int v = 0; v < 4; ++v) c[i][j][v] = 0.f;  // total starts at the first fold
     int range = 0;  // the mma kernel's warp whose column range is being summed
     // Ends range `range`: its sum joins the total (the first one is the total), c restarts.
     auto fold = [&]() {
