@@ -48,6 +48,23 @@ fn cannot_run(test: &str, reason: &str) {
     }
 }
 
+/// Whether the TMA grouped GEMM runs on this GPU (the sm_90 kernels and its shared memory);
+/// when it does not, `test` reports it through [`cannot_run`].
+fn grouped_tma_runs(g: &Gpu, test: &str) -> bool {
+    let runs = ops::grouped_tma_supported(g, 16, 1024, 2048);
+    if !runs {
+        cannot_run(
+            test,
+            &format!(
+                "the TMA grouped GEMM cannot run on {}: it needs the sm_90 kernels and its \
+                 shared memory",
+                g.name()
+            ),
+        );
+    }
+    runs
+}
+
 fn randn(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n)
         .map(|_| (rng.gen::<f32>() * 2.0 - 1.0) * scale * 1.7)
@@ -2081,15 +2098,7 @@ impl DispatchedCase {
 #[ignore = "needs a CUDA GPU"]
 fn grouped_gemm_tma_gives_the_grouped_kernels_bits() {
     let g = gpu();
-    if !ops::grouped_tma_supported(&g, 16, 1024, 2048) {
-        cannot_run(
-            "grouped_gemm_tma_gives_the_grouped_kernels_bits",
-            &format!(
-                "the TMA grouped GEMM cannot run on {}: it needs the sm_90 kernels and its \
-                 shared memory",
-                g.name()
-            ),
-        );
+    if !grouped_tma_runs(&g, "grouped_gemm_tma_gives_the_grouped_kernels_bits") {
         return;
     }
     let mut rng = rng();
@@ -2119,15 +2128,7 @@ fn grouped_gemm_tma_gives_the_grouped_kernels_bits() {
 #[ignore = "needs a CUDA GPU"]
 fn grouped_tma_pair_gives_the_bits_of_two_launches() {
     let g = gpu();
-    if !ops::grouped_tma_supported(&g, 16, 1024, 2048) {
-        cannot_run(
-            "grouped_tma_pair_gives_the_bits_of_two_launches",
-            &format!(
-                "the TMA grouped GEMM cannot run on {}: it needs the sm_90 kernels and its \
-                 shared memory",
-                g.name()
-            ),
-        );
+    if !grouped_tma_runs(&g, "grouped_tma_pair_gives_the_bits_of_two_launches") {
         return;
     }
     let mut rng = rng();
@@ -2312,11 +2313,7 @@ fn grouped_gemm_wgmma_gives_the_grouped_kernels_bits() {
 #[ignore = "needs a CUDA GPU"]
 fn grouped_gemm_tma_is_deterministic_over_many_launches() {
     let g = gpu();
-    if !ops::grouped_tma_supported(&g, 16, 1024, 2048) {
-        cannot_run(
-            "grouped_gemm_tma_is_deterministic_over_many_launches",
-            &format!("the TMA grouped GEMM cannot run on {}", g.name()),
-        );
+    if !grouped_tma_runs(&g, "grouped_gemm_tma_is_deterministic_over_many_launches") {
         return;
     }
     let launches: usize = std::env::var("MINNOW_TMA_STRESS_LAUNCHES")
