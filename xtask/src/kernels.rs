@@ -34,7 +34,7 @@ fn target(stem: &str, arch: &'static str) -> &'static str {
 }
 
 /// The workspace root: the nearest ancestor of the current directory holding `kernels/`.
-fn workspace_root() -> Result<PathBuf, String> {
+pub(crate) fn workspace_root() -> Result<PathBuf, String> {
     let mut dir = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     loop {
         if dir.join("kernels/common.cuh").is_file() {

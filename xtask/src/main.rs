@@ -1,5 +1,5 @@
-//! `cargo xtask <task>`: kernels (CUDA C to committed PTX), make-checkpoint (random weights at real
-//! LLaDA2 shapes), bench, bench-cpu, bench-turns and bench-structured (the numbers in docs/performance.md).
+//! `cargo xtask <task>`: kernels (CUDA C to committed PTX), kernel-syntax (a host-compiler parse
+//! of the same sources), make-checkpoint (random weights at real LLaDA2 shapes), bench, bench-cpu, bench-turns and bench-structured (the numbers in docs/performance.md).
 //!
 //! One module per task; each parses its own options, this file only dispatches.
 
@@ -7,6 +7,7 @@ mod bench;
 mod bench_cpu;
 mod bench_structured;
 mod bench_turns;
+mod kernel_syntax;
 mod kernels;
 mod make_checkpoint;
 
@@ -24,6 +25,8 @@ enum Task {
     /// Compile kernels/*.cu to the committed PTX (`--check`: verify it is up to date).
     #[command(disable_help_flag = true)]
     Kernels(Rest),
+    /// Parse kernels/*.cu with the host C++ compiler (no nvcc needed; front-end errors only).
+    KernelSyntax,
     /// GPU benchmark (`--quick`, `--commit SHA`, ...).
     #[command(disable_help_flag = true)]
     Bench(Rest),
@@ -59,6 +62,7 @@ fn main() {
         .try_init();
     let result = match Cli::parse().task {
         Task::Kernels(r) => kernels::run(&r.args),
+        Task::KernelSyntax => kernel_syntax::run(),
         Task::Bench(r) => bench::run(&r.args),
         Task::BenchCpu(r) => bench_cpu::run(&r.args),
         Task::BenchTurns(r) => bench_turns::run(&r.args),
