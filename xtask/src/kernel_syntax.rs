@@ -274,7 +274,10 @@ mod tests {
             out.contains("minnow_shim_asm_operands((c[0]), (c[1]), (s))"),
             "{out}"
         );
-        assert!(!out.contains("volatile") && !out.contains("memory"), "{out}");
+        assert!(
+            !out.contains("volatile") && !out.contains("memory"),
+            "{out}"
+        );
     }
 
     #[test]
