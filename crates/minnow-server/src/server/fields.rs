@@ -249,6 +249,15 @@ leaf!(
     })
 );
 leaf!(
+    /// A whole JSON number over the range of i64 and u64 together (a seed drawn as 64 random
+    /// bits is often above i64's range).
+    Wide(i128), "must be an integer", Value::Number(n) => n
+        .as_i64()
+        .map(i128::from)
+        .or_else(|| n.as_u64().map(i128::from))
+        .or_else(|| n.as_f64().filter(|x| x.fract() == 0.0 && x.abs() < 9.0e15).map(|x| x as i128))
+);
+leaf!(
     /// A JSON array of any values (each checked by its reader).
     List(Vec<Value>), "must be a list", Value::Array(items) => Some(items)
 );

@@ -18,7 +18,7 @@ use super::errors::ApiError;
 use super::fields::{
     accept_inert, field_path, in_range, inner, must_be_neutral, must_be_off, parse_object,
     refuse_present, required, with_unknown, FieldPolicy, Flag, Int, List, Num, Object, Present,
-    Schema, Text, Unknown,
+    Schema, Text, Unknown, Wide,
 };
 
 /// How many new tokens a request may produce.
@@ -175,7 +175,7 @@ pub(super) struct SharedOptions {
     temperature: Option<Num>,
     top_p: Option<Num>,
     top_k: Option<Int>,
-    seed: Option<Int>,
+    seed: Option<Wide>,
     threshold: Option<Num>,
     editing_threshold: Option<Num>,
     max_post_steps: Option<Int>,
@@ -438,7 +438,9 @@ pub(super) fn parse_common(
     };
     check_ranges(&params)?;
     // llama-server uses -1 for "a random seed".
-    params.seed = match in_range("seed", shared.seed.as_ref().map(|n| n.0), -1, i64::MAX)? {
+    // Any other value is the seed's 64 bits: 0 to u64's maximum.
+    let seed = shared.seed.as_ref().map(|n| n.0);
+    params.seed = match in_range("seed", seed, -1, i128::from(u64::MAX))? {
         None | Some(-1) => None,
         Some(seed) => Some(seed as u64),
     };
@@ -1420,6 +1422,19 @@ mod tests {
         assert_eq!(common.stop, vec!["END".to_string()]);
         assert_eq!(common.params.seed, None);
         assert_eq!(common.params.threshold, Some(0.9));
+        // A seed of 64 random bits, above i64's range, is a seed like any other.
+        let seeded = |seed: Value| {
+            chat(json!({"messages": [{"role": "user", "content": "x"}], "seed": seed}))
+                .map(|r| r.common.params.seed)
+        };
+        assert_eq!(seeded(json!(u64::MAX)).unwrap(), Some(u64::MAX));
+        assert_eq!(seeded(json!(7)).unwrap(), Some(7));
+        let below = seeded(json!(-2)).unwrap_err();
+        assert!(
+            below.message.contains("between -1 and"),
+            "{}",
+            below.message
+        );
         assert_eq!(common.params.algorithm, Some(Algorithm::LowConfidence));
         assert!(common.stream && common.include_usage && common.return_progress);
         let unlimited =

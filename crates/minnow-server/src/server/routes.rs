@@ -595,7 +595,7 @@ fn props(state: &AppState) -> Result<Response<Body>, ApiError> {
     let params = json!({
         "n_predict": n_predict,
         "max_tokens": n_predict,
-        "seed": d.seed.map_or(-1, |s| s as i64),
+        "seed": d.seed.map_or(json!(-1), |s| json!(s)),
         "temperature": d.temperature,
         "top_k": d.top_k,
         "top_p": d.top_p,
