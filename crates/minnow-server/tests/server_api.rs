@@ -414,6 +414,69 @@ async fn text_completions() {
     assert!(last["timings"].is_object());
 }
 
+/// llama-server's native `/completion`: the OpenAI completion's text as `content` with `stop:
+/// true`, `stop_type` limit / word (with the matched `stopping_word`), and streamed as
+/// `stop: false` pieces whose text joins to it, then the `stop: true` object, with no `[DONE]`.
+#[tokio::test(flavor = "multi_thread")]
+async fn native_completion_answers_like_llama_server() {
+    let server = Server::start(None, &[]).await;
+    let request = json!({"prompt": "Once upon a time", "n_predict": 40, "temperature": 0});
+    let (_, openai) = post_json(&server, "/v1/completions", request.clone()).await;
+    let text = openai["choices"][0]["text"].as_str().unwrap().to_string();
+    let (status, native) = post_json(&server, "/completion", request.clone()).await;
+    assert_eq!(status, 200, "{native}");
+    assert_eq!(native["content"], text.as_str());
+    assert_eq!(native["stop"], true);
+    assert_eq!(native["stop_type"], "limit");
+    assert_eq!(native["stopping_word"], "");
+    assert_eq!(native["tokens_predicted"], 40);
+    assert_eq!(native["tokens_evaluated"], openai["usage"]["prompt_tokens"]);
+    assert_eq!(native["has_new_line"], text.contains('\n'));
+    assert!(
+        native["timings"]["predicted_n"].as_u64().is_some(),
+        "{native}"
+    );
+    assert!(native.get("choices").is_none());
+
+    // A stop string inside the greedy answer ends it there, and is named.
+    let at = text
+        .char_indices()
+        .nth(3)
+        .map(|(i, _)| i)
+        .unwrap_or_else(|| panic!("the 40-token answer {text:?} is too short to cut"));
+    let stop = text[at..].chars().next().unwrap().to_string();
+    let mut cut_request = request.clone();
+    cut_request["stop"] = json!(["never in this text \u{1}", stop]);
+    let (_, cut) = post_json(&server, "/completion", cut_request).await;
+    let content = cut["content"].as_str().unwrap();
+    assert!(
+        text.starts_with(content) && !content.contains(stop.as_str()),
+        "{cut}"
+    );
+    assert_eq!(cut["stop_type"], "word", "{cut}");
+    assert_eq!(cut["stopping_word"], stop.as_str(), "{cut}");
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let events = read_sse(post(&server, "/completion", streamed).await).await;
+    assert!(
+        !events.contains(&Sse::Done),
+        "a native stream ends without [DONE]"
+    );
+    let objects = data_events(&events);
+    let (last, pieces) = objects.split_last().unwrap();
+    let mut joined = String::new();
+    for piece in pieces {
+        assert_eq!(piece["stop"], false, "{piece}");
+        joined.push_str(piece["content"].as_str().unwrap());
+    }
+    assert_eq!(joined, text);
+    assert_eq!(last["stop"], true);
+    assert_eq!(last["content"], "");
+    assert_eq!(last["stop_type"], "limit");
+    assert_eq!(last["tokens_predicted"], 40);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn stop_strings_and_server_max_tokens() {
     let server = Server::start(None, &["--max-tokens", "8"]).await;

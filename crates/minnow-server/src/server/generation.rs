@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use super::errors::ApiError;
 use super::http::{json_response, Body};
 use super::openai::{ChatRequest, CommonOptions, CompletionRequest, MaxTokens, PromptInput};
-use super::responses::{self, Endpoint, Outcome, ResponseMeta};
+use super::responses::{self, Endpoint, NativeStop, Outcome, ResponseMeta};
 use super::state::{unix_now, AppState, RequestLog};
 
 /// A request ready to submit.
@@ -246,9 +246,12 @@ pub async fn prepare_chat(state: &Arc<AppState>, chat: ChatRequest) -> Result<Jo
     })
 }
 
+/// A text completion job: OpenAI's `/v1/completions` (`Endpoint::Completion`) or
+/// llama-server's native `/completion` (`Endpoint::Native`); the same request, other answers.
 pub async fn prepare_completion(
     state: &Arc<AppState>,
     completion: CompletionRequest,
+    endpoint: Endpoint,
 ) -> Result<Job, ApiError> {
     check_model(state, completion.common.model.as_deref())?;
     let engine = state.engine()?;
@@ -262,7 +265,7 @@ pub async fn prepare_completion(
     };
     check_prompt_ids(engine, &ids, "prompt")?;
     Ok(Job {
-        meta: new_meta(state, Endpoint::Completion),
+        meta: new_meta(state, endpoint),
         request: GenerateRequest {
             prompt_ids: ids,
             max_tokens: resolve_max_tokens(state, completion.common.max_tokens),
@@ -282,7 +285,7 @@ pub async fn prepare_completion(
 fn new_meta(state: &AppState, endpoint: Endpoint) -> ResponseMeta {
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
-        Endpoint::Completion => "cmpl",
+        Endpoint::Completion | Endpoint::Native => "cmpl",
     };
     let suffix: u64 = rand::thread_rng().gen();
     ResponseMeta {
@@ -324,6 +327,13 @@ pub async fn complete(
     log: &RequestLog,
 ) -> Result<Response<Body>, ApiError> {
     let finished = run_to_end(state, &mut job, log).await?;
+    if job.meta.endpoint == Endpoint::Native {
+        let stop = native_stop(state.engine()?, &finished, &job.common.stop);
+        let text = &finished.text;
+        let body =
+            responses::native_final(&job.meta, text, text.contains('\n'), &stop, &finished.stats);
+        return Ok(json_response(StatusCode::OK, &body));
+    }
     let tool_calls = job.filter_calls(&finished.tool_calls);
     let body = responses::completion_response(
         &job.meta,
@@ -340,9 +350,42 @@ pub async fn complete(
 /// The result of a generation run to its end (tool calls not yet filtered).
 pub struct Finished {
     pub finish_reason: FinishReason,
+    /// The generated ids (through a stop string that ended the answer).
+    pub output_ids: Vec<u32>,
     pub text: String,
     pub tool_calls: Vec<ToolCall>,
     pub stats: GenerationStats,
+}
+
+/// Why a finished answer stopped, in llama-server's words. The engine cuts the visible text
+/// where a stop string begins but keeps the ids through it, so the stop string that ended an
+/// answer is the one its ids spell right after the text; a `Stop` without one is the model's
+/// own end.
+pub fn native_stop(engine: &Engine, finished: &Finished, stops: &[String]) -> NativeStop {
+    match finished.finish_reason {
+        FinishReason::Length => return NativeStop::Limit,
+        FinishReason::Stop if !stops.is_empty() => {}
+        _ => return NativeStop::Eos,
+    }
+    let spelled = engine
+        .detokenize(&finished.output_ids, false)
+        .unwrap_or_default();
+    let after = spelled
+        .strip_prefix(finished.text.as_str())
+        .unwrap_or(spelled.as_str());
+    let word = stops
+        .iter()
+        .find(|stop| after.starts_with(stop.as_str()))
+        .or_else(|| {
+            // Text and ids disagree (a partial character at the cut): the earliest stop string
+            // the ids spell.
+            stops
+                .iter()
+                .filter_map(|stop| spelled.find(stop.as_str()).map(|at| (at, stop)))
+                .min_by_key(|(at, _)| *at)
+                .map(|(_, stop)| stop)
+        });
+    word.map_or(NativeStop::Eos, |word| NativeStop::Word(word.clone()))
 }
 
 /// Submits the job's request and waits for `Done`, recording metrics and the log fields; shared
@@ -362,10 +405,10 @@ pub async fn run_to_end(
         match handle.next_event().await {
             Some(Event::Done {
                 finish_reason,
+                output_ids,
                 text,
                 tool_calls,
                 stats,
-                ..
             }) => {
                 watch.finished = true;
                 state.metrics.record_generation(&stats);
@@ -373,6 +416,7 @@ pub async fn run_to_end(
                 log.set_outcome(responses::finish_reason(finish_reason));
                 return Ok(Finished {
                     finish_reason,
+                    output_ids,
                     text,
                     tool_calls,
                     stats,

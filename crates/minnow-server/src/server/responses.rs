@@ -1,15 +1,20 @@
-//! OpenAI response objects (and llama-server's additions: `timings`, `prompt_progress`) built
-//! from engine results. Streaming and non-streaming responses share these builders so they carry
-//! the same usage, timings and statistics.
+//! OpenAI response objects (and llama-server's additions: `timings`, `prompt_progress`), and
+//! llama-server's native `/completion` objects, built from engine results. Streaming and
+//! non-streaming responses share these builders so they carry the same usage, timings and
+//! statistics.
 
 use minnow_engine::{BlockStats, FinishReason, GenerationStats, ToolCall, ToolCallDelta};
 use serde_json::{json, Value};
 
-/// Which OpenAI API a response belongs to.
+/// Which API a response belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
+    /// OpenAI chat completions.
     Chat,
+    /// OpenAI text completions.
     Completion,
+    /// llama-server's native `/completion`: `content` and `stop` instead of choices.
+    Native,
 }
 
 /// Identity shared by every object of one response (all chunks carry the same id).
@@ -26,7 +31,7 @@ impl ResponseMeta {
         match (self.endpoint, streaming) {
             (Endpoint::Chat, false) => "chat.completion",
             (Endpoint::Chat, true) => "chat.completion.chunk",
-            (Endpoint::Completion, _) => "text_completion",
+            (Endpoint::Completion | Endpoint::Native, _) => "text_completion",
         }
     }
 
@@ -170,7 +175,7 @@ pub fn completion_response(meta: &ResponseMeta, outcome: &Outcome<'_>) -> Value 
                 "finish_reason": finish_reason(outcome.finish),
             })
         }
-        Endpoint::Completion => json!({
+        Endpoint::Completion | Endpoint::Native => json!({
             "index": 0,
             "text": outcome.text,
             "logprobs": null,
@@ -220,7 +225,7 @@ pub fn chunk(meta: &ResponseMeta, content: ChunkContent<'_>) -> Value {
             };
             json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
         }
-        Endpoint::Completion => {
+        Endpoint::Completion | Endpoint::Native => {
             let text = match content {
                 ChunkContent::Delta { text, .. } => text,
                 _ => "",
@@ -229,6 +234,75 @@ pub fn chunk(meta: &ResponseMeta, content: ChunkContent<'_>) -> Value {
         }
     };
     meta.envelope(true, json!([choice]))
+}
+
+/// Why a native `/completion` stopped, as llama-server's `stop_type` and `stopping_word` say it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NativeStop {
+    /// The model ended its answer.
+    Eos,
+    /// A stop string of the request: the one that matched.
+    Word(String),
+    /// The token limit (or the context) was reached.
+    Limit,
+}
+
+impl NativeStop {
+    fn kind(&self) -> &'static str {
+        match self {
+            NativeStop::Eos => "eos",
+            NativeStop::Word(_) => "word",
+            NativeStop::Limit => "limit",
+        }
+    }
+
+    fn word(&self) -> &str {
+        match self {
+            NativeStop::Word(word) => word,
+            _ => "",
+        }
+    }
+}
+
+/// A streamed piece of a native `/completion`: new text (`stop: false`), the tokens generated
+/// so far and the prompt's.
+pub fn native_partial(text: &str, predicted: usize, evaluated: usize) -> Value {
+    json!({
+        "index": 0,
+        "content": text,
+        "tokens": [],
+        "stop": false,
+        "tokens_predicted": predicted,
+        "tokens_evaluated": evaluated,
+    })
+}
+
+/// The last object of a native `/completion` (`stop: true`): the whole text when not streamed,
+/// "" when it was (the pieces carried it); `has_new_line` says whether the answer holds a line
+/// break.
+pub fn native_final(
+    meta: &ResponseMeta,
+    content: &str,
+    has_new_line: bool,
+    stop: &NativeStop,
+    stats: &GenerationStats,
+) -> Value {
+    json!({
+        "index": 0,
+        "content": content,
+        "tokens": [],
+        "stop": true,
+        "model": meta.model,
+        "tokens_predicted": stats.completion_tokens,
+        "tokens_evaluated": stats.prompt_tokens,
+        "has_new_line": has_new_line,
+        "truncated": false,
+        "stop_type": stop.kind(),
+        "stopping_word": stop.word(),
+        "tokens_cached": stats.prompt_tokens + stats.completion_tokens,
+        "timings": timings(stats),
+        "minnow": generation_stats(stats),
+    })
 }
 
 /// A chunk without choices (usage, prompt progress).

@@ -24,6 +24,7 @@ use super::generation;
 use super::http::{error_response, json_response, text_response, Body};
 use super::openai;
 use super::origin::Verdict;
+use super::responses::Endpoint;
 use super::state::{AppState, RequestLog};
 use super::{auth, lifecycle, responses_api, sse, static_files, worker_api};
 
@@ -42,6 +43,7 @@ enum Route {
     Metrics,
     ChatCompletions,
     Completions,
+    NativeCompletion,
     Tokenize,
     Detokenize,
     ApplyTemplate,
@@ -64,6 +66,7 @@ impl Route {
             "/metrics" => Route::Metrics,
             "/v1/chat/completions" | "/chat/completions" => Route::ChatCompletions,
             "/v1/completions" | "/completions" => Route::Completions,
+            "/completion" => Route::NativeCompletion,
             "/tokenize" => Route::Tokenize,
             "/detokenize" => Route::Detokenize,
             "/apply-template" => Route::ApplyTemplate,
@@ -106,7 +109,10 @@ impl Route {
     fn generates(self) -> bool {
         matches!(
             self,
-            Route::ChatCompletions | Route::Completions | Route::Responses
+            Route::ChatCompletions
+                | Route::Completions
+                | Route::NativeCompletion
+                | Route::Responses
         )
     }
 
@@ -125,6 +131,7 @@ impl Route {
             Route::Metrics => "/metrics",
             Route::ChatCompletions => "/v1/chat/completions",
             Route::Completions => "/v1/completions",
+            Route::NativeCompletion => "/completion",
             Route::Tokenize => "/tokenize",
             Route::Detokenize => "/detokenize",
             Route::ApplyTemplate => "/apply-template",
@@ -332,12 +339,17 @@ async fn serve_route(
             let job = generation::prepare_chat(state, chat).await?;
             with_ignored(run(state, job, log).await, ignored)
         }
-        Route::Completions => {
+        Route::Completions | Route::NativeCompletion => {
             let body = read_json(state, request).await?;
             let (completion, ignored) =
                 parsed(state, |policy| openai::parse_completion(&body, policy))?;
             drop(body);
-            let job = generation::prepare_completion(state, completion).await?;
+            let endpoint = if route == Route::NativeCompletion {
+                Endpoint::Native
+            } else {
+                Endpoint::Completion
+            };
+            let job = generation::prepare_completion(state, completion, endpoint).await?;
             with_ignored(run(state, job, log).await, ignored)
         }
         Route::Tokenize => {
@@ -778,6 +790,7 @@ mod tests {
             Some(Route::ChatCompletions)
         );
         assert_eq!(Route::find("/completions"), Some(Route::Completions));
+        assert_eq!(Route::find("/completion"), Some(Route::NativeCompletion));
         assert_eq!(Route::find("/v1/models/abc"), Some(Route::Model));
         assert_eq!(Route::find("/v1/models/"), None);
         assert_eq!(Route::find("/v1/health"), Some(Route::Health));

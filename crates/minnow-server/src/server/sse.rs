@@ -3,8 +3,10 @@
 //! chunk with `finish_reason`, llama-server `timings` and the request totals, an optional usage
 //! chunk with empty `choices`, then `data: [DONE]`. While nothing else is sent (queued, long
 //! prefill) the stream carries keep-alive comments and, with `return_progress`, llama-server
-//! `prompt_progress` chunks. A client that disconnects closes the body channel; the task notices
-//! at once, drops the engine handle, and the engine frees the slot.
+//! `prompt_progress` chunks. llama-server's native `/completion` streams its own objects instead:
+//! one `{"content": ..., "stop": false}` per block, then the final `stop: true` object, and no
+//! `[DONE]` (as llama-server does). A client that disconnects closes the body channel; the task
+//! notices at once, drops the engine handle, and the engine frees the slot.
 
 use std::sync::Arc;
 
@@ -17,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use super::errors::ApiError;
-use super::generation::Job;
+use super::generation::{self, Finished, Job};
 use super::http::{Body, ChannelBody};
 use super::responses::{self, ChunkContent, Endpoint};
 use super::state::{AppState, RequestLog};
@@ -112,7 +114,11 @@ impl Stream {
 
     /// A llama-server `prompt_progress` chunk: `processed` of the prompt's tokens are done.
     async fn send_progress(&self, processed: usize, elapsed_ms: u64) -> Result<(), Disconnected> {
-        let mut chunk = responses::empty_chunk(&self.job.meta);
+        let mut chunk = if self.job.meta.endpoint == Endpoint::Native {
+            responses::native_partial("", 0, self.prompt_tokens)
+        } else {
+            responses::empty_chunk(&self.job.meta)
+        };
         chunk["prompt_progress"] = json!({
             "total": self.prompt_tokens,
             "cache": 0,
@@ -143,6 +149,10 @@ impl Stream {
         // are processed; the engine's prefill events (whole blocks) follow; the first block
         // completes the count (the prompt's last partial block is processed with it).
         let mut progress_done = 0;
+        // A native stream's text so far (which stop string ended it) and whether it broke a
+        // line: its final object reports both.
+        let mut spelled = String::new();
+        let mut has_new_line = false;
         if self.job.common.return_progress {
             self.send_progress(0, 0).await?;
         }
@@ -160,6 +170,9 @@ impl Stream {
                     let error = ApiError::shutdown_grace_over();
                     self.log.set_outcome(format!("error: {}", error.message));
                     self.send(&error.to_json()).await?;
+                    if meta.endpoint == Endpoint::Native {
+                        return Ok(());
+                    }
                     return self.send_raw(Bytes::from_static(b"data: [DONE]\n\n")).await;
                 }
                 event = handle.next_event() => event,
@@ -196,6 +209,23 @@ impl Stream {
                         let elapsed_ms = (running.stats.prefill_seconds * 1000.0) as u64;
                         self.send_progress(progress_done, elapsed_ms).await?;
                     }
+                    running.block(&stats);
+                    if meta.endpoint == Endpoint::Native {
+                        if text_delta.contains('\n') {
+                            has_new_line = true;
+                        }
+                        spelled.push_str(&text_delta);
+                        let mut piece = responses::native_partial(
+                            &text_delta,
+                            running.stats.completion_tokens,
+                            self.prompt_tokens,
+                        );
+                        if self.job.common.timings_per_token || self.job.common.return_progress {
+                            piece["timings"] = responses::timings(&running.stats);
+                        }
+                        self.send(&piece).await?;
+                        continue;
+                    }
                     let deltas = self.job.filter_deltas(&tool_call_deltas);
                     let mut chunk = responses::chunk(
                         meta,
@@ -205,7 +235,6 @@ impl Stream {
                         },
                     );
                     chunk["minnow"] = responses::block_stats(&stats);
-                    running.block(&stats);
                     // The llama.cpp web UI leaves its "preparing" state only when it sees
                     // timings, so progress-following clients get them with every block too.
                     if self.job.common.timings_per_token || self.job.common.return_progress {
@@ -215,8 +244,10 @@ impl Stream {
                 }
                 Some(Event::Done {
                     finish_reason,
+                    output_ids,
+                    text,
+                    tool_calls,
                     stats,
-                    ..
                 }) => {
                     self.state.metrics.record_generation(&stats);
                     self.log.set_generation(&stats);
@@ -224,6 +255,17 @@ impl Stream {
                         .set_outcome(responses::finish_reason(finish_reason));
                     // The generation is complete: a client leaving during these last frames
                     // cancelled nothing, so send errors are ignored.
+                    if meta.endpoint == Endpoint::Native {
+                        let finished = Finished {
+                            finish_reason,
+                            output_ids,
+                            text,
+                            tool_calls,
+                            stats,
+                        };
+                        let _ = self.send_native_tail(&finished, has_new_line).await;
+                        return Ok(());
+                    }
                     let _ = self.send_tail(finish_reason, &stats).await;
                     return Ok(());
                 }
@@ -258,10 +300,29 @@ impl Stream {
         self.send_raw(Bytes::from_static(b"data: [DONE]\n\n")).await
     }
 
-    /// Headers are gone already, so an error becomes an error event followed by `[DONE]`.
+    /// A native stream's final object (its text already went out in the pieces).
+    async fn send_native_tail(
+        &self,
+        finished: &Finished,
+        has_new_line: bool,
+    ) -> Result<(), Disconnected> {
+        let stop = match self.state.engine() {
+            Ok(engine) => generation::native_stop(engine, finished, &self.job.common.stop),
+            Err(_) => responses::NativeStop::Eos,
+        };
+        let last =
+            responses::native_final(&self.job.meta, "", has_new_line, &stop, &finished.stats);
+        self.send(&last).await
+    }
+
+    /// Headers are gone already, so an error becomes an error event followed by `[DONE]` (a
+    /// native stream: the error event alone, as llama-server sends it).
     async fn fail(&self, message: &str) -> Result<(), Disconnected> {
         self.log.set_outcome(format!("error: {message}"));
         self.send(&ApiError::internal(message).to_json()).await?;
+        if self.job.meta.endpoint == Endpoint::Native {
+            return Ok(());
+        }
         self.send_raw(Bytes::from_static(b"data: [DONE]\n\n")).await
     }
 }
