@@ -250,6 +250,43 @@ pub async fn read_sse(response: reqwest::Response) -> Vec<Sse> {
     parse_sse(&body)
 }
 
+/// Splits an event stream of named events (the Responses and Messages APIs) into `(event name,
+/// data)` pairs, checking the framing (every
+/// event is `event: NAME` + `data: JSON` or a `:` comment) and that each data's `type` is its
+/// event name.
+pub async fn read_named_events(response: reqwest::Response) -> Vec<(String, Value)> {
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let mut body = String::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        body.push_str(std::str::from_utf8(&chunk.expect("stream chunk")).expect("utf-8"));
+    }
+    assert!(body.ends_with("\n\n"), "{body:?}");
+    let mut events = Vec::new();
+    for frame in body.trim_end_matches('\n').split("\n\n") {
+        if frame.starts_with(':') {
+            continue;
+        }
+        let (name_line, data_line) = frame
+            .split_once('\n')
+            .unwrap_or_else(|| panic!("not an event: {frame:?}"));
+        let name = name_line
+            .strip_prefix("event: ")
+            .unwrap_or_else(|| panic!("no event name: {frame:?}"));
+        let data = data_line
+            .strip_prefix("data: ")
+            .unwrap_or_else(|| panic!("no data: {frame:?}"));
+        let value: Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{data}: {e}"));
+        assert_eq!(value["type"], name, "{frame}");
+        events.push((name.to_string(), value));
+    }
+    events
+}
+
 pub fn data_events(events: &[Sse]) -> Vec<Value> {
     events
         .iter()

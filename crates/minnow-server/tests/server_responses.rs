@@ -9,7 +9,6 @@
 mod harness;
 
 use async_openai::types::responses::{Response as TypedResponse, ResponseStreamEvent};
-use futures_util::StreamExt;
 use harness::*;
 use serde_json::{json, Value};
 
@@ -325,7 +324,7 @@ async fn function_calls_and_their_outputs() {
         let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
         assert!(arguments.is_object());
     }
-    let events = read_events(post(&server, "/v1/responses", request(true)).await).await;
+    let events = read_named_events(post(&server, "/v1/responses", request(true)).await).await;
     let last = &events.last().unwrap().1["response"];
     let streamed_calls: Vec<Value> = last["output"]
         .as_array()
@@ -418,42 +417,6 @@ async fn function_calls_and_their_outputs() {
     assert_eq!(error["param"], "input[0].call_id");
 }
 
-/// Splits a Responses event stream into `(event name, data)` pairs, checking the framing (every
-/// event is `event: NAME` + `data: JSON` or a `:` comment) and that each data's `type` is its
-/// event name.
-async fn read_events(response: reqwest::Response) -> Vec<(String, Value)> {
-    assert_eq!(response.status(), 200);
-    assert_eq!(
-        response.headers()["content-type"].to_str().unwrap(),
-        "text/event-stream"
-    );
-    let mut body = String::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        body.push_str(std::str::from_utf8(&chunk.expect("stream chunk")).expect("utf-8"));
-    }
-    assert!(body.ends_with("\n\n"), "{body:?}");
-    let mut events = Vec::new();
-    for frame in body.trim_end_matches('\n').split("\n\n") {
-        if frame.starts_with(':') {
-            continue;
-        }
-        let (name_line, data_line) = frame
-            .split_once('\n')
-            .unwrap_or_else(|| panic!("not an event: {frame:?}"));
-        let name = name_line
-            .strip_prefix("event: ")
-            .unwrap_or_else(|| panic!("no event name: {frame:?}"));
-        let data = data_line
-            .strip_prefix("data: ")
-            .unwrap_or_else(|| panic!("no data: {frame:?}"));
-        let value: Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{data}: {e}"));
-        assert_eq!(value["type"], name, "{frame}");
-        events.push((name.to_string(), value));
-    }
-    events
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn streaming_event_sequence() {
     let server = Server::start(None, &["--keep-alive", "0.05"]).await;
@@ -462,7 +425,7 @@ async fn streaming_event_sequence() {
                "return_progress": stream, "metadata": {"run": "7"}})
     };
     let plain = created(&server, body(false)).await;
-    let events = read_events(post(&server, "/v1/responses", body(true)).await).await;
+    let events = read_named_events(post(&server, "/v1/responses", body(true)).await).await;
 
     for (n, (_, event)) in events.iter().enumerate() {
         assert_eq!(

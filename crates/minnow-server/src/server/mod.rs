@@ -23,6 +23,7 @@ mod generation;
 mod http;
 mod json_body;
 mod lifecycle;
+mod messages_api;
 mod metrics;
 mod openai;
 mod origin;

@@ -26,7 +26,7 @@ use super::openai;
 use super::origin::Verdict;
 use super::responses::Endpoint;
 use super::state::{AppState, RequestLog};
-use super::{auth, lifecycle, responses_api, sse, static_files, worker_api};
+use super::{auth, lifecycle, messages_api, responses_api, sse, static_files, worker_api};
 
 /// The API routes. Anything else is a static UI file (with `--ui-dir`) or a 404.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +50,8 @@ enum Route {
     Responses,
     ResponsesInputTokens,
     StoredResponse,
+    Messages,
+    MessagesCountTokens,
 }
 
 impl Route {
@@ -72,6 +74,8 @@ impl Route {
             "/apply-template" => Route::ApplyTemplate,
             "/v1/responses" | "/responses" => Route::Responses,
             "/v1/responses/input_tokens" | "/responses/input_tokens" => Route::ResponsesInputTokens,
+            "/v1/messages" => Route::Messages,
+            "/v1/messages/count_tokens" => Route::MessagesCountTokens,
             _ if model_id_in_path(path).is_some() => Route::Model,
             _ if response_id_in_path(path).is_some() => Route::StoredResponse,
             _ => return None,
@@ -113,7 +117,13 @@ impl Route {
                 | Route::Completions
                 | Route::NativeCompletion
                 | Route::Responses
+                | Route::Messages
         )
+    }
+
+    /// Routes of Anthropic's Messages API, whose errors take its shape.
+    fn anthropic(self) -> bool {
+        matches!(self, Route::Messages | Route::MessagesCountTokens)
     }
 
     /// Metrics label.
@@ -138,6 +148,8 @@ impl Route {
             Route::Responses => "/v1/responses",
             Route::ResponsesInputTokens => "/v1/responses/input_tokens",
             Route::StoredResponse => "/v1/responses/{id}",
+            Route::Messages => "/v1/messages",
+            Route::MessagesCountTokens => "/v1/messages/count_tokens",
         }
     }
 }
@@ -192,7 +204,11 @@ pub async fn handle(
                 // A client's 4xx is logged with its reason too: the operator sees why.
                 log.set_outcome(error.message.clone());
             }
-            error_response(&error)
+            if route.is_some_and(Route::anthropic) {
+                messages_api::error_response(&error)
+            } else {
+                error_response(&error)
+            }
         }
     };
     log.set_status(response.status().as_u16());
@@ -273,7 +289,12 @@ async fn dispatch(
         return serve_static(state, &request, &path).await;
     };
     if !route.allows(&method) {
-        let mut response = error_response(&ApiError::method_not_allowed(method.as_str(), &path));
+        let refusal = ApiError::method_not_allowed(method.as_str(), &path);
+        let mut response = if route.anthropic() {
+            messages_api::error_response(&refusal)
+        } else {
+            error_response(&refusal)
+        };
         response.headers_mut().insert(
             ALLOW,
             HeaderValue::from_static(match route.method() {
@@ -412,6 +433,29 @@ async fn serve_route(
             let (request, ignored) = parsed(state, |policy| responses_api::parse(&body, policy))?;
             drop(body);
             with_ignored(responses_api::input_tokens(state, request).await, ignored)
+        }
+        Route::Messages | Route::MessagesCountTokens => {
+            let body = read_json(state, request).await?;
+            let counting = route == Route::MessagesCountTokens;
+            let (request, ignored) = parsed(state, |policy| {
+                if counting {
+                    messages_api::parse_count(&body, policy)
+                } else {
+                    messages_api::parse(&body, policy)
+                }
+            })?;
+            drop(body);
+            let answer = if counting {
+                messages_api::count_tokens(state, request).await
+            } else {
+                messages_api::create(state, request, log).await
+            };
+            // Errors past this point still take the Messages API's shape.
+            let answer = answer.or_else(|error| {
+                log.set_outcome(error.message.clone());
+                Ok(messages_api::error_response(&error))
+            });
+            with_ignored(answer, ignored)
         }
         Route::StoredResponse => {
             let id = percent_decoded(response_id_in_path(path).unwrap_or_default());
