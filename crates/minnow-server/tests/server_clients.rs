@@ -222,6 +222,16 @@ async fn dns_rebinding_and_cross_origin_pages_are_refused() {
             .contains("access-control-allow-origin: https://app.example"),
         "{text}"
     );
+    // The SDKs' own headers (x-stainless-*, anthropic-version) are allowed as the page asks.
+    let (status, text) = open.raw(&format!(
+        "OPTIONS /v1/messages HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: https://app.example\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: anthropic-version, x-api-key, x-stainless-os\r\nConnection: close\r\n\r\n"
+    ));
+    assert_eq!(status, 204, "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("access-control-allow-headers: anthropic-version, x-api-key, x-stainless-os"),
+        "{text}"
+    );
 }
 
 /// Renders through `/apply-template` and tokenizes the same conversation through a chat request,

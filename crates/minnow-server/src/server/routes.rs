@@ -274,7 +274,7 @@ async fn dispatch(
         // Only an allowed cross-origin caller gets a CORS preflight answer; a same-origin page
         // never sends one.
         return Ok(match verdict {
-            Verdict::Cors(_) => preflight(),
+            Verdict::Cors(_) => preflight(request.headers()),
             Verdict::SameOrigin => {
                 let mut response = Response::new(super::http::full(Bytes::new()));
                 *response.status_mut() = StatusCode::NO_CONTENT;
@@ -507,9 +507,31 @@ async fn run(
     }
 }
 
-fn preflight() -> Response<Body> {
+/// Request headers an allowed origin may always send: the key, the body type, the Anthropic
+/// SDKs' version headers.
+const ALLOWED_HEADERS: &str = "authorization, content-type, x-api-key, x-conversation-id, \
+    anthropic-version, anthropic-beta, anthropic-dangerous-direct-browser-access";
+
+/// The answer to an allowed origin's preflight. The headers it asks for are allowed as asked
+/// (the SDKs add their own `x-stainless-*` headers, a list that grows): the origin is what the
+/// policy checks, and it passed.
+fn preflight(request: &hyper::HeaderMap) -> Response<Body> {
     let mut response = Response::new(super::http::full(Bytes::new()));
     *response.status_mut() = StatusCode::NO_CONTENT;
+    let asked = request
+        .get("access-control-request-headers")
+        .filter(|value| {
+            value.to_str().is_ok_and(|list| {
+                list.split(',').all(|name| {
+                    let name = name.trim();
+                    !name.is_empty()
+                        && name
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                })
+            })
+        })
+        .cloned();
     let headers = response.headers_mut();
     headers.insert(
         ACCESS_CONTROL_ALLOW_METHODS,
@@ -517,7 +539,7 @@ fn preflight() -> Response<Body> {
     );
     headers.insert(
         ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static("authorization, content-type, x-api-key, x-conversation-id"),
+        asked.unwrap_or(HeaderValue::from_static(ALLOWED_HEADERS)),
     );
     headers.insert(ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
     response
