@@ -10,22 +10,20 @@
 //!    and the usage, and `message_stop` ends the stream.
 //!
 //! Keep-alives are `ping` events. A generation error ends the stream with an `error` event. A
-//! client that disconnects cancels the generation.
+//! client that disconnects cancels the generation (`sse::drive` runs the stream).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use hyper::Response;
-use minnow_engine::{Event, RequestHandle, ToolCallDelta};
+use minnow_engine::{BlockStats, ToolCallDelta};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
-use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use super::super::errors::ApiError;
 use super::super::generation::{self, Finished, Job};
-use super::super::http::{Body, ChannelBody};
-use super::super::responses;
-use super::super::sse;
+use super::super::http::Body;
+use super::super::responses::NativeStop;
+use super::super::sse::{self, Disconnected, Frames, Out};
 use super::super::state::{AppState, RequestLog};
 use super::object;
 
@@ -40,24 +38,27 @@ pub fn start(
     let engine = state.engine()?;
     let prompt_tokens = job.request.prompt_ids.len();
     let handle = engine.submit(std::mem::take(&mut job.request))?;
-    let (tx, body) = ChannelBody::channel();
-    let stream = EventStream {
+    let frames = MessagesFrames {
         state: state.clone(),
         job,
         id,
-        tx,
-        log,
         prompt_tokens,
         blocks: 0,
         open: None,
         calls: Vec::new(),
     };
-    tokio::spawn(stream.run(handle));
-    Ok(sse::event_stream(body))
+    let (out, response) = Out::open();
+    let keep_alive = Some(state.config.keep_alive);
+    tokio::spawn(sse::drive(
+        state.clone(),
+        log,
+        out,
+        handle,
+        frames,
+        keep_alive,
+    ));
+    Ok(response)
 }
-
-/// The client is gone; stop work.
-struct Disconnected;
 
 /// The content block being streamed.
 #[derive(Clone, Copy, PartialEq)]
@@ -66,13 +67,12 @@ enum Open {
     Call(usize),
 }
 
-struct EventStream {
+/// The Messages API's events for one request.
+struct MessagesFrames {
     state: Arc<AppState>,
     job: Job,
     /// The message's id.
     id: String,
-    tx: mpsc::Sender<Bytes>,
-    log: Arc<RequestLog>,
     prompt_tokens: usize,
     /// Content blocks started so far (the next block's index).
     blocks: usize,
@@ -81,27 +81,12 @@ struct EventStream {
     calls: Vec<(usize, usize)>,
 }
 
-impl EventStream {
-    async fn run(mut self, mut handle: RequestHandle) {
-        if self.pump(&mut handle).await.is_err() {
-            handle.cancel();
-            self.state.metrics.record_cancelled();
-            self.log.set_outcome("client disconnected");
-        }
+impl Frames for MessagesFrames {
+    fn keep_alive(&self) -> Bytes {
+        Bytes::from_static(b"event: ping\ndata: {\"type\":\"ping\"}\n\n")
     }
 
-    async fn emit(&self, kind: &str, mut payload: Value) -> Result<(), Disconnected> {
-        payload["type"] = json!(kind);
-        let frame = Bytes::from(format!("event: {kind}\ndata: {payload}\n\n"));
-        self.tx.send(frame).await.map_err(|_| Disconnected)
-    }
-
-    async fn fail(&self, error: &ApiError) -> Result<(), Disconnected> {
-        self.log.set_outcome(format!("error: {}", error.message));
-        self.emit("error", object::error(error)).await
-    }
-
-    async fn pump(&mut self, handle: &mut RequestHandle) -> Result<(), Disconnected> {
+    async fn start(&mut self, out: &Out) -> Result<(), Disconnected> {
         let usage = json!({"input_tokens": self.prompt_tokens, "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0, "output_tokens": 0});
         let start = object::message(
@@ -111,110 +96,116 @@ impl EventStream {
             ("", Value::Null),
             usage,
         );
-        self.emit("message_start", json!({ "message": start }))
+        out.named("message_start", json!({ "message": start }))
             .await?;
-        self.emit("ping", json!({})).await?;
-
-        let period = self.state.config.keep_alive;
-        let mut keep_alive = interval_at(Instant::now() + period, period);
-        keep_alive.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let lifecycle = self.state.lifecycle.clone();
-        let grace_over = lifecycle.grace_over();
-        tokio::pin!(grace_over);
-        loop {
-            let event = tokio::select! {
-                biased;
-                _ = self.tx.closed() => return Err(Disconnected),
-                // The server is going away with this message unfinished (`lifecycle.rs`).
-                () = &mut grace_over => return self.fail(&ApiError::shutdown_grace_over()).await,
-                event = handle.next_event() => event,
-                _ = keep_alive.tick() => {
-                    self.emit("ping", json!({})).await?;
-                    continue;
-                }
-            };
-            keep_alive.reset();
-            match event {
-                Some(Event::PrefillProgress { .. }) => {}
-                Some(Event::Block {
-                    text_delta,
-                    tool_call_deltas,
-                    ..
-                }) => {
-                    if !text_delta.is_empty() {
-                        self.text(&text_delta).await?;
-                    }
-                    for delta in self.job.filter_deltas(&tool_call_deltas) {
-                        self.call(&delta).await?;
-                    }
-                }
-                Some(Event::Done {
-                    finish_reason,
-                    output_ids,
-                    text,
-                    tool_calls,
-                    stats,
-                }) => {
-                    self.state.metrics.record_generation(&stats);
-                    self.log.set_generation(&stats);
-                    self.log
-                        .set_outcome(responses::finish_reason(finish_reason));
-                    let finished = Finished {
-                        finish_reason,
-                        output_ids,
-                        text,
-                        tool_calls,
-                        stats,
-                    };
-                    // The generation is complete: a client leaving during the last events
-                    // cancels nothing.
-                    let _ = self.finish(&finished).await;
-                    return Ok(());
-                }
-                Some(Event::Error(error)) => return self.fail(&ApiError::from(error)).await,
-                None => {
-                    let error = ApiError::internal("the engine ended the request without a result");
-                    return self.fail(&error).await;
-                }
-            }
-        }
+        out.named("ping", json!({})).await
     }
 
+    async fn progress(
+        &mut self,
+        _out: &Out,
+        _total: usize,
+        _cached: usize,
+        _processed: usize,
+        _elapsed_ms: u64,
+    ) -> Result<(), Disconnected> {
+        Ok(())
+    }
+
+    async fn block(
+        &mut self,
+        out: &Out,
+        text_delta: String,
+        tool_call_deltas: Vec<ToolCallDelta>,
+        _stats: BlockStats,
+    ) -> Result<(), Disconnected> {
+        if !text_delta.is_empty() {
+            self.text(out, &text_delta).await?;
+        }
+        for delta in self.job.filter_deltas(&tool_call_deltas) {
+            self.call(out, &delta).await?;
+        }
+        Ok(())
+    }
+
+    /// An empty text block for an answer with no content (as the plain answer holds one), the
+    /// open block's end, `message_delta` and `message_stop`.
+    async fn done(&mut self, out: &Out, finished: Finished) -> Result<(), Disconnected> {
+        if self.blocks == 0 {
+            let block = json!({"type": "text", "text": ""});
+            out.named(
+                "content_block_start",
+                json!({"index": 0, "content_block": block}),
+            )
+            .await?;
+            self.blocks = 1;
+            self.open = Some(Open::Text(0));
+        }
+        self.close(out).await?;
+        let stop = match self.state.engine() {
+            Ok(engine) => generation::native_stop(engine, &finished, &self.job.common.stop),
+            Err(_) => NativeStop::Eos,
+        };
+        let (reason, sequence) = object::stop_reason(finished.finish_reason, &stop);
+        out.named(
+            "message_delta",
+            json!({
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": object::usage(&finished.stats),
+            }),
+        )
+        .await?;
+        out.named("message_stop", json!({})).await
+    }
+
+    async fn fail(&mut self, out: &Out, error: &ApiError) -> Result<(), Disconnected> {
+        out.named("error", object::error(error)).await
+    }
+}
+
+impl MessagesFrames {
     /// Closes the open block, if any.
-    async fn close(&mut self) -> Result<(), Disconnected> {
+    async fn close(&mut self, out: &Out) -> Result<(), Disconnected> {
         if let Some(Open::Text(index) | Open::Call(index)) = self.open.take() {
-            self.emit("content_block_stop", json!({ "index": index }))
+            out.named("content_block_stop", json!({ "index": index }))
                 .await?;
         }
         Ok(())
     }
 
-    async fn text(&mut self, text: &str) -> Result<(), Disconnected> {
+    /// Starts the next content block.
+    async fn open_block(&mut self, out: &Out, block: Value) -> Result<usize, Disconnected> {
+        self.close(out).await?;
+        let index = self.blocks;
+        self.blocks += 1;
+        out.named(
+            "content_block_start",
+            json!({"index": index, "content_block": block}),
+        )
+        .await?;
+        Ok(index)
+    }
+
+    async fn text(&mut self, out: &Out, text: &str) -> Result<(), Disconnected> {
         let index = match self.open {
             Some(Open::Text(index)) => index,
             _ => {
-                self.close().await?;
-                let index = self.blocks;
-                self.blocks += 1;
+                let index = self
+                    .open_block(out, json!({"type": "text", "text": ""}))
+                    .await?;
                 self.open = Some(Open::Text(index));
-                let block = json!({"type": "text", "text": ""});
-                self.emit(
-                    "content_block_start",
-                    json!({"index": index, "content_block": block}),
-                )
-                .await?;
                 index
             }
         };
         let delta = json!({"type": "text_delta", "text": text});
-        self.emit(
+        out.named(
             "content_block_delta",
             json!({"index": index, "delta": delta}),
         )
         .await
     }
 
-    async fn call(&mut self, delta: &ToolCallDelta) -> Result<(), Disconnected> {
+    async fn call(&mut self, out: &Out, delta: &ToolCallDelta) -> Result<(), Disconnected> {
         let known = self
             .calls
             .iter()
@@ -223,22 +214,15 @@ impl EventStream {
         let index = match known {
             Some(index) => index,
             None => {
-                self.close().await?;
-                let index = self.blocks;
-                self.blocks += 1;
-                self.calls.push((delta.index, index));
-                self.open = Some(Open::Call(index));
                 let block = json!({
                     "type": "tool_use",
                     "id": delta.id.clone().unwrap_or_default(),
                     "name": delta.name.clone().unwrap_or_default(),
                     "input": {},
                 });
-                self.emit(
-                    "content_block_start",
-                    json!({"index": index, "content_block": block}),
-                )
-                .await?;
+                let index = self.open_block(out, block).await?;
+                self.calls.push((delta.index, index));
+                self.open = Some(Open::Call(index));
                 index
             }
         };
@@ -246,40 +230,10 @@ impl EventStream {
             return Ok(());
         }
         let fragment = json!({"type": "input_json_delta", "partial_json": delta.arguments});
-        self.emit(
+        out.named(
             "content_block_delta",
             json!({"index": index, "delta": fragment}),
         )
         .await
-    }
-
-    /// The last events: an empty text block for an answer with no content (as the plain answer
-    /// holds one), the open block's end, `message_delta` and `message_stop`.
-    async fn finish(&mut self, finished: &Finished) -> Result<(), Disconnected> {
-        if self.blocks == 0 {
-            let block = json!({"type": "text", "text": ""});
-            self.emit(
-                "content_block_start",
-                json!({"index": 0, "content_block": block}),
-            )
-            .await?;
-            self.blocks = 1;
-            self.open = Some(Open::Text(0));
-        }
-        self.close().await?;
-        let stop = match self.state.engine() {
-            Ok(engine) => generation::native_stop(engine, finished, &self.job.common.stop),
-            Err(_) => responses::NativeStop::Eos,
-        };
-        let (reason, sequence) = object::stop_reason(finished.finish_reason, &stop);
-        self.emit(
-            "message_delta",
-            json!({
-                "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                "usage": object::usage(&finished.stats),
-            }),
-        )
-        .await?;
-        self.emit("message_stop", json!({})).await
     }
 }

@@ -20,15 +20,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use hyper::Response;
-use minnow_engine::{Event, FinishReason, GenerationStats, RequestHandle, ToolCall, ToolCallDelta};
+use minnow_engine::{BlockStats, FinishReason, GenerationStats, ToolCall, ToolCallDelta};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
-use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use super::super::errors::ApiError;
-use super::super::http::{Body, ChannelBody};
-use super::super::responses;
-use super::super::sse;
+use super::super::generation::Finished;
+use super::super::http::Body;
+use super::super::sse::{self, Disconnected, Frames, Out};
 use super::super::state::{AppState, RequestLog};
 use super::items::Item;
 use super::object::{self, Status};
@@ -43,29 +41,31 @@ pub fn start(
 ) -> Result<Response<Body>, ApiError> {
     let engine = state.engine()?;
     let handle = engine.submit(std::mem::take(&mut prepared.job.request))?;
-    let (tx, body) = ChannelBody::channel();
-    let stream = EventStream {
+    let frames = ResponsesFrames {
         state: state.clone(),
         prepared,
-        tx,
-        log,
         sequence: 0,
         items: Vec::new(),
         message: None,
         calls: Vec::new(),
     };
-    tokio::spawn(stream.run(handle));
-    Ok(sse::event_stream(body))
+    let (out, response) = Out::open();
+    let keep_alive = Some(state.config.keep_alive);
+    tokio::spawn(sse::drive(
+        state.clone(),
+        log,
+        out,
+        handle,
+        frames,
+        keep_alive,
+    ));
+    Ok(response)
 }
 
-/// The client is gone; stop work.
-struct Disconnected;
-
-struct EventStream {
+/// The Responses API's events for one request (`sse::drive` runs the stream).
+struct ResponsesFrames {
     state: Arc<AppState>,
     prepared: Prepared,
-    tx: mpsc::Sender<Bytes>,
-    log: Arc<RequestLog>,
     /// The next event's `sequence_number`.
     sequence: u64,
     /// Output items in output order, as streamed so far.
@@ -76,131 +76,92 @@ struct EventStream {
     calls: Vec<(usize, usize)>,
 }
 
-impl EventStream {
-    async fn run(mut self, mut handle: RequestHandle) {
-        if self.pump(&mut handle).await.is_err() {
-            handle.cancel();
-            self.state.metrics.record_cancelled();
-            self.log.set_outcome("client disconnected");
+impl Frames for ResponsesFrames {
+    fn keep_alive(&self) -> Bytes {
+        Bytes::from_static(b": keep-alive\n\n")
+    }
+
+    async fn start(&mut self, out: &Out) -> Result<(), Disconnected> {
+        let initial = self.object(&Status::InProgress, None);
+        self.emit(out, "response.created", json!({ "response": initial }))
+            .await?;
+        self.emit(out, "response.in_progress", json!({ "response": initial }))
+            .await
+    }
+
+    async fn progress(
+        &mut self,
+        out: &Out,
+        total: usize,
+        cached: usize,
+        processed: usize,
+        elapsed_ms: u64,
+    ) -> Result<(), Disconnected> {
+        if !self.prepared.return_progress {
+            return Ok(());
         }
+        let progress = json!({
+            "total": total,
+            "cache": cached,
+            "processed": processed,
+            "time_ms": elapsed_ms,
+        });
+        self.emit(out, "minnow.prompt_progress", progress).await
     }
 
-    async fn send_raw(&self, frame: Bytes) -> Result<(), Disconnected> {
-        self.tx.send(frame).await.map_err(|_| Disconnected)
+    async fn block(
+        &mut self,
+        out: &Out,
+        text_delta: String,
+        tool_call_deltas: Vec<ToolCallDelta>,
+        _stats: BlockStats,
+    ) -> Result<(), Disconnected> {
+        if !text_delta.is_empty() {
+            self.text_delta(out, &text_delta).await?;
+        }
+        for delta in &self.prepared.job.filter_deltas(&tool_call_deltas) {
+            self.call_delta(out, delta).await?;
+        }
+        Ok(())
     }
 
-    async fn emit(&mut self, kind: &str, mut payload: Value) -> Result<(), Disconnected> {
-        payload["type"] = json!(kind);
+    async fn done(&mut self, out: &Out, finished: Finished) -> Result<(), Disconnected> {
+        // The response is stored even if the client leaves during the last events.
+        let calls = self.prepared.job.filter_calls(&finished.tool_calls);
+        self.finish(
+            out,
+            finished.finish_reason,
+            &finished.text,
+            &calls,
+            &finished.stats,
+        )
+        .await
+    }
+
+    async fn fail(&mut self, out: &Out, error: &ApiError) -> Result<(), Disconnected> {
+        let failed = self.object(&Status::Failed(error.message.clone()), None);
+        self.emit(out, "response.failed", json!({ "response": failed }))
+            .await
+    }
+}
+
+impl ResponsesFrames {
+    async fn emit(
+        &mut self,
+        out: &Out,
+        kind: &str,
+        mut payload: Value,
+    ) -> Result<(), Disconnected> {
         payload["sequence_number"] = json!(self.sequence);
         self.sequence += 1;
-        self.send_raw(Bytes::from(format!("event: {kind}\ndata: {payload}\n\n")))
-            .await
+        out.named(kind, payload).await
     }
 
     fn object(&self, status: &Status, stats: Option<&GenerationStats>) -> Value {
         object::build(&self.prepared.header, status, &self.items, stats)
     }
 
-    async fn pump(&mut self, handle: &mut RequestHandle) -> Result<(), Disconnected> {
-        let initial = self.object(&Status::InProgress, None);
-        self.emit("response.created", json!({ "response": initial }))
-            .await?;
-        self.emit("response.in_progress", json!({ "response": initial }))
-            .await?;
-
-        let period = self.state.config.keep_alive;
-        let mut keep_alive = interval_at(Instant::now() + period, period);
-        keep_alive.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let lifecycle = self.state.lifecycle.clone();
-        let grace_over = lifecycle.grace_over();
-        tokio::pin!(grace_over);
-        loop {
-            let event = tokio::select! {
-                biased;
-                _ = self.tx.closed() => return Err(Disconnected),
-                // The server is going away with this response unfinished (`lifecycle.rs`).
-                () = &mut grace_over => {
-                    let message = ApiError::shutdown_grace_over().message;
-                    self.log.set_outcome(format!("error: {message}"));
-                    let failed = self.object(&Status::Failed(message), None);
-                    return self
-                        .emit("response.failed", json!({ "response": failed }))
-                        .await;
-                }
-                event = handle.next_event() => event,
-                _ = keep_alive.tick() => {
-                    self.send_raw(Bytes::from_static(b": keep-alive\n\n")).await?;
-                    continue;
-                }
-            };
-            keep_alive.reset();
-            match event {
-                Some(Event::PrefillProgress {
-                    total,
-                    cached,
-                    processed,
-                    elapsed_ms,
-                }) => {
-                    if self.prepared.return_progress {
-                        let progress = json!({
-                            "total": total,
-                            "cache": cached,
-                            "processed": processed,
-                            "time_ms": elapsed_ms,
-                        });
-                        self.emit("minnow.prompt_progress", progress).await?;
-                    }
-                }
-                Some(Event::Block {
-                    text_delta,
-                    tool_call_deltas,
-                    ..
-                }) => {
-                    if !text_delta.is_empty() {
-                        self.text_delta(&text_delta).await?;
-                    }
-                    let deltas = self.prepared.job.filter_deltas(&tool_call_deltas);
-                    for delta in &deltas {
-                        self.call_delta(delta).await?;
-                    }
-                }
-                Some(Event::Done {
-                    finish_reason,
-                    text,
-                    tool_calls,
-                    stats,
-                    ..
-                }) => {
-                    self.state.metrics.record_generation(&stats);
-                    self.log.set_generation(&stats);
-                    self.log
-                        .set_outcome(responses::finish_reason(finish_reason));
-                    let calls = self.prepared.job.filter_calls(&tool_calls);
-                    // The generation is complete: a client leaving during the last events
-                    // cancels nothing, and the response is stored all the same.
-                    let _ = self.finish(finish_reason, &text, &calls, &stats).await;
-                    return Ok(());
-                }
-                Some(Event::Error(error)) => {
-                    self.log.set_outcome(format!("error: {error}"));
-                    let failed = self.object(&Status::Failed(error.to_string()), None);
-                    return self
-                        .emit("response.failed", json!({ "response": failed }))
-                        .await;
-                }
-                None => {
-                    let message = "the engine ended the request without a result";
-                    self.log.set_outcome(format!("error: {message}"));
-                    let failed = self.object(&Status::Failed(message.into()), None);
-                    return self
-                        .emit("response.failed", json!({ "response": failed }))
-                        .await;
-                }
-            }
-        }
-    }
-
-    async fn open_message(&mut self) -> Result<usize, Disconnected> {
+    async fn open_message(&mut self, out: &Out) -> Result<usize, Disconnected> {
         let index = self.items.len();
         let item = object::message_item("");
         let id = item.id().unwrap_or_default().to_string();
@@ -209,11 +170,13 @@ impl EventStream {
         self.items.push(item);
         self.message = Some(index);
         self.emit(
+            out,
             "response.output_item.added",
             json!({"output_index": index, "item": added}),
         )
         .await?;
         self.emit(
+            out,
             "response.content_part.added",
             json!({
                 "item_id": id,
@@ -226,10 +189,10 @@ impl EventStream {
         Ok(index)
     }
 
-    async fn text_delta(&mut self, delta: &str) -> Result<(), Disconnected> {
+    async fn text_delta(&mut self, out: &Out, delta: &str) -> Result<(), Disconnected> {
         let index = match self.message {
             Some(index) => index,
-            None => self.open_message().await?,
+            None => self.open_message(out).await?,
         };
         let Item::Message { id, text, .. } = &mut self.items[index] else {
             return Ok(());
@@ -237,6 +200,7 @@ impl EventStream {
         text.push_str(delta);
         let id = id.clone();
         self.emit(
+            out,
             "response.output_text.delta",
             json!({
                 "item_id": id,
@@ -250,9 +214,10 @@ impl EventStream {
     }
 
     /// The first fragment of a call (id and name) opens its item; later ones add arguments.
-    async fn call_delta(&mut self, delta: &ToolCallDelta) -> Result<(), Disconnected> {
+    async fn call_delta(&mut self, out: &Out, delta: &ToolCallDelta) -> Result<(), Disconnected> {
         if let (Some(call_id), Some(name)) = (&delta.id, &delta.name) {
             self.open_call(
+                out,
                 delta.index,
                 &ToolCall {
                     id: call_id.clone(),
@@ -274,6 +239,7 @@ impl EventStream {
         arguments.push_str(&delta.arguments);
         let id = id.clone();
         self.emit(
+            out,
             "response.function_call_arguments.delta",
             json!({"item_id": id, "output_index": index, "delta": delta.arguments}),
         )
@@ -282,6 +248,7 @@ impl EventStream {
 
     async fn open_call(
         &mut self,
+        out: &Out,
         engine_index: usize,
         call: &ToolCall,
     ) -> Result<(), Disconnected> {
@@ -291,6 +258,7 @@ impl EventStream {
         self.items.push(item);
         self.calls.push((engine_index, index));
         self.emit(
+            out,
             "response.output_item.added",
             json!({"output_index": index, "item": added}),
         )
@@ -308,6 +276,7 @@ impl EventStream {
     /// add up to), closes them in output order, sends the final object and stores the response.
     async fn finish(
         &mut self,
+        out: &Out,
         finish_reason: FinishReason,
         text: &str,
         calls: &[ToolCall],
@@ -315,7 +284,7 @@ impl EventStream {
     ) -> Result<(), Disconnected> {
         for (engine_index, call) in calls.iter().enumerate() {
             if self.call_index(engine_index).is_none() {
-                self.open_call(engine_index, call).await?;
+                self.open_call(out, engine_index, call).await?;
             }
             if let Some(index) = self.call_index(engine_index) {
                 if let Item::FunctionCall { arguments, .. } = &mut self.items[index] {
@@ -324,7 +293,7 @@ impl EventStream {
             }
         }
         if self.message.is_none() && (!text.is_empty() || self.items.is_empty()) {
-            self.open_message().await?;
+            self.open_message(out).await?;
         }
         if let Some(index) = self.message {
             if let Item::Message { text: streamed, .. } = &mut self.items[index] {
@@ -333,21 +302,27 @@ impl EventStream {
         }
         let status = Status::from_finish(finish_reason);
         for index in 0..self.items.len() {
-            self.close_item(index, status.item_status()).await?;
+            self.close_item(out, index, status.item_status()).await?;
         }
         let last = self.object(&status, Some(stats));
         self.prepared
             .remember(&self.state, &last, self.items.clone());
-        self.emit(status.final_event(), json!({ "response": last }))
+        self.emit(out, status.final_event(), json!({ "response": last }))
             .await
     }
 
-    async fn close_item(&mut self, index: usize, status: &str) -> Result<(), Disconnected> {
+    async fn close_item(
+        &mut self,
+        out: &Out,
+        index: usize,
+        status: &str,
+    ) -> Result<(), Disconnected> {
         let item = self.items[index].clone();
         let id = item.id().unwrap_or_default().to_string();
         match &item {
             Item::Message { text, .. } => {
                 self.emit(
+                    out,
                     "response.output_text.done",
                     json!({
                         "item_id": id,
@@ -359,6 +334,7 @@ impl EventStream {
                 )
                 .await?;
                 self.emit(
+                    out,
                     "response.content_part.done",
                     json!({
                         "item_id": id,
@@ -373,6 +349,7 @@ impl EventStream {
                 name, arguments, ..
             } => {
                 self.emit(
+                    out,
                     "response.function_call_arguments.done",
                     json!({
                         "item_id": id,
@@ -386,6 +363,7 @@ impl EventStream {
             Item::FunctionCallOutput { .. } => {}
         }
         self.emit(
+            out,
             "response.output_item.done",
             json!({"output_index": index, "item": item.to_json(status)}),
         )
@@ -399,6 +377,8 @@ mod tests {
 
     use minnow_engine::{DecodeParams, EngineOptions, GenerateRequest};
     use serde_json::Map;
+
+    use tokio::sync::mpsc;
 
     use super::*;
     use crate::server::config::ServerConfig;
@@ -417,7 +397,7 @@ mod tests {
     }
 
     /// A stream over a bare state (no engine: the event methods never touch it).
-    fn stream() -> (EventStream, mpsc::Receiver<Bytes>) {
+    fn stream() -> (ResponsesFrames, Out, mpsc::Receiver<Bytes>) {
         let config = ServerConfig {
             listen: "127.0.0.1:0".into(),
             model_path: "m".into(),
@@ -475,25 +455,16 @@ mod tests {
             store: true,
             return_progress: false,
         };
-        let log = Arc::new(RequestLog::new(
-            state.clone(),
-            1,
-            "POST",
-            "/v1/responses",
-            "/v1/responses",
-        ));
-        let (tx, rx) = mpsc::channel(256);
-        let stream = EventStream {
+        let (out, rx) = Out::test_pair();
+        let stream = ResponsesFrames {
             state,
             prepared,
-            tx,
-            log,
             sequence: 0,
             items: Vec::new(),
             message: None,
             calls: Vec::new(),
         };
-        (stream, rx)
+        (stream, out, rx)
     }
 
     fn events(mut rx: mpsc::Receiver<Bytes>) -> Vec<Value> {
@@ -515,7 +486,7 @@ mod tests {
     /// item 1, and everything closes in output order at the end.
     #[tokio::test]
     async fn text_and_calls_stream_in_output_order() {
-        let (mut stream, rx) = stream();
+        let (mut stream, out, rx) = stream();
         let header = ToolCallDelta {
             index: 0,
             id: Some("call_0".into()),
@@ -528,10 +499,10 @@ mod tests {
             name: None,
             arguments: "{\"a\":1}".into(),
         };
-        assert!(stream.text_delta("Checking.").await.is_ok());
-        assert!(stream.call_delta(&header).await.is_ok());
-        assert!(stream.call_delta(&arguments).await.is_ok());
-        assert!(stream.text_delta(" Done.").await.is_ok());
+        assert!(stream.text_delta(&out, "Checking.").await.is_ok());
+        assert!(stream.call_delta(&out, &header).await.is_ok());
+        assert!(stream.call_delta(&out, &arguments).await.is_ok());
+        assert!(stream.text_delta(&out, " Done.").await.is_ok());
         let calls = [ToolCall {
             id: "call_0".into(),
             name: "f".into(),
@@ -539,11 +510,17 @@ mod tests {
         }];
         let stats = GenerationStats::default();
         let finished = stream
-            .finish(FinishReason::ToolCalls, "Checking. Done.", &calls, &stats)
+            .finish(
+                &out,
+                FinishReason::ToolCalls,
+                "Checking. Done.",
+                &calls,
+                &stats,
+            )
             .await;
         assert!(finished.is_ok());
         let state = stream.state.clone();
-        drop(stream);
+        drop((stream, out));
 
         let events = events(rx);
         let kinds: Vec<(&str, u64)> = events
@@ -603,13 +580,13 @@ mod tests {
     /// A call cut by the token limit never streamed; an empty answer still gets its message.
     #[tokio::test]
     async fn an_empty_incomplete_answer_is_one_empty_message() {
-        let (mut stream, rx) = stream();
+        let (mut stream, out, rx) = stream();
         let stats = GenerationStats::default();
         assert!(stream
-            .finish(FinishReason::Length, "", &[], &stats)
+            .finish(&out, FinishReason::Length, "", &[], &stats)
             .await
             .is_ok());
-        drop(stream);
+        drop((stream, out));
         let events = events(rx);
         let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
         assert_eq!(
