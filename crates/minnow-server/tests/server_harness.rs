@@ -235,8 +235,8 @@ pub fn parse_sse(body: &str) -> Vec<Sse> {
         .collect()
 }
 
-/// Reads a streaming response to its end and parses it.
-pub async fn read_sse(response: reqwest::Response) -> Vec<Sse> {
+/// Reads a streaming response (200, an event stream) to its end.
+async fn read_stream(response: reqwest::Response) -> String {
     assert_eq!(response.status(), 200);
     assert_eq!(
         response.headers()["content-type"].to_str().unwrap(),
@@ -247,7 +247,12 @@ pub async fn read_sse(response: reqwest::Response) -> Vec<Sse> {
     while let Some(chunk) = stream.next().await {
         body.push_str(std::str::from_utf8(&chunk.expect("stream chunk")).expect("utf-8"));
     }
-    parse_sse(&body)
+    body
+}
+
+/// Reads a streaming response to its end and parses it.
+pub async fn read_sse(response: reqwest::Response) -> Vec<Sse> {
+    parse_sse(&read_stream(response).await)
 }
 
 /// Splits an event stream of named events (the Responses and Messages APIs) into `(event name,
@@ -255,16 +260,7 @@ pub async fn read_sse(response: reqwest::Response) -> Vec<Sse> {
 /// event is `event: NAME` + `data: JSON` or a `:` comment) and that each data's `type` is its
 /// event name.
 pub async fn read_named_events(response: reqwest::Response) -> Vec<(String, Value)> {
-    assert_eq!(response.status(), 200);
-    assert_eq!(
-        response.headers()["content-type"].to_str().unwrap(),
-        "text/event-stream"
-    );
-    let mut body = String::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        body.push_str(std::str::from_utf8(&chunk.expect("stream chunk")).expect("utf-8"));
-    }
+    let body = read_stream(response).await;
     assert!(body.ends_with("\n\n"), "{body:?}");
     let mut events = Vec::new();
     for frame in body.trim_end_matches('\n').split("\n\n") {

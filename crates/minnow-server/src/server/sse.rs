@@ -16,6 +16,7 @@
 //! Responses and Messages APIs bring their own frames (`responses_api/stream.rs`,
 //! `messages_api/stream.rs`).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,28 +80,50 @@ pub trait Frames: Send {
     /// The keep-alive frame.
     fn keep_alive(&self) -> Bytes;
     /// What a stream opens with (before any engine event).
-    async fn start(&mut self, out: &Out) -> Result<(), Disconnected>;
+    fn start(&mut self, out: &Out) -> impl Future<Output = Result<(), Disconnected>> + Send;
     /// The prefill's progress: `processed` of `total` prompt tokens (`cached` from the cache).
-    async fn progress(
+    fn progress(
         &mut self,
         out: &Out,
         total: usize,
         cached: usize,
         processed: usize,
         elapsed_ms: u64,
-    ) -> Result<(), Disconnected>;
+    ) -> impl Future<Output = Result<(), Disconnected>> + Send;
     /// One finished block: its new visible text and tool-call fragments.
-    async fn block(
+    fn block(
         &mut self,
         out: &Out,
         text_delta: String,
         tool_call_deltas: Vec<ToolCallDelta>,
         stats: BlockStats,
-    ) -> Result<(), Disconnected>;
+    ) -> impl Future<Output = Result<(), Disconnected>> + Send;
     /// The finished answer.
-    async fn done(&mut self, out: &Out, finished: Finished) -> Result<(), Disconnected>;
+    fn done(
+        &mut self,
+        out: &Out,
+        finished: Finished,
+    ) -> impl Future<Output = Result<(), Disconnected>> + Send;
     /// A generation error, or the shutdown grace ending the stream unfinished.
-    async fn fail(&mut self, out: &Out, error: &ApiError) -> Result<(), Disconnected>;
+    fn fail(
+        &mut self,
+        out: &Out,
+        error: &ApiError,
+    ) -> impl Future<Output = Result<(), Disconnected>> + Send;
+}
+
+/// The response of a submitted request's event stream, which [`drive`] runs on a task of its
+/// own.
+pub fn spawn<F: Frames + 'static>(
+    state: &Arc<AppState>,
+    log: Arc<RequestLog>,
+    handle: RequestHandle,
+    frames: F,
+    keep_alive: Option<Duration>,
+) -> Response<Body> {
+    let (out, response) = Out::open();
+    tokio::spawn(drive(state.clone(), log, out, handle, frames, keep_alive));
+    response
 }
 
 /// Runs a submitted request's event stream to its end through `frames` (see the module
@@ -248,9 +271,7 @@ pub fn start(
         progress_done: 0,
         has_new_line: false,
     };
-    let (out, response) = Out::open();
-    tokio::spawn(drive(state.clone(), log, out, handle, frames, keep_alive));
-    Ok(response)
+    Ok(spawn(state, log, handle, frames, keep_alive))
 }
 
 /// The response head of an event stream around `body`.

@@ -47,17 +47,8 @@ pub fn start(
         open: None,
         calls: Vec::new(),
     };
-    let (out, response) = Out::open();
     let keep_alive = Some(state.config.keep_alive);
-    tokio::spawn(sse::drive(
-        state.clone(),
-        log,
-        out,
-        handle,
-        frames,
-        keep_alive,
-    ));
-    Ok(response)
+    Ok(sse::spawn(state, log, handle, frames, keep_alive))
 }
 
 /// The content block being streamed.

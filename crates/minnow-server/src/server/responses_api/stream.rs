@@ -49,17 +49,8 @@ pub fn start(
         message: None,
         calls: Vec::new(),
     };
-    let (out, response) = Out::open();
     let keep_alive = Some(state.config.keep_alive);
-    tokio::spawn(sse::drive(
-        state.clone(),
-        log,
-        out,
-        handle,
-        frames,
-        keep_alive,
-    ));
-    Ok(response)
+    Ok(sse::spawn(state, log, handle, frames, keep_alive))
 }
 
 /// The Responses API's events for one request (`sse::drive` runs the stream).
