@@ -2,8 +2,8 @@
 //! (`openai::parse_chat`), so both APIs share one path to the engine:
 //!
 //! - `system` (a string or text blocks) becomes a leading system message;
-//! - a user turn's `tool_result` blocks become tool messages (answering their `tool_use_id`), in
-//!   place, and its text blocks the user message; an assistant turn's `tool_use` blocks become
+//! - a user turn's `tool_result` blocks become tool messages (answering their `tool_use_id`; with
+//!   `is_error`, their text after `Error: `), in place, and its text blocks the user message; an assistant turn's `tool_use` blocks become
 //!   its `tool_calls` (input as JSON text) and `thinking` blocks are dropped (the model does not
 //!   read them back);
 //! - `tools` become functions (`input_schema` the parameters, `strict` kept), `tool_choice` `auto` / `any` /
@@ -258,10 +258,14 @@ fn turn_messages(
                     let p = field_path(&at, "tool_use_id");
                     ApiError::invalid(p.clone(), format!("'{p}' must be a string"))
                 })?;
-                let content = match block.get("content") {
+                let mut content = match block.get("content") {
                     None | Some(Value::Null) => String::new(),
                     Some(content) => text_of(content, &field_path(&at, "content"))?,
                 };
+                // The chat format has no error flag: the model reads that the call failed.
+                if block["is_error"].as_bool() == Some(true) {
+                    content = format!("Error: {content}");
+                }
                 out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
             }
             (_, kind) => return Err(unsupported_block(kind, &at)),
@@ -394,6 +398,7 @@ mod tests {
                     {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
                 {"role": "user", "content": [
                     {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18 C"}]},
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "timeout", "is_error": true},
                     {"type": "text", "text": "Thanks", "cache_control": {"type": "ephemeral"}}]}
             ]
         }))
@@ -406,6 +411,7 @@ mod tests {
                 {"role": "assistant", "content": "Checking.", "tool_calls": [{"id": "toolu_1",
                     "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
                 {"role": "tool", "tool_call_id": "toolu_1", "content": "18 C"},
+                {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: timeout"},
                 {"role": "user", "content": "Thanks"}
             ])
         );
