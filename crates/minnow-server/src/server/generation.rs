@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use super::errors::ApiError;
 use super::http::{json_response, Body};
 use super::openai::{ChatRequest, CommonOptions, CompletionRequest, MaxTokens, PromptInput};
-use super::responses::{self, Endpoint, NativeStop, Outcome, ResponseMeta};
+use super::responses::{self, Endpoint, Outcome, ResponseMeta, StopCause};
 use super::state::{unix_now, AppState, RequestLog};
 
 /// A request ready to submit.
@@ -328,7 +328,7 @@ pub async fn complete(
 ) -> Result<Response<Body>, ApiError> {
     let finished = run_to_end(state, &mut job, log).await?;
     if job.meta.endpoint == Endpoint::Native {
-        let stop = native_stop(state.engine()?, &finished, &job.common.stop);
+        let stop = stop_cause(state.engine()?, &finished, &job.common.stop);
         let text = &finished.text;
         let body =
             responses::native_final(&job.meta, text, text.contains('\n'), &stop, &finished.stats);
@@ -357,15 +357,15 @@ pub struct Finished {
     pub stats: GenerationStats,
 }
 
-/// Why a finished answer stopped, in llama-server's words. The engine cuts the visible text
+/// Why a finished answer stopped, naming the stop string that ended it. The engine cuts the visible text
 /// where a stop string begins but keeps the ids through it, so the stop string that ended an
 /// answer is the one its ids spell right after the text; a `Stop` without one is the model's
 /// own end.
-pub fn native_stop(engine: &Engine, finished: &Finished, stops: &[String]) -> NativeStop {
+pub fn stop_cause(engine: &Engine, finished: &Finished, stops: &[String]) -> StopCause {
     match finished.finish_reason {
-        FinishReason::Length => return NativeStop::Limit,
+        FinishReason::Length => return StopCause::Limit,
         FinishReason::Stop if !stops.is_empty() => {}
-        _ => return NativeStop::Eos,
+        _ => return StopCause::Eos,
     }
     let spelled = engine
         .detokenize(&finished.output_ids, false)
@@ -385,7 +385,7 @@ pub fn native_stop(engine: &Engine, finished: &Finished, stops: &[String]) -> Na
                 .min_by_key(|(at, _)| *at)
                 .map(|(_, stop)| stop)
         });
-    word.map_or(NativeStop::Eos, |word| NativeStop::Word(word.clone()))
+    word.map_or(StopCause::Eos, |word| StopCause::Word(word.clone()))
 }
 
 /// Submits the job's request and waits for `Done`, recording metrics and the log fields; shared

@@ -236,9 +236,10 @@ pub fn chunk(meta: &ResponseMeta, content: ChunkContent<'_>) -> Value {
     meta.envelope(true, json!([choice]))
 }
 
-/// Why a native `/completion` stopped, as llama-server's `stop_type` and `stopping_word` say it.
+/// Why an answer stopped, as llama-server's native `/completion` (`stop_type`, `stopping_word`)
+/// and the Messages API (`stop_reason`, `stop_sequence`) report it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NativeStop {
+pub enum StopCause {
     /// The model ended its answer.
     Eos,
     /// A stop string of the request: the one that matched.
@@ -247,18 +248,18 @@ pub enum NativeStop {
     Limit,
 }
 
-impl NativeStop {
+impl StopCause {
     fn kind(&self) -> &'static str {
         match self {
-            NativeStop::Eos => "eos",
-            NativeStop::Word(_) => "word",
-            NativeStop::Limit => "limit",
+            StopCause::Eos => "eos",
+            StopCause::Word(_) => "word",
+            StopCause::Limit => "limit",
         }
     }
 
     fn word(&self) -> &str {
         match self {
-            NativeStop::Word(word) => word,
+            StopCause::Word(word) => word,
             _ => "",
         }
     }
@@ -284,7 +285,7 @@ pub fn native_final(
     meta: &ResponseMeta,
     content: &str,
     has_new_line: bool,
-    stop: &NativeStop,
+    stop: &StopCause,
     stats: &GenerationStats,
 ) -> Value {
     json!({

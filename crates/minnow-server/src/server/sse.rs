@@ -431,8 +431,8 @@ impl Frames for OpenAiFrames {
         let stats = &finished.stats;
         if self.native() {
             let stop = match self.state.engine() {
-                Ok(engine) => generation::native_stop(engine, &finished, &self.job.common.stop),
-                Err(_) => responses::NativeStop::Eos,
+                Ok(engine) => generation::stop_cause(engine, &finished, &self.job.common.stop),
+                Err(_) => responses::StopCause::Eos,
             };
             let last = responses::native_final(meta, "", self.has_new_line, &stop, stats);
             return out.data(&last).await;

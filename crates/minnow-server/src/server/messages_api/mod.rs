@@ -40,7 +40,7 @@ pub async fn create(
     }
     let finished = generation::run_to_end(state, &mut job, log).await?;
     let calls = job.filter_calls(&finished.tool_calls);
-    let stop = generation::native_stop(state.engine()?, &finished, &job.common.stop);
+    let stop = generation::stop_cause(state.engine()?, &finished, &job.common.stop);
     let message = object::message(
         &id,
         &job.meta.model,

@@ -5,14 +5,14 @@ use minnow_engine::{FinishReason, GenerationStats, ToolCall};
 use serde_json::{json, Value};
 
 use super::super::errors::ApiError;
-use super::super::responses::NativeStop;
+use super::super::responses::StopCause;
 
 /// Why an answer stopped, as `stop_reason` and `stop_sequence` say it.
-pub fn stop_reason(finish: FinishReason, stop: &NativeStop) -> (&'static str, Value) {
+pub fn stop_reason(finish: FinishReason, stop: &StopCause) -> (&'static str, Value) {
     match (finish, stop) {
         (FinishReason::ToolCalls, _) => ("tool_use", Value::Null),
-        (FinishReason::Length, _) | (_, NativeStop::Limit) => ("max_tokens", Value::Null),
-        (_, NativeStop::Word(word)) => ("stop_sequence", json!(word)),
+        (FinishReason::Length, _) | (_, StopCause::Limit) => ("max_tokens", Value::Null),
+        (_, StopCause::Word(word)) => ("stop_sequence", json!(word)),
         _ => ("end_turn", Value::Null),
     }
 }
@@ -98,19 +98,19 @@ mod tests {
     #[test]
     fn each_way_an_answer_ends_has_its_stop_reason() {
         assert_eq!(
-            stop_reason(FinishReason::ToolCalls, &NativeStop::Eos).0,
+            stop_reason(FinishReason::ToolCalls, &StopCause::Eos).0,
             "tool_use"
         );
         assert_eq!(
-            stop_reason(FinishReason::Length, &NativeStop::Limit).0,
+            stop_reason(FinishReason::Length, &StopCause::Limit).0,
             "max_tokens"
         );
         assert_eq!(
-            stop_reason(FinishReason::Stop, &NativeStop::Eos),
+            stop_reason(FinishReason::Stop, &StopCause::Eos),
             ("end_turn", Value::Null)
         );
         assert_eq!(
-            stop_reason(FinishReason::Stop, &NativeStop::Word("END".into())),
+            stop_reason(FinishReason::Stop, &StopCause::Word("END".into())),
             ("stop_sequence", json!("END"))
         );
     }

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use super::super::errors::ApiError;
 use super::super::generation::{self, Finished, Job};
 use super::super::http::Body;
-use super::super::responses::NativeStop;
+use super::super::responses::StopCause;
 use super::super::sse::{self, Disconnected, Frames, Out};
 use super::super::state::{AppState, RequestLog};
 use super::object;
@@ -134,8 +134,8 @@ impl Frames for MessagesFrames {
         }
         self.close(out).await?;
         let stop = match self.state.engine() {
-            Ok(engine) => generation::native_stop(engine, &finished, &self.job.common.stop),
-            Err(_) => NativeStop::Eos,
+            Ok(engine) => generation::stop_cause(engine, &finished, &self.job.common.stop),
+            Err(_) => StopCause::Eos,
         };
         let (reason, sequence) = object::stop_reason(finished.finish_reason, &stop);
         out.named(
