@@ -226,6 +226,20 @@ async fn errors_take_the_messages_api_shape() {
     assert_anthropic_error(status, &body, 400, "invalid_request_error");
     let (status, body) = get_json(&server, "/v1/messages").await;
     assert_anthropic_error(status, &body, 405, "invalid_request_error");
+    // A parsed request with ignored fields that then fails still names them, in the same shape.
+    let response = post(
+        &server,
+        "/v1/messages",
+        hello(json!({"model": "claude-somewhere", "future_option": 1})),
+    )
+    .await;
+    assert_eq!(
+        response.headers()["x-minnow-ignored-fields"],
+        "future_option"
+    );
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap();
+    assert_anthropic_error(status, &body, 404, "not_found_error");
 
     // Keys: Anthropic clients send `x-api-key`.
     let keyed = Server::start(None, &["--api-key", "sekret"]).await;

@@ -195,20 +195,14 @@ pub async fn handle(
         Ok(verdict) => dispatch(&state, route, request, &log, verdict).await,
         Err(refused) => Err(refused.clone()),
     };
-    let mut retryable = true;
     let mut response = match outcome {
         Ok(response) => response,
         Err(error) => {
-            retryable = error.retryable();
             if error.status.is_server_error() || error.status.is_client_error() {
                 // A client's 4xx is logged with its reason too: the operator sees why.
                 log.set_outcome(error.message.clone());
             }
-            if route.is_some_and(Route::anthropic) {
-                messages_api::error_response(&error)
-            } else {
-                error_response(&error)
-            }
+            failure(route, &error)
         }
     };
     log.set_status(response.status().as_u16());
@@ -233,11 +227,22 @@ pub async fn handle(
     if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
         headers.insert("x-request-id", value);
     }
-    // Busy or loading: OpenAI SDKs back off and retry on these statuses; tell them when (and
-    // nothing when the request can never succeed here, so they do not retry it forever).
-    if retryable
+    Ok(response)
+}
+
+/// The response of a failed request on `route`: the error in its API's shape (the Messages
+/// API's own, else OpenAI's). Busy or loading: SDKs back off and retry on these statuses, so
+/// `Retry-After` tells them when (and nothing when the request can never succeed here, so they
+/// do not retry it forever).
+fn failure(route: Option<Route>, error: &ApiError) -> Response<Body> {
+    let mut response = if route.is_some_and(Route::anthropic) {
+        messages_api::error_response(error)
+    } else {
+        error_response(error)
+    };
+    if error.retryable()
         && matches!(
-            response.status(),
+            error.status,
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
         )
     {
@@ -245,7 +250,7 @@ pub async fn handle(
             .headers_mut()
             .insert(RETRY_AFTER, HeaderValue::from_static("1"));
     }
-    Ok(response)
+    response
 }
 
 /// A browser client on an origin `--cors-origin` allows may read the answer; the key (if any)
@@ -290,11 +295,7 @@ async fn dispatch(
     };
     if !route.allows(&method) {
         let refusal = ApiError::method_not_allowed(method.as_str(), &path);
-        let mut response = if route.anthropic() {
-            messages_api::error_response(&refusal)
-        } else {
-            error_response(&refusal)
-        };
+        let mut response = failure(Some(route), &refusal);
         response.headers_mut().insert(
             ALLOW,
             HeaderValue::from_static(match route.method() {
@@ -358,7 +359,7 @@ async fn serve_route(
             // for as long as the generation runs.
             drop(body);
             let job = generation::prepare_chat(state, chat).await?;
-            with_ignored(run(state, job, log).await, ignored)
+            with_ignored(route, run(state, job, log).await, ignored)
         }
         Route::Completions | Route::NativeCompletion => {
             let body = read_json(state, request).await?;
@@ -371,12 +372,12 @@ async fn serve_route(
                 Endpoint::Completion
             };
             let job = generation::prepare_completion(state, completion, endpoint).await?;
-            with_ignored(run(state, job, log).await, ignored)
+            with_ignored(route, run(state, job, log).await, ignored)
         }
         Route::Tokenize => {
             let body = read_json(state, request).await?;
             let (request, ignored) = parsed(state, |policy| openai::parse_tokenize(&body, policy))?;
-            with_ignored(tokenize(state, request).await, ignored)
+            with_ignored(route, tokenize(state, request).await, ignored)
         }
         Route::Detokenize => {
             let body = read_json(state, request).await?;
@@ -402,6 +403,7 @@ async fn serve_route(
             }
             let content = engine.detokenize(&ids, true)?;
             with_ignored(
+                route,
                 Ok(json_response(
                     StatusCode::OK,
                     &json!({ "content": content }),
@@ -415,6 +417,7 @@ async fn serve_route(
             generation::check_model(state, chat.common.model.as_deref())?;
             let rendered = generation::render(state, chat.prompt).await?;
             with_ignored(
+                route,
                 Ok(json_response(
                     StatusCode::OK,
                     &json!({ "prompt": rendered.text }),
@@ -426,13 +429,21 @@ async fn serve_route(
             let body = read_json(state, request).await?;
             let (request, ignored) = parsed(state, |policy| responses_api::parse(&body, policy))?;
             drop(body);
-            with_ignored(responses_api::create(state, request, log).await, ignored)
+            with_ignored(
+                route,
+                responses_api::create(state, request, log).await,
+                ignored,
+            )
         }
         Route::ResponsesInputTokens => {
             let body = read_json(state, request).await?;
             let (request, ignored) = parsed(state, |policy| responses_api::parse(&body, policy))?;
             drop(body);
-            with_ignored(responses_api::input_tokens(state, request).await, ignored)
+            with_ignored(
+                route,
+                responses_api::input_tokens(state, request).await,
+                ignored,
+            )
         }
         Route::Messages | Route::MessagesCountTokens => {
             let body = read_json(state, request).await?;
@@ -450,12 +461,7 @@ async fn serve_route(
             } else {
                 messages_api::create(state, request, log).await
             };
-            // Errors past this point still take the Messages API's shape.
-            let answer = answer.or_else(|error| {
-                log.set_outcome(error.message.clone());
-                Ok(messages_api::error_response(&error))
-            });
-            with_ignored(answer, ignored)
+            with_ignored(route, answer, ignored)
         }
         Route::StoredResponse => {
             let id = percent_decoded(response_id_in_path(path).unwrap_or_default());
@@ -480,15 +486,16 @@ fn parsed<T>(
 }
 
 /// Names the ignored fields on the response (errors included: a 400 for another reason may be
-/// explained by a misspelt field).
+/// explained by a misspelt field, so an error becomes its response here).
 fn with_ignored(
+    route: Route,
     response: Result<Response<Body>, ApiError>,
     ignored: Option<String>,
 ) -> Result<Response<Body>, ApiError> {
     let Some(ignored) = ignored else {
         return response;
     };
-    let mut response = response.unwrap_or_else(|error| error_response(&error));
+    let mut response = response.unwrap_or_else(|error| failure(Some(route), &error));
     if let Ok(value) = HeaderValue::from_str(&ignored) {
         response.headers_mut().insert(IGNORED_FIELDS_HEADER, value);
     }
