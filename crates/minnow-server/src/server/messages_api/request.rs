@@ -12,8 +12,10 @@
 //! - `max_tokens` (required), `stop_sequences`, `temperature`, `top_p`, `top_k`, `stream` and the
 //!   diffusion fields carry over.
 //!
-//! Errors name the Messages API's own field paths. Images, documents and Anthropic's server tools
-//! are refused; `metadata`, `thinking` and `cache_control` are accepted and have no effect.
+//! Every other field goes to the chat parser as it is (the options all routes share, under the
+//! field policy). Errors name the Messages API's own field paths. Images, documents and
+//! Anthropic's server tools are refused; `metadata`, `thinking` and `cache_control` are accepted
+//! and have no effect.
 
 use serde_json::{json, Map, Value};
 
@@ -21,25 +23,11 @@ use super::super::errors::ApiError;
 use super::super::fields::{field_path, FieldPolicy, Unknown};
 use super::super::openai::{self, ChatRequest};
 
-/// Fields read straight into the chat body under the same name (the decoding parameters and
-/// llama-server's options the OpenAI parser knows).
-const PASSED_THROUGH: [&str; 11] = [
-    "model",
-    "temperature",
-    "top_p",
-    "top_k",
-    "threshold",
-    "editing_threshold",
-    "max_post_steps",
-    "steps",
-    "num_to_transfer",
-    "algorithm",
-    "seed",
-];
-
-/// Accepted, no effect: `metadata` (user ids), `thinking` (the model writes no thinking blocks),
-/// `service_tier`.
-const INERT: [&str; 3] = ["metadata", "thinking", "service_tier"];
+/// Accepted, no effect: `thinking` (the model writes no thinking blocks). Other fields that are
+/// not the Messages API's own go to the chat parser as they are, which honours the options it
+/// shares with the other routes (decoding and diffusion parameters, `seed`, the prefix cache's,
+/// `metadata`) and applies the field policy to the rest.
+const INERT: [&str; 1] = ["thinking"];
 
 /// A checked request: the chat request it becomes, and whether to stream.
 pub struct MessagesRequest {
@@ -76,7 +64,7 @@ fn to_chat_body(
         ));
     };
     let mut chat = Map::new();
-    let mut unknown = Unknown::new();
+    let mut shared = Map::new();
     let mut messages = Vec::new();
     for (key, value) in object {
         match key.as_str() {
@@ -118,12 +106,9 @@ fn to_chat_body(
                     chat.insert("parallel_tool_calls".into(), json!(parallel));
                 }
             }
-            key if PASSED_THROUGH.contains(&key) => {
-                chat.insert(key.into(), value.clone());
-            }
             key if INERT.contains(&key) => {}
             _ => {
-                unknown.insert(key.clone(), value.clone());
+                shared.insert(key.clone(), value.clone());
             }
         }
     }
@@ -149,7 +134,10 @@ fn to_chat_body(
         turn_messages(turn, &format!("messages[{i}]"), policy, &mut messages)?;
     }
     chat.insert("messages".into(), Value::Array(messages));
-    policy.finish("request body", &unknown)?;
+    // What the Messages API's own fields became wins over a same-named chat option.
+    for (key, value) in shared {
+        chat.entry(key).or_insert(value);
+    }
     Ok(Value::Object(chat))
 }
 
@@ -478,21 +466,38 @@ mod tests {
     #[test]
     fn unknown_fields_follow_the_field_policy_and_inert_ones_are_quiet() {
         let policy = FieldPolicy::new(false);
-        to_chat_body(
+        parse(
             &json!({"max_tokens": 8, "metadata": {"user_id": "u"}, "thinking": {"type": "disabled"},
                 "future": 1, "messages": [{"role": "user", "content": "x", "extra": 2}]}),
             &policy,
-            true,
         )
         .unwrap();
         assert_eq!(policy.ignored(), ["messages[0].extra", "future"]);
         let strict = FieldPolicy::new(true);
-        let error = to_chat_body(
+        let error = parse(
             &json!({"max_tokens": 8, "future": 1, "messages": [{"role": "user", "content": "x"}]}),
             &strict,
-            true,
         )
-        .unwrap_err();
+        .err()
+        .unwrap();
         assert_eq!(error.param.as_deref(), Some("future"));
+    }
+
+    #[test]
+    fn options_shared_with_the_chat_route_pass_through() {
+        let body = chat_body(
+            json!({"max_tokens": 8, "cache_salt": "tenant", "threshold": 0.9,
+            "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .unwrap();
+        assert_eq!(body["cache_salt"], "tenant");
+        assert_eq!(body["threshold"], 0.9);
+        let request = parse(
+            &json!({"max_tokens": 8, "cache_salt": "tenant", "messages": [{"role": "user", "content": "x"}]}),
+            &FieldPolicy::new(true),
+        )
+        .ok()
+        .unwrap();
+        assert_eq!(request.chat.common.cache_salt.as_deref(), Some("tenant"));
     }
 }
