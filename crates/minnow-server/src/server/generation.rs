@@ -357,6 +357,33 @@ pub struct Finished {
     pub stats: GenerationStats,
 }
 
+impl Finished {
+    /// The answer a `Done` event carries, recorded in the metrics and the request's log line:
+    /// every endpoint, streamed or not, finishes through here. `None` for any other event.
+    pub fn recorded(state: &AppState, log: &RequestLog, event: Event) -> Option<Finished> {
+        let Event::Done {
+            finish_reason,
+            output_ids,
+            text,
+            tool_calls,
+            stats,
+        } = event
+        else {
+            return None;
+        };
+        state.metrics.record_generation(&stats);
+        log.set_generation(&stats);
+        log.set_outcome(responses::finish_reason(finish_reason));
+        Some(Finished {
+            finish_reason,
+            output_ids,
+            text,
+            tool_calls,
+            stats,
+        })
+    }
+}
+
 /// Why a finished answer stopped, naming the stop string that ended it. The engine cuts the visible text
 /// where a stop string begins but keeps the ids through it, so the stop string that ended an
 /// answer is the one its ids spell right after the text; a `Stop` without one is the model's
@@ -403,31 +430,17 @@ pub async fn run_to_end(
     };
     loop {
         match handle.next_event().await {
-            Some(Event::Done {
-                finish_reason,
-                output_ids,
-                text,
-                tool_calls,
-                stats,
-            }) => {
-                watch.finished = true;
-                state.metrics.record_generation(&stats);
-                log.set_generation(&stats);
-                log.set_outcome(responses::finish_reason(finish_reason));
-                return Ok(Finished {
-                    finish_reason,
-                    output_ids,
-                    text,
-                    tool_calls,
-                    stats,
-                });
-            }
             Some(Event::Error(error)) => {
                 watch.finished = true;
                 log.set_outcome(format!("error: {error}"));
                 return Err(ApiError::from(error));
             }
-            Some(_) => continue,
+            Some(event) => {
+                if let Some(finished) = Finished::recorded(state, log, event) {
+                    watch.finished = true;
+                    return Ok(finished);
+                }
+            }
             None => {
                 watch.finished = true;
                 return Err(ApiError::internal(

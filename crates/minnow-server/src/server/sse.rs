@@ -23,7 +23,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
-use minnow_engine::{BlockStats, Event, GenerationStats, RequestHandle, ToolCallDelta};
+use minnow_engine::{
+    BlockStats, Event, GenerateRequest, GenerationStats, RequestHandle, ToolCallDelta,
+};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
@@ -77,11 +79,14 @@ impl Out {
 /// then `progress` / `block` as they come, then `done` or `fail` once. The driver has recorded
 /// the generation (metrics, log) before `done` and the error's log line before `fail`.
 pub trait Frames: Send {
-    /// The keep-alive frame.
-    fn keep_alive(&self) -> Bytes;
+    /// The keep-alive frame: by default an SSE comment.
+    fn keep_alive(&self) -> Bytes {
+        Bytes::from_static(b": keep-alive\n\n")
+    }
     /// What a stream opens with (before any engine event).
     fn start(&mut self, out: &Out) -> impl Future<Output = Result<(), Disconnected>> + Send;
     /// The prefill's progress: `processed` of `total` prompt tokens (`cached` from the cache).
+    /// By default not reported.
     fn progress(
         &mut self,
         out: &Out,
@@ -89,7 +94,10 @@ pub trait Frames: Send {
         cached: usize,
         processed: usize,
         elapsed_ms: u64,
-    ) -> impl Future<Output = Result<(), Disconnected>> + Send;
+    ) -> impl Future<Output = Result<(), Disconnected>> + Send {
+        let _ = (out, total, cached, processed, elapsed_ms);
+        async { Ok(()) }
+    }
     /// One finished block: its new visible text and tool-call fragments.
     fn block(
         &mut self,
@@ -112,18 +120,20 @@ pub trait Frames: Send {
     ) -> impl Future<Output = Result<(), Disconnected>> + Send;
 }
 
-/// The response of a submitted request's event stream, which [`drive`] runs on a task of its
-/// own.
-pub fn spawn<F: Frames + 'static>(
+/// Submits `request` to the engine and answers with its event stream, which [`drive`] runs on a
+/// task of its own through `frames`. Submission errors (queue full, context exceeded) are still
+/// ordinary JSON errors, because no header has been sent yet.
+pub fn submit<F: Frames + 'static>(
     state: &Arc<AppState>,
     log: Arc<RequestLog>,
-    handle: RequestHandle,
+    request: GenerateRequest,
     frames: F,
     keep_alive: Option<Duration>,
-) -> Response<Body> {
+) -> Result<Response<Body>, ApiError> {
+    let handle = state.engine()?.submit(request)?;
     let (out, response) = Out::open();
     tokio::spawn(drive(state.clone(), log, out, handle, frames, keep_alive));
-    response
+    Ok(response)
 }
 
 /// Runs a submitted request's event stream to its end through `frames` (see the module
@@ -207,30 +217,17 @@ async fn pump<F: Frames>(
                     .await?;
                 continue;
             }
-            Some(Event::Done {
-                finish_reason,
-                output_ids,
-                text,
-                tool_calls,
-                stats,
-            }) => {
-                state.metrics.record_generation(&stats);
-                log.set_generation(&stats);
-                log.set_outcome(responses::finish_reason(finish_reason));
-                let finished = Finished {
-                    finish_reason,
-                    output_ids,
-                    text,
-                    tool_calls,
-                    stats,
-                };
-                // The generation is complete: a client leaving during these last frames
-                // cancelled nothing, so send errors are ignored.
-                let _ = frames.done(out, finished).await;
-                return Ok(());
-            }
             Some(Event::Error(error)) => ApiError::internal(error.to_string()),
             None => ApiError::internal("the engine ended the request without a result"),
+            Some(done) => match Finished::recorded(state, log, done) {
+                Some(finished) => {
+                    // The generation is complete: a client leaving during these last frames
+                    // cancelled nothing, so send errors are ignored.
+                    let _ = frames.done(out, finished).await;
+                    return Ok(());
+                }
+                None => continue, // every other kind of event has its arm above
+            },
         };
         log.set_outcome(format!("error: {}", error.message));
         return frames.fail(out, &error).await;
@@ -248,16 +245,13 @@ async fn next_tick(ticks: &mut Option<tokio::time::Interval>) {
 }
 
 /// Submits the job and answers with an OpenAI (or native `/completion`) event stream.
-/// Submission errors (queue full, context exceeded) are still ordinary JSON errors, because no
-/// header has been sent yet.
 pub fn start(
     state: &Arc<AppState>,
     mut job: Job,
     log: Arc<RequestLog>,
 ) -> Result<Response<Body>, ApiError> {
-    let engine = state.engine()?;
-    let prompt_tokens = job.request.prompt_ids.len();
-    let handle = engine.submit(std::mem::take(&mut job.request))?;
+    let request = std::mem::take(&mut job.request);
+    let prompt_tokens = request.prompt_ids.len();
     // A request's `sse_ping_interval` overrides `--keep-alive`; -1 turns the pings off.
     let keep_alive = match job.common.sse_ping_interval {
         None => Some(state.config.keep_alive),
@@ -271,7 +265,7 @@ pub fn start(
         progress_done: 0,
         has_new_line: false,
     };
-    Ok(spawn(state, log, handle, frames, keep_alive))
+    submit(state, log, request, frames, keep_alive)
 }
 
 /// The response head of an event stream around `body`.
@@ -349,10 +343,6 @@ impl OpenAiFrames {
 }
 
 impl Frames for OpenAiFrames {
-    fn keep_alive(&self) -> Bytes {
-        Bytes::from_static(b": keep-alive\n\n")
-    }
-
     async fn start(&mut self, out: &Out) -> Result<(), Disconnected> {
         if self.job.meta.endpoint == Endpoint::Chat {
             out.data(&responses::chunk(&self.job.meta, ChunkContent::Role))

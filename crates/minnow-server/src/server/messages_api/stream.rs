@@ -27,17 +27,15 @@ use super::super::sse::{self, Disconnected, Frames, Out};
 use super::super::state::{AppState, RequestLog};
 use super::object;
 
-/// Submits the job and answers with the event stream; submission errors (queue full, context
-/// exceeded) are still plain JSON errors, as no header has been sent.
+/// Submits the job and answers with the event stream.
 pub fn start(
     state: &Arc<AppState>,
     mut job: Job,
     id: String,
     log: Arc<RequestLog>,
 ) -> Result<Response<Body>, ApiError> {
-    let engine = state.engine()?;
-    let prompt_tokens = job.request.prompt_ids.len();
-    let handle = engine.submit(std::mem::take(&mut job.request))?;
+    let request = std::mem::take(&mut job.request);
+    let prompt_tokens = request.prompt_ids.len();
     let frames = MessagesFrames {
         state: state.clone(),
         job,
@@ -48,7 +46,7 @@ pub fn start(
         calls: Vec::new(),
     };
     let keep_alive = Some(state.config.keep_alive);
-    Ok(sse::spawn(state, log, handle, frames, keep_alive))
+    sse::submit(state, log, request, frames, keep_alive)
 }
 
 /// The content block being streamed.
@@ -90,17 +88,6 @@ impl Frames for MessagesFrames {
         out.named("message_start", json!({ "message": start }))
             .await?;
         out.named("ping", json!({})).await
-    }
-
-    async fn progress(
-        &mut self,
-        _out: &Out,
-        _total: usize,
-        _cached: usize,
-        _processed: usize,
-        _elapsed_ms: u64,
-    ) -> Result<(), Disconnected> {
-        Ok(())
     }
 
     async fn block(

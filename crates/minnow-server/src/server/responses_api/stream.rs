@@ -18,7 +18,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use hyper::Response;
 use minnow_engine::{BlockStats, FinishReason, GenerationStats, ToolCall, ToolCallDelta};
 use serde_json::{json, Value};
@@ -32,15 +31,13 @@ use super::items::Item;
 use super::object::{self, Status};
 use super::prepared::Prepared;
 
-/// Submits the request and answers with the event stream; submission errors (queue full,
-/// context exceeded) are still plain JSON errors, as no header has been sent.
+/// Submits the request and answers with the event stream.
 pub fn start(
     state: &Arc<AppState>,
     mut prepared: Prepared,
     log: Arc<RequestLog>,
 ) -> Result<Response<Body>, ApiError> {
-    let engine = state.engine()?;
-    let handle = engine.submit(std::mem::take(&mut prepared.job.request))?;
+    let request = std::mem::take(&mut prepared.job.request);
     let frames = ResponsesFrames {
         state: state.clone(),
         prepared,
@@ -50,7 +47,7 @@ pub fn start(
         calls: Vec::new(),
     };
     let keep_alive = Some(state.config.keep_alive);
-    Ok(sse::spawn(state, log, handle, frames, keep_alive))
+    sse::submit(state, log, request, frames, keep_alive)
 }
 
 /// The Responses API's events for one request (`sse::drive` runs the stream).
@@ -68,10 +65,6 @@ struct ResponsesFrames {
 }
 
 impl Frames for ResponsesFrames {
-    fn keep_alive(&self) -> Bytes {
-        Bytes::from_static(b": keep-alive\n\n")
-    }
-
     async fn start(&mut self, out: &Out) -> Result<(), Disconnected> {
         let initial = self.object(&Status::InProgress, None);
         self.emit(out, "response.created", json!({ "response": initial }))
@@ -369,6 +362,7 @@ mod tests {
     use minnow_engine::{DecodeParams, EngineOptions, GenerateRequest};
     use serde_json::Map;
 
+    use bytes::Bytes;
     use tokio::sync::mpsc;
 
     use super::*;
