@@ -34,7 +34,16 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     for (int u = 0; u < ROPE_MAX_PER_LANE; ++u)
         wv[u] = active && !is_v && u < per && i0 + u < d ? to_f32(w[i0 + u]) : 0.f;
     pdl_enter();
+    // Every global read this CTA needs is issued here, before the token's trigonometry, so the
+    // loads of the head and of the slot are in flight while warp 0 computes the cosines (the
+    // kernel is a short chain of dependent steps; each one waited for the previous before).
     const int pos = tok_pos[t];
+    const size_t slot = active ? (size_t)tok_slot[t] : 0;
+    const bf16* src = qkv + ((size_t)t * (n_heads + 2 * n_kv_heads) + head) * d;
+    bf16 raw[ROPE_MAX_PER_LANE];
+#pragma unroll
+    for (int u = 0; u < ROPE_MAX_PER_LANE; ++u)
+        raw[u] = active && u < per && i0 + u < d ? src[i0 + u] : to_bf16(0.f);
     const int half = rot / 2;
     for (int j = threadIdx.x; j < half; j += blockDim.x) {
         // inv_freq[j] = 1 / theta^(2j / rot) and angle = F32(pos) * inv_freq, both in F32; the
@@ -46,11 +55,6 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     }
     __syncthreads();
     if (!active) return;
-    const size_t slot = (size_t)tok_slot[t];
-    const bf16* src = qkv + ((size_t)t * (n_heads + 2 * n_kv_heads) + head) * d;
-    bf16 raw[ROPE_MAX_PER_LANE];
-#pragma unroll
-    for (int u = 0; u < ROPE_MAX_PER_LANE; ++u) raw[u] = u < per && i0 + u < d ? src[i0 + u] : to_bf16(0.f);
     if (is_v) {  // V head: cached as is
         bf16* dst = v_cache + (slot * n_kv_heads + (head - n_heads - n_kv_heads)) * d;
 #pragma unroll
