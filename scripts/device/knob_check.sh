@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call that decides a lever kept behind a tuning knob of the same binary: compile the
+# tree's kernels, run the bench with the knob off and on alternately (same binary, same fresh PTX,
+# same machine), then the ignored GPU suites against that PTX, as long as the call's 600 s last.
+#   Stage first: scripts/device/stage.sh debug, tar bin | xz > out/bin.tar.xz. Run with carry
+#   ["out"]. The fresh PTX comes back as $OUT/ptx.tar.xz, to be adopted with
+#   xtask/device/fake_nvcc.sh.
+# Env: KNOB (the variable, e.g. MINNOW_CODES_GATED), ENCODINGS (default "int4 nvfp4"), ROUNDS
+# (default 2), ARGS (the bench's other arguments), SUITES (default: the suites that cover the
+# quantized experts), KERNEL_FILTER (a name filter for cuda_kernels).
+exec > >(tee "$OUT/log.txt") 2>&1
+cd "$(dirname "$0")/../.."
+set -u
+: "${KNOB:?name the knob to A/B, e.g. KNOB=MINNOW_CODES_GATED}"
+tar xJf out/bin.tar.xz
+# Test binaries find the fixtures through the path they were built at.
+mkdir -p /work && ln -sfn "$PWD" /work/main
+export PATH=/usr/local/cuda/bin:$PATH
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+echo "== kernels t=$SECONDS"
+bin/xtask kernels 2>&1 | grep -E "error|warning" | head -20
+tar cJf "$OUT/ptx.tar.xz" -C crates/minnow-runtime/src/cuda ptx
+export MINNOW_PTX_DIR=$PWD/crates/minnow-runtime/src/cuda/ptx
+ARGS=${ARGS:---quick --prefill 4096 --prefix 1024 --concurrency 16,64}
+for round in $(seq "${ROUNDS:-2}"); do
+  for enc in ${ENCODINGS:-int4 nvfp4}; do
+    for v in 0 1; do
+      echo "== $enc $KNOB=$v round $round t=$SECONDS"
+      env "$KNOB=$v" timeout 90 bin/xtask bench --experts "$enc" $ARGS 2>&1 | grep -E "^\||^profile"
+    done
+  done
+done
+for t in ${SUITES:-cuda_kernels cuda_quant gpu_invariance cuda_fixtures}; do
+  left=$((585 - SECONDS)); [ $left -lt 15 ] && { echo "skip $t (time)"; continue; }
+  echo "-- $t t=$SECONDS"
+  filter=$([ "$t" = cuda_kernels ] && echo "${KERNEL_FILTER:-}")
+  timeout $left bin/test-$t --ignored --test-threads 1 $filter 2>&1 | grep -E "^test .*(FAILED|ok)$|test result|panicked" | tail -25
+done
+echo "end t=$SECONDS"
