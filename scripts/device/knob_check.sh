@@ -5,7 +5,8 @@
 #   Stage first: scripts/device/stage.sh debug, tar bin | xz > out/bin.tar.xz. Run with carry
 #   ["out"]. The fresh PTX comes back as $OUT/ptx.tar.xz, to be adopted with
 #   xtask/device/fake_nvcc.sh.
-# Env: KNOB (the variable, e.g. MINNOW_CODES_GATED), ENCODINGS (default "int4 nvfp4"), ROUNDS
+# Env: KNOB (the variable, e.g. MINNOW_CODES_GATED), COMPILE=0 (keep the committed PTX: no nvcc
+# step, for host-side levers), ENCODINGS (default "int4 nvfp4"; bf16 too), ROUNDS
 # (default 2), ARGS (the bench's other arguments), SUITES (default: the suites that cover the
 # quantized experts), KERNEL_FILTER (a name filter for cuda_kernels).
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -17,10 +18,13 @@ tar xJf out/bin.tar.xz
 mkdir -p /work && ln -sfn "$PWD" /work/main
 export PATH=/usr/local/cuda/bin:$PATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-echo "== kernels t=$SECONDS"
-bin/xtask kernels 2>&1 | grep -E "error|warning" | head -20
-tar cJf "$OUT/ptx.tar.xz" -C crates/minnow-runtime/src/cuda ptx
-export MINNOW_PTX_DIR=$PWD/crates/minnow-runtime/src/cuda/ptx
+# COMPILE=0: the tree's kernels are the committed PTX (a host-side lever): use the embedded one.
+if [ "${COMPILE:-1}" = 1 ]; then
+  echo "== kernels t=$SECONDS"
+  bin/xtask kernels 2>&1 | grep -E "error|warning" | head -20
+  tar cJf "$OUT/ptx.tar.xz" -C crates/minnow-runtime/src/cuda ptx
+  export MINNOW_PTX_DIR=$PWD/crates/minnow-runtime/src/cuda/ptx
+fi
 ARGS=${ARGS:---quick --prefill 4096 --prefix 1024 --concurrency 16,64}
 for round in $(seq "${ROUNDS:-2}"); do
   for enc in ${ENCODINGS:-int4 nvfp4}; do
