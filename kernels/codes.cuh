@@ -108,4 +108,19 @@ __device__ __forceinline__ void decode_e4m3(const unsigned char* p, unsigned& lo
     hi = bits_of(__floats2bfloat162_rn(c[2], c[3]));
 }
 
+// Gated gate/up GEMMs (`gated` != 0: an expert's N rows are [gate; up], N / 2 of each) write
+// silu_mul's result instead of the N products: a CTA's 16 bands (128 columns from n0) then hold
+// the gate bands of the 64 intermediate columns from n0 / 2 in its even band slots and the up
+// bands of the same columns in the odd ones. Each warp takes two neighbouring slots, so a lane
+// holds the gate and the up sum of the same (row, column) in the same fragment positions, and
+// the epilogue needs no exchange. The expert's band (8 rows) that band slot `b` reads:
+__host__ __device__ __forceinline__ int band_of_slot(int b, int n0, int N, int gated) {
+    return gated ? (b & 1) * (N / 16) + n0 / 16 + (b >> 1) : n0 / 8 + b;
+}
+// Whether slot `b` lies inside the matrix (a CTA's last 128 columns may be cut short; N % 16 == 0
+// when gated, so both slots of a warp are inside or outside together).
+__host__ __device__ __forceinline__ bool slot_live(int b, int n0, int N, int gated) {
+    return gated ? n0 / 2 + (b >> 1) * 8 < N / 2 : n0 + b * 8 < N;
+}
+
 }  // namespace minnow_codes

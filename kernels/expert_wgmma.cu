@@ -276,7 +276,9 @@ struct Ring {
 };
 
 // One item for one consumer warpgroup: the tile's rows (`rows` of them, from `y`'s row 0) times
-// the warpgroup's 8 bands of the item, over k_steps stages of the ring. BITS/ENC: how the stage's
+// the warpgroup's 8 bands of the item (output columns from n0, or, `gated`, silu_mul of the gate
+// and up bands of intermediate columns from n0 / 2: minnow_codes::band_of_slot), over k_steps
+// stages of the ring. BITS/ENC: how the stage's
 // code tiles decode (16: a packed shared expert's BF16 tiles); GSTEPS: 16-column steps per scale
 // group, 0 for one F32 sum over K (BF16 tiles, E2M1 codes; E2M1 then multiplies each band by its
 // factor from `band_factor`).
@@ -286,8 +288,8 @@ struct Ring {
 // once its products are complete (wait_group 0): with the default groups of 128 columns, every
 // second stage.
 template <int BITS, int ENC, int GSTEPS>
-__device__ __forceinline__ void consume_item(Ring& ring, int k_steps, int rows, bf16* __restrict__ y, int N,
-                                             const float* __restrict__ band_factor) {
+__device__ __forceinline__ void consume_item(Ring& ring, int k_steps, int rows, bf16* __restrict__ y, int n0, int N,
+                                             int gated, const float* __restrict__ band_factor) {
     constexpr bool SCALED = GSTEPS > 0;
     constexpr int TB = tile_bytes<BITS>();
     constexpr int CSTEPS = SCALED && GSTEPS < STEPS ? GSTEPS : STEPS;  // steps per commit group
@@ -363,17 +365,33 @@ __device__ __forceinline__ void consume_item(Ring& ring, int k_steps, int rows, 
         for (int i = 0; i < 64; ++i) acc[i] = part[i];
     }
     if constexpr (ENC == E2M1 && BITS == 4) {  // the global scales of the warp's two bands
-        const float g0 = band_factor[band], g1 = band_factor[band + 1];
+        const float g0 = band_factor[band_of_slot(band, n0, N, gated)];
+        const float g1 = band_factor[band_of_slot(band + 1, n0, N, gated)];
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] *= (i & 2) ? g1 : g0;
     }
     // acc[4j + q]: output column 8 band + g + 8 (q >> 1) of the item, tile row 8j + 2 t4 + (q & 1).
+    // Gated: q < 2 the gate and q + 2 the up sum of intermediate column n0 / 2 + 4 band + g, each
+    // rounded to BF16 as the gate/up output is before silu_mul (the bits of the two launches).
+    if (gated) {
+        const int I = N / 2, col = n0 / 2 + 4 * band + g;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const int row = 8 * j + 2 * t4 + q;
+                if (row < rows)
+                    y[(size_t)row * I + col] =
+                        silu_mul_bf16(to_f32(to_bf16(acc[4 * j + q])), to_f32(to_bf16(acc[4 * j + q + 2])));
+            }
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const int row = 8 * j + 2 * t4 + (q & 1);
-            if (row < rows) y[(size_t)row * N + 8 * band + g + 8 * (q >> 1)] = to_bf16(acc[4 * j + q]);
+            if (row < rows) y[(size_t)row * N + n0 + 8 * band + g + 8 * (q >> 1)] = to_bf16(acc[4 * j + q]);
         }
 }
 
@@ -382,7 +400,7 @@ __device__ void grouped_codes(const bf16* __restrict__ X, const int* __restrict_
                               const unsigned char* __restrict__ codes, const __half* __restrict__ scales,
                               const float* __restrict__ band_scale, int group, const bf16* __restrict__ shared,
                               int shared_slot, bf16* __restrict__ Y, const int4* __restrict__ tiles,
-                              const int* __restrict__ num_tiles, int N, int K) {
+                              const int* __restrict__ num_tiles, int N, int K, int gated) {
     constexpr int TB = tile_bytes<BITS>(), TB16 = tile_bytes<16>();
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw = smem_addr(smem_raw);
@@ -409,9 +427,9 @@ __device__ void grouped_codes(const bf16* __restrict__ X, const int* __restrict_
             const int n0 = (item % slices) * ROWS, rows = t.z - t.y;
             const bool bf16_slot = t.x == shared_slot;
             const int tb = bf16_slot ? TB16 : TB, band_bytes = STEPS * tb;
-            // The item's 8 bands, each k_tiles tiles of tb bytes (a packed shared expert: its
-            // own matrix, the slot's only expert).
-            const size_t band0 = bf16_slot ? (size_t)n0 / 8 : ((size_t)t.x * N + n0) / 8;
+            // The item's 16 bands (band_of_slot), each k_tiles tiles of tb bytes (a packed shared
+            // expert: its own matrix, the slot's only expert).
+            const size_t expert_band0 = bf16_slot ? 0 : (size_t)t.x * (N / 8);
             const unsigned char* w = bf16_slot ? reinterpret_cast<const unsigned char*>(shared) : codes;
             const bf16* src[COPIES];
 #pragma unroll
@@ -432,13 +450,14 @@ __device__ void grouped_codes(const bf16* __restrict__ X, const int* __restrict_
                 for (int c = tid; c < BANDS * band_bytes / 16; c += 128) {
                     const int band = c * 16 / band_bytes, within = c * 16 % band_bytes;
                     cp_async16_to(dst + X_BYTES + c * 16,
-                                  w + ((band0 + band) * k_tiles + ks * STEPS) * tb + within);
+                                  w + ((expert_band0 + band_of_slot(band, n0, N, gated)) * k_tiles + ks * STEPS) * tb +
+                                      within);
                 }
                 if (!bf16_slot && tid < BANDS * stage_groups) {
                     const int band = tid / stage_groups, j = tid % stage_groups;
                     const int g = ks * STEPS / gsteps + j;
                     cp_async16_to(dst + X_BYTES + CODE_BYTES + (band * STEPS + j) * 16,
-                                  scales + ((band0 + band) * groups + g) * 8);
+                                  scales + ((expert_band0 + band_of_slot(band, n0, N, gated)) * groups + g) * 8);
                 }
                 cp_async_arrive_noinc(full0 + 8 * s);
             }
@@ -454,17 +473,17 @@ __device__ void grouped_codes(const bf16* __restrict__ X, const int* __restrict_
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
         const int4 t = tiles[item / slices];
         const int n0 = (item % slices) * ROWS, rows = t.z - t.y;
-        bf16* y = Y + (size_t)t.y * N + n0;
+        bf16* y = Y + (size_t)t.y * (gated ? N / 2 : N);
         if (t.x == shared_slot) {
-            consume_item<16, INT, 0>(ring, k_steps, rows, y, N, nullptr);
+            consume_item<16, INT, 0>(ring, k_steps, rows, y, n0, N, gated, nullptr);
         } else if constexpr (ENC == E2M1) {
-            consume_item<4, E2M1, 0>(ring, k_steps, rows, y, N, band_scale + ((size_t)t.x * N + n0) / 8);
+            consume_item<4, E2M1, 0>(ring, k_steps, rows, y, n0, N, gated, band_scale + (size_t)t.x * (N / 8));
         } else {
             switch (gsteps) {
-                case 1: consume_item<BITS, ENC, 1>(ring, k_steps, rows, y, N, nullptr); break;
-                case 2: consume_item<BITS, ENC, 2>(ring, k_steps, rows, y, N, nullptr); break;
-                case 4: consume_item<BITS, ENC, 4>(ring, k_steps, rows, y, N, nullptr); break;
-                default: consume_item<BITS, ENC, 8>(ring, k_steps, rows, y, N, nullptr); break;
+                case 1: consume_item<BITS, ENC, 1>(ring, k_steps, rows, y, n0, N, gated, nullptr); break;
+                case 2: consume_item<BITS, ENC, 2>(ring, k_steps, rows, y, n0, N, gated, nullptr); break;
+                case 4: consume_item<BITS, ENC, 4>(ring, k_steps, rows, y, n0, N, gated, nullptr); break;
+                default: consume_item<BITS, ENC, 8>(ring, k_steps, rows, y, n0, N, gated, nullptr); break;
             }
         }
     }
@@ -474,19 +493,20 @@ __device__ void grouped_codes(const bf16* __restrict__ X, const int* __restrict_
 
 // grid = min(items, SMs) with items = max_tiles * N / 64, block = minnow_codes_wgmma::THREADS
 // (384), dynamic shared memory = minnow_codes_wgmma::SMEM_BYTES (codes_wgmma_smem_bytes in ops).
-// The parameters of moe.cu's codes kernels (GROUPED_CODES_ENTRY); requires N % 64 == 0,
-// K % 64 == 0, a group of 16, 32, 64 or 128 columns dividing K, and tiles cut at <= 128 rows.
+// The parameters of moe.cu's codes kernels (GROUPED_CODES_ENTRY, `gated` included); requires
+// N % 128 == 0, K % 64 == 0, a group of 16, 32, 64 or 128 columns dividing K, and tiles cut at
+// <= 128 rows.
 #define GROUPED_CODES_WGMMA_ENTRY(NAME, BITS, ENC)                                                              \
     extern "C" __global__ void __launch_bounds__(minnow_codes_wgmma::THREADS, 1)                                \
         NAME(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,              \
              const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y, const int4* tiles, \
-             const int* num_tiles, int N, int K) {                                                              \
+             const int* num_tiles, int N, int K, int gated) {                                                   \
         MINNOW_CODES_WGMMA_BODY(BITS, ENC)                                                                      \
     }
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MINNOW_CODES_WGMMA_BODY(BITS, ENC)                                                                \
     minnow_codes_wgmma::grouped_codes<BITS, ENC>(X, row_token, codes, scales, band_scale, group, shared, \
-                                                 shared_slot, Y, tiles, num_tiles, N, K);
+                                                 shared_slot, Y, tiles, num_tiles, N, K, gated);
 #else
 #define MINNOW_CODES_WGMMA_BODY(BITS, ENC) __trap();  // launched only where the sm_90a build is loaded
 #endif

@@ -230,14 +230,15 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
 }
 
 // One tile: rows p0..p0 + rows (gathered through row_token when given) times output columns
-// n0..n0 + 64 of expert e. NT: token groups of 8 in the tile (2: 16-row tiles, 8: 64-row tiles);
-// ACTIVE: the groups computed (at least those with a row; the others' products are never
-// stored, so computing them changes no output).
+// n0..n0 + 128 of expert e, or, `gated`, silu_mul of the gate and up columns n0 / 2 .. n0 / 2 +
+// 64 (band_of_slot; Y's row pitch N / 2). NT: token groups of 8 in the tile (2: 16-row tiles, 8:
+// 64-row tiles); ACTIVE: the groups computed (at least those with a row; the others' products
+// are never stored, so computing them changes no output).
 template <int BITS, int ENC, int NT, int STAGES, int ACTIVE>
 __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ row_token,
                            const unsigned char* __restrict__ codes, const __half* __restrict__ scales, int group,
                            const float* __restrict__ band_scale, bf16* __restrict__ Y, int e, int p0, int rows,
-                           int n0, int N, int K) {
+                           int n0, int N, int K, int gated) {
     static_assert(ENC != E2M1 || BITS == 4, "E2M1 codes are 4 bits");
     static_assert(ENC != E4M3 || BITS == 8, "E4M3 codes are 8 bits");
     // Integer and E4M3 codes scale each group's F32 sum; BF16 weights have no scales; E2M1 codes
@@ -249,7 +250,7 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int k_tiles = K / 16, groups = K / group, gsteps = group / 16;  // gsteps: a power of two
-    const size_t band0 = ((size_t)e * N + n0) / 8;
+    const size_t expert_band0 = (size_t)e * (N / 8);
     const int stages_k = (k_tiles + SK - 1) / SK;
     const bool warp_live = n0 + warp * 16 < N;
 
@@ -276,15 +277,17 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
         for (int i = 0; i < CODE_COPIES; ++i) {
             const int byte = (tid + i * THREADS) * 16;
             const int band = byte / (SK * TB), within = byte % (SK * TB);
-            cp_async16(base + byte, codes + ((band0 + band) * k_tiles + kt0) * TB + within,
-                       n0 + band * 8 < N && kt0 + within / TB < k_tiles);
+            cp_async16(base + byte,
+                       codes + ((expert_band0 + band_of_slot(band, n0, N, gated)) * k_tiles + kt0) * TB + within,
+                       slot_live(band, n0, N, gated) && kt0 + within / TB < k_tiles);
         }
         // Scales of the groups the stage's columns fall in: [band][j] = group kt0 / gsteps + j.
         const int g_first = kt0 / gsteps, g_last = (min(kt0 + SK, k_tiles) * 16 - 1) / group;
         if (BITS != 16 && tid < BANDS * SK) {
             const int band = tid / SK, g = g_first + tid % SK;
-            cp_async16(base + S::code_bytes + tid * 16, scales + ((band0 + band) * groups + g) * 8,
-                       n0 + band * 8 < N && g <= g_last);
+            cp_async16(base + S::code_bytes + tid * 16,
+                       scales + ((expert_band0 + band_of_slot(band, n0, N, gated)) * groups + g) * 8,
+                       slot_live(band, n0, N, gated) && g <= g_last);
         }
         bf16* sx = reinterpret_cast<bf16*>(base + S::code_bytes + S::scale_bytes);
 #pragma unroll
@@ -384,7 +387,8 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
     }
     if constexpr (ENC == E2M1) {  // the global scales of the warp's two bands
         if (warp_live) {
-            const float g0 = band_scale[band0 + 2 * warp], g1 = band_scale[band0 + 2 * warp + 1];
+            const float g0 = band_scale[expert_band0 + band_of_slot(2 * warp, n0, N, gated)];
+            const float g1 = band_scale[expert_band0 + band_of_slot(2 * warp + 1, n0, N, gated)];
 #pragma unroll
             for (int t = 0; t < ACTIVE; ++t) {
                 acc[t][0] *= g0;
@@ -395,9 +399,24 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
         }
     }
     // D fragment: [0], [1] output column lane / 4 of the warp's first band, tokens 2 (lane % 4)
-    // and + 1 of the group; [2], [3] the same tokens, 8 columns on.
-    const int col = n0 + warp * 16 + lane / 4;
+    // and + 1 of the group; [2], [3] the same tokens, 8 columns on. Gated: [0], [1] the gate and
+    // [2], [3] the up sums of intermediate column lane / 4 of the warp's 8, each rounded to BF16
+    // as the gate/up output is before silu_mul (so the bits of the two launches).
     if (!warp_live) return;
+    if (gated) {
+        const int col = n0 / 2 + warp * 8 + lane / 4, I = N / 2;
+#pragma unroll
+        for (int t = 0; t < ACTIVE; ++t) {
+            const int r = t * 8 + 2 * (lane % 4);
+            if (r < rows)
+                Y[(size_t)(p0 + r) * I + col] = silu_mul_bf16(to_f32(to_bf16(acc[t][0])), to_f32(to_bf16(acc[t][2])));
+            if (r + 1 < rows)
+                Y[(size_t)(p0 + r + 1) * I + col] =
+                    silu_mul_bf16(to_f32(to_bf16(acc[t][1])), to_f32(to_bf16(acc[t][3])));
+        }
+        return;
+    }
+    const int col = n0 + warp * 16 + lane / 4;
 #pragma unroll
     for (int t = 0; t < ACTIVE; ++t) {
         const int r = t * 8 + 2 * (lane % 4);
@@ -418,9 +437,9 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
 template <int BITS, int ENC, int NT, int STAGES>
 __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,
                                 int group, const float* band_scale, bf16* Y, int e, int p0, int rows, int n0, int N,
-                                int K) {
+                                int K, int gated) {
 #define MINNOW_CODES_TILE(A) \
-    codes_tile<BITS, ENC, NT, STAGES, A>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0, N, K)
+    codes_tile<BITS, ENC, NT, STAGES, A>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0, N, K, gated)
     if constexpr (NT == 2) {
         if (rows <= 8)
             MINNOW_CODES_TILE(1);
@@ -737,11 +756,12 @@ __host__ __device__ constexpr int slot_stages_in(int bytes) {
 // N % 16 == 0, K % 16 == 0, group 16, 32, 64 or 128 (E2M1: 16). Tiles of expert `shared_slot`
 // (-1: none) read `shared`, one BF16 matrix in the codes' fragment order (a packed shared
 // expert). `band_scale`: E2M1's F32 factor per 8-row band of the codes (unused otherwise).
+// `gated`: W[e] = [gate; up] (N % 16 == 0), and Y gets silu_mul's N / 2 columns (band_of_slot).
 #define GROUPED_CODES_ENTRY(NAME, BITS, ENC, NT, STAGES)                                                 \
     extern "C" __global__ void __launch_bounds__(minnow_codes::THREADS)                                  \
         NAME(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,       \
              const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y,           \
-             const int4* tiles, const int* num_tiles, int N, int K) {                                    \
+             const int4* tiles, const int* num_tiles, int N, int K, int gated) {                         \
         pdl_enter();                                                                                     \
         int4 t;                                                                                          \
         if (!grouped_tile(tiles, num_tiles, t)) return;                                                  \
@@ -749,11 +769,11 @@ __host__ __device__ constexpr int slot_stages_in(int bytes) {
         if (t.x == shared_slot)                                                                          \
             minnow_codes::codes_tile_rows<16, minnow_codes::INT, NT, minnow_codes::bf16_slot_stages<BITS, NT, STAGES>()>( \
                 X, row_token, reinterpret_cast<const unsigned char*>(shared), nullptr, 16, nullptr, Y, 0,  \
-                t.y, t.z - t.y, n0, N, K);                                                               \
+                t.y, t.z - t.y, n0, N, K, gated);                                                        \
         else                                                                                             \
             minnow_codes::codes_tile_rows<BITS, ENC, NT, STAGES>(X, row_token, codes, scales, group,     \
                                                                   band_scale, Y, t.x, t.y, t.z - t.y, n0, \
-                                                                  N, K);                                 \
+                                                                  N, K, gated);                          \
     }
 GROUPED_CODES_ENTRY(grouped_gemm_i8_r16, 8, minnow_codes::INT, 2, 3)
 GROUPED_CODES_ENTRY(grouped_gemm_i4_r16, 4, minnow_codes::INT, 2, 3)
@@ -781,7 +801,7 @@ GROUPED_CODES_ENTRY(grouped_gemm_f8_r64, 8, minnow_codes::E4M3, 8, 2)
         if (t.x == shared_slot)                                                                          \
             minnow_codes::codes_tile_rows<16, minnow_codes::INT, NT, SLOT>(                              \
                 X, row_token, reinterpret_cast<const unsigned char*>(shared), nullptr, 16, nullptr, Y, 0,  \
-                t.y, t.z - t.y, n0, N, K);                                                               \
+                t.y, t.z - t.y, n0, N, K, 0);                                                            \
         else                                                                                             \
             minnow_codes::w8a8_tile_rows<NT, W8A8_STAGES>(Q, S, row_token, codes, scales, group, Y, t.x,  \
                                                           t.y, t.z - t.y, n0, N, K);                     \
@@ -910,7 +930,8 @@ __device__ __forceinline__ void gemm_any_tile_codes(const bf16* __restrict__ X, 
                                     const float* /* band_scale: integer codes have none */,             \
                                     int group, const bf16* /* shared: never packed here */,              \
                                     int /* shared_slot */, bf16* __restrict__ Y, const int4* __restrict__ tiles, \
-                                    const int* __restrict__ num_tiles, int N, int K) {                   \
+                                    const int* __restrict__ num_tiles, int N, int K,                     \
+                                    int /* gated: only the tiled kernels gate (ops' grouped_gemm_codes) */) { \
         pdl_enter();                                                                                     \
         int4 t;                                                                                          \
         if (grouped_tile(tiles, num_tiles, t))                                                           \

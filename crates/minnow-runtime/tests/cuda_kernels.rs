@@ -1291,49 +1291,60 @@ fn grouped_gemm_over_codes_matches_reference() {
                 if w8a8 && !ops::w8a8_supported(&g, &w, n, kd) {
                     continue;
                 }
-                let run =
-                    |idx: &[i32], t: usize, x: &[bf16], tile_rows: usize| -> (Vec<f32>, Vec<i32>) {
-                        let (dx, didx) = (g.upload(x).unwrap(), g.upload(idx).unwrap());
-                        let dispatched = Dispatched::new(&g, &didx, t, k, e, tile_rows, None);
-                        let y = poisoned_bf16(&g, t * k * n);
-                        // W8A8: the rows quantized on the device (checked against the CPU below).
-                        let xq_buffers = w8a8.then(|| {
-                            let codes = g.alloc::<u8>(t * kd).unwrap();
-                            let scales = g.alloc::<f32>(t * kd / group).unwrap();
-                            let rows = ops::E4m3Rows {
-                                codes: codes.ptr(),
-                                scales: scales.ptr(),
-                            };
-                            ops::quantize_rows_e4m3(&g, dx.ptr(), t, kd, group, &rows).unwrap();
-                            (codes, scales, rows)
-                        });
-                        if tile_rows == ops::GROUPED_WGMMA_ROWS {
-                            ops::grouped_gemm_codes_wgmma(
-                                &g,
-                                dx.ptr(),
-                                dispatched.row_token.ptr(),
-                                &w,
-                                y.ptr(),
-                                &dispatched.expert_tiles(),
-                                n,
-                                kd,
-                            )
-                        } else {
-                            ops::grouped_gemm_codes(
-                                &g,
-                                dx.ptr(),
-                                xq_buffers.as_ref().map(|(_, _, rows)| rows),
-                                dispatched.row_token.ptr(),
-                                &w,
-                                y.ptr(),
-                                &dispatched.expert_tiles(),
-                                n,
-                                kd,
-                            )
-                        }
-                        .unwrap();
-                        (read_bf16(&g, &y), read(&g, &dispatched.slot))
-                    };
+                // `gated`: the tile's gate/up form (each expert's first n / 2 rows the gate, the
+                // rest the up rows), silu_mul's n / 2 columns per row.
+                let run_as = |idx: &[i32],
+                              t: usize,
+                              x: &[bf16],
+                              tile_rows: usize,
+                              gated: bool|
+                 -> (Vec<f32>, Vec<i32>) {
+                    let (dx, didx) = (g.upload(x).unwrap(), g.upload(idx).unwrap());
+                    let dispatched = Dispatched::new(&g, &didx, t, k, e, tile_rows, None);
+                    let y = poisoned_bf16(&g, t * k * n);
+                    // W8A8: the rows quantized on the device (checked against the CPU below).
+                    let xq_buffers = w8a8.then(|| {
+                        let codes = g.alloc::<u8>(t * kd).unwrap();
+                        let scales = g.alloc::<f32>(t * kd / group).unwrap();
+                        let rows = ops::E4m3Rows {
+                            codes: codes.ptr(),
+                            scales: scales.ptr(),
+                        };
+                        ops::quantize_rows_e4m3(&g, dx.ptr(), t, kd, group, &rows).unwrap();
+                        (codes, scales, rows)
+                    });
+                    if tile_rows == ops::GROUPED_WGMMA_ROWS {
+                        ops::grouped_gemm_codes_wgmma(
+                            &g,
+                            dx.ptr(),
+                            dispatched.row_token.ptr(),
+                            &w,
+                            y.ptr(),
+                            &dispatched.expert_tiles(),
+                            n,
+                            kd,
+                            gated,
+                        )
+                    } else {
+                        ops::grouped_gemm_codes(
+                            &g,
+                            dx.ptr(),
+                            xq_buffers.as_ref().map(|(_, _, rows)| rows),
+                            dispatched.row_token.ptr(),
+                            &w,
+                            y.ptr(),
+                            &dispatched.expert_tiles(),
+                            n,
+                            kd,
+                            gated,
+                        )
+                    }
+                    .unwrap();
+                    (read_bf16(&g, &y), read(&g, &dispatched.slot))
+                };
+                let run = |idx: &[i32], t: usize, x: &[bf16], tile_rows: usize| {
+                    run_as(idx, t, x, tile_rows, false)
+                };
                 let (gy, slots) = run(&idx, t, &x, tile_rows);
                 let x_bf16: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
                 let mut xf = x_bf16.clone();
@@ -1419,6 +1430,31 @@ fn grouped_gemm_over_codes_matches_reference() {
                         );
                     }
                     wgmma_cases += 1;
+                }
+                // Gated: every pick's row is silu_mul of its two launches' row, bit for bit, on
+                // each tile height and on the wgmma kernel where it takes the shape.
+                if !w8a8 && ops::codes_tiled(n, group) {
+                    let half = n / 2;
+                    let plain: Vec<bf16> = gy.iter().map(|&v| bf16::from_f32(v)).collect();
+                    let dplain = g.upload(&plain).unwrap();
+                    let dsilu = poisoned_bf16(&g, t * k * half);
+                    ops::silu_mul(&g, dplain.ptr(), dsilu.ptr(), t * k, half).unwrap();
+                    let silu = read_bf16(&g, &dsilu);
+                    let mut heights = vec![16, 64];
+                    if ops::codes_wgmma_supported(&g, &w, n, kd) {
+                        heights.push(ops::GROUPED_WGMMA_ROWS);
+                    }
+                    for rows in heights {
+                        let (gated, gated_slots) = run_as(&idx, t, &x, rows, true);
+                        for (i, (&p, &q)) in slots.iter().zip(&gated_slots).enumerate() {
+                            let (p, q) = (p as usize, q as usize);
+                            assert!(
+                                silu[p * half..(p + 1) * half] == gated[q * half..(q + 1) * half],
+                                "{name}: pick {i} gated in tiles of {rows} rows differs from the \
+                                 products then silu_mul"
+                            );
+                        }
+                    }
                 }
             }
         }

@@ -16,6 +16,7 @@
 use half::{bf16, f16};
 use minnow_format::{QuantParts, TensorRef, TensorSource};
 use minnow_runtime::cuda::ops::{self, CodeMatrices, ExpertTiles};
+use minnow_runtime::cuda::tuning::tuning;
 use minnow_runtime::cuda::{CudaResult, DeviceBuffer, Gpu};
 use minnow_runtime::quant::{int, QuantEncoding};
 
@@ -146,9 +147,19 @@ impl ExpertMatrix {
         }
     }
 
+    /// Whether [`Self::grouped_gemm`] of this gate/up projection (`n` rows `[gate; up]` per
+    /// expert) can write silu_mul's result itself (`gated`): quantized codes times BF16
+    /// activations (not W8A8, `w8a8`) at the tiled kernels' shapes, unless `MINNOW_CODES_GATED=0`.
+    pub fn gates_in_gemm(&self, n: usize, w8a8: bool) -> bool {
+        matches!(self.kernel_view(), KernelView::Codes(w) if ops::codes_tiled(n, w.group))
+            && !w8a8
+            && tuning().codes_gated
+    }
+
     /// `Y[p] = X[row_token[p] or p] . W[e]^T` over the dispatched tiles (see
     /// [`ops::grouped_gemm`]), whatever the encoding; with `xq` (FP8 codes, see
-    /// [`Self::w8a8_group`]) over those E4M3 rows of `X`.
+    /// [`Self::w8a8_group`]) over those E4M3 rows of `X`. `gated` (where
+    /// [`Self::gates_in_gemm`]): `Y` gets silu_mul's `n / 2` columns instead.
     #[allow(clippy::too_many_arguments)]
     pub fn grouped_gemm(
         &self,
@@ -160,15 +171,19 @@ impl ExpertMatrix {
         tiles: &ExpertTiles,
         n: usize,
         k: usize,
+        gated: bool,
     ) -> CudaResult<()> {
         match self.kernel_view() {
+            KernelView::Bf16(_) if gated => Err(minnow_runtime::cuda::CudaError::Unsupported(
+                "a gated grouped GEMM over BF16 expert rows (their streamed kernels gate)".into(),
+            )),
             KernelView::Bf16(w) => ops::grouped_gemm(gpu, x, row_token, w.ptr(), y, tiles, n, k),
             // Tiles of 128 rows: moe.rs chose the wgmma kernels (`Self::codes_wgmma`).
             KernelView::Codes(w) if tiles.rows == ops::GROUPED_WGMMA_ROWS && xq.is_none() => {
-                ops::grouped_gemm_codes_wgmma(gpu, x, row_token, &w, y, tiles, n, k)
+                ops::grouped_gemm_codes_wgmma(gpu, x, row_token, &w, y, tiles, n, k, gated)
             }
             KernelView::Codes(w) => {
-                ops::grouped_gemm_codes(gpu, x, xq, row_token, &w, y, tiles, n, k)
+                ops::grouped_gemm_codes(gpu, x, xq, row_token, &w, y, tiles, n, k, gated)
             }
         }
     }

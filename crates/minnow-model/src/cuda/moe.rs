@@ -371,26 +371,31 @@ pub(super) fn queue_grouped_experts(
             let xq = w8a8
                 .map(|(b, g)| quantize_input(gpu, &b[0], x, t, d, g.0, mark))
                 .transpose()?;
+            // Codes times BF16 rows write silu_mul's result in the gate/up kernel (same bits).
+            let act = ws.expert_act.ptr();
+            let gated = moe.experts_gate_up.gates_in_gemm(2 * iw, xq.is_some());
             moe.experts_gate_up.grouped_gemm(
                 gpu,
                 x,
                 xq.as_ref(),
                 row_token,
-                gu,
+                if gated { act } else { gu },
                 &tiles,
                 2 * iw,
                 d,
+                gated,
             )?;
             mark("experts gate/up")?;
-            let act = ws.expert_act.ptr();
-            ops::silu_mul(gpu, gu, act, a, iw)?;
-            mark("experts silu")?;
+            if !gated {
+                ops::silu_mul(gpu, gu, act, a, iw)?;
+                mark("experts silu")?;
+            }
             let actq = w8a8
                 .map(|(b, g)| quantize_input(gpu, &b[1], act, a, iw, g.1, mark))
                 .transpose()?;
             let out = ws.expert_out.ptr();
             moe.experts_down
-                .grouped_gemm(gpu, act, actq.as_ref(), 0, out, &tiles, d, iw)?;
+                .grouped_gemm(gpu, act, actq.as_ref(), 0, out, &tiles, d, iw, false)?;
             mark("experts down")?;
         }
     }

@@ -408,6 +408,7 @@ kernel_table! {
             num_tiles: u64,
             n: i32,
             k: i32,
+            gated: i32,
         );
     }
     /// `kernels/moe.cu`.
@@ -452,6 +453,7 @@ kernel_table! {
             num_tiles: u64,
             n: i32,
             k: i32,
+            gated: i32,
         );
         /// E4M3 experts times E4M3 activation rows (W8A8; the sm_90 PTX only: the sm_80 build
         /// traps).

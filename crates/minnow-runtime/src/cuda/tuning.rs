@@ -64,6 +64,10 @@ pub struct Tuning {
     /// it, NVFP4 is not measured yet (docs/performance.md). `MINNOW_CODES_WGMMA=1`:
     /// every encoding wherever 64-row tiles would be cut; `=0`: never.
     pub codes_wgmma: Option<bool>,
+    /// The quantized experts' gate/up kernels write silu_mul's result themselves (the gate and
+    /// up bands of the same columns side by side in a CTA) instead of the products for a
+    /// separate `silu_mul` launch. `MINNOW_CODES_GATED=0`: two launches. Same bits either way.
+    pub codes_gated: bool,
     /// Every row's arithmetic is independent of the batch around it (on by default; see
     /// docs/performance.md for its cost): the dense GEMMs, the router and the lm_head run
     /// minnow's fixed-order kernels, the experts always take the grouped GEMM, and attention
@@ -116,6 +120,7 @@ impl Default for Tuning {
             grouped_pair: true,
             grouped_wgmma: true,
             codes_wgmma: None,
+            codes_gated: true,
             invariant: true,
             dense16_rows: 32,
             dense128_rows: 256,
@@ -164,6 +169,8 @@ pub fn tuning() -> &'static Tuning {
                 .map_or(d.grouped_wgmma, |v| v == 1),
             codes_wgmma: env_usize("MINNOW_CODES_WGMMA", |v| v <= 1)
                 .map_or(d.codes_wgmma, |v| Some(v == 1)),
+            codes_gated: env_usize("MINNOW_CODES_GATED", |v| v <= 1)
+                .map_or(d.codes_gated, |v| v == 1),
             invariant: env_usize("MINNOW_BATCH_INVARIANT", |v| v <= 1)
                 .map_or(d.invariant, |v| v == 1),
             dense16_rows: env_usize("MINNOW_DENSE16_ROWS", |_| true).unwrap_or(d.dense16_rows),

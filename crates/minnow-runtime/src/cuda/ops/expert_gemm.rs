@@ -476,6 +476,11 @@ fn w8a8_stage_bytes(tile_rows: usize) -> usize {
 /// With `xq` (E4M3 experts where [`w8a8_supported`]): the W8A8 kernels over those rows, `x`'s
 /// quantization by [`quantize_rows_e4m3`] with the experts' group (`x` itself still feeds a
 /// packed shared expert). Tiles of 16 or 64 rows; `grouped_gemm_codes_wgmma` takes 128.
+///
+/// `gated` (a gate/up projection, each expert's `n` rows `[gate; up]`; BF16 activations and
+/// shapes of the tiled kernels only, [`codes_tiled`]): `y` gets `silu_mul`'s `n / 2` columns per row instead of the `n`
+/// products, the same bits as this GEMM followed by [`silu_mul`](super::silu_mul), without
+/// the second launch and the round trip of the products through memory.
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm_codes(
     gpu: &Gpu,
@@ -487,10 +492,23 @@ pub fn grouped_gemm_codes(
     t: &ExpertTiles,
     n: usize,
     k: usize,
+    gated: bool,
 ) -> CudaResult<()> {
     let (tiles, num_tiles, max_tiles, tile_rows) = (t.tiles, t.num_tiles, t.max_tiles, t.rows);
     if ![16, 64].contains(&tile_rows) {
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
+    }
+    // (The general kernel, for shapes the tiles refuse, does not gate.)
+    if gated && (xq.is_some() || !codes_tiled(n, w.group)) {
+        return unsupported(format!(
+            "a gated expert GEMM over {:?} experts of {n} x {k}{}",
+            w.kind,
+            if xq.is_some() {
+                " on E4M3 activations"
+            } else {
+                ""
+            }
+        ));
     }
     if let Some(q) = xq {
         if !w8a8_supported(gpu, w, n, k) {
@@ -596,7 +614,7 @@ pub fn grouped_gemm_codes(
             return unsupported(format!("{:?} expert codes of {n} x {k}", w.kind));
         }
     };
-    launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k)
+    launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k, gated)
 }
 
 /// Launches a kernel of the codes family (the mma.sync tiles and their wgmma siblings share
@@ -613,6 +631,7 @@ pub(super) fn launch_codes(
     t: &ExpertTiles,
     n: usize,
     k: usize,
+    gated: bool,
 ) -> CudaResult<()> {
     kernel(
         gpu,
@@ -630,6 +649,7 @@ pub(super) fn launch_codes(
         t.num_tiles,
         n as i32,
         k as i32,
+        i32::from(gated),
     )
 }
 

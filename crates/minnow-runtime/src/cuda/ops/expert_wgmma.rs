@@ -104,8 +104,8 @@ pub fn codes_wgmma_supported(gpu: &Gpu, w: &CodeMatrices, n: usize, k: usize) ->
 
 /// The quantized grouped GEMM (`expert_gemm`'s `grouped_gemm_codes`, BF16 activations) over
 /// tiles of up to [`GROUPED_WGMMA_ROWS`] rows, one persistent CTA per multiprocessor walking
-/// (tile, 128-column) items: exactly the bits of the mma.sync codes kernels. Check
-/// [`codes_wgmma_supported`] first.
+/// (tile, 128-column) items: exactly the bits of the mma.sync codes kernels, `gated` as there.
+/// Check [`codes_wgmma_supported`] first.
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm_codes_wgmma(
     gpu: &Gpu,
@@ -116,6 +116,7 @@ pub fn grouped_gemm_codes_wgmma(
     t: &ExpertTiles,
     n: usize,
     k: usize,
+    gated: bool,
 ) -> CudaResult<()> {
     if t.rows > GROUPED_WGMMA_ROWS || !codes_wgmma_supported(gpu, w, n, k) {
         return unsupported(format!(
@@ -134,7 +135,7 @@ pub fn grouped_gemm_codes_wgmma(
         CodeKind::E4m3 => grouped_gemm_f8_wgmma,
     };
     match persistent_grid(gpu, t, n, 384, codes_wgmma_smem_bytes()) {
-        Some(cfg) => launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k),
+        Some(cfg) => launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k, gated),
         None => Ok(()),
     }
 }
