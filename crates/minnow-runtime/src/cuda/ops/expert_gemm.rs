@@ -478,9 +478,10 @@ fn w8a8_stage_bytes(tile_rows: usize) -> usize {
 /// packed shared expert). Tiles of 16 or 64 rows; `grouped_gemm_codes_wgmma` takes 128.
 ///
 /// `gated` (a gate/up projection, each expert's `n` rows `[gate; up]`; BF16 activations and
-/// shapes of the tiled kernels only, [`codes_tiled`]): `y` gets `silu_mul`'s `n / 2` columns per row instead of the `n`
-/// products, the same bits as this GEMM followed by [`silu_mul`](super::silu_mul), without
-/// the second launch and the round trip of the products through memory.
+/// the tiled kernels' shapes only, [`codes_tiled`]): `y` gets `silu_mul`'s `n / 2` columns per
+/// row instead of the `n` products, the same bits as this GEMM followed by
+/// [`silu_mul`](super::silu_mul), without the second launch and the products' round trip
+/// through memory.
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm_codes(
     gpu: &Gpu,
