@@ -26,7 +26,7 @@
 //!   (W8A8: other bits, still invariant; measured slower than the default, see
 //!   docs/performance.md).
 //!
-//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_DENSE16_ROWS`,
+//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_CODES_GATED`, `MINNOW_DENSE16_ROWS`,
 //! `MINNOW_DENSE128_ROWS`, `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`) are described on
 //! the fields of [`Tuning`] they set.
 
