@@ -26,7 +26,7 @@
 //!   (W8A8: other bits, still invariant; measured slower than the default, see
 //!   docs/performance.md).
 //!
-//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_DENSE16_ROWS`,
+//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_CODES32_BELOW`, `MINNOW_DENSE16_ROWS`,
 //! `MINNOW_DENSE128_ROWS`, `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`) are described on
 //! the fields of [`Tuning`] they set.
 
@@ -64,6 +64,9 @@ pub struct Tuning {
     /// it, NVFP4 is not measured yet (docs/performance.md). `MINNOW_CODES_WGMMA=1`:
     /// every encoding wherever 64-row tiles would be cut; `=0`: never.
     pub codes_wgmma: Option<bool>,
+    /// Rows per busy expert, on average, below which quantized experts' mma.sync kernels cut
+    /// 32-row tiles where 64-row ones would be cut (`MINNOW_CODES32_BELOW`; 0: never). Same bits.
+    pub codes32_below: usize,
     /// Every row's arithmetic is independent of the batch around it (on by default; see
     /// docs/performance.md for its cost): the dense GEMMs, the router and the lm_head run
     /// minnow's fixed-order kernels, the experts always take the grouped GEMM, and attention
@@ -116,6 +119,7 @@ impl Default for Tuning {
             grouped_pair: true,
             grouped_wgmma: true,
             codes_wgmma: None,
+            codes32_below: 32,
             invariant: true,
             dense16_rows: 32,
             dense128_rows: 256,
@@ -164,6 +168,8 @@ pub fn tuning() -> &'static Tuning {
                 .map_or(d.grouped_wgmma, |v| v == 1),
             codes_wgmma: env_usize("MINNOW_CODES_WGMMA", |v| v <= 1)
                 .map_or(d.codes_wgmma, |v| Some(v == 1)),
+            codes32_below: env_usize("MINNOW_CODES32_BELOW", |v| v <= 1024)
+                .unwrap_or(d.codes32_below),
             invariant: env_usize("MINNOW_BATCH_INVARIANT", |v| v <= 1)
                 .map_or(d.invariant, |v| v == 1),
             dense16_rows: env_usize("MINNOW_DENSE16_ROWS", |_| true).unwrap_or(d.dense16_rows),
