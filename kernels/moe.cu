@@ -445,8 +445,15 @@ __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsig
             MINNOW_CODES_TILE(1);
         else
             MINNOW_CODES_TILE(2);
+    } else if constexpr (NT == 4) {
+        switch ((rows + 7) / 8) {
+            case 1: MINNOW_CODES_TILE(1); break;
+            case 2: MINNOW_CODES_TILE(2); break;
+            case 3: MINNOW_CODES_TILE(3); break;
+            default: MINNOW_CODES_TILE(4); break;
+        }
     } else {
-        static_assert(NT == 8, "16- or 64-row tiles");
+        static_assert(NT == 8, "16-, 32- or 64-row tiles");
         switch ((rows + 7) / 8) {
             case 1: MINNOW_CODES_TILE(1); break;
             case 2: MINNOW_CODES_TILE(2); break;
@@ -779,6 +786,12 @@ GROUPED_CODES_ENTRY(grouped_gemm_i8_r16, 8, minnow_codes::INT, 2, 3)
 GROUPED_CODES_ENTRY(grouped_gemm_i4_r16, 4, minnow_codes::INT, 2, 3)
 GROUPED_CODES_ENTRY(grouped_gemm_f4_r16, 4, minnow_codes::E2M1, 2, 3)
 GROUPED_CODES_ENTRY(grouped_gemm_f8_r16, 8, minnow_codes::E4M3, 2, 3)
+// 32-row tiles for batches whose experts get fewer rows than a 64-row tile holds: a third of the
+// 64-row stage's activation room, so three stages fit where the 64-row tiles keep two.
+GROUPED_CODES_ENTRY(grouped_gemm_i8_r32, 8, minnow_codes::INT, 4, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_i4_r32, 4, minnow_codes::INT, 4, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_f4_r32, 4, minnow_codes::E2M1, 4, 3)
+GROUPED_CODES_ENTRY(grouped_gemm_f8_r32, 8, minnow_codes::E4M3, 4, 3)
 GROUPED_CODES_ENTRY(grouped_gemm_i8_r64, 8, minnow_codes::INT, 8, 2)
 GROUPED_CODES_ENTRY(grouped_gemm_i4_r64, 4, minnow_codes::INT, 8, 2)
 GROUPED_CODES_ENTRY(grouped_gemm_f4_r64, 4, minnow_codes::E2M1, 8, 2)
@@ -819,6 +832,8 @@ extern "C" __global__ void quantize_rows_e4m3(const bf16* X, int rows, int K, in
 // Host mirrors (codes_tile_smem_bytes).
 static_assert(3 * minnow_codes::Stage<4, 16>::bytes == 43776, "host mirror");
 static_assert(3 * minnow_codes::Stage<8, 16>::bytes == 68352, "host mirror");
+static_assert(3 * minnow_codes::Stage<4, 32>::bytes == 56832, "host mirror");
+static_assert(3 * minnow_codes::Stage<8, 32>::bytes == 81408, "host mirror");
 static_assert(2 * minnow_codes::Stage<4, 64>::bytes == 55296, "host mirror");
 static_assert(2 * minnow_codes::Stage<8, 64>::bytes == 71680, "host mirror");
 // A packed shared expert's BF16 tiles fit the smaller encoding's allocation.
@@ -828,6 +843,8 @@ static_assert(minnow_codes::bf16_slot_stages<8, 2, 3>() * minnow_codes::Stage<16
               "BF16 slot beside INT8, 16-row tiles");
 static_assert(minnow_codes::bf16_slot_stages<4, 8, 2>() * minnow_codes::Stage<16, 64>::bytes <= 55296,
               "BF16 slot, 64-row tiles");
+static_assert(minnow_codes::bf16_slot_stages<4, 4, 3>() * minnow_codes::Stage<16, 32>::bytes <= 56832,
+              "BF16 slot, 32-row tiles");
 static_assert(minnow_codes::bf16_slot_stages<4, 2, 3>() == 4, "BF16 slot beside INT4: 4 stages");
 
 

@@ -1408,15 +1408,20 @@ fn grouped_gemm_over_codes_matches_reference() {
                         idx[j]
                     );
                 }
-                // The other tile height (a batch's size picks it): every pick's row bit-identical.
-                let other_rows = if tile_rows == 16 { 64 } else { 16 };
-                let (other, other_slots) = run(&idx, t, &x, other_rows);
-                for (i, (&p, &q)) in slots.iter().zip(&other_slots).enumerate() {
-                    let (p, q) = (p as usize, q as usize);
-                    assert!(
-                        gy[p * n..(p + 1) * n] == other[q * n..(q + 1) * n],
-                        "{name}: pick {i} differs between tiles of {tile_rows} and {other_rows} rows"
-                    );
+                // The other tile heights (a batch's size picks one; 32-row tiles not with W8A8):
+                // every pick's row bit-identical.
+                for other_rows in [16, 32, 64] {
+                    if other_rows == tile_rows || (other_rows == 32 && w8a8) {
+                        continue;
+                    }
+                    let (other, other_slots) = run(&idx, t, &x, other_rows);
+                    for (i, (&p, &q)) in slots.iter().zip(&other_slots).enumerate() {
+                        let (p, q) = (p as usize, q as usize);
+                        assert!(
+                            gy[p * n..(p + 1) * n] == other[q * n..(q + 1) * n],
+                            "{name}: pick {i} differs between tiles of {tile_rows} and {other_rows} rows"
+                        );
+                    }
                 }
                 // Tiles of 128 rows on the wgmma kernels (Hopper, BF16 activations), where they
                 // take the shape: every pick's row bit-identical to the mma.sync tiles'.

@@ -193,6 +193,21 @@ fn codes_wgmma_wanted(
     knob.unwrap_or(wins && assignments >= CODES_WGMMA_MIN_ROWS * busy.max(1))
 }
 
+/// The tile rows of quantized experts' mma.sync kernels in a forward of `assignments` rows over
+/// `busy` experts whose dispatch would cut `tile_rows`: 32 instead of 64 while the experts
+/// average fewer than `below` rows (`Tuning::codes32_below`; 0: never). A 64-row stage's
+/// activation room holds two stages where a 32-row one holds three, so the tiles of a batch of
+/// ~16 blocks (about 18 rows per expert) keep more codes in flight; an expert with more rows
+/// than a tile takes one tile more, streaming its weights once more. Same bits (every row's
+/// output is one chain over K whatever the tile).
+fn codes_tile_rows(tile_rows: usize, assignments: usize, busy: usize, below: usize) -> usize {
+    if tile_rows == 64 && assignments < below * busy.max(1) {
+        32
+    } else {
+        tile_rows
+    }
+}
+
 /// A grouped expert GEMM over BF16 weights read through their tensor map, with the gated
 /// (SiLU) epilogue for gate/up: `ops::grouped_gemm_wgmma` or `ops::grouped_gemm_tma`.
 type StreamedGemm = fn(
@@ -268,6 +283,8 @@ pub(super) fn queue_grouped_experts(
         };
     let tile_rows = if wgmma {
         ops::GROUPED_WGMMA_ROWS
+    } else if moe.bf16_experts().is_none() && w8a8.is_none() {
+        codes_tile_rows(grouping.tile_rows, a, busy, tuning().codes32_below)
     } else {
         grouping.tile_rows
     };
@@ -458,6 +475,17 @@ mod tests {
         for kind in [ops::CodeKind::Int4, ops::CodeKind::E2m1] {
             assert!(!codes_wgmma_wanted(kind, prefill, BUSY, None), "{kind:?}");
         }
+    }
+
+    #[test]
+    fn sixteen_block_batches_take_32_row_codes_tiles_and_larger_ones_keep_64() {
+        let (x16, x64, prefill) = (16 * 32 * 9, 64 * 32 * 9, 4096 * 9);
+        assert_eq!(codes_tile_rows(64, x16, BUSY, 32), 32);
+        assert_eq!(codes_tile_rows(64, x64, BUSY, 32), 64);
+        assert_eq!(codes_tile_rows(64, prefill, BUSY, 32), 64);
+        // 16-row tiles (a denoising step, x4) stay; 0 turns the 32-row tiles off.
+        assert_eq!(codes_tile_rows(16, 4 * 32 * 9, BUSY, 32), 16);
+        assert_eq!(codes_tile_rows(64, x16, BUSY, 0), 64);
     }
 
     #[test]

@@ -431,12 +431,16 @@ kernel_table! {
         /// (NVFP4 repacked at load) with BF16 block scales and a factor per 8-row band, or as
         /// E4M3 codes (our FP8, repacked at load) with F32 block scales.
         grouped_gemm_i8_r16,
+        grouped_gemm_i8_r32,
         grouped_gemm_i8_r64,
         grouped_gemm_i4_r16,
+        grouped_gemm_i4_r32,
         grouped_gemm_i4_r64,
         grouped_gemm_f4_r16,
+        grouped_gemm_f4_r32,
         grouped_gemm_f4_r64,
         grouped_gemm_f8_r16,
+        grouped_gemm_f8_r32,
         grouped_gemm_f8_r64,
         grouped_gemm_i8_any,
         grouped_gemm_i4_any as CodesGemm (

@@ -26,9 +26,10 @@
 //!   (W8A8: other bits, still invariant; measured slower than the default, see
 //!   docs/performance.md).
 //!
-//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_CODES_GATED`, `MINNOW_DENSE16_ROWS`,
-//! `MINNOW_DENSE128_ROWS`, `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`) are described on
-//! the fields of [`Tuning`] they set.
+//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_CODES_GATED`,
+//! `MINNOW_CODES32_BELOW`, `MINNOW_DENSE16_ROWS`, `MINNOW_DENSE128_ROWS`,
+//! `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`) are described on the fields of
+//! [`Tuning`] they set.
 
 use std::sync::OnceLock;
 
@@ -68,6 +69,9 @@ pub struct Tuning {
     /// up bands of the same columns side by side in a CTA) instead of the products for a
     /// separate `silu_mul` launch. `MINNOW_CODES_GATED=0`: two launches. Same bits either way.
     pub codes_gated: bool,
+    /// Rows per busy expert, on average, below which quantized experts' mma.sync kernels cut
+    /// 32-row tiles where 64-row ones would be cut (`MINNOW_CODES32_BELOW`; 0: never). Same bits.
+    pub codes32_below: usize,
     /// Every row's arithmetic is independent of the batch around it (on by default; see
     /// docs/performance.md for its cost): the dense GEMMs, the router and the lm_head run
     /// minnow's fixed-order kernels, the experts always take the grouped GEMM, and attention
@@ -121,6 +125,7 @@ impl Default for Tuning {
             grouped_wgmma: true,
             codes_wgmma: None,
             codes_gated: true,
+            codes32_below: 32,
             invariant: true,
             dense16_rows: 32,
             dense128_rows: 256,
@@ -171,6 +176,8 @@ pub fn tuning() -> &'static Tuning {
                 .map_or(d.codes_wgmma, |v| Some(v == 1)),
             codes_gated: env_usize("MINNOW_CODES_GATED", |v| v <= 1)
                 .map_or(d.codes_gated, |v| v == 1),
+            codes32_below: env_usize("MINNOW_CODES32_BELOW", |v| v <= 1024)
+                .unwrap_or(d.codes32_below),
             invariant: env_usize("MINNOW_BATCH_INVARIANT", |v| v <= 1)
                 .map_or(d.invariant, |v| v == 1),
             dense16_rows: env_usize("MINNOW_DENSE16_ROWS", |_| true).unwrap_or(d.dense16_rows),

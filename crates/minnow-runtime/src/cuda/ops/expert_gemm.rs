@@ -459,7 +459,7 @@ pub fn codes_tiled(n: usize, group: usize) -> bool {
 /// for 64-row tiles.
 fn codes_tile_smem_bytes(bits: usize, tile_rows: usize) -> usize {
     let stage = 16 * 8 * (8 * 16 * bits / 8) + 16 * 8 * 16 + tile_rows * 136 * 2;
-    stage * if tile_rows == 16 { 3 } else { 2 }
+    stage * if tile_rows == 64 { 2 } else { 3 }
 }
 
 /// One stage of the W8A8 tiles (mirrors `minnow_codes::StageQ`): the E4M3 stage's codes and
@@ -496,7 +496,13 @@ pub fn grouped_gemm_codes(
     gated: bool,
 ) -> CudaResult<()> {
     let (tiles, num_tiles, max_tiles, tile_rows) = (t.tiles, t.num_tiles, t.max_tiles, t.rows);
-    if ![16, 64].contains(&tile_rows) {
+    // (32-row tiles: the codes kernels over BF16 rows only, not W8A8.)
+    let heights: &[usize] = if xq.is_some() {
+        &[16, 64]
+    } else {
+        &[16, 32, 64]
+    };
+    if !heights.contains(&tile_rows) {
         return unsupported(format!("expert GEMM tiles of {tile_rows} rows"));
     }
     // (The general kernel, for shapes the tiles refuse, does not gate.)
@@ -555,24 +561,45 @@ pub fn grouped_gemm_codes(
     }
     // The kernels per encoding: (16-row tiles, 64-row tiles, the general kernel).
     use kernels::moe::{
-        grouped_gemm_f4_r16, grouped_gemm_f4_r64, grouped_gemm_f8_r16, grouped_gemm_f8_r64,
-        grouped_gemm_i4_any, grouped_gemm_i4_r16, grouped_gemm_i4_r64, grouped_gemm_i8_any,
-        grouped_gemm_i8_r16, grouped_gemm_i8_r64, CodesGemm,
+        grouped_gemm_f4_r16, grouped_gemm_f4_r32, grouped_gemm_f4_r64, grouped_gemm_f8_r16,
+        grouped_gemm_f8_r32, grouped_gemm_f8_r64, grouped_gemm_i4_any, grouped_gemm_i4_r16,
+        grouped_gemm_i4_r32, grouped_gemm_i4_r64, grouped_gemm_i8_any, grouped_gemm_i8_r16,
+        grouped_gemm_i8_r32, grouped_gemm_i8_r64, CodesGemm,
     };
-    let (r16, r64, any): (CodesGemm, CodesGemm, Option<CodesGemm>) = match w.kind {
+    let (tiled_kernels, any): ([CodesGemm; 3], Option<CodesGemm>) = match w.kind {
         CodeKind::Int8 => (
-            grouped_gemm_i8_r16,
-            grouped_gemm_i8_r64,
+            [
+                grouped_gemm_i8_r16,
+                grouped_gemm_i8_r32,
+                grouped_gemm_i8_r64,
+            ],
             Some(grouped_gemm_i8_any),
         ),
         CodeKind::Int4 => (
-            grouped_gemm_i4_r16,
-            grouped_gemm_i4_r64,
+            [
+                grouped_gemm_i4_r16,
+                grouped_gemm_i4_r32,
+                grouped_gemm_i4_r64,
+            ],
             Some(grouped_gemm_i4_any),
         ),
         // E2M1 and E4M3 have tiled kernels only: a loader widens shapes they refuse.
-        CodeKind::E2m1 => (grouped_gemm_f4_r16, grouped_gemm_f4_r64, None),
-        CodeKind::E4m3 => (grouped_gemm_f8_r16, grouped_gemm_f8_r64, None),
+        CodeKind::E2m1 => (
+            [
+                grouped_gemm_f4_r16,
+                grouped_gemm_f4_r32,
+                grouped_gemm_f4_r64,
+            ],
+            None,
+        ),
+        CodeKind::E4m3 => (
+            [
+                grouped_gemm_f8_r16,
+                grouped_gemm_f8_r32,
+                grouped_gemm_f8_r64,
+            ],
+            None,
+        ),
     };
     if !w.complete() {
         return unsupported(format!(
@@ -600,7 +627,11 @@ pub fn grouped_gemm_codes(
     }
     let (kernel, cfg) = match (tiled, any) {
         (true, _) => (
-            if tile_rows == 16 { r16 } else { r64 },
+            tiled_kernels[match tile_rows {
+                16 => 0,
+                32 => 1,
+                _ => 2,
+            }],
             LaunchConfig::new(
                 (n.div_ceil(128) as u32, max_tiles as u32, 1),
                 256,
