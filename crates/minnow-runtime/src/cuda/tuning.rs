@@ -26,7 +26,7 @@
 //!   (W8A8: other bits, still invariant; measured slower than the default, see
 //!   docs/performance.md).
 //!
-//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_DENSE16_ROWS`,
+//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_SHARED_BESIDE`, `MINNOW_DENSE16_ROWS`,
 //! `MINNOW_DENSE128_ROWS`, `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`) are described on
 //! the fields of [`Tuning`] they set.
 
@@ -64,6 +64,11 @@ pub struct Tuning {
     /// it, NVFP4 is not measured yet (docs/performance.md). `MINNOW_CODES_WGMMA=1`:
     /// every encoding wherever 64-row tiles would be cut; `=0`: never.
     pub codes_wgmma: Option<bool>,
+    /// A shared expert that runs on its own (not inside the grouped expert GEMM) is queued on
+    /// the side stream (`Gpu::beside`), beside the router and the routed experts, and joined
+    /// before the combine: its three small launches overlap theirs. Batch-invariant mode only
+    /// (plain cuBLAS is bound to the main stream). `MINNOW_SHARED_BESIDE=0`: in line. Same bits.
+    pub shared_beside: bool,
     /// Every row's arithmetic is independent of the batch around it (on by default; see
     /// docs/performance.md for its cost): the dense GEMMs, the router and the lm_head run
     /// minnow's fixed-order kernels, the experts always take the grouped GEMM, and attention
@@ -116,6 +121,7 @@ impl Default for Tuning {
             grouped_pair: true,
             grouped_wgmma: true,
             codes_wgmma: None,
+            shared_beside: true,
             invariant: true,
             dense16_rows: 32,
             dense128_rows: 256,
@@ -164,6 +170,8 @@ pub fn tuning() -> &'static Tuning {
                 .map_or(d.grouped_wgmma, |v| v == 1),
             codes_wgmma: env_usize("MINNOW_CODES_WGMMA", |v| v <= 1)
                 .map_or(d.codes_wgmma, |v| Some(v == 1)),
+            shared_beside: env_usize("MINNOW_SHARED_BESIDE", |v| v <= 1)
+                .map_or(d.shared_beside, |v| v == 1),
             invariant: env_usize("MINNOW_BATCH_INVARIANT", |v| v <= 1)
                 .map_or(d.invariant, |v| v == 1),
             dense16_rows: env_usize("MINNOW_DENSE16_ROWS", |_| true).unwrap_or(d.dense16_rows),
