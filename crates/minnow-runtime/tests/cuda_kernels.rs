@@ -2389,3 +2389,77 @@ fn grouped_gemm_tma_is_deterministic_over_many_launches() {
         assert_eq!(bad, 0, "the TMA grouped GEMM is not deterministic");
     }
 }
+
+/// `Gpu::beside`: work queued on the side stream starts after the main stream's work before it,
+/// the main stream's work after the join waits for it, and both hold under graph capture (the
+/// capture ends only when the side stream has joined) and across replays.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn side_stream_work_is_ordered_between_its_fork_and_its_join() {
+    let g = gpu();
+    let mut rng = rng();
+    let (rows, w) = (512, 4096);
+    let x = g
+        .upload(&to_bf16(&randn(&mut rng, rows * 2 * w, 4.0)))
+        .unwrap();
+    // What each output must hold: the same launches on the main stream alone.
+    let expected = {
+        let a = poisoned_bf16(&g, rows * w);
+        let b = poisoned_f32(&g, rows * w);
+        ops::silu_mul(&g, x.ptr(), a.ptr(), rows, w).unwrap();
+        ops::bf16_to_f32(&g, a.ptr(), b.ptr(), rows * w).unwrap();
+        read(&g, &b)
+    };
+    let a = poisoned_bf16(&g, rows * w);
+    let c = poisoned_bf16(&g, rows * w);
+    let b = poisoned_f32(&g, rows * w);
+    let d = poisoned_f32(&g, rows * w);
+    // main: a = silu_mul(x); side: b = f32(a); main meanwhile: c = silu_mul(x); join; d = f32(c).
+    let queue = || -> minnow_runtime::cuda::CudaResult<()> {
+        ops::silu_mul(&g, x.ptr(), a.ptr(), rows, w)?;
+        let side = g.beside(|| ops::bf16_to_f32(&g, a.ptr(), b.ptr(), rows * w))?;
+        ops::silu_mul(&g, x.ptr(), c.ptr(), rows, w)?;
+        side.join()?;
+        ops::bf16_to_f32(&g, c.ptr(), d.ptr(), rows * w)
+    };
+    let check = |what: &str| {
+        let (gb, gd) = (read(&g, &b), read(&g, &d));
+        assert!(
+            gb.iter()
+                .zip(&expected)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{what}: the side stream's output differs"
+        );
+        assert!(
+            gd.iter()
+                .zip(&expected)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{what}: the main stream's output after the join differs"
+        );
+    };
+    queue().unwrap();
+    g.synchronize().unwrap();
+    check("eager");
+    let graph = Graph::capture(&g, queue).unwrap();
+    for replay in 0..2 {
+        for buf in [&a, &c] {
+            g.write(buf, 0, &vec![bf16::NAN; rows * w]).unwrap();
+        }
+        for buf in [&b, &d] {
+            g.write(buf, 0, &vec![f32::NAN; rows * w]).unwrap();
+        }
+        graph.launch(&g).unwrap();
+        g.synchronize().unwrap();
+        check(&format!("graph replay {replay}"));
+    }
+    // An error inside the region still joins it: the stream stays usable.
+    let failed = g.beside(|| {
+        Err(minnow_runtime::cuda::CudaError::Unsupported(
+            "a failing body".into(),
+        ))
+    });
+    assert!(failed.is_err());
+    queue().unwrap();
+    g.synchronize().unwrap();
+    check("after a failed region");
+}

@@ -9,7 +9,7 @@ use minnow_runtime::cuda::{CudaResult, Gpu, Profile};
 use super::batch_layout::{Layout, Meta};
 use super::dense::{dense_gemm, queue_swiglu};
 use super::kv_pool::KvPool;
-use super::moe::{queue_grouped_experts, queue_pooled_experts, Grouping};
+use super::moe::{queue_grouped_experts, queue_pooled_experts, queue_shared_alone, Grouping};
 use super::shapes::{attention_shape, attention_splits, invariant_attention_splits, router_shape};
 use super::weights::{Mlp, RouterWeights, SharedExpert, Weights};
 use super::workspace::Workspace;
@@ -34,6 +34,7 @@ pub(crate) fn queue_forward(
     let t = layout.tokens;
     let m = Meta::new(meta, layout);
     let wants_head = !layout.head_rows.is_empty();
+    let profiling = prof.is_some();
     let mut mark = |label: &'static str| -> CudaResult<()> {
         match prof.as_deref_mut() {
             Some(p) => p.mark(label),
@@ -167,6 +168,33 @@ pub(crate) fn queue_forward(
                 let packed = matches!(moe.shared, SharedExpert::Packed)
                     && (moe.bf16_experts().is_none()
                         || (tile_rows == 16 && t <= 4 * c.block_size.max(32)));
+                // A denoising step of 2.2 (one routing block in the whole batch) runs its experts
+                // over the admitted pool (queue_pooled_experts); other forwards, batches of
+                // several blocks too, as grouped GEMMs over the dispatched assignments (each
+                // expert's weights read once for the rows of every block that admitted it).
+                // Not in batch-invariant mode: the pool GEMM's tensor-core path rounds differently
+                // from the grouped GEMM that the same rows take inside a larger batch.
+                let pooled = !invariant
+                    && ws.pool_entries > 0
+                    && packed
+                    && moe.bf16_experts().is_some()
+                    && layout.blocks.len() == 1
+                    && minnow_runtime::cuda::tuning::tuning().moe_pooled
+                    && ops::pooled_experts_supported(&router, t);
+                // A shared expert that runs on its own goes on the side stream, beside the router
+                // and the routed experts (three small launches overlapping theirs), joined
+                // before the combine. Not when profiling: the stages are timed on one stream.
+                let beside = if !pooled
+                    && !packed
+                    && !matches!(moe.shared, SharedExpert::None)
+                    && invariant
+                    && !profiling
+                    && minnow_runtime::cuda::tuning::tuning().shared_beside
+                {
+                    Some(gpu.beside(|| queue_shared_alone(gpu, c, ws, moe, t).map(drop))?)
+                } else {
+                    None
+                };
                 match &moe.router {
                     RouterWeights::Bf16(w) if invariant => ops::router_logits(
                         gpu,
@@ -197,19 +225,6 @@ pub(crate) fn queue_forward(
                     }
                 }
                 mark("router logits")?;
-                // A denoising step of 2.2 (one routing block in the whole batch) runs its experts
-                // over the admitted pool (queue_pooled_experts); other forwards, batches of
-                // several blocks too, as grouped GEMMs over the dispatched assignments (each
-                // expert's weights read once for the rows of every block that admitted it).
-                // Not in batch-invariant mode: the pool GEMM's tensor-core path rounds differently
-                // from the grouped GEMM that the same rows take inside a larger batch.
-                let pooled = !invariant
-                    && ws.pool_entries > 0
-                    && packed
-                    && moe.bf16_experts().is_some()
-                    && layout.blocks.len() == 1
-                    && minnow_runtime::cuda::tuning::tuning().moe_pooled
-                    && ops::pooled_experts_supported(&router, t);
                 let (shared, shared_rows) = if pooled {
                     queue_pooled_experts(gpu, c, ws, moe, &router, t, &mut mark)?
                 } else {
@@ -219,13 +234,27 @@ pub(crate) fn queue_forward(
                         tile_rows,
                         packed,
                     };
-                    queue_grouped_experts(gpu, c, ws, moe, &router, t, &grouping, &mut mark)?
+                    let shared_queued = beside.is_some();
+                    queue_grouped_experts(
+                        gpu,
+                        c,
+                        ws,
+                        moe,
+                        &router,
+                        t,
+                        &grouping,
+                        shared_queued,
+                        &mut mark,
+                    )?
                 };
                 if let Some(r) = routing.as_deref_mut() {
                     // Diagnostics only (never under capture): this layer's expert choices.
                     let mut ids = vec![0i32; t * k];
                     gpu.read(&ws.topk_idx, 0, &mut ids)?;
                     r.push(ids);
+                }
+                if let Some(beside) = beside {
+                    beside.join()?;
                 }
                 // The RMSNorm after this layer, fused into the combine: the next layer's input
                 // norm, or the final norm when logits follow (over all rows: the ones outside

@@ -234,7 +234,8 @@ pub(super) struct Grouping {
 
 /// The experts of any other forward, after the router logits: routing, the device-side dispatch,
 /// two grouped GEMMs over the used experts (with the packed shared expert among them when
-/// `packed`), or the shared expert on its own. Returns the combine's shared-expert inputs.
+/// `packed`), and the shared expert on its own unless `shared_queued` (the caller queued
+/// [`queue_shared_alone`] already). Returns the combine's shared-expert inputs.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn queue_grouped_experts(
     gpu: &Gpu,
@@ -244,6 +245,7 @@ pub(super) fn queue_grouped_experts(
     router: &RouterShape,
     t: usize,
     grouping: &Grouping,
+    shared_queued: bool,
     mark: &mut Mark,
 ) -> CudaResult<(u64, u64)> {
     let packed = grouping.packed;
@@ -417,13 +419,34 @@ pub(super) fn queue_grouped_experts(
         }
     }
     Ok(match &moe.shared {
-        SharedExpert::Separate(mlp) => {
-            queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.shared_out.ptr(), t, d)?;
-            mark("shared expert")?;
-            (ws.shared_out.ptr(), 0)
-        }
         // Its rows are where the dispatch put assignments t * k + t'.
         SharedExpert::Packed if packed => (0, ws.slot_pos.ptr_at(t * k)),
+        SharedExpert::None => (0, 0),
+        _ if shared_queued => (ws.shared_out.ptr(), 0),
+        _ => {
+            let out = queue_shared_alone(gpu, c, ws, moe, t)?;
+            mark("shared expert")?;
+            out
+        }
+    })
+}
+
+/// The shared expert of `moe` on its own (not inside the grouped expert GEMM), over the normed
+/// rows `a` into `shared_out`, through the workspace's `gu` and `act`, which no routed-expert
+/// launch touches (so it may run beside them, `Gpu::beside`). Returns the combine's
+/// shared-expert inputs.
+pub(super) fn queue_shared_alone(
+    gpu: &Gpu,
+    c: &Config,
+    ws: &Workspace,
+    moe: &Moe,
+    t: usize,
+) -> CudaResult<(u64, u64)> {
+    let (d, e, iw) = (c.hidden_size, c.num_experts, c.moe_intermediate_size);
+    match &moe.shared {
+        SharedExpert::Separate(mlp) => {
+            queue_swiglu(gpu, ws, mlp, ws.a.ptr(), ws.shared_out.ptr(), t, d)?;
+        }
         SharedExpert::Packed => {
             // Packed only beside BF16 routed experts (weights.rs).
             let Some((gate_up, down)) = moe.bf16_experts() else {
@@ -442,11 +465,10 @@ pub(super) fn queue_grouped_experts(
                 t,
                 d,
             )?;
-            mark("shared expert")?;
-            (ws.shared_out.ptr(), 0)
         }
-        SharedExpert::None => (0, 0),
-    })
+        SharedExpert::None => return Ok((0, 0)),
+    }
+    Ok((ws.shared_out.ptr(), 0))
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
-//! One CUDA device: its primary context, one stream on which all work is queued in order, the
-//! loaded kernel modules, cuBLAS, copies and events.
+//! One CUDA device: its primary context, the stream on which all work is queued in order (and a
+//! side stream for work that may run beside it, [`Gpu::beside`]), the loaded kernel modules,
+//! cuBLAS, copies and events.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
@@ -21,6 +23,17 @@ use super::ptx;
 pub struct Gpu {
     ctx: Arc<GpuContext>,
     stream: sys::CUstream,
+    /// Work queued inside [`Gpu::beside`] goes here: after the main stream's work queued before
+    /// it, and before the main stream's work queued after it.
+    side: sys::CUstream,
+    /// Whether launches go to `side` now.
+    on_side: AtomicBool,
+    /// Whether a [`Beside`] region is open (not yet joined).
+    side_open: AtomicBool,
+    /// Recorded on the main stream when `beside` starts (the side stream waits for it) and on
+    /// the side stream when it ends (the main stream waits for it).
+    fork: sys::CUevent,
+    join: sys::CUevent,
     functions: HashMap<&'static str, sys::CUfunction>,
     modules: Vec<sys::CUmodule>,
     blas: Option<Blas>,
@@ -91,11 +104,24 @@ impl Gpu {
         let pdl = capability.0 >= 9
             && !force_sm80
             && std::env::var("MINNOW_PDL").map_or(true, |v| v != "0");
-        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
-            .ctx(|| "creating a stream".into())?;
+        let create_stream = || {
+            result::stream::create(result::stream::StreamKind::NonBlocking)
+                .ctx(|| "creating a stream".into())
+        };
+        let (stream, side) = (create_stream()?, create_stream()?);
+        let create_event = || {
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .ctx(|| "creating an event".into())
+        };
+        let (fork, join) = (create_event()?, create_event()?);
         let mut gpu = Self {
             ctx,
             stream,
+            side,
+            on_side: AtomicBool::new(false),
+            side_open: AtomicBool::new(false),
+            fork,
+            join,
             functions: HashMap::new(),
             modules: Vec::new(),
             blas: None,
@@ -172,8 +198,52 @@ impl Gpu {
         self.ctx.bind()
     }
 
+    /// The stream work is queued on now: the side stream inside [`Gpu::beside`], else the main
+    /// one.
     pub fn stream(&self) -> sys::CUstream {
+        if self.on_side.load(Ordering::Relaxed) {
+            self.side
+        } else {
+            self.stream
+        }
+    }
+
+    /// The main stream: the one graphs are captured on and replayed on, copies and
+    /// synchronisation go through, and [`Gpu::beside`] joins back into.
+    pub fn main_stream(&self) -> sys::CUstream {
         self.stream
+    }
+
+    /// Queues what `body` launches on the side stream, after everything queued on the main
+    /// stream so far, and returns while it may still run: the main stream's next launches run
+    /// beside it (a graph captured across it gets two branches) until [`Beside::join`], after
+    /// which the main stream's work waits for it. `body` must only launch kernels and cuBLASLt
+    /// GEMMs (which follow [`Gpu::stream`]) and write no buffer that the main stream's work
+    /// before the join touches. One side region at a time.
+    pub fn beside(&self, body: impl FnOnce() -> CudaResult<()>) -> CudaResult<Beside<'_>> {
+        assert!(
+            !self.side_open.swap(true, Ordering::Relaxed),
+            "one Gpu::beside region at a time"
+        );
+        // From here on the region is joined when `beside` is dropped, whatever fails.
+        let beside = Beside { gpu: self };
+        self.bind()?;
+        // SAFETY: valid events and streams, created in new().
+        unsafe {
+            result::event::record(self.fork, self.stream)
+                .ctx(|| "recording the side stream's fork".into())?;
+            result::stream::wait_event(
+                self.side,
+                self.fork,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .ctx(|| "ordering the side stream after the main one".into())?;
+        }
+        self.on_side.store(true, Ordering::Relaxed);
+        let queued = body();
+        self.on_side.store(false, Ordering::Relaxed);
+        queued?;
+        Ok(beside)
     }
 
     pub fn blas(&self) -> &Blas {
@@ -349,7 +419,7 @@ impl Launch for Gpu {
                     cfg.grid,
                     cfg.block,
                     cfg.shared_bytes,
-                    self.stream,
+                    self.stream(),
                     &mut params,
                 )
             }
@@ -372,7 +442,7 @@ impl Launch for Gpu {
             blockDimY: cfg.block.1,
             blockDimZ: cfg.block.2,
             sharedMemBytes: cfg.shared_bytes,
-            hStream: self.stream,
+            hStream: self.stream(),
             attrs: &mut attr,
             numAttrs: 1,
         };
@@ -381,6 +451,45 @@ impl Launch for Gpu {
             sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()).result()
         }
         .ctx(|| format!("launching {name} with {cfg:?} (programmatic dependent launch)"))
+    }
+}
+
+/// Work queued on the side stream by [`Gpu::beside`], not yet joined. The main stream waits for
+/// it at [`Beside::join`], or when it is dropped (so an error between the two still leaves the
+/// streams, and a capture, whole).
+pub struct Beside<'a> {
+    gpu: &'a Gpu,
+}
+
+impl Beside<'_> {
+    /// Orders the main stream's work queued from now on after the side stream's work.
+    pub fn join(self) -> CudaResult<()> {
+        let joined = self.queue_join();
+        std::mem::forget(self);
+        joined
+    }
+
+    fn queue_join(&self) -> CudaResult<()> {
+        let gpu = self.gpu;
+        gpu.side_open.store(false, Ordering::Relaxed);
+        gpu.bind()?;
+        // SAFETY: valid events and streams, created in Gpu::new.
+        unsafe {
+            result::event::record(gpu.join, gpu.side).and_then(|()| {
+                result::stream::wait_event(
+                    gpu.stream,
+                    gpu.join,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            })
+        }
+        .ctx(|| "joining the side stream into the main one".into())
+    }
+}
+
+impl Drop for Beside<'_> {
+    fn drop(&mut self) {
+        let _ = self.queue_join();
     }
 }
 
@@ -395,7 +504,11 @@ impl Drop for Gpu {
                 for m in self.modules.drain(..) {
                     let _ = result::module::unload(m);
                 }
+                let _ = result::stream::synchronize(self.side);
                 let _ = result::stream::destroy(self.stream);
+                let _ = result::stream::destroy(self.side);
+                let _ = result::event::destroy(self.fork);
+                let _ = result::event::destroy(self.join);
             }
         }
     }

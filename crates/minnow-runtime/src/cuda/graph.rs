@@ -23,7 +23,7 @@ impl Graph {
         // SAFETY: valid stream; relaxed mode lets cuBLAS query its state during capture.
         unsafe {
             result::stream::begin_capture(
-                gpu.stream(),
+                gpu.main_stream(),
                 sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
             )
         }
@@ -31,7 +31,7 @@ impl Graph {
         let queued = body();
         // Always end the capture, even when the body failed, so the stream is usable again.
         // SAFETY: capture was begun on this stream.
-        let graph = unsafe { result::stream::end_capture(gpu.stream()) }
+        let graph = unsafe { result::stream::end_capture(gpu.main_stream()) }
             .ctx(|| "ending graph capture".into());
         queued?;
         let graph = graph?;
@@ -45,7 +45,7 @@ impl Graph {
     pub fn launch(&self, gpu: &Gpu) -> CudaResult<()> {
         gpu.bind()?;
         // SAFETY: exec is instantiated and the buffers it uses are owned by the caller.
-        unsafe { result::graph::launch(self.exec, gpu.stream()) }
+        unsafe { result::graph::launch(self.exec, gpu.main_stream()) }
             .ctx(|| "replaying a CUDA graph".into())
     }
 }

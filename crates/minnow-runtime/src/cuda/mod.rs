@@ -28,7 +28,7 @@ pub use buffer::DeviceBuffer;
 pub use dense_plan::{plan_dense_gemms, DenseShape};
 pub use driver::{device_count, is_available, profiler};
 pub use error::{CudaError, CudaResult};
-pub use gpu::{Gpu, Profile, Timer};
+pub use gpu::{Beside, Gpu, Profile, Timer};
 pub use graph::Graph;
 pub use launch::{KernelArg, LaunchConfig};
 

@@ -27,7 +27,7 @@
 //!   docs/performance.md).
 //!
 //! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_CODES_GATED`,
-//! `MINNOW_CODES32_BELOW`, `MINNOW_DENSE16_ROWS`, `MINNOW_DENSE128_ROWS`,
+//! `MINNOW_CODES32_BELOW`, `MINNOW_SHARED_BESIDE`, `MINNOW_DENSE16_ROWS`, `MINNOW_DENSE128_ROWS`,
 //! `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`) are described on the fields of
 //! [`Tuning`] they set.
 
@@ -72,6 +72,11 @@ pub struct Tuning {
     /// Rows per busy expert, on average, below which quantized experts' mma.sync kernels cut
     /// 32-row tiles where 64-row ones would be cut (`MINNOW_CODES32_BELOW`; 0: never). Same bits.
     pub codes32_below: usize,
+    /// A shared expert that runs on its own (not inside the grouped expert GEMM) is queued on
+    /// the side stream (`Gpu::beside`), beside the router and the routed experts, and joined
+    /// before the combine: its three small launches overlap theirs. Batch-invariant mode only
+    /// (plain cuBLAS is bound to the main stream). `MINNOW_SHARED_BESIDE=0`: in line. Same bits.
+    pub shared_beside: bool,
     /// Every row's arithmetic is independent of the batch around it (on by default; see
     /// docs/performance.md for its cost): the dense GEMMs, the router and the lm_head run
     /// minnow's fixed-order kernels, the experts always take the grouped GEMM, and attention
@@ -126,6 +131,7 @@ impl Default for Tuning {
             codes_wgmma: None,
             codes_gated: true,
             codes32_below: 32,
+            shared_beside: true,
             invariant: true,
             dense16_rows: 32,
             dense128_rows: 256,
@@ -178,6 +184,8 @@ pub fn tuning() -> &'static Tuning {
                 .map_or(d.codes_gated, |v| v == 1),
             codes32_below: env_usize("MINNOW_CODES32_BELOW", |v| v <= 1024)
                 .unwrap_or(d.codes32_below),
+            shared_beside: env_usize("MINNOW_SHARED_BESIDE", |v| v <= 1)
+                .map_or(d.shared_beside, |v| v == 1),
             invariant: env_usize("MINNOW_BATCH_INVARIANT", |v| v <= 1)
                 .map_or(d.invariant, |v| v == 1),
             dense16_rows: env_usize("MINNOW_DENSE16_ROWS", |_| true).unwrap_or(d.dense16_rows),
