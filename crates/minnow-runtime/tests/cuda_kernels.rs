@@ -1445,7 +1445,7 @@ fn grouped_gemm_over_codes_matches_reference() {
                     let dsilu = poisoned_bf16(&g, t * k * half);
                     ops::silu_mul(&g, dplain.ptr(), dsilu.ptr(), t * k, half).unwrap();
                     let silu = read_bf16(&g, &dsilu);
-                    let mut heights = vec![16, 64];
+                    let mut heights = vec![16, 32, 64];
                     if ops::codes_wgmma_supported(&g, &w, n, kd) {
                         heights.push(ops::GROUPED_WGMMA_ROWS);
                     }
