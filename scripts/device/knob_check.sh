@@ -5,14 +5,16 @@
 #   Stage first: scripts/device/stage.sh debug, tar bin | xz > out/bin.tar.xz. Run with carry
 #   ["out"]. The fresh PTX comes back as $OUT/ptx.tar.xz, to be adopted with
 #   xtask/device/fake_nvcc.sh.
-# Env: KNOB (the variable, e.g. MINNOW_CODES_GATED), COMPILE=0 (keep the committed PTX: no nvcc
-# step, for host-side levers), ENCODINGS (default "int4 nvfp4"; bf16 too), ROUNDS
-# (default 2), ARGS (the bench's other arguments), SUITES (default: the suites that cover the
-# quantized experts), KERNEL_FILTER (a name filter for cuda_kernels).
+# Env: KNOB (the variable, e.g. MINNOW_CODES_GATED; several, space-separated, each NAME or
+#   NAME:OFF:ON, e.g. "MINNOW_CODES_GATED MINNOW_CODES32_BELOW:0:32"), COMPILE=0 (keep the
+#   committed PTX: no nvcc step, for host-side levers), ENCODINGS (default "int4 nvfp4"; bf16
+#   too), ROUNDS (default 2), ARGS (the bench's other arguments), SUITES (default: the suites
+#   that cover the quantized experts; SUITES= for none), KERNEL_FILTER (a name filter for
+#   cuda_kernels).
 exec > >(tee "$OUT/log.txt") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
-: "${KNOB:?name the knob to A/B, e.g. KNOB=MINNOW_CODES_GATED}"
+: "${KNOB:?name the knob(s) to A/B, e.g. KNOB=MINNOW_CODES_GATED}"
 tar xJf out/bin.tar.xz
 # Test binaries find the fixtures through the path they were built at.
 mkdir -p /work && ln -sfn "$PWD" /work/main
@@ -26,15 +28,20 @@ if [ "${COMPILE:-1}" = 1 ]; then
   export MINNOW_PTX_DIR=$PWD/crates/minnow-runtime/src/cuda/ptx
 fi
 ARGS=${ARGS:---quick --prefill 4096 --prefix 1024 --concurrency 16,64}
-for round in $(seq "${ROUNDS:-2}"); do
-  for enc in ${ENCODINGS:-int4 nvfp4}; do
-    for v in 0 1; do
-      echo "== $enc $KNOB=$v round $round t=$SECONDS"
-      env "$KNOB=$v" timeout 90 bin/xtask bench --experts "$enc" $ARGS 2>&1 | grep -E "^\||^profile"
+# KNOB: one or more knobs, each NAME (values 0 then 1) or NAME:OFF:ON; each is A/B'd with the
+# others at their defaults.
+for knob in $KNOB; do
+  IFS=: read -r name off on <<< "$knob"
+  for round in $(seq "${ROUNDS:-2}"); do
+    for enc in ${ENCODINGS:-int4 nvfp4}; do
+      for v in "${off:-0}" "${on:-1}"; do
+        echo "== $enc $name=$v round $round t=$SECONDS"
+        env "$name=$v" timeout 90 bin/xtask bench --experts "$enc" $ARGS 2>&1 | grep -E "^\||^profile"
+      done
     done
   done
 done
-for t in ${SUITES:-cuda_kernels cuda_quant gpu_invariance cuda_fixtures}; do
+for t in ${SUITES-cuda_kernels cuda_quant gpu_invariance cuda_fixtures}; do
   left=$((585 - SECONDS)); [ $left -lt 15 ] && { echo "skip $t (time)"; continue; }
   echo "-- $t t=$SECONDS"
   filter=$([ "$t" = cuda_kernels ] && echo "${KERNEL_FILTER:-}")
