@@ -11,6 +11,7 @@
 exec > >(tee "$OUT/log.txt") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
+source scripts/device/suites.sh
 tar xJf out/bin.tar.xz
 xz -dc out/xtask-main.xz > bin/xtask-main && chmod +x bin/xtask-main
 # Test binaries find the fixtures through the path they were built at.
@@ -34,10 +35,5 @@ export MINNOW_PTX_DIR=$P
   echo "== nvfp4 MINNOW_CODES_WGMMA=$v t=$SECONDS"
   MINNOW_CODES_WGMMA=$v timeout 60 bin/xtask bench --quick --experts nvfp4 --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 | grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)"
 done
-for t in ${SUITES:-gpu_invariance cuda_fixtures cuda_invariance cuda_routing cuda_other_shapes cuda_blaslt cuda_quant cuda_kernels}; do
-  left=$((585 - SECONDS)); [ $left -lt 15 ] && { echo "skip $t (time)"; continue; }
-  echo "-- $t t=$SECONDS"
-  filter=$([ "$t" = cuda_kernels ] && echo "${KERNEL_FILTER:-}")
-  timeout $left bin/test-$t --ignored --test-threads 1 $filter 2>&1 | grep -E "^test .*(FAILED|ok)$|test result|panicked" | tail -25
-done
+run_suites "${SUITES:-gpu_invariance cuda_fixtures cuda_invariance cuda_routing cuda_other_shapes cuda_blaslt cuda_quant cuda_kernels}"
 echo "end t=$SECONDS"

@@ -14,6 +14,7 @@
 exec > >(tee "$OUT/log.txt") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
+source scripts/device/suites.sh
 : "${KNOB:?name the knob(s) to A/B, e.g. KNOB=MINNOW_CODES_GATED}"
 tar xJf out/bin.tar.xz
 # Test binaries find the fixtures through the path they were built at.
@@ -41,10 +42,5 @@ for knob in $KNOB; do
     done
   done
 done
-for t in ${SUITES-cuda_kernels cuda_quant gpu_invariance cuda_fixtures}; do
-  left=$((585 - SECONDS)); [ $left -lt 15 ] && { echo "skip $t (time)"; continue; }
-  echo "-- $t t=$SECONDS"
-  filter=$([ "$t" = cuda_kernels ] && echo "${KERNEL_FILTER:-}")
-  timeout $left bin/test-$t --ignored --test-threads 1 $filter 2>&1 | grep -E "^test .*(FAILED|ok)$|test result|panicked" | tail -25
-done
+run_suites "${SUITES-cuda_kernels cuda_quant gpu_invariance cuda_fixtures}"
 echo "end t=$SECONDS"
