@@ -191,6 +191,24 @@ impl Server {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("metric {name} missing in:\n{text}"))
     }
+
+    /// Waits until the metric equals `wanted`, failing after `timeout`: for gauges that settle
+    /// after the answers are out (slots free up, and a request a stop string ended releases its
+    /// pages at the engine's next step, which may come just after its client has the answer).
+    pub async fn wait_for_metric(&self, name: &str, wanted: f64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let value = self.metric(name).await;
+            if value == wanted {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} stayed {value}, wanted {wanted}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 impl Drop for Server {

@@ -25,21 +25,6 @@ fn slow_stream() -> Value {
     })
 }
 
-async fn wait_for_metric(server: &Server, name: &str, wanted: f64, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let value = server.metric(name).await;
-        if value == wanted {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} stayed {value}, wanted {wanted}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn thirty_two_concurrent_clients_are_all_answered() {
     let server = Server::start(None, &["--parallel", "4", "--queue-capacity", "64"]).await;
@@ -76,7 +61,9 @@ async fn thirty_two_concurrent_clients_are_all_answered() {
             assert!(body["choices"][0]["finish_reason"].is_string());
         }
     }
-    wait_for_metric(&server, "minnow_busy_slots", 0.0, Duration::from_secs(5)).await;
+    server
+        .wait_for_metric("minnow_busy_slots", 0.0, Duration::from_secs(5))
+        .await;
     assert_eq!(server.metric("minnow_queue_depth").await, 0.0);
     let logged = server
         .logs()
@@ -107,7 +94,9 @@ async fn full_queue_is_429() {
     assert_eq!(error["code"], "queue_full");
     drop(busy_stream);
     // Once the slot is free again, requests are served.
-    wait_for_metric(&server, "minnow_busy_slots", 0.0, Duration::from_secs(10)).await;
+    server
+        .wait_for_metric("minnow_busy_slots", 0.0, Duration::from_secs(10))
+        .await;
     let (status, body) = post_json(
         &server,
         "/v1/chat/completions",
@@ -140,14 +129,16 @@ async fn disconnect_mid_stream_frees_the_slot() {
     );
     let hung_up = Instant::now();
     drop(stream);
-    wait_for_metric(&server, "minnow_busy_slots", 0.0, Duration::from_secs(10)).await;
-    wait_for_metric(
-        &server,
-        "minnow_requests_cancelled_total",
-        1.0,
-        Duration::from_secs(5),
-    )
-    .await;
+    server
+        .wait_for_metric("minnow_busy_slots", 0.0, Duration::from_secs(10))
+        .await;
+    server
+        .wait_for_metric(
+            "minnow_requests_cancelled_total",
+            1.0,
+            Duration::from_secs(5),
+        )
+        .await;
     eprintln!("slot freed {:?} after the disconnect", hung_up.elapsed());
     assert!(server
         .logs()
@@ -254,14 +245,16 @@ async fn disconnect_before_a_plain_response_cancels_it() {
         result.is_err(),
         "the slow request outlives the client's timeout"
     );
-    wait_for_metric(&server, "minnow_busy_slots", 0.0, Duration::from_secs(10)).await;
-    wait_for_metric(
-        &server,
-        "minnow_requests_cancelled_total",
-        1.0,
-        Duration::from_secs(5),
-    )
-    .await;
+    server
+        .wait_for_metric("minnow_busy_slots", 0.0, Duration::from_secs(10))
+        .await;
+    server
+        .wait_for_metric(
+            "minnow_requests_cancelled_total",
+            1.0,
+            Duration::from_secs(5),
+        )
+        .await;
     let text = reqwest::get(server.url("/metrics"))
         .await
         .unwrap()
@@ -306,13 +299,13 @@ async fn disconnect_while_queued_is_noticed_at_once() {
     let mut queued_stream = queued.bytes_stream();
     queued_stream.next().await.expect("role chunk").unwrap();
     drop(queued_stream);
-    wait_for_metric(
-        &server,
-        "minnow_requests_cancelled_total",
-        1.0,
-        Duration::from_secs(5),
-    )
-    .await;
+    server
+        .wait_for_metric(
+            "minnow_requests_cancelled_total",
+            1.0,
+            Duration::from_secs(5),
+        )
+        .await;
     assert_eq!(
         server.metric("minnow_busy_slots").await,
         1.0,

@@ -8,6 +8,7 @@ mod harness;
 
 use harness::*;
 use serde_json::{json, Value};
+use std::time::Duration;
 
 fn request(i: usize) -> (&'static str, Value) {
     let max_tokens = 8 + (i * 7) % 60;
@@ -98,7 +99,10 @@ async fn sixty_four_concurrent_clients_get_their_answers_alone() {
             .await;
     assert!(batched > 0.0, "no forward held two sequences");
     assert!(server.metric("minnow_prefix_cache_hit_tokens_total").await > 0.0);
-    assert_eq!(server.metric("minnow_kv_pages_used").await, 0.0);
+    // Every page is free once the engine has stepped past the last answer.
+    server
+        .wait_for_metric("minnow_kv_pages_used", 0.0, Duration::from_secs(10))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
