@@ -25,6 +25,20 @@ fn slow_stream() -> Value {
     })
 }
 
+/// Waits until the one request a test hung up on is counted as cancelled and its slot is free.
+async fn wait_until_cancelled_and_freed(server: &Server) {
+    server
+        .wait_for_metric("minnow_busy_slots", 0.0, Duration::from_secs(10))
+        .await;
+    server
+        .wait_for_metric(
+            "minnow_requests_cancelled_total",
+            1.0,
+            Duration::from_secs(5),
+        )
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn thirty_two_concurrent_clients_are_all_answered() {
     let server = Server::start(None, &["--parallel", "4", "--queue-capacity", "64"]).await;
@@ -129,16 +143,7 @@ async fn disconnect_mid_stream_frees_the_slot() {
     );
     let hung_up = Instant::now();
     drop(stream);
-    server
-        .wait_for_metric("minnow_busy_slots", 0.0, Duration::from_secs(10))
-        .await;
-    server
-        .wait_for_metric(
-            "minnow_requests_cancelled_total",
-            1.0,
-            Duration::from_secs(5),
-        )
-        .await;
+    wait_until_cancelled_and_freed(&server).await;
     eprintln!("slot freed {:?} after the disconnect", hung_up.elapsed());
     assert!(server
         .logs()
@@ -245,16 +250,7 @@ async fn disconnect_before_a_plain_response_cancels_it() {
         result.is_err(),
         "the slow request outlives the client's timeout"
     );
-    server
-        .wait_for_metric("minnow_busy_slots", 0.0, Duration::from_secs(10))
-        .await;
-    server
-        .wait_for_metric(
-            "minnow_requests_cancelled_total",
-            1.0,
-            Duration::from_secs(5),
-        )
-        .await;
+    wait_until_cancelled_and_freed(&server).await;
     let text = reqwest::get(server.url("/metrics"))
         .await
         .unwrap()
