@@ -6,7 +6,8 @@
 #   ["out"]. The fresh PTX comes back as $OUT/ptx.tar.xz, to be adopted with
 #   xtask/device/fake_nvcc.sh.
 # Env: KNOB (the variable, e.g. MINNOW_CODES_GATED; several, space-separated, each NAME or
-#   NAME:OFF:ON, e.g. "MINNOW_CODES_GATED MINNOW_CODES32_BELOW:0:32"), COMPILE=0 (keep the
+#   NAME:OFF:ON, or NAME:OFF:ON:ENC,ENC to bench that knob on its own encodings, e.g.
+#   "MINNOW_CODES_GATED MINNOW_CODES32_BELOW:0:32 MINNOW_SHARED_BESIDE:0:1:bf16"), COMPILE=0 (keep the
 #   committed PTX: no nvcc step, for host-side levers), ENCODINGS (default "int4 nvfp4"; bf16
 #   too), ROUNDS (default 2), ARGS (the bench's other arguments), SUITES (default: the suites
 #   that cover the quantized experts; SUITES= for none), KERNEL_FILTER (a name filter for
@@ -29,12 +30,13 @@ if [ "${COMPILE:-1}" = 1 ]; then
   export MINNOW_PTX_DIR=$PWD/crates/minnow-runtime/src/cuda/ptx
 fi
 ARGS=${ARGS:---quick --prefill 4096 --prefix 1024 --concurrency 16,64}
-# KNOB: one or more knobs, each NAME (values 0 then 1) or NAME:OFF:ON; each is A/B'd with the
-# others at their defaults.
+# KNOB: one or more knobs, each NAME (values 0 then 1), NAME:OFF:ON or NAME:OFF:ON:ENC,ENC; each
+# is A/B'd with the others at their defaults.
 for knob in $KNOB; do
-  IFS=: read -r name off on <<< "$knob"
+  IFS=: read -r name off on encs <<< "$knob"
+  encs=${encs:-${ENCODINGS:-int4 nvfp4}}
   for round in $(seq "${ROUNDS:-2}"); do
-    for enc in ${ENCODINGS:-int4 nvfp4}; do
+    for enc in ${encs//,/ }; do
       for v in "${off:-0}" "${on:-1}"; do
         echo "== $enc $name=$v round $round t=$SECONDS"
         env "$name=$v" timeout 90 bin/xtask bench --experts "$enc" $ARGS 2>&1 | grep -E "^\||^profile"
