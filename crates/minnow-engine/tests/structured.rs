@@ -7,7 +7,12 @@
 //! budget: the noise model never prefers to close a string, and an unbounded one would run into
 //! the budget (finish reason "length", a valid prefix but not a document).
 
+#[path = "support/best_ids_runner.rs"]
+mod best_ids_runner;
+
 use std::path::PathBuf;
+
+use best_ids_runner::BestIdsRunner;
 
 use minnow_engine::constraint::OutputConstraint;
 use minnow_engine::{
@@ -449,43 +454,11 @@ fn unconstrained_requests_batched_with_constrained_ones_keep_their_tokens() {
         .is_match(&answers[3].text));
 }
 
-/// A CPU runner that says its full logits are not cheap, as the GPU's are not: constrained
-/// greedy steps then read each row's best ids (`Want::TopK`) and a full row only where the
-/// grammar refuses them all.
-struct BestIdsRunner(minnow_model::cpu::CpuRunner);
-
-impl minnow_model::ModelRunner for BestIdsRunner {
-    fn config(&self) -> &minnow_model::Config {
-        self.0.config()
-    }
-    fn device_name(&self) -> String {
-        self.0.device_name()
-    }
-    fn kv_pages(&self) -> usize {
-        self.0.kv_pages()
-    }
-    fn kv_page_bytes(&self) -> usize {
-        self.0.kv_page_bytes()
-    }
-    fn forward_batch(
-        &mut self,
-        segments: &[minnow_model::Segment<'_>],
-    ) -> minnow_model::Result<Vec<minnow_model::SegmentOutput>> {
-        self.0.forward_batch(segments)
-    }
-    fn logits_row(&mut self, segment: usize, row: usize) -> minnow_model::Result<Vec<f32>> {
-        self.0.logits_row(segment, row)
-    }
-    fn full_logits_cheap(&self) -> bool {
-        false
-    }
-}
-
 /// The CPU runner answers a constrained greedy step with full logits; the best ids the GPU
 /// answers with decide the same tokens. The same requests on the CPU runner made to ask for the
-/// best ids give the same answers, for both greedy algorithms that read them (2.0 and 2.1, with
-/// and without editing), while reading full rows where the fixtures' noise ranks no allowed id
-/// among a row's best.
+/// best ids give the same answers, for the three greedy algorithms that read them (2.0, 2.1 with
+/// and without editing, 2.2), while reading full rows where the fixtures' noise ranks no allowed
+/// id among a row's best.
 #[test]
 fn cpu_constrained_tokens_are_the_same_from_full_logits_and_from_best_ids() {
     let schemas = schemas();
@@ -493,6 +466,7 @@ fn cpu_constrained_tokens_are_the_same_from_full_logits_and_from_best_ids() {
         ("llada2-tiny-v20", Algorithm::LowConfidence, None),
         ("llada2-tiny-v21", Algorithm::Joint, None),
         ("llada2-tiny-v21", Algorithm::Joint, Some((0.95, 0.9))),
+        ("llada2-tiny-v22", Algorithm::Indel, None),
     ];
     for (fixture_name, algorithm, thresholds) in settings {
         let params = DecodeParams {
@@ -518,7 +492,7 @@ fn cpu_constrained_tokens_are_the_same_from_full_logits_and_from_best_ids() {
         let cpu = minnow_model::cpu::CpuRunner::load(&fixture(fixture_name)).unwrap();
         let best_ids = Engine::with_runner(
             &fixture(fixture_name),
-            Box::new(BestIdsRunner(cpu)),
+            Box::new(BestIdsRunner::new(cpu)),
             EngineOptions {
                 parallel: 3,
                 ..Default::default()

@@ -460,6 +460,69 @@ mod tests {
         assert_eq!(full, (block, forwards, 0));
     }
 
+    /// A 4-slot 2.2 model like [`input_dependent_runner`] whose predictions include MASK,
+    /// DELETE and SPLIT (the toy vocabulary's ids 7-9) about as often as any other id, so blocks
+    /// take the indel step's re-picks: MASK at an original slot, the cleanup's bans, deletions and
+    /// splits.
+    fn indel_runner(salt: u32) -> ScriptedRunner {
+        ScriptedRunner::new(toy_config(Family::V22, 4), move |start, ids| {
+            let seed = ids.iter().fold(start as u32 ^ salt, |h, &t| {
+                h.wrapping_mul(31).wrapping_add(t)
+            });
+            (0..ids.len() as u32)
+                .flat_map(|i| {
+                    let h = seed.wrapping_mul(2654435761).wrapping_add(i * 40503) >> 7;
+                    let (token, p) = (h % 10, 0.3 + (h % 14) as f32 * 0.05);
+                    // A clear runner-up among the ordinary ids: a MASK argmax's replacement can
+                    // pass the threshold on its full-softmax probability.
+                    let runner_up = ((h >> 5) % 7 + u32::from((h >> 5) % 7 == token)) % 7;
+                    row_with_runner_up(token, p, runner_up)
+                })
+                .collect()
+        })
+    }
+
+    /// Decodes a 4-MASK block with greedy indel on [`indel_runner`]; `full` makes every step
+    /// read full logits. Returns the final block and the forwards, and how many asked for best
+    /// ids.
+    fn decode_indel_block(salt: u32, full: bool) -> (Vec<u32>, usize, usize) {
+        let mut runner = SingleSequence::new(indel_runner(salt));
+        let seq = runner.create_sequence();
+        let settings = IndelSettings {
+            threshold: 0.6,
+            editing_threshold: 0.5,
+            max_post_steps: 3,
+            steps: 4,
+            sampler: SamplerSettings::GREEDY,
+        };
+        let indel = Box::new(Indel::new(&[M; 4], 0, settings, CONTROL).unwrap());
+        let algorithm: Box<dyn BlockAlgorithm> = if full {
+            Box::new(FullLogitsOnly(indel))
+        } else {
+            indel
+        };
+        let mut run = BlockRun::new(0, vec![M; 4], 0, algorithm, CONTROL);
+        run_to_final(&mut run, &mut runner, seq);
+        let best_ids = runner.calls.iter().filter(|c| c.top_k).count();
+        (run.tokens().to_vec(), run.forwards(), best_ids)
+    }
+
+    #[test]
+    fn greedy_indel_reads_best_ids_and_decodes_like_full_logits() {
+        let mut forwards_total = 0;
+        for salt in 0..40 {
+            let (block, forwards, best_ids) = decode_indel_block(salt, false);
+            assert_eq!(best_ids, forwards, "salt {salt}: every step reads best ids");
+            assert_eq!(
+                decode_indel_block(salt, true),
+                (block, forwards, 0),
+                "salt {salt}"
+            );
+            forwards_total += forwards;
+        }
+        assert!(forwards_total > 80, "the script should need several steps");
+    }
+
     #[test]
     fn sampling_and_filtered_greedy_read_full_logits() {
         let sampling = SamplerSettings {

@@ -12,11 +12,10 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::{
-    generated_masks, select_transfers, BlockAlgorithm, ControlTokens, StepOutcome, StepScores,
+    generated_masks, select_transfers, BlockAlgorithm, ControlTokens, ScoreKind, StepOutcome,
+    StepScores,
 };
-use crate::sampling::{
-    greedy, greedy_excluding, probability_excluding, Candidate, PortSampler, SamplerSettings,
-};
+use crate::sampling::{Candidate, PortSampler, SamplerSettings};
 
 /// Upper bound of the forward limit (the reference port's `max_steps_per_block`).
 pub const MAX_FORWARDS_PER_BLOCK: usize = 1000;
@@ -114,16 +113,39 @@ impl Indel {
         [self.ids.mask, self.ids.delete, self.ids.split]
     }
 
+    /// Whether the request's sampler is greedy (temperature 0): every pick is then an argmax
+    /// over a row with at most three ids banned, which each row's best ids answer.
+    fn greedy(&self) -> bool {
+        self.settings.sampler.temperature <= 0.0
+    }
+
+    /// The sampler's token for slot `p` with `banned` ids left out: the best allowed id when
+    /// greedy, else a draw from the row's full logits. Only the token: no caller of this reads
+    /// the confidence of a re-pick.
+    fn pick(&self, scores: &StepScores<'_>, p: usize, banned: &[u32], rng: &mut StdRng) -> u32 {
+        if self.greedy() {
+            scores.best_excluding(p, banned)
+        } else {
+            self.sampler
+                .candidate(scores.logits().row(p), banned, rng)
+                .token
+        }
+    }
+
     /// M2T candidate at a masked slot. Fix 2: outside the cleanup round an original-mask slot
     /// never takes MASK; it takes the best non-MASK token, ranked by its probability under the
     /// full softmax (as SGLang does), so the threshold sees the same scale as any other slot.
-    fn mask_candidate(&self, row: &[f32], slot: usize, rng: &mut StdRng) -> Candidate {
-        let c = self.sampler.candidate(row, &[], rng);
+    fn mask_candidate(&self, scores: &StepScores<'_>, slot: usize, rng: &mut StdRng) -> Candidate {
+        let c = if self.greedy() {
+            scores.greedy(slot)
+        } else {
+            self.sampler.candidate(scores.logits().row(slot), &[], rng)
+        };
         if c.token == self.ids.mask && self.original[slot] {
-            let replacement = self.sampler.candidate(row, &[self.ids.mask], rng);
+            let token = self.pick(scores, slot, &[self.ids.mask], rng);
             return Candidate {
-                token: replacement.token,
-                confidence: probability_excluding(row, replacement.token, &[]),
+                token,
+                confidence: scores.full_probability(slot, token),
             };
         }
         c
@@ -131,6 +153,18 @@ impl Indel {
 }
 
 impl BlockAlgorithm for Indel {
+    /// A greedy request reads each row's best ids (`Want::TopK`, a few KB from a GPU instead of
+    /// the block's full logits): its step only ever needs an argmax with at most three ids
+    /// banned, the argmax's probability, and the full-softmax probability of a best id. A
+    /// sampling request reads full logits.
+    fn scores_needed(&self, _forced: bool) -> ScoreKind {
+        if self.greedy() {
+            ScoreKind::TopK
+        } else {
+            ScoreKind::Logits
+        }
+    }
+
     fn exit_before_forward(&mut self, block: &[u32]) -> bool {
         if self.initial == 0 {
             return true;
@@ -152,10 +186,6 @@ impl BlockAlgorithm for Indel {
         rng: &mut StdRng,
         forced: bool,
     ) -> StepOutcome {
-        // Full logits always (the default `scores_needed`): masked slots may need a re-pick
-        // without MASK (fix 2), the cleanup round re-picks without control ids, and the
-        // anti-loop guard re-picks without the current token; top-1 answers none of these.
-        let logits = scores.logits();
         let old = block.clone();
         let count = self.count_masks(&old);
         let new_cnt = count.masks.len() - count.original;
@@ -163,12 +193,12 @@ impl BlockAlgorithm for Indel {
         // Candidates: sampled for masked slots, greedy for everything else (T2T is greedy).
         let mut sampled: Vec<Option<Candidate>> = vec![None; old.len()];
         for &p in &count.masks {
-            sampled[p] = Some(self.mask_candidate(logits.row(p), p, rng));
+            sampled[p] = Some(self.mask_candidate(&scores, p, rng));
         }
         let mut greedy_c: Vec<Option<Candidate>> = vec![None; old.len()];
         for p in self.prompt_in_block..old.len() {
             if old[p] != self.ids.mask {
-                greedy_c[p] = Some(greedy(logits.row(p)));
+                greedy_c[p] = Some(scores.greedy(p));
             }
         }
 
@@ -212,15 +242,18 @@ impl BlockAlgorithm for Indel {
         if is_final {
             let bans = self.cleanup_bans();
             m2t = count.masks.clone();
+            // Re-picks write their token only (every mask is written, every edit kept so far
+            // is applied): no confidence of theirs is read again.
             for &p in &m2t {
                 if sampled[p].is_some_and(|c| bans.contains(&c.token)) {
-                    let c = self.sampler.candidate(logits.row(p), &bans, rng);
-                    sampled[p] = Some(c);
+                    let token = self.pick(&scores, p, &bans, rng);
+                    sampled[p] = sampled[p].map(|c| Candidate { token, ..c });
                 }
             }
             for &p in &t2t {
                 if greedy_c[p].is_some_and(|c| bans.contains(&c.token)) {
-                    greedy_c[p] = Some(greedy_excluding(logits.row(p), &bans));
+                    let token = scores.best_excluding(p, &bans);
+                    greedy_c[p] = greedy_c[p].map(|c| Candidate { token, ..c });
                 }
             }
             // A re-picked edit that lands on the current token is no edit.
@@ -249,7 +282,6 @@ impl BlockAlgorithm for Indel {
                     break;
                 }
                 let p = changed[rng.gen_range(0..changed.len())];
-                let row = logits.row(p);
                 block[p] = if old[p] == self.ids.mask {
                     // M2T slot: request sampler, current token banned (and MASK at original
                     // slots, fix 2).
@@ -257,9 +289,9 @@ impl BlockAlgorithm for Indel {
                     if self.original[p] {
                         banned.push(self.ids.mask);
                     }
-                    self.sampler.candidate(row, &banned, rng).token
+                    self.pick(&scores, p, &banned, rng)
                 } else {
-                    greedy_excluding(row, &[block[p]]).token
+                    scores.best_excluding(p, &[block[p]])
                 };
                 if !self.seen.contains(block.as_slice()) {
                     break;

@@ -179,6 +179,39 @@ impl<'a> StepScores<'a> {
         }
     }
 
+    /// Slot `p`'s greedy candidate ([`crate::sampling::greedy`]): the argmax and its probability
+    /// over the full vocabulary, from any kind of scores.
+    pub fn greedy(&self, p: usize) -> Candidate {
+        let (token, confidence) = match self {
+            StepScores::Logits(logits) => minnow_model::runner::top1(logits.row(p)),
+            StepScores::Top1(pairs) => pairs[p],
+            StepScores::TopK(top) => top.top1[p],
+        };
+        Candidate { token, confidence }
+    }
+
+    /// The probability of `token` at slot `p` under the full softmax, computed as
+    /// `exp(z_token - z_max)` times the argmax's probability ([`StepScores::greedy`]): the same
+    /// bits from full logits and from the best ids (where `token` must be one of them; a token
+    /// that is not, which no caller asks for, gets 0). Not from top-1 pairs.
+    pub fn full_probability(&self, p: usize, token: u32) -> f32 {
+        let (logit, max, top1) = match self {
+            StepScores::Logits(logits) => {
+                let row = logits.row(p);
+                let (best, top1) = minnow_model::runner::top1(row);
+                (row.get(token as usize).copied(), row[best as usize], top1)
+            }
+            StepScores::TopK(top) => {
+                let row = top.row(p);
+                let logit = row.iter().find(|(id, _)| *id == token).map(|&(_, z)| z);
+                // The best ids come largest first: the first is the argmax.
+                (logit, row.first().map_or(0.0, |&(_, z)| z), top.top1[p].1)
+            }
+            StepScores::Top1(_) => panic!("top-1 pairs hold no other token's probability"),
+        };
+        logit.map_or(0.0, |z| (z - max).exp() * top1)
+    }
+
     /// The full logits, for steps that asked for [`ScoreKind::Logits`] (samplers, re-picks with
     /// banned ids). Getting top-1 scores here means the block loop ignored
     /// [`BlockAlgorithm::scores_needed`], a bug.
@@ -361,6 +394,35 @@ mod tests {
                     StepScores::TopK(&top).official_candidate(p, &greedy, &mut rng),
                     full.official_candidate(p, &greedy, &mut rng)
                 );
+            }
+        }
+    }
+
+    /// The indel step's replacement of a MASK argmax reads the full-softmax probability of a
+    /// best id: the same bits from the best ids as from the full row, and the probability the
+    /// row gives it.
+    #[test]
+    fn full_probabilities_of_best_ids_are_the_same_bits_from_full_rows() {
+        use rand::Rng;
+        let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(5);
+        for vocab in [crate::decode::testing::VOCAB, 300] {
+            for _ in 0..50 {
+                let logits: Vec<f32> = (0..4 * vocab).map(|_| rng.gen_range(-6.0..6.0)).collect();
+                let top = minnow_model::runner::top_k_of_rows(&logits, vocab);
+                let full = StepScores::Logits(BlockLogits::new(&logits, vocab));
+                for p in 0..4 {
+                    assert_eq!(StepScores::TopK(&top).greedy(p), full.greedy(p));
+                    for &(id, _) in &top.row(p)[..top.k.min(8)] {
+                        let from_best = StepScores::TopK(&top).full_probability(p, id);
+                        assert_eq!(from_best.to_bits(), full.full_probability(p, id).to_bits());
+                        let row = &logits[p * vocab..(p + 1) * vocab];
+                        let exact = crate::sampling::probability_excluding(row, id, &[]);
+                        assert!(
+                            (from_best - exact).abs() <= exact * 1e-6,
+                            "{from_best} {exact}"
+                        );
+                    }
+                }
             }
         }
     }

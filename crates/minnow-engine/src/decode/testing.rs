@@ -56,8 +56,8 @@ pub fn top1_pairs(logits: &[f32]) -> Vec<(u32, f32)> {
 }
 
 /// Drives an algorithm like the block loop does (pre-forward check, step with the scores the
-/// algorithm asks for, convergence), feeding the scripted logits in order (as top-1 pairs when
-/// it asks for those). Returns the final block and the number of forwards.
+/// algorithm asks for, convergence), feeding the scripted logits in order (as top-1 pairs or each
+/// row's best ids when it asks for those). Returns the final block and the number of forwards.
 pub fn run_block(
     algorithm: &mut dyn BlockAlgorithm,
     mut block: Vec<u32>,
@@ -76,12 +76,17 @@ pub fn run_block(
             )
         });
         forwards += 1;
-        let pairs;
-        let scores = if algorithm.scores_needed(false) == ScoreKind::Logits {
-            full_scores(logits)
-        } else {
-            pairs = top1_pairs(logits);
-            StepScores::Top1(&pairs)
+        let (pairs, top);
+        let scores = match algorithm.scores_needed(false) {
+            ScoreKind::Logits => full_scores(logits),
+            ScoreKind::Top1 => {
+                pairs = top1_pairs(logits);
+                StepScores::Top1(&pairs)
+            }
+            ScoreKind::TopK => {
+                top = top_k_of_rows(logits, VOCAB);
+                StepScores::TopK(&top)
+            }
         };
         if algorithm.step(&mut block, scores, &mut rng, false) == StepOutcome::Converged {
             break;
