@@ -285,7 +285,12 @@ pub(super) fn queue_grouped_experts(
         };
     let tile_rows = if wgmma {
         ops::GROUPED_WGMMA_ROWS
-    } else if moe.bf16_experts().is_none() && w8a8.is_none() {
+    } else if moe.experts_gate_up.bf16().is_none()
+        && moe.experts_down.bf16().is_none()
+        && w8a8.is_none()
+    {
+        // Both projections in codes: a file whose down projections the loader widened to BF16
+        // keeps the tiles the BF16 kernels take.
         codes_tile_rows(grouping.tile_rows, a, busy, tuning().codes32_below)
     } else {
         grouping.tile_rows

@@ -70,7 +70,9 @@ pub struct Tuning {
     /// separate `silu_mul` launch. `MINNOW_CODES_GATED=0`: two launches. Same bits either way.
     pub codes_gated: bool,
     /// Rows per busy expert, on average, below which quantized experts' mma.sync kernels cut
-    /// 32-row tiles where 64-row ones would be cut (`MINNOW_CODES32_BELOW`; 0: never). Same bits.
+    /// 32-row tiles where 64-row ones would be cut (`MINNOW_CODES32_BELOW=N`; 0, the default:
+    /// never). Same bits. Off because it measured slower on the H200: INT4 x16 8.44 -> 9.00 ms,
+    /// NVFP4 x16 no faster (docs/performance.md, session twenty-five).
     pub codes32_below: usize,
     /// A shared expert that runs on its own (not inside the grouped expert GEMM) is queued on
     /// the side stream (`Gpu::beside`), beside the router and the routed experts, and joined
@@ -130,7 +132,7 @@ impl Default for Tuning {
             grouped_wgmma: true,
             codes_wgmma: None,
             codes_gated: true,
-            codes32_below: 32,
+            codes32_below: 0,
             shared_beside: true,
             invariant: true,
             dense16_rows: 32,
