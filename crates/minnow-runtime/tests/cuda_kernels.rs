@@ -1291,6 +1291,18 @@ fn grouped_gemm_over_codes_matches_reference() {
                 if w8a8 && !ops::w8a8_supported(&g, &w, n, kd) {
                     continue;
                 }
+                // `x`'s rows quantized to E4M3 on the device (the W8A8 kernels' activations):
+                // the codes and scales, and the launch's view of them.
+                let quantize_on_device = |dx: &DeviceBuffer<bf16>, t: usize| {
+                    let codes = g.alloc::<u8>(t * kd).unwrap();
+                    let scales = g.alloc::<f32>(t * kd / group).unwrap();
+                    let rows = ops::E4m3Rows {
+                        codes: codes.ptr(),
+                        scales: scales.ptr(),
+                    };
+                    ops::quantize_rows_e4m3(&g, dx.ptr(), t, kd, group, &rows).unwrap();
+                    (codes, scales, rows)
+                };
                 // `gated`: the tile's gate/up form (each expert's first n / 2 rows the gate, the
                 // rest the up rows), silu_mul's n / 2 columns per row.
                 let run_as = |idx: &[i32],
@@ -1303,16 +1315,7 @@ fn grouped_gemm_over_codes_matches_reference() {
                     let dispatched = Dispatched::new(&g, &didx, t, k, e, tile_rows, None);
                     let y = poisoned_bf16(&g, t * k * n);
                     // W8A8: the rows quantized on the device (checked against the CPU below).
-                    let xq_buffers = w8a8.then(|| {
-                        let codes = g.alloc::<u8>(t * kd).unwrap();
-                        let scales = g.alloc::<f32>(t * kd / group).unwrap();
-                        let rows = ops::E4m3Rows {
-                            codes: codes.ptr(),
-                            scales: scales.ptr(),
-                        };
-                        ops::quantize_rows_e4m3(&g, dx.ptr(), t, kd, group, &rows).unwrap();
-                        (codes, scales, rows)
-                    });
+                    let xq_buffers = w8a8.then(|| quantize_on_device(&dx, t));
                     if tile_rows == ops::GROUPED_WGMMA_ROWS {
                         ops::grouped_gemm_codes_wgmma(
                             &g,
@@ -1352,14 +1355,7 @@ fn grouped_gemm_over_codes_matches_reference() {
                     // The device's E4M3 rows are the CPU quantizer's, byte for byte; the reference
                     // multiplies their values (code x scale) by the stored weights.
                     let (codes, scales) = quant::fp8::quantize_rows(t, kd, group, &xf);
-                    let dx = g.upload(&x).unwrap();
-                    let dq = g.alloc::<u8>(t * kd).unwrap();
-                    let ds = g.alloc::<f32>(t * kd / group).unwrap();
-                    let rows = ops::E4m3Rows {
-                        codes: dq.ptr(),
-                        scales: ds.ptr(),
-                    };
-                    ops::quantize_rows_e4m3(&g, dx.ptr(), t, kd, group, &rows).unwrap();
+                    let (dq, ds, _) = quantize_on_device(&g.upload(&x).unwrap(), t);
                     assert!(
                         read(&g, &dq) == ops::e4m3_rows_order(t, kd, &codes),
                         "t{t} k{kd} group {group}: E4M3 activation codes differ from the CPU's"
