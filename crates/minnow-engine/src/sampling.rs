@@ -228,12 +228,18 @@ fn apply_official_top_p(z: &mut [f32], p: f32) {
 pub struct PortSampler(pub SamplerSettings);
 
 impl PortSampler {
+    /// Whether every candidate is the greedy one among the allowed ids (temperature 0; the
+    /// filters do not change an argmax).
+    pub fn is_greedy(&self) -> bool {
+        self.0.temperature <= 0.0
+    }
+
     /// Candidate for a masked slot, never one of `banned`. Temperature 0: greedy among the allowed
     /// ids. Otherwise draw from the tempered, top-k/top-p filtered allowed ids; the confidence is
     /// the drawn token's untempered softmax probability over the allowed ids.
     pub fn candidate(&self, logits: &[f32], banned: &[u32], rng: &mut StdRng) -> Candidate {
         let s = self.0;
-        if s.temperature <= 0.0 {
+        if self.is_greedy() {
             return greedy_excluding(logits, banned);
         }
         let mut ids: Vec<u32> = (0..logits.len() as u32)

@@ -113,10 +113,10 @@ impl Indel {
         [self.ids.mask, self.ids.delete, self.ids.split]
     }
 
-    /// Whether the request's sampler is greedy (temperature 0): every pick is then an argmax
-    /// over a row with at most three ids banned, which each row's best ids answer.
+    /// Whether the request's sampler is greedy: every pick is then an argmax over a row with at
+    /// most three ids banned, which each row's best ids answer.
     fn greedy(&self) -> bool {
-        self.settings.sampler.temperature <= 0.0
+        self.sampler.is_greedy()
     }
 
     /// The sampler's token for slot `p` with `banned` ids left out: the best allowed id when
