@@ -1,10 +1,11 @@
 //! `cargo xtask <task>`: kernels (CUDA C to committed PTX), kernel-syntax (a host-compiler parse
-//! of the same sources), make-checkpoint (random weights at real LLaDA2 shapes), bench, bench-cpu, bench-turns and bench-structured (the numbers in docs/performance.md).
+//! of the same sources), make-checkpoint (random weights at real LLaDA2 shapes), bench, bench-cpu, bench-sampling, bench-turns and bench-structured (the numbers in docs/performance.md).
 //!
 //! One module per task; each parses its own options, this file only dispatches.
 
 mod bench;
 mod bench_cpu;
+mod bench_sampling;
 mod bench_structured;
 mod bench_turns;
 mod kernel_syntax;
@@ -33,6 +34,9 @@ enum Task {
     /// CPU benchmark on a checkpoint (`--model DIR [--reps N]`).
     #[command(disable_help_flag = true)]
     BenchCpu(Rest),
+    /// Host samplers: one block's rows of logits to candidates, per rule and filter setting.
+    #[command(disable_help_flag = true)]
+    BenchSampling(Rest),
     /// Warm vs cold second chat turn through the engine's prefix cache (`--model DIR`).
     #[command(disable_help_flag = true)]
     BenchTurns(Rest),
@@ -65,6 +69,7 @@ fn main() {
         Task::KernelSyntax => kernel_syntax::run(),
         Task::Bench(r) => bench::run(&r.args),
         Task::BenchCpu(r) => bench_cpu::run(&r.args),
+        Task::BenchSampling(r) => bench_sampling::run(&r.args),
         Task::BenchTurns(r) => bench_turns::run(&r.args),
         Task::BenchStructured(r) => bench_structured::run(&r.args),
         Task::MakeCheckpoint(r) => make_checkpoint::run(&r.args),

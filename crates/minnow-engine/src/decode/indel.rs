@@ -15,7 +15,7 @@ use super::{
     generated_masks, select_transfers, BlockAlgorithm, ControlTokens, ScoreKind, StepOutcome,
     StepScores,
 };
-use crate::sampling::{Candidate, PortSampler, SamplerSettings};
+use crate::sampling::{Candidate, PortSampler, RowSampler, SamplerSettings};
 
 /// Upper bound of the forward limit (the reference port's `max_steps_per_block`).
 pub const MAX_FORWARDS_PER_BLOCK: usize = 1000;
@@ -132,15 +132,53 @@ impl Indel {
         }
     }
 
-    /// M2T candidate at a masked slot. Fix 2: outside the cleanup round an original-mask slot
-    /// never takes MASK; it takes the best non-MASK token, ranked by its probability under the
-    /// full softmax (as SGLang does), so the threshold sees the same scale as any other slot.
-    fn mask_candidate(&self, scores: &StepScores<'_>, slot: usize, rng: &mut StdRng) -> Candidate {
-        let c = if self.greedy() {
-            scores.greedy(slot)
-        } else {
-            self.sampler.candidate(scores.logits().row(slot), &[], rng)
-        };
+    /// M2T candidates at the masked `slots`, in order. A sampling step prepares the rows'
+    /// distributions on the thread pool first; the draws (and any re-pick's) then come from
+    /// `rng` slot after slot, as one slot at a time would take them.
+    fn mask_candidates(
+        &self,
+        scores: &StepScores<'_>,
+        slots: &[usize],
+        rng: &mut StdRng,
+    ) -> Vec<Candidate> {
+        if self.greedy() {
+            return slots
+                .iter()
+                .map(|&slot| self.mask_candidate(scores, slot, scores.greedy(slot), rng))
+                .collect();
+        }
+        use rayon::prelude::*;
+        let logits = scores.logits();
+        let prepared: Vec<_> = slots
+            .par_iter()
+            .map(|&slot| self.sampler.prepare(logits.row(slot)))
+            .collect();
+        slots
+            .iter()
+            .zip(&prepared)
+            .map(|(&slot, row)| {
+                let u = if self.sampler.draws(row) {
+                    rng.gen::<f64>()
+                } else {
+                    0.0
+                };
+                let c = self.sampler.draw(row, logits.row(slot), u);
+                self.mask_candidate(scores, slot, c, rng)
+            })
+            .collect()
+    }
+
+    /// M2T candidate at a masked slot whose sampled (or greedy) candidate is `c`. Fix 2: outside
+    /// the cleanup round an original-mask slot never takes MASK; it takes the best non-MASK
+    /// token, ranked by its probability under the full softmax (as SGLang does), so the
+    /// threshold sees the same scale as any other slot.
+    fn mask_candidate(
+        &self,
+        scores: &StepScores<'_>,
+        slot: usize,
+        c: Candidate,
+        rng: &mut StdRng,
+    ) -> Candidate {
         if c.token == self.ids.mask && self.original[slot] {
             let token = self.pick(scores, slot, &[self.ids.mask], rng);
             return Candidate {
@@ -192,8 +230,12 @@ impl BlockAlgorithm for Indel {
 
         // Candidates: sampled for masked slots, greedy for everything else (T2T is greedy).
         let mut sampled: Vec<Option<Candidate>> = vec![None; old.len()];
-        for &p in &count.masks {
-            sampled[p] = Some(self.mask_candidate(&scores, p, rng));
+        for (&p, c) in count
+            .masks
+            .iter()
+            .zip(self.mask_candidates(&scores, &count.masks, rng))
+        {
+            sampled[p] = Some(c);
         }
         let mut greedy_c: Vec<Option<Candidate>> = vec![None; old.len()];
         for p in self.prompt_in_block..old.len() {

@@ -77,9 +77,8 @@ impl BlockAlgorithm for Joint {
         }
         let old = block.clone();
         // One (token, confidence) pair per generated slot, shared by M2T and T2T (§4.2).
-        let candidates: Vec<Candidate> = (self.prompt_in_block..block.len())
-            .map(|p| scores.official_candidate(p, &self.sampler, rng))
-            .collect();
+        let slots: Vec<usize> = (self.prompt_in_block..block.len()).collect();
+        let candidates: Vec<Candidate> = scores.official_candidates(&slots, &self.sampler, rng);
         let cand = |p: usize| candidates[p - self.prompt_in_block];
 
         let masked = self.masked_slots(&old);

@@ -77,7 +77,8 @@ impl BlockAlgorithm for LowConfidence {
         let masked = self.masked_slots(block);
         let candidates: Vec<(usize, crate::sampling::Candidate)> = masked
             .iter()
-            .map(|&p| (p, scores.official_candidate(p, &self.sampler, rng)))
+            .copied()
+            .zip(scores.official_candidates(&masked, &self.sampler, rng))
             .collect();
         let confidences: Vec<(usize, f32)> =
             candidates.iter().map(|(p, c)| (*p, c.confidence)).collect();

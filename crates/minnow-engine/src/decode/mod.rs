@@ -163,6 +163,27 @@ impl<'a> StepScores<'a> {
         }
     }
 
+    /// The official sampler's candidates at slots `positions`, in that order: the same
+    /// candidates and draws as [`StepScores::official_candidate`] slot after slot, with the rows'
+    /// filtering and weighting (a pass or more over each row's vocabulary) on the thread pool.
+    pub fn official_candidates(
+        &self,
+        positions: &[usize],
+        sampler: &OfficialSampler,
+        rng: &mut StdRng,
+    ) -> Vec<Candidate> {
+        match self {
+            StepScores::Logits(logits) if !sampler.0.is_greedy() => {
+                let rows: Vec<&[f32]> = positions.iter().map(|&p| logits.row(p)).collect();
+                crate::sampling::candidates(sampler, &rows, rng)
+            }
+            _ => positions
+                .iter()
+                .map(|&p| self.official_candidate(p, sampler, rng))
+                .collect(),
+        }
+    }
+
     /// The greedy token of slot `p` among the ids not `banned` (lowest id on ties): what
     /// [`greedy_excluding`] picks from the row. From the best ids it is the first one not
     /// banned, the same id (`Want::TopK` orders ties by id, and returns more ids than there are
