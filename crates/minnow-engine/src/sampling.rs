@@ -360,6 +360,94 @@ impl OfficialSampler {
     pub fn candidate(&self, logits: &[f32], rng: &mut StdRng) -> Candidate {
         self.candidate_of(logits, rng)
     }
+
+    /// Whether a sampling step can read each row's `listed` best ids instead of its full
+    /// logits: it samples, and its top-k keeps fewer ids than the list holds, so the list
+    /// usually holds every id the filters keep ([`OfficialSampler::prepare_best`] says when it
+    /// does not).
+    pub fn reads_best_ids(&self, listed: usize) -> bool {
+        !self.0.is_greedy() && self.0.top_k >= 1 && self.0.top_k < listed
+    }
+
+    /// [`RowSampler::prepare`] from a row's best ids (`(id, logit)`, larger logit first, lower
+    /// id first among equal ones; `whole_row` when they are every id of the row): the same
+    /// distribution, bit for bit, when the list holds every id the filters keep. `None` when it
+    /// may not: ties at the k-th value reaching the list's end, or a top-k beyond it. The
+    /// greedy sampler (no filters) reads top-1 pairs instead, and gets `None` here too.
+    pub fn prepare_best(&self, best: &[(u32, f32)], whole_row: bool) -> Option<OfficialRow> {
+        let s = self.0;
+        let k = s.top_k;
+        if s.is_greedy() || k == 0 || k > best.len() {
+            return None;
+        }
+        let tempered = |x: f32| {
+            if s.temperature > 0.0 && s.temperature != 1.0 {
+                x / s.temperature
+            } else {
+                x
+            }
+        };
+        // The list is in descending order, which tempering keeps: its k-th is the row's.
+        let kth = tempered(best[k - 1].1);
+        let last = tempered(best[best.len() - 1].1);
+        // The list answers when its last value falls below the k-th. A NaN there (the list
+        // puts NaN last, and the filters keep NaN) compares false: the full row is read.
+        let complete = last < kth;
+        if !whole_row && !complete {
+            return None;
+        }
+        let mut kept: Vec<(u32, f32)> = best
+            .iter()
+            .map(|&(id, x)| (id, tempered(x)))
+            .filter(|&(_, z)| z >= kth || z.is_nan())
+            .collect();
+        kept.sort_unstable_by_key(|&(id, _)| id);
+        Some(self.filtered(kept))
+    }
+
+    /// The official filters and weights over the top-k survivors `kept` (`(id, tempered
+    /// logit)`, ascending ids): what [`RowSampler::prepare`] computes once its top-k has run.
+    fn filtered(&self, kept: Vec<(u32, f32)>) -> OfficialRow {
+        let s = self.0;
+        let mut ids: Vec<u32> = kept.iter().map(|&(id, _)| id).collect();
+        let value = |at: usize| kept[at].1;
+        let mut max = (0..kept.len()).map(value).fold(f32::NEG_INFINITY, f32::max);
+        if s.top_p_active() {
+            // official_top_p over the survivors, indexed by their place in `kept`.
+            let places: Vec<f32> = kept.iter().map(|&(_, z)| z).collect();
+            let local: Vec<u32> = (0..kept.len() as u32).collect();
+            let keep = official_top_p(&places, Some(local), max, s.top_p);
+            ids = keep.iter().map(|&at| kept[at as usize].0).collect();
+            let values: Vec<f32> = keep.iter().map(|&at| value(at as usize)).collect();
+            max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            return self.weighted(Some(ids), values, max);
+        }
+        let values: Vec<f32> = kept.iter().map(|&(_, z)| z).collect();
+        self.weighted(Some(ids), values, max)
+    }
+
+    /// The row's weights `exp(z - max)` over `values` (the kept ids' tempered logits, in the
+    /// order of `kept`, ascending ids; every id when `None`), their sum and the argmax.
+    fn weighted(&self, kept: Option<Vec<u32>>, values: Vec<f32>, max: f32) -> OfficialRow {
+        let weights: Vec<f32> = values.iter().map(|&z| exp_fast(z - max)).collect();
+        let sum = sum_lanes(&weights);
+        // At temperature 0 the candidate is the lowest kept id with the largest value (strict
+        // `>` keeps the lowest on ties; NaN never wins).
+        let mut argmax = 0;
+        if self.0.temperature <= 0.0 {
+            for at in 0..values.len() {
+                if values[at] > values[argmax] {
+                    argmax = at;
+                }
+            }
+        }
+        OfficialRow::Filtered {
+            kept,
+            weights,
+            sum,
+            argmax,
+        }
+    }
 }
 
 impl RowSampler for OfficialSampler {
@@ -375,52 +463,24 @@ impl RowSampler for OfficialSampler {
         } else {
             logits.to_vec()
         };
-        let mut kept: Option<Vec<u32>> = None;
         if s.top_k > 0 {
             let kth = kth_largest(z.iter().copied(), s.top_k.min(z.len()));
             // Entries equal to the k-th value survive (and NaN, which the reference's `x < kth`
             // test does not drop either).
-            let survives = |x: f32| x >= kth || x.is_nan();
-            kept = Some(
-                (0..z.len() as u32)
-                    .filter(|&i| survives(z[i as usize]))
-                    .collect(),
-            );
+            let kept: Vec<(u32, f32)> = (0..z.len() as u32)
+                .map(|i| (i, z[i as usize]))
+                .filter(|&(_, x)| x >= kth || x.is_nan())
+                .collect();
+            return self.filtered(kept);
         }
-        let max_kept = |kept: &Option<Vec<u32>>| match kept {
-            Some(ids) => ids
-                .iter()
-                .map(|&i| z[i as usize])
-                .fold(f32::NEG_INFINITY, f32::max),
-            None => max_of(&z),
-        };
-        let mut max = max_kept(&kept);
+        let max = max_of(&z);
         if s.top_p_active() {
-            kept = Some(official_top_p(&z, kept, max, s.top_p));
-            max = max_kept(&kept);
+            let kept = official_top_p(&z, None, max, s.top_p);
+            let values: Vec<f32> = kept.iter().map(|&i| z[i as usize]).collect();
+            let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            return self.weighted(Some(kept), values, max);
         }
-        let weights: Vec<f32> = match &kept {
-            Some(ids) => ids.iter().map(|&i| exp_fast(z[i as usize] - max)).collect(),
-            None => z.iter().map(|&x| exp_fast(x - max)).collect(),
-        };
-        let sum = sum_lanes(&weights);
-        // At temperature 0 the candidate is the lowest kept id with the largest value (strict
-        // `>` keeps the lowest on ties; NaN never wins).
-        let mut argmax = 0;
-        if s.temperature <= 0.0 {
-            let value = |at: usize| z[kept.as_ref().map_or(at, |ids| ids[at] as usize)];
-            for at in 0..weights.len() {
-                if value(at) > value(argmax) {
-                    argmax = at;
-                }
-            }
-        }
-        OfficialRow::Filtered {
-            kept,
-            weights,
-            sum,
-            argmax,
-        }
+        self.weighted(None, z, max)
     }
 
     fn draws(&self, prepared: &OfficialRow) -> bool {
@@ -1076,6 +1136,84 @@ mod tests {
         assert!(
             moved * 100 <= draws,
             "{moved} of {draws} draws picked another id"
+        );
+    }
+
+    /// What a draw would see of a prepared row: ids and weights in walk order, sum, argmax.
+    fn drawable(row: &OfficialRow, vocab: usize) -> (Vec<u32>, Vec<u32>, u32, usize) {
+        match row {
+            OfficialRow::Greedy(c) => (vec![c.token], vec![], c.confidence.to_bits(), 0),
+            OfficialRow::Filtered {
+                kept,
+                weights,
+                sum,
+                argmax,
+            } => (
+                kept.clone().unwrap_or_else(|| (0..vocab as u32).collect()),
+                weights.iter().map(|w| w.to_bits()).collect(),
+                sum.to_bits(),
+                *argmax,
+            ),
+        }
+    }
+
+    #[test]
+    fn best_ids_give_the_full_rows_distribution_or_say_they_cannot() {
+        let mut rows = test_rows();
+        // A row whose values repeat (as BF16 logits do): ties at the k-th run past 64 ids.
+        rows.push((0..3_000).map(|i| (i % 7) as f32).collect());
+        let (mut answered, mut declined) = (0, 0);
+        for s in all_settings() {
+            let sampler = OfficialSampler(s);
+            for row in &rows {
+                let best = minnow_model::runner::top_k(row, 64);
+                match sampler.prepare_best(&best, false) {
+                    Some(from_best) => {
+                        assert!(sampler.reads_best_ids(64), "{s:?}");
+                        let from_row = sampler.prepare(row);
+                        assert_eq!(
+                            drawable(&from_best, row.len()),
+                            drawable(&from_row, row.len()),
+                            "{s:?}"
+                        );
+                        answered += 1;
+                    }
+                    None => {
+                        // Declined only where it must: no sampling top-k within the list, or a
+                        // tie at the k-th value that reaches the list's end.
+                        let k = s.top_k;
+                        let tie = (1..=64).contains(&k) && {
+                            let t = |x: f32| {
+                                if s.temperature > 0.0 && s.temperature != 1.0 {
+                                    x / s.temperature
+                                } else {
+                                    x
+                                }
+                            };
+                            t(best[63].1) >= t(best[k - 1].1)
+                        };
+                        assert!(!sampler.reads_best_ids(64) || tie, "{s:?} declined");
+                        declined += usize::from(sampler.reads_best_ids(64));
+                    }
+                }
+            }
+        }
+        assert!(
+            answered > 100 && declined > 0,
+            "{answered} answered, {declined} declined"
+        );
+        // The whole row as its own list always answers.
+        let row = &rows[0];
+        let s = SamplerSettings {
+            temperature: 0.7,
+            top_k: 5,
+            top_p: 0.9,
+        };
+        let whole = minnow_model::runner::top_k(row, row.len());
+        let sampler = OfficialSampler(s);
+        assert_eq!(
+            drawable(&sampler.prepare_best(&whole, true).unwrap(), row.len()),
+            drawable(&sampler.prepare(row), row.len())
         );
     }
 

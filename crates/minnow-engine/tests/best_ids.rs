@@ -1,6 +1,7 @@
-//! Greedy 2.2 requests read each row's best ids instead of the block's full logits on a runner
-//! whose full logits are not cheap (the GPU: 64 (id, logit) pairs per row instead of a
-//! vocabulary-wide F32 row), and decode exactly the tokens the full logits give. Checked on the
+//! Greedy 2.2 requests, and 2.0/2.1 requests that sample with a top-k under 64, read each row's
+//! best ids instead of the block's full logits on a runner whose full logits are not cheap (the
+//! GPU: 64 (id, logit) pairs per row instead of a vocabulary-wide F32 row), and decode exactly
+//! the tokens the full logits give. Checked on the
 //! CPU runner made to ask for best ids, against the plain CPU runner, through the engine with
 //! requests batched together.
 
@@ -118,4 +119,81 @@ fn greedy_indel_decodes_the_same_tokens_from_best_ids_as_from_full_logits() {
     assert_eq!(best, greedy_full);
     assert_eq!(best_all, full);
     assert!(full.iter().all(|(ids, _)| !ids.is_empty()));
+}
+
+/// 2.0 and 2.1 requests that sample, with and without a top-k (and top-p) the best ids can answer.
+fn official_sampling_requests(algorithm: Algorithm) -> Vec<GenerateRequest> {
+    let settings: [(f32, Option<usize>, Option<f32>); 5] = [
+        (0.8, Some(40), None),
+        (1.2, Some(5), Some(0.9)),
+        (0.7, Some(1), None),
+        (0.0, Some(3), None),
+        // Without a top-k every runner reads full logits.
+        (0.9, None, Some(0.95)),
+    ];
+    (0..10u32)
+        .map(|i| {
+            let (temperature, top_k, top_p) = settings[i as usize % 5];
+            GenerateRequest {
+                prompt_ids: (0..4 + i * 3).map(|j| (i * 53 + j * 7) % 400).collect(),
+                max_tokens: Some(64),
+                params: DecodeParams {
+                    algorithm: Some(algorithm),
+                    temperature: Some(temperature),
+                    top_k,
+                    top_p,
+                    seed: Some(u64::from(i) + 100),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn sampling_with_a_small_top_k_decodes_the_same_tokens_from_best_ids_as_from_full_logits() {
+    for (name, algorithm) in [
+        ("llada2-tiny-v20", Algorithm::LowConfidence),
+        ("llada2-tiny-v21", Algorithm::Joint),
+    ] {
+        let dir = fixture(name);
+        let requests = official_sampling_requests(algorithm);
+        let options = EngineOptions {
+            parallel: 4,
+            ..Default::default()
+        };
+        let cpu = EngineOptions {
+            device: DeviceRequest::Cpu,
+            ..options.clone()
+        };
+        let full = run_all(&Engine::load(&dir, cpu).unwrap(), &requests);
+
+        let runner = BestIdsRunner::new(minnow_model::cpu::CpuRunner::load(&dir).unwrap());
+        let counts = runner.counts.clone();
+        let engine = Engine::with_runner(&dir, Box::new(runner), options).unwrap();
+        let with_top_k: Vec<GenerateRequest> = requests
+            .iter()
+            .filter(|r| r.params.top_k.is_some())
+            .cloned()
+            .collect();
+        let best = run_all(&engine, &with_top_k);
+        assert!(counts.best_ids() > 0, "{name}");
+        assert_eq!(counts.rows(), 0, "{name}: no row needed reading in full");
+        let best_all = run_all(&engine, &requests);
+        assert!(
+            counts.logits() > 0,
+            "{name}: sampling without a top-k reads full logits"
+        );
+
+        let full_with_top_k: Vec<_> = full
+            .iter()
+            .zip(&requests)
+            .filter(|(_, r)| r.params.top_k.is_some())
+            .map(|(a, _)| a.clone())
+            .collect();
+        assert_eq!(best, full_with_top_k, "{name}");
+        assert_eq!(best_all, full, "{name}");
+        assert!(full.iter().all(|(ids, _)| !ids.is_empty()), "{name}");
+    }
 }

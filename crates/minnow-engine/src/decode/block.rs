@@ -158,8 +158,9 @@ impl BlockRun {
             // row's best ids for a greedy algorithm (a full row read only where none is
             // allowed), from the full logits for any other.
             return Some(match self.algorithm.scores_needed(false) {
-                ScoreKind::Top1 | ScoreKind::TopK => ScoreKind::TopK,
-                ScoreKind::Logits => ScoreKind::Logits,
+                ScoreKind::Top1 => ScoreKind::TopK,
+                ScoreKind::TopK if !self.algorithm.samples() => ScoreKind::TopK,
+                ScoreKind::TopK | ScoreKind::Logits => ScoreKind::Logits,
             });
         }
         Some(self.algorithm.scores_needed(self.cleanup_pending))
@@ -176,6 +177,30 @@ impl BlockRun {
         read_row: &mut ReadRow<'_>,
         rng: &mut StdRng,
     ) -> BlockState {
+        // Best ids that do not answer a sampling step (ties at its top-k's k-th value running
+        // past them): the rows in full instead, from the same forward.
+        let full_rows;
+        let scores = match scores {
+            StepScores::TopK(top) if !self.algorithm.best_ids_answer(top) => {
+                match (0..top.rows())
+                    .map(&mut *read_row)
+                    .collect::<Result<Vec<_>, _>>()
+                {
+                    Ok(rows) => {
+                        let vocab = rows.first().map_or(0, Vec::len);
+                        full_rows = rows.concat();
+                        StepScores::Logits(BlockLogits::new(&full_rows, vocab))
+                    }
+                    Err(e) => {
+                        self.failure = Some(format!("reading a row's full logits: {e}"));
+                        self.cleanup_pending = false;
+                        self.finalize();
+                        return self.state;
+                    }
+                }
+            }
+            other => other,
+        };
         let forced = self.cleanup_pending;
         self.record_forward();
         let before = self.constraint.is_some().then(|| self.block.clone());
@@ -405,6 +430,12 @@ mod tests {
         fn forward_limit(&self) -> usize {
             self.0.forward_limit()
         }
+        fn samples(&self) -> bool {
+            self.0.samples()
+        }
+        fn best_ids_answer(&self, top: &minnow_model::TopK) -> bool {
+            self.0.best_ids_answer(top)
+        }
     }
 
     /// A 4-slot model whose prediction depends on the whole input: a different token and a
@@ -524,22 +555,82 @@ mod tests {
     }
 
     #[test]
-    fn sampling_and_filtered_greedy_read_full_logits() {
+    fn sampling_reads_full_logits_without_a_top_k_and_best_ids_with_one() {
         let sampling = SamplerSettings {
             temperature: 0.7,
             top_k: 0,
             top_p: 1.0,
         };
-        // Temperature 0 with top-k: the confidence is the filtered probability, not top-1's.
-        let greedy_top_k = SamplerSettings {
-            top_k: 3,
-            ..SamplerSettings::GREEDY
-        };
-        for sampler in [sampling, greedy_top_k] {
-            let (_, forwards, top1) = decode_block(joint_with(sampler));
-            assert!(forwards > 0);
-            assert_eq!(top1, 0, "{sampler:?}");
+        let (_, forwards, top1) = decode_block(joint_with(sampling));
+        assert!(forwards > 0);
+        assert_eq!(top1, 0);
+        // With a top-k under the best ids' 64 (temperature 0 with top-k too: its confidence is
+        // the filtered probability, not top-1's), every step reads best ids, and decodes what
+        // full logits decode.
+        for sampler in [
+            SamplerSettings {
+                top_k: 3,
+                ..sampling
+            },
+            SamplerSettings {
+                top_k: 2,
+                top_p: 0.8,
+                ..sampling
+            },
+            SamplerSettings {
+                top_k: 3,
+                ..SamplerSettings::GREEDY
+            },
+        ] {
+            let best = decode_block(joint_with(sampler));
+            let full = decode_block(Box::new(FullLogitsOnly(joint_with(sampler))));
+            assert_eq!(best.0, full.0, "{sampler:?}");
+            assert_eq!(best.1, full.1, "{sampler:?}");
+            assert_eq!(best.2, 0, "{sampler:?}: no top-1 forwards");
         }
+    }
+
+    #[test]
+    fn best_ids_that_cannot_answer_a_sampling_step_give_way_to_the_full_rows() {
+        // 100 ids, 70 of them tied at the top: a top-3 sampler's survivors run past the 64 best
+        // ids, so the step must read the rows in full, and then decodes what full logits decode.
+        let row: Vec<f32> = (0..100).map(|i| if i < 70 { 1.0 } else { -1.0 }).collect();
+        let rows = vec![row; 4];
+        let flat = rows.concat();
+        let top = minnow_model::TopK {
+            k: 64,
+            entries: rows
+                .iter()
+                .flat_map(|r| minnow_model::runner::top_k(r, 64))
+                .collect(),
+            top1: rows.iter().map(|r| minnow_model::runner::top1(r)).collect(),
+        };
+        let sampler = SamplerSettings {
+            temperature: 0.7,
+            top_k: 3,
+            top_p: 1.0,
+        };
+        let decode = |best: bool| {
+            let mut run = BlockRun::new(0, vec![M; 4], 0, joint_with(sampler), CONTROL);
+            assert_eq!(run.plan(), Some(ScoreKind::TopK));
+            let mut rng = StdRng::seed_from_u64(5);
+            let mut reads = 0;
+            let mut read_row = |r: usize| {
+                reads += 1;
+                Ok(rows[r].clone())
+            };
+            let scores = if best {
+                StepScores::TopK(&top)
+            } else {
+                StepScores::Logits(BlockLogits::new(&flat, 100))
+            };
+            run.apply(scores, &mut read_row, &mut rng);
+            (run.tokens().to_vec(), reads)
+        };
+        let (from_best, reads) = decode(true);
+        assert_eq!(reads, 4, "each row read in full");
+        assert_eq!(from_best, decode(false).0);
+        assert_ne!(from_best, vec![M; 4], "the step wrote tokens");
     }
 
     #[test]

@@ -358,6 +358,10 @@ impl BlockAlgorithm for Indel {
         (self.original.len() + self.settings.max_post_steps + self.settings.steps)
             .min(MAX_FORWARDS_PER_BLOCK)
     }
+
+    fn samples(&self) -> bool {
+        !self.greedy()
+    }
 }
 
 /// Structural edits (§7.5): DELETE removes its slot, SPLIT becomes `[MASK, pre-step token]`; the

@@ -117,6 +117,14 @@ impl BlockAlgorithm for Joint {
         // more only if edits write MASK back, which the forced cleanup then resolves.
         self.block_len + self.settings.max_post_steps + 1
     }
+
+    fn samples(&self) -> bool {
+        !self.sampler.0.is_greedy()
+    }
+
+    fn best_ids_answer(&self, top: &minnow_model::TopK) -> bool {
+        StepScores::TopK(top).answer_official(&self.sampler)
+    }
 }
 
 #[cfg(test)]

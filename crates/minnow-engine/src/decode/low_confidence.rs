@@ -98,6 +98,14 @@ impl BlockAlgorithm for LowConfidence {
         // Σ schedule = B, so the schedule alone ends the block; the limit is only a backstop.
         self.schedule.len() + 1
     }
+
+    fn samples(&self) -> bool {
+        !self.sampler.0.is_greedy()
+    }
+
+    fn best_ids_answer(&self, top: &minnow_model::TopK) -> bool {
+        StepScores::TopK(top).answer_official(&self.sampler)
+    }
 }
 
 #[cfg(test)]

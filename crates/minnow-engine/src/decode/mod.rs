@@ -33,10 +33,12 @@ pub(crate) fn generated_masks(block: &[u32], prompt_in_block: usize, mask: u32) 
 #[cfg(test)]
 pub(crate) mod testing;
 
+use minnow_model::batch::TOP_K;
 use minnow_model::{TopK, Want};
 use rand::rngs::StdRng;
+use rand::Rng;
 
-use crate::sampling::{greedy_excluding, Candidate, OfficialSampler};
+use crate::sampling::{greedy_excluding, Candidate, OfficialRow, OfficialSampler, RowSampler};
 
 /// The diffusion control ids of a checkpoint. DELETE/SPLIT exist only in LLaDA2.2.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,13 +154,43 @@ impl<'a> StepScores<'a> {
                 let (token, confidence) = pairs[p];
                 Candidate { token, confidence }
             }
-            StepScores::TopK(top) => {
-                assert!(
-                    sampler.0.is_greedy(),
-                    "top-k scores cannot answer a sampling step"
-                );
+            StepScores::TopK(top) if sampler.0.is_greedy() => {
                 let (token, confidence) = top.top1[p];
                 Candidate { token, confidence }
+            }
+            StepScores::TopK(_) => {
+                let row = self
+                    .official_from_best(p, sampler)
+                    .expect("the step's best ids were checked to answer its sampler");
+                let u = if sampler.draws(&row) {
+                    rng.gen::<f64>()
+                } else {
+                    0.0
+                };
+                sampler.draw(&row, &[], u)
+            }
+        }
+    }
+
+    /// Slot `p`'s distribution under a sampling official sampler from the row's best ids, if
+    /// they hold every id its filters keep ([`OfficialSampler::prepare_best`]); `None` from
+    /// other scores.
+    pub fn official_from_best(&self, p: usize, sampler: &OfficialSampler) -> Option<OfficialRow> {
+        match self {
+            StepScores::TopK(top) => sampler.prepare_best(top.row(p), top.k < TOP_K),
+            _ => None,
+        }
+    }
+
+    /// Whether these scores answer a sampling official sampler at every slot: full logits
+    /// always, best ids when [`StepScores::official_from_best`] answers each row.
+    pub fn answer_official(&self, sampler: &OfficialSampler) -> bool {
+        match self {
+            StepScores::Logits(_) => true,
+            StepScores::Top1(_) => sampler.0.is_greedy(),
+            StepScores::TopK(top) => {
+                sampler.0.is_greedy()
+                    || (0..top.rows()).all(|p| self.official_from_best(p, sampler).is_some())
             }
         }
     }
@@ -282,6 +314,16 @@ pub trait BlockAlgorithm: Send {
 
     /// Forwards after which the block loop forces a final cleanup round.
     fn forward_limit(&self) -> usize;
+
+    /// Whether the step draws from its rows (temperature above 0 or filters): a grammar then
+    /// needs full logits to draw among the ids it allows.
+    fn samples(&self) -> bool;
+
+    /// Whether best ids the step asked for ([`ScoreKind::TopK`]) answer it; if not, the block
+    /// loop reads the rows in full and hands the step full logits instead.
+    fn best_ids_answer(&self, _top: &TopK) -> bool {
+        true
+    }
 }
 
 /// Whether a generated slot of the block still holds a control id (MASK, DELETE, SPLIT).
@@ -292,7 +334,9 @@ pub fn has_control_tokens(block: &[u32], prompt_in_block: usize, control: &Contr
 }
 
 /// What 2.0 and 2.1 read from a forward: top-1 pairs when every candidate of the step is greedy,
-/// full logits otherwise.
+/// each row's best ids when the sampler's top-k keeps fewer ids than they hold (the filters'
+/// survivors are then almost always among them; a step whose rows they do not answer reads the
+/// rows in full, [`BlockAlgorithm::best_ids_answer`]), full logits otherwise.
 ///
 /// The forced cleanup ([`fill_control_slots`]) always reads full logits: its rule, the best
 /// non-control token, needs more than the argmax exactly when the argmax is a control id, and
@@ -301,8 +345,12 @@ pub fn has_control_tokens(block: &[u32], prompt_in_block: usize, control: &Contr
 /// re-read a finished forward's logits); the round runs at most once per block, so one
 /// full-logits forward is both the simpler and the cheaper rule.
 pub fn official_scores_needed(sampler: &OfficialSampler, forced: bool) -> ScoreKind {
-    if !forced && sampler.0.is_greedy() {
+    if forced {
+        ScoreKind::Logits
+    } else if sampler.0.is_greedy() {
         ScoreKind::Top1
+    } else if sampler.reads_best_ids(TOP_K) {
+        ScoreKind::TopK
     } else {
         ScoreKind::Logits
     }

@@ -1,7 +1,7 @@
 #![allow(dead_code)] // each test file that includes this module uses a part of it
-//! A CPU runner that says its full logits are not cheap, as the GPU's are not: greedy steps that
-//! can then read each row's best ids (`Want::TopK`) ask for those instead of full logits, as they
-//! do on the GPU. It counts which kinds of scores its forwards returned.
+//! A CPU runner that says its full logits are not cheap, as the GPU's are not: steps that can
+//! then read each row's best ids (`Want::TopK`) ask for those instead of full logits, as they do
+//! on the GPU. It counts which kinds of scores its forwards returned.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,6 +14,8 @@ use minnow_model::{Config, ModelRunner, Segment, SegmentOutput, Want};
 pub struct WantCounts {
     pub logits: AtomicUsize,
     pub best_ids: AtomicUsize,
+    /// Rows read in full after a forward (`logits_row`).
+    pub rows: AtomicUsize,
 }
 
 impl WantCounts {
@@ -22,6 +24,9 @@ impl WantCounts {
     }
     pub fn best_ids(&self) -> usize {
         self.best_ids.load(Ordering::Relaxed)
+    }
+    pub fn rows(&self) -> usize {
+        self.rows.load(Ordering::Relaxed)
     }
 }
 
@@ -67,6 +72,7 @@ impl ModelRunner for BestIdsRunner {
         self.cpu.forward_batch(segments)
     }
     fn logits_row(&mut self, segment: usize, row: usize) -> minnow_model::Result<Vec<f32>> {
+        self.counts.rows.fetch_add(1, Ordering::Relaxed);
         self.cpu.logits_row(segment, row)
     }
     fn full_logits_cheap(&self) -> bool {
