@@ -293,21 +293,25 @@ pub trait RowSampler: Sync {
 
     fn prepare(&self, logits: &[f32]) -> Self::Prepared;
 
-    /// Whether [`RowSampler::draw`] needs a uniform for this row (exactly one when it does).
+    /// Whether [`RowSampler::draw`] takes a uniform for this row (exactly one when it does).
     fn draws(&self, prepared: &Self::Prepared) -> bool;
 
     /// The candidate, with `u` uniform in [0, 1) (ignored when the row draws nothing).
-    fn draw(&self, prepared: &Self::Prepared, logits: &[f32], u: f64) -> Candidate;
+    fn draw_at(&self, prepared: &Self::Prepared, logits: &[f32], u: f64) -> Candidate;
 
-    /// One row's candidate, drawing from `rng` when it samples.
-    fn candidate_of(&self, logits: &[f32], rng: &mut StdRng) -> Candidate {
-        let prepared = self.prepare(logits);
-        let u = if self.draws(&prepared) {
+    /// The candidate, with the uniform (if the row draws) taken from `rng`.
+    fn draw(&self, prepared: &Self::Prepared, logits: &[f32], rng: &mut StdRng) -> Candidate {
+        let u = if self.draws(prepared) {
             rng.gen::<f64>()
         } else {
             0.0
         };
-        self.draw(&prepared, logits, u)
+        self.draw_at(prepared, logits, u)
+    }
+
+    /// One row's candidate, drawing from `rng` when it samples.
+    fn candidate_of(&self, logits: &[f32], rng: &mut StdRng) -> Candidate {
+        self.draw(&self.prepare(logits), logits, rng)
     }
 }
 
@@ -320,14 +324,7 @@ pub fn candidates<S: RowSampler>(sampler: &S, rows: &[&[f32]], rng: &mut StdRng)
     prepared
         .iter()
         .zip(rows)
-        .map(|(p, row)| {
-            let u = if sampler.draws(p) {
-                rng.gen::<f64>()
-            } else {
-                0.0
-            };
-            sampler.draw(p, row, u)
-        })
+        .map(|(p, row)| sampler.draw(p, row, rng))
         .collect()
 }
 
@@ -487,7 +484,7 @@ impl RowSampler for OfficialSampler {
         matches!(prepared, OfficialRow::Filtered { .. }) && self.0.temperature > 0.0
     }
 
-    fn draw(&self, prepared: &OfficialRow, _logits: &[f32], u: f64) -> Candidate {
+    fn draw_at(&self, prepared: &OfficialRow, _logits: &[f32], u: f64) -> Candidate {
         match prepared {
             OfficialRow::Greedy(c) => *c,
             OfficialRow::Filtered {
@@ -600,13 +597,7 @@ impl PortSampler {
     /// ids. Otherwise draw from the tempered, top-k/top-p filtered allowed ids; the confidence is
     /// the drawn token's untempered softmax probability over the allowed ids.
     pub fn candidate(&self, logits: &[f32], banned: &[u32], rng: &mut StdRng) -> Candidate {
-        let prepared = self.prepare_excluding(logits, banned);
-        let u = if self.draws(&prepared) {
-            rng.gen::<f64>()
-        } else {
-            0.0
-        };
-        self.draw(&prepared, logits, u)
+        self.draw(&self.prepare_excluding(logits, banned), logits, rng)
     }
 
     /// [`RowSampler::prepare`] with `banned` ids left out of the candidates and the normalizer.
@@ -685,7 +676,7 @@ impl RowSampler for PortSampler {
         matches!(prepared, PortRow::Drawn { .. })
     }
 
-    fn draw(&self, prepared: &PortRow, logits: &[f32], u: f64) -> Candidate {
+    fn draw_at(&self, prepared: &PortRow, logits: &[f32], u: f64) -> Candidate {
         match prepared {
             PortRow::Fixed(c) => *c,
             PortRow::Drawn {

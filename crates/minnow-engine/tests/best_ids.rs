@@ -8,9 +8,10 @@
 #[path = "support/best_ids_runner.rs"]
 mod best_ids_runner;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use best_ids_runner::BestIdsRunner;
+use best_ids_runner::{BestIdsRunner, WantCounts};
 use minnow_engine::{Algorithm, DecodeParams, Engine, EngineOptions, Event, GenerateRequest};
 use minnow_runtime::device::DeviceRequest;
 
@@ -43,6 +44,24 @@ fn run_all(engine: &Engine, requests: &[GenerateRequest]) -> Vec<(Vec<u32>, Stri
         .collect()
 }
 
+/// The fixture on the plain CPU runner, and on the CPU runner made to ask for best ids (with
+/// its counts of what the forwards returned), both batching four requests.
+fn full_and_best_ids_engines(dir: &Path) -> (Engine, Engine, Arc<WantCounts>) {
+    let options = EngineOptions {
+        parallel: 4,
+        ..Default::default()
+    };
+    let cpu = EngineOptions {
+        device: DeviceRequest::Cpu,
+        ..options.clone()
+    };
+    let full = Engine::load(dir, cpu).unwrap();
+    let runner = BestIdsRunner::new(minnow_model::cpu::CpuRunner::load(dir).unwrap());
+    let counts = runner.counts.clone();
+    let best = Engine::with_runner(dir, Box::new(runner), options).unwrap();
+    (full, best, counts)
+}
+
 fn requests() -> Vec<GenerateRequest> {
     let settings: [(Option<f32>, Option<f32>, Option<f32>); 4] = [
         (None, None, None),
@@ -73,25 +92,9 @@ fn requests() -> Vec<GenerateRequest> {
 
 #[test]
 fn greedy_indel_decodes_the_same_tokens_from_best_ids_as_from_full_logits() {
-    let dir = fixture("llada2-tiny-v22");
     let requests = requests();
-    let options = EngineOptions {
-        parallel: 4,
-        ..Default::default()
-    };
-    let full = Engine::load(
-        &dir,
-        EngineOptions {
-            device: DeviceRequest::Cpu,
-            ..options.clone()
-        },
-    )
-    .unwrap();
+    let (full, engine, counts) = full_and_best_ids_engines(&fixture("llada2-tiny-v22"));
     let full = run_all(&full, &requests);
-
-    let runner = BestIdsRunner::new(minnow_model::cpu::CpuRunner::load(&dir).unwrap());
-    let counts = runner.counts.clone();
-    let engine = Engine::with_runner(&dir, Box::new(runner), options).unwrap();
     let greedy_only: Vec<GenerateRequest> = requests
         .iter()
         .filter(|r| r.params.temperature.is_none())
@@ -157,21 +160,9 @@ fn sampling_with_a_small_top_k_decodes_the_same_tokens_from_best_ids_as_from_ful
         ("llada2-tiny-v20", Algorithm::LowConfidence),
         ("llada2-tiny-v21", Algorithm::Joint),
     ] {
-        let dir = fixture(name);
         let requests = official_sampling_requests(algorithm);
-        let options = EngineOptions {
-            parallel: 4,
-            ..Default::default()
-        };
-        let cpu = EngineOptions {
-            device: DeviceRequest::Cpu,
-            ..options.clone()
-        };
-        let full = run_all(&Engine::load(&dir, cpu).unwrap(), &requests);
-
-        let runner = BestIdsRunner::new(minnow_model::cpu::CpuRunner::load(&dir).unwrap());
-        let counts = runner.counts.clone();
-        let engine = Engine::with_runner(&dir, Box::new(runner), options).unwrap();
+        let (full, engine, counts) = full_and_best_ids_engines(&fixture(name));
+        let full = run_all(&full, &requests);
         let with_top_k: Vec<GenerateRequest> = requests
             .iter()
             .filter(|r| r.params.top_k.is_some())

@@ -157,12 +157,7 @@ impl Indel {
             .iter()
             .zip(&prepared)
             .map(|(&slot, row)| {
-                let u = if self.sampler.draws(row) {
-                    rng.gen::<f64>()
-                } else {
-                    0.0
-                };
-                let c = self.sampler.draw(row, logits.row(slot), u);
+                let c = self.sampler.draw(row, logits.row(slot), rng);
                 self.mask_candidate(scores, slot, c, rng)
             })
             .collect()

@@ -36,7 +36,6 @@ pub(crate) mod testing;
 use minnow_model::batch::TOP_K;
 use minnow_model::{TopK, Want};
 use rand::rngs::StdRng;
-use rand::Rng;
 
 use crate::sampling::{greedy_excluding, Candidate, OfficialRow, OfficialSampler, RowSampler};
 
@@ -162,12 +161,7 @@ impl<'a> StepScores<'a> {
                 let row = self
                     .official_from_best(p, sampler)
                     .expect("the step's best ids were checked to answer its sampler");
-                let u = if sampler.draws(&row) {
-                    rng.gen::<f64>()
-                } else {
-                    0.0
-                };
-                sampler.draw(&row, &[], u)
+                sampler.draw(&row, &[], rng)
             }
         }
     }
