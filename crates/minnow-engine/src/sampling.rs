@@ -372,34 +372,40 @@ impl OfficialSampler {
     /// may not: ties at the k-th value reaching the list's end, or a top-k beyond it. The
     /// greedy sampler (no filters) reads top-1 pairs instead, and gets `None` here too.
     pub fn prepare_best(&self, best: &[(u32, f32)], whole_row: bool) -> Option<OfficialRow> {
-        let s = self.0;
-        let k = s.top_k;
-        if s.is_greedy() || k == 0 || k > best.len() {
+        if !self.best_ids_answer(best, whole_row) {
             return None;
         }
-        let tempered = |x: f32| {
-            if s.temperature > 0.0 && s.temperature != 1.0 {
-                x / s.temperature
-            } else {
-                x
-            }
-        };
-        // The list is in descending order, which tempering keeps: its k-th is the row's.
-        let kth = tempered(best[k - 1].1);
-        let last = tempered(best[best.len() - 1].1);
-        // The list answers when its last value falls below the k-th. A NaN there (the list
-        // puts NaN last, and the filters keep NaN) compares false: the full row is read.
-        let complete = last < kth;
-        if !whole_row && !complete {
-            return None;
-        }
+        let kth = self.tempered(best[self.0.top_k - 1].1);
         let mut kept: Vec<(u32, f32)> = best
             .iter()
-            .map(|&(id, x)| (id, tempered(x)))
+            .map(|&(id, x)| (id, self.tempered(x)))
             .filter(|&(_, z)| z >= kth || z.is_nan())
             .collect();
         kept.sort_unstable_by_key(|&(id, _)| id);
         Some(self.filtered(kept))
+    }
+
+    /// Whether a row's best ids hold every id the filters keep, the condition of
+    /// [`OfficialSampler::prepare_best`] (without building the distribution).
+    pub fn best_ids_answer(&self, best: &[(u32, f32)], whole_row: bool) -> bool {
+        let k = self.0.top_k;
+        if self.0.is_greedy() || k == 0 || k > best.len() {
+            return false;
+        }
+        // The list is in descending order, which tempering keeps: its k-th is the row's. It
+        // answers when its last value falls below the k-th. A NaN there (the list puts NaN
+        // last, and the filters keep NaN) compares false: the full row is read.
+        whole_row || self.tempered(best[best.len() - 1].1) < self.tempered(best[k - 1].1)
+    }
+
+    /// A logit divided by the temperature (unchanged at temperature 0 or 1).
+    fn tempered(&self, x: f32) -> f32 {
+        let t = self.0.temperature;
+        if t > 0.0 && t != 1.0 {
+            x / t
+        } else {
+            x
+        }
     }
 
     /// The official filters and weights over the top-k survivors `kept` (`(id, tempered
@@ -455,11 +461,7 @@ impl RowSampler for OfficialSampler {
         if s.is_greedy() {
             return OfficialRow::Greedy(greedy(logits));
         }
-        let z: Vec<f32> = if s.temperature > 0.0 && s.temperature != 1.0 {
-            logits.iter().map(|&x| x / s.temperature).collect()
-        } else {
-            logits.to_vec()
-        };
+        let z: Vec<f32> = logits.iter().map(|&x| self.tempered(x)).collect();
         if s.top_k > 0 {
             let kth = kth_largest(z.iter().copied(), s.top_k.min(z.len()));
             // Entries equal to the k-th value survive (and NaN, which the reference's `x < kth`

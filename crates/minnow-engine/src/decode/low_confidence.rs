@@ -104,7 +104,7 @@ impl BlockAlgorithm for LowConfidence {
     }
 
     fn best_ids_answer(&self, top: &minnow_model::TopK) -> bool {
-        StepScores::TopK(top).answer_official(&self.sampler)
+        super::official_best_ids_answer(&self.sampler, top)
     }
 }
 

@@ -176,19 +176,6 @@ impl<'a> StepScores<'a> {
         }
     }
 
-    /// Whether these scores answer a sampling official sampler at every slot: full logits
-    /// always, best ids when [`StepScores::official_from_best`] answers each row.
-    pub fn answer_official(&self, sampler: &OfficialSampler) -> bool {
-        match self {
-            StepScores::Logits(_) => true,
-            StepScores::Top1(_) => sampler.0.is_greedy(),
-            StepScores::TopK(top) => {
-                sampler.0.is_greedy()
-                    || (0..top.rows()).all(|p| self.official_from_best(p, sampler).is_some())
-            }
-        }
-    }
-
     /// The official sampler's candidates at slots `positions`, in that order: the same
     /// candidates and draws as [`StepScores::official_candidate`] slot after slot, with the rows'
     /// filtering and weighting (a pass or more over each row's vocabulary) on the thread pool.
@@ -348,6 +335,14 @@ pub fn official_scores_needed(sampler: &OfficialSampler, forced: bool) -> ScoreK
     } else {
         ScoreKind::Logits
     }
+}
+
+/// Whether a step's best ids answer the official sampler at every row (2.0 and 2.1's
+/// [`BlockAlgorithm::best_ids_answer`]): always when it is greedy (it reads the top-1 pairs),
+/// else when each row's best ids hold its filters' survivors.
+pub fn official_best_ids_answer(sampler: &OfficialSampler, top: &TopK) -> bool {
+    sampler.0.is_greedy()
+        || (0..top.rows()).all(|p| sampler.best_ids_answer(top.row(p), top.k < TOP_K))
 }
 
 /// The forced cleanup shared by 2.0 and 2.1 (they have no cleanup round of their own): every
