@@ -33,6 +33,21 @@ __device__ __forceinline__ bf16 silu_mul_bf16(float gate, float up) {
     return mul_bf16(to_bf16(gate / (1.f + expf(-gate))), to_bf16(up));
 }
 
+// A BF16 value's place in the order "larger value first, NaN below every number, -0 equal to
+// +0" as an unsigned 16-bit key (larger value, larger key; NaN is key 0, -inf 0x7f).
+__device__ __forceinline__ unsigned bf16_order_key(unsigned bits) {
+    if ((bits & 0x7fffu) > 0x7f80u) return 0u;  // NaN: below -inf (key 0x7f)
+    if (bits == 0x8000u) bits = 0u;              // -0 is +0
+    return (bits & 0x8000u) ? (~bits & 0xffffu) : (bits | 0x8000u);
+}
+
+// hist[bin] += 1 for every lane of the warp that counts (all 32 lanes call it, bin < 256): one
+// shared atomic per distinct bin of the warp, since logits crowd into a few bins of their keys.
+__device__ __forceinline__ void hist_count(unsigned* hist, unsigned bin, bool counts, int lane) {
+    const unsigned peers = __match_any_sync(0xffffffffu, counts ? bin : 0x100u);
+    if (counts && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

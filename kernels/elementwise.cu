@@ -338,20 +338,6 @@ extern "C" __global__ void top1_finish(const float* __restrict__ scratch, unsign
 #define TOPK_MAX 64
 #define TOPK_THREADS 512
 
-// A BF16 value's place in that order as an unsigned key (larger value, larger key).
-__device__ __forceinline__ unsigned bf16_order_key(unsigned bits) {
-    if ((bits & 0x7fffu) > 0x7f80u) return 0u;  // NaN: below -inf (key 0x7f)
-    if (bits == 0x8000u) bits = 0u;              // -0 is +0
-    return (bits & 0x8000u) ? (~bits & 0xffffu) : (bits | 0x8000u);
-}
-
-// hist[bin] += 1 for every lane of the warp that counts (all 32 lanes call it): one shared atomic
-// per distinct bin of the warp, since near-uniform logits crowd into a few bins.
-__device__ __forceinline__ void topk_count(unsigned* hist, unsigned bin, bool counts, int lane) {
-    const unsigned peers = __match_any_sync(0xffffffffu, counts ? bin : 0x100u);
-    if (counts && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
-}
-
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const bf16* __restrict__ logits, unsigned* __restrict__ ids,
                                                                       float* __restrict__ values, int vocab, int k) {
     pdl_enter();
@@ -368,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const bf16*
     for (int base = 0; base < vocab; base += blockDim.x) {
         const int c = base + tid;
         const bool in = c < vocab;
-        topk_count(hist, in ? bf16_order_key(row[c]) >> 8 : 0u, in, lane);
+        hist_count(hist, in ? bf16_order_key(row[c]) >> 8 : 0u, in, lane);
     }
     __syncthreads();
     if (tid == 0) {
@@ -386,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const bf16*
     for (int base = 0; base < vocab; base += blockDim.x) {
         const int c = base + tid;
         const unsigned key = c < vocab ? bf16_order_key(row[c]) : 0u;
-        topk_count(hist, key & 0xffu, c < vocab && (key & 0xff00u) == high, lane);
+        hist_count(hist, key & 0xffu, c < vocab && (key & 0xff00u) == high, lane);
     }
     __syncthreads();
     if (tid == 0) {

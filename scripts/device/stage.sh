@@ -13,7 +13,7 @@ cp target/$profile/xtask bin/xtask
 cargo test $flag --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, shutil, sys
 wanted = {"cuda_invariance", "cuda_fixtures", "cuda_quant", "cuda_other_shapes", "cuda_kernels", "gpu_invariance",
-          "batched", "portable_cpu", "golden", "cuda_blaslt", "cuda_routing"}
+          "batched", "portable_cpu", "golden", "cuda_blaslt", "cuda_routing", "gpu_draws"}
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in wanted and m["target"]["kind"] == ["test"]:

@@ -415,6 +415,7 @@ impl Engine {
             stops: StopTokens::from_ids(tokenizer.stop_token_ids()),
             vocab_size: config.vocab_size,
             full_logits_cheap: runner.full_logits_cheap(),
+            draws_rows: runner.draws_rows(),
         };
         let max_pos = config.max_position_embeddings;
         let n_ctx = options.max_context.map_or(max_pos, |m| m.min(max_pos));

@@ -328,6 +328,28 @@ pub fn candidates<S: RowSampler>(sampler: &S, rows: &[&[f32]], rng: &mut StdRng)
         .collect()
 }
 
+/// The candidate a device draw ([`minnow_model::RowDraw`]) asks for, drawn here from the row's
+/// F32 `logits` by the host samplers with the draw's uniform: what a runner without a device of
+/// its own can answer `ModelRunner::draw_rows` with (the engine's tests do), and the reference a
+/// device's draws are compared with.
+pub fn draw_on_host(draw: &minnow_model::RowDraw, logits: &[f32]) -> Candidate {
+    let settings = SamplerSettings {
+        temperature: draw.temperature,
+        top_k: draw.top_k,
+        top_p: draw.top_p,
+    };
+    match draw.rule {
+        minnow_model::DrawRule::Official => {
+            let sampler = OfficialSampler(settings);
+            sampler.draw_at(&sampler.prepare(logits), logits, draw.uniform)
+        }
+        minnow_model::DrawRule::Port => {
+            let sampler = PortSampler(settings);
+            sampler.draw_at(&sampler.prepare(logits), logits, draw.uniform)
+        }
+    }
+}
+
 /// The official 2.0/2.1 sampler (decoding doc §4.2).
 ///
 /// With temperature 0 the filters still shape the confidence (the official code filters, takes
@@ -577,7 +599,7 @@ pub enum PortRow {
     /// Greedy (temperature 0) or nothing allowed: the candidate as it is.
     Fixed(Candidate),
     Drawn {
-        /// The drawable ids in the order a draw walks them (`None`: every id, ascending).
+        /// The drawable ids, ascending: the order a draw walks them (`None`: every id).
         ids: Option<Vec<u32>>,
         /// Their tempered weights `exp((z - max) / temperature)`, in the same order.
         weights: Vec<f32>,
@@ -655,7 +677,10 @@ impl PortSampler {
             .map(|id| (id, weight(logits[id as usize]) as f64))
             .collect();
         if s.top_p_active() {
+            // The draw walks the kept ids in ascending order, as every draw here and on the
+            // device does (the nucleus comes heaviest first).
             pairs = nucleus(pairs, s.top_p as f64);
+            pairs.sort_unstable_by_key(|&(id, _)| id);
         }
         PortRow::Drawn {
             ids: Some(pairs.iter().map(|&(id, _)| id).collect()),
@@ -1008,7 +1033,10 @@ mod tests {
                 })
                 .collect();
             if s.top_p_active() {
+                // Drawn in ascending id order (the first sampler walked the nucleus heaviest
+                // first; the rule is now the same walk as every other draw's).
                 weights = nucleus(weights, s.top_p as f64);
+                weights.sort_by_key(|&(id, _)| id);
             }
             let token = draw_index(&weights, rng);
             fn nucleus(weights: Vec<(u32, f64)>, p: f64) -> Vec<(u32, f64)> {

@@ -188,3 +188,66 @@ fn sampling_with_a_small_top_k_decodes_the_same_tokens_from_best_ids_as_from_ful
         assert!(full.iter().all(|(ids, _)| !ids.is_empty()), "{name}");
     }
 }
+
+/// Sampling requests of every algorithm, with settings no best ids answer (no top-k, a top-k of
+/// 100, top-p, the official rule's filters at temperature 0) and one they do.
+fn drawn_requests(algorithm: Algorithm) -> Vec<GenerateRequest> {
+    let settings: [(f32, Option<usize>, Option<f32>); 6] = [
+        (0.8, None, None),
+        (1.1, None, Some(0.9)),
+        (0.7, Some(100), Some(0.95)),
+        (1.0, Some(100), None),
+        (0.0, None, Some(0.5)),
+        (0.9, Some(10), None),
+    ];
+    (0..12u32)
+        .map(|i| {
+            let (temperature, top_k, top_p) = settings[i as usize % 6];
+            GenerateRequest {
+                prompt_ids: (0..5 + i * 4).map(|j| (i * 29 + j * 13) % 400).collect(),
+                max_tokens: Some(64),
+                params: DecodeParams {
+                    algorithm: Some(algorithm),
+                    temperature: Some(temperature),
+                    top_k,
+                    top_p,
+                    seed: Some(u64::from(i) + 7),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// A runner that draws sampled candidates itself (the GPU, here the CPU runner answering with
+/// the host samplers) gets each step's uniforms in the order the host samplers take them, so
+/// its requests decode the tokens that full logits give, batched four at a time.
+#[test]
+fn sampling_with_device_draws_decodes_the_tokens_full_logits_give() {
+    for (name, algorithm) in [
+        ("llada2-tiny-v20", Algorithm::LowConfidence),
+        ("llada2-tiny-v21", Algorithm::Joint),
+        ("llada2-tiny-v22", Algorithm::Indel),
+    ] {
+        let dir = fixture(name);
+        let requests = drawn_requests(algorithm);
+        let (full, _, _) = full_and_best_ids_engines(&dir);
+        let full = run_all(&full, &requests);
+        let runner = BestIdsRunner::drawing(minnow_model::cpu::CpuRunner::load(&dir).unwrap());
+        let counts = runner.counts.clone();
+        let options = EngineOptions {
+            parallel: 4,
+            ..Default::default()
+        };
+        let drawing = Engine::with_runner(&dir, Box::new(runner), options).unwrap();
+        let drawn = run_all(&drawing, &requests);
+        assert!(
+            counts.draws() > 0,
+            "{name}: no candidate was drawn by the runner"
+        );
+        assert!(counts.best_ids() > 0, "{name}");
+        assert_eq!(drawn, full, "{name}");
+        assert!(full.iter().all(|(ids, _)| !ids.is_empty()), "{name}");
+    }
+}

@@ -116,7 +116,9 @@ fn mixed_requests(family: &str, seed: u64) -> Vec<GenerateRequest> {
                     algorithm: Some(algorithm),
                     threshold: Some([0.5, 0.7, 0.95][i % 3]),
                     temperature: Some(if sampled { 0.8 } else { 0.0 }),
-                    top_k: sampled.then_some(20),
+                    // Half the sampled requests read best ids (top-k 20), half draw their
+                    // candidates on the GPU (no top-k).
+                    top_k: (sampled && i % 2 == 0).then_some(20),
                     top_p: sampled.then_some(0.9),
                     seed: Some(1000 + i as u64),
                     ..Default::default()

@@ -27,6 +27,6 @@ pub use batch::{PageId, Segment, SegmentOutput, TopK, Want, TOP_K};
 pub use config::{Config, Family};
 pub use cpu::{CpuModel, CpuRunner, KvPool};
 pub use error::{ModelError, Result};
-pub use runner::ModelRunner;
+pub use runner::{DrawRule, ModelRunner, RowDraw};
 pub use single_sequence::{LogitsRows, SeqId, SingleSequence};
 pub use trace::{RouterTrace, Trace};

@@ -39,6 +39,50 @@ pub trait ModelRunner: Send {
     fn full_logits_cheap(&self) -> bool {
         false
     }
+    /// Whether [`ModelRunner::draw_rows`] draws on the runner's device. When it does not, a
+    /// sampling step reads its rows and samples on the host.
+    fn draws_rows(&self) -> bool {
+        false
+    }
+    /// One sampled candidate `(token, confidence)` per entry of `draws`, each from a row of
+    /// segment `segment` of the latest [`ModelRunner::forward_batch`] that asked for it with
+    /// [`Want::TopK`], computed where the logits are (docs/decoding.md §4.7). Only for a runner
+    /// whose [`ModelRunner::draws_rows`] says so.
+    ///
+    /// [`Want::TopK`]: crate::batch::Want::TopK
+    fn draw_rows(&mut self, _segment: usize, _draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
+        Err(crate::error::ModelError::InvalidInput(
+            "this runner draws no rows on a device".into(),
+        ))
+    }
+}
+
+/// The sampling rule of a draw on the device (docs/decoding.md §4.2 and §4.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrawRule {
+    /// LLaDA2.0/2.1: the logits divided by the temperature, filtered; the confidence is the
+    /// drawn id's probability in the filtered distribution.
+    Official,
+    /// LLaDA2.2: weights `exp((x - max) / temperature)`, filtered; the confidence is the drawn
+    /// id's probability under the row's untempered softmax.
+    Port,
+}
+
+/// One row to draw a sampled candidate from ([`ModelRunner::draw_rows`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowDraw {
+    /// The row, counted in its segment's ids.
+    pub row: usize,
+    pub rule: DrawRule,
+    /// Above 0: draw. At most 0 (the official rule with filters): the argmax, with its
+    /// probability among the filters' survivors.
+    pub temperature: f32,
+    /// 0: off.
+    pub top_k: usize,
+    /// Outside `[0, 1)`: off.
+    pub top_p: f32,
+    /// The draw's uniform in `[0, 1)`.
+    pub uniform: f64,
 }
 
 /// A boxed runner (what the engine's device selection returns) is a runner.
@@ -64,6 +108,12 @@ impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
     fn full_logits_cheap(&self) -> bool {
         (**self).full_logits_cheap()
     }
+    fn draws_rows(&self) -> bool {
+        (**self).draws_rows()
+    }
+    fn draw_rows(&mut self, segment: usize, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
+        (**self).draw_rows(segment, draws)
+    }
 }
 
 /// Where a forward's [`Want::TopK`] rows sit among its wanted rows (batch order), for
@@ -74,6 +124,8 @@ impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
 #[derive(Debug, Default)]
 pub struct TopKRows {
     segments: Vec<Option<(std::ops::Range<usize>, usize)>>,
+    /// The forward's wanted rows, every segment's.
+    total: usize,
 }
 
 impl TopKRows {
@@ -88,7 +140,15 @@ impl TopKRows {
                 matches!(seg.want, crate::batch::Want::TopK(_)).then_some((rows, first))
             })
             .collect();
-        TopKRows { segments }
+        TopKRows {
+            segments,
+            total: at,
+        }
+    }
+
+    /// The forward's wanted rows, every segment's (the workspace's rows of logits).
+    pub fn total(&self) -> usize {
+        self.total
     }
 
     /// The index among the forward's wanted rows of row `row` of segment `segment`; an error

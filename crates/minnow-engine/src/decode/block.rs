@@ -14,9 +14,10 @@ use rand::rngs::StdRng;
 
 use super::constrained::Constrained;
 use super::{
-    has_control_tokens, BlockAlgorithm, BlockLogits, ControlTokens, ReadRow, ScoreKind,
-    StepOutcome, StepScores,
+    has_control_tokens, BlockAlgorithm, BlockLogits, ControlTokens, DrawPlan, DrawnScores, ReadRow,
+    RowReader, RunnerRows, ScoreKind, StepOutcome, StepScores,
 };
+use crate::sampling::Candidate;
 
 /// Where a block run stands after [`BlockRun::advance`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,7 +161,7 @@ impl BlockRun {
             return Some(match self.algorithm.scores_needed(false) {
                 ScoreKind::Top1 => ScoreKind::TopK,
                 ScoreKind::TopK if !self.algorithm.samples() => ScoreKind::TopK,
-                ScoreKind::TopK | ScoreKind::Logits => ScoreKind::Logits,
+                ScoreKind::TopK | ScoreKind::Logits | ScoreKind::Sampled => ScoreKind::Logits,
             });
         }
         Some(self.algorithm.scores_needed(self.cleanup_pending))
@@ -168,22 +169,27 @@ impl BlockRun {
 
     /// Applies the scores of the forward [`BlockRun::plan`] asked for (a forward of the ids
     /// `tokens()` had then): the algorithm's step. `read_row` reads a slot's full logits from
-    /// that forward (the grammar layer's need with [`StepScores::TopK`]). Returns the state
-    /// afterwards; once `Final`, the block's tokens are final and contain no MASK/DELETE/SPLIT
-    /// at generated slots.
+    /// that forward (the grammar layer's need with [`StepScores::TopK`]) and draws sampled
+    /// candidates on the runner's device. Returns the state afterwards; once `Final`, the
+    /// block's tokens are final and contain no MASK/DELETE/SPLIT at generated slots.
     pub fn apply(
         &mut self,
         scores: StepScores<'_>,
         read_row: &mut ReadRow<'_>,
         rng: &mut StdRng,
     ) -> BlockState {
-        // Best ids that do not answer a sampling step (ties at its top-k's k-th value running
-        // past them): the rows in full instead, from the same forward.
+        // Best ids that do not answer a sampling step: the candidates drawn on the runner's
+        // device, or the rows in full from the same forward.
         let full_rows;
         let scores = match scores {
             StepScores::TopK(top) if !self.algorithm.best_ids_answer(top) => {
+                if read_row.draws() && self.constraint.is_none() {
+                    if let Some(plan) = self.algorithm.device_draws(&self.block) {
+                        return self.apply_drawn(top, plan, read_row, rng);
+                    }
+                }
                 match (0..top.rows())
-                    .map(&mut *read_row)
+                    .map(|p| read_row.row(p))
                     .collect::<Result<Vec<_>, _>>()
                 {
                     Ok(rows) => {
@@ -191,12 +197,7 @@ impl BlockRun {
                         full_rows = rows.concat();
                         StepScores::Logits(BlockLogits::new(&full_rows, vocab))
                     }
-                    Err(e) => {
-                        self.failure = Some(format!("reading a row's full logits: {e}"));
-                        self.cleanup_pending = false;
-                        self.finalize();
-                        return self.state;
-                    }
+                    Err(e) => return self.fail(format!("reading a row's full logits: {e}")),
                 }
             }
             other => other,
@@ -208,10 +209,7 @@ impl BlockRun {
         if let (Some(constraint), Some(old)) = (self.constraint.as_mut(), before) {
             if let Err(e) = constraint.enforce(&old, &mut self.block, scores, read_row, rng, forced)
             {
-                self.failure = Some(e);
-                self.cleanup_pending = false;
-                self.finalize();
-                return self.state;
+                return self.fail(e);
             }
             // The grammar may have undone the step's changes (or made some of its own).
             outcome = if self.block == old && self.is_clean() {
@@ -220,6 +218,62 @@ impl BlockRun {
                 StepOutcome::Continue
             };
         }
+        self.after_step(outcome, forced)
+    }
+
+    /// The step of a sampling forward whose candidates the runner draws on its device: the
+    /// uniforms are taken from `rng` in the plan's slot order (as the host samplers would take
+    /// them), then the step runs on the drawn candidates and the best ids, reading a row in full
+    /// only for a re-pick.
+    fn apply_drawn(
+        &mut self,
+        top: &minnow_model::TopK,
+        plan: DrawPlan,
+        read_row: &mut ReadRow<'_>,
+        rng: &mut StdRng,
+    ) -> BlockState {
+        let draws = plan.draws(rng);
+        let pairs = match read_row.draw(&draws) {
+            Ok(pairs) if pairs.len() == draws.len() => pairs,
+            Ok(pairs) => {
+                return self.fail(format!(
+                    "the device drew {} candidates for {} rows",
+                    pairs.len(),
+                    draws.len()
+                ))
+            }
+            Err(e) => return self.fail(format!("drawing sampled candidates on the device: {e}")),
+        };
+        let mut candidates: Vec<Option<Candidate>> = vec![None; self.block.len()];
+        for (&slot, (token, confidence)) in plan.slots.iter().zip(pairs) {
+            candidates[slot] = Some(Candidate { token, confidence });
+        }
+        let reader = RowReader::new(read_row);
+        let scores = StepScores::Drawn(DrawnScores {
+            top,
+            candidates: &candidates,
+            rows: &reader,
+        });
+        let forced = self.cleanup_pending;
+        self.record_forward();
+        let outcome = self.algorithm.step(&mut self.block, scores, rng, forced);
+        if let Some(e) = reader.failure() {
+            return self.fail(format!("reading a row's full logits: {e}"));
+        }
+        self.after_step(outcome, forced)
+    }
+
+    /// Ends the block on a failure of the grammar layer or of the runner (the request fails
+    /// with it).
+    fn fail(&mut self, failure: String) -> BlockState {
+        self.failure = Some(failure);
+        self.cleanup_pending = false;
+        self.finalize();
+        self.state
+    }
+
+    /// The block's state after a step with `outcome` (`forced`: it was the forced cleanup).
+    fn after_step(&mut self, outcome: StepOutcome, forced: bool) -> BlockState {
         if forced {
             self.forced_cleanup_ran = true;
             self.cleanup_pending = false;
@@ -268,13 +322,16 @@ impl BlockRun {
         let Some(kind) = self.plan() else {
             return Ok(self.state);
         };
-        let kind = kind.to_ask(runner.runner_mut().full_logits_cheap());
+        let kind = {
+            let runner = runner.runner_mut();
+            kind.to_ask(runner.full_logits_cheap(), runner.draws_rows())
+        };
         if runner.sequence_len(seq) > self.start {
             runner.truncate_sequence(seq, self.start)?;
         }
         let mut no_rows = |_| Err("no full rows after this forward".to_string());
         Ok(match kind {
-            ScoreKind::Logits => {
+            ScoreKind::Logits | ScoreKind::Sampled => {
                 let data = runner.forward(seq, &self.block, LogitsRows::All)?;
                 let vocab = runner.config().vocab_size;
                 check_scores(data.len(), self.block.len() * vocab)?;
@@ -299,13 +356,11 @@ impl BlockRun {
                     ));
                 };
                 check_scores(top.rows(), n)?;
-                let mut read_row = |row| {
-                    runner
-                        .runner_mut()
-                        .logits_row(0, row)
-                        .map_err(|e| e.to_string())
+                let mut rows = RunnerRows {
+                    runner: runner.runner_mut(),
+                    segment: 0,
                 };
-                self.apply(StepScores::TopK(&top), &mut read_row, rng)
+                self.apply(StepScores::TopK(&top), &mut rows, rng)
             }
         })
     }

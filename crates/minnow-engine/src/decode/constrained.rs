@@ -233,7 +233,7 @@ impl Constrained {
                     Some(token) => Some(token),
                     None => {
                         self.rows_read += 1;
-                        masked_argmax(&read_row(p)?, &mask, &self.control)
+                        masked_argmax(&read_row.row(p)?, &mask, &self.control)
                     }
                 }
             }
@@ -241,7 +241,7 @@ impl Constrained {
                 masked_argmax(logits.row(p), &mask, &self.control)
             }
             StepScores::Logits(logits) => self.masked_sample(logits.row(p), &mask, rng),
-            StepScores::TopK(_) | StepScores::Top1(_) => {
+            StepScores::TopK(_) | StepScores::Top1(_) | StepScores::Drawn(_) => {
                 return Err("grammar matcher: a sampling step got no full logits".into())
             }
         };

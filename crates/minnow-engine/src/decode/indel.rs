@@ -122,44 +122,55 @@ impl Indel {
     /// The sampler's token for slot `p` with `banned` ids left out: the best allowed id when
     /// greedy, else a draw from the row's full logits. Only the token: no caller of this reads
     /// the confidence of a re-pick.
+    /// A sampling pick reads the row in full (after device draws, from the forward; a failed
+    /// read falls back to the best allowed id, and the block loop fails the request).
     fn pick(&self, scores: &StepScores<'_>, p: usize, banned: &[u32], rng: &mut StdRng) -> u32 {
         if self.greedy() {
-            scores.best_excluding(p, banned)
-        } else {
-            self.sampler
-                .candidate(scores.logits().row(p), banned, rng)
-                .token
+            return scores.best_excluding(p, banned);
+        }
+        match scores.full_row(p) {
+            Some(row) => self.sampler.candidate(&row, banned, rng).token,
+            None => scores.best_excluding(p, banned),
         }
     }
 
-    /// M2T candidates at the masked `slots`, in order. A sampling step prepares the rows'
-    /// distributions on the thread pool first; the draws (and any re-pick's) then come from
-    /// `rng` slot after slot, as one slot at a time would take them.
+    /// M2T candidates at the masked `slots`, in order. A sampling step draws every slot's
+    /// candidate first, one uniform per slot in slot order (on the runner's device, or here with
+    /// the rows' distributions prepared on the thread pool); the re-picks of original-mask
+    /// slots that drew MASK then take theirs, slot after slot.
     fn mask_candidates(
         &self,
         scores: &StepScores<'_>,
         slots: &[usize],
         rng: &mut StdRng,
     ) -> Vec<Candidate> {
-        if self.greedy() {
-            return slots
-                .iter()
-                .map(|&slot| self.mask_candidate(scores, slot, scores.greedy(slot), rng))
+        let drawn: Vec<Candidate> = if self.greedy() {
+            slots.iter().map(|&slot| scores.greedy(slot)).collect()
+        } else if let StepScores::Logits(logits) = scores {
+            use rayon::prelude::*;
+            let prepared: Vec<_> = slots
+                .par_iter()
+                .map(|&slot| self.sampler.prepare(logits.row(slot)))
                 .collect();
-        }
-        use rayon::prelude::*;
-        let logits = scores.logits();
-        let prepared: Vec<_> = slots
-            .par_iter()
-            .map(|&slot| self.sampler.prepare(logits.row(slot)))
-            .collect();
+            slots
+                .iter()
+                .zip(&prepared)
+                .map(|(&slot, row)| self.sampler.draw(row, logits.row(slot), rng))
+                .collect()
+        } else {
+            slots
+                .iter()
+                .map(|&slot| {
+                    scores
+                        .drawn(slot)
+                        .expect("a sampling indel step reads full logits or device draws")
+                })
+                .collect()
+        };
         slots
             .iter()
-            .zip(&prepared)
-            .map(|(&slot, row)| {
-                let c = self.sampler.draw(row, logits.row(slot), rng);
-                self.mask_candidate(scores, slot, c, rng)
-            })
+            .zip(drawn)
+            .map(|(&slot, c)| self.mask_candidate(scores, slot, c, rng))
             .collect()
     }
 
@@ -189,13 +200,29 @@ impl BlockAlgorithm for Indel {
     /// A greedy request reads each row's best ids (`Want::TopK`, a few KB from a GPU instead of
     /// the block's full logits): its step only ever needs an argmax with at most three ids
     /// banned, the argmax's probability, and the full-softmax probability of a best id. A
-    /// sampling request reads full logits.
+    /// sampling request reads best ids and device draws where the runner draws, full logits
+    /// elsewhere.
     fn scores_needed(&self, _forced: bool) -> ScoreKind {
         if self.greedy() {
             ScoreKind::TopK
         } else {
-            ScoreKind::Logits
+            ScoreKind::Sampled
         }
+    }
+
+    /// Best ids answer a greedy step only: a sampling one draws from whole rows.
+    fn best_ids_answer(&self, _top: &minnow_model::TopK) -> bool {
+        self.greedy()
+    }
+
+    /// The masked slots, in order, under the port's rule (re-picks are drawn afterwards, from
+    /// the rows read in full).
+    fn device_draws(&self, block: &[u32]) -> Option<super::DrawPlan> {
+        (!self.greedy()).then(|| super::DrawPlan {
+            rule: minnow_model::DrawRule::Port,
+            settings: self.sampler.0,
+            slots: self.count_masks(block).masks,
+        })
     }
 
     fn exit_before_forward(&mut self, block: &[u32]) -> bool {

@@ -125,6 +125,12 @@ impl BlockAlgorithm for Joint {
     fn best_ids_answer(&self, top: &minnow_model::TopK) -> bool {
         super::official_best_ids_answer(&self.sampler, top)
     }
+
+    /// Every generated slot, in order: `step` draws one candidate for each (M2T and T2T share
+    /// it).
+    fn device_draws(&self, block: &[u32]) -> Option<super::DrawPlan> {
+        super::official_device_draws(&self.sampler, (self.prompt_in_block..block.len()).collect())
+    }
 }
 
 #[cfg(test)]

@@ -106,6 +106,11 @@ impl BlockAlgorithm for LowConfidence {
     fn best_ids_answer(&self, top: &minnow_model::TopK) -> bool {
         super::official_best_ids_answer(&self.sampler, top)
     }
+
+    /// The masked slots, in order: the ones `step` draws candidates for.
+    fn device_draws(&self, block: &[u32]) -> Option<super::DrawPlan> {
+        super::official_device_draws(&self.sampler, self.masked_slots(block))
+    }
 }
 
 #[cfg(test)]

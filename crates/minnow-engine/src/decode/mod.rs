@@ -33,11 +33,16 @@ pub(crate) fn generated_masks(block: &[u32], prompt_in_block: usize, mask: u32) 
 #[cfg(test)]
 pub(crate) mod testing;
 
+use std::borrow::Cow;
+use std::cell::RefCell;
+
 use minnow_model::batch::TOP_K;
-use minnow_model::{TopK, Want};
+use minnow_model::{DrawRule, ModelRunner, RowDraw, TopK, Want};
 use rand::rngs::StdRng;
 
-use crate::sampling::{greedy_excluding, Candidate, OfficialRow, OfficialSampler, RowSampler};
+use crate::sampling::{
+    greedy_excluding, Candidate, OfficialRow, OfficialSampler, RowSampler, SamplerSettings,
+};
 
 /// The diffusion control ids of a checkpoint. DELETE/SPLIT exist only in LLaDA2.2.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +98,9 @@ pub enum ScoreKind {
     /// greedy step under a grammar reads (docs/decoding.md §13.6); a row's full logits are read
     /// afterwards only where the grammar allows none of its best ids.
     TopK,
+    /// What a sampling step reads: each row's best ids and the candidates the runner draws on
+    /// its device ([`BlockAlgorithm::device_draws`]) where it can, full logits elsewhere.
+    Sampled,
 }
 
 impl ScoreKind {
@@ -102,9 +110,15 @@ impl ScoreKind {
     /// best ids would cost a sort of every row on top of them, and a second read of each row
     /// whose best ids the grammar all refuses. Both decide the same tokens (docs/decoding.md
     /// §13.6).
-    pub fn to_ask(self, full_logits_cheap: bool) -> ScoreKind {
+    ///
+    /// A sampling step ([`ScoreKind::Sampled`]) asks for best ids where the runner draws on its
+    /// device (`ModelRunner::draws_rows`) and its full logits are not cheap, full logits
+    /// otherwise.
+    pub fn to_ask(self, full_logits_cheap: bool, draws_rows: bool) -> ScoreKind {
         match self {
             ScoreKind::TopK if full_logits_cheap => ScoreKind::Logits,
+            ScoreKind::Sampled if draws_rows && !full_logits_cheap => ScoreKind::TopK,
+            ScoreKind::Sampled => ScoreKind::Logits,
             kind => kind,
         }
     }
@@ -112,7 +126,7 @@ impl ScoreKind {
     /// What a forward of a block's `rows` wants back for this kind.
     pub fn want(self, rows: std::ops::Range<usize>) -> Want {
         match self {
-            ScoreKind::Logits => Want::Logits(rows),
+            ScoreKind::Logits | ScoreKind::Sampled => Want::Logits(rows),
             ScoreKind::Top1 => Want::Top1(rows),
             ScoreKind::TopK => Want::TopK(rows),
         }
@@ -127,11 +141,145 @@ pub enum StepScores<'a> {
     Top1(&'a [(u32, f32)]),
     /// Per slot the top-1 pair and the best ids.
     TopK(&'a TopK),
+    /// Best ids and the candidates the runner drew on its device.
+    Drawn(DrawnScores<'a>),
 }
 
-/// Reads the full F32 logits of a block slot from the forward whose [`StepScores::TopK`] a step
-/// reads (`ModelRunner::logits_row`; the runner keeps them until its next forward).
-pub type ReadRow<'a> = dyn FnMut(usize) -> Result<Vec<f32>, String> + 'a;
+/// A sampling step's scores where the runner drew its candidates ([`ModelRunner::draw_rows`]):
+/// each row's best ids and top-1 pair, the drawn candidate of each slot that drew one, and the
+/// rows in full on demand (a 2.2 re-pick with banned ids reads its row).
+#[derive(Clone, Copy)]
+pub struct DrawnScores<'a> {
+    pub top: &'a TopK,
+    /// Per block slot.
+    pub candidates: &'a [Option<Candidate>],
+    pub rows: &'a dyn LazyRows,
+}
+
+impl std::fmt::Debug for DrawnScores<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DrawnScores")
+            .field("top", self.top)
+            .field("candidates", &self.candidates)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A forward's rows read in full when a step asks (`None` when the read failed; the reader keeps
+/// the reason).
+pub trait LazyRows {
+    fn row(&self, p: usize) -> Option<Vec<f32>>;
+}
+
+/// What a step may read from its forward beyond the scores it got: a row in full
+/// (`ModelRunner::logits_row`; the runner keeps a forward's rows until its next one), and
+/// sampled candidates drawn on the runner's device (`ModelRunner::draw_rows`).
+pub trait ForwardRows {
+    fn row(&mut self, p: usize) -> Result<Vec<f32>, String>;
+    /// Whether [`ForwardRows::draw`] answers.
+    fn draws(&self) -> bool {
+        false
+    }
+    fn draw(&mut self, _draws: &[RowDraw]) -> Result<Vec<(u32, f32)>, String> {
+        Err("no device draws after this forward".into())
+    }
+}
+
+/// A closure reading rows (tests, and forwards whose rows are all that can be read).
+impl<F: FnMut(usize) -> Result<Vec<f32>, String>> ForwardRows for F {
+    fn row(&mut self, p: usize) -> Result<Vec<f32>, String> {
+        self(p)
+    }
+}
+
+/// Reads the full F32 logits of a block slot, and draws on the device, from the forward whose
+/// [`StepScores::TopK`] a step reads.
+pub type ReadRow<'a> = dyn ForwardRows + 'a;
+
+/// Segment `segment` of a runner's latest forward.
+pub struct RunnerRows<'a> {
+    pub runner: &'a mut dyn ModelRunner,
+    pub segment: usize,
+}
+
+impl ForwardRows for RunnerRows<'_> {
+    fn row(&mut self, p: usize) -> Result<Vec<f32>, String> {
+        self.runner
+            .logits_row(self.segment, p)
+            .map_err(|e| e.to_string())
+    }
+
+    fn draws(&self) -> bool {
+        self.runner.draws_rows()
+    }
+
+    fn draw(&mut self, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>, String> {
+        self.runner
+            .draw_rows(self.segment, draws)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// [`LazyRows`] over a [`ForwardRows`], remembering the first failed read.
+pub struct RowReader<'r> {
+    reader: RefCell<&'r mut ReadRow<'r>>,
+    failure: RefCell<Option<String>>,
+}
+
+impl<'r> RowReader<'r> {
+    pub fn new(reader: &'r mut ReadRow<'r>) -> Self {
+        Self {
+            reader: RefCell::new(reader),
+            failure: RefCell::new(None),
+        }
+    }
+
+    /// Why a read failed, if one did.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.borrow().clone()
+    }
+}
+
+impl LazyRows for RowReader<'_> {
+    fn row(&self, p: usize) -> Option<Vec<f32>> {
+        match self.reader.borrow_mut().row(p) {
+            Ok(row) => Some(row),
+            Err(e) => {
+                self.failure.borrow_mut().get_or_insert(e);
+                None
+            }
+        }
+    }
+}
+
+/// The rows a sampling step draws from and how ([`BlockAlgorithm::device_draws`]): the slots in
+/// the order the step draws them, each taking one uniform from the request's generator when the
+/// temperature is above 0 (as the host samplers take theirs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrawPlan {
+    pub rule: DrawRule,
+    pub settings: SamplerSettings,
+    pub slots: Vec<usize>,
+}
+
+impl DrawPlan {
+    /// The runner's draws, taking their uniforms from `rng` in slot order.
+    pub fn draws(&self, rng: &mut StdRng) -> Vec<RowDraw> {
+        use rand::Rng;
+        let s = self.settings;
+        self.slots
+            .iter()
+            .map(|&row| RowDraw {
+                row,
+                rule: self.rule,
+                temperature: s.temperature,
+                top_k: s.top_k,
+                top_p: s.top_p,
+                uniform: if s.temperature > 0.0 { rng.gen() } else { 0.0 },
+            })
+            .collect()
+    }
+}
 
 impl<'a> StepScores<'a> {
     /// The official 2.0/2.1 sampler's candidate at slot `p`. Top-1 scores only answer a greedy
@@ -157,6 +305,8 @@ impl<'a> StepScores<'a> {
                 let (token, confidence) = top.top1[p];
                 Candidate { token, confidence }
             }
+            StepScores::Drawn(drawn) => drawn.candidates[p]
+                .expect("the step drew a candidate at every slot it reads one from"),
             StepScores::TopK(_) => {
                 let row = self
                     .official_from_best(p, sampler)
@@ -204,7 +354,7 @@ impl<'a> StepScores<'a> {
     pub fn best_excluding(&self, p: usize, banned: &[u32]) -> u32 {
         match self {
             StepScores::Logits(logits) => greedy_excluding(logits.row(p), banned).token,
-            StepScores::TopK(top) => top
+            StepScores::TopK(top) | StepScores::Drawn(DrawnScores { top, .. }) => top
                 .row(p)
                 .iter()
                 .find(|(id, _)| !banned.contains(id))
@@ -219,7 +369,7 @@ impl<'a> StepScores<'a> {
         let (token, confidence) = match self {
             StepScores::Logits(logits) => minnow_model::runner::top1(logits.row(p)),
             StepScores::Top1(pairs) => pairs[p],
-            StepScores::TopK(top) => top.top1[p],
+            StepScores::TopK(top) | StepScores::Drawn(DrawnScores { top, .. }) => top.top1[p],
         };
         Candidate { token, confidence }
     }
@@ -227,7 +377,8 @@ impl<'a> StepScores<'a> {
     /// The probability of `token` at slot `p` under the full softmax, computed as
     /// `exp(z_token - z_max)` times the argmax's probability ([`StepScores::greedy`]): the same
     /// bits from full logits and from the best ids (where `token` must be one of them; a token
-    /// that is not, which no caller asks for, gets 0). Not from top-1 pairs.
+    /// that is not, which no caller asks for, gets 0), and after device draws (a token outside
+    /// the best ids reads its row). Not from top-1 pairs.
     pub fn full_probability(&self, p: usize, token: u32) -> f32 {
         let (logit, max, top1) = match self {
             StepScores::Logits(logits) => {
@@ -241,6 +392,16 @@ impl<'a> StepScores<'a> {
                 // The best ids come largest first: the first is the argmax.
                 (logit, row.first().map_or(0.0, |&(_, z)| z), top.top1[p].1)
             }
+            StepScores::Drawn(DrawnScores { top, rows, .. }) => {
+                // A drawn token need not be a best id: its logit then comes from the row.
+                let best = top.row(p);
+                let logit = best
+                    .iter()
+                    .find(|(id, _)| *id == token)
+                    .map(|&(_, z)| z)
+                    .or_else(|| rows.row(p).and_then(|row| row.get(token as usize).copied()));
+                (logit, best.first().map_or(0.0, |&(_, z)| z), top.top1[p].1)
+            }
             StepScores::Top1(_) => panic!("top-1 pairs hold no other token's probability"),
         };
         logit.map_or(0.0, |z| (z - max).exp() * top1)
@@ -252,9 +413,27 @@ impl<'a> StepScores<'a> {
     pub fn logits(&self) -> BlockLogits<'a> {
         match self {
             StepScores::Logits(logits) => *logits,
-            StepScores::Top1(_) | StepScores::TopK(_) => {
+            StepScores::Top1(_) | StepScores::TopK(_) | StepScores::Drawn(_) => {
                 panic!("this step needs full logits but got top-1 or top-k scores")
             }
+        }
+    }
+
+    /// Slot `p`'s full logits: from full logits, or read from the forward after device draws;
+    /// `None` when that read failed (the block loop fails the request) or from other scores.
+    pub fn full_row(&self, p: usize) -> Option<Cow<'a, [f32]>> {
+        match self {
+            StepScores::Logits(logits) => Some(Cow::Borrowed(logits.row(p))),
+            StepScores::Drawn(drawn) => drawn.rows.row(p).map(Cow::Owned),
+            StepScores::Top1(_) | StepScores::TopK(_) => None,
+        }
+    }
+
+    /// The candidate drawn on the device at slot `p`, if the step's scores hold one.
+    pub fn drawn(&self, p: usize) -> Option<Candidate> {
+        match self {
+            StepScores::Drawn(drawn) => drawn.candidates.get(p).copied().flatten(),
+            _ => None,
         }
     }
 }
@@ -305,6 +484,13 @@ pub trait BlockAlgorithm: Send {
     fn best_ids_answer(&self, _top: &TopK) -> bool {
         true
     }
+
+    /// The rows a sampling step of `block` draws its candidates from, where the runner draws
+    /// them on its device instead of the step drawing from full logits ([`ScoreKind::Sampled`]).
+    /// `None`: the step does not sample.
+    fn device_draws(&self, _block: &[u32]) -> Option<DrawPlan> {
+        None
+    }
 }
 
 /// Whether a generated slot of the block still holds a control id (MASK, DELETE, SPLIT).
@@ -333,8 +519,17 @@ pub fn official_scores_needed(sampler: &OfficialSampler, forced: bool) -> ScoreK
     } else if sampler.reads_best_ids(TOP_K) {
         ScoreKind::TopK
     } else {
-        ScoreKind::Logits
+        ScoreKind::Sampled
     }
+}
+
+/// The device draws of a sampling 2.0/2.1 step at `slots` (`None` for a greedy sampler).
+pub fn official_device_draws(sampler: &OfficialSampler, slots: Vec<usize>) -> Option<DrawPlan> {
+    (!sampler.0.is_greedy()).then_some(DrawPlan {
+        rule: DrawRule::Official,
+        settings: sampler.0,
+        slots,
+    })
 }
 
 /// Whether a step's best ids answer the official sampler at every row (2.0 and 2.1's
@@ -412,7 +607,7 @@ mod tests {
         });
         assert_eq!(official_scores_needed(&greedy, false), ScoreKind::Top1);
         assert_eq!(official_scores_needed(&greedy, true), ScoreKind::Logits);
-        assert_eq!(official_scores_needed(&sampling, false), ScoreKind::Logits);
+        assert_eq!(official_scores_needed(&sampling, false), ScoreKind::Sampled);
     }
 
     #[test]

@@ -70,6 +70,9 @@ pub struct DecoderContext {
     /// The runner's `ModelRunner::full_logits_cheap`: which scores a step asks for
     /// ([`super::ScoreKind::to_ask`]).
     pub full_logits_cheap: bool,
+    /// The runner's `ModelRunner::draws_rows`: whether a sampling step's candidates are drawn
+    /// on its device.
+    pub draws_rows: bool,
 }
 
 enum Phase {
@@ -474,7 +477,9 @@ impl RequestDecoder {
                         let forward = PlannedForward {
                             start: run.start(),
                             ids: run.tokens().to_vec(),
-                            want: kind.to_ask(self.ctx.full_logits_cheap).want(rows),
+                            want: kind
+                                .to_ask(self.ctx.full_logits_cheap, self.ctx.draws_rows)
+                                .want(rows),
                         };
                         self.phase = Phase::Block { index, run };
                         return Ok(Next::Forward(self.planned(forward)));
@@ -688,13 +693,11 @@ impl RequestDecoder {
                 runner.forward_one(seq, &forward.ids, forward.want.clone())
             };
         let output = run(runner).map_err(|e| DecodeError::Runner(e.to_string()))?;
-        let mut read_row = |row| {
-            runner
-                .runner_mut()
-                .logits_row(0, row)
-                .map_err(|e| e.to_string())
+        let mut rows = super::RunnerRows {
+            runner: runner.runner_mut(),
+            segment: 0,
         };
-        self.apply(output, &mut read_row, began.elapsed())
+        self.apply(output, &mut rows, began.elapsed())
     }
 
     /// Frees the single-sequence runner's sequence ([`RequestDecoder::advance`] only).
@@ -726,6 +729,7 @@ mod tests {
             stops: StopTokens::new(EOS, Some(5)),
             vocab_size: crate::decode::testing::VOCAB,
             full_logits_cheap: false,
+            draws_rows: false,
         }
     }
 

@@ -78,7 +78,7 @@ pub fn run_block(
         forwards += 1;
         let (pairs, top);
         let scores = match algorithm.scores_needed(false) {
-            ScoreKind::Logits => full_scores(logits),
+            ScoreKind::Logits | ScoreKind::Sampled => full_scores(logits),
             ScoreKind::Top1 => {
                 pairs = top1_pairs(logits);
                 StepScores::Top1(&pairs)

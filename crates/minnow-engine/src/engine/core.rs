@@ -472,12 +472,11 @@ impl Core {
                     let Some(i) = self.running.iter().position(|s| s.id == segment.id) else {
                         continue;
                     };
-                    let mut read_row =
-                        |row| runner.logits_row(index, row).map_err(|e| e.to_string());
-                    match self.running[i]
-                        .decoder
-                        .apply(output, &mut read_row, elapsed)
-                    {
+                    let mut rows = crate::decode::RunnerRows {
+                        runner: &mut *runner,
+                        segment: index,
+                    };
+                    match self.running[i].decoder.apply(output, &mut rows, elapsed) {
                         Ok(update) => self.on_update(i, update),
                         Err(error) => self.fail(i, error.into()),
                     }

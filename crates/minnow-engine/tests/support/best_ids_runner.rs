@@ -1,13 +1,15 @@
 #![allow(dead_code)] // each test file that includes this module uses a part of it
 //! A CPU runner that says its full logits are not cheap, as the GPU's are not: steps that can
 //! then read each row's best ids (`Want::TopK`) ask for those instead of full logits, as they do
-//! on the GPU. It counts which kinds of scores its forwards returned.
+//! on the GPU. Made to draw rows (`BestIdsRunner::drawing`), it answers sampling steps' device
+//! draws as the GPU does, with the host samplers. It counts which kinds of scores its forwards
+//! returned.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use minnow_model::cpu::CpuRunner;
-use minnow_model::{Config, ModelRunner, Segment, SegmentOutput, Want};
+use minnow_model::{Config, ModelRunner, RowDraw, Segment, SegmentOutput, Want};
 
 /// Forwards' segments by what they asked for.
 #[derive(Default)]
@@ -16,6 +18,8 @@ pub struct WantCounts {
     pub best_ids: AtomicUsize,
     /// Rows read in full after a forward (`logits_row`).
     pub rows: AtomicUsize,
+    /// Candidates drawn (`draw_rows`).
+    pub draws: AtomicUsize,
 }
 
 impl WantCounts {
@@ -28,11 +32,16 @@ impl WantCounts {
     pub fn rows(&self) -> usize {
         self.rows.load(Ordering::Relaxed)
     }
+    pub fn draws(&self) -> usize {
+        self.draws.load(Ordering::Relaxed)
+    }
 }
 
 pub struct BestIdsRunner {
     pub cpu: CpuRunner,
     pub counts: Arc<WantCounts>,
+    /// Whether it answers `draw_rows`.
+    pub draws: bool,
 }
 
 impl BestIdsRunner {
@@ -40,6 +49,15 @@ impl BestIdsRunner {
         Self {
             cpu,
             counts: Arc::default(),
+            draws: false,
+        }
+    }
+
+    /// The runner that also draws sampling steps' candidates.
+    pub fn drawing(cpu: CpuRunner) -> Self {
+        Self {
+            draws: true,
+            ..Self::new(cpu)
         }
     }
 }
@@ -77,5 +95,24 @@ impl ModelRunner for BestIdsRunner {
     }
     fn full_logits_cheap(&self) -> bool {
         false
+    }
+    fn draws_rows(&self) -> bool {
+        self.draws
+    }
+    fn draw_rows(
+        &mut self,
+        segment: usize,
+        draws: &[RowDraw],
+    ) -> minnow_model::Result<Vec<(u32, f32)>> {
+        assert!(self.draws, "draw_rows on a runner that says it draws none");
+        self.counts.draws.fetch_add(draws.len(), Ordering::Relaxed);
+        draws
+            .iter()
+            .map(|d| {
+                let row = self.cpu.logits_row(segment, d.row)?;
+                let c = minnow_engine::sampling::draw_on_host(d, &row);
+                Ok((c.token, c.confidence))
+            })
+            .collect()
     }
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use minnow_format::TensorSource;
-use minnow_runtime::cuda::{DeviceBuffer, Gpu, Graph, Profile};
+use minnow_runtime::cuda::{ops, DeviceBuffer, Gpu, Graph, Profile};
 
 use super::batch_layout::{BatchShape, Layout};
 use super::device_error::device_err;
@@ -20,7 +20,7 @@ use super::workspace::Workspace;
 use crate::batch::{pages_for, Segment, SegmentOutput, TopK, Want, TOP_K};
 use crate::config::Config;
 use crate::error::{ModelError, Result};
-use crate::runner::{ModelRunner, TopKRows};
+use crate::runner::{DrawRule, ModelRunner, RowDraw, TopKRows};
 
 /// Batches whose segments are all at most this long (denoising steps, commits) and whose rows
 /// total at most [`GRAPH_MAX_TOKENS`] are captured as CUDA graphs and replayed; longer ones
@@ -480,6 +480,71 @@ impl ModelRunner for CudaRunner {
 
     fn forward_batch(&mut self, segments: &[Segment<'_>]) -> Result<Vec<SegmentOutput>> {
         self.run_batch(segments, None, None)
+    }
+
+    fn draws_rows(&self) -> bool {
+        self.config.vocab_size <= ops::DRAW_MAX_VOCAB
+    }
+
+    /// One CTA per draw over the BF16 logits the forward left in the workspace, with the best
+    /// ids and top-1 pairs it computed beside them; the parameters go up and the pairs come back
+    /// in one copy each.
+    fn draw_rows(&mut self, segment: usize, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
+        if draws.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self.topk_rows.total();
+        let mut params = Vec::with_capacity(draws.len() * ops::DRAW_PARAM_WORDS);
+        for d in draws {
+            let at = self.topk_rows.index(segment, d.row)?;
+            let rule = match d.rule {
+                DrawRule::Official => ops::DrawRuleCode::Official,
+                DrawRule::Port => ops::DrawRuleCode::Port,
+            };
+            let top_k = u32::try_from(d.top_k).unwrap_or(u32::MAX);
+            params.extend(ops::draw_params(
+                at as u32,
+                rule,
+                top_k,
+                d.temperature,
+                d.top_p,
+                d.uniform,
+            ));
+        }
+        let ws = &self.workspace;
+        if draws.len() > ws.draw_out.len() / 2 {
+            return Err(ModelError::InvalidInput(format!(
+                "{} draws from a forward of {rows} wanted rows",
+                draws.len()
+            )));
+        }
+        let v = self.config.vocab_size;
+        let k = TOP_K.min(v);
+        self.gpu.bind().map_err(device_err)?;
+        self.gpu
+            .write(&ws.draw_params, 0, &params)
+            .map_err(device_err)?;
+        ops::draw_rows(
+            &self.gpu,
+            ws.logits_bf16.ptr(),
+            ws.best.ptr_at(rows * k),
+            k,
+            ws.top.ptr(),
+            ws.top.ptr_at(rows),
+            ws.draw_params.ptr(),
+            ws.draw_out.ptr(),
+            draws.len(),
+            v,
+        )
+        .map_err(device_err)?;
+        let mut out = vec![0u32; 2 * draws.len()];
+        self.gpu
+            .read(&ws.draw_out, 0, &mut out)
+            .map_err(device_err)?;
+        Ok(out
+            .chunks_exact(2)
+            .map(|pair| (pair[0], f32::from_bits(pair[1])))
+            .collect())
     }
 
     /// Read from the BF16 logits the forward left in the workspace (the values its best ids

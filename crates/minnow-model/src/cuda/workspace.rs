@@ -70,6 +70,10 @@ pub(crate) struct Workspace {
     /// The wanted rows' best ids (`[rows, TOP_K]`) then their logits as F32 bits (the same
     /// shape after them): read back in one copy.
     pub best: DeviceBuffer<u32>,
+    /// Device draws of sampled candidates (`ops::draw_rows`): at most one per wanted row, their
+    /// parameters and their (token, confidence bits) pairs.
+    pub draw_params: DeviceBuffer<u32>,
+    pub draw_out: DeviceBuffer<u32>,
 }
 
 impl Workspace {
@@ -189,6 +193,8 @@ impl Workspace {
             top: gpu.alloc(2 * r)?,
             top_scratch: gpu.alloc(r * ops::TOP1_SLICES * 3)?,
             best: gpu.alloc(2 * r * TOP_K.min(c.vocab_size))?,
+            draw_params: gpu.alloc(r * ops::DRAW_PARAM_WORDS)?,
+            draw_out: gpu.alloc(2 * r)?,
         })
     }
 }

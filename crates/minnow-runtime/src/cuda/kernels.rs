@@ -486,4 +486,18 @@ kernel_table! {
         dense_gemm_m128,
         dense_gemm_any as DenseGemm (x: u64, w: u64, y: u64, m: i32, n: i32, k: i32);
     }
+    /// `kernels/sample.cu`.
+    sample (max_dynamic_shared: 0) {
+        /// One CTA per draw.
+        draw_rows(
+            logits: u64,
+            best_values: u64,
+            best_k: i32,
+            top_token: u64,
+            top_conf: u64,
+            params: u64,
+            out: u64,
+            vocab: i32,
+        );
+    }
 }

@@ -5,7 +5,7 @@
 //! combine, top-1), `attention` (RoPE and attention), `routing` (router logits and expert
 //! choice), `expert_gemm` (dispatch and the grouped expert GEMMs), `expert_wgmma` (the
 //! grouped expert GEMM on Hopper's wgmma), `pool_gemm` (a denoising
-//! step's pooled experts) and `dense_gemm`.
+//! step's pooled experts), `dense_gemm` and `sample` (sampled candidates drawn from logits rows).
 
 mod attention;
 mod dense_gemm;
@@ -14,6 +14,7 @@ mod expert_gemm;
 mod expert_wgmma;
 mod pool_gemm;
 mod routing;
+mod sample;
 mod unsupported;
 
 pub use attention::*;
@@ -23,3 +24,4 @@ pub use expert_gemm::*;
 pub use expert_wgmma::*;
 pub use pool_gemm::*;
 pub use routing::*;
+pub use sample::*;

@@ -1,0 +1,86 @@
+//! Sampled candidates drawn on the device from a forward's BF16 logits rows (`kernels/sample.cu`).
+
+use super::unsupported::unsupported;
+use crate::cuda::error::CudaResult;
+use crate::cuda::gpu::Gpu;
+use crate::cuda::kernels;
+use crate::cuda::launch::LaunchConfig;
+
+/// Largest vocabulary [`draw_rows`] takes (the kernel's block sums live in shared memory).
+pub const DRAW_MAX_VOCAB: usize = 1024 * 256;
+
+/// Words of one draw's parameters as the kernel reads them (`DrawParams`, 32 bytes).
+pub const DRAW_PARAM_WORDS: usize = 8;
+
+/// Which sampling rule a draw follows (the kernel's `rule`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrawRuleCode {
+    /// LLaDA2.0/2.1: tempered logits, filters, confidence in the filtered distribution.
+    Official = 0,
+    /// LLaDA2.2: tempered weights, filters, confidence under the untempered softmax.
+    Port = 1,
+}
+
+/// One draw's parameters, laid out as the kernel's `DrawParams`.
+#[allow(clippy::too_many_arguments)]
+pub fn draw_params(
+    row: u32,
+    rule: DrawRuleCode,
+    top_k: u32,
+    temperature: f32,
+    top_p: f32,
+    uniform: f64,
+) -> [u32; DRAW_PARAM_WORDS] {
+    let u = uniform.to_bits();
+    [
+        row,
+        rule as u32,
+        top_k,
+        temperature.to_bits(),
+        top_p.to_bits(),
+        0,
+        u as u32,
+        (u >> 32) as u32,
+    ]
+}
+
+/// Draws one candidate per entry of `params` (`draws` entries of [`DRAW_PARAM_WORDS`] words,
+/// [`draw_params`]) from the BF16 logits rows `[rows, vocab]` at `logits`: `out[2 i]` gets the
+/// token, `out[2 i + 1]` its confidence (F32 bits). `best_values` are the rows' best logits
+/// (`best_k` per row, largest first), `top_token` / `top_conf` their argmax and its probability,
+/// as the forward's top-k kernels left them. One CTA per draw.
+#[allow(clippy::too_many_arguments)]
+pub fn draw_rows(
+    gpu: &Gpu,
+    logits: u64,
+    best_values: u64,
+    best_k: usize,
+    top_token: u64,
+    top_conf: u64,
+    params: u64,
+    out: u64,
+    draws: usize,
+    vocab: usize,
+) -> CudaResult<()> {
+    if vocab == 0 || vocab > DRAW_MAX_VOCAB || best_k == 0 {
+        return unsupported(format!(
+            "device draws over rows of {vocab} logits (1 to {DRAW_MAX_VOCAB}) with {best_k} best ids"
+        ));
+    }
+    if draws == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig::new((draws as u32, 1, 1), 1024, 0);
+    kernels::sample::draw_rows(
+        gpu,
+        cfg,
+        logits,
+        best_values,
+        best_k as i32,
+        top_token,
+        top_conf,
+        params,
+        out,
+        vocab as i32,
+    )
+}
