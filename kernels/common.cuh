@@ -41,6 +41,24 @@ __device__ __forceinline__ unsigned bf16_order_key(unsigned bits) {
     return (bits & 0x8000u) ? (~bits & 0xffffu) : (bits | 0x8000u);
 }
 
+// The 8 BF16 logits (bits) at ids 8v .. 8v + 7 of a row of `vocab` ids; ids past the row read as
+// NaN (order key 0). One 16-byte load where vocab % 8 == 0 (rows then start 16-byte aligned).
+__device__ __forceinline__ void bf16_bits8(const unsigned short* row, int vocab, int v, unsigned (&bits)[8]) {
+    const int id0 = 8 * v;
+    if ((vocab & 7) == 0 && id0 + 8 <= vocab) {
+        const uint4 q = *reinterpret_cast<const uint4*>(row + id0);
+        const unsigned w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            bits[2 * e] = w[e] & 0xffffu;
+            bits[2 * e + 1] = w[e] >> 16;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) bits[e] = id0 + e < vocab ? (unsigned)row[id0 + e] : 0x7fc0u;
+    }
+}
+
 // hist[bin] += 1 for every lane of the warp that counts (all 32 lanes call it, bin < 256): one
 // shared atomic per distinct bin of the warp, since logits crowd into a few bins of their keys.
 __device__ __forceinline__ void hist_count(unsigned* hist, unsigned bin, bool counts, int lane) {

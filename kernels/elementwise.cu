@@ -347,14 +347,20 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const bf16*
     __shared__ unsigned warp_n[TOPK_THREADS / 32];
     const unsigned short* row = reinterpret_cast<const unsigned short*>(logits) + (size_t)blockIdx.x * vocab;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    // Thread tid reads ids 8v .. 8v + 7 for v = tid, tid + blockDim, ...: one 16-byte load each.
+    const int vecs = (vocab + 7) / 8;
 
     // Level 1: the high byte of the k-th key, and how many ids of that high byte it still needs.
     for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
     __syncthreads();
-    for (int base = 0; base < vocab; base += blockDim.x) {
-        const int c = base + tid;
-        const bool in = c < vocab;
-        hist_count(hist, in ? bf16_order_key(row[c]) >> 8 : 0u, in, lane);
+    for (int v0 = 0; v0 < vecs; v0 += blockDim.x) {
+        unsigned bits[8];
+        bf16_bits8(row, vocab, v0 + tid, bits);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const bool in = 8 * (v0 + tid) + e < vocab;
+            hist_count(hist, in ? bf16_order_key(bits[e]) >> 8 : 0u, in, lane);
+        }
     }
     __syncthreads();
     if (tid == 0) {
@@ -369,10 +375,15 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const bf16*
     // Level 2: the low byte among the keys of that high byte.
     for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
     __syncthreads();
-    for (int base = 0; base < vocab; base += blockDim.x) {
-        const int c = base + tid;
-        const unsigned key = c < vocab ? bf16_order_key(row[c]) : 0u;
-        hist_count(hist, key & 0xffu, c < vocab && (key & 0xff00u) == high, lane);
+    for (int v0 = 0; v0 < vecs; v0 += blockDim.x) {
+        unsigned bits[8];
+        bf16_bits8(row, vocab, v0 + tid, bits);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const bool in = 8 * (v0 + tid) + e < vocab;
+            const unsigned key = in ? bf16_order_key(bits[e]) : 0u;
+            hist_count(hist, key & 0xffu, in && (key & 0xff00u) == high, lane);
+        }
     }
     __syncthreads();
     if (tid == 0) {
@@ -387,30 +398,52 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const bf16*
     const unsigned kth = sel_key, ties = sel_need, above = (unsigned)k - ties;
 
     // The ids above the k-th key (exactly `above` of them), in any order: ranked below.
-    for (int c = tid; c < vocab; c += blockDim.x) {
-        const unsigned key = bf16_order_key(row[c]);
-        if (key > kth) {
-            const unsigned at = atomicAdd(&above_n, 1u);
-            cand_id[at] = (unsigned)c;
-            cand_key[at] = key;
+    for (int v = tid; v < vecs; v += blockDim.x) {
+        unsigned bits[8];
+        bf16_bits8(row, vocab, v, bits);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const unsigned key = bf16_order_key(bits[e]);
+            if (8 * v + e < vocab && key > kth) {
+                const unsigned at = atomicAdd(&above_n, 1u);
+                cand_id[at] = (unsigned)(8 * v + e);
+                cand_key[at] = key;
+            }
         }
     }
-    // The `ties` lowest ids of the k-th key: the row in id order, one CTA-wide chunk at a time.
+    // The `ties` lowest ids of the k-th key: the row in id order, one CTA-wide chunk of
+    // 8 x blockDim ids at a time (thread tid holds ids 8 (v0 + tid) ..).
     unsigned taken = 0u;  // the same in every thread
-    for (int base = 0; base < vocab && taken < ties; base += blockDim.x) {
-        const int c = base + tid;
-        const bool hit = c < vocab && bf16_order_key(row[c]) == kth;
-        const unsigned ballot = __ballot_sync(0xffffffffu, hit);
-        if (lane == 0) warp_n[warp] = __popc(ballot);
+    for (int v0 = 0; v0 < vecs && taken < ties; v0 += blockDim.x) {
+        const int v = v0 + tid;
+        unsigned bits[8], hits = 0u;
+        bf16_bits8(row, vocab, v, bits);
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            if (8 * v + e < vocab && bf16_order_key(bits[e]) == kth) hits |= 1u << e;
+        const unsigned n = (unsigned)__popc(hits);
+        unsigned inclusive = n;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned t = __shfl_up_sync(0xffffffffu, inclusive, o);
+            if (lane >= o) inclusive += t;
+        }
+        if (lane == 31) warp_n[warp] = inclusive;
         __syncthreads();
-        unsigned at = taken + __popc(ballot & ((1u << lane) - 1u)), chunk = 0u;
+        unsigned at = taken + inclusive - n, chunk = 0u;
         for (int w = 0; w < warps; ++w) {
             if (w < warp) at += warp_n[w];
             chunk += warp_n[w];
         }
-        if (hit && at < ties) {
-            cand_id[above + at] = (unsigned)c;
-            cand_key[above + at] = kth;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            if ((hits >> e) & 1u) {
+                if (at < ties) {
+                    cand_id[above + at] = (unsigned)(8 * v + e);
+                    cand_key[above + at] = kth;
+                }
+                ++at;
+            }
         }
         __syncthreads();  // warp_n is rewritten by the next chunk
         taken += chunk;

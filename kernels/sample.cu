@@ -64,19 +64,7 @@ __device__ __forceinline__ bool draw_kept(const DrawRow& r, int id, unsigned key
 // The 8 logits (bits) of lane `lane` in block `b`: ids b * 256 + lane * 8 + e; ids past the row
 // read as NaN (key 0: never counted, never kept).
 __device__ __forceinline__ void lane_bits(const DrawRow& r, int b, int lane, unsigned (&bits)[8]) {
-    const int id0 = b * DRAW_BLOCK + lane * 8;
-    if ((r.vocab & 7) == 0 && id0 + 8 <= r.vocab) {
-        const uint4 v = *reinterpret_cast<const uint4*>(r.x + id0);
-        const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            bits[2 * e] = w[e] & 0xffffu;
-            bits[2 * e + 1] = w[e] >> 16;
-        }
-    } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) bits[e] = id0 + e < r.vocab ? (unsigned)r.x[id0 + e] : 0x7fc0u;
-    }
+    bf16_bits8(r.x, r.vocab, b * (DRAW_BLOCK / 8) + lane, bits);
 }
 
 __device__ __forceinline__ u64 warp_sum_u64(u64 v) {
@@ -85,18 +73,14 @@ __device__ __forceinline__ u64 warp_sum_u64(u64 v) {
     return v;
 }
 
-// hist[bin] += q for every lane of the warp with a nonzero q (all 32 lanes call it): one shared
-// atomic per distinct bin of the warp.
+// hist[bin] += q for every lane of the warp with a nonzero q (all 32 lanes call it): the lanes of
+// one bin add their weights in the warp (q < 2^45: its low 22 and high 23 bits each sum over 32
+// lanes within 32 bits), and one of them adds the sum to the shared bin.
 __device__ __forceinline__ void hist_mass(u64* hist, unsigned bin, u64 q, int lane) {
-    unsigned pending = __ballot_sync(0xffffffffu, q != 0);
-    while (pending) {
-        const int leader = __ffs(pending) - 1;
-        const unsigned lead_bin = __shfl_sync(0xffffffffu, bin, leader);
-        const bool mine = ((pending >> lane) & 1u) && bin == lead_bin;
-        const u64 sum = warp_sum_u64(mine ? q : 0ull);
-        if (lane == leader) atomicAdd(&hist[lead_bin], sum);
-        pending &= ~__ballot_sync(0xffffffffu, mine);
-    }
+    const unsigned peers = __match_any_sync(0xffffffffu, q ? bin : 0x100u);
+    const unsigned lo = __reduce_add_sync(peers, (unsigned)(q & 0x3fffffull));
+    const unsigned hi = __reduce_add_sync(peers, (unsigned)(q >> 22));
+    if (q && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], ((u64)hi << 22) + lo);
 }
 
 // The first bin, from 255 down, at which the running sum of hist passes `target` (sum > target);
@@ -136,14 +120,21 @@ template <class Value>
 __device__ __forceinline__ void block_sums(const DrawRow& r, u64* sums, Value value) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __syncthreads();
-    for (int b = warp; b < r.blocks; b += DRAW_WARPS) {
-        unsigned bits[8];
-        lane_bits(r, b, lane, bits);
-        u64 s = 0;
+    // Two blocks per warp and round, both loads issued before either is summed.
+    for (int b = warp; b < r.blocks; b += 2 * DRAW_WARPS) {
+        const int b2 = b + DRAW_WARPS;
+        unsigned bits[2][8];
+        lane_bits(r, b, lane, bits[0]);
+        lane_bits(r, b2 < r.blocks ? b2 : r.blocks, lane, bits[1]);  // past the row: NaN
 #pragma unroll
-        for (int e = 0; e < 8; ++e) s += value(b * DRAW_BLOCK + lane * 8 + e, bits[e]);
-        s = warp_sum_u64(s);
-        if (lane == 0) sums[b] = s;
+        for (int h = 0; h < 2; ++h) {
+            const int block = h ? b2 : b;
+            u64 s = 0;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s += value(block * DRAW_BLOCK + lane * 8 + e, bits[h][e]);
+            s = warp_sum_u64(s);
+            if (lane == 0 && block < r.blocks) sums[block] = s;
+        }
     }
     __syncthreads();
 }
@@ -205,15 +196,21 @@ __device__ __forceinline__ int walk_past(const DrawRow& r, const u64* sums, u64 
 }
 
 // One CTA of DRAW_THREADS per draw. `logits` are the forward's BF16 rows [rows, vocab]; each
-// row's largest logit is the first of its best ids (`best_values[row * best_k]`) and its argmax
-// token and probability are what the top-1 kernels wrote (`top_token`, `top_conf`). Writes
-// out[2 i] = the token, out[2 i + 1] = its confidence (F32 bits): under the official rule the
-// drawn id's probability in the filtered distribution, under the port rule its probability
-// under the whole row's untempered softmax, exp(x - xmax) times the argmax's probability (as a
-// greedy 2.2 step computes a replacement's).
+// row's best ids (`best_k` per row: ids and logits, in the order "larger logit first, lower id
+// first") and its argmax token and probability are what the forward's top-k kernels wrote beside
+// them (`best_ids`, `best_values`, `top_token`, `top_conf`). Writes out[2 i] = the token,
+// out[2 i + 1] = its confidence (F32 bits): under the official rule the drawn id's probability in
+// the filtered distribution, under the port rule its probability under the whole row's
+// untempered softmax, exp(x - xmax) times the argmax's probability (as a greedy 2.2 step computes
+// a replacement's).
+//
+// Passes over the row: one for the draw's block sums; with top-p one more for the kept mass,
+// whose crossing is usually among the best ids (a trained model's nucleus is short) and is found
+// by mass histograms (two more passes) only where it is not; with a top-k beyond the best ids,
+// two counting passes.
 extern "C" __global__ void __launch_bounds__(DRAW_THREADS) draw_rows(
-    const bf16* __restrict__ logits, const float* __restrict__ best_values, int best_k,
-    const unsigned* __restrict__ top_token, const float* __restrict__ top_conf,
+    const bf16* __restrict__ logits, const unsigned* __restrict__ best_ids, const float* __restrict__ best_values,
+    int best_k, const unsigned* __restrict__ top_token, const float* __restrict__ top_conf,
     const DrawParams* __restrict__ params, unsigned* __restrict__ out, int vocab) {
     pdl_enter();
     __shared__ u64 sums[DRAW_MAX_BLOCKS];
@@ -225,6 +222,8 @@ extern "C" __global__ void __launch_bounds__(DRAW_THREADS) draw_rows(
     __shared__ bool shared_found;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const DrawParams p = params[blockIdx.x];
+    const unsigned* best_id = best_ids + (size_t)p.row * best_k;
+    const float* best_x = best_values + (size_t)p.row * best_k;
 
     DrawRow r;
     r.x = reinterpret_cast<const unsigned short*>(logits) + (size_t)p.row * vocab;
@@ -232,15 +231,20 @@ extern "C" __global__ void __launch_bounds__(DRAW_THREADS) draw_rows(
     r.blocks = (vocab + DRAW_BLOCK - 1) / DRAW_BLOCK;
     r.rule = p.rule;
     r.t = p.temperature > 0.f ? p.temperature : 1.f;
-    r.xmax = best_values[(size_t)p.row * best_k];
+    r.xmax = best_x[0];
     r.zmax = r.t != 1.f ? r.xmax / r.t : r.xmax;
     r.key_lo = 1u;  // every number; NaN (key 0) is never kept
     r.key_p = 0u;
     r.cut = vocab;
+    // The order key of a best id's logit (an exact BF16 value in F32).
+    auto best_key = [&](int i) { return bf16_order_key(__float_as_uint(best_x[i]) >> 16); };
 
-    // Top-k: the k-th largest key, by a two-level radix select over the 16-bit keys (ties at it
-    // survive). The same for both rules: tempering keeps the order of BF16 values.
-    if (p.top_k > 0 && p.top_k < (unsigned)vocab) {
+    // Top-k: the k-th largest key (ties at it survive). The same for both rules: tempering keeps
+    // the order of BF16 values. Read off the best ids when they reach that far, else a two-level
+    // radix select over the 16-bit keys.
+    if (p.top_k > 0 && p.top_k < (unsigned)vocab && p.top_k <= (unsigned)best_k) {
+        r.key_lo = max(best_key((int)p.top_k - 1), 1u);
+    } else if (p.top_k > 0 && p.top_k < (unsigned)vocab) {
         unsigned need = p.top_k, high = 0u;
         for (int level = 0; level < 2; ++level) {
             for (int i = tid; i < 256; i += DRAW_THREADS) counts[i] = 0u;
@@ -252,7 +256,8 @@ extern "C" __global__ void __launch_bounds__(DRAW_THREADS) draw_rows(
                 for (int e = 0; e < 8; ++e) {
                     const unsigned key = bf16_order_key(bits[e]);
                     const bool in = key != 0u && (level == 0 || (key & 0xff00u) == high);
-                    hist_count(counts, level == 0 ? key >> 8 : key & 0xffu, in, lane);
+                    // The second level counts one high byte's ids: most warps have none.
+                    if (__any_sync(0xffffffffu, in)) hist_count(counts, level == 0 ? key >> 8 : key & 0xffu, in, lane);
                 }
             }
             __syncthreads();
@@ -273,79 +278,119 @@ extern "C" __global__ void __launch_bounds__(DRAW_THREADS) draw_rows(
     }
 
     // Top-p: the shortest prefix of the kept ids in the order "larger logit first, lower id first"
-    // whose mass passes top_p of theirs (the crossing id kept). Found as a key (two levels of mass
-    // histograms) and, where the crossing falls among equal logits, the id of the last one kept.
+    // whose mass passes top_p of theirs (the crossing id kept): every id above the crossing key,
+    // and the ids of that key up to the crossing's.
     if (p.top_p >= 0.f && p.top_p < 1.f) {
-        unsigned high = 0u;
-        bool found = true;
-        for (int level = 0; level < 2 && found; ++level) {
-            for (int i = tid; i < 256; i += DRAW_THREADS) {
-                hist[i] = 0ull;
-                counts[i] = 0u;
-            }
-            __syncthreads();
-            for (int b = warp; b < r.blocks; b += DRAW_WARPS) {
-                unsigned bits[8];
-                lane_bits(r, b, lane, bits);
+        auto kept_k = [&](int, unsigned bits) -> u64 {
+            const unsigned key = bf16_order_key(bits);
+            return key >= r.key_lo ? fixed_weight(draw_weight(r, bits_f32(bits))) : 0ull;
+        };
+        block_sums(r, sums, kept_k);
+        if (warp == 0) {
+            u64 total = 0;
+            for (int b = lane; b < r.blocks; b += 32) total += sums[b];
+            total = warp_sum_u64(total);
+            const u64 threshold = (u64)((double)p.top_p * (double)total);
+            // The best ids are a prefix of the order: the crossing is the first of them whose
+            // running mass passes the threshold, if one does (lane l holds entries 2l, 2l + 1).
+            u64 q[2], mine = 0;
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    const unsigned key = bf16_order_key(bits[e]);
-                    const bool in = key >= r.key_lo && (level == 0 || (key & 0xff00u) == high);
-                    const unsigned bin = level == 0 ? key >> 8 : key & 0xffu;
-                    hist_mass(hist, bin, in ? fixed_weight(draw_weight(r, bits_f32(bits[e]))) : 0ull, lane);
-                    if (level == 1) hist_count(counts, bin, in, lane);
+            for (int h = 0; h < 2; ++h) {
+                const int i = 2 * lane + h;
+                const unsigned key = i < best_k ? best_key(i) : 0u;
+                q[h] = key >= r.key_lo ? fixed_weight(draw_weight(r, best_x[i])) : 0ull;
+                mine += q[h];
+            }
+            u64 inclusive = mine;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const u64 n = __shfl_up_sync(0xffffffffu, inclusive, o);
+                if (lane >= o) inclusive += n;
+            }
+            const unsigned past = __ballot_sync(0xffffffffu, inclusive > threshold);
+            if (lane == 0) {
+                shared_threshold = threshold;
+                shared_found = past != 0u;
+            }
+            if (past) {
+                const int at = __ffs(past) - 1;
+                if (lane == at) {
+                    const int i = inclusive - q[1] > threshold ? 2 * lane : 2 * lane + 1;
+                    shared_key = best_key(i);
+                    shared_cut = (int)best_id[i];
                 }
             }
-            __syncthreads();
-            if (warp == 0) {
-                if (level == 0) {
-                    // The mass to pass: top_p of the kept ids' total.
-                    u64 total = 0;
-                    for (int e = 0; e < 8; ++e) total += hist[255 - 8 * lane - e];
-                    total = warp_sum_u64(total);
-                    if (lane == 0) {
-                        shared_threshold = (u64)((double)p.top_p * (double)total);
-                        shared_total = 0ull;
-                    }
-                    __syncwarp();
-                }
-                const u64 threshold = shared_threshold, above = shared_total;
-                u64 before = 0;
-                const int bin = first_bin_past(hist, threshold - above, &before, lane);
-                if (lane == 0) {
-                    // No bin passes only where rounding left the threshold at the total: all
-                    // the ids stay.
-                    shared_found = bin <= 255;
-                    shared_key = level == 0 ? (unsigned)bin << 8 : high | (unsigned)bin;
-                    shared_total = above + before;
-                    if (level == 1 && bin <= 255) {
-                        // The crossing is among the ids of this key (all of one weight q): the
-                        // first j of them in id order are kept.
-                        const u64 q = fixed_weight(draw_weight(r, bits_f32(key_bits(shared_key))));
-                        const u64 j = q ? (threshold - shared_total) / q + 1 : (u64)counts[bin];
-                        shared_cut = j < (u64)counts[bin] ? (int)j : -1;
-                    }
-                }
-            }
-            __syncthreads();
-            found = shared_found;
-            high = shared_key;
         }
-        if (found) {
-            const unsigned key_p = shared_key;
-            const int j = shared_cut;
-            if (j > 0) {
-                // The id of the j-th id whose key is key_p, in id order.
-                auto tie = [&](int, unsigned bits) -> u64 { return bf16_order_key(bits) == key_p ? 1ull : 0ull; };
-                block_sums(r, sums, tie);
-                if (warp == 0) {
-                    const int id = walk_past(r, sums, (u64)(j - 1), tie, lane);
-                    if (lane == 0) shared_cut = id < 0 ? vocab : id;
+        __syncthreads();
+        if (shared_found) {
+            r.key_p = shared_key;
+            r.cut = shared_cut;
+        } else {
+            // A long nucleus: the crossing key by two levels of mass histograms, then the id of
+            // the last kept one of its ids.
+            const u64 threshold = shared_threshold;
+            unsigned high = 0u;
+            bool found = true;
+            if (tid == 0) shared_total = 0ull;
+            for (int level = 0; level < 2 && found; ++level) {
+                for (int i = tid; i < 256; i += DRAW_THREADS) {
+                    hist[i] = 0ull;
+                    counts[i] = 0u;
                 }
                 __syncthreads();
-                r.cut = shared_cut;
+                for (int b = warp; b < r.blocks; b += DRAW_WARPS) {
+                    unsigned bits[8];
+                    lane_bits(r, b, lane, bits);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        const unsigned key = bf16_order_key(bits[e]);
+                        const bool in = key >= r.key_lo && (level == 0 || (key & 0xff00u) == high);
+                        const unsigned bin = level == 0 ? key >> 8 : key & 0xffu;
+                        if (!__any_sync(0xffffffffu, in)) continue;  // the warp has none here
+                        hist_mass(hist, bin, in ? fixed_weight(draw_weight(r, bits_f32(bits[e]))) : 0ull, lane);
+                        if (level == 1) hist_count(counts, bin, in, lane);
+                    }
+                }
+                __syncthreads();
+                if (warp == 0) {
+                    const u64 above = shared_total;
+                    u64 before = 0;
+                    const int bin = first_bin_past(hist, threshold - above, &before, lane);
+                    if (lane == 0) {
+                        // No bin passes only where rounding left the threshold at the total:
+                        // all the ids stay.
+                        shared_found = bin <= 255;
+                        shared_key = level == 0 ? (unsigned)bin << 8 : high | (unsigned)bin;
+                        shared_total = above + before;
+                        if (level == 1 && bin <= 255) {
+                            // The crossing is among the ids of this key (all of one weight q):
+                            // the first j of them in id order are kept.
+                            const u64 w = fixed_weight(draw_weight(r, bits_f32(key_bits(shared_key))));
+                            const u64 j = w ? (threshold - shared_total) / w + 1 : (u64)counts[bin];
+                            shared_cut = j < (u64)counts[bin] ? (int)j : -1;
+                        }
+                    }
+                }
+                __syncthreads();
+                found = shared_found;
+                high = shared_key;
             }
-            r.key_p = key_p;
+            if (found) {
+                const unsigned key_p = shared_key;
+                const int j = shared_cut;
+                if (j > 0) {
+                    // The id of the j-th id whose key is key_p, in id order.
+                    auto tie = [&](int, unsigned bits) -> u64 { return bf16_order_key(bits) == key_p ? 1ull : 0ull; };
+                    block_sums(r, sums, tie);
+                    if (warp == 0) {
+                        const int id = walk_past(r, sums, (u64)(j - 1), tie, lane);
+                        if (lane == 0) shared_cut = id < 0 ? vocab : id;
+                    }
+                    __syncthreads();
+                    r.cut = shared_cut;
+                }
+                r.key_p = key_p;
+            }
         }
     }
 

@@ -46,7 +46,9 @@ template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int widt
 template <class T> T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32);
 template <class T> T __shfl_sync(unsigned mask, T v, int src, int width = 32);
 template <class T> unsigned __match_any_sync(unsigned mask, T v);
+unsigned __reduce_add_sync(unsigned mask, unsigned v);
 unsigned __ballot_sync(unsigned mask, int predicate);
+int __any_sync(unsigned mask, int predicate);
 int __popc(unsigned x);
 int __ffs(int x);
 unsigned __byte_perm(unsigned x, unsigned y, unsigned s);

@@ -633,22 +633,48 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let block = ids(32, prefix as u64 + 1);
         let bytes = refinement_bytes(&config, prefix, 32, o.expert_bytes_per_weight());
         let floor = bytes / bw;
-        for (label, graphs, top1) in [
-            ("graph, top-1 on GPU", true, true),
-            ("no graph, top-1 on GPU", false, true),
-            ("graph, F32 logits to host", true, false),
+        // A sampling step's reads: every row's F32 logits to the host (where it samples), or
+        // each row's best ids and a candidate drawn on the GPU per row (temperature 0.8, top-p
+        // 0.95: the widest of the draws' passes but a top-k's).
+        let draws: Vec<minnow_model::RowDraw> = (0..32)
+            .map(|row| minnow_model::RowDraw {
+                row,
+                rule: minnow_model::DrawRule::Official,
+                temperature: 0.8,
+                top_k: 0,
+                top_p: 0.95,
+                uniform: (row as f64 + 0.5) / 32.0,
+            })
+            .collect();
+        for (label, graphs, reads) in [
+            ("graph, top-1 on GPU", true, Reads::Top1),
+            ("no graph, top-1 on GPU", false, Reads::Top1),
+            ("graph, F32 logits to host", true, Reads::Logits),
+            ("graph, best ids", true, Reads::BestIds),
+            ("graph, best ids + 32 draws on GPU", true, Reads::Drawn),
         ] {
             runner.runner_mut().set_graphs(graphs);
             let mut times = vec![];
             for rep in 0..o.reps + 3 {
                 runner.truncate_sequence(seq, prefix).map_err(err)?;
                 let start = Instant::now();
-                if top1 {
-                    runner
-                        .forward_top1(seq, &block, LogitsRows::All)
-                        .map_err(err)?;
-                } else {
-                    runner.forward(seq, &block, LogitsRows::All).map_err(err)?;
+                match reads {
+                    Reads::Top1 => {
+                        runner
+                            .forward_top1(seq, &block, LogitsRows::All)
+                            .map_err(err)?;
+                    }
+                    Reads::Logits => {
+                        runner.forward(seq, &block, LogitsRows::All).map_err(err)?;
+                    }
+                    Reads::BestIds | Reads::Drawn => {
+                        runner
+                            .forward_one(seq, &block, Want::TopK(0..32))
+                            .map_err(err)?;
+                        if matches!(reads, Reads::Drawn) {
+                            runner.runner_mut().draw_rows(0, &draws).map_err(err)?;
+                        }
+                    }
                 }
                 if rep >= 3 {
                     times.push(start.elapsed().as_secs_f64());
@@ -773,4 +799,13 @@ mod tests {
         assert_eq!(flash.num_experts, mini.num_experts);
         assert_eq!(flash.expert_capacity, Some(48));
     }
+}
+
+/// What a timed refinement forward reads back.
+#[derive(Clone, Copy)]
+enum Reads {
+    Top1,
+    Logits,
+    BestIds,
+    Drawn,
 }

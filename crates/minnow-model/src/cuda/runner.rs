@@ -527,6 +527,7 @@ impl ModelRunner for CudaRunner {
         ops::draw_rows(
             &self.gpu,
             ws.logits_bf16.ptr(),
+            ws.best.ptr(),
             ws.best.ptr_at(rows * k),
             k,
             ws.top.ptr(),

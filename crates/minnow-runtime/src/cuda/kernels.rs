@@ -491,6 +491,7 @@ kernel_table! {
         /// One CTA per draw.
         draw_rows(
             logits: u64,
+            best_ids: u64,
             best_values: u64,
             best_k: i32,
             top_token: u64,

@@ -128,6 +128,7 @@ mod tests {
             kernels::pool_gemm::PARAMS,
             kernels::expert_wgmma::PARAMS,
             kernels::moe::PARAMS,
+            kernels::sample::PARAMS,
         ];
         assert_eq!(families.len(), MODULES.len());
         for (module, families) in MODULES.iter().zip(families) {

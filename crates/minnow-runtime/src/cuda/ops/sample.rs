@@ -22,7 +22,6 @@ pub enum DrawRuleCode {
 }
 
 /// One draw's parameters, laid out as the kernel's `DrawParams`.
-#[allow(clippy::too_many_arguments)]
 pub fn draw_params(
     row: u32,
     rule: DrawRuleCode,
@@ -46,13 +45,15 @@ pub fn draw_params(
 
 /// Draws one candidate per entry of `params` (`draws` entries of [`DRAW_PARAM_WORDS`] words,
 /// [`draw_params`]) from the BF16 logits rows `[rows, vocab]` at `logits`: `out[2 i]` gets the
-/// token, `out[2 i + 1]` its confidence (F32 bits). `best_values` are the rows' best logits
-/// (`best_k` per row, largest first), `top_token` / `top_conf` their argmax and its probability,
-/// as the forward's top-k kernels left them. One CTA per draw.
+/// token, `out[2 i + 1]` its confidence (F32 bits). `best_ids` / `best_values` are the rows' best
+/// ids and their logits (`best_k` per row, in [`topk_rows`](super::topk_rows)'s order),
+/// `top_token` / `top_conf` their argmax and its probability, as the forward's top-k kernels left
+/// them. One CTA per draw.
 #[allow(clippy::too_many_arguments)]
 pub fn draw_rows(
     gpu: &Gpu,
     logits: u64,
+    best_ids: u64,
     best_values: u64,
     best_k: usize,
     top_token: u64,
@@ -75,6 +76,7 @@ pub fn draw_rows(
         gpu,
         cfg,
         logits,
+        best_ids,
         best_values,
         best_k as i32,
         top_token,
