@@ -634,24 +634,37 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let bytes = refinement_bytes(&config, prefix, 32, o.expert_bytes_per_weight());
         let floor = bytes / bw;
         // A sampling step's reads: every row's F32 logits to the host (where it samples), or
-        // each row's best ids and a candidate drawn on the GPU per row (temperature 0.8, top-p
-        // 0.95: the widest of the draws' passes but a top-k's).
-        let draws: Vec<minnow_model::RowDraw> = (0..32)
-            .map(|row| minnow_model::RowDraw {
-                row,
-                rule: minnow_model::DrawRule::Official,
-                temperature: 0.8,
-                top_k: 0,
-                top_p: 0.95,
-                uniform: (row as f64 + 0.5) / 32.0,
-            })
-            .collect();
+        // each row's best ids and a candidate drawn on the GPU per row (temperature 0.8, with and
+        // without top-p 0.95; these random-weight rows are flat, so top-p takes the draw
+        // kernel's long-nucleus passes).
+        let draws = |top_p: f32| -> Vec<minnow_model::RowDraw> {
+            (0..32)
+                .map(|row| minnow_model::RowDraw {
+                    row,
+                    rule: minnow_model::DrawRule::Official,
+                    temperature: 0.8,
+                    top_k: 0,
+                    top_p,
+                    uniform: (row as f64 + 0.5) / 32.0,
+                })
+                .collect()
+        };
+        let (plain_draws, nucleus_draws) = (draws(1.0), draws(0.95));
         for (label, graphs, reads) in [
             ("graph, top-1 on GPU", true, Reads::Top1),
             ("no graph, top-1 on GPU", false, Reads::Top1),
             ("graph, F32 logits to host", true, Reads::Logits),
             ("graph, best ids", true, Reads::BestIds),
-            ("graph, best ids + 32 draws on GPU", true, Reads::Drawn),
+            (
+                "graph, best ids + 32 draws on GPU, temperature 0.8",
+                true,
+                Reads::Drawn(&plain_draws),
+            ),
+            (
+                "graph, best ids + 32 draws on GPU, temperature 0.8, top-p 0.95",
+                true,
+                Reads::Drawn(&nucleus_draws),
+            ),
         ] {
             runner.runner_mut().set_graphs(graphs);
             let mut times = vec![];
@@ -667,12 +680,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     Reads::Logits => {
                         runner.forward(seq, &block, LogitsRows::All).map_err(err)?;
                     }
-                    Reads::BestIds | Reads::Drawn => {
+                    Reads::BestIds | Reads::Drawn(_) => {
                         runner
                             .forward_one(seq, &block, Want::TopK(0..32))
                             .map_err(err)?;
-                        if matches!(reads, Reads::Drawn) {
-                            runner.runner_mut().draw_rows(0, &draws).map_err(err)?;
+                        if let Reads::Drawn(draws) = reads {
+                            runner.runner_mut().draw_rows(0, draws).map_err(err)?;
                         }
                     }
                 }
@@ -803,9 +816,11 @@ mod tests {
 
 /// What a timed refinement forward reads back.
 #[derive(Clone, Copy)]
-enum Reads {
+enum Reads<'a> {
     Top1,
     Logits,
     BestIds,
-    Drawn,
+    /// Best ids, then these draws on the GPU (random weights: flat rows, whose top-p nucleus
+    /// is long).
+    Drawn(&'a [minnow_model::RowDraw]),
 }

@@ -1,4 +1,4 @@
-//! `cargo xtask bench-sampling [--vocab N] [--rows N] [--reps N]`: what the host samplers cost
+//! `cargo xtask bench-sampling [--vocab N] [--rows N] [--reps N] [--device]`: what the host samplers cost
 //! per denoising step of a request that samples (temperature > 0): one block's rows of F32
 //! logits (32 rows of mini's 157,184 ids by default) turned into candidates, for each sampler
 //! rule and filter setting: one row after another on this thread, and all rows at once as a
@@ -8,11 +8,17 @@
 //! Two kinds of rows: "peaked" (a trained model's shape: a few dozen plausible ids well above a
 //! long tail, most of the mass in the first few) and "flat" (random weights: every id within a
 //! few units of the best, the worst case for top-p).
+//!
+//! With `--device`, the same rows (rounded to BF16, as a forward leaves them) are also drawn
+//! from on the GPU (`ModelRunner::draw_rows`' kernel, one launch for the block's rows, the
+//! parameters' upload and the pairs' read-back included), the column a GPU runner's sampling
+//! step pays instead of copying the block's logits to the host and sampling there.
 
 use std::time::Instant;
 
 use clap::Parser;
 use minnow_engine::sampling::{candidates, OfficialSampler, PortSampler, SamplerSettings};
+use minnow_runtime::cuda::ops;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -28,6 +34,51 @@ struct Args {
     /// Timed repetitions (the median is printed).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Also draw the rows on GPU 0.
+    #[arg(long)]
+    device: bool,
+}
+
+/// The block's rows on the GPU, for `--device`.
+struct OnDevice {
+    gpu: minnow_runtime::cuda::Gpu,
+    rows: minnow_runtime::cuda::ops::LogitRows,
+}
+
+impl OnDevice {
+    fn new(block: &[Vec<f32>]) -> Result<Self, String> {
+        let err = |e: minnow_runtime::cuda::CudaError| e.to_string();
+        let gpu = minnow_runtime::cuda::Gpu::new(0).map_err(err)?;
+        let bits: Vec<u16> = block
+            .iter()
+            .flatten()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect();
+        let rows =
+            minnow_runtime::cuda::ops::LogitRows::new(&gpu, &bits, block[0].len(), block.len())
+                .map_err(err)?;
+        Ok(OnDevice { gpu, rows })
+    }
+
+    /// Milliseconds per launch drawing one candidate from each row under `rule`.
+    fn time(&self, reps: usize, s: SamplerSettings, rule: ops::DrawRuleCode, rows: usize) -> f64 {
+        let mut rng = StdRng::seed_from_u64(5);
+        let params: Vec<_> = (0..rows)
+            .map(|row| {
+                ops::draw_params(
+                    row as u32,
+                    rule,
+                    s.top_k as u32,
+                    s.temperature,
+                    s.top_p,
+                    rng.gen(),
+                )
+            })
+            .collect();
+        time(reps, || {
+            std::hint::black_box(self.rows.draw(&self.gpu, &params).expect("device draws"));
+        })
+    }
 }
 
 /// Rows of standard-normal logits times `spread`, plus (peaked) 40 ids per row raised 10 to 18
@@ -93,13 +144,22 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ),
     ];
     println!(
-        "| rows | sampler | settings | {} rows one by one (ms) | together, {} threads (ms) |",
+        "| rows | sampler | settings | {} rows one by one (ms) | together, {} threads (ms) | on the GPU (ms) |",
         args.rows,
         rayon::current_num_threads()
     );
-    println!("| --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- |");
     for (shape, spread, peaked) in [("peaked", 2.0, true), ("flat", 1.0, false)] {
         let block = rows(args.vocab, args.rows, spread, peaked);
+        let device = if args.device {
+            Some(OnDevice::new(&block)?)
+        } else {
+            None
+        };
+        let on_device = |s, rule| match &device {
+            Some(d) => format!("{:.3}", d.time(args.reps, s, rule, args.rows)),
+            None => "-".to_string(),
+        };
         for (name, s) in cases {
             let mut rng = StdRng::seed_from_u64(3);
             let official = time(args.reps, || {
@@ -119,10 +179,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
             let port_together = time(args.reps, || {
                 std::hint::black_box(candidates(&PortSampler(s), &views, &mut rng));
             });
+            let official_device = on_device(s, ops::DrawRuleCode::Official);
+            let port_device = on_device(s, ops::DrawRuleCode::Port);
             println!(
-                "| {shape} | official (2.0/2.1) | {name} | {official:.2} | {official_together:.2} |"
+                "| {shape} | official (2.0/2.1) | {name} | {official:.2} | {official_together:.2} | {official_device} |"
             );
-            println!("| {shape} | port (2.2) | {name} | {port:.2} | {port_together:.2} |");
+            println!(
+                "| {shape} | port (2.2) | {name} | {port:.2} | {port_together:.2} | {port_device} |"
+            );
         }
     }
     Ok(())

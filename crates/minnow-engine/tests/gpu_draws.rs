@@ -16,12 +16,11 @@
 
 use minnow_engine::sampling::draw_on_host;
 use minnow_model::{DrawRule, RowDraw};
-use minnow_runtime::cuda::{ops, DeviceBuffer, Gpu};
+use minnow_runtime::cuda::{ops, Gpu};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const VOCAB: usize = 157_184;
-const K: usize = 64;
 
 fn bf16_bits(x: f32) -> u16 {
     let b = x.to_bits();
@@ -153,93 +152,38 @@ impl ExactRow {
     }
 }
 
+/// The rows on the GPU, and their draws.
 struct Device {
     gpu: Gpu,
-    logits: DeviceBuffer<u16>,
-    top: DeviceBuffer<u32>,
-    scratch: DeviceBuffer<f32>,
-    best: DeviceBuffer<u32>,
-    params: DeviceBuffer<u32>,
-    out: DeviceBuffer<u32>,
-    rows: usize,
+    rows: ops::LogitRows,
 }
 
 impl Device {
-    fn new(logits: &[u16], rows: usize, max_draws: usize) -> Self {
+    fn new(logits: &[u16], max_draws: usize) -> Self {
         let gpu = Gpu::new(0).expect("this test needs a CUDA GPU");
-        let d = Device {
-            logits: gpu.upload(logits).unwrap(),
-            top: gpu.alloc(2 * rows).unwrap(),
-            scratch: gpu.alloc(rows * ops::TOP1_SLICES * 3).unwrap(),
-            best: gpu.alloc(2 * rows * K).unwrap(),
-            params: gpu.alloc(max_draws * ops::DRAW_PARAM_WORDS).unwrap(),
-            out: gpu.alloc(2 * max_draws).unwrap(),
-            rows,
-            gpu,
-        };
-        // What a forward's top-k step leaves beside its logits.
-        let g = &d.gpu;
-        ops::top1_softmax(
-            g,
-            d.logits.ptr(),
-            d.scratch.ptr(),
-            d.top.ptr(),
-            d.top.ptr_at(rows),
-            rows,
-            VOCAB,
-        )
-        .unwrap();
-        ops::topk_rows(
-            g,
-            d.logits.ptr(),
-            d.best.ptr(),
-            d.best.ptr_at(rows * K),
-            rows,
-            VOCAB,
-            K,
-        )
-        .unwrap();
-        g.synchronize().unwrap();
-        d
+        let rows = ops::LogitRows::new(&gpu, logits, VOCAB, max_draws).unwrap();
+        Device { gpu, rows }
     }
 
     fn draw(&self, draws: &[RowDraw]) -> Vec<(u32, f32)> {
-        let mut params = Vec::new();
-        for d in draws {
-            let rule = match d.rule {
-                DrawRule::Official => ops::DrawRuleCode::Official,
-                DrawRule::Port => ops::DrawRuleCode::Port,
-            };
-            params.extend(ops::draw_params(
-                d.row as u32,
-                rule,
-                d.top_k as u32,
-                d.temperature,
-                d.top_p,
-                d.uniform,
-            ));
-        }
-        let g = &self.gpu;
-        g.write(&self.params, 0, &params).unwrap();
-        ops::draw_rows(
-            g,
-            self.logits.ptr(),
-            self.best.ptr(),
-            self.best.ptr_at(self.rows * K),
-            K,
-            self.top.ptr(),
-            self.top.ptr_at(self.rows),
-            self.params.ptr(),
-            self.out.ptr(),
-            draws.len(),
-            VOCAB,
-        )
-        .unwrap();
-        let mut out = vec![0u32; 2 * draws.len()];
-        g.read(&self.out, 0, &mut out).unwrap();
-        out.chunks_exact(2)
-            .map(|p| (p[0], f32::from_bits(p[1])))
-            .collect()
+        let params: Vec<_> = draws
+            .iter()
+            .map(|d| {
+                let rule = match d.rule {
+                    DrawRule::Official => ops::DrawRuleCode::Official,
+                    DrawRule::Port => ops::DrawRuleCode::Port,
+                };
+                ops::draw_params(
+                    d.row as u32,
+                    rule,
+                    d.top_k as u32,
+                    d.temperature,
+                    d.top_p,
+                    d.uniform,
+                )
+            })
+            .collect();
+        self.rows.draw(&self.gpu, &params).unwrap()
     }
 }
 
@@ -269,7 +213,7 @@ fn device_draws_pick_what_the_exact_rule_picks() {
         })
         .collect();
     let uniforms = 16;
-    let device = Device::new(&logits, n, n * uniforms);
+    let device = Device::new(&logits, n * uniforms);
     let settings: &[(f32, usize, f32)] = &[
         (0.8, 0, 1.0),
         (1.0, 0, 1.0),
@@ -359,37 +303,6 @@ fn device_draws_pick_what_the_exact_rule_picks() {
         "worst relative confidence error, official / port: device {:.2e} / {:.2e}, host {:.2e} / {:.2e}",
         worst[0], worst[1], worst_host[0], worst_host[1]
     );
-
-    // What a step's draws cost: one request's 32 rows, and sixteen requests' 512 (the rows
-    // repeat: eight distinct ones, half of them peaked).
-    for count in [32usize, 512] {
-        let device = Device::new(&logits, n, count);
-        for &(temperature, top_k, top_p) in &[(0.8, 0, 1.0), (0.8, 0, 0.95), (0.8, 1000, 0.95)] {
-            for peaked in [true, false] {
-                let draws: Vec<RowDraw> = (0..count)
-                    .map(|i| RowDraw {
-                        row: 2 * (i % (n / 2)) + usize::from(!peaked),
-                        rule: DrawRule::Official,
-                        temperature,
-                        top_k,
-                        top_p,
-                        uniform: rng.gen(),
-                    })
-                    .collect();
-                device.draw(&draws);
-                let start = std::time::Instant::now();
-                for _ in 0..20 {
-                    device.draw(&draws);
-                }
-                println!(
-                    "{count} draws from {} rows (temperature {temperature}, top-k {top_k}, top-p \
-                     {top_p}): {:.1} us per call, upload and read back included",
-                    if peaked { "peaked" } else { "flat" },
-                    start.elapsed().as_secs_f64() * 1e6 / 20.0
-                );
-            }
-        }
-    }
 
     assert!(failures.is_empty(), "confidences off: {failures:#?}");
     for kind in 0..2 {

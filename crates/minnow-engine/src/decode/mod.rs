@@ -611,6 +611,51 @@ mod tests {
     }
 
     #[test]
+    fn sampling_steps_ask_for_best_ids_only_where_the_runner_draws_and_logits_are_not_cheap() {
+        use ScoreKind::*;
+        // (kind, full logits cheap, runner draws) -> asked
+        for (kind, cheap, draws, asked) in [
+            (Sampled, false, true, TopK),
+            (Sampled, false, false, Logits),
+            (Sampled, true, true, Logits),
+            (Sampled, true, false, Logits),
+            (TopK, true, true, Logits),
+            (TopK, false, false, TopK),
+            (Top1, true, true, Top1),
+            (Logits, false, true, Logits),
+        ] {
+            assert_eq!(kind.to_ask(cheap, draws), asked, "{kind:?} {cheap} {draws}");
+        }
+        assert_eq!(Sampled.want(0..3), Want::Logits(0..3));
+    }
+
+    #[test]
+    fn a_draw_plan_takes_one_uniform_per_slot_in_order_and_none_at_temperature_zero() {
+        use rand::{Rng, SeedableRng};
+        let plan = |temperature| DrawPlan {
+            rule: DrawRule::Official,
+            settings: SamplerSettings {
+                temperature,
+                top_k: 0,
+                top_p: 0.9,
+            },
+            slots: vec![4, 9, 2],
+        };
+        let mut rng = StdRng::seed_from_u64(8);
+        let mut twin = rng.clone();
+        let draws = plan(0.7).draws(&mut rng);
+        assert_eq!(draws.iter().map(|d| d.row).collect::<Vec<_>>(), [4, 9, 2]);
+        for d in &draws {
+            assert_eq!(d.uniform, twin.gen::<f64>());
+            assert_eq!((d.temperature, d.top_k, d.top_p), (0.7, 0, 0.9));
+        }
+        // At temperature 0 the rule draws nothing, so the generator is left as it was.
+        let draws = plan(0.0).draws(&mut rng);
+        assert!(draws.iter().all(|d| d.uniform == 0.0));
+        assert_eq!(rng.gen::<u64>(), twin.gen::<u64>());
+    }
+
+    #[test]
     fn top1_scores_give_the_greedy_candidate_of_the_logits() {
         let logits = logits_for(&[(3, 0.9), (M, 0.6), (0, 0.2)]);
         let pairs = top1_pairs(&logits);

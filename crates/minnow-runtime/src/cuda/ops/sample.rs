@@ -1,6 +1,7 @@
 //! Sampled candidates drawn on the device from a forward's BF16 logits rows (`kernels/sample.cu`).
 
 use super::unsupported::unsupported;
+use crate::cuda::buffer::DeviceBuffer;
 use crate::cuda::error::CudaResult;
 use crate::cuda::gpu::Gpu;
 use crate::cuda::kernels;
@@ -85,4 +86,91 @@ pub fn draw_rows(
         out,
         vocab as i32,
     )
+}
+
+/// Rows of BF16 logits on the device with what a forward's top-k step leaves beside them (top-1
+/// pairs, [`TOPK_MAX`](super::TOPK_MAX) best ids), and room for `max_draws` draws: the draw
+/// kernel's inputs outside a forward, for its tests and benchmarks.
+pub struct LogitRows {
+    logits: DeviceBuffer<u16>,
+    top: DeviceBuffer<u32>,
+    best: DeviceBuffer<u32>,
+    params: DeviceBuffer<u32>,
+    out: DeviceBuffer<u32>,
+    rows: usize,
+    vocab: usize,
+}
+
+impl LogitRows {
+    /// Uploads `bits` (BF16 bits, `[rows, vocab]`) and runs the top-1 and top-k kernels on them.
+    pub fn new(gpu: &Gpu, bits: &[u16], vocab: usize, max_draws: usize) -> CudaResult<Self> {
+        let rows = bits.len() / vocab.max(1);
+        let k = super::TOPK_MAX.min(vocab);
+        let scratch: DeviceBuffer<f32> = gpu.alloc(rows * super::TOP1_SLICES * 3)?;
+        let me = LogitRows {
+            logits: gpu.upload(bits)?,
+            top: gpu.alloc(2 * rows)?,
+            best: gpu.alloc(2 * rows * k)?,
+            params: gpu.alloc(max_draws.max(1) * DRAW_PARAM_WORDS)?,
+            out: gpu.alloc(2 * max_draws.max(1))?,
+            rows,
+            vocab,
+        };
+        super::top1_softmax(
+            gpu,
+            me.logits.ptr(),
+            scratch.ptr(),
+            me.top.ptr(),
+            me.top.ptr_at(rows),
+            rows,
+            vocab,
+        )?;
+        super::topk_rows(
+            gpu,
+            me.logits.ptr(),
+            me.best.ptr(),
+            me.best.ptr_at(rows * k),
+            rows,
+            vocab,
+            k,
+        )?;
+        gpu.synchronize()?;
+        Ok(me)
+    }
+
+    /// One `(token, confidence)` per entry of `params` ([`draw_params`], rows counted here).
+    pub fn draw(
+        &self,
+        gpu: &Gpu,
+        params: &[[u32; DRAW_PARAM_WORDS]],
+    ) -> CudaResult<Vec<(u32, f32)>> {
+        if params.len() * 2 > self.out.len() {
+            return unsupported(format!(
+                "{} draws into room for {}",
+                params.len(),
+                self.out.len() / 2
+            ));
+        }
+        let k = super::TOPK_MAX.min(self.vocab);
+        gpu.write(&self.params, 0, params.as_flattened())?;
+        draw_rows(
+            gpu,
+            self.logits.ptr(),
+            self.best.ptr(),
+            self.best.ptr_at(self.rows * k),
+            k,
+            self.top.ptr(),
+            self.top.ptr_at(self.rows),
+            self.params.ptr(),
+            self.out.ptr(),
+            params.len(),
+            self.vocab,
+        )?;
+        let mut out = vec![0u32; 2 * params.len()];
+        gpu.read(&self.out, 0, &mut out)?;
+        Ok(out
+            .chunks_exact(2)
+            .map(|p| (p[0], f32::from_bits(p[1])))
+            .collect())
+    }
 }
