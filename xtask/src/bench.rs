@@ -640,6 +640,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let draws = |top_p: f32| -> Vec<minnow_model::RowDraw> {
             (0..32)
                 .map(|row| minnow_model::RowDraw {
+                    segment: 0,
                     row,
                     rule: minnow_model::DrawRule::Official,
                     temperature: 0.8,
@@ -685,7 +686,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                             .forward_one(seq, &block, Want::TopK(0..32))
                             .map_err(err)?;
                         if let Reads::Drawn(draws) = reads {
-                            runner.runner_mut().draw_rows(0, draws).map_err(err)?;
+                            runner.runner_mut().draw_rows(draws).map_err(err)?;
                         }
                     }
                 }

@@ -222,7 +222,8 @@ fn drawn_requests(algorithm: Algorithm) -> Vec<GenerateRequest> {
 
 /// A runner that draws sampled candidates itself (the GPU, here the CPU runner answering with
 /// the host samplers) gets each step's uniforms in the order the host samplers take them, so
-/// its requests decode the tokens that full logits give, batched four at a time.
+/// its requests decode the tokens that full logits give, batched four at a time, every
+/// forward's draws in one call.
 #[test]
 fn sampling_with_device_draws_decodes_the_tokens_full_logits_give() {
     for (name, algorithm) in [
@@ -247,6 +248,13 @@ fn sampling_with_device_draws_decodes_the_tokens_full_logits_give() {
             "{name}: no candidate was drawn by the runner"
         );
         assert!(counts.best_ids() > 0, "{name}");
+        // A forward's sampling steps draw their rows in one call, whichever requests they are.
+        assert!(
+            counts.draw_calls() <= counts.forwards(),
+            "{name}: {} draw calls for {} forwards",
+            counts.draw_calls(),
+            counts.forwards()
+        );
         assert_eq!(drawn, full, "{name}");
         assert!(full.iter().all(|(ids, _)| !ids.is_empty()), "{name}");
     }

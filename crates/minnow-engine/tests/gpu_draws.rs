@@ -242,6 +242,7 @@ fn device_draws_pick_what_the_exact_rule_picks() {
             }
             let draws: Vec<RowDraw> = (0..n * uniforms)
                 .map(|i| RowDraw {
+                    segment: 0,
                     row: i % n,
                     rule,
                     temperature,

@@ -44,13 +44,13 @@ pub trait ModelRunner: Send {
     fn draws_rows(&self) -> bool {
         false
     }
-    /// One sampled candidate `(token, confidence)` per entry of `draws`, each from a row of
-    /// segment `segment` of the latest [`ModelRunner::forward_batch`] that asked for it with
-    /// [`Want::TopK`], computed where the logits are (docs/decoding.md §4.7). Only for a runner
-    /// whose [`ModelRunner::draws_rows`] says so.
+    /// One sampled candidate `(token, confidence)` per entry of `draws`, each from a row of the
+    /// latest [`ModelRunner::forward_batch`] that asked for it with [`Want::TopK`], computed
+    /// where the logits are (docs/decoding.md §4.7): the rows of every segment of a step in one
+    /// call. Only for a runner whose [`ModelRunner::draws_rows`] says so.
     ///
     /// [`Want::TopK`]: crate::batch::Want::TopK
-    fn draw_rows(&mut self, _segment: usize, _draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
+    fn draw_rows(&mut self, _draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
         Err(crate::error::ModelError::InvalidInput(
             "this runner draws no rows on a device".into(),
         ))
@@ -71,7 +71,8 @@ pub enum DrawRule {
 /// One row to draw a sampled candidate from ([`ModelRunner::draw_rows`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowDraw {
-    /// The row, counted in its segment's ids.
+    /// The segment of the latest forward, and the row counted in its ids.
+    pub segment: usize,
     pub row: usize,
     pub rule: DrawRule,
     /// Above 0: draw. At most 0 (the official rule with filters): the argmax, with its
@@ -111,8 +112,8 @@ impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
     fn draws_rows(&self) -> bool {
         (**self).draws_rows()
     }
-    fn draw_rows(&mut self, segment: usize, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
-        (**self).draw_rows(segment, draws)
+    fn draw_rows(&mut self, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
+        (**self).draw_rows(draws)
     }
 }
 

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use minnow_model::{LogitsRows, ModelRunner, SegmentOutput, SeqId, SingleSequence, Want};
+use minnow_model::{LogitsRows, ModelRunner, RowDraw, SegmentOutput, SeqId, SingleSequence, Want};
 use rand::rngs::StdRng;
 
 use super::constrained::Constrained;
@@ -58,6 +58,8 @@ pub struct BlockRun {
     constraint: Option<Constrained>,
     /// Why the grammar layer failed (the request fails with it).
     failure: Option<String>,
+    /// This step's device draws, their uniforms already taken ([`BlockRun::take_device_draws`]).
+    drawn_ahead: Option<(DrawPlan, Vec<RowDraw>)>,
 }
 
 impl BlockRun {
@@ -84,6 +86,7 @@ impl BlockRun {
             elapsed: Duration::ZERO,
             constraint: None,
             failure: None,
+            drawn_ahead: None,
         }
     }
 
@@ -178,14 +181,20 @@ impl BlockRun {
         read_row: &mut ReadRow<'_>,
         rng: &mut StdRng,
     ) -> BlockState {
+        let ahead = self.drawn_ahead.take();
         // Best ids that do not answer a sampling step: the candidates drawn on the runner's
         // device, or the rows in full from the same forward.
         let full_rows;
         let scores = match scores {
             StepScores::TopK(top) if !self.algorithm.best_ids_answer(top) => {
                 if read_row.draws() && self.constraint.is_none() {
-                    if let Some(plan) = self.algorithm.device_draws(&self.block) {
-                        return self.apply_drawn(top, plan, read_row, rng);
+                    let draws = ahead.or_else(|| {
+                        let plan = self.algorithm.device_draws(&self.block)?;
+                        let draws = plan.draws(rng);
+                        Some((plan, draws))
+                    });
+                    if let Some((plan, draws)) = draws {
+                        return self.apply_drawn(top, &plan, &draws, read_row, rng);
                     }
                 }
                 match (0..top.rows())
@@ -221,19 +230,41 @@ impl BlockRun {
         self.after_step(outcome, forced)
     }
 
-    /// The step of a sampling forward whose candidates the runner draws on its device: the
-    /// uniforms are taken from `rng` in the plan's slot order (as the host samplers would take
-    /// them), then the step runs on the drawn candidates and the best ids, reading a row in full
-    /// only for a re-pick.
+    /// Takes the uniforms of this step's device draws before [`BlockRun::apply`], for a step
+    /// whose scores are `top`, so the engine can draw the rows of every request of a forward in
+    /// one call (the step then reads them through [`super::RunnerRows::drawn`]). The same
+    /// uniforms, in the same order, as `apply` would take. `None`: the step draws nothing on the
+    /// device (the block is final, constrained, greedy, or its best ids answer it).
+    pub fn take_device_draws(
+        &mut self,
+        top: &minnow_model::TopK,
+        rng: &mut StdRng,
+    ) -> Option<Vec<RowDraw>> {
+        if self.state == BlockState::Final
+            || self.constraint.is_some()
+            || self.algorithm.best_ids_answer(top)
+        {
+            return None;
+        }
+        let plan = self.algorithm.device_draws(&self.block)?;
+        let draws = plan.draws(rng);
+        self.drawn_ahead = Some((plan, draws.clone()));
+        Some(draws)
+    }
+
+    /// The step of a sampling forward whose candidates the runner draws on its device (`draws`,
+    /// their uniforms taken from the request's generator in the plan's slot order, as the host
+    /// samplers would take them): the step runs on the drawn candidates and the best ids,
+    /// reading a row in full only for a re-pick.
     fn apply_drawn(
         &mut self,
         top: &minnow_model::TopK,
-        plan: DrawPlan,
+        plan: &DrawPlan,
+        draws: &[RowDraw],
         read_row: &mut ReadRow<'_>,
         rng: &mut StdRng,
     ) -> BlockState {
-        let draws = plan.draws(rng);
-        let pairs = match read_row.draw(&draws) {
+        let pairs = match read_row.draw(draws) {
             Ok(pairs) if pairs.len() == draws.len() => pairs,
             Ok(pairs) => {
                 return self.fail(format!(
@@ -356,10 +387,7 @@ impl BlockRun {
                     ));
                 };
                 check_scores(top.rows(), n)?;
-                let mut rows = RunnerRows {
-                    runner: runner.runner_mut(),
-                    segment: 0,
-                };
+                let mut rows = RunnerRows::new(runner.runner_mut(), 0);
                 self.apply(StepScores::TopK(&top), &mut rows, rng)
             }
         })

@@ -200,6 +200,19 @@ pub type ReadRow<'a> = dyn ForwardRows + 'a;
 pub struct RunnerRows<'a> {
     pub runner: &'a mut dyn ModelRunner,
     pub segment: usize,
+    /// The segment's device draws when the engine drew every segment's in one call
+    /// ([`block::BlockRun::take_device_draws`]); `None`: a step's draws go to the runner.
+    pub drawn: Option<Result<&'a [(u32, f32)], &'a str>>,
+}
+
+impl<'a> RunnerRows<'a> {
+    pub fn new(runner: &'a mut dyn ModelRunner, segment: usize) -> Self {
+        Self {
+            runner,
+            segment,
+            drawn: None,
+        }
+    }
 }
 
 impl ForwardRows for RunnerRows<'_> {
@@ -214,9 +227,25 @@ impl ForwardRows for RunnerRows<'_> {
     }
 
     fn draw(&mut self, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>, String> {
-        self.runner
-            .draw_rows(self.segment, draws)
-            .map_err(|e| e.to_string())
+        match self.drawn {
+            Some(Ok(pairs)) if pairs.len() == draws.len() => Ok(pairs.to_vec()),
+            Some(Ok(pairs)) => Err(format!(
+                "{} candidates drawn ahead for {} rows",
+                pairs.len(),
+                draws.len()
+            )),
+            Some(Err(e)) => Err(e.to_string()),
+            None => {
+                let draws: Vec<RowDraw> = draws
+                    .iter()
+                    .map(|d| RowDraw {
+                        segment: self.segment,
+                        ..*d
+                    })
+                    .collect();
+                self.runner.draw_rows(&draws).map_err(|e| e.to_string())
+            }
+        }
     }
 }
 
@@ -263,13 +292,15 @@ pub struct DrawPlan {
 }
 
 impl DrawPlan {
-    /// The runner's draws, taking their uniforms from `rng` in slot order.
+    /// The runner's draws, taking their uniforms from `rng` in slot order (segment 0: whoever
+    /// hands them to the runner sets the segment).
     pub fn draws(&self, rng: &mut StdRng) -> Vec<RowDraw> {
         use rand::Rng;
         let s = self.settings;
         self.slots
             .iter()
             .map(|&row| RowDraw {
+                segment: 0,
                 row,
                 rule: self.rule,
                 temperature: s.temperature,

@@ -306,6 +306,26 @@ impl RequestDecoder {
         }
     }
 
+    /// The device draws of the planned denoising step whose forward returned `output`, their
+    /// uniforms taken now ([`BlockRun::take_device_draws`]): the engine draws every request's
+    /// rows of a forward in one call, then [`RequestDecoder::apply`]s each. `None` when the
+    /// step draws nothing on the device.
+    pub fn take_device_draws(
+        &mut self,
+        output: &SegmentOutput,
+    ) -> Option<Vec<minnow_model::RowDraw>> {
+        if self.pending.is_none() || self.restored.is_some() {
+            return None;
+        }
+        let SegmentOutput::TopK(top) = output else {
+            return None;
+        };
+        match &mut self.phase {
+            Phase::Block { run, .. } => run.take_device_draws(top, &mut self.rng),
+            _ => None,
+        }
+    }
+
     /// Output ids so far (committed blocks only).
     pub fn output(&self) -> &[u32] {
         &self.output
@@ -693,10 +713,7 @@ impl RequestDecoder {
                 runner.forward_one(seq, &forward.ids, forward.want.clone())
             };
         let output = run(runner).map_err(|e| DecodeError::Runner(e.to_string()))?;
-        let mut rows = super::RunnerRows {
-            runner: runner.runner_mut(),
-            segment: 0,
-        };
+        let mut rows = super::RunnerRows::new(runner.runner_mut(), 0);
         self.apply(output, &mut rows, began.elapsed())
     }
 

@@ -34,7 +34,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use minnow_model::batch::pages_for;
-use minnow_model::{ModelRunner, PageId, Segment, SegmentOutput};
+use minnow_model::{ModelRunner, PageId, RowDraw, Segment, SegmentOutput};
 
 use super::handle::{CancelToken, StopSignal};
 use crate::api::{FinishReason, GenerationStats};
@@ -467,15 +467,14 @@ impl Core {
         }
         match outputs {
             Ok(outputs) if outputs.len() == plan.segments.len() => {
+                let ahead = self.draw_ahead(&plan, &outputs, runner);
                 for (index, (segment, output)) in plan.segments.into_iter().zip(outputs).enumerate()
                 {
                     let Some(i) = self.running.iter().position(|s| s.id == segment.id) else {
                         continue;
                     };
-                    let mut rows = crate::decode::RunnerRows {
-                        runner: &mut *runner,
-                        segment: index,
-                    };
+                    let mut rows = crate::decode::RunnerRows::new(&mut *runner, index);
+                    rows.drawn = ahead.of(index);
                     match self.running[i].decoder.apply(output, &mut rows, elapsed) {
                         Ok(update) => self.on_update(i, update),
                         Err(error) => self.fail(i, error.into()),
@@ -500,6 +499,40 @@ impl Core {
             }
         }
         self.retire();
+    }
+
+    /// The device draws of every sampling step of the forward, in one runner call: each request's
+    /// uniforms are taken in plan order (each from its own generator), then drawn together.
+    fn draw_ahead(
+        &mut self,
+        plan: &StepPlan,
+        outputs: &[SegmentOutput],
+        runner: &mut dyn ModelRunner,
+    ) -> DrawnAhead {
+        let mut ahead = DrawnAhead {
+            spans: vec![None; plan.segments.len()],
+            pairs: Ok(Vec::new()),
+        };
+        if !runner.draws_rows() {
+            return ahead;
+        }
+        let mut draws = Vec::new();
+        for (index, (segment, output)) in plan.segments.iter().zip(outputs).enumerate() {
+            let Some(i) = self.running.iter().position(|s| s.id == segment.id) else {
+                continue;
+            };
+            if let Some(mine) = self.running[i].decoder.take_device_draws(output) {
+                ahead.spans[index] = Some(draws.len()..draws.len() + mine.len());
+                draws.extend(mine.into_iter().map(|d| RowDraw {
+                    segment: index,
+                    ..d
+                }));
+            }
+        }
+        if !draws.is_empty() {
+            ahead.pairs = runner.draw_rows(&draws).map_err(|e| e.to_string());
+        }
+        ahead
     }
 
     /// Request `i`'s next forward under `prefill_budget`, after any forward-less progress it
@@ -703,6 +736,25 @@ impl Core {
             .unwrap_or(BATCH_SIZE_BUCKETS.len());
         self.counters.batch_sizes[bucket] += 1;
         self.counters.batch_size_sum += n as u64;
+    }
+}
+
+/// A forward's device draws, drawn in one call ([`Core::draw_ahead`]): where each segment's
+/// pairs are (`None`: it draws nothing), and the pairs or why the call failed (each drawing
+/// request then fails with it).
+struct DrawnAhead {
+    spans: Vec<Option<std::ops::Range<usize>>>,
+    pairs: Result<Vec<(u32, f32)>, String>,
+}
+
+impl DrawnAhead {
+    /// Segment `index`'s pairs, or the failure, if it drew.
+    fn of(&self, index: usize) -> Option<Result<&[(u32, f32)], &str>> {
+        let span = self.spans[index].clone()?;
+        Some(match &self.pairs {
+            Ok(pairs) => Ok(&pairs[span]),
+            Err(e) => Err(e.as_str()),
+        })
     }
 }
 

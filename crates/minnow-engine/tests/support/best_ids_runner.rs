@@ -18,8 +18,11 @@ pub struct WantCounts {
     pub best_ids: AtomicUsize,
     /// Rows read in full after a forward (`logits_row`).
     pub rows: AtomicUsize,
-    /// Candidates drawn (`draw_rows`).
+    /// Candidates drawn (`draw_rows`), and the calls that drew them.
     pub draws: AtomicUsize,
+    pub draw_calls: AtomicUsize,
+    /// Forwards (`forward_batch` calls).
+    pub forwards: AtomicUsize,
 }
 
 impl WantCounts {
@@ -34,6 +37,12 @@ impl WantCounts {
     }
     pub fn draws(&self) -> usize {
         self.draws.load(Ordering::Relaxed)
+    }
+    pub fn draw_calls(&self) -> usize {
+        self.draw_calls.load(Ordering::Relaxed)
+    }
+    pub fn forwards(&self) -> usize {
+        self.forwards.load(Ordering::Relaxed)
     }
 }
 
@@ -79,6 +88,7 @@ impl ModelRunner for BestIdsRunner {
         &mut self,
         segments: &[Segment<'_>],
     ) -> minnow_model::Result<Vec<SegmentOutput>> {
+        self.counts.forwards.fetch_add(1, Ordering::Relaxed);
         for segment in segments {
             match segment.want {
                 Want::Logits(_) => &self.counts.logits,
@@ -99,17 +109,14 @@ impl ModelRunner for BestIdsRunner {
     fn draws_rows(&self) -> bool {
         self.draws
     }
-    fn draw_rows(
-        &mut self,
-        segment: usize,
-        draws: &[RowDraw],
-    ) -> minnow_model::Result<Vec<(u32, f32)>> {
+    fn draw_rows(&mut self, draws: &[RowDraw]) -> minnow_model::Result<Vec<(u32, f32)>> {
         assert!(self.draws, "draw_rows on a runner that says it draws none");
         self.counts.draws.fetch_add(draws.len(), Ordering::Relaxed);
+        self.counts.draw_calls.fetch_add(1, Ordering::Relaxed);
         draws
             .iter()
             .map(|d| {
-                let row = self.cpu.logits_row(segment, d.row)?;
+                let row = self.cpu.logits_row(d.segment, d.row)?;
                 let c = minnow_engine::sampling::draw_on_host(d, &row);
                 Ok((c.token, c.confidence))
             })

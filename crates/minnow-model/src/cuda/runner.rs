@@ -489,14 +489,14 @@ impl ModelRunner for CudaRunner {
     /// One CTA per draw over the BF16 logits the forward left in the workspace, with the best
     /// ids and top-1 pairs it computed beside them; the parameters go up and the pairs come back
     /// in one copy each.
-    fn draw_rows(&mut self, segment: usize, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
+    fn draw_rows(&mut self, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
         if draws.is_empty() {
             return Ok(Vec::new());
         }
         let rows = self.topk_rows.total();
         let mut params = Vec::with_capacity(draws.len() * ops::DRAW_PARAM_WORDS);
         for d in draws {
-            let at = self.topk_rows.index(segment, d.row)?;
+            let at = self.topk_rows.index(d.segment, d.row)?;
             let rule = match d.rule {
                 DrawRule::Official => ops::DrawRuleCode::Official,
                 DrawRule::Port => ops::DrawRuleCode::Port,
