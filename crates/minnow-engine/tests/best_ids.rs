@@ -124,9 +124,42 @@ fn greedy_indel_decodes_the_same_tokens_from_best_ids_as_from_full_logits() {
     assert!(full.iter().all(|(ids, _)| !ids.is_empty()));
 }
 
+/// Settings of a sampling request: temperature, top-k, top-p.
+type Sampling = (f32, Option<usize>, Option<f32>);
+
+/// `count` sampling requests of `algorithm`, taking `settings` in turn, each with its own
+/// prompt (from `salt`) and seed.
+fn sampling_requests(
+    algorithm: Algorithm,
+    settings: &[Sampling],
+    count: u32,
+    salt: u32,
+) -> Vec<GenerateRequest> {
+    (0..count)
+        .map(|i| {
+            let (temperature, top_k, top_p) = settings[i as usize % settings.len()];
+            GenerateRequest {
+                prompt_ids: (0..4 + i * (3 + salt % 2))
+                    .map(|j| (i * (53 + salt) + j * 7) % 400)
+                    .collect(),
+                max_tokens: Some(64),
+                params: DecodeParams {
+                    algorithm: Some(algorithm),
+                    temperature: Some(temperature),
+                    top_k,
+                    top_p,
+                    seed: Some(u64::from(i + salt) + 100),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
 /// 2.0 and 2.1 requests that sample, with and without a top-k (and top-p) the best ids can answer.
 fn official_sampling_requests(algorithm: Algorithm) -> Vec<GenerateRequest> {
-    let settings: [(f32, Option<usize>, Option<f32>); 5] = [
+    let settings: [Sampling; 5] = [
         (0.8, Some(40), None),
         (1.2, Some(5), Some(0.9)),
         (0.7, Some(1), None),
@@ -134,24 +167,7 @@ fn official_sampling_requests(algorithm: Algorithm) -> Vec<GenerateRequest> {
         // Without a top-k every runner reads full logits.
         (0.9, None, Some(0.95)),
     ];
-    (0..10u32)
-        .map(|i| {
-            let (temperature, top_k, top_p) = settings[i as usize % 5];
-            GenerateRequest {
-                prompt_ids: (0..4 + i * 3).map(|j| (i * 53 + j * 7) % 400).collect(),
-                max_tokens: Some(64),
-                params: DecodeParams {
-                    algorithm: Some(algorithm),
-                    temperature: Some(temperature),
-                    top_k,
-                    top_p,
-                    seed: Some(u64::from(i) + 100),
-                    ..Default::default()
-                },
-                ..Default::default()
-            }
-        })
-        .collect()
+    sampling_requests(algorithm, &settings, 10, 0)
 }
 
 #[test]
@@ -192,7 +208,7 @@ fn sampling_with_a_small_top_k_decodes_the_same_tokens_from_best_ids_as_from_ful
 /// Sampling requests of every algorithm, with settings no best ids answer (no top-k, a top-k of
 /// 100, top-p, the official rule's filters at temperature 0) and one they do.
 fn drawn_requests(algorithm: Algorithm) -> Vec<GenerateRequest> {
-    let settings: [(f32, Option<usize>, Option<f32>); 6] = [
+    let settings: [Sampling; 6] = [
         (0.8, None, None),
         (1.1, None, Some(0.9)),
         (0.7, Some(100), Some(0.95)),
@@ -200,24 +216,7 @@ fn drawn_requests(algorithm: Algorithm) -> Vec<GenerateRequest> {
         (0.0, None, Some(0.5)),
         (0.9, Some(10), None),
     ];
-    (0..12u32)
-        .map(|i| {
-            let (temperature, top_k, top_p) = settings[i as usize % 6];
-            GenerateRequest {
-                prompt_ids: (0..5 + i * 4).map(|j| (i * 29 + j * 13) % 400).collect(),
-                max_tokens: Some(64),
-                params: DecodeParams {
-                    algorithm: Some(algorithm),
-                    temperature: Some(temperature),
-                    top_k,
-                    top_p,
-                    seed: Some(u64::from(i) + 7),
-                    ..Default::default()
-                },
-                ..Default::default()
-            }
-        })
-        .collect()
+    sampling_requests(algorithm, &settings, 12, 7)
 }
 
 /// A runner that draws sampled candidates itself (the GPU, here the CPU runner answering with
