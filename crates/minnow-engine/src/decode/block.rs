@@ -188,12 +188,7 @@ impl BlockRun {
         let scores = match scores {
             StepScores::TopK(top) if !self.algorithm.best_ids_answer(top) => {
                 if read_row.draws() && self.constraint.is_none() {
-                    let draws = ahead.or_else(|| {
-                        let plan = self.algorithm.device_draws(&self.block)?;
-                        let draws = plan.draws(rng);
-                        Some((plan, draws))
-                    });
-                    if let Some((plan, draws)) = draws {
+                    if let Some((plan, draws)) = ahead.or_else(|| self.draws_now(rng)) {
                         return self.apply_drawn(top, &plan, &draws, read_row, rng);
                     }
                 }
@@ -246,10 +241,16 @@ impl BlockRun {
         {
             return None;
         }
-        let plan = self.algorithm.device_draws(&self.block)?;
-        let draws = plan.draws(rng);
+        let (plan, draws) = self.draws_now(rng)?;
         self.drawn_ahead = Some((plan, draws.clone()));
         Some(draws)
+    }
+
+    /// The step's device draws with their uniforms taken from `rng` now, if it samples.
+    fn draws_now(&self, rng: &mut StdRng) -> Option<(DrawPlan, Vec<RowDraw>)> {
+        let plan = self.algorithm.device_draws(&self.block)?;
+        let draws = plan.draws(rng);
+        Some((plan, draws))
     }
 
     /// The step of a sampling forward whose candidates the runner draws on its device (`draws`,

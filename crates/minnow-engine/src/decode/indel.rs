@@ -120,10 +120,9 @@ impl Indel {
     }
 
     /// The sampler's token for slot `p` with `banned` ids left out: the best allowed id when
-    /// greedy, else a draw from the row's full logits. Only the token: no caller of this reads
-    /// the confidence of a re-pick.
-    /// A sampling pick reads the row in full (after device draws, from the forward; a failed
-    /// read falls back to the best allowed id, and the block loop fails the request).
+    /// greedy, else a draw from the row's full logits (after device draws, the row read from the
+    /// forward; if that read fails, the best allowed id, and the block loop fails the request).
+    /// Only the token: no caller of this reads the confidence of a re-pick.
     fn pick(&self, scores: &StepScores<'_>, p: usize, banned: &[u32], rng: &mut StdRng) -> u32 {
         if self.greedy() {
             return scores.best_excluding(p, banned);
