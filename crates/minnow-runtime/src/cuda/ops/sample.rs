@@ -1,5 +1,6 @@
 //! Sampled candidates drawn on the device from a forward's BF16 logits rows (`kernels/sample.cu`).
 
+use super::elementwise::{top1_softmax, topk_rows, TOP1_SLICES, TOPK_MAX};
 use super::unsupported::unsupported;
 use crate::cuda::buffer::DeviceBuffer;
 use crate::cuda::error::CudaResult;
@@ -47,7 +48,7 @@ pub fn draw_params(
 /// Draws one candidate per entry of `params` (`draws` entries of [`DRAW_PARAM_WORDS`] words,
 /// [`draw_params`]) from the BF16 logits rows `[rows, vocab]` at `logits`: `out[2 i]` gets the
 /// token, `out[2 i + 1]` its confidence (F32 bits). `best_ids` / `best_values` are the rows' best
-/// ids and their logits (`best_k` per row, in [`topk_rows`](super::topk_rows)'s order),
+/// ids and their logits (`best_k` per row, in [`topk_rows`]'s order),
 /// `top_token` / `top_conf` their argmax and its probability, as the forward's top-k kernels left
 /// them. One CTA per draw.
 #[allow(clippy::too_many_arguments)]
@@ -89,7 +90,7 @@ pub fn draw_rows(
 }
 
 /// Rows of BF16 logits on the device with what a forward's top-k step leaves beside them (top-1
-/// pairs, [`TOPK_MAX`](super::TOPK_MAX) best ids), and room for `max_draws` draws: the draw
+/// pairs, [`TOPK_MAX`] best ids), and room for `max_draws` draws: the draw
 /// kernel's inputs outside a forward, for its tests and benchmarks.
 pub struct LogitRows {
     logits: DeviceBuffer<u16>,
@@ -105,8 +106,8 @@ impl LogitRows {
     /// Uploads `bits` (BF16 bits, `[rows, vocab]`) and runs the top-1 and top-k kernels on them.
     pub fn new(gpu: &Gpu, bits: &[u16], vocab: usize, max_draws: usize) -> CudaResult<Self> {
         let rows = bits.len() / vocab.max(1);
-        let k = super::TOPK_MAX.min(vocab);
-        let scratch: DeviceBuffer<f32> = gpu.alloc(rows * super::TOP1_SLICES * 3)?;
+        let k = TOPK_MAX.min(vocab);
+        let scratch: DeviceBuffer<f32> = gpu.alloc(rows * TOP1_SLICES * 3)?;
         let me = LogitRows {
             logits: gpu.upload(bits)?,
             top: gpu.alloc(2 * rows)?,
@@ -116,7 +117,7 @@ impl LogitRows {
             rows,
             vocab,
         };
-        super::top1_softmax(
+        top1_softmax(
             gpu,
             me.logits.ptr(),
             scratch.ptr(),
@@ -125,7 +126,7 @@ impl LogitRows {
             rows,
             vocab,
         )?;
-        super::topk_rows(
+        topk_rows(
             gpu,
             me.logits.ptr(),
             me.best.ptr(),
@@ -151,7 +152,7 @@ impl LogitRows {
                 self.out.len() / 2
             ));
         }
-        let k = super::TOPK_MAX.min(self.vocab);
+        let k = TOPK_MAX.min(self.vocab);
         gpu.write(&self.params, 0, params.as_flattened())?;
         draw_rows(
             gpu,
