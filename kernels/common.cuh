@@ -187,6 +187,13 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 __device__ __forceinline__ void cp_async_arrive_noinc(unsigned bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+// Before the first copy through a tensor map in global memory, the thread that issues the copies
+// acquires the map for the async proxy. Why: the copy engine caches maps by address, and the host
+// writes them with ordinary copies; a map uploaded where another map lived before (a freed buffer
+// reused, a map re-pointed in place) could otherwise be read stale, copying the wrong tensor.
+__device__ __forceinline__ void tensormap_acquire(const void* map) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n" ::"l"(map) : "memory");
+}
 // One box of a 2D tensor map (in global memory) at columns c0.., rows c1.. into shared memory;
 // completion counts its bytes on `bar`.
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c0, int c1, unsigned bar) {

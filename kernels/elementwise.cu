@@ -350,51 +350,36 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const bf16*
     // Thread tid reads ids 8v .. 8v + 7 for v = tid, tid + blockDim, ...: one 16-byte load each.
     const int vecs = (vocab + 7) / 8;
 
-    // Level 1: the high byte of the k-th key, and how many ids of that high byte it still needs.
-    for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
-    __syncthreads();
-    for (int v0 = 0; v0 < vecs; v0 += blockDim.x) {
-        unsigned bits[8];
-        bf16_bits8(row, vocab, v0 + tid, bits);
+    // Two levels of radix select over the 16-bit keys. Level 0 counts the keys' high bytes and
+    // finds the k-th key's, and how many ids of that high byte it still needs; level 1 counts the
+    // low bytes of the keys with that high byte and finds the k-th key itself.
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const bool in = 8 * (v0 + tid) + e < vocab;
-            hist_count(hist, in ? bf16_order_key(bits[e]) >> 8 : 0u, in, lane);
-        }
-    }
-    __syncthreads();
-    if (tid == 0) {
-        unsigned need = (unsigned)k;
-        int b = 255;
-        while (hist[b] < need) need -= hist[b--];  // vocab >= k: stops at a bin
-        sel_key = (unsigned)b << 8;
-        sel_need = need;
-    }
-    __syncthreads();
-    const unsigned high = sel_key;
-    // Level 2: the low byte among the keys of that high byte.
-    for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
-    __syncthreads();
-    for (int v0 = 0; v0 < vecs; v0 += blockDim.x) {
-        unsigned bits[8];
-        bf16_bits8(row, vocab, v0 + tid, bits);
+    for (int level = 0; level < 2; ++level) {
+        const unsigned high = level ? sel_key : 0u;
+        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
+        __syncthreads();
+        for (int v0 = 0; v0 < vecs; v0 += blockDim.x) {
+            unsigned bits[8];
+            bf16_bits8(row, vocab, v0 + tid, bits);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const bool in = 8 * (v0 + tid) + e < vocab;
-            const unsigned key = in ? bf16_order_key(bits[e]) : 0u;
-            hist_count(hist, key & 0xffu, in && (key & 0xff00u) == high, lane);
+            for (int e = 0; e < 8; ++e) {
+                const bool in = 8 * (v0 + tid) + e < vocab;
+                const unsigned key = in ? bf16_order_key(bits[e]) : 0u;
+                const bool counts = in && (level == 0 || (key & 0xff00u) == high);
+                hist_count(hist, level ? key & 0xffu : key >> 8, counts, lane);
+            }
         }
+        __syncthreads();
+        if (tid == 0) {
+            unsigned need = level ? sel_need : (unsigned)k;
+            int b = 255;
+            while (hist[b] < need) need -= hist[b--];  // vocab >= k: stops at a bin
+            sel_key = high | (level ? (unsigned)b : (unsigned)b << 8);
+            sel_need = need;  // after level 1: the ids of the k-th key to take, lowest first
+            above_n = 0u;
+        }
+        __syncthreads();
     }
-    __syncthreads();
-    if (tid == 0) {
-        unsigned need = sel_need;
-        int b = 255;
-        while (hist[b] < need) need -= hist[b--];
-        sel_key = high | (unsigned)b;
-        sel_need = need;  // ids of the k-th key to take, lowest first
-        above_n = 0u;
-    }
-    __syncthreads();
     const unsigned kth = sel_key, ties = sel_need, above = (unsigned)k - ties;
 
     // The ids above the k-th key (exactly `above` of them), in any order: ranked below.

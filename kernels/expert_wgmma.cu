@@ -75,6 +75,7 @@ __device__ void grouped_wgmma(const void* __restrict__ w_map, unsigned long long
     const int w_row0 = (int)((w_ptr - w_base) / (2ull * K));
 
     if (wg == CONSUMERS) {  // producer: thread 0 the weights, every thread its share of the rows
+        if (tid == 0) tensormap_acquire(w_map);
         const int chunk = tid & 7, row0 = tid >> 3;
         int it = 0;
         for (int item = blockIdx.x; item < items; item += gridDim.x) {

@@ -81,6 +81,8 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
 
     if (warp == CONSUMERS) {  // producer: one thread issues every copy
         if (lane != 0) return;
+        tensormap_acquire(w_map);
+        tensormap_acquire(x_map);
         // A tile's two 64-row weight boxes (consecutive rows, or the gate and up rows of the same
         // intermediate columns) and its first token row. x_ptrs is never written by a kernel.
         int row_a = 0, row_b = 0, x_row = 0;
@@ -337,6 +339,10 @@ __device__ void grouped_tma(const ExpertGemm g0, const ExpertGemm g1, int fused,
     int* passed = ready + (fused ? n_tiles : 0);
 
     if (warp == CONSUMERS) {  // producer: lane 0 the weights, every lane its share of the rows
+        if (lane == 0) {
+            tensormap_acquire(g0.w_map);
+            if (fused) tensormap_acquire(g1.w_map);
+        }
         int it = 0;
         for (int item = blockIdx.x; item < items; item += gridDim.x) {
             const Item m = item_at(item);

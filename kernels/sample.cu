@@ -73,6 +73,16 @@ __device__ __forceinline__ u64 warp_sum_u64(u64 v) {
     return v;
 }
 
+// Lane l gets v summed over lanes 0..=l (all 32 lanes call it).
+__device__ __forceinline__ u64 warp_inclusive_sum_u64(u64 v, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+    }
+    return v;
+}
+
 // hist[bin] += q for every lane of the warp with a nonzero q (all 32 lanes call it): the lanes of
 // one bin add their weights in the warp (q < 2^45: its low 22 and high 23 bits each sum over 32
 // lanes within 32 bits), and one of them adds the sum to the shared bin.
@@ -91,12 +101,7 @@ __device__ __forceinline__ int first_bin_past(const u64* hist, u64 target, u64* 
     u64 mine = 0;
 #pragma unroll
     for (int e = 0; e < 8; ++e) mine += hist[255 - 8 * lane - e];
-    u64 inclusive = mine;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const u64 n = __shfl_up_sync(0xffffffffu, inclusive, o);
-        if (lane >= o) inclusive += n;
-    }
+    const u64 inclusive = warp_inclusive_sum_u64(mine, lane);
     const unsigned past = __ballot_sync(0xffffffffu, inclusive > target);
     if (!past) {
         *before = __shfl_sync(0xffffffffu, inclusive, 31);
@@ -148,12 +153,7 @@ __device__ __forceinline__ int walk_past(const DrawRow& r, const u64* sums, u64 
     int block = -1;
     for (int base = 0; base < r.blocks && block < 0; base += 32) {
         const u64 s = base + lane < r.blocks ? sums[base + lane] : 0ull;
-        u64 inclusive = s;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const u64 n = __shfl_up_sync(0xffffffffu, inclusive, o);
-            if (lane >= o) inclusive += n;
-        }
+        const u64 inclusive = warp_inclusive_sum_u64(s, lane);
         const unsigned past = __ballot_sync(0xffffffffu, run + inclusive > target);
         if (past) {
             const int at = __ffs(past) - 1;
@@ -172,12 +172,7 @@ __device__ __forceinline__ int walk_past(const DrawRow& r, const u64* sums, u64 
         v[e] = value(block * DRAW_BLOCK + lane * 8 + e, bits[e]);
         mine += v[e];
     }
-    u64 inclusive = mine;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const u64 n = __shfl_up_sync(0xffffffffu, inclusive, o);
-        if (lane >= o) inclusive += n;
-    }
+    const u64 inclusive = warp_inclusive_sum_u64(mine, lane);
     const unsigned past = __ballot_sync(0xffffffffu, run + inclusive > target);
     if (!past) return -1;  // the block sums said otherwise: cannot happen
     const int at = __ffs(past) - 1;
@@ -301,12 +296,7 @@ extern "C" __global__ void __launch_bounds__(DRAW_THREADS) draw_rows(
                 q[h] = key >= r.key_lo ? fixed_weight(draw_weight(r, best_x[i])) : 0ull;
                 mine += q[h];
             }
-            u64 inclusive = mine;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const u64 n = __shfl_up_sync(0xffffffffu, inclusive, o);
-                if (lane >= o) inclusive += n;
-            }
+            const u64 inclusive = warp_inclusive_sum_u64(mine, lane);
             const unsigned past = __ballot_sync(0xffffffffu, inclusive > threshold);
             if (lane == 0) {
                 shared_threshold = threshold;
