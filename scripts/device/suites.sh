@@ -1,7 +1,7 @@
 # Sourced by the one-call device scripts: run_suites runs the ignored GPU test binaries that
 # stage.sh copied into bin/ (test-NAME), one test at a time, against whatever PTX the caller
 # exported in MINNOW_PTX_DIR, each with the time the call has left (585 s in all), and prints
-# their verdict lines (and each failure's message).
+# their verdict lines (and each failure's message and seed).
 #   run_suites "cuda_kernels cuda_quant ..."    (KERNEL_FILTER: a name filter for cuda_kernels)
 run_suites() {
   local t left filter
@@ -9,7 +9,7 @@ run_suites() {
     left=$((585 - SECONDS)); [ $left -lt 15 ] && { echo "skip $t (time)"; continue; }
     echo "-- $t t=$SECONDS"
     filter=$([ "$t" = cuda_kernels ] && echo "${KERNEL_FILTER:-}")
-    # A failure's message is the line after "panicked at".
-    timeout $left bin/test-$t --ignored --test-threads 1 $filter 2>&1 | awk '/^test .*(FAILED|ok)$|test result/ {print} /panicked/ {print; getline; print}' | tail -25
+    # A failure's message is the line after "panicked at"; its seed line replays its inputs.
+    timeout $left bin/test-$t --ignored --test-threads 1 $filter 2>&1 | awk '/^test .*(FAILED|ok)$|test result|replay with/ {print} /panicked/ {print; getline; print}' | tail -25
   done
 }

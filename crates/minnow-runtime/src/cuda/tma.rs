@@ -65,6 +65,16 @@ impl TensorMaps {
             .ok()
     }
 
+    /// Re-points the `i`-th map at another tensor, in place and in stream order: launches after
+    /// it copy from `tensor` through the same map address. The kernels acquire each map before
+    /// their first copy through it (`tensormap_acquire`), so the copy engine never reads a map
+    /// it cached before the rewrite.
+    pub fn set(&mut self, gpu: &Gpu, i: usize, tensor: &Bf16Rows) -> CudaResult<()> {
+        gpu.write(&self.maps, 16 * i, &encode(tensor)?)?;
+        self.bases[i] = tensor.base;
+        Ok(())
+    }
+
     /// The `i`-th tensor, in the order given to [`TensorMaps::new`].
     pub fn get(&self, i: usize) -> MappedTensor {
         MappedTensor {
