@@ -21,6 +21,16 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
+// A CTA barrier over `threads` threads (a multiple of 32) on hardware barrier `id` (1-15; 0 is
+// __syncthreads'), for warps that may have diverged just before it (a lane-0 arrive, a row
+// guard). Why the __syncwarp: bar.sync counts a whole warp each time one of its diverged parts
+// executes it, so a warp arriving in two parts would release the barrier early. The memory
+// clobber keeps the compiler from moving shared-memory reads and writes across it.
+__device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads) {
+    __syncwarp();
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
 // Round-to-nearest-even, like PyTorch's BF16 casts.
 __device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16_rn(x); }

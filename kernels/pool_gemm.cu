@@ -167,6 +167,7 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
                     mma16816(acc[2 * nb2 + 1], a, b[2], b[3]);
                 }
             }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // as in grouped_tma, below
             __syncwarp();
             if (lane == 0) mbar_arrive(empty0 + 8 * s);
         }
@@ -200,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
                 up[(col + 8) * TOKENS + t0 + 1] = to_f32(to_bf16(acc[nb][3]));
             }
         }
-        asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 32));
+        named_barrier_sync(1, CONSUMERS * 32);
         if (warp < 4) {
             const int I = N / 2;
             bf16* y = reinterpret_cast<bf16*>(y_ptrs[q]) + n0 / 2 + col;
@@ -220,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
                 }
             }
         }
-        asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 32));  // `up` is free for the next tile
+        named_barrier_sync(1, CONSUMERS * 32);  // `up` is free for the next tile
     }
 #else
     __trap();  // launched only where the sm_90 build is loaded (ops::pool_gemm_supported)
@@ -437,6 +438,11 @@ __device__ void grouped_tma(const ExpertGemm g0, const ExpertGemm g1, int fused,
                     mma16816(acc[mm][1], a, b[2], b[3]);
                 }
             }
+            // The stage's next fill is written by the copy engine (the async proxy), and these
+            // reads were ldmatrix (the generic proxy): without this fence the fill can overwrite
+            // a slow warp's rows before its reads are done (seen: warp 0's columns wrong in about
+            // one launch of three of a 2,048-token gate/up).
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             __syncwarp();
             if (lane == 0) mbar_arrive(empty0 + 8 * s);
         }
@@ -469,7 +475,7 @@ __device__ void grouped_tma(const ExpertGemm g0, const ExpertGemm g1, int fused,
                         up[row * UP_LD + c + 1] = to_f32(to_bf16(acc[mm][j][2 * h + 1]));
                     }
         }
-        asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 32));
+        named_barrier_sync(1, CONSUMERS * 32);
         if (warp < 4) {
             const int I = G.N / 2;
 #pragma unroll
@@ -489,7 +495,7 @@ __device__ void grouped_tma(const ExpertGemm g0, const ExpertGemm g1, int fused,
             // Fused: this thread's outputs are visible device-wide before the slice is counted.
             if (fused) __threadfence();
         }
-        asm volatile("bar.sync 1, %0;\n" ::"n"(CONSUMERS * 32));  // `up` is free for the next item
+        named_barrier_sync(1, CONSUMERS * 32);  // `up` is free for the next item
         if (fused && warp == 0 && lane == 0) {
             __threadfence();
             atomicAdd(ready + m.tile, 1);
