@@ -169,6 +169,10 @@ impl std::fmt::Debug for DrawnScores<'_> {
 /// the reason).
 pub trait LazyRows {
     fn row(&self, p: usize) -> Option<Vec<f32>>;
+    /// One logit of slot `p`'s row.
+    fn logit(&self, p: usize, token: u32) -> Option<f32> {
+        self.row(p).and_then(|row| row.get(token as usize).copied())
+    }
 }
 
 /// What a step may read from its forward beyond the scores it got: a row in full
@@ -249,10 +253,13 @@ impl ForwardRows for RunnerRows<'_> {
     }
 }
 
-/// [`LazyRows`] over a [`ForwardRows`], remembering the first failed read.
+/// [`LazyRows`] over a [`ForwardRows`], remembering the first failed read and the last row read:
+/// a 2.2 re-pick draws from its slot's row and then asks one logit of it for the confidence,
+/// which the kept row answers without a second read from the forward.
 pub struct RowReader<'r> {
     reader: RefCell<&'r mut ReadRow<'r>>,
     failure: RefCell<Option<String>>,
+    last: RefCell<Option<(usize, Vec<f32>)>>,
 }
 
 impl<'r> RowReader<'r> {
@@ -260,7 +267,23 @@ impl<'r> RowReader<'r> {
         Self {
             reader: RefCell::new(reader),
             failure: RefCell::new(None),
+            last: RefCell::new(None),
         }
+    }
+
+    /// Slot `p`'s row, kept as the last one read, then `f` of it.
+    fn with_row<T>(&self, p: usize, f: impl FnOnce(&[f32]) -> T) -> Option<T> {
+        let mut last = self.last.borrow_mut();
+        if last.as_ref().is_none_or(|(q, _)| *q != p) {
+            match self.reader.borrow_mut().row(p) {
+                Ok(row) => *last = Some((p, row)),
+                Err(e) => {
+                    self.failure.borrow_mut().get_or_insert(e);
+                    return None;
+                }
+            }
+        }
+        last.as_ref().map(|(_, row)| f(row))
     }
 
     /// Why a read failed, if one did.
@@ -271,13 +294,12 @@ impl<'r> RowReader<'r> {
 
 impl LazyRows for RowReader<'_> {
     fn row(&self, p: usize) -> Option<Vec<f32>> {
-        match self.reader.borrow_mut().row(p) {
-            Ok(row) => Some(row),
-            Err(e) => {
-                self.failure.borrow_mut().get_or_insert(e);
-                None
-            }
-        }
+        self.with_row(p, <[f32]>::to_vec)
+    }
+
+    fn logit(&self, p: usize, token: u32) -> Option<f32> {
+        self.with_row(p, |row| row.get(token as usize).copied())
+            .flatten()
     }
 }
 
@@ -430,7 +452,7 @@ impl<'a> StepScores<'a> {
                     .iter()
                     .find(|(id, _)| *id == token)
                     .map(|&(_, z)| z)
-                    .or_else(|| rows.row(p).and_then(|row| row.get(token as usize).copied()));
+                    .or_else(|| rows.logit(p, token));
                 (logit, best.first().map_or(0.0, |&(_, z)| z), top.top1[p].1)
             }
             StepScores::Top1(_) => panic!("top-1 pairs hold no other token's probability"),
@@ -614,6 +636,30 @@ pub fn select_transfers(slots: &[(usize, f32)], threshold: f32, quota: usize) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_read_once_answers_its_logits_and_another_slot_reads_again() {
+        let mut reads = 0usize;
+        let mut forward = |p: usize| -> Result<Vec<f32>, String> {
+            reads += 1;
+            if p == 9 {
+                return Err("slot 9 cannot be read".into());
+            }
+            Ok((0..5).map(|i| (10 * p + i) as f32).collect())
+        };
+        {
+            let reader = RowReader::new(&mut forward);
+            assert_eq!(reader.row(3), Some(vec![30.0, 31.0, 32.0, 33.0, 34.0]));
+            assert_eq!(reader.logit(3, 4), Some(34.0));
+            assert_eq!(reader.logit(3, 7), None, "an id past the row has no logit");
+            assert_eq!(reader.logit(2, 1), Some(21.0));
+            assert_eq!(reader.row(2).map(|r| r[0]), Some(20.0));
+            assert_eq!(reader.logit(9, 0), None);
+            assert_eq!(reader.failure().as_deref(), Some("slot 9 cannot be read"));
+        }
+        assert_eq!(reads, 3, "slots 3, 2 and 9, each read once");
+    }
+
     use crate::decode::testing::{full_scores, logits_for, top1_pairs, M};
     use crate::sampling::SamplerSettings;
 
