@@ -143,6 +143,7 @@ __device__ void attention_seq(const bf16* __restrict__ q, const bf16* __restrict
         }
         const int s = it % STAGES;
         mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+        fence_async_proxy_shared();  // the K/V rows cp.async wrote, for wgmma's reads
         const unsigned kt = stages + s * STAGE_BYTES, vt = kt + MATRIX;
 
         // Scores of the warpgroup's 64 rows against the tile's 64 keys.

@@ -177,6 +177,14 @@ __device__ __forceinline__ void init_stage_barriers(unsigned full0, unsigned emp
     }
     __syncthreads();
 }
+// Orders this thread's shared-memory accesses in the generic proxy (ld/st, ldmatrix, and the rows
+// cp.async landed, once a barrier wait has seen them) with its later ones in the async proxy (a
+// TMA copy's writes, wgmma's operand reads). Consumers that read a stage with ldmatrix call it
+// before releasing the stage to the next TMA fill; consumers whose wgmma reads rows that cp.async
+// wrote call it after the stage's `full` wait.
+__device__ __forceinline__ void fence_async_proxy_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }

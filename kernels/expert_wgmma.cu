@@ -139,6 +139,7 @@ __device__ void grouped_wgmma(const void* __restrict__ w_map, unsigned long long
         for (int ks = 0; ks < k_steps; ++ks, ++it) {
             const int s = it % STAGES;
             mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+            fence_async_proxy_shared();  // the rows cp.async wrote, for wgmma's reads
             const unsigned w = stages + s * STAGE_BYTES, x = w + W_BYTES + wg * (64 * 128);
             fence_operands(acc);
             wgmma_fence();
@@ -307,6 +308,7 @@ __device__ __forceinline__ void consume_item(Ring& ring, int k_steps, int rows, 
     for (int ks = 0; ks < k_steps; ++ks) {
         const int s = ring.it % STAGES;
         mbar_wait(ring.full0 + 8 * s, (ring.it / STAGES) & 1);
+        fence_async_proxy_shared();  // the rows cp.async wrote, for wgmma's reads
         ++ring.it;
         const unsigned char* base = ring.ptr + s * STAGE_BYTES;
         const unsigned char* code0 = base + X_BYTES + band * STEPS * TB + lane * (BITS / 2);

@@ -167,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(minnow_pool::THREADS, 1)
                     mma16816(acc[2 * nb2 + 1], a, b[2], b[3]);
                 }
             }
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // as in grouped_tma, below
+            fence_async_proxy_shared();  // as in grouped_tma, below
             __syncwarp();
             if (lane == 0) mbar_arrive(empty0 + 8 * s);
         }
@@ -442,7 +442,7 @@ __device__ void grouped_tma(const ExpertGemm g0, const ExpertGemm g1, int fused,
             // reads were ldmatrix (the generic proxy): without this fence the fill can overwrite
             // a slow warp's rows before its reads are done (seen: warp 0's columns wrong in about
             // one launch of three of a 2,048-token gate/up).
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            fence_async_proxy_shared();
             __syncwarp();
             if (lane == 0) mbar_arrive(empty0 + 8 * s);
         }
