@@ -154,7 +154,9 @@ kernel_table! {
     }
     /// `kernels/rope.cu`.
     rope (max_dynamic_shared: 0) {
-        qk_norm_rope(
+        /// Head dim <= 256, and <= 128 (fewer registers, more CTAs per SM; the same bits).
+        qk_norm_rope,
+        qk_norm_rope_d128 as QkNormRope (
             qkv: u64,
             q_weight: u64,
             k_weight: u64,

@@ -78,7 +78,14 @@ pub fn qk_norm_rope(
         32 * ROPE_WARPS as u32,
         0,
     );
-    kernels::rope::qk_norm_rope(
+    // Up to 4 elements per lane where the head dim allows: 32 registers a thread instead of 40,
+    // so 8 CTAs fit an SM instead of 6 (kernels/rope.cu); the same arithmetic.
+    let launch: kernels::rope::QkNormRope = if shape.head_dim <= 128 {
+        kernels::rope::qk_norm_rope_d128
+    } else {
+        kernels::rope::qk_norm_rope
+    };
+    launch(
         gpu,
         cfg,
         qkv,
