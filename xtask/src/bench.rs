@@ -7,7 +7,8 @@
 //! Options: `--commit SHA` (else `git rev-parse`), `--quick` (fewer repetitions),
 //! `--prefill 512,2048,...`, `--prefix 1024,8192`, `--profile-one` (only one refinement forward
 //! at the first prefix, without a graph, between `cuProfilerStart`/`Stop`: for
-//! `ncu --profile-from-start off`), `--concurrency 1,4,16,64` (the batched steps),
+//! `ncu --profile-from-start off`; with `--concurrency N`, N > 1, one batched step of N requests
+//! instead), `--concurrency 1,4,16,64` (the batched steps),
 //! `--experts bf16|int8|int4|nvfp4|fp8` (random routed experts in that encoding: `i8_mma` /
 //! `i4_mma` codes with groups of 128, or NVFP4 and FP8 as the loader repacks them: E2M1 codes
 //! with a BF16 scale per 16, E4M3 codes with an F32 scale per 128 x 128 block), `--preset
@@ -548,7 +549,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .map_err(err)?;
     let t0 = Instant::now();
     let mut runner = SingleSequence::new(
-        CudaRunner::random_with_experts(config.clone(), 0, 2201, o.experts, None).map_err(err)?,
+        CudaRunner::random_with_experts(
+            config.clone(),
+            0,
+            2201,
+            o.experts,
+            // A profiler replaying kernels saves the memory they write: leave it room.
+            o.profile_one.then_some(12 << 30),
+        )
+        .map_err(err)?,
     );
     let device = runner.gpu().name().to_string();
     println!(
@@ -569,6 +578,24 @@ pub fn run(args: &[String]) -> Result<(), String> {
     );
     let mut rows: Vec<String> = vec![];
 
+    if o.profile_one && o.concurrency.iter().any(|&n| n > 1) {
+        // One batched denoising step of the first concurrency above 1 (every request a 32-token
+        // block over its own 1,024-token prefix, top-1 of every row), without a graph.
+        let n = o.concurrency.iter().copied().find(|&n| n > 1).unwrap_or(2);
+        let cuda = runner.runner_mut();
+        let tables = prefill_requests(cuda, n, 1024, 8)?;
+        let blocks: Vec<Vec<u32>> = (0..n).map(|r| ids(32, 5000 + r as u64)).collect();
+        let segs = step(&tables, &blocks, 1024, Want::Top1(0..32));
+        cuda.set_graphs(false);
+        cuda.forward_batch(&segs).map_err(err)?; // warm-up
+        cuda.gpu().synchronize().map_err(err)?;
+        minnow_runtime::cuda::profiler(true).map_err(err)?;
+        cuda.forward_batch(&segs).map_err(err)?;
+        cuda.gpu().synchronize().map_err(err)?;
+        minnow_runtime::cuda::profiler(false).map_err(err)?;
+        println!("profiled one batched step of {n} x 32 tokens at prefix 1024");
+        return Ok(());
+    }
     if o.profile_one {
         let prefix = o.prefixes.first().copied().unwrap_or(1024);
         let seq = runner.create_sequence();
