@@ -129,6 +129,10 @@ extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __
 
 // Most routed experts per token moe_combine_add_rmsnorm takes (their rows sit in shared memory).
 #define COMBINE_NORM_MAX_K 32
+// Expert rows whose 16-byte loads a thread of moe_combine_add_rmsnorm keeps in flight per pass:
+// four registers each, most of the kernel's 84 (3 CTAs of 256 threads per SM). Capping the
+// registers with launch bounds spilled and lost (docs/performance.md, session 29).
+#define COMBINE_ROWS_IN_FLIGHT 8
 
 // The end of an MoE layer fused with the next RMSNorm (the next layer's input norm, or the final
 // norm): moe_combine into a delta that is never stored, then add_rmsnorm's arithmetic
@@ -159,13 +163,13 @@ extern "C" __global__ void moe_combine_add_rmsnorm(const bf16* __restrict__ y, c
         float hv[8], sv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         unpack8(row[v], hv);
         if (srow) unpack8(reinterpret_cast<const uint4*>(srow)[v], sv);
-        for (int j0 = 0; j0 < k; j0 += 8) {
-            uint4 yv[8];
+        for (int j0 = 0; j0 < k; j0 += COMBINE_ROWS_IN_FLIGHT) {
+            uint4 yv[COMBINE_ROWS_IN_FLIGHT];
 #pragma unroll
-            for (int u = 0; u < 8; ++u)
+            for (int u = 0; u < COMBINE_ROWS_IN_FLIGHT; ++u)
                 if (j0 + u < k) yv[u] = reinterpret_cast<const uint4*>(y + (size_t)rows[j0 + u] * d)[v];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) {
+            for (int u = 0; u < COMBINE_ROWS_IN_FLIGHT; ++u) {
                 if (j0 + u >= k) break;
                 float f[8];
                 unpack8(yv[u], f);
