@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use minnow_model::{CpuRunner, ModelRunner, Segment, Want};
+use minnow_model::{CpuRunner, LogitsRows, ModelRunner, Segment, SingleSequence, Want};
 
 #[path = "support/batched.rs"]
 mod support;
@@ -59,5 +59,42 @@ fn quantized_experts_keep_segments_bit_identical() {
             write_fixture_mnw(name, &path, &quantized_options(experts, layout));
             support::segments_get_their_unbatched_outputs(name, &path);
         }
+    }
+}
+
+/// What the engine's merged commit relies on: a final block's refresh and the next block's first
+/// step in one forward (the final ids, then the next block, the next block's rows wanted) give
+/// the next block's logits of a refresh forward followed by a step, bit for bit, and leave the
+/// same K/V behind (a further block's logits are the same too), on every fixture family.
+#[test]
+fn a_refresh_in_the_next_blocks_forward_gives_the_bits_of_two_forwards() {
+    for name in ALL {
+        let mut r = SingleSequence::new(CpuRunner::load(&fixture(name)).unwrap());
+        let vocab = r.config().vocab_size as u32;
+        let ids: Vec<u32> = (0..160u32).map(|i| (i * 37 + 5) % vocab).collect();
+        let (prompt, done, next, later) = (&ids[..64], &ids[64..96], &ids[96..128], &ids[128..]);
+
+        let two = r.create_sequence();
+        r.forward(two, prompt, LogitsRows::None).unwrap();
+        r.forward(two, done, LogitsRows::None).unwrap();
+        let step = r.forward(two, next, LogitsRows::All).unwrap();
+        let after = r.forward(two, later, LogitsRows::All).unwrap();
+
+        let one = r.create_sequence();
+        r.forward(one, prompt, LogitsRows::None).unwrap();
+        let both: Vec<u32> = [done, next].concat();
+        let merged_step = r.forward(one, &both, LogitsRows::Range(32..64)).unwrap();
+        let merged_after = r.forward(one, later, LogitsRows::All).unwrap();
+
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(step.len(), 32 * vocab as usize, "{name}");
+        assert!(
+            bits(&step) == bits(&merged_step),
+            "{name}: the step's logits differ"
+        );
+        assert!(
+            bits(&after) == bits(&merged_after),
+            "{name}: the K/V left behind differ"
+        );
     }
 }

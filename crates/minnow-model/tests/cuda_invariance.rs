@@ -231,3 +231,90 @@ fn prefill_chunking_never_changes_a_rows_bits() {
         }
     }
 }
+
+/// What the engine's merged commit relies on, on the GPU: a final block's refresh and the next
+/// block's first step in one forward (the final ids, then the next block, its rows wanted) give
+/// the next block's logits of a refresh forward followed by a step, bit for bit, and leave the
+/// same K/V behind (a further block's logits are the same too).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_refresh_in_the_next_blocks_forward_gives_the_bits_of_two_forwards() {
+    let seed = seed();
+    for (name, cfg) in shapes() {
+        let dir = random_checkpoint(cfg, Dtype::F32, 9);
+        let mut runner = CudaRunner::load(dir.path(), 0).expect("the GPU takes this shape");
+        let vocab = runner.config().vocab_size as u32;
+        let mut rng = Rng(seed ^ 0xc011);
+        let prompt = 1024;
+        let all = ids(prompt + 3 * BLOCK, vocab, &mut rng);
+        let (done, next, later) = (
+            prompt..prompt + BLOCK,
+            prompt + BLOCK..prompt + 2 * BLOCK,
+            prompt + 2 * BLOCK..prompt + 3 * BLOCK,
+        );
+        let mut pages = Pages(0);
+        let step =
+            |runner: &mut CudaRunner, p: &[PageId], start: usize, ids: &[u32], want: Want| {
+                runner
+                    .forward_batch(&[Segment {
+                        pages: p,
+                        start,
+                        ids,
+                        want,
+                    }])
+                    .unwrap()
+                    .remove(0)
+            };
+
+        let two = pages.take(all.len().div_ceil(BLOCK));
+        prefill(&mut runner, &two, &all[..prompt], prompt);
+        step(
+            &mut runner,
+            &two,
+            done.start,
+            &all[done.clone()],
+            Want::Nothing,
+        );
+        let first = logits(step(
+            &mut runner,
+            &two,
+            next.start,
+            &all[next.clone()],
+            Want::Logits(0..BLOCK),
+        ));
+        let after = logits(step(
+            &mut runner,
+            &two,
+            later.start,
+            &all[later.clone()],
+            Want::Logits(0..BLOCK),
+        ));
+
+        let one = pages.take(all.len().div_ceil(BLOCK));
+        prefill(&mut runner, &one, &all[..prompt], prompt);
+        let both = &all[done.start..next.end];
+        let merged = logits(step(
+            &mut runner,
+            &one,
+            done.start,
+            both,
+            Want::Logits(BLOCK..2 * BLOCK),
+        ));
+        let merged_after = logits(step(
+            &mut runner,
+            &one,
+            later.start,
+            &all[later.clone()],
+            Want::Logits(0..BLOCK),
+        ));
+
+        let what = format!("{name} (MINNOW_TEST_SEED={seed})");
+        assert_bit_identical(
+            &format!("{what}: the next block's first step"),
+            &merged,
+            &first,
+        );
+        assert_bit_identical(&format!("{what}: the block after"), &merged_after, &after);
+        println!("{name}: a refresh merged into the next block's forward: bit-identical");
+    }
+}
