@@ -85,10 +85,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             } => {
                 println!();
                 eprintln!(
-                    "finished ({finish_reason:?}): {} tokens, {} denoise + {} commit forwards, {:.1} tokens/s",
+                    "finished ({finish_reason:?}): {} tokens, {} denoise + {} commit forwards ({} commits merged), {:.1} tokens/s",
                     stats.completion_tokens,
                     stats.denoise_forwards,
                     stats.commit_forwards,
+                    stats.merged_commits,
                     stats.tokens_per_second
                 );
             }

@@ -101,7 +101,12 @@ pub struct GenerationStats {
     pub completion_tokens: usize,
     pub blocks: usize,
     pub denoise_forwards: usize,
+    /// Forwards that only refreshed a final block's K/V before the next block.
     pub commit_forwards: usize,
+    /// Final blocks whose K/V refresh rode on the next block's first denoising forward (no
+    /// forward of its own).
+    #[serde(default)]
+    pub merged_commits: usize,
     pub steps_per_block: Vec<usize>,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,

@@ -253,6 +253,35 @@ impl ForwardRows for RunnerRows<'_> {
     }
 }
 
+/// The rows of a block that starts `offset` rows into its forward's segment (a commit merged
+/// into the next block's first forward: the final ids of the block before come first): slot
+/// `p` is the segment's row `offset + p`, for reads and for draws.
+pub struct OffsetRows<'a, 'r> {
+    pub inner: &'a mut ReadRow<'r>,
+    pub offset: usize,
+}
+
+impl ForwardRows for OffsetRows<'_, '_> {
+    fn row(&mut self, p: usize) -> Result<Vec<f32>, String> {
+        self.inner.row(self.offset + p)
+    }
+
+    fn draws(&self) -> bool {
+        self.inner.draws()
+    }
+
+    fn draw(&mut self, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>, String> {
+        let shifted: Vec<RowDraw> = draws
+            .iter()
+            .map(|d| RowDraw {
+                row: d.row + self.offset,
+                ..*d
+            })
+            .collect();
+        self.inner.draw(&shifted)
+    }
+}
+
 /// [`LazyRows`] over a [`ForwardRows`], remembering the first failed read and the last row read:
 /// a 2.2 re-pick draws from its slot's row and then asks one logit of it for the confidence,
 /// which the kept row answers without a second read from the forward.

@@ -19,7 +19,7 @@ use super::layout::Layout;
 use super::low_confidence::{schedule, LowConfidence};
 use super::params::ResolvedParams;
 use super::stop_tokens::StopTokens;
-use super::{BlockAlgorithm, BlockLogits, ControlTokens, ReadRow, StepScores};
+use super::{BlockAlgorithm, BlockLogits, ControlTokens, OffsetRows, ReadRow, StepScores};
 use crate::api::{Algorithm, BlockStats, FinishReason, GenerationStats};
 
 /// Prefill chunk size in tokens (rounded down to whole blocks). Bounds the time one request holds
@@ -83,12 +83,18 @@ enum Phase {
         index: usize,
         run: BlockRun,
     },
-    /// The block is final but its page holds K/V of other ids: one refresh forward commits it,
-    /// then `finished` goes out.
+    /// The block is final but its page holds K/V of other ids, and block `index + 1` (`next`)
+    /// follows. The refresh rides on `next`'s first denoising forward: one forward over the
+    /// final ids and `next`'s tokens, whose rows of `next` are its first step. Attention is
+    /// block-causal and every row's arithmetic is the same in any forward (batch invariance), so
+    /// the committed K/V and `next`'s scores have the bits of a refresh forward followed by a
+    /// step, one forward fewer. Then `finished` goes out. A `next` that ends without a forward
+    /// gets the refresh alone.
     Commit {
         index: usize,
         run: BlockRun,
         finished: FinishedBlock,
+        next: Box<BlockRun>,
     },
     Finished,
 }
@@ -302,6 +308,14 @@ impl RequestDecoder {
         }
         match &mut self.phase {
             Phase::Block { run, .. } => run.constraint_mut(),
+            Phase::Commit { next, .. }
+                if self
+                    .pending
+                    .as_ref()
+                    .is_some_and(|f| f.want != Want::Nothing) =>
+            {
+                next.constraint_mut()
+            }
             _ => None,
         }
     }
@@ -320,10 +334,23 @@ impl RequestDecoder {
         let SegmentOutput::TopK(top) = output else {
             return None;
         };
-        match &mut self.phase {
+        let offset = self.pending.as_ref().map_or(0, |f| f.want.rows().start);
+        let draws = match &mut self.phase {
             Phase::Block { run, .. } => run.take_device_draws(top, &mut self.rng),
+            Phase::Commit { next, .. } => next.take_device_draws(top, &mut self.rng),
             _ => None,
-        }
+        }?;
+        // Rows are counted in the forward's segment: a merged commit's block follows the final
+        // ids of the block before.
+        Some(
+            draws
+                .into_iter()
+                .map(|d| minnow_model::RowDraw {
+                    row: d.row + offset,
+                    ..d
+                })
+                .collect(),
+        )
     }
 
     /// Output ids so far (committed blocks only).
@@ -355,9 +382,8 @@ impl RequestDecoder {
         let b = self.layout.block;
         match &self.phase {
             Phase::Prefill { .. } => (self.layout.prefill_len + b).min(self.layout.total_len),
-            Phase::Block { index, .. } | Phase::Commit { index, .. } => {
-                self.layout.block_start(*index) + b
-            }
+            Phase::Block { index, .. } => self.layout.block_start(*index) + b,
+            Phase::Commit { next, .. } => next.start() + b,
             Phase::Finished => 0,
         }
     }
@@ -414,6 +440,12 @@ impl RequestDecoder {
     }
 
     fn start_block(&mut self, index: usize) -> Result<Phase, DecodeError> {
+        let run = self.block_run(index)?;
+        Ok(Phase::Block { index, run })
+    }
+
+    /// Block `index`'s run, from its prompt ids and masks (it takes the grammar, if any).
+    fn block_run(&mut self, index: usize) -> Result<BlockRun, DecodeError> {
         let b = self.layout.block;
         let start = self.layout.block_start(index);
         let prompt_in_block = self.layout.prompt_in_block(index);
@@ -438,7 +470,7 @@ impl RequestDecoder {
             constraint.start_block(answer.start, answer.end);
             run = run.with_constraint(constraint);
         }
-        Ok(Phase::Block { index, run })
+        Ok(run)
     }
 
     /// Decides the next step. A prefill chunk (or, after a preemption, a chunk of committed ids
@@ -514,16 +546,28 @@ impl RequestDecoder {
                     index,
                     run,
                     finished,
+                    mut next,
                 } => {
+                    let mut ids = run.tokens().to_vec();
+                    let want = match next.plan() {
+                        Some(kind) => {
+                            let rows = ids.len()..ids.len() + next.tokens().len();
+                            ids.extend_from_slice(next.tokens());
+                            kind.to_ask(self.ctx.full_logits_cheap, self.ctx.draws_rows)
+                                .want(rows)
+                        }
+                        None => Want::Nothing,
+                    };
                     let forward = PlannedForward {
                         start: run.start(),
-                        ids: run.tokens().to_vec(),
-                        want: Want::Nothing,
+                        ids,
+                        want,
                     };
                     self.phase = Phase::Commit {
                         index,
                         run,
                         finished,
+                        next,
                     };
                     return Ok(Next::Forward(self.planned(forward)));
                 }
@@ -569,44 +613,8 @@ impl RequestDecoder {
             }
             Phase::Block { index, mut run } => {
                 self.decode_time += elapsed;
-                let n = planned.ids.len();
-                let state = match output {
-                    SegmentOutput::Logits(data) => {
-                        let vocab = self.ctx.vocab_size;
-                        check_scores(data.len(), n * vocab)
-                            .map_err(|e| DecodeError::BadOutput(e.to_string()))?;
-                        run.apply(
-                            StepScores::Logits(BlockLogits::new(&data, vocab)),
-                            read_row,
-                            &mut self.rng,
-                        )
-                    }
-                    SegmentOutput::Top1(pairs) => {
-                        check_scores(pairs.len(), n)
-                            .map_err(|e| DecodeError::BadOutput(e.to_string()))?;
-                        run.apply(StepScores::Top1(&pairs), read_row, &mut self.rng)
-                    }
-                    SegmentOutput::TopK(top) => {
-                        check_scores(top.rows(), n)
-                            .map_err(|e| DecodeError::BadOutput(e.to_string()))?;
-                        run.apply(StepScores::TopK(&top), read_row, &mut self.rng)
-                    }
-                    SegmentOutput::Nothing => {
-                        return Err(DecodeError::BadOutput(
-                            "a denoising forward returned no scores".into(),
-                        ))
-                    }
-                };
-                if let Some(failure) = run.take_failure() {
-                    return Err(DecodeError::Grammar(failure));
-                }
-                self.stats.denoise_forwards += 1;
-                if let Some(trace) = &mut self.trace {
-                    trace.push(TraceStep {
-                        block: run.start() / self.layout.block,
-                        block_tokens: run.tokens().to_vec(),
-                    });
-                }
+                let state =
+                    self.apply_step(&mut run, output, planned.want.rows().len(), read_row)?;
                 if state == BlockState::Refining {
                     self.phase = Phase::Block { index, run };
                     return Ok(Update::Refining);
@@ -620,17 +628,79 @@ impl RequestDecoder {
                 index,
                 mut run,
                 mut finished,
+                mut next,
             } => {
                 self.decode_time += elapsed;
                 run.refreshed();
-                self.stats.commit_forwards += 1;
+                if planned.want == Want::Nothing {
+                    self.stats.commit_forwards += 1;
+                } else {
+                    // The next block's rows follow the final ids in the forward's segment.
+                    let rows = planned.want.rows();
+                    let mut shifted = OffsetRows {
+                        inner: read_row,
+                        offset: rows.start,
+                    };
+                    self.apply_step(&mut next, output, rows.len(), &mut shifted)?;
+                    self.stats.merged_commits += 1;
+                }
                 finished.stats.forwards += 1;
                 finished.stats.seconds = run.elapsed().as_secs_f64();
                 self.committed.extend_from_slice(run.tokens());
-                self.phase = self.start_block(index + 1)?;
+                // A next block that its first step finished is finished by the next plan.
+                self.phase = Phase::Block {
+                    index: index + 1,
+                    run: *next,
+                };
                 Ok(Update::Block(finished))
             }
         }
+    }
+
+    /// Hands a denoising forward's scores for `run`'s `n` rows to it; returns its state after.
+    fn apply_step(
+        &mut self,
+        run: &mut BlockRun,
+        output: SegmentOutput,
+        n: usize,
+        read_row: &mut ReadRow<'_>,
+    ) -> Result<BlockState, DecodeError> {
+        let state = match output {
+            SegmentOutput::Logits(data) => {
+                let vocab = self.ctx.vocab_size;
+                check_scores(data.len(), n * vocab)
+                    .map_err(|e| DecodeError::BadOutput(e.to_string()))?;
+                run.apply(
+                    StepScores::Logits(BlockLogits::new(&data, vocab)),
+                    read_row,
+                    &mut self.rng,
+                )
+            }
+            SegmentOutput::Top1(pairs) => {
+                check_scores(pairs.len(), n).map_err(|e| DecodeError::BadOutput(e.to_string()))?;
+                run.apply(StepScores::Top1(&pairs), read_row, &mut self.rng)
+            }
+            SegmentOutput::TopK(top) => {
+                check_scores(top.rows(), n).map_err(|e| DecodeError::BadOutput(e.to_string()))?;
+                run.apply(StepScores::TopK(&top), read_row, &mut self.rng)
+            }
+            SegmentOutput::Nothing => {
+                return Err(DecodeError::BadOutput(
+                    "a denoising forward returned no scores".into(),
+                ))
+            }
+        };
+        if let Some(failure) = run.take_failure() {
+            return Err(DecodeError::Grammar(failure));
+        }
+        self.stats.denoise_forwards += 1;
+        if let Some(trace) = &mut self.trace {
+            trace.push(TraceStep {
+                block: run.start() / self.layout.block,
+                block_tokens: run.tokens().to_vec(),
+            });
+        }
+        Ok(state)
     }
 
     /// Stop-token scan and output assembly of a final block. Returns the finished block, or
@@ -677,10 +747,12 @@ impl RequestDecoder {
             }
             // Another block follows: its forwards attend to this block's committed K/V.
             None if run.needs_refresh() => {
+                let next = Box::new(self.block_run(index + 1)?);
                 self.phase = Phase::Commit {
                     index,
                     run,
                     finished,
+                    next,
                 };
                 Ok(None)
             }
@@ -829,9 +901,14 @@ mod tests {
         };
         assert_eq!(last.tokens, vec![2, EOS]);
         assert_eq!(last.finish, Some(FinishReason::Stop));
-        // 2.0 always refreshes after its last transfer step: one refresh for block 0 only.
-        assert_eq!(d.stats().commit_forwards, 1);
-        assert_eq!(runner.calls.last().unwrap().rows, LogitsRows::All);
+        // 2.0 always refreshes after its last transfer step: one refresh for block 0 only, and
+        // it rides on block 1's first (and here only) forward, which covers both blocks and asks
+        // for block 1's rows.
+        assert_eq!(d.stats().commit_forwards, 0);
+        assert_eq!(d.stats().merged_commits, 1);
+        let last = runner.calls.last().unwrap();
+        assert_eq!((last.start, last.ids.len()), (8, 8));
+        assert_eq!(last.rows, LogitsRows::Range(4..8));
     }
 
     #[test]

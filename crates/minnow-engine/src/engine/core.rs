@@ -558,7 +558,12 @@ impl Core {
                 return None;
             }
             match self.running[i].decoder.plan(prefill_budget) {
-                Ok(Next::Forward(forward)) => return Some(forward),
+                // Planning can move the request on to a forward that ends past the pages
+                // secured above (a final block's commit merged into the next block's first
+                // forward): secure those too. Preempted now, it keeps the forward for later.
+                Ok(Next::Forward(forward)) => {
+                    return self.secure_pages(i, plan).then_some(forward);
+                }
                 Ok(Next::Idle) => return None,
                 Ok(Next::Update(update)) => self.on_update(i, update),
                 Err(error) => {

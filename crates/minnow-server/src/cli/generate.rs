@@ -152,7 +152,8 @@ fn count(n: usize, one: &str, many: &str) -> String {
 
 fn print_stats(stats: &GenerationStats, reason: FinishReason) {
     eprintln!(
-        "[{}] prompt {}, completion {} in {}; forwards: {} denoise + {} commit; \
+        "[{}] prompt {}, completion {} in {}; forwards: {} denoise + {} commit \
+         ({} commits merged into the next block's first forward); \
          prefill {:.3} s, decode {:.3} s ({:.1} tokens/s); steps per block {:?}",
         finish_reason_name(reason),
         count(stats.prompt_tokens, "token", "tokens"),
@@ -160,6 +161,7 @@ fn print_stats(stats: &GenerationStats, reason: FinishReason) {
         count(stats.blocks, "block", "blocks"),
         stats.denoise_forwards,
         stats.commit_forwards,
+        stats.merged_commits,
         stats.prefill_seconds,
         stats.decode_seconds,
         stats.tokens_per_second,

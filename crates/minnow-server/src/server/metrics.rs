@@ -59,6 +59,7 @@ pub struct Metrics {
     generated_tokens: AtomicU64,
     denoise_forwards: AtomicU64,
     commit_forwards: AtomicU64,
+    merged_commits: AtomicU64,
     blocks: AtomicU64,
     cancelled: AtomicU64,
     generations: AtomicU64,
@@ -108,6 +109,8 @@ impl Metrics {
             .fetch_add(stats.denoise_forwards as u64, Ordering::Relaxed);
         self.commit_forwards
             .fetch_add(stats.commit_forwards as u64, Ordering::Relaxed);
+        self.merged_commits
+            .fetch_add(stats.merged_commits as u64, Ordering::Relaxed);
         self.blocks
             .fetch_add(stats.blocks as u64, Ordering::Relaxed);
         if let Ok(mut prefill) = self.prefill.lock() {
@@ -178,6 +181,12 @@ impl Metrics {
             "minnow_commit_forwards_total",
             "Commit (cache refresh) forward passes.",
             load(&self.commit_forwards),
+        );
+        counter(
+            &mut out,
+            "minnow_merged_commits_total",
+            "Cache refreshes that rode on the next block's first denoising forward.",
+            load(&self.merged_commits),
         );
         counter(
             &mut out,

@@ -114,6 +114,7 @@ pub fn generation_stats(stats: &GenerationStats) -> Value {
         "blocks": stats.blocks,
         "denoise_forwards": stats.denoise_forwards,
         "commit_forwards": stats.commit_forwards,
+        "merged_commits": stats.merged_commits,
         "steps_per_block": stats.steps_per_block,
         "prefill_seconds": stats.prefill_seconds,
         "decode_seconds": stats.decode_seconds,
