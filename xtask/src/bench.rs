@@ -8,7 +8,8 @@
 //! `--prefill 512,2048,...`, `--prefix 1024,8192`, `--profile-one` (only one refinement forward
 //! at the first prefix, without a graph, between `cuProfilerStart`/`Stop`: for
 //! `ncu --profile-from-start off`; with `--concurrency N`, N > 1, one batched step of N requests
-//! instead), `--concurrency 1,4,16,64` (the batched steps),
+//! instead), `--concurrency 1,4,16,64` (the batched steps), `--separate-commits` (the decodes
+//! refresh each block's K/V in a forward of its own instead of in the next block's first step),
 //! `--experts bf16|int8|int4|nvfp4|fp8` (random routed experts in that encoding: `i8_mma` /
 //! `i4_mma` codes with groups of 128, or NVFP4 and FP8 as the loader repacks them: E2M1 codes
 //! with a BF16 scale per 16, E4M3 codes with an F32 scale per 128 x 128 block), `--preset
@@ -64,6 +65,9 @@ struct Opts {
     prefill: Vec<usize>,
     prefixes: Vec<usize>,
     profile_one: bool,
+    /// The decodes run each block's commit refresh as a forward of its own (the engine's
+    /// schedule before commits rode on the next block's first step).
+    separate_commits: bool,
     concurrency: Vec<usize>,
     /// The routed experts' encoding: `None` BF16, else random codes of an integer encoding.
     experts: Option<QuantEncoding>,
@@ -105,6 +109,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         prefill: vec![512, 2048, 4096, 8192],
         prefixes: vec![1024, 8192],
         profile_one: false,
+        separate_commits: false,
         concurrency: vec![1, 4, 16, 64],
         experts: None,
     };
@@ -114,6 +119,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--commit" => o.commit = it.next().ok_or("--commit needs a value")?.clone(),
             "--quick" => o.reps = 5,
             "--profile-one" => o.profile_one = true,
+            "--separate-commits" => o.separate_commits = true,
             "--prefill" => o.prefill = parse_list(it.next().ok_or("--prefill needs a list")?)?,
             "--prefix" => o.prefixes = parse_list(it.next().ok_or("--prefix needs a list")?)?,
             "--preset" => {
@@ -345,7 +351,8 @@ fn step<'a>(
 
 /// One batched denoising step at each concurrency (every request a 32-token block over its own
 /// 1,024-token prefix, top-1 of every row read back, CUDA graph), against its floor; then the
-/// aggregate generated tokens/s of a fixed-schedule decode (8 blocks x (8 steps + 1 commit)) of
+/// aggregate generated tokens/s of a fixed-schedule decode (8 blocks of 8 steps, see
+/// [`schedule_label`]) of
 /// that many requests in lockstep, against `single_rate` (the single-sequence decode of the same
 /// schedule measured before). Each decode's first and last request are decoded again alone and
 /// must generate the same ids: a mismatch is reported in its row and returned as an error once
@@ -409,7 +416,7 @@ fn batched_benchmarks(
         let everyone: Vec<usize> = (0..n).collect();
         runner.gpu().synchronize().map_err(err)?;
         let start = Instant::now();
-        let together = lockstep_decode(runner, &tables, &everyone, prefix)?;
+        let together = lockstep_decode(runner, &tables, &everyone, prefix, o.separate_commits)?;
         runner.gpu().synchronize().map_err(err)?;
         let secs = start.elapsed().as_secs_f64();
         let digest = fnv1a(together.iter().flatten());
@@ -420,7 +427,8 @@ fn batched_benchmarks(
         let checked: Vec<usize> = if n > 1 { vec![0, n - 1] } else { vec![0] };
         let mut differing = Vec::new();
         for &r in &checked {
-            if lockstep_decode(runner, &tables, &[r], prefix)?[0] != together[r] {
+            if lockstep_decode(runner, &tables, &[r], prefix, o.separate_commits)?[0] != together[r]
+            {
                 differing.push(r);
             }
         }
@@ -432,12 +440,14 @@ fn batched_benchmarks(
         let rate = (n * 8 * 32) as f64 / secs;
         let base = single_rate;
         println!(
-            "decode x{n} (8 blocks x (8 steps + commit) each, lockstep): {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request; digest {digest:016x}); {outputs}",
+            "decode x{n} ({}, lockstep): {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request; digest {digest:016x}); {outputs}",
+            schedule_label(o.separate_commits),
             secs * 1e3,
             rate / base
         );
         rows.push(format!(
-            "| decode of {n} concurrent requests, 8 blocks x (8 steps + 1 commit), 1024 prompts | {:.2} ms | {rate:.0} generated tok/s aggregate | {:.2}x one request; {outputs} |",
+            "| decode of {n} concurrent requests, {}, 1024 prompts | {:.2} ms | {rate:.0} generated tok/s aggregate | {:.2}x one request; {outputs} |",
+            schedule_label(o.separate_commits),
             secs * 1e3,
             rate / base
         ));
@@ -466,9 +476,19 @@ fn batched_benchmarks(
     Ok(())
 }
 
+/// How the decodes commit a block's K/V, for their table rows.
+fn schedule_label(separate: bool) -> &'static str {
+    if separate {
+        "8 blocks x (8 steps + 1 commit forward, none after the last)"
+    } else {
+        "8 blocks x 8 steps, each commit in the next block's first step"
+    }
+}
+
 /// The fixed-schedule decode of requests `members` (indices into `tables`, each prefilled to
 /// `prefix`) in lockstep, one batch per step: 8 blocks of 8 top-1 steps (each fixing 4 positions
-/// with the model's choice) and a commit forward. Returns each member's 256 generated ids; the
+/// with the model's choice), each block's K/V committed as the engine does (see
+/// [`schedule_label`]). Returns each member's 256 generated ids; the
 /// starting blocks depend on the request's index only, so a request decodes the same work alone
 /// as in any batch.
 fn lockstep_decode(
@@ -476,18 +496,39 @@ fn lockstep_decode(
     tables: &[Vec<PageId>],
     members: &[usize],
     prefix: usize,
+    separate: bool,
 ) -> Result<Vec<Vec<u32>>, String> {
     let tables: Vec<Vec<PageId>> = members.iter().map(|&r| tables[r].clone()).collect();
     let mut generated = vec![Vec::with_capacity(8 * 32); members.len()];
     let mut blocks = vec![Vec::new(); members.len()];
     for b in 0..8usize {
         let pos = prefix + 32 * b;
-        for (blk, &r) in blocks.iter_mut().zip(members) {
-            *blk = ids(32, 1000 + b as u64 + 97 * r as u64);
-        }
+        let previous = std::mem::take(&mut blocks);
+        blocks = members
+            .iter()
+            .map(|&r| ids(32, 1000 + b as u64 + 97 * r as u64))
+            .collect();
         for s in 0..8 {
+            // The engine's schedule: a block's first step also commits the block before (its
+            // final ids ahead of this block in one forward), unless `separate` asks for the
+            // refresh forwards on their own.
+            let merged = s == 0 && b > 0 && !separate;
+            let segments: Vec<Vec<u32>> = if merged {
+                previous
+                    .iter()
+                    .zip(&blocks)
+                    .map(|(p, c)| [p.as_slice(), c].concat())
+                    .collect()
+            } else {
+                blocks.clone()
+            };
+            let (start, want) = if merged {
+                (pos - 32, Want::Top1(32..64))
+            } else {
+                (pos, Want::Top1(0..32))
+            };
             let out = runner
-                .forward_batch(&step(&tables, &blocks, pos, Want::Top1(0..32)))
+                .forward_batch(&step(&tables, &segments, start, want))
                 .map_err(err)?;
             for (blk, o) in blocks.iter_mut().zip(out) {
                 let top = o.into_top1().unwrap_or_default();
@@ -496,9 +537,11 @@ fn lockstep_decode(
                 }
             }
         }
-        runner
-            .forward_batch(&step(&tables, &blocks, pos, Want::Nothing))
-            .map_err(err)?;
+        if separate && b + 1 < 8 {
+            runner
+                .forward_batch(&step(&tables, &blocks, pos, Want::Nothing))
+                .map_err(err)?;
+        }
         for (out, blk) in generated.iter_mut().zip(&blocks) {
             out.extend_from_slice(blk);
         }
@@ -748,7 +791,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 
     // Decode 8 blocks after a 1024-token prompt with a fixed schedule: 8 refinement forwards
-    // (top-1 readback) then one commit forward per block.
+    // (top-1 readback) per block, each block's commit as the engine runs it (schedule_label).
     let single_rate = {
         let seq = runner.create_sequence();
         runner
@@ -759,37 +802,52 @@ pub fn run(args: &[String]) -> Result<(), String> {
         // FNV-1a over the committed blocks: A/B runs of kernels that should agree (e.g.
         // MINNOW_POOL_GEMM=0/1) can compare what the model generated, not only how fast.
         let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut forwards = 0;
+        let mut previous: Vec<u32> = Vec::new();
         for b in 0..8 {
-            let pos = runner.sequence_len(seq);
+            let pos = 1024 + 32 * b as usize;
             let mut block = ids(32, 1000 + b);
             for step in 0..8 {
-                runner.truncate_sequence(seq, pos).map_err(err)?;
-                let top = runner
-                    .forward_top1(seq, &block, LogitsRows::All)
-                    .map_err(err)?;
+                let merged = step == 0 && b > 0 && !o.separate_commits;
+                let top = if merged {
+                    runner.truncate_sequence(seq, pos - 32).map_err(err)?;
+                    let both = [previous.as_slice(), &block].concat();
+                    runner.forward_top1(seq, &both, LogitsRows::Range(32..64))
+                } else {
+                    runner.truncate_sequence(seq, pos).map_err(err)?;
+                    runner.forward_top1(seq, &block, LogitsRows::All)
+                }
+                .map_err(err)?;
+                forwards += 1;
                 // Fill 4 positions per step with the model's choice (fixed schedule).
                 for (i, (tok, _)) in top.iter().enumerate().skip(step * 4).take(4) {
                     block[i] = (*tok).min(149_999);
                 }
             }
-            runner.truncate_sequence(seq, pos).map_err(err)?;
-            runner.forward(seq, &block, LogitsRows::None).map_err(err)?;
+            if o.separate_commits && b + 1 < 8 {
+                runner.truncate_sequence(seq, pos).map_err(err)?;
+                runner.forward(seq, &block, LogitsRows::None).map_err(err)?;
+                forwards += 1;
+            }
             for &tok in &block {
                 digest = (digest ^ tok as u64).wrapping_mul(0x0100_0000_01b3);
             }
+            previous = block;
         }
         runner.gpu().synchronize().map_err(err)?;
         let s = start.elapsed().as_secs_f64();
         println!(
-            "decode 8 blocks (8 steps + commit each) after 1024 prompt: {:.2} ms, {:.0} tok/s (tokens digest {digest:016x})",
+            "decode ({}) after 1024 prompt: {:.2} ms, {:.0} tok/s (tokens digest {digest:016x})",
+            schedule_label(o.separate_commits),
             s * 1e3,
             256.0 / s
         );
         rows.push(format!(
-            "| decode 8 blocks x (8 refinement steps + 1 commit), 1024 prompt | {:.2} ms | {:.0} generated tok/s | {:.3} ms per forward |",
+            "| decode {}, 1024 prompt | {:.2} ms | {:.0} generated tok/s | {:.3} ms per forward |",
+            schedule_label(o.separate_commits),
             s * 1e3,
             256.0 / s,
-            s * 1e3 / 72.0
+            s * 1e3 / forwards as f64
         ));
         256.0 / s
     };
