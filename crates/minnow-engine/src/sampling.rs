@@ -17,7 +17,7 @@
 //! (passes over its whole vocabulary) and the draw (one uniform from the request's generator).
 //! A decoding step prepares its rows on the thread pool and draws in slot order ([`candidates`]),
 //! which gives what a slot-by-slot loop gives, draws included. The samplers' exponentials are
-//! [`exp_fast`] (within 2 ulps of `f32::exp`, and vectorizable) and their sums go in fixed lanes;
+//! `exp_fast` (within 2 ulps of `f32::exp`, and vectorizable) and their sums go in fixed lanes;
 //! greedy keeps the library's `exp` and a plain sum, the arithmetic the GPU's top-1 and the
 //! golden decodes pin.
 
@@ -368,7 +368,7 @@ pub enum OfficialRow {
         /// `exp(z - max)` of each kept id (z the tempered logit, max the largest kept z),
         /// in the order of `kept`.
         weights: Vec<f32>,
-        /// Their sum ([`sum_lanes`]): the softmax's normalizer over the kept ids.
+        /// Their sum (`sum_lanes`): the softmax's normalizer over the kept ids.
         sum: f32,
         /// The lowest kept id with the largest z (the candidate at temperature 0).
         argmax: usize,
