@@ -87,6 +87,10 @@ pub struct EngineOptions {
     pub max_context: Option<usize>,
     /// Server/CLI-wide decode defaults; per-request values override them.
     pub defaults: DecodeParams,
+    /// Refresh a final block's K/V in a forward of its own instead of in the next block's first
+    /// forward (docs/decoding.md section 8): the same tokens, one forward more per block; for
+    /// comparisons. `MINNOW_SEPARATE_COMMITS=1` sets it too.
+    pub separate_commits: bool,
 }
 
 impl Default for EngineOptions {
@@ -100,6 +104,7 @@ impl Default for EngineOptions {
             queue_capacity: 64,
             max_context: None,
             defaults: DecodeParams::default(),
+            separate_commits: false,
         }
     }
 }
@@ -416,6 +421,8 @@ impl Engine {
             vocab_size: config.vocab_size,
             full_logits_cheap: runner.full_logits_cheap(),
             draws_rows: runner.draws_rows(),
+            merge_commits: !(options.separate_commits
+                || std::env::var("MINNOW_SEPARATE_COMMITS").is_ok_and(|v| v == "1")),
         };
         let max_pos = config.max_position_embeddings;
         let n_ctx = options.max_context.map_or(max_pos, |m| m.min(max_pos));

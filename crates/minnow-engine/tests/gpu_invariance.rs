@@ -1,6 +1,7 @@
 //! Batch invariance on the GPU at the level a user sees: whole requests through the engine give
-//! the same tokens alone, sixteen at once, next to long prefills, and warm (their prefixes served
-//! by the prefix cache) as cold. Ignored in CI (no GPU); on a CUDA machine:
+//! the same tokens alone, sixteen at once, next to long prefills, warm (their prefixes served
+//! by the prefix cache) as cold, and with each block's K/V refresh as a forward of its own
+//! instead of in the next block's first forward. Ignored in CI (no GPU); on a CUDA machine:
 //!
 //! ```sh
 //! cargo test --release -p minnow-engine --test gpu_invariance -- --ignored --nocapture
@@ -44,11 +45,18 @@ fn roomy_fixture(name: &str) -> tempfile::TempDir {
 }
 
 fn engine(dir: &Path, parallel: usize) -> Engine {
+    engine_with(dir, parallel, false)
+}
+
+/// `separate_commits`: each final block's K/V refresh as a forward of its own instead of in the
+/// next block's first forward (docs/decoding.md section 8).
+fn engine_with(dir: &Path, parallel: usize, separate_commits: bool) -> Engine {
     Engine::load(
         dir,
         EngineOptions {
             device: DeviceRequest::Cuda(0),
             parallel,
+            separate_commits,
             ..Default::default()
         },
     )
@@ -209,13 +217,17 @@ fn every_request_decodes_the_same_alone_together_beside_prefills_and_warm() {
         let beside = together(&mixed, &requests, &long_prefills(23));
         let beside_diff = differing(&beside, &expected);
 
+        let separate = together(&engine_with(dir.path(), 16, true), &requests, &[]);
+        let separate_diff = differing(&separate, &expected);
+
         println!(
             "{name}: alone twice {} / together {} / warm {} (cached {hits} tokens) / beside long \
-             prefills {} differing of {}",
+             prefills {} / with separate commit forwards {} differing of {}",
             repeat.len(),
             together_diff.len(),
             warm_diff.len(),
             beside_diff.len(),
+            separate_diff.len(),
             requests.len()
         );
         assert!(hits > 0, "{name}: the warm run took no prefix-cache hit");
@@ -224,6 +236,7 @@ fn every_request_decodes_the_same_alone_together_beside_prefills_and_warm() {
             ("16 at once", together_diff),
             ("warm", warm_diff),
             ("beside long prefills", beside_diff),
+            ("with separate commit forwards", separate_diff),
         ] {
             if !diff.is_empty() {
                 failures.push(format!("{name} {what}: requests {diff:?} differ"));

@@ -73,6 +73,9 @@ pub struct DecoderContext {
     /// The runner's `ModelRunner::draws_rows`: whether a sampling step's candidates are drawn
     /// on its device.
     pub draws_rows: bool,
+    /// A final block's K/V refresh rides on the next block's first forward (`Phase::Commit`);
+    /// off, it runs as a forward of its own.
+    pub merge_commits: bool,
 }
 
 enum Phase {
@@ -89,7 +92,7 @@ enum Phase {
     /// block-causal and every row's arithmetic is the same in any forward (batch invariance), so
     /// the committed K/V and `next`'s scores have the bits of a refresh forward followed by a
     /// step, one forward fewer. Then `finished` goes out. A `next` that ends without a forward
-    /// gets the refresh alone.
+    /// gets the refresh alone, as does every block with `DecoderContext::merge_commits` off.
     Commit {
         index: usize,
         run: BlockRun,
@@ -549,7 +552,7 @@ impl RequestDecoder {
                     mut next,
                 } => {
                     let mut ids = run.tokens().to_vec();
-                    let want = match next.plan() {
+                    let want = match self.ctx.merge_commits.then(|| next.plan()).flatten() {
                         Some(kind) => {
                             let rows = ids.len()..ids.len() + next.tokens().len();
                             ids.extend_from_slice(next.tokens());
@@ -819,6 +822,7 @@ mod tests {
             vocab_size: crate::decode::testing::VOCAB,
             full_logits_cheap: false,
             draws_rows: false,
+            merge_commits: true,
         }
     }
 

@@ -222,6 +222,7 @@ fn build_config(cli: &Global, args: &Args) -> Result<ServerConfig, String> {
             queue_capacity: args.queue_capacity,
             max_context: args.max_context,
             defaults: args.decode.params()?,
+            ..EngineOptions::default()
         },
     })
 }

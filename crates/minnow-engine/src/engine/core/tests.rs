@@ -49,6 +49,7 @@ fn sequence(id: u64, prompt_len: usize, max_new: usize) -> NewSequence {
             vocab_size: VOCAB,
             full_logits_cheap: false,
             draws_rows: false,
+            merge_commits: true,
         },
         trace: false,
         cache_prompt: true,
