@@ -10,10 +10,8 @@
 exec > >(tee "$OUT/log.txt") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
-tar xJf out/bin.tar.xz
-mkdir -p /work && ln -sfn "$PWD" /work/main
-export PATH=/usr/local/cuda/bin:$PATH
-nvidia-smi --query-gpu=name --format=csv,noheader
+source scripts/device/suites.sh
+device_prelude
 N=${N:-64}
 M=gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__occupancy_limit_blocks,launch__waves_per_multiprocessor,launch__grid_size,launch__block_size,sm__warps_active.avg.pct_of_peak_sustained_active
 CONC=""; [ "$N" -gt 1 ] && CONC="--concurrency $N"

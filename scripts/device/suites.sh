@@ -1,7 +1,8 @@
 # Sourced by the one-call device scripts: run_suites runs the ignored GPU test binaries that
 # stage.sh copied into bin/ (test-NAME), one test at a time, against whatever PTX the caller
 # exported in MINNOW_PTX_DIR, each with the time the call has left (585 s in all), and prints
-# their verdict lines (and each failure's message and seed).
+# their verdict lines (and each failure's message and seed); device_prelude (at the end) is how
+# each such script starts.
 #   run_suites "cuda_kernels cuda_quant ..."    (KERNEL_FILTER: a name filter for cuda_kernels)
 run_suites() {
   local t left filter
@@ -12,4 +13,14 @@ run_suites() {
     # A failure's message is the line after "panicked at"; its seed line replays its inputs.
     timeout $left bin/test-$t --ignored --test-threads 1 $filter 2>&1 | awk '/^test .*(FAILED|ok)$|test result|replay with/ {print} /panicked/ {print; getline; print}' | tail -25
   done
+}
+
+# The start of a one-call script, run from the repository root: unpack the staged binaries
+# (out/bin.tar.xz), let the test binaries find their fixtures through the path they were built
+# at, put nvcc and ptxas on PATH, and name the GPU.
+device_prelude() {
+  tar xJf out/bin.tar.xz
+  mkdir -p /work && ln -sfn "$PWD" /work/main
+  export PATH=/usr/local/cuda/bin:$PATH
+  nvidia-smi --query-gpu=name --format=csv,noheader
 }

@@ -13,10 +13,7 @@ exec > >(tee "$OUT/log.txt") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
 source scripts/device/suites.sh
-tar xJf out/bin.tar.xz
-mkdir -p /work && ln -sfn "$PWD" /work/main
-export PATH=/usr/local/cuda/bin:$PATH
-nvidia-smi --query-gpu=name --format=csv,noheader
+device_prelude
 T=$PWD/crates/minnow-runtime/src/cuda/ptx
 LIST=${VARIANTS:-scripts/device/variants.txt}
 ARGS=${ARGS:---experts bf16 --quick --prefill 4096 --prefix 1024 --concurrency 16,64}

@@ -7,12 +7,14 @@
 
 #[path = "support/best_ids_runner.rs"]
 mod best_ids_runner;
+#[path = "support/finished.rs"]
+mod finished;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use best_ids_runner::{BestIdsRunner, WantCounts};
-use minnow_engine::{Algorithm, DecodeParams, Engine, EngineOptions, Event, GenerateRequest};
+use minnow_engine::{Algorithm, DecodeParams, Engine, EngineOptions, GenerateRequest};
 use minnow_runtime::device::DeviceRequest;
 
 fn fixture(name: &str) -> PathBuf {
@@ -23,24 +25,9 @@ fn fixture(name: &str) -> PathBuf {
 
 /// The output ids and finish reason of every request, submitted all at once.
 fn run_all(engine: &Engine, requests: &[GenerateRequest]) -> Vec<(Vec<u32>, String)> {
-    let mut handles: Vec<_> = requests
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    handles
-        .iter_mut()
-        .map(|handle| loop {
-            match handle.blocking_next_event() {
-                Some(Event::Done {
-                    output_ids,
-                    finish_reason,
-                    ..
-                }) => break (output_ids, format!("{finish_reason:?}")),
-                Some(Event::Error(e)) => panic!("request failed: {e}"),
-                Some(_) => {}
-                None => panic!("the stream ended without Done"),
-            }
-        })
+    finished::run_all(engine, requests)
+        .into_iter()
+        .map(|f| (f.ids, f.reason))
         .collect()
 }
 

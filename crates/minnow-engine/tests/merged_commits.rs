@@ -3,42 +3,19 @@
 //! family, through the engine, greedy and seeded sampling requests of the family's algorithm
 //! batched together, on the CPU runner (whose forward is batch-invariant, as the GPU's is).
 
+#[path = "support/finished.rs"]
+mod finished;
+
 use std::path::{Path, PathBuf};
 
-use minnow_engine::{DecodeParams, Engine, EngineOptions, Event, GenerateRequest, GenerationStats};
+use finished::run_all;
+use minnow_engine::{DecodeParams, Engine, EngineOptions, GenerateRequest};
 use minnow_runtime::device::DeviceRequest;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures")
         .join(name)
-}
-
-/// Each request's output ids, finish reason and statistics, all submitted at once.
-fn run_all(
-    engine: &Engine,
-    requests: &[GenerateRequest],
-) -> Vec<(Vec<u32>, String, GenerationStats)> {
-    let mut handles: Vec<_> = requests
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    handles
-        .iter_mut()
-        .map(|handle| loop {
-            match handle.blocking_next_event() {
-                Some(Event::Done {
-                    output_ids,
-                    finish_reason,
-                    stats,
-                    ..
-                }) => break (output_ids, format!("{finish_reason:?}"), stats),
-                Some(Event::Error(e)) => panic!("request failed: {e}"),
-                Some(_) => {}
-                None => panic!("the stream ended without Done"),
-            }
-        })
-        .collect()
 }
 
 fn engine(dir: &Path, separate_commits: bool) -> Engine {
@@ -85,16 +62,20 @@ fn a_refresh_in_the_next_blocks_forward_decodes_the_tokens_of_a_forward_of_its_o
         let merged = run_all(&engine(&dir, false), &requests);
         let separate = run_all(&engine(&dir, true), &requests);
         for (i, (m, s)) in merged.iter().zip(&separate).enumerate() {
-            assert_eq!((&m.0, &m.1), (&s.0, &s.1), "{name}: request {i}");
-            assert_eq!(s.2.merged_commits, 0, "{name}: request {i}");
+            assert_eq!(
+                (&m.ids, &m.reason),
+                (&s.ids, &s.reason),
+                "{name}: request {i}"
+            );
+            assert_eq!(s.stats.merged_commits, 0, "{name}: request {i}");
             // The merged refreshes are the separate schedule's commit forwards, carried.
             assert_eq!(
-                m.2.merged_commits + m.2.commit_forwards,
-                s.2.commit_forwards,
+                m.stats.merged_commits + m.stats.commit_forwards,
+                s.stats.commit_forwards,
                 "{name}: request {i}"
             );
         }
-        let carried: usize = merged.iter().map(|m| m.2.merged_commits).sum();
+        let carried: usize = merged.iter().map(|m| m.stats.merged_commits).sum();
         assert!(
             carried > 0,
             "{name}: no refresh was carried by a next block's forward"
