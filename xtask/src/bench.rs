@@ -476,6 +476,24 @@ fn batched_benchmarks(
     Ok(())
 }
 
+/// What step `step` of block `b` (at position `pos`) forwards under the decodes' schedule: the
+/// block alone from `pos`, or, for a block's first step when commits are not `separate`, the
+/// block before's final ids (`previous`) then the block from `pos - 32`, the block's rows wanted.
+fn step_input(
+    previous: &[u32],
+    block: &[u32],
+    pos: usize,
+    b: usize,
+    step: usize,
+    separate: bool,
+) -> (usize, Vec<u32>, std::ops::Range<usize>) {
+    if step == 0 && b > 0 && !separate {
+        (pos - 32, [previous, block].concat(), 32..64)
+    } else {
+        (pos, block.to_vec(), 0..32)
+    }
+}
+
 /// How the decodes commit a block's K/V, for their table rows.
 fn schedule_label(separate: bool) -> &'static str {
     if separate {
@@ -512,23 +530,18 @@ fn lockstep_decode(
             // The engine's schedule: a block's first step also commits the block before (its
             // final ids ahead of this block in one forward), unless `separate` asks for the
             // refresh forwards on their own.
-            let merged = s == 0 && b > 0 && !separate;
-            let segments: Vec<Vec<u32>> = if merged {
-                previous
-                    .iter()
-                    .zip(&blocks)
-                    .map(|(p, c)| [p.as_slice(), c].concat())
-                    .collect()
-            } else {
-                blocks.clone()
-            };
-            let (start, want) = if merged {
-                (pos - 32, Want::Top1(32..64))
-            } else {
-                (pos, Want::Top1(0..32))
-            };
+            let inputs: Vec<_> = blocks
+                .iter()
+                .enumerate()
+                .map(|(i, blk)| {
+                    let before = previous.get(i).map_or(&[][..], Vec::as_slice);
+                    step_input(before, blk, pos, b, s, separate)
+                })
+                .collect();
+            let (start, rows) = (inputs[0].0, inputs[0].2.clone());
+            let segments: Vec<Vec<u32>> = inputs.into_iter().map(|(_, ids, _)| ids).collect();
             let out = runner
-                .forward_batch(&step(&tables, &segments, start, want))
+                .forward_batch(&step(&tables, &segments, start, Want::Top1(rows)))
                 .map_err(err)?;
             for (blk, o) in blocks.iter_mut().zip(out) {
                 let top = o.into_top1().unwrap_or_default();
@@ -621,10 +634,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     );
     let mut rows: Vec<String> = vec![];
 
-    if o.profile_one && o.concurrency.iter().any(|&n| n > 1) {
+    let batched_profile = o.concurrency.iter().copied().find(|&n| n > 1);
+    if let Some(n) = batched_profile.filter(|_| o.profile_one) {
         // One batched denoising step of the first concurrency above 1 (every request a 32-token
         // block over its own 1,024-token prefix, top-1 of every row), without a graph.
-        let n = o.concurrency.iter().copied().find(|&n| n > 1).unwrap_or(2);
         let cuda = runner.runner_mut();
         let tables = prefill_requests(cuda, n, 1024, 8)?;
         let blocks: Vec<Vec<u32>> = (0..n).map(|r| ids(32, 5000 + r as u64)).collect();
@@ -808,16 +821,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             let pos = 1024 + 32 * b as usize;
             let mut block = ids(32, 1000 + b);
             for step in 0..8 {
-                let merged = step == 0 && b > 0 && !o.separate_commits;
-                let top = if merged {
-                    runner.truncate_sequence(seq, pos - 32).map_err(err)?;
-                    let both = [previous.as_slice(), &block].concat();
-                    runner.forward_top1(seq, &both, LogitsRows::Range(32..64))
-                } else {
-                    runner.truncate_sequence(seq, pos).map_err(err)?;
-                    runner.forward_top1(seq, &block, LogitsRows::All)
-                }
-                .map_err(err)?;
+                let (start, input, rows) =
+                    step_input(&previous, &block, pos, b as usize, step, o.separate_commits);
+                runner.truncate_sequence(seq, start).map_err(err)?;
+                let top = runner
+                    .forward_top1(seq, &input, LogitsRows::Range(rows))
+                    .map_err(err)?;
                 forwards += 1;
                 // Fill 4 positions per step with the model's choice (fixed schedule).
                 for (i, (tok, _)) in top.iter().enumerate().skip(step * 4).take(4) {

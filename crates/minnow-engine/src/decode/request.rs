@@ -110,6 +110,14 @@ pub struct PlannedForward {
     pub want: Want,
 }
 
+impl PlannedForward {
+    /// Whether the forward is a denoising step (it wants scores back): not a prefill chunk or a
+    /// refresh alone.
+    fn steps(&self) -> bool {
+        self.want != Want::Nothing
+    }
+}
+
 /// What [`RequestDecoder::plan`] decided.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Next {
@@ -311,12 +319,7 @@ impl RequestDecoder {
         }
         match &mut self.phase {
             Phase::Block { run, .. } => run.constraint_mut(),
-            Phase::Commit { next, .. }
-                if self
-                    .pending
-                    .as_ref()
-                    .is_some_and(|f| f.want != Want::Nothing) =>
-            {
+            Phase::Commit { next, .. } if self.pending.as_ref().is_some_and(|f| f.steps()) => {
                 next.constraint_mut()
             }
             _ => None,
@@ -635,7 +638,7 @@ impl RequestDecoder {
             } => {
                 self.decode_time += elapsed;
                 run.refreshed();
-                if planned.want == Want::Nothing {
+                if !planned.steps() {
                     self.stats.commit_forwards += 1;
                 } else {
                     // The next block's rows follow the final ids in the forward's segment.
