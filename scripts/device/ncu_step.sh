@@ -14,9 +14,8 @@ source scripts/device/suites.sh
 device_prelude
 N=${N:-64}
 M=gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__occupancy_limit_blocks,launch__waves_per_multiprocessor,launch__grid_size,launch__block_size,sm__warps_active.avg.pct_of_peak_sustained_active
-CONC=""; [ "$N" -gt 1 ] && CONC="--concurrency $N"
 MINNOW_PDL=0 timeout 500 ncu --profile-from-start off --metrics $M --csv --page raw --print-units base \
-  bin/xtask bench --quick --experts "${EXPERTS:-bf16}" --profile-one --prefix 1024 $CONC > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+  bin/xtask bench --quick --experts "${EXPERTS:-bf16}" --profile-one --prefix 1024 --concurrency "$N" > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
 echo "ncu rc=$? lines=$(wc -l < "$OUT/ncu.csv")"
 tail -5 "$OUT/ncu.err"
 # Per kernel name: launches, total time, registers, occupancy limits, achieved occupancy.

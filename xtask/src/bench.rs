@@ -7,8 +7,8 @@
 //! Options: `--commit SHA` (else `git rev-parse`), `--quick` (fewer repetitions),
 //! `--prefill 512,2048,...`, `--prefix 1024,8192`, `--profile-one` (only one refinement forward
 //! at the first prefix, without a graph, between `cuProfilerStart`/`Stop`: for
-//! `ncu --profile-from-start off`; with `--concurrency N`, N > 1, one batched step of N requests
-//! instead), `--concurrency 1,4,16,64` (the batched steps), `--separate-commits` (the decodes
+//! `ncu --profile-from-start off`; with `--concurrency N` first in the list, N > 1, one batched
+//! step of N requests instead), `--concurrency 1,4,16,64` (the batched steps), `--separate-commits` (the decodes
 //! refresh each block's K/V in a forward of its own instead of in the next block's first step),
 //! `--experts bf16|int8|int4|nvfp4|fp8` (random routed experts in that encoding: `i8_mma` /
 //! `i4_mma` codes with groups of 128, or NVFP4 and FP8 as the loader repacks them: E2M1 codes
@@ -634,7 +634,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     );
     let mut rows: Vec<String> = vec![];
 
-    let batched_profile = o.concurrency.iter().copied().find(|&n| n > 1);
+    // `--profile-one` profiles the list's first concurrency: a refinement forward unless that is
+    // above 1 (the default list starts at 1, so a batched step only when asked for by name).
+    let batched_profile = o.concurrency.first().copied().filter(|&n| n > 1);
     if let Some(n) = batched_profile.filter(|_| o.profile_one) {
         // One batched denoising step of the first concurrency above 1 (every request a 32-token
         // block over its own 1,024-token prefix, top-1 of every row), without a graph.

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: Nsight Compute's full section set on single kernels of one bench forward (a
+# refinement, or a batched step of N requests), each kernel replayed for every pass. Replay saves
+# the device memory a kernel may write, so it needs room beside the weights and the K/V pool: the
+# INT4 bench (9 GB of weights, the pool capped at 12 GiB by --profile-one) leaves it; BF16 mini
+# (32 GB) did not (session 29). Prints each kernel's throughput lines; the whole report per
+# kernel is $OUT/NAME.txt.
+#   Stage first (scripts/device/stage.sh), carry ["out/bin.tar.xz"]. Env: KERNELS (lines
+#   "NAME REGEX N COUNT", N the concurrency, 1: the refinement; default: the refinement's router
+#   chain and attention), EXPERTS (default int4).
+exec > >(tee "$OUT/log.txt") 2>&1
+cd "$(dirname "$0")/../.."
+set -u
+source scripts/device/suites.sh
+device_prelude
+KERNELS=${KERNELS:-"route_block ^route_block 1 1
+router_logits router_logits_mma_bf16w_e8 1 1
+attention attention_fa_d128 1 1
+attention_combine attention_combine 1 1"}
+while read -r name regex n count; do
+  [ -z "$name" ] && continue
+  left=$((580 - SECONDS)); [ $left -lt 20 ] && { echo "skip $name (time)"; continue; }
+  echo "== $name ($regex, N=$n) t=$SECONDS"
+  MINNOW_PDL=0 timeout $((left < 150 ? left : 150)) ncu --profile-from-start off -k "regex:$regex" -c "$count" \
+    --set full --print-units base bin/xtask bench --quick --experts "${EXPERTS:-int4}" --profile-one \
+    --prefix 1024 --concurrency "$n" > "$OUT/$name.txt" 2>&1
+  echo "rc=$?"
+  grep -E "^  [a-z_0-9]+ \(|^\s+(Duration|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Compute \(SM\) Throughput|Local Memory Spilling Requests) " \
+    "$OUT/$name.txt" | awk '{$1=$1; print}'
+done <<< "$KERNELS"
+echo "end t=$SECONDS"
