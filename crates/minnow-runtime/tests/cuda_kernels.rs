@@ -634,7 +634,7 @@ fn attention_in_one_cta_per_tile_gives_the_bits_of_a_cta_per_chunk() {
         on_wgmma += usize::from(ops::attention_wgmma_supported(&g, &shape));
         let chunks = segments
             .iter()
-            .map(|&(p, t)| (p + t).div_ceil(ops::ATTENTION_CHUNK_KEYS))
+            .map(|&(p, t)| (p + t).div_ceil(ops::attention_chunk_keys()))
             .max()
             .unwrap();
         let outputs = check_attention_batch(

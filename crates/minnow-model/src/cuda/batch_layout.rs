@@ -46,7 +46,7 @@ impl BatchShape {
                 .collect(),
             key_chunks: segments
                 .iter()
-                .map(|s| (s.start + s.ids.len()).div_ceil(ops::ATTENTION_CHUNK_KEYS))
+                .map(|s| (s.start + s.ids.len()).div_ceil(ops::attention_chunk_keys()))
                 .max()
                 .unwrap_or(0)
                 .max(1),

@@ -7,6 +7,8 @@
 //!   8 and 32.
 //! - `MINNOW_ATTN_ONE_CTA_PERCENT`: tiles x KV heads, in percent of the SMs, from which
 //!   batch-invariant attention walks a tile's key chunks in one CTA.
+//! - `MINNOW_ATTN_CHUNK_KEYS` (128, 256 or 512): keys per fixed attention chunk (other bits,
+//!   still batch-invariant; the longest context is 256 chunks).
 //! - `MINNOW_ROUTER_MMA=0`: BF16 router weights on the F32 CUDA-core kernels instead of tensor
 //!   cores (other bits).
 //! - `MINNOW_ROUTER_TILED_ROWS`: rows from which BF16 router logits take the shared-memory tiled
@@ -100,6 +102,12 @@ pub struct Tuning {
     /// SMs: `MINNOW_ATTN_ONE_CTA_PERCENT` (0: always, a large value: never). 75: on the H200
     /// eight 32-token requests (64) were faster with a CTA per chunk, sixteen (128) in one CTA.
     pub attn_one_cta_percent: usize,
+    /// Keys per fixed-position attention chunk (`ops::attention_chunk_keys`), 256 by default;
+    /// `MINNOW_ATTN_CHUNK_KEYS=128|512`. Other bits (the chunks fold in other places), the same in
+    /// every forward of the process, so batch invariance holds under any setting. 128 gives a
+    /// short forward twice the split CTAs (each half the keys), and halves the longest context
+    /// (256 splits: 32K keys); 512 the reverse.
+    pub attn_chunk_keys: usize,
     /// That one-CTA-per-tile attention runs on the wgmma kernel on compute capability 9.0
     /// (head dim 128; same bits as the mma.sync kernel): `MINNOW_ATTN_WGMMA`.
     pub attention_wgmma: bool,
@@ -140,6 +148,7 @@ impl Default for Tuning {
             router_wide_rows: 256,
             router_few_rows: 64,
             attn_one_cta_percent: 75,
+            attn_chunk_keys: 256,
             attention_wgmma: true,
             router_mma: true,
             router_tiled_rows: 1024,
@@ -198,6 +207,10 @@ pub fn tuning() -> &'static Tuning {
                 .unwrap_or(d.router_few_rows),
             attn_one_cta_percent: env_usize("MINNOW_ATTN_ONE_CTA_PERCENT", |_| true)
                 .unwrap_or(d.attn_one_cta_percent),
+            attn_chunk_keys: env_usize("MINNOW_ATTN_CHUNK_KEYS", |v| {
+                v == 128 || v == 256 || v == 512
+            })
+            .unwrap_or(d.attn_chunk_keys),
             attention_wgmma: env_usize("MINNOW_ATTN_WGMMA", |v| v <= 1)
                 .map_or(d.attention_wgmma, |v| v == 1),
             router_mma: env_usize("MINNOW_ROUTER_MMA", |v| v <= 1).map_or(d.router_mma, |v| v == 1),

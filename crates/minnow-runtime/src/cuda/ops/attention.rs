@@ -188,10 +188,14 @@ pub struct AttentionBatch {
     pub wide_tiles_count: usize,
 }
 
-/// Keys per split of the batch-invariant attention: split `z` covers key positions
-/// `[z · 256, (z + 1) · 256)` of every query row, whatever the forward around it.
-pub const ATTENTION_CHUNK_KEYS: usize = 256;
-/// Most splits `attention_combine` merges (a 64K-token context).
+/// Keys per split of the batch-invariant attention, C: split `z` covers key positions
+/// `[z · C, (z + 1) · C)` of every query row, whatever the forward around it. 256 unless
+/// `MINNOW_ATTN_CHUNK_KEYS` sets 128 or 512 for the whole process (`Tuning::attn_chunk_keys`:
+/// other bits, since a row's keys then fold in other chunks, but the same in every forward).
+pub fn attention_chunk_keys() -> usize {
+    super::super::tuning::tuning().attn_chunk_keys
+}
+/// Most splits `attention_combine` merges (a 64K-token context at 256 keys per split).
 pub const ATTENTION_MAX_SPLITS: usize = 256;
 
 /// How the attention cuts each query row's keys over CTAs (`gridDim.z`).
@@ -200,7 +204,7 @@ pub enum AttentionSplits {
     /// Each tile's keys in this many equal parts: fills the GPU on short forwards, but the cut
     /// (and so a row's rounding) moves with the batch.
     Even(usize),
-    /// Splits of [`ATTENTION_CHUNK_KEYS`] at fixed key positions, this many of them (enough for
+    /// Splits of [`attention_chunk_keys`] keys at fixed key positions, this many of them (enough for
     /// the forward's longest key range): a row's result depends on its own keys only.
     FixedChunks(usize),
     /// The same fixed chunks walked in order by one CTA per tile, which folds them as the
@@ -274,7 +278,7 @@ fn attention_in_one_cta(
 ) -> CudaResult<()> {
     use kernels::attention::{attention_fa_seq_d128, attention_fa_seq_d64, AttentionOneCta};
     let d = shape.head_dim;
-    let chunk_tiles = (ATTENTION_CHUNK_KEYS / 64) as i32;
+    let chunk_tiles = (attention_chunk_keys() / 64) as i32;
     if batch.wide_tiles_count > 0 && tokens > 0 && attention_wgmma_supported(gpu, shape) {
         let cfg = LaunchConfig {
             grid: (batch.wide_tiles_count as u32, shape.kv_heads as u32, 1),
@@ -352,7 +356,7 @@ pub fn attention(
     let scale = 1.0 / (d as f32).sqrt();
     let (splits, chunk_tiles) = match splits {
         AttentionSplits::Even(n) => (n.max(1), 0),
-        AttentionSplits::FixedChunks(n) => (n.max(1), ATTENTION_CHUNK_KEYS / 64),
+        AttentionSplits::FixedChunks(n) => (n.max(1), attention_chunk_keys() / 64),
         AttentionSplits::FixedChunksInOneCta => {
             return attention_in_one_cta(gpu, shape, q, k_pool, v_pool, out, batch, tokens)
         }
@@ -360,7 +364,7 @@ pub fn attention(
     if splits > ATTENTION_MAX_SPLITS {
         return unsupported(format!(
             "{splits} attention key splits (at most {ATTENTION_MAX_SPLITS}: a context of {} keys)",
-            ATTENTION_MAX_SPLITS * ATTENTION_CHUNK_KEYS
+            ATTENTION_MAX_SPLITS * attention_chunk_keys()
         ));
     }
     if batch.tiles_count == 0 || tokens == 0 {
