@@ -83,18 +83,39 @@ impl Pages {
     }
 }
 
+/// A random checkpoint of `cfg` (weights from `weights_seed`) on the GPU, and its vocabulary.
+/// The directory lives as long as the runner may read it.
+fn runner_for(cfg: serde_json::Value, weights_seed: u64) -> (tempfile::TempDir, CudaRunner, u32) {
+    let dir = random_checkpoint(cfg, Dtype::F32, weights_seed);
+    let runner = CudaRunner::load(dir.path(), 0).expect("the GPU takes this shape");
+    let vocab = runner.config().vocab_size as u32;
+    (dir, runner, vocab)
+}
+
+/// One segment alone in a forward: its output.
+fn forward_one(
+    runner: &mut CudaRunner,
+    pages: &[PageId],
+    start: usize,
+    ids: &[u32],
+    want: Want,
+) -> SegmentOutput {
+    runner
+        .forward_batch(&[Segment {
+            pages,
+            start,
+            ids,
+            want,
+        }])
+        .unwrap()
+        .remove(0)
+}
+
 /// Prefills `ids` into `pages` with forwards of `chunk` tokens.
 fn prefill(runner: &mut CudaRunner, pages: &[PageId], ids: &[u32], chunk: usize) {
     for start in (0..ids.len()).step_by(chunk) {
         let end = (start + chunk).min(ids.len());
-        runner
-            .forward_batch(&[Segment {
-                pages,
-                start,
-                ids: &ids[start..end],
-                want: Want::Nothing,
-            }])
-            .unwrap();
+        forward_one(runner, pages, start, &ids[start..end], Want::Nothing);
     }
 }
 
@@ -113,9 +134,7 @@ fn logits(out: SegmentOutput) -> Vec<f32> {
 fn a_segment_gets_the_same_bits_in_any_batch() {
     let seed = seed();
     for (name, cfg) in shapes() {
-        let dir = random_checkpoint(cfg, Dtype::F32, 7);
-        let mut runner = CudaRunner::load(dir.path(), 0).expect("the GPU takes this shape");
-        let vocab = runner.config().vocab_size as u32;
+        let (_dir, mut runner, vocab) = runner_for(cfg, 7);
         let mut rng = Rng(seed);
         let mut pages = Pages(0);
         let prefix = 1024;
@@ -185,9 +204,7 @@ fn a_segment_gets_the_same_bits_in_any_batch() {
 fn prefill_chunking_never_changes_a_rows_bits() {
     let seed = seed();
     for (name, cfg) in shapes() {
-        let dir = random_checkpoint(cfg, Dtype::F32, 9);
-        let mut runner = CudaRunner::load(dir.path(), 0).expect("the GPU takes this shape");
-        let vocab = runner.config().vocab_size as u32;
+        let (_dir, mut runner, vocab) = runner_for(cfg, 9);
         let mut rng = Rng(seed ^ 0x5eed);
         let prompt = 2048;
         let all_ids = ids(prompt + BLOCK, vocab, &mut rng);
@@ -197,28 +214,20 @@ fn prefill_chunking_never_changes_a_rows_bits() {
             let p = pages.take((prompt + BLOCK).div_ceil(BLOCK));
             prefill(&mut runner, &p, &all_ids[..prompt - BLOCK], chunk);
             // The prompt's last block with logits, then the next block.
-            let last = logits(
-                runner
-                    .forward_batch(&[Segment {
-                        pages: &p,
-                        start: prompt - BLOCK,
-                        ids: &all_ids[prompt - BLOCK..prompt],
-                        want: Want::Logits(0..BLOCK),
-                    }])
-                    .unwrap()
-                    .remove(0),
-            );
-            let next = logits(
-                runner
-                    .forward_batch(&[Segment {
-                        pages: &p,
-                        start: prompt,
-                        ids: &all_ids[prompt..],
-                        want: Want::Logits(0..BLOCK),
-                    }])
-                    .unwrap()
-                    .remove(0),
-            );
+            let last = logits(forward_one(
+                &mut runner,
+                &p,
+                prompt - BLOCK,
+                &all_ids[prompt - BLOCK..prompt],
+                Want::Logits(0..BLOCK),
+            ));
+            let next = logits(forward_one(
+                &mut runner,
+                &p,
+                prompt,
+                &all_ids[prompt..],
+                Want::Logits(0..BLOCK),
+            ));
             match &reference {
                 None => reference = Some((last, next)),
                 Some((want_last, want_next)) => {
@@ -241,9 +250,7 @@ fn prefill_chunking_never_changes_a_rows_bits() {
 fn a_refresh_in_the_next_blocks_forward_gives_the_bits_of_two_forwards() {
     let seed = seed();
     for (name, cfg) in shapes() {
-        let dir = random_checkpoint(cfg, Dtype::F32, 9);
-        let mut runner = CudaRunner::load(dir.path(), 0).expect("the GPU takes this shape");
-        let vocab = runner.config().vocab_size as u32;
+        let (_dir, mut runner, vocab) = runner_for(cfg, 9);
         let mut rng = Rng(seed ^ 0xc011);
         let prompt = 1024;
         let all = ids(prompt + 3 * BLOCK, vocab, &mut rng);
@@ -253,36 +260,23 @@ fn a_refresh_in_the_next_blocks_forward_gives_the_bits_of_two_forwards() {
             prompt + 2 * BLOCK..prompt + 3 * BLOCK,
         );
         let mut pages = Pages(0);
-        let step =
-            |runner: &mut CudaRunner, p: &[PageId], start: usize, ids: &[u32], want: Want| {
-                runner
-                    .forward_batch(&[Segment {
-                        pages: p,
-                        start,
-                        ids,
-                        want,
-                    }])
-                    .unwrap()
-                    .remove(0)
-            };
-
         let two = pages.take(all.len().div_ceil(BLOCK));
         prefill(&mut runner, &two, &all[..prompt], prompt);
-        step(
+        forward_one(
             &mut runner,
             &two,
             done.start,
             &all[done.clone()],
             Want::Nothing,
         );
-        let first = logits(step(
+        let first = logits(forward_one(
             &mut runner,
             &two,
             next.start,
             &all[next.clone()],
             Want::Logits(0..BLOCK),
         ));
-        let after = logits(step(
+        let after = logits(forward_one(
             &mut runner,
             &two,
             later.start,
@@ -293,14 +287,14 @@ fn a_refresh_in_the_next_blocks_forward_gives_the_bits_of_two_forwards() {
         let one = pages.take(all.len().div_ceil(BLOCK));
         prefill(&mut runner, &one, &all[..prompt], prompt);
         let both = &all[done.start..next.end];
-        let merged = logits(step(
+        let merged = logits(forward_one(
             &mut runner,
             &one,
             done.start,
             both,
             Want::Logits(BLOCK..2 * BLOCK),
         ));
-        let merged_after = logits(step(
+        let merged_after = logits(forward_one(
             &mut runner,
             &one,
             later.start,
