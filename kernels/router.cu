@@ -259,19 +259,24 @@ extern "C" __global__ void moe_dispatch_scatter(const int* __restrict__ topk_idx
 #define ROUTE_MAX_K 32
 
 // 2.2 block routing (docs/model.md §7.8): block admission and the top-k of `tpc` consecutive
-// tokens of one routing block per CTA; thread j < E owns expert j (blockDim >= E, a multiple of
-// 32, <= 1024; every thread takes (token, pool entry) pairs), grid = routing blocks *
-// ceil(block / tpc), dynamic shared memory 2 * tpc * E floats. Routing block b is the rows
-// blocks[b] = (first row, rows) of the batch (each segment of a batched forward cut at its own
-// block boundaries), or with `blocks` null rows b * block .. of a single sequence.
+// tokens of one routing block per CTA; grid = routing blocks * ceil(block / tpc), dynamic shared
+// memory 2 * tpc * E floats. Routing block b is the rows blocks[b] = (first row, rows) of the batch
+// (each segment of a batched forward cut at its own block boundaries), or with `blocks` null rows
+// b * block .. of a single sequence.
 // Every CTA recomputes its block's admission from the block's logits (32 x 256 floats from L2 for a
-// denoising step), so no CTA waits for another and the serial part is two short rank loops; a
-// one-CTA-per-block version spent 13 us on a 32-token block (docs/performance.md, attempt 19).
-// Ties go to the lower expert index, as in the reference.
+// denoising step), so no CTA waits for another. Expert j is owned by the threads j + p * E32
+// (E32 = E rounded up to whole warps, p < ways = blockDim / E32; blockDim >= E32, <= 1024): share
+// p takes its slice of the block's rows (their sigmoids and maximum) and its slice of the
+// admission rank loop; the maxima and the counts are then combined, which is exact in any grouping,
+// so the choices cannot depend on blockDim (one thread per expert spent 13.5 us on a denoising
+// step's serial chain, docs/performance.md, session thirty). Ties go to the lower expert index, as
+// in the reference.
 //   admission: g_j = max over the block's rows of sigmoid(logit) + bias; the `capacity` largest g
 //              are admitted, pool entry q = the expert of admission rank q.
 //   top-k:     each token's k largest biased scores among the admitted experts, in rank order, with
-//              weights w = s / (sum s + 1e-20) * scale from the unbiased scores s.
+//              weights w = s / (sum s + 1e-20) * scale from the unbiased scores s. One thread per
+//              (token, pool entry) pair, or, when the threads are at least twice the pairs, `lanes`
+//              threads per pair sharing its rank loop.
 // With `pool_wgu_ptrs` non-null (a forward of one routing block whose experts run as a batched GEMM
 // over the admitted pool, ops::route_pooled) it also writes, for pool entry q < capacity and
 // q = capacity (the packed shared expert E), the addresses of its gate/up and down weights, and
@@ -290,25 +295,32 @@ extern "C" __global__ void __launch_bounds__(1024)
     float* tok_score = sh + tpc * E;  // tpc x E unbiased scores
     __shared__ float g[1024];
     __shared__ int pool[1024];
+    __shared__ float share_max[1024];  // [p * E32 + j]: share p's maximum for expert j
+    __shared__ int share_count[1024];  // [p * E32 + j]: share p's part of expert j's rank
+    __shared__ int pair_rank[1024];    // the top-k ranks of the (token, pool entry) pairs
     __shared__ float chosen[ROUTE_MAX_TOKENS * ROUTE_MAX_K];  // unbiased scores in rank order
-    const int j = threadIdx.x;
+    const int tid = threadIdx.x;
+    const int E32 = (E + 31) & ~31, ways = blockDim.x / E32;
+    const int j = tid % E32, p = tid / E32;
+    const bool owner = j < E && p < ways;  // one of expert j's shares
     const int ctas_per_block = (block + tpc - 1) / tpc, b = blockIdx.x / ctas_per_block;
-    const float bias_j = j < E ? bias[j] : 0.f;  // weights: readable before the wait
+    const float bias_j = owner ? bias[j] : 0.f;  // weights: readable before the wait
     pdl_enter();
     const int2 rb = blocks ? blocks[b] : make_int2(b * block, min(block, T - b * block));
     const int r0 = rb.x, rows = rb.y;
     const int u0 = (blockIdx.x % ctas_per_block) * tpc, nu = min(tpc, rows - u0);
     if (nu <= 0) return;  // past the end of a partial last block (the whole CTA)
-    float best = -INFINITY;
-    if (j < E) {
-        // 32 rows' loads in flight at once (one L2 round trip per 32 rows, not per row).
-        for (int r = 0; r < rows; r += 32) {
-            float v[32];
+    if (owner) {
+        // Share p's rows, 8 loads in flight at once (one L2 round trip per 8 rows, not per row).
+        const int lo = p * rows / ways, hi = (p + 1) * rows / ways;
+        float best = -INFINITY;
+        for (int r = lo; r < hi; r += 8) {
+            float v[8];
 #pragma unroll
-            for (int u = 0; u < 32; ++u) v[u] = r + u < rows ? logits[(size_t)(r0 + r + u) * E + j] : 0.f;
+            for (int u = 0; u < 8; ++u) v[u] = r + u < hi ? logits[(size_t)(r0 + r + u) * E + j] : 0.f;
 #pragma unroll
-            for (int u = 0; u < 32; ++u) {
-                if (r + u >= rows) break;
+            for (int u = 0; u < 8; ++u) {
+                if (r + u >= hi) break;
                 const float s = sigmoidf(v[u]), biased = s + bias_j;
                 best = fmaxf(best, biased);
                 const int lu = r + u - u0;
@@ -318,14 +330,32 @@ extern "C" __global__ void __launch_bounds__(1024)
                 }
             }
         }
-        g[j] = best;
+        share_max[p * E32 + j] = best;
+    }
+    // The top-k's pairs (token lu, pool entry qi), and threads per pair (see below).
+    const int pairs = nu * capacity;
+    const int lanes = 2 * pairs <= (int)blockDim.x ? min(capacity, (int)blockDim.x / pairs) : 1;
+    if (lanes >= 2)
+        for (int i = tid; i < pairs; i += blockDim.x) pair_rank[i] = 0;
+    __syncthreads();
+    float best = -INFINITY;  // g_j, known to each of expert j's shares
+    if (owner) {
+        for (int s = 0; s < ways; ++s) best = fmaxf(best, share_max[s * E32 + j]);
+        if (p == 0) g[j] = best;
     }
     __syncthreads();
-    int q = -1;  // admission rank of expert j = its pool entry, when admitted
-    if (j < E) {
-        int rank = 0;
+    if (owner) {
+        const int lo = p * E / ways, hi = (p + 1) * E / ways;
+        int count = 0;
 #pragma unroll 8
-        for (int i = 0; i < E; ++i) rank += ranks_before(g[i], i, best, j);
+        for (int i = lo; i < hi; ++i) count += ranks_before(g[i], i, best, j);
+        share_count[p * E32 + j] = count;
+    }
+    __syncthreads();
+    int q = -1;  // admission rank of expert j = its pool entry, when admitted (shares p == 0)
+    if (owner && p == 0) {
+        int rank = 0;
+        for (int s = 0; s < ways; ++s) rank += share_count[s * E32 + j];
         if (rank < capacity) {
             q = rank;
             pool[rank] = j;
@@ -337,24 +367,46 @@ extern "C" __global__ void __launch_bounds__(1024)
                 pool_wgu_ptrs[q] = (unsigned long long)(pool_wgu + j * pool_wgu_stride);
                 pool_wd_ptrs[q] = (unsigned long long)(pool_wd + j * pool_wd_stride);
             }
-            if (j == 0) {  // the shared expert, packed after the routed ones
+            if (tid == 0) {  // the shared expert, packed after the routed ones
                 pool_wgu_ptrs[capacity] = (unsigned long long)(pool_wgu + E * pool_wgu_stride);
                 pool_wd_ptrs[capacity] = (unsigned long long)(pool_wd + E * pool_wd_stride);
             }
         }
-        if (j < nu) pool_slot_pos[T * k + r0 + u0 + j] = capacity * pool_row_stride + u0 + j;
+        if (tid < nu) pool_slot_pos[T * k + r0 + u0 + tid] = capacity * pool_row_stride + u0 + tid;
     }
     __syncthreads();
-    // Each token's top-k among the admitted: one thread per (token, pool entry) pair.
-    for (int item = j; item < nu * capacity; item += blockDim.x) {
+    // Each token's top-k among the admitted: the rank of pair (token lu, pool entry qi) among its
+    // token's pairs.
+    if (lanes >= 2) {
+        // `lanes` threads per pair, each counting a slice of the pool; the counts are added.
+        const int item = tid / lanes, lane = tid % lanes;
+        if (item < pairs) {
+            const int lu = item / capacity, qi = item % capacity, e = pool[qi];
+            const float* row = tok_biased + lu * E;
+            const float v = row[e];
+            const int lo = lane * capacity / lanes, hi = (lane + 1) * capacity / lanes;
+            int count = 0;
+            for (int i = lo; i < hi; ++i) {
+                const int jj = pool[i];
+                count += ranks_before(row[jj], jj, v, e);
+            }
+            if (count) atomicAdd(&pair_rank[item], count);
+        }
+        __syncthreads();
+    }
+    for (int item = tid; item < pairs; item += blockDim.x) {
         const int lu = item / capacity, qi = item % capacity, e = pool[qi];
-        const float* row = tok_biased + lu * E;
-        const float v = row[e];
         int rank = 0;
+        if (lanes >= 2) {
+            rank = pair_rank[item];
+        } else {
+            const float* row = tok_biased + lu * E;
+            const float v = row[e];
 #pragma unroll 8
-        for (int p = 0; p < capacity; ++p) {
-            const int jj = pool[p];
-            rank += ranks_before(row[jj], jj, v, e);
+            for (int i = 0; i < capacity; ++i) {
+                const int jj = pool[i];
+                rank += ranks_before(row[jj], jj, v, e);
+            }
         }
         if (rank < k) {
             const int t = r0 + u0 + lu;
@@ -364,11 +416,11 @@ extern "C" __global__ void __launch_bounds__(1024)
         }
     }
     __syncthreads();
-    if (j < nu) {
-        const float* c = chosen + j * k;
+    if (tid < nu) {
+        const float* c = chosen + tid * k;
         float sum = 0.f;
         for (int i = 0; i < k; ++i) sum += c[i];
-        const int t = r0 + u0 + j;
+        const int t = r0 + u0 + tid;
         for (int i = 0; i < k; ++i) topk_w[t * k + i] = k > 1 ? c[i] / (sum + 1e-20f) * scale : c[i] * scale;
     }
 }
@@ -649,6 +701,82 @@ extern "C" __global__ void __launch_bounds__(32 * ROUTER_MMA_WARPS)
     router_logits_mma_bf16w_e8(const bf16* __restrict__ X, const bf16* __restrict__ W, float* __restrict__ logits,
                                int T, int E, int K) {
     router_logits_mma_tile<1>(X, W, logits, T, E, K);
+}
+
+// router_logits_mma_bf16w_e8 with the operands staged through shared memory: the direct kernel's
+// 4-byte fragment loads kept L1 78 % busy on a denoising step (docs/performance.md, session
+// thirty). Warp w copies its own K range (at most ROUTER_MMA_HELD steps of 16 columns, K <=
+// 2,048) of the CTA's 16 X rows and 8 W rows into its region of dynamic shared memory with 16-byte
+// cp.async (W before the wait for the previous kernel: the weights are not its output), then reads
+// the same mma fragments with ldmatrix and multiplies them in the same order, so every output has
+// router_logits_mma_tile<1>'s bits. Rows are ROUTER_STAGED_PITCH bf16 apart (16 bytes of padding:
+// the 8 rows of an ldmatrix fall in distinct banks). Rows past T and experts past E copy the last
+// ones, as there.
+// grid = (ceil(T / 16), ceil(E / 8)), block = 32 * ROUTER_MMA_WARPS, dynamic shared memory
+// ROUTER_STAGED_SHARED bytes; K % 16 == 0, K <= 16 * ROUTER_MMA_HELD * ROUTER_MMA_WARPS.
+#define ROUTER_STAGED_PITCH (16 * ROUTER_MMA_HELD + 8)
+#define ROUTER_STAGED_ROWS 24  // 16 X rows, then 8 W rows
+#define ROUTER_STAGED_SHARED (ROUTER_MMA_WARPS * ROUTER_STAGED_ROWS * ROUTER_STAGED_PITCH * 2)
+static_assert(ROUTER_STAGED_SHARED == 101376, "ops::router_logits's ROUTER_STAGED_SHARED");
+extern "C" __global__ void __launch_bounds__(32 * ROUTER_MMA_WARPS)
+    router_logits_mma_bf16w_e8s(const bf16* __restrict__ X, const bf16* __restrict__ W,
+                                float* __restrict__ logits, int T, int E, int K) {
+    extern __shared__ __align__(16) unsigned char staged[];
+    __shared__ float part[ROUTER_MMA_WARPS][16][9];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int t0 = blockIdx.x * 16, e0 = blockIdx.y * 8;
+    const int steps = K / 16;
+    const int s_begin = warp * steps / ROUTER_MMA_WARPS;
+    const int n = (warp + 1) * steps / ROUTER_MMA_WARPS - s_begin;  // <= ROUTER_MMA_HELD
+    const int k0 = s_begin * 16, chunks = 2 * n;                     // 16-byte chunks per row
+    bf16* region = reinterpret_cast<bf16*>(staged) + warp * ROUTER_STAGED_ROWS * ROUTER_STAGED_PITCH;
+    // Region rows 16..23: the 8 experts' weights.
+    for (int c = lane; c < 8 * chunks; c += 32) {
+        const int r = c / chunks, ch = c % chunks;
+        cp_async16(region + (16 + r) * ROUTER_STAGED_PITCH + ch * 8,
+                   W + (size_t)min(e0 + r, E - 1) * K + k0 + ch * 8, true);
+    }
+    pdl_enter();
+    // Region rows 0..15: the 16 rows of X.
+    for (int c = lane; c < 16 * chunks; c += 32) {
+        const int r = c / chunks, ch = c % chunks;
+        cp_async16(region + r * ROUTER_STAGED_PITCH + ch * 8, X + (size_t)min(t0 + r, T - 1) * K + k0 + ch * 8,
+                   true);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+    using minnow_smem::ldmatrix_x4, minnow_smem::smem_addr;
+    // ldmatrix addresses: A's four 8x8 matrices are (rows 0-7 | 8-15) x (columns 0-7 | 8-15) of
+    // the step, lane l giving row l % 16 of column half l / 16; B's two are the 8 experts' rows x
+    // (columns 0-7 | 8-15), lanes 0-15 giving row l % 8 of column half (l / 8) % 2.
+    const unsigned a_addr = smem_addr(region + (lane & 15) * ROUTER_STAGED_PITCH + (lane >> 4) * 8);
+    const unsigned b_addr = smem_addr(region + (16 + (lane & 7)) * ROUTER_STAGED_PITCH + ((lane >> 3) & 1) * 8);
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < ROUTER_MMA_HELD; ++i)
+        if (i < n) {
+            unsigned a[4], b0, b1;
+            ldmatrix_x4(a, a_addr + i * 32);
+            asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                         : "=r"(b0), "=r"(b1)
+                         : "r"(b_addr + i * 32));
+            mma16816(c, a, b0, b1);
+        }
+    // c[0..1]: row g, experts 2 t4 + {0, 1}; c[2..3]: row g + 8. The warps' partial tiles are
+    // added in warp order, as in router_logits_mma_tile.
+    part[warp][g][2 * t4] = c[0];
+    part[warp][g][2 * t4 + 1] = c[1];
+    part[warp][g + 8][2 * t4] = c[2];
+    part[warp][g + 8][2 * t4 + 1] = c[3];
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * 8; i += blockDim.x) {
+        const int r = i / 8, col = i % 8;
+        float v = part[0][r][col];
+#pragma unroll
+        for (int p = 1; p < ROUTER_MMA_WARPS; ++p) v += part[p][r][col];
+        if (t0 + r < T && e0 + col < E) logits[(size_t)(t0 + r) * E + e0 + col] = v;
+    }
 }
 
 // The same sums for prefill-sized row counts, tiled through shared memory: a CTA of 4 warps takes

@@ -176,9 +176,21 @@ impl Gpu {
             let f = unsafe { result::module::get_function(handle, CString::new(func).unwrap()) }
                 .ctx(|| format!("finding kernel {func} in kernels/{}.cu", module.name))?;
             // Kernels that take more than 48 KiB of dynamic shared memory must opt in, as far as
-            // the device allows (launchers check `max_shared_optin` for the shapes that need more).
+            // the device allows beside the kernel's static shared memory (launchers check
+            // `max_shared_optin` for the shapes that need more).
             if module.max_dynamic_shared > 0 {
-                let limit = module.max_dynamic_shared.min(self.max_shared_optin);
+                // SAFETY: f is a valid function.
+                let static_bytes = unsafe {
+                    result::function::get_function_attribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                    )
+                }
+                .ctx(|| format!("reading the static shared memory of {func}"))?;
+                let room = self
+                    .max_shared_optin
+                    .saturating_sub(static_bytes.max(0) as u32);
+                let limit = module.max_dynamic_shared.min(room);
                 // SAFETY: f is a valid function.
                 unsafe {
                     result::function::set_function_attribute(

@@ -34,6 +34,17 @@ pub struct PtxModule {
 /// when there are more experts); its static part is 12 KiB more.
 pub const ROUTER_MAX_SHARED: u32 = 64 * 1024;
 
+/// Dynamic shared memory of `router_logits_mma_bf16w_e8s`: 8 warps x 24 rows (16 of X, 8 of the
+/// weights) x 264 BF16 columns (ROUTER_STAGED_SHARED in kernels/router.cu).
+pub const ROUTER_STAGED_SHARED: u32 = 8 * 24 * 264 * 2;
+
+/// The router module's dynamic shared-memory opt-in: the larger of its kernels' needs.
+pub const ROUTER_MODULE_SHARED: u32 = if ROUTER_STAGED_SHARED > ROUTER_MAX_SHARED {
+    ROUTER_STAGED_SHARED
+} else {
+    ROUTER_MAX_SHARED
+};
+
 /// Declares the kernel modules (see the module documentation for what it makes).
 macro_rules! kernel_table {
     ($(
@@ -247,7 +258,7 @@ kernel_table! {
         );
     }
     /// `kernels/router.cu`.
-    router (max_dynamic_shared: ROUTER_MAX_SHARED) {
+    router (max_dynamic_shared: ROUTER_MODULE_SHARED) {
         route_topk(
             logits: u64,
             bias: u64,
@@ -316,9 +327,11 @@ kernel_table! {
             row_token: u64,
         );
         /// F32 or BF16 router weights; the wide kernels share each loaded row among 4 experts
-        /// per warp; `mma`: BF16 weights on tensor cores (`_e8`: 8 experts per CTA, not 32).
+        /// per warp; `mma`: BF16 weights on tensor cores (`_e8`: 8 experts per CTA, not 32;
+        /// `_e8s`: the same, its operands staged in `ROUTER_STAGED_SHARED` bytes of shared memory).
         router_logits_mma_bf16w,
         router_logits_mma_bf16w_e8,
+        router_logits_mma_bf16w_e8s,
         router_logits_mma_tiled_bf16w,
         router_logits_f32w,
         router_logits_bf16w,

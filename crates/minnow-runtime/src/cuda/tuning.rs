@@ -118,6 +118,14 @@ pub struct Tuning {
     /// kernel (same bits as the untiled one, see kernels/router.cu): `MINNOW_ROUTER_TILED_ROWS`
     /// (a value above any forward's rows keeps the untiled kernel).
     pub router_tiled_rows: usize,
+    /// A denoising step's `route_block` CTAs run on 1,024 threads, each expert's admission loops
+    /// shared by several threads (exact maxima and counts: the same choices either way):
+    /// `MINNOW_ROUTE_SHARED=0` launches one thread per expert.
+    pub route_shared: bool,
+    /// A denoising step's router logits stage their operands in shared memory with 16-byte
+    /// copies (same fragments and products: the same bits): `MINNOW_ROUTER_STAGED=0` reads the
+    /// mma fragments straight from global memory.
+    pub router_staged: bool,
     /// Planned cuBLASLt algorithms run dense GEMMs of at least this many rows; fewer rows take
     /// minnow's kernel (same bits either way): `MINNOW_DENSE_LT_MIN_ROWS`.
     pub dense_lt_min_rows: usize,
@@ -152,6 +160,8 @@ impl Default for Tuning {
             attention_wgmma: true,
             router_mma: true,
             router_tiled_rows: 1024,
+            route_shared: true,
+            router_staged: true,
             dense_lt_min_rows: 0,
             fp8_activations: false,
         }
@@ -216,6 +226,10 @@ pub fn tuning() -> &'static Tuning {
             router_mma: env_usize("MINNOW_ROUTER_MMA", |v| v <= 1).map_or(d.router_mma, |v| v == 1),
             router_tiled_rows: env_usize("MINNOW_ROUTER_TILED_ROWS", |_| true)
                 .unwrap_or(d.router_tiled_rows),
+            route_shared: env_usize("MINNOW_ROUTE_SHARED", |v| v <= 1)
+                .map_or(d.route_shared, |v| v == 1),
+            router_staged: env_usize("MINNOW_ROUTER_STAGED", |v| v <= 1)
+                .map_or(d.router_staged, |v| v == 1),
             dense_lt_min_rows: env_usize("MINNOW_DENSE_LT_MIN_ROWS", |_| true)
                 .unwrap_or(d.dense_lt_min_rows),
             fp8_activations: env_usize("MINNOW_FP8_ACTIVATIONS", |v| v <= 1)

@@ -177,14 +177,22 @@ fn thread_per_expert(experts: usize) -> u32 {
     (experts.div_ceil(32) * 32) as u32
 }
 
-/// Tokens per `route_block` CTA and its threads: one token and a thread per expert for short
-/// forwards (a denoising step's 32 CTAs work side by side), a whole routing block on 1,024
-/// threads for long ones (prefill: each block's admission computed once, as many CTAs as blocks),
-/// as far as the block's scores fit the shared-memory opt-in.
-fn route_launch_shape(tokens: usize, experts: usize, block: usize) -> (usize, u32) {
+/// Tokens per `route_block` CTA and its threads: one token per CTA for short forwards (a denoising
+/// step's 32 CTAs work side by side), on 1,024 threads that share each expert's admission loops
+/// (`shared`; else a thread per expert), a whole routing block on 1,024 threads for long ones
+/// (prefill: each block's admission computed once, as many CTAs as blocks), as far as the
+/// block's scores fit the shared-memory opt-in. The choices are the same in every shape.
+fn route_launch_shape(tokens: usize, experts: usize, block: usize, shared: bool) -> (usize, u32) {
     let per_expert = thread_per_expert(experts);
     if tokens <= 256 {
-        return (1, per_expert);
+        return (
+            1,
+            if shared {
+                per_expert.max(1024)
+            } else {
+                per_expert
+            },
+        );
     }
     let fits = super::super::kernels::ROUTER_MAX_SHARED as usize / (8 * experts);
     let tpc = block.min(ROUTE_MAX_TOKENS).min(fits).max(1);
@@ -206,7 +214,8 @@ fn launch_route_block(
     pool: Option<&ExpertPool>,
 ) -> CudaResult<()> {
     let (e, capacity) = (shape.experts, shape.capacity.unwrap_or(0));
-    let (tpc, threads) = route_launch_shape(tokens, e, shape.block);
+    let shared = super::super::tuning::tuning().route_shared;
+    let (tpc, threads) = route_launch_shape(tokens, e, shape.block, shared);
     let (blocks_ptr, n_blocks) = match blocks {
         RoutingBlocks::Uniform => (0, tokens.div_ceil(shape.block)),
         RoutingBlocks::Listed { ptr, count } => (ptr, count),
@@ -254,6 +263,15 @@ fn mma_router_experts_per_cta(t: usize, e: usize, sms: usize) -> usize {
     }
 }
 
+/// Whether `router_logits_mma_bf16w_e8s` takes `k` columns (each of its 8 warps stages at most 16
+/// steps of 16) on a device whose per-CTA shared-memory opt-in is `optin` bytes (the staged
+/// operands plus the kernel's 4.6 KB of partial tiles; consumer GPUs allow ~99 KB, so they keep
+/// the direct kernel).
+fn staged_router_fits(k: usize, optin: u32) -> bool {
+    const PARTIAL_TILES: u32 = 8 * 16 * 9 * 4;
+    k <= 8 * 16 * 16 && kernels::ROUTER_STAGED_SHARED + PARTIAL_TILES <= optin
+}
+
 /// Router logits `logits[t, e] = X[t] · W[e]` in F32 with a fixed summation order per output
 /// (batch-invariant; `kernels/router.cu`). `w_f32` says whether `W [e, k]` is F32 or BF16.
 #[allow(clippy::too_many_arguments)]
@@ -286,12 +304,23 @@ pub fn router_logits(
         }
         let rows = t.div_ceil(16);
         let experts_per_cta = mma_router_experts_per_cta(t, e, gpu.sm_count() as usize);
+        let grid = (rows as u32, e.div_ceil(experts_per_cta) as u32, 1);
+        if experts_per_cta == 8
+            && tuning.router_staged
+            && staged_router_fits(k, gpu.max_shared_optin())
+        {
+            let shared = kernels::ROUTER_STAGED_SHARED;
+            let cfg = LaunchConfig::new(grid, 256, shared);
+            return kernels::router::router_logits_mma_bf16w_e8s(
+                gpu, cfg, x, w, logits, t as i32, e as i32, k as i32,
+            );
+        }
         let kernel: kernels::router::RouterLogits = if experts_per_cta == 8 {
             kernels::router::router_logits_mma_bf16w_e8
         } else {
             kernels::router::router_logits_mma_bf16w
         };
-        let cfg = LaunchConfig::new((rows as u32, e.div_ceil(experts_per_cta) as u32, 1), 256, 0);
+        let cfg = LaunchConfig::new(grid, 256, 0);
         return kernel(gpu, cfg, x, w, logits, t as i32, e as i32, k as i32);
     }
     // Both kernels compute every output in the same order (bits equal); the wide one shares
@@ -388,13 +417,28 @@ mod tests {
     }
 
     #[test]
+    fn the_staged_router_needs_a_short_k_and_a_hopper_sized_opt_in() {
+        // Mini's hidden 2,048 is 16 steps per warp; flash's 4,096 would be 32.
+        assert!(staged_router_fits(2048, 227 * 1024));
+        assert!(!staged_router_fits(4096, 227 * 1024));
+        // An RTX 4090's 99 KB opt-in is short of the staged operands.
+        assert!(!staged_router_fits(2048, 99 * 1024));
+        assert!(kernels::ROUTER_MODULE_SHARED >= kernels::ROUTER_STAGED_SHARED);
+        assert!(kernels::ROUTER_MODULE_SHARED >= kernels::ROUTER_MAX_SHARED);
+    }
+
+    #[test]
     fn route_block_shapes() {
-        // A denoising step: one token per CTA, a thread per expert.
-        assert_eq!(route_launch_shape(32, 256, 32), (1, 256));
-        assert_eq!(route_launch_shape(5, 16, 32), (1, 32));
+        // A denoising step: one token per CTA, on 1,024 threads sharing each expert's loops, or
+        // a thread per expert.
+        assert_eq!(route_launch_shape(32, 256, 32, true), (1, 1024));
+        assert_eq!(route_launch_shape(32, 256, 32, false), (1, 256));
+        assert_eq!(route_launch_shape(5, 16, 32, false), (1, 32));
         // Prefill: a routing block per CTA on 1,024 threads, as far as its scores fit.
-        assert_eq!(route_launch_shape(4096, 256, 32), (32, 1024));
-        assert_eq!(route_launch_shape(4096, 1024, 32), (8, 1024));
+        for shared in [true, false] {
+            assert_eq!(route_launch_shape(4096, 256, 32, shared), (32, 1024));
+            assert_eq!(route_launch_shape(4096, 1024, 32, shared), (8, 1024));
+        }
         assert!(2 * 32 * 256 * 4 <= crate::cuda::kernels::ROUTER_MAX_SHARED as usize);
     }
 }
