@@ -129,6 +129,12 @@ pub(crate) fn shared_packs(c: &Config) -> bool {
     c.num_shared_experts == 1
 }
 
+/// Whether a packable shared expert joins quantized routed experts' grouped launch
+/// (`Tuning::shared_in_codes`), where their tiles can take it.
+fn shared_joins_codes(c: &Config) -> bool {
+    shared_packs(c) && minnow_runtime::cuda::tuning::tuning().shared_in_codes
+}
+
 pub(crate) enum Mlp {
     Dense(DenseMlp),
     Moe(Box<Moe>),
@@ -351,7 +357,7 @@ impl Weights {
                 )?;
                 // Beside codes, the shared expert (BF16) joins the quantized grouped GEMM as
                 // expert `e`, in the codes' fragment order.
-                let beside_codes = shared_packs(config)
+                let beside_codes = shared_joins_codes(config)
                     && experts_gate_up.codes_take_shared(2 * w)
                     && experts_down.codes_take_shared(d);
                 if beside_codes {
@@ -485,7 +491,7 @@ impl Weights {
                 let packed = shared_packs(config) && experts.is_none();
                 // Beside random codes, a random BF16 shared expert joins their grouped GEMM (any
                 // order of random values is random, so no reordering).
-                let beside_codes = shared_packs(config)
+                let beside_codes = shared_joins_codes(config)
                     && random_codes.as_ref().is_some_and(|c| {
                         ops::codes_tiled(2 * w, c.group) && ops::codes_tiled(d, c.group)
                     });

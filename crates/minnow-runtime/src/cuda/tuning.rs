@@ -81,6 +81,13 @@ pub struct Tuning {
     /// before the combine: its three small launches overlap theirs. Batch-invariant mode only
     /// (plain cuBLAS is bound to the main stream). `MINNOW_SHARED_BESIDE=0`: in line. Same bits.
     pub shared_beside: bool,
+    /// Beside quantized routed experts, the BF16 shared expert joins their grouped launch as one
+    /// more expert (its tiles in the codes' fragment order). `MINNOW_SHARED_IN_CODES=0` keeps it
+    /// a separate MLP, which then runs on the side stream (`shared_beside`) while the router and
+    /// the codes launch run: its CTAs stream 4x (INT4) the bytes of a codes CTA and may be that
+    /// launch's tail. Read when the weights load. Other bits (the shared expert's sums come from
+    /// the dense GEMMs), the same in every forward.
+    pub shared_in_codes: bool,
     /// Every row's arithmetic is independent of the batch around it (on by default; see
     /// docs/performance.md for its cost): the dense GEMMs, the router and the lm_head run
     /// minnow's fixed-order kernels, the experts always take the grouped GEMM, and attention
@@ -150,6 +157,7 @@ impl Default for Tuning {
             codes_gated: true,
             codes32_below: 0,
             shared_beside: true,
+            shared_in_codes: true,
             invariant: true,
             dense16_rows: 32,
             dense128_rows: 256,
@@ -207,6 +215,8 @@ pub fn tuning() -> &'static Tuning {
                 .unwrap_or(d.codes32_below),
             shared_beside: env_usize("MINNOW_SHARED_BESIDE", |v| v <= 1)
                 .map_or(d.shared_beside, |v| v == 1),
+            shared_in_codes: env_usize("MINNOW_SHARED_IN_CODES", |v| v <= 1)
+                .map_or(d.shared_in_codes, |v| v == 1),
             invariant: env_usize("MINNOW_BATCH_INVARIANT", |v| v <= 1)
                 .map_or(d.invariant, |v| v == 1),
             dense16_rows: env_usize("MINNOW_DENSE16_ROWS", |_| true).unwrap_or(d.dense16_rows),
