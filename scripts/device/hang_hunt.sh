@@ -15,7 +15,6 @@ cd "$(dirname "$0")/../.."
 set -u
 source scripts/device/suites.sh
 device_prelude
-T=$PWD/crates/minnow-runtime/src/cuda/ptx
 for m in ${COMPILE:-}; do
   arch=sm_90; case "$m" in attention_wgmma|expert_wgmma) arch=sm_90a ;; esac
   nvcc -ptx -arch=sm_80 -std=c++17 kernels/$m.cu -o $T/$m.ptx && nvcc -ptx -arch=$arch -std=c++17 kernels/$m.cu -o $T/$m.sm90.ptx || echo "!! nvcc $m failed"

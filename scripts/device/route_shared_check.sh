@@ -13,7 +13,6 @@ cd "$(dirname "$0")/../.."
 set -u
 source scripts/device/suites.sh
 device_prelude
-T=$PWD/crates/minnow-runtime/src/cuda/ptx
 mkdir -p "$OUT/ptx"
 nvcc -ptx -arch=sm_80 -std=c++17 kernels/router.cu -o "$OUT/ptx/router.ptx" || echo "!! nvcc sm_80 failed"
 nvcc -ptx -arch=sm_90 -std=c++17 kernels/router.cu -o "$OUT/ptx/router.sm90.ptx" || echo "!! nvcc sm_90 failed"

@@ -17,8 +17,9 @@ run_suites() {
 
 # The start of a one-call script, run from the repository root: unpack the staged binaries
 # (out/bin.tar.xz), let the test binaries find their fixtures through the path they were built
-# at, put nvcc and ptxas on PATH, and name the GPU.
+# at, put nvcc and ptxas on PATH, name the GPU, and set T to the tree's PTX directory.
 device_prelude() {
+  T=$PWD/crates/minnow-runtime/src/cuda/ptx
   tar xJf out/bin.tar.xz
   mkdir -p /work && ln -sfn "$PWD" /work/main
   export PATH=/usr/local/cuda/bin:$PATH

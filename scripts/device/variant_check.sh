@@ -14,7 +14,6 @@ cd "$(dirname "$0")/../.."
 set -u
 source scripts/device/suites.sh
 device_prelude
-T=$PWD/crates/minnow-runtime/src/cuda/ptx
 LIST=${VARIANTS:-scripts/device/variants.txt}
 ARGS=${ARGS:---experts bf16 --quick --prefill 4096 --prefix 1024 --concurrency 16,64}
 names=""
