@@ -9,7 +9,8 @@
 #   ["out/bin.tar.xz"]. Env: SETTINGS (environment assignments of the runs, default none),
 #   RUNS (12), WATCH (40; the first run JIT-compiles the PTX and takes
 #   longer), ARGS (the bench's arguments), COMPILE (kernels/X.cu modules to compile into the
-#   tree's PTX first, and into $OUT/ptx for adoption; default none).
+#   tree's PTX first, and into $OUT/ptx for adoption; default none), SUITES and KERNEL_FILTER
+#   (ignored GPU suites run before the bench loop, as run_suites takes them; default none).
 exec > >(tee "$OUT/log.txt") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
@@ -21,6 +22,8 @@ for m in ${COMPILE:-}; do
   mkdir -p "$OUT/ptx" && cp $T/$m.ptx $T/$m.sm90.ptx "$OUT/ptx/"
 done
 export MINNOW_PTX_DIR=$T
+# Suites first (KERNEL_FILTER narrows cuda_kernels), with the time they need.
+[ -n "${SUITES:-}" ] && run_suites "$SUITES"
 ARGS=${ARGS:---experts bf16 --quick --prefill 4096 --prefix 1024 --concurrency 16,64}
 for i in $(seq 1 "${RUNS:-12}"); do
   [ $((SECONDS + ${WATCH:-40} + 40)) -gt ${BENCH_UNTIL:-420} ] && { echo "stop (time)"; break; }
