@@ -8,7 +8,7 @@ mod convert;
 mod decode_flags;
 mod forward;
 mod generate;
-mod global;
+pub(crate) mod global;
 mod inspect;
 mod output_file;
 mod serve;
