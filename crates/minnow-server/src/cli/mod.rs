@@ -8,7 +8,7 @@ mod convert;
 mod decode_flags;
 mod forward;
 mod generate;
-pub(crate) mod global;
+mod global;
 mod inspect;
 mod output_file;
 mod serve;

@@ -222,7 +222,6 @@ mod tests {
     use minnow_model::{Segment, SegmentOutput};
 
     use super::*;
-    use crate::cli::global::BUNDLED_FIXTURE;
     use crate::server::config::ConnectionLimits;
 
     /// The bundled fixture's CPU runner, each forward held until the test lets it go (a device
@@ -261,7 +260,10 @@ mod tests {
 
     #[test]
     fn a_step_past_the_stall_limit_makes_the_server_unready_until_it_ends() {
-        let path = std::path::PathBuf::from(BUNDLED_FIXTURE);
+        let path = std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/llada2-tiny-v21"
+        ));
         let options = EngineOptions::default();
         let inner = minnow_engine::select_runner(&path, &options).unwrap();
         let (go, held) = mpsc::channel();
