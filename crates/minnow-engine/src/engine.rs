@@ -725,6 +725,14 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         self.inner.queue.stats()
     }
+
+    /// How long the step now running (one batched forward and what the engine does with its
+    /// outputs) has run, or None between steps. A step far longer than any forward takes means
+    /// the device no longer answers (a hung GPU kernel cannot be interrupted); a server can
+    /// report itself unhealthy so that it is restarted.
+    pub fn step_running(&self) -> Option<std::time::Duration> {
+        self.inner.queue.step_running()
+    }
 }
 
 #[cfg(test)]

@@ -589,6 +589,51 @@ fn a_panicking_runner_fails_the_request_but_not_the_engine() {
 }
 
 #[test]
+fn a_running_step_reports_how_long_it_has_run_and_nothing_between_steps() {
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = std::sync::Mutex::new(released);
+    let runner = ScriptedRunner::new(config(), move |start, ids| {
+        // Every forward waits for the test to let it go (at most 30 s, so that a failing test
+        // unwinds instead of hanging: dropping the engine waits for this forward).
+        released
+            .lock()
+            .unwrap()
+            .recv_timeout(Duration::from_secs(30))
+            .ok();
+        confident_rows(start, ids.len(), VOCAB, |_| 100)
+    });
+    let engine = Engine::with_runner(
+        &fixture("llada2-tiny-v21"),
+        Box::new(runner),
+        EngineOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(engine.step_running(), None, "no step before any request");
+    let mut handle = engine
+        .submit(GenerateRequest {
+            prompt_ids: prompt_ids(&engine, 40),
+            max_tokens: Some(1),
+            ..Default::default()
+        })
+        .unwrap();
+    wait_until(|| engine.step_running().is_some());
+    std::thread::sleep(Duration::from_millis(50));
+    let running = engine.step_running().expect("the forward is still held");
+    assert!(running >= Duration::from_millis(50), "{running:?}");
+    // Let every forward of the request through.
+    let feeder = std::thread::spawn(move || {
+        while release.send(()).is_ok() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    let (reason, _, _, _) = done(&collect(&mut handle));
+    assert_eq!(reason, FinishReason::Length);
+    wait_until(|| engine.step_running().is_none());
+    drop(engine);
+    feeder.join().unwrap();
+}
+
+#[test]
 fn default_options_batch_the_devices_default_and_chats_end_with_the_assistant_turn() {
     let engine = engine_writing(vec![], 40, Duration::ZERO, EngineOptions::default());
     assert_eq!(engine.info().parallel, default_parallel("scripted"));

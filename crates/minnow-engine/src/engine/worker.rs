@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use minnow_model::ModelRunner;
 
@@ -62,6 +62,8 @@ pub(crate) struct Queue {
     capacity: usize,
     /// What the worker last reported about its cache and batches.
     stats: Mutex<EngineStats>,
+    /// When the step now running began (None between steps).
+    step_began: Mutex<Option<Instant>>,
 }
 
 impl Queue {
@@ -76,7 +78,20 @@ impl Queue {
             parallel,
             capacity,
             stats: Mutex::new(EngineStats::default()),
+            step_began: Mutex::new(None),
         }
+    }
+
+    /// How long the step now running has run; None between steps.
+    pub fn step_running(&self) -> Option<Duration> {
+        self.step_began
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|began| began.elapsed())
+    }
+
+    fn set_step_began(&self, began: Option<Instant>) {
+        *self.step_began.lock().unwrap_or_else(|e| e.into_inner()) = began;
     }
 
     /// The worker's latest report.
@@ -188,7 +203,9 @@ impl Worker {
             }
             // A bug in a runner or decoder must fail the requests of the step, not the engine
             // thread (which would leave every queued request waiting forever).
+            queue.set_step_began(Some(Instant::now()));
             let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step()));
+            queue.set_step_began(None);
             if let Err(panic) = stepped {
                 let message = panic
                     .downcast_ref::<&str>()

@@ -109,6 +109,11 @@ pub struct Args {
     /// Seconds a shutdown waits for open requests before cutting them (exit status 1 then).
     #[arg(long, default_value_t = 30.0, value_name = "SECS")]
     pub shutdown_grace: f64,
+    /// Seconds one engine step (a batched forward) may run before /health and new generation
+    /// requests answer 503: a step that long means the device no longer answers (a hung GPU
+    /// kernel cannot be interrupted), and the server should be restarted.
+    #[arg(long, default_value_t = 600.0, value_name = "SECS")]
+    pub stall_limit: f64,
     #[command(flatten)]
     pub decode: DecodeArgs,
 }
@@ -246,6 +251,7 @@ fn connection_limits(args: &Args) -> Result<ConnectionLimits, String> {
         max_connections,
         max_connections_per_peer,
         shutdown_grace: seconds("--shutdown-grace", args.shutdown_grace)?,
+        stall_limit: seconds("--stall-limit", args.stall_limit)?,
     })
 }
 

@@ -36,6 +36,9 @@ pub struct ConnectionLimits {
     pub max_connections_per_peer: usize,
     /// `--shutdown-grace`: how long a shutdown waits for open requests.
     pub shutdown_grace: Duration,
+    /// `--stall-limit`: how long one engine step (a batched forward) may run before `/health`
+    /// and new generation requests answer 503: the device no longer answers.
+    pub stall_limit: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -48,6 +51,7 @@ impl Default for ConnectionLimits {
             max_connections: 1024,
             max_connections_per_peer: 512,
             shutdown_grace: Duration::from_secs(30),
+            stall_limit: Duration::from_secs(600),
         }
     }
 }

@@ -193,6 +193,21 @@ impl ApiError {
         error
     }
 
+    /// 503 while the engine's current step has run longer than `--stall-limit` (retryable
+    /// elsewhere: this replica's device no longer answers).
+    pub fn stalled(running: std::time::Duration) -> Self {
+        let mut error = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable_error",
+            format!(
+                "the model's current step has run for {:.0} s (longer than --stall-limit): the device no longer answers; retry on another replica",
+                running.as_secs_f64()
+            ),
+        );
+        error.code = Some("engine_stalled");
+        error
+    }
+
     /// A request still running when `--shutdown-grace` ran out; a stream gets it as its last
     /// event.
     pub fn shutdown_grace_over() -> Self {

@@ -317,6 +317,7 @@ async fn dispatch(
     // A generation holds its admission until its response is sent; a drain waits for it. When
     // the shutdown grace runs out first, a request still waiting for its answer gets a 503 (a
     // stream that has started ends with an error event instead: `sse.rs`).
+    state.not_stalled()?;
     let admission = state.lifecycle.admit()?;
     tokio::select! {
         response = serve_route(state, route, request, log, &path) => {

@@ -56,14 +56,30 @@ impl AppState {
         self.engine.get().is_some()
     }
 
-    /// Whether a load balancer should send requests here: loaded and not draining; the error
-    /// says why not.
+    /// Whether a load balancer should send requests here: loaded, not draining and not
+    /// stalled; the error says why not.
     pub fn readiness(&self) -> Result<&Engine, ApiError> {
         let engine = self.engine()?;
         if self.lifecycle.is_draining() {
             return Err(ApiError::draining(self.lifecycle.admitted()));
         }
+        self.not_stalled()?;
         Ok(engine)
+    }
+
+    /// 503 while the engine's current step has run longer than `--stall-limit` (its device no
+    /// longer answers, so a new request would wait forever).
+    pub fn not_stalled(&self) -> Result<(), ApiError> {
+        match self.stalled_for() {
+            Some(running) => Err(ApiError::stalled(running)),
+            None => Ok(()),
+        }
+    }
+
+    /// How long the engine's current step has run, when that is longer than `--stall-limit`.
+    fn stalled_for(&self) -> Option<std::time::Duration> {
+        let running = self.engine.get()?.step_running()?;
+        (running > self.config.limits.stall_limit).then_some(running)
     }
 
     pub fn next_request_id(&self) -> u64 {
@@ -76,7 +92,9 @@ impl AppState {
             queue_depth: engine.map_or(0, Engine::queue_depth),
             busy_slots: engine.map_or(0, Engine::busy_slots),
             total_slots: engine.map_or(self.config.engine.parallel, |e| e.info().parallel),
-            ready: engine.is_some() && !self.lifecycle.is_draining(),
+            ready: engine.is_some()
+                && !self.lifecycle.is_draining()
+                && self.stalled_for().is_none(),
             draining: self.lifecycle.is_draining(),
             admitted: self.lifecycle.admitted(),
             engine: engine.map(Engine::stats).unwrap_or_default(),
@@ -191,5 +209,140 @@ impl Drop for RequestLog {
             outcome,
             elapsed.as_secs_f64() * 1000.0
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use minnow_engine::{Engine, EngineOptions, GenerateRequest};
+    use minnow_model::ModelRunner;
+    use minnow_model::{Segment, SegmentOutput};
+
+    use super::*;
+    use crate::server::config::ConnectionLimits;
+
+    /// The bundled fixture's CPU runner, each forward held until the test lets it go (a device
+    /// that stops answering, for as long as the test wants, up to 30 s).
+    struct HeldRunner {
+        inner: Box<dyn ModelRunner>,
+        go: mpsc::Receiver<()>,
+    }
+
+    impl ModelRunner for HeldRunner {
+        fn config(&self) -> &minnow_model::Config {
+            self.inner.config()
+        }
+        fn device_name(&self) -> String {
+            self.inner.device_name()
+        }
+        fn kv_pages(&self) -> usize {
+            self.inner.kv_pages()
+        }
+        fn kv_page_bytes(&self) -> usize {
+            self.inner.kv_page_bytes()
+        }
+        fn forward_batch(
+            &mut self,
+            segments: &[Segment<'_>],
+        ) -> minnow_model::Result<Vec<SegmentOutput>> {
+            // At most 30 s: a failing test unwinds (dropping the engine waits for this forward)
+            // instead of hanging.
+            self.go.recv_timeout(Duration::from_secs(30)).ok();
+            self.inner.forward_batch(segments)
+        }
+        fn logits_row(&mut self, segment: usize, row: usize) -> minnow_model::Result<Vec<f32>> {
+            self.inner.logits_row(segment, row)
+        }
+    }
+
+    #[test]
+    fn a_step_past_the_stall_limit_makes_the_server_unready_until_it_ends() {
+        let path = std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/llada2-tiny-v21"
+        ));
+        let options = EngineOptions::default();
+        let inner = minnow_engine::select_runner(&path, &options).unwrap();
+        let (go, held) = mpsc::channel();
+        let runner = HeldRunner { inner, go: held };
+        let engine = Engine::with_runner(&path, Box::new(runner), options).unwrap();
+        let config = ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            model_path: path.clone(),
+            model_is_fixture: true,
+            api_key: None,
+            alias: None,
+            ui_dir: None,
+            body_limit: 1 << 20,
+            max_tokens: None,
+            keep_alive: Duration::from_secs(5),
+            show_progress: false,
+            responses_max: 4,
+            responses_max_bytes: usize::MAX,
+            strict_fields: false,
+            origin: crate::server::OriginPolicy::default(),
+            allow_special_in_content: false,
+            limits: ConnectionLimits {
+                stall_limit: Duration::from_millis(100),
+                ..ConnectionLimits::default()
+            },
+            engine: EngineOptions::default(),
+        };
+        let state = AppState::new(config);
+        state.set_engine(engine);
+        assert!(state.readiness().is_ok(), "ready before any step");
+        let engine = state.engine().unwrap();
+        let mut handle = engine
+            .submit(GenerateRequest {
+                prompt_ids: vec![1; 8],
+                max_tokens: Some(1),
+                ..Default::default()
+            })
+            .unwrap();
+        // The first forward is held: within the limit the server is ready, then it is not.
+        let held_since = std::time::Instant::now();
+        while engine.step_running().is_none() {
+            std::thread::sleep(Duration::from_millis(2));
+            assert!(
+                held_since.elapsed() < Duration::from_secs(10),
+                "no step began"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(150));
+        let error = state.readiness().err().expect("a held step past the limit");
+        assert_eq!(error.status, hyper::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(error.code, Some("engine_stalled"));
+        assert!(state.not_stalled().is_err());
+        assert!(!state.gauges().ready);
+        let livez = crate::server::worker_api::livez(&state);
+        assert_eq!(livez.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
+        // Released, the request finishes and the server is ready again.
+        let feeder = std::thread::spawn(move || {
+            while go.send(()).is_ok() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        while let Some(event) = handle.blocking_next_event() {
+            if matches!(
+                event,
+                minnow_engine::Event::Done { .. } | minnow_engine::Event::Error(_)
+            ) {
+                break;
+            }
+        }
+        let released = std::time::Instant::now();
+        while state.readiness().is_err() {
+            std::thread::sleep(Duration::from_millis(2));
+            assert!(
+                released.elapsed() < Duration::from_secs(10),
+                "still unready"
+            );
+        }
+        drop(handle);
+        drop(state);
+        feeder.join().unwrap();
     }
 }

@@ -23,16 +23,23 @@ pub fn health(state: &AppState) -> Result<Response<Body>, ApiError> {
     Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
 }
 
-/// `/livez`: liveness, with the phase for people reading it.
+/// `/livez`: liveness, with the phase for people reading it: 200 while the process answers,
+/// 503 once the engine has stalled (a step past `--stall-limit`: only a restart frees a device
+/// that no longer answers).
 pub fn livez(state: &AppState) -> Response<Body> {
-    json_response(
-        StatusCode::OK,
-        &json!({"status": "alive", "phase": phase(state)}),
-    )
+    let phase = phase(state);
+    let (status, alive) = if phase == "stalled" {
+        (StatusCode::SERVICE_UNAVAILABLE, "stalled")
+    } else {
+        (StatusCode::OK, "alive")
+    };
+    json_response(status, &json!({"status": alive, "phase": phase}))
 }
 
 fn phase(state: &AppState) -> &'static str {
-    if state.lifecycle.is_draining() {
+    if state.not_stalled().is_err() {
+        "stalled"
+    } else if state.lifecycle.is_draining() {
         "draining"
     } else if state.is_loaded() {
         "ready"
