@@ -41,6 +41,11 @@ fn engine_writing(
                 .unwrap_or(0)
         })
     });
+    engine_on(runner, options)
+}
+
+/// An engine on the v21 fixture tokenizer around `runner`.
+fn engine_on(runner: ScriptedRunner, options: EngineOptions) -> Engine {
     Engine::with_runner(&fixture("llada2-tiny-v21"), Box::new(runner), options).unwrap()
 }
 
@@ -564,12 +569,7 @@ fn a_panicking_runner_fails_the_request_but_not_the_engine() {
         assert!(calls != 2, "scripted runner failure");
         confident_rows(start, ids.len(), VOCAB, |_| 100)
     });
-    let engine = Engine::with_runner(
-        &fixture("llada2-tiny-v21"),
-        Box::new(runner),
-        EngineOptions::default(),
-    )
-    .unwrap();
+    let engine = engine_on(runner, EngineOptions::default());
     let request = || GenerateRequest {
         prompt_ids: prompt_ids(&engine, 40),
         max_tokens: Some(8),
@@ -602,12 +602,7 @@ fn a_running_step_reports_how_long_it_has_run_and_nothing_between_steps() {
             .ok();
         confident_rows(start, ids.len(), VOCAB, |_| 100)
     });
-    let engine = Engine::with_runner(
-        &fixture("llada2-tiny-v21"),
-        Box::new(runner),
-        EngineOptions::default(),
-    )
-    .unwrap();
+    let engine = engine_on(runner, EngineOptions::default());
     assert_eq!(engine.step_running(), None, "no step before any request");
     let mut handle = engine
         .submit(GenerateRequest {

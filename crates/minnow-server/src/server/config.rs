@@ -106,29 +106,39 @@ impl ServerConfig {
     }
 }
 
+/// The command line's defaults for `model_path`, on a free loopback port: what unit tests start
+/// from (struct update syntax for what they change).
+#[cfg(test)]
+pub(crate) fn test_config(model_path: PathBuf) -> ServerConfig {
+    ServerConfig {
+        listen: "127.0.0.1:0".into(),
+        model_path,
+        model_is_fixture: false,
+        api_key: None,
+        alias: None,
+        ui_dir: None,
+        body_limit: DEFAULT_BODY_LIMIT,
+        max_tokens: None,
+        keep_alive: Duration::from_secs(5),
+        show_progress: false,
+        responses_max: DEFAULT_RESPONSES_MAX,
+        responses_max_bytes: DEFAULT_RESPONSES_MAX_MIB << 20,
+        strict_fields: false,
+        origin: OriginPolicy::default(),
+        allow_special_in_content: false,
+        limits: ConnectionLimits::default(),
+        engine: EngineOptions::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn config(path: &str, alias: Option<&str>) -> ServerConfig {
         ServerConfig {
-            listen: "127.0.0.1:0".into(),
-            model_path: PathBuf::from(path),
-            model_is_fixture: false,
-            api_key: None,
             alias: alias.map(str::to_string),
-            ui_dir: None,
-            body_limit: DEFAULT_BODY_LIMIT,
-            max_tokens: None,
-            keep_alive: Duration::from_secs(5),
-            show_progress: false,
-            responses_max: DEFAULT_RESPONSES_MAX,
-            responses_max_bytes: DEFAULT_RESPONSES_MAX_MIB << 20,
-            strict_fields: false,
-            origin: OriginPolicy::default(),
-            allow_special_in_content: false,
-            limits: ConnectionLimits::default(),
-            engine: EngineOptions::default(),
+            ..test_config(PathBuf::from(path))
         }
     }
 

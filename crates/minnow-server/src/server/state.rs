@@ -270,26 +270,11 @@ mod tests {
         let runner = HeldRunner { inner, go: held };
         let engine = Engine::with_runner(&path, Box::new(runner), options).unwrap();
         let config = ServerConfig {
-            listen: "127.0.0.1:0".into(),
-            model_path: path.clone(),
-            model_is_fixture: true,
-            api_key: None,
-            alias: None,
-            ui_dir: None,
-            body_limit: 1 << 20,
-            max_tokens: None,
-            keep_alive: Duration::from_secs(5),
-            show_progress: false,
-            responses_max: 4,
-            responses_max_bytes: usize::MAX,
-            strict_fields: false,
-            origin: crate::server::OriginPolicy::default(),
-            allow_special_in_content: false,
             limits: ConnectionLimits {
                 stall_limit: Duration::from_millis(100),
                 ..ConnectionLimits::default()
             },
-            engine: EngineOptions::default(),
+            ..crate::server::config::test_config(path.clone())
         };
         let state = AppState::new(config);
         state.set_engine(engine);

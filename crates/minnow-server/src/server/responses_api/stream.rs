@@ -357,9 +357,8 @@ impl ResponsesFrames {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
 
-    use minnow_engine::{DecodeParams, EngineOptions, GenerateRequest};
+    use minnow_engine::{DecodeParams, GenerateRequest};
     use serde_json::Map;
 
     use bytes::Bytes;
@@ -384,23 +383,10 @@ mod tests {
     /// A stream over a bare state (no engine: the event methods never touch it).
     fn stream() -> (ResponsesFrames, Out, mpsc::Receiver<Bytes>) {
         let config = ServerConfig {
-            listen: "127.0.0.1:0".into(),
-            model_path: "m".into(),
-            model_is_fixture: false,
-            api_key: None,
-            alias: None,
-            ui_dir: None,
             body_limit: 1 << 20,
-            max_tokens: None,
-            keep_alive: Duration::from_secs(5),
-            show_progress: false,
             responses_max: 4,
             responses_max_bytes: usize::MAX,
-            strict_fields: false,
-            origin: crate::server::OriginPolicy::default(),
-            allow_special_in_content: false,
-            limits: crate::server::ConnectionLimits::default(),
-            engine: EngineOptions::default(),
+            ..crate::server::config::test_config("m".into())
         };
         let state = Arc::new(AppState::new(config));
         let job = Job {
