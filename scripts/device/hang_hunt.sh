@@ -3,7 +3,7 @@
 # run again and again with a watchdog (a run that outlives WATCH seconds gets cuda-gdb attached:
 # the kernels on the GPU and every host thread's backtrace, into $OUT/hang_N.txt; then it is
 # killed), until BENCH_UNTIL seconds into the call (420), then the kernel tests named by SANITIZE
-# (a cuda_kernels name filter, default "wgmma") under compute-sanitizer (racecheck, synccheck,
+# (a cuda_kernels name filter, default the wgmma bit test) under compute-sanitizer (racecheck, synccheck,
 # memcheck) in the time left.
 #   Stage first (scripts/device/stage.sh debug, tar bin | xz > out/bin.tar.xz); carry
 #   ["out/bin.tar.xz"]. Env: SETTINGS (environment assignments of the runs, default none),
@@ -47,6 +47,6 @@ done
 for tool in racecheck synccheck memcheck; do
   echo "== compute-sanitizer $tool t=$SECONDS"
   env ${SETTINGS:-} timeout $(( (585 - SECONDS) / 3 )) compute-sanitizer --tool $tool --print-limit 20 \
-    bin/test-cuda_kernels --ignored --test-threads 1 ${SANITIZE:-wgmma} 2>&1 | grep -vE "^\s*$" | tail -15
+    bin/test-cuda_kernels --ignored --test-threads 1 ${SANITIZE:-grouped_gemm_wgmma_gives} 2>&1 | grep -vE "^\s*$" | tail -15
 done
 echo "end t=$SECONDS"
