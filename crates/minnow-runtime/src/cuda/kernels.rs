@@ -31,7 +31,7 @@ pub struct PtxModule {
 
 /// Dynamic shared memory the router kernels may use: `route_block` holds the F32 scores of 2 x its
 /// tokens x the experts (a routing block of 32 tokens over 256 experts; fewer tokens per CTA
-/// when there are more experts); its static part is 12 KiB more.
+/// when there are more experts); its static part is 24 KiB more.
 pub const ROUTER_MAX_SHARED: u32 = 64 * 1024;
 
 /// Dynamic shared memory of `router_logits_mma_bf16w_e8s`: 8 warps x 24 rows (16 of X, 8 of the

@@ -77,7 +77,7 @@ impl AppState {
     }
 
     /// How long the engine's current step has run, when that is longer than `--stall-limit`.
-    fn stalled_for(&self) -> Option<std::time::Duration> {
+    pub fn stalled_for(&self) -> Option<std::time::Duration> {
         let running = self.engine.get()?.step_running()?;
         (running > self.config.limits.stall_limit).then_some(running)
     }
@@ -258,6 +258,18 @@ mod tests {
         }
     }
 
+    /// Polls `condition` every 2 ms for up to 10 s.
+    fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+        let since = std::time::Instant::now();
+        while !condition() {
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "waited 10 s for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     #[test]
     fn a_step_past_the_stall_limit_makes_the_server_unready_until_it_ends() {
         let path = std::path::PathBuf::from(concat!(
@@ -288,14 +300,7 @@ mod tests {
             })
             .unwrap();
         // The first forward is held: within the limit the server is ready, then it is not.
-        let held_since = std::time::Instant::now();
-        while engine.step_running().is_none() {
-            std::thread::sleep(Duration::from_millis(2));
-            assert!(
-                held_since.elapsed() < Duration::from_secs(10),
-                "no step began"
-            );
-        }
+        wait_for("a step to begin", || engine.step_running().is_some());
         std::thread::sleep(Duration::from_millis(150));
         let error = state.readiness().err().expect("a held step past the limit");
         assert_eq!(error.status, hyper::StatusCode::SERVICE_UNAVAILABLE);
@@ -318,14 +323,7 @@ mod tests {
                 break;
             }
         }
-        let released = std::time::Instant::now();
-        while state.readiness().is_err() {
-            std::thread::sleep(Duration::from_millis(2));
-            assert!(
-                released.elapsed() < Duration::from_secs(10),
-                "still unready"
-            );
-        }
+        wait_for("readiness after the step", || state.readiness().is_ok());
         drop(handle);
         drop(state);
         feeder.join().unwrap();

@@ -27,17 +27,17 @@ pub fn health(state: &AppState) -> Result<Response<Body>, ApiError> {
 /// 503 once the engine has stalled (a step past `--stall-limit`: only a restart frees a device
 /// that no longer answers).
 pub fn livez(state: &AppState) -> Response<Body> {
-    let phase = phase(state);
-    let (status, alive) = if phase == "stalled" {
-        (StatusCode::SERVICE_UNAVAILABLE, "stalled")
-    } else {
-        (StatusCode::OK, "alive")
-    };
-    json_response(status, &json!({"status": alive, "phase": phase}))
+    match phase(state) {
+        "stalled" => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "stalled", "phase": "stalled"}),
+        ),
+        phase => json_response(StatusCode::OK, &json!({"status": "alive", "phase": phase})),
+    }
 }
 
 fn phase(state: &AppState) -> &'static str {
-    if state.not_stalled().is_err() {
+    if state.stalled_for().is_some() {
         "stalled"
     } else if state.lifecycle.is_draining() {
         "draining"
