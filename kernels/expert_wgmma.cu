@@ -128,6 +128,14 @@ __device__ void grouped_wgmma(const void* __restrict__ w_map, unsigned long long
             for (int ks = 0; ks < k_steps; ++ks, ++it) {
                 const int s = it % STAGES;
                 mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+                // All four warps have seen the stage full before thread 0 releases it. Without
+                // this, thread 0's warp could run stages ahead of its siblings: once a stage is
+                // filled again after the fill a sibling waits for, before that sibling looks,
+                // the barrier shows it its parity as pending, so it waits for a later fill (one
+                // that may never come), and the warpgroup's next wgmma waits for it: the launch
+                // hung (docs/performance.md, session thirty-one). In the product loop the
+                // warpgroup-wide wgmma keeps the warps together instead.
+                named_barrier_sync(1 + wg, 128);
                 if (tid == 0) mbar_arrive(empty0 + 8 * s);
             }
             continue;

@@ -7,8 +7,8 @@
 # kernel is $OUT/NAME.txt.
 #   Stage first (scripts/device/stage.sh), carry ["out/bin.tar.xz"]. Env: KERNELS (lines
 #   "NAME REGEX N COUNT", N the concurrency, 1: the refinement; default: the refinement's router
-#   chain and attention), EXPERTS (default int4).
-exec > >(tee "$OUT/log.txt") 2>&1
+#   chain and attention), EXPERTS (default int4), LOG (the log's name under $OUT, default log.txt).
+exec > >(tee "$OUT/${LOG:-log.txt}") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
 source scripts/device/suites.sh

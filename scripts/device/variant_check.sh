@@ -8,8 +8,9 @@
 #   ["out/bin.tar.xz"].
 # Env: VARIANTS (a file of lines "NAME MODULE SED-EXPRESSION" or "NAME - VAR=VALUE ...";
 # default scripts/device/variants.txt), ROUNDS (2), ARGS (the bench's arguments), SUITES (ignored
-# GPU suites to run on the tree's PTX at the end, default none).
-exec > >(tee "$OUT/log.txt") 2>&1
+# GPU suites to run on the tree's PTX at the end, default none), LOG (the log's name under $OUT,
+# default log.txt: two runs in one call keep both).
+exec > >(tee "$OUT/${LOG:-log.txt}") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
 source scripts/device/suites.sh

@@ -2408,6 +2408,71 @@ fn grouped_gemm_wgmma_gives_the_grouped_kernels_bits() {
     }
 }
 
+/// Many launches of the wgmma grouped GEMM back to back, each tile at most 64 rows (so the second
+/// consumer warpgroup has no rows in any item and only passes the stages on), all finish and give
+/// the reference's bits. Such launches once hung about once in 10^4-10^5 (a warp of that
+/// warpgroup fell a stage behind and missed the barrier's phase; docs/performance.md, session
+/// thirty-one): a watchdog turns a hang into a failure. `MINNOW_WGMMA_STRESS_LAUNCHES` (default
+/// 30,000).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grouped_gemm_wgmma_finishes_every_launch() {
+    let g = gpu();
+    if !ops::grouped_wgmma_supported(&g, 1024, 2048) {
+        cannot_run(
+            "grouped_gemm_wgmma_finishes_every_launch",
+            &format!(
+                "the wgmma grouped GEMM cannot run on {}: it needs compute capability 9.0",
+                g.name()
+            ),
+        );
+        return;
+    }
+    let launches: usize = std::env::var("MINNOW_WGMMA_STRESS_LAUNCHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30_000);
+    let mut rng = rng();
+    // 128 tokens x top-8 over 64 experts: ~16 rows per expert, gate/up at mini's shape.
+    let case: TmaCase = (128, 8, 64, 1024, 2048, ops::GROUPED_WGMMA_ROWS, false, true);
+    let d = DispatchedCase::new(&g, &mut rng, case);
+    let want = d.four_warp(&g);
+    let y = poisoned_bf16(&g, d.a * d.width() + d.width());
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if finished
+            .recv_timeout(std::time::Duration::from_secs(180))
+            .is_err()
+        {
+            eprintln!("grouped_gemm_wgmma_finishes_every_launch: {launches} launches did not finish in 180 s: a launch hung");
+            std::process::abort();
+        }
+    });
+    for _ in 0..launches {
+        d.tma(&g, &y);
+    }
+    g.synchronize().unwrap();
+    done.send(()).unwrap();
+    watchdog.join().unwrap();
+    let got = read_bf16(&g, &y);
+    let outputs = d.a * d.width();
+    let differ = got[..outputs]
+        .iter()
+        .zip(&want)
+        .filter(|(p, q)| p.to_bits() != q.to_bits())
+        .count();
+    assert_eq!(
+        differ,
+        0,
+        "{}: the last of {launches} launches differs in bits",
+        d.name()
+    );
+    println!(
+        "wgmma grouped GEMM {}: {launches} launches finished, the last bit-identical",
+        d.name()
+    );
+}
+
 /// Many launches of the TMA grouped GEMM on the same inputs give the same bits every time (whole
 /// forwards with it once decoded differently from run to run, until its barrier initialisation
 /// was fenced for the async proxy; `MINNOW_TMA_STRESS_LAUNCHES`, default 300 per shape).

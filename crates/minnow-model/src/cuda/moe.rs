@@ -266,8 +266,8 @@ pub(super) fn queue_grouped_experts(
         Some(buffers) => moe_w8a8_groups(gpu, c, moe).map(|groups| (buffers, groups)),
         None => None,
     };
-    // BF16 experts with many rows each on compute capability 9.0 (MINNOW_GROUPED_WGMMA=1; off by
-    // default until its hang is fixed, see Tuning::grouped_wgmma): the wgmma kernel over 128-row tiles, so an expert's weights stream once for up to
+    // BF16 experts with many rows each on compute capability 9.0 (MINNOW_GROUPED_WGMMA=0 turns it
+    // off): the wgmma kernel over 128-row tiles, so an expert's weights stream once for up to
     // 128 rows.
     let bf16_maps = moe.expert_maps.as_ref().zip(moe.bf16_experts());
     let wgmma = grouping.tile_rows == 64

@@ -59,12 +59,8 @@ pub struct Tuning {
     pub grouped_pair: bool,
     /// Forwards whose experts get many rows each (where the grouped GEMM cuts 64-row tiles) run
     /// BF16 experts through the wgmma kernel over 128-row tiles on compute capability 9.0
-    /// (`MINNOW_GROUPED_WGMMA=1`; same bits as the mma.sync tiles). Off by default for now: the
-    /// committed kernel hangs about once in 10^5 launches (a consumer warpgroup with no rows in
-    /// an item lets one warp run stages ahead of its siblings; docs/performance.md, session
-    /// thirty-one), and its fix waits for a GPU to compile and test it. Off costs batched steps
-    /// and prefill speed (session fifteen: 4K prefill 34 -> 49 ms, x64 19.9 -> 27.9 ms on the
-    /// H200), never an answer.
+    /// (`MINNOW_GROUPED_WGMMA=0`: the mma.sync tiles; same bits). Off by default in session
+    /// thirty-one while the kernel could hang (docs/performance.md); on again with the fix.
     pub grouped_wgmma: bool,
     /// Quantized experts of such forwards on their wgmma kernel (128-row tiles, the same bits as
     /// the mma.sync codes tiles): by default (`None`) for FP8 and INT8 experts averaging at least
@@ -157,7 +153,7 @@ impl Default for Tuning {
             pool_gemm: true,
             grouped_tma: true,
             grouped_pair: true,
-            grouped_wgmma: false,
+            grouped_wgmma: true,
             codes_wgmma: None,
             codes_gated: true,
             codes32_below: 0,
