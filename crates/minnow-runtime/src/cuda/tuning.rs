@@ -59,8 +59,9 @@ pub struct Tuning {
     pub grouped_pair: bool,
     /// Forwards whose experts get many rows each (where the grouped GEMM cuts 64-row tiles) run
     /// BF16 experts through the wgmma kernel over 128-row tiles on compute capability 9.0
-    /// (`MINNOW_GROUPED_WGMMA=0`: the mma.sync tiles; same bits). Off by default in session
-    /// thirty-one while the kernel could hang (docs/performance.md); on again with the fix.
+    /// (`MINNOW_GROUPED_WGMMA=0`: the mma.sync tiles; same bits, batched steps and prefill
+    /// slower). It was off for a while when a stage release could let one warp fall a stage
+    /// behind and hang the launch (docs/performance.md, sessions thirty-one and thirty-two).
     pub grouped_wgmma: bool,
     /// Quantized experts of such forwards on their wgmma kernel (128-row tiles, the same bits as
     /// the mma.sync codes tiles): by default (`None`) for FP8 and INT8 experts averaging at least
