@@ -764,8 +764,10 @@ __host__ __device__ constexpr int slot_stages_in(int bytes) {
 // (-1: none) read `shared`, one BF16 matrix in the codes' fragment order (a packed shared
 // expert). `band_scale`: E2M1's F32 factor per 8-row band of the codes (unused otherwise).
 // `gated`: W[e] = [gate; up] (N % 16 == 0), and Y gets silu_mul's N / 2 columns (band_of_slot).
-#define GROUPED_CODES_ENTRY(NAME, BITS, ENC, NT, STAGES)                                                 \
-    extern "C" __global__ void __launch_bounds__(minnow_codes::THREADS)                                  \
+#define GROUPED_CODES_ENTRY(NAME, BITS, ENC, NT, STAGES) GROUPED_CODES_ENTRY_BOUNDS(NAME, BITS, ENC, NT, STAGES, (minnow_codes::THREADS))
+// BOUNDS: the kernel's __launch_bounds__ arguments (a minimum of CTAs per SM caps its registers).
+#define GROUPED_CODES_ENTRY_BOUNDS(NAME, BITS, ENC, NT, STAGES, BOUNDS)                                  \
+    extern "C" __global__ void __launch_bounds__ BOUNDS                                                  \
         NAME(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,       \
              const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y,           \
              const int4* tiles, const int* num_tiles, int N, int K, int gated) {                         \
@@ -783,7 +785,11 @@ __host__ __device__ constexpr int slot_stages_in(int bytes) {
                                                                   N, K, gated);                          \
     }
 GROUPED_CODES_ENTRY(grouped_gemm_i8_r16, 8, minnow_codes::INT, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_i4_r16, 4, minnow_codes::INT, 2, 3)
+// INT4's 16-row tiles held to 64 registers: four CTAs per SM instead of three (registers and
+// shared memory both allowed three), so a refinement's gate/up launch (~400 CTAs) runs in one
+// wave (H100: refinement 2.64 -> 2.57 ms). Not the others: INT8's spills at 64, and the larger
+// tiles lose more to spills than they gain.
+GROUPED_CODES_ENTRY_BOUNDS(grouped_gemm_i4_r16, 4, minnow_codes::INT, 2, 3, (minnow_codes::THREADS, 4))
 GROUPED_CODES_ENTRY(grouped_gemm_f4_r16, 4, minnow_codes::E2M1, 2, 3)
 GROUPED_CODES_ENTRY(grouped_gemm_f8_r16, 8, minnow_codes::E4M3, 2, 3)
 // 32-row tiles for batches whose experts get fewer rows than a 64-row tile holds: a third of the
