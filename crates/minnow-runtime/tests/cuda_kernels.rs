@@ -2589,3 +2589,68 @@ fn side_stream_work_is_ordered_between_its_fork_and_its_join() {
     g.synchronize().unwrap();
     check("after a failed region");
 }
+
+/// The streaming dense GEMM of few rows (`kernels/dense.cu`) gives every output the bits of
+/// minnow's dense tiles (`own_dense_gemm`, which the planned cuBLASLt algorithms must equal too),
+/// for each CTA width, at mini's dense shapes (QKV, O, the shared expert's gate/up and down) and a
+/// small one, from 1 to 32 rows (one and two m16 fragments). The output is scrambled before each
+/// launch, so a kernel that writes nothing cannot pass; rows past M must stay as scrambled.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn skinny_dense_gemm_gives_the_dense_tiles_bits() {
+    let g = gpu();
+    let mut rng = rng();
+    let shapes = [
+        (3072, 2048),
+        (2048, 2048),
+        (1024, 2048),
+        (2048, 512),
+        (64, 128),
+    ];
+    let rows = [1usize, 5, 16, 17, 31, 32];
+    let bits = |buf: &DeviceBuffer<bf16>, len: usize| -> Vec<u16> {
+        let mut out = vec![bf16::ZERO; len];
+        g.read(buf, 0, &mut out).unwrap();
+        out.iter().map(|v| v.to_bits()).collect()
+    };
+    for (n, k) in shapes {
+        let x: Vec<bf16> = (0..ops::SKINNY_DENSE_ROWS * k)
+            .map(|_| bf16::from_f32(rng.gen::<f32>() * 2.0 - 1.0))
+            .collect();
+        let w: Vec<bf16> = (0..n * k)
+            .map(|_| bf16::from_f32((rng.gen::<f32>() * 2.0 - 1.0) * 0.05))
+            .collect();
+        let x = g.upload(&x).unwrap();
+        let w = g.upload(&w).unwrap();
+        let y = g.alloc::<bf16>((ops::SKINNY_DENSE_ROWS + 1) * n).unwrap();
+        for m in rows {
+            ops::own_dense_gemm(&g, x.ptr(), w.ptr(), y.ptr(), m, n, k).unwrap();
+            let want = bits(&y, m * n);
+            for warps in [1, 2, 4] {
+                if !ops::skinny_dense_fits(m, n, k, warps) {
+                    continue;
+                }
+                ops::fill_random_bf16(&g, y.ptr(), (m + 1) * n, (m * 8 + warps) as u64, 1.0)
+                    .unwrap();
+                let scrambled = bits(&y, (m + 1) * n);
+                ops::skinny_dense_gemm(&g, x.ptr(), w.ptr(), y.ptr(), m, n, k, warps).unwrap();
+                g.synchronize().unwrap();
+                let got = bits(&y, (m + 1) * n);
+                let differing = got[..m * n]
+                    .iter()
+                    .zip(&want)
+                    .filter(|(a, b)| a != b)
+                    .count();
+                assert_eq!(
+                    differing, 0,
+                    "{n} x {k}, {m} rows, {warps} warps: {differing} outputs differ from the dense tiles"
+                );
+                assert_eq!(
+                    got[m * n..],
+                    scrambled[m * n..],
+                    "{n} x {k}, {m} rows, {warps} warps: a row past M was written"
+                );
+            }
+        }
+    }
+}
