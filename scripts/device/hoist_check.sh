@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device call for branch codes-hoist (a PTX-only change of the codes tiles: copy sources
+# worked out once per tile instead of per stage; same bits by construction): the codes kernel
+# test and the quantized fixtures on the branch's moe PTX, then the INT4, INT8 and FP8 benches
+# with the tree's moe PTX and the branch's, same binaries, two rounds (every digest must be equal
+# between the two), and INT4 x16 on the branch's 32-row tiles.
+#   Stage first (scripts/device/stage.sh debug; bin/xtask, bin/test-cuda_kernels and
+#   bin/test-cuda_quant in out/bin.tar.xz) and put the branch's moe PTX in out/hoist_moe_ptx.tar.xz:
+#     git show codes-hoist:crates/minnow-runtime/src/cuda/ptx/moe.ptx > DIR/moe.ptx (and
+#     moe.sm90.ptx); tar cf - -C DIR moe.ptx moe.sm90.ptx | xz > out/hoist_moe_ptx.tar.xz
+#   carry ["out/bin.tar.xz", "out/hoist_moe_ptx.tar.xz"]. Env: BUDGET (seconds this script may
+#   take, default 560).
+exec > >(tee "$OUT/${LOG:-hoist.txt}") 2>&1
+cd "$(dirname "$0")/../.."
+set -u
+source scripts/device/suites.sh
+device_prelude
+budget=${BUDGET:-560}
+H=/tmp/hoist_ptx
+mkdir -p $H && cp "$T"/*.ptx $H/ && tar xJf out/hoist_moe_ptx.tar.xz -C $H
+cmp -s $H/moe.sm90.ptx "$T/moe.sm90.ptx" && echo "!! the branch's moe PTX is the tree's"
+# Main's default since session thirty-two, whatever the staged binaries were built with.
+export MINNOW_SHARED_IN_CODES=0 MINNOW_PTX_DIR=$H
+KERNEL_FILTER=grouped_gemm_over_codes run_suites "cuda_kernels cuda_quant"
+bench() {  # ENCODING, then environment assignments
+  local enc=$1
+  shift
+  env "$@" timeout 60 bin/xtask bench --experts "$enc" --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
+    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)"
+}
+# ~8 s a run, ~40 s more for each PTX set's first load.
+for enc in int4 int8 fp8; do
+  for round in 1 2; do
+    for ptx in $T $H; do
+      [ $SECONDS -gt $((budget - 70)) ] && { echo "stop (time)"; break 3; }
+      echo "== $enc $([ $ptx = $T ] && echo tree || echo hoisted) round $round t=$SECONDS"
+      bench $enc MINNOW_PTX_DIR=$ptx
+    done
+  done
+done
+# The 32-row tiles for x16: slower when i4_r32 took 111 registers (two CTAs per SM); hoisted, 80.
+for round in 1 2; do
+  [ $SECONDS -gt $((budget - 30)) ] && break
+  echo "== int4 hoisted MINNOW_CODES32_BELOW=64 round $round t=$SECONDS"
+  bench int4 MINNOW_PTX_DIR=$H MINNOW_CODES32_BELOW=64
+done
+echo "end t=$SECONDS"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call for the streaming dense GEMM of few rows (kernels/dense.cu, off by default):
+# its bit test against the dense tiles, cuda_blaslt with it on (every row count's bits against
+# minnow's kernel, and each row count's time beside the tiles'), then the BF16 and INT4 benches
+# with it off and on for each CTA width, two rounds; every digest must be equal.
+#   Stage first (scripts/device/stage.sh debug; bin/xtask, bin/test-cuda_kernels and
+#   bin/test-cuda_blaslt in out/bin.tar.xz, built from a tree that has kernels/dense.cu); carry
+#   ["out/bin.tar.xz"]. Env: BUDGET (seconds this script may take, default 560), WARPS (the CTA
+#   widths to bench, default "1 2 4"), EXPERTS (default "bf16 int4").
+exec > >(tee "$OUT/${LOG:-skinny.txt}") 2>&1
+cd "$(dirname "$0")/../.."
+set -u
+source scripts/device/suites.sh
+device_prelude
+budget=${BUDGET:-560}
+export MINNOW_PTX_DIR=$T
+KERNEL_FILTER=skinny_dense run_suites cuda_kernels
+echo "-- cuda_blaslt with MINNOW_DENSE_SKINNY_ROWS=32 t=$SECONDS"
+MINNOW_DENSE_SKINNY_ROWS=32 timeout 120 bin/test-cuda_blaslt --ignored --nocapture --test-threads 1 2>&1 |
+  grep -E "^(qkv|o|shared|dense|lm_head)|test result|panicked|differ" | cut -c1-400
+for enc in ${EXPERTS:-bf16 int4}; do
+  for round in 1 2; do
+    for warps in 0 ${WARPS:-1 2 4}; do
+      [ $SECONDS -gt $((budget - 20)) ] && { echo "stop (time)"; break 3; }
+      rows=$([ $warps = 0 ] && echo 0 || echo 32)
+      echo "== $enc skinny rows=$rows warps=$warps round $round t=$SECONDS"
+      MINNOW_DENSE_SKINNY_ROWS=$rows MINNOW_DENSE_SKINNY_WARPS=$([ $warps = 0 ] && echo 2 || echo $warps) \
+        timeout 60 bin/xtask bench --experts $enc --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
+        grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)"
+    done
+  done
+done
+echo "end t=$SECONDS"
