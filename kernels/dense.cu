@@ -2,7 +2,7 @@
 // in BF16 with F32 sums, for M <= 32. Such a GEMM is the weight matrix streamed once, so the
 // kernel is built to keep many weight bytes in flight: each warp owns 16 output columns over the
 // whole of K (never split: every output stays one chain), a CTA of WARPS warps shares one copy of
-// the activation rows per stage, and STAGES stages of 64 columns are in flight. The weight copies
+// the activation rows per stage, and 6 or 8 stages of 64 columns are in flight. The weight copies
 // of the first stages are issued before `pdl_enter` (weights are never written by a forward's
 // kernels), so under programmatic dependent launch they stream while the kernel before still runs.
 //
@@ -16,15 +16,18 @@ namespace minnow_dense {
 constexpr int BK = 64;        // K columns per stage
 constexpr int LDS = BK + 8;   // BF16 pitch of a staged row (ldmatrix rows fall on distinct banks)
 constexpr int TOKENS = 32;    // rows the kernel holds (two m16 fragments)
-constexpr int STAGES = 6;
 
 template <int WARPS>
 struct Skinny {
+    // Stages in flight: 8 where they fit the 96 KB the module asks for (so every GPU minnow runs
+    // on has them), 6 for the widest CTA.
+    static constexpr int STAGES = WARPS == 4 ? 6 : 8;
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int COLS = 16 * WARPS;  // output columns of a CTA
     static constexpr int X_ELEMS = TOKENS * LDS;
     static constexpr int STAGE_ELEMS = (TOKENS + COLS) * LDS;
     static constexpr int SMEM_BYTES = STAGES * STAGE_ELEMS * 2;
+    static_assert(SMEM_BYTES <= 96 * 1024, "the module's shared-memory opt-in");
     // 16-byte copies of one stage per thread: activation rows (all TOKENS, whether or not M
     // reaches them: rows past M are skipped) and the CTA's weight rows.
     static constexpr int X_COPIES = TOKENS * (BK / 8) / THREADS;
@@ -42,9 +45,15 @@ template <int WARPS>
 __device__ void skinny_gemm(const bf16* __restrict__ X, const bf16* __restrict__ W, bf16* __restrict__ Y, int M,
                             int N, int K) {
     using S = Skinny<WARPS>;
+    constexpr int STAGES = S::STAGES;
     extern __shared__ __align__(128) bf16 smem_rows[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n0 = blockIdx.x * S::COLS, stages_k = K / BK;
+    // A launch with less shared memory than the stages need (ops::skinny_dense_smem_bytes out of
+    // step with Skinny) fails loudly instead of overwriting its neighbour's memory.
+    unsigned dynamic_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+    if (dynamic_bytes < S::SMEM_BYTES) __trap();
 
     // This thread's copies: source rows and their place in a stage, the same in every stage but
     // for the K offset. Chunk c of a stage: row c / 8, columns (c % 8) x 8.

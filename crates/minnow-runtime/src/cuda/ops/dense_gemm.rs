@@ -93,7 +93,7 @@ pub fn skinny_dense_fits(m: usize, n: usize, k: usize, warps: usize) -> bool {
 }
 
 /// The dense GEMM of [`dense_gemm`] for few rows on the kernel that streams the weights (each
-/// warp 16 output columns over all of K, six stages of 64 columns in flight, the first stages'
+/// warp 16 output columns over all of K, 6 or 8 stages of 64 columns in flight, the first stages'
 /// weights copied before the kernel waits for its predecessor): the same bits as
 /// [`own_dense_gemm`]. Check [`skinny_dense_fits`] first.
 #[allow(clippy::too_many_arguments)]
@@ -131,10 +131,11 @@ pub fn skinny_dense_gemm(
 }
 
 /// Dynamic shared memory of `dense_gemm_skinny_w{warps}` (mirrors `minnow_dense::Skinny` in
-/// kernels/dense.cu): six stages of the 32 activation rows and the CTA's 16 `warps` weight rows,
-/// 64 columns each at a pitch of 72.
+/// kernels/dense.cu): 8 stages (6 for 4 warps) of the 32 activation rows and the CTA's 16 `warps`
+/// weight rows, 64 columns each at a pitch of 72.
 pub const fn skinny_dense_smem_bytes(warps: usize) -> usize {
-    6 * (SKINNY_DENSE_ROWS + 16 * warps) * 72 * 2
+    let stages = if warps == 4 { 6 } else { 8 };
+    stages * (SKINNY_DENSE_ROWS + 16 * warps) * 72 * 2
 }
 
 #[cfg(test)]
@@ -160,6 +161,8 @@ mod tests {
             !skinny_dense_fits(32, 3072, 2048, 3),
             "no kernel of 3 warps"
         );
+        assert_eq!(skinny_dense_smem_bytes(1), 55_296);
+        assert_eq!(skinny_dense_smem_bytes(2), 73_728);
         assert_eq!(skinny_dense_smem_bytes(4), 82_944);
     }
 }
