@@ -2,9 +2,10 @@
 # One device call for the streaming dense GEMM of few rows (kernels/dense.cu, off by default):
 # its bit test against the dense tiles, cuda_blaslt with it on (every row count's bits against
 # minnow's kernel, and each row count's time beside the tiles'), then the BF16 and INT4 benches
-# with it off and on for each CTA width, two rounds; every digest must be equal.
+# with it off and on for each CTA width, two rounds (every digest must be equal), and the fixture
+# and engine invariance suites with it on in the time left.
 #   Stage first (scripts/device/stage.sh debug; bin/xtask, bin/test-cuda_kernels and
-#   bin/test-cuda_blaslt in out/bin.tar.xz, built from a tree that has kernels/dense.cu); carry
+#   bin/test-cuda_blaslt, bin/test-cuda_fixtures, bin/test-gpu_invariance in out/bin.tar.xz, built from a tree that has kernels/dense.cu); carry
 #   ["out/bin.tar.xz"]. Env: BUDGET (seconds this script may take, default 560), WARPS (the CTA
 #   widths to bench, default "1 2 4"), EXPERTS (default "bf16 int4").
 exec > >(tee "$OUT/${LOG:-skinny.txt}") 2>&1
@@ -21,7 +22,7 @@ MINNOW_DENSE_SKINNY_ROWS=32 timeout 120 bin/test-cuda_blaslt --ignored --nocaptu
 for enc in ${EXPERTS:-bf16 int4}; do
   for round in 1 2; do
     for warps in 0 ${WARPS:-1 2 4}; do
-      [ $SECONDS -gt $((budget - 20)) ] && { echo "stop (time)"; break 3; }
+      [ $SECONDS -gt $((budget - 150)) ] && { echo "stop (time)"; break 3; }
       rows=$([ $warps = 0 ] && echo 0 || echo 32)
       echo "== $enc skinny rows=$rows warps=$warps round $round t=$SECONDS"
       MINNOW_DENSE_SKINNY_ROWS=$rows MINNOW_DENSE_SKINNY_WARPS=$([ $warps = 0 ] && echo 2 || echo $warps) \
@@ -30,4 +31,8 @@ for enc in ${EXPERTS:-bf16 int4}; do
     done
   done
 done
+# Whole requests with it on, in the time left: the fixtures against their goldens, and the engine's
+# invariance suite (alone, batched, beside prefills, warm and cold).
+export MINNOW_DENSE_SKINNY_ROWS=32
+run_suites "cuda_fixtures gpu_invariance"
 echo "end t=$SECONDS"
