@@ -4,9 +4,9 @@
 # minnow's kernel, and each row count's time beside the tiles'), then the BF16 and INT4 benches
 # with it off and on for each CTA width, two rounds (every digest must be equal), and the fixture
 # and engine invariance suites with it on in the time left.
-#   Stage first (scripts/device/stage.sh debug; bin/xtask, bin/test-cuda_kernels and
-#   bin/test-cuda_blaslt, bin/test-cuda_fixtures, bin/test-gpu_invariance in out/bin.tar.xz, built from a tree that has kernels/dense.cu); carry
-#   ["out/bin.tar.xz"]. Env: BUDGET (seconds this script may take, default 560), WARPS (the CTA
+#   Stage first (scripts/device/stage.sh debug; bin/xtask and bin/test-{cuda_kernels,
+#   cuda_blaslt, cuda_fixtures, gpu_invariance} in out/bin.tar.xz, built from a tree that has
+#   kernels/dense.cu); carry ["out/bin.tar.xz"]. Env: BUDGET (seconds this script may take, default 560), WARPS (the CTA
 #   widths to bench, default "1 2 4"), EXPERTS (default "bf16 int4").
 exec > >(tee "$OUT/${LOG:-skinny.txt}") 2>&1
 cd "$(dirname "$0")/../.."
