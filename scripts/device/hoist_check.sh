@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# One device call for branch codes-hoist (a PTX-only change of the codes tiles: copy sources
-# worked out once per tile instead of per stage; same bits by construction): the codes kernel
-# test and the quantized fixtures on the branch's moe PTX, then the INT4, INT8 and FP8 benches
-# with the tree's moe PTX and the branch's, same binaries, two rounds (every digest must be equal
-# between the two), and INT4 x16 on the branch's 32-row tiles.
+# One device call for branch codes-hoist (a PTX-only change: the codes tiles' copy sources worked
+# out once per tile instead of per stage, and the codes wgmma producer's divisions made shifts;
+# same bits by construction): the codes kernel test and the quantized fixtures on the branch's
+# PTX, then the INT4, INT8 and FP8 benches with the tree's PTX and the branch's, same binaries,
+# two rounds (every digest must be equal between the two), and INT4 x16 on the branch's 32-row
+# tiles.
 #   Stage first (scripts/device/stage.sh debug; bin/xtask, bin/test-cuda_kernels and
-#   bin/test-cuda_quant in out/bin.tar.xz) and put the branch's moe PTX in out/hoist_moe_ptx.tar.xz:
-#     git show codes-hoist:crates/minnow-runtime/src/cuda/ptx/moe.ptx > DIR/moe.ptx (and
-#     moe.sm90.ptx); tar cf - -C DIR moe.ptx moe.sm90.ptx | xz > out/hoist_moe_ptx.tar.xz
-#   carry ["out/bin.tar.xz", "out/hoist_moe_ptx.tar.xz"]. Env: BUDGET (seconds this script may
+#   bin/test-cuda_quant in out/bin.tar.xz) and put the branch's changed PTX in out/hoist_ptx.tar.xz:
+#     for f in moe.ptx moe.sm90.ptx expert_wgmma.ptx expert_wgmma.sm90.ptx; do git show
+#     codes-hoist:crates/minnow-runtime/src/cuda/ptx/$f > DIR/$f; done
+#     tar cf - -C DIR . | xz > out/hoist_ptx.tar.xz
+#   carry ["out/bin.tar.xz", "out/hoist_ptx.tar.xz"]. Env: BUDGET (seconds this script may
 #   take, default 560).
 exec > >(tee "$OUT/${LOG:-hoist.txt}") 2>&1
 cd "$(dirname "$0")/../.."
@@ -17,7 +19,7 @@ source scripts/device/suites.sh
 device_prelude
 budget=${BUDGET:-560}
 H=/tmp/hoist_ptx
-mkdir -p $H && cp "$T"/*.ptx $H/ && tar xJf out/hoist_moe_ptx.tar.xz -C $H
+mkdir -p $H && cp "$T"/*.ptx $H/ && tar xJf out/hoist_ptx.tar.xz -C $H
 cmp -s $H/moe.sm90.ptx "$T/moe.sm90.ptx" && echo "!! the branch's moe PTX is the tree's"
 # Main's default since session thirty-two, whatever the staged binaries were built with.
 export MINNOW_SHARED_IN_CODES=0 MINNOW_PTX_DIR=$H
