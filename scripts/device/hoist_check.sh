@@ -24,19 +24,13 @@ cmp -s $H/moe.sm90.ptx "$T/moe.sm90.ptx" && echo "!! the branch's moe PTX is the
 # Main's default since session thirty-two, whatever the staged binaries were built with.
 export MINNOW_SHARED_IN_CODES=0 MINNOW_PTX_DIR=$H
 KERNEL_FILTER=grouped_gemm_over_codes run_suites "cuda_kernels cuda_quant"
-bench() {  # ENCODING, then environment assignments
-  local enc=$1
-  shift
-  env "$@" timeout 60 bin/xtask bench --experts "$enc" --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
-    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)"
-}
 # ~8 s a run, ~40 s more for each PTX set's first load.
 for enc in int4 int8 fp8; do
   for round in 1 2; do
     for ptx in $T $H; do
       [ $SECONDS -gt $((budget - 70)) ] && { echo "stop (time)"; break 3; }
       echo "== $enc $([ $ptx = $T ] && echo tree || echo hoisted) round $round t=$SECONDS"
-      bench $enc MINNOW_PTX_DIR=$ptx
+      bench_table $enc MINNOW_PTX_DIR=$ptx
     done
   done
 done
@@ -44,6 +38,6 @@ done
 for round in 1 2; do
   [ $SECONDS -gt $((budget - 30)) ] && break
   echo "== int4 hoisted MINNOW_CODES32_BELOW=64 round $round t=$SECONDS"
-  bench int4 MINNOW_PTX_DIR=$H MINNOW_CODES32_BELOW=64
+  bench_table int4 MINNOW_PTX_DIR=$H MINNOW_CODES32_BELOW=64
 done
 echo "end t=$SECONDS"

@@ -21,13 +21,12 @@ MINNOW_DENSE_SKINNY_ROWS=32 timeout 120 bin/test-cuda_blaslt --ignored --nocaptu
   grep -E "^(qkv|o|shared|dense|lm_head)|test result|panicked|differ" | cut -c1-400
 for enc in ${EXPERTS:-bf16 int4}; do
   for round in 1 2; do
-    for warps in 0 ${WARPS:-1 2 4}; do
+    for warps in 0 ${WARPS:-1 2 4}; do  # 0: the kernel off
       [ $SECONDS -gt $((budget - 150)) ] && { echo "stop (time)"; break 3; }
-      rows=$([ $warps = 0 ] && echo 0 || echo 32)
-      echo "== $enc skinny rows=$rows warps=$warps round $round t=$SECONDS"
-      MINNOW_DENSE_SKINNY_ROWS=$rows MINNOW_DENSE_SKINNY_WARPS=$([ $warps = 0 ] && echo 2 || echo $warps) \
-        timeout 60 bin/xtask bench --experts $enc --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
-        grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)"
+      knobs="MINNOW_DENSE_SKINNY_ROWS=0"
+      [ $warps = 0 ] || knobs="MINNOW_DENSE_SKINNY_ROWS=32 MINNOW_DENSE_SKINNY_WARPS=$warps"
+      echo "== $enc $knobs round $round t=$SECONDS"
+      bench_table $enc $knobs
     done
   done
 done

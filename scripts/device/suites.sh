@@ -1,8 +1,8 @@
 # Sourced by the one-call device scripts: run_suites runs the ignored GPU test binaries that
 # stage.sh copied into bin/ (test-NAME), one test at a time, against whatever PTX the caller
 # exported in MINNOW_PTX_DIR, each with the time the call has left (585 s in all), and prints
-# their verdict lines (and each failure's message and seed); device_prelude (at the end) is how
-# each such script starts.
+# their verdict lines (and each failure's message and seed); bench_table runs one bench;
+# device_prelude (at the end) is how each such script starts.
 #   run_suites "cuda_kernels cuda_quant ..."    (KERNEL_FILTER: a name filter for cuda_kernels)
 run_suites() {
   local t left filter
@@ -13,6 +13,16 @@ run_suites() {
     # A failure's message is the line after "panicked at"; its seed line replays its inputs.
     timeout $left bin/test-$t --ignored --test-threads 1 $filter 2>&1 | awk '/^test .*(FAILED|ok)$|test result|replay with/ {print} /panicked/ {print; getline; print}' | tail -25
   done
+}
+
+# One bench run of the standard shapes (prefill 4,096, refinement over a 1,024 prefix, x16 and
+# x64) with experts in ENCODING and the given environment assignments; prints its table rows.
+#   bench_table int4 MINNOW_PTX_DIR=/tmp/x MINNOW_CODES32_BELOW=64
+bench_table() {
+  local enc=$1
+  shift
+  env "$@" timeout 60 bin/xtask bench --experts "$enc" --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
+    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)"
 }
 
 # The start of a one-call script, run from the repository root: unpack the staged binaries
