@@ -787,8 +787,8 @@ __host__ __device__ constexpr int slot_stages_in(int bytes) {
 GROUPED_CODES_ENTRY(grouped_gemm_i8_r16, 8, minnow_codes::INT, 2, 3)
 // INT4's 16-row tiles held to 64 registers: four CTAs per SM instead of three (registers and
 // shared memory both allowed three), so a refinement's gate/up launch (~400 CTAs) runs in one
-// wave (H100: refinement 2.64 -> 2.57 ms). Not the others: INT8's spills at 64, and the larger
-// tiles lose more to spills than they gain.
+// wave (H100: refinement 2.64 -> 2.57 ms). Not the others: INT8's spills at 64, and a minimum
+// of one CTA on the 32- and 64-row tiles let them take one CTA per SM (batched steps ~24 % slower).
 GROUPED_CODES_ENTRY_BOUNDS(grouped_gemm_i4_r16, 4, minnow_codes::INT, 2, 3, (minnow_codes::THREADS, 4))
 GROUPED_CODES_ENTRY(grouped_gemm_f4_r16, 4, minnow_codes::E2M1, 2, 3)
 GROUPED_CODES_ENTRY(grouped_gemm_f8_r16, 8, minnow_codes::E4M3, 2, 3)
