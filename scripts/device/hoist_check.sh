@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One device call for branch codes-hoist (a PTX-only change: the codes tiles' copy sources worked
-# out once per tile instead of per stage, and the codes wgmma producer's divisions made shifts;
-# same bits by construction): the codes kernel test and the quantized fixtures on the branch's
+# out once per tile instead of per stage, group quotients as shifts, INT8's and E4M3's 16-row
+# tiles held to four CTAs per SM; same bits by construction): the codes kernel test and the quantized fixtures on the branch's
 # PTX, then the INT4, INT8 and FP8 benches with the tree's PTX and the branch's, same binaries,
 # two rounds (every digest must be equal between the two), and INT4 x16 on the branch's 32-row
 # tiles.
 #   Stage first (scripts/device/stage.sh debug; bin/xtask, bin/test-cuda_kernels and
 #   bin/test-cuda_quant in out/bin.tar.xz) and put the branch's changed PTX in out/hoist_ptx.tar.xz:
-#     for f in moe.ptx moe.sm90.ptx expert_wgmma.ptx expert_wgmma.sm90.ptx; do git show
+#     for f in moe.ptx moe.sm90.ptx; do git show
 #     codes-hoist:crates/minnow-runtime/src/cuda/ptx/$f > DIR/$f; done
 #     tar cf - -C DIR . | xz > out/hoist_ptx.tar.xz
 #   carry ["out/bin.tar.xz", "out/hoist_ptx.tar.xz"]. Env: BUDGET (seconds this script may
