@@ -4,9 +4,11 @@
 # (MINNOW_DENSE_SKINNY_ROWS, off by default). In order, each step only if the call has time:
 #   1. the bit tests: the codes kernel test and cuda_quant on the branch's PTX, the skinny
 #      kernel's test against the dense tiles;
-#   2. benches, same binaries, two rounds: INT4 on the tree's PTX, on the branch's, and on the
-#      branch's with the skinny kernel (width SKINNY_WARPS, default 2); BF16 with the kernel off
-#      and on; every request-0 digest must be the same within an encoding and PTX;
+#   2. benches, same binaries, two rounds: INT4 on the tree's PTX, on the branch's, on the
+#      branch's with the skinny kernel (width SKINNY_WARPS, default 2) and with the 32-row tiles
+#      for batches (MINNOW_CODES32_BELOW=64: their registers fell 111 -> 80 on the branch); BF16
+#      with the kernel off and on; every request-0 digest must be the same within an encoding
+#      and PTX;
 #   3. INT8 once on each PTX;
 #   4. whole requests on the branch's PTX with the skinny kernel on: the fixtures against their
 #      goldens and the engine's invariance suite (alone, batched, beside prefills, warm and cold).
@@ -28,11 +30,11 @@ KERNEL_FILTER="grouped_gemm_over_codes" run_suites "cuda_kernels cuda_quant"
 KERNEL_FILTER="skinny_dense" run_suites cuda_kernels
 # ~8 s a bench, ~40 s more for each PTX set's first load.
 for round in 1 2; do
-  for v in "int4 tree" "int4 hoisted" "int4 hoisted+skinny" "bf16 off" "bf16 skinny"; do
+  for v in "int4 tree" "int4 hoisted" "int4 hoisted+skinny" "int4 hoisted+r32" "bf16 off" "bf16 skinny"; do
     [ $SECONDS -gt 330 ] && { echo "stop (time)"; break 2; }
     set -- $v
     ptx=$([ $2 = tree ] && echo "$T" || echo $H)
-    knobs=$(case $2 in *skinny) echo "$SKINNY" ;; *) echo MINNOW_DENSE_SKINNY_ROWS=0 ;; esac)
+    knobs=$(case $2 in *skinny) echo "$SKINNY" ;; *r32) echo MINNOW_CODES32_BELOW=64 ;; *) echo MINNOW_DENSE_SKINNY_ROWS=0 ;; esac)
     echo "== $1 $2 round $round t=$SECONDS"
     bench_table $1 MINNOW_PTX_DIR=$ptx $knobs
   done
