@@ -14,12 +14,15 @@
 #      goldens and the engine's invariance suite (alone, batched, beside prefills, warm and cold).
 # Stage first (scripts/device/stage.sh debug, then bin/xtask and bin/test-{cuda_kernels,
 # cuda_quant, cuda_fixtures, gpu_invariance} into out/bin.tar.xz); carry ["out/bin.tar.xz",
-# "out/hoist_ptx.tar.xz"].
+# "out/hoist_ptx.tar.xz"]. Env: BUDGET (seconds the script may take, default 570: the benches
+# stop at 58 % of it, INT8 at 63 %).
 exec > >(tee "$OUT/${LOG:-candidates.txt}") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
 source scripts/device/suites.sh
 device_prelude
+budget=${BUDGET:-570}
+export SUITES_END=$((budget - 10))
 H=/tmp/hoist_ptx
 mkdir -p $H && cp "$T"/*.ptx $H/ && tar xJf out/hoist_ptx.tar.xz -C $H
 cmp -s $H/moe.sm90.ptx "$T/moe.sm90.ptx" && echo "!! the branch's moe PTX is the tree's"
@@ -31,7 +34,7 @@ KERNEL_FILTER="skinny_dense" run_suites cuda_kernels
 # ~8 s a bench, ~40 s more for each PTX set's first load.
 for round in 1 2; do
   for v in "int4 tree" "int4 hoisted" "int4 hoisted+skinny" "int4 hoisted+r32" "bf16 off" "bf16 skinny"; do
-    [ $SECONDS -gt 330 ] && { echo "stop (time)"; break 2; }
+    [ $SECONDS -gt $((budget * 58 / 100)) ] && { echo "stop (time)"; break 2; }
     set -- $v
     ptx=$([ $2 = tree ] && echo "$T" || echo $H)
     knobs=$(case $2 in *skinny) echo "$SKINNY" ;; *r32) echo MINNOW_CODES32_BELOW=64 ;; *) echo MINNOW_DENSE_SKINNY_ROWS=0 ;; esac)
@@ -40,7 +43,7 @@ for round in 1 2; do
   done
 done
 for ptx in "$T" $H; do
-  [ $SECONDS -gt 360 ] && break
+  [ $SECONDS -gt $((budget * 63 / 100)) ] && break
   echo "== int8 $([ "$ptx" = "$T" ] && echo tree || echo hoisted) t=$SECONDS"
   bench_table int8 MINNOW_PTX_DIR=$ptx
 done

@@ -1,13 +1,14 @@
 # Sourced by the one-call device scripts: run_suites runs the ignored GPU test binaries that
 # stage.sh copied into bin/ (test-NAME), one test at a time, against whatever PTX the caller
 # exported in MINNOW_PTX_DIR, each with the time the call has left (585 s in all), and prints
-# their verdict lines (and each failure's message and seed); bench_table runs one bench;
+# their verdict lines (and each failure's message and seed), until SUITES_END seconds into the
+# script (default 585); bench_table runs one bench;
 # device_prelude (at the end) is how each such script starts.
 #   run_suites "cuda_kernels cuda_quant ..."    (KERNEL_FILTER: a name filter for cuda_kernels)
 run_suites() {
   local t left filter
   for t in $1; do
-    left=$((585 - SECONDS)); [ $left -lt 15 ] && { echo "skip $t (time)"; continue; }
+    left=$((${SUITES_END:-585} - SECONDS)); [ $left -lt 15 ] && { echo "skip $t (time)"; continue; }
     echo "-- $t t=$SECONDS"
     filter=$([ "$t" = cuda_kernels ] && echo "${KERNEL_FILTER:-}")
     # A failure's message is the line after "panicked at"; its seed line replays its inputs.
