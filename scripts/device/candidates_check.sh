@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for both waiting candidates when there is time for only one: branch
-# codes-hoist's PTX (out/hoist_ptx.tar.xz) and the streaming dense GEMM of few rows
+# codes-hoist's PTX and the streaming dense GEMM of few rows
 # (MINNOW_DENSE_SKINNY_ROWS, off by default). In order, each step only if the call has time:
 #   1. the bit tests: the codes kernel test and cuda_quant on the branch's PTX, the skinny
 #      kernel's test against the dense tiles;
@@ -13,9 +13,10 @@
 #   4. whole requests on the branch's PTX with the skinny kernel on: the fixtures against their
 #      goldens and the engine's invariance suite (alone, batched, beside prefills, warm and cold).
 # Stage first (scripts/device/stage.sh debug, then bin/xtask and bin/test-{cuda_kernels,
-# cuda_quant, cuda_fixtures, gpu_invariance} into out/bin.tar.xz); carry ["out/bin.tar.xz",
-# "out/hoist_ptx.tar.xz"]. Env: BUDGET (seconds the script may take, default 570: the benches
-# stop at 58 % of it, INT8 at 63 %).
+# cuda_quant, cuda_fixtures, gpu_invariance} into out/bin.tar.xz); carry ["out/bin.tar.xz"], and
+# out/codes_hoist_ptx.tar.xz if it was made (suites.sh's branch_ptx: else the branch's PTX is
+# compiled here from its patch). Env: BUDGET (seconds the script may take, default 570: the
+# benches stop at 58 % of it, INT8 at 63 %).
 exec > >(tee "$OUT/${LOG:-candidates.txt}") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
@@ -24,8 +25,7 @@ device_prelude
 budget=${BUDGET:-570}
 export SUITES_END=$((budget - 10))
 H=/tmp/hoist_ptx
-mkdir -p $H && cp "$T"/*.ptx $H/ && tar xJf out/hoist_ptx.tar.xz -C $H
-cmp -s $H/moe.sm90.ptx "$T/moe.sm90.ptx" && echo "!! the branch's moe PTX is the tree's"
+branch_ptx codes-hoist $H
 W=${SKINNY_WARPS:-2}
 SKINNY="MINNOW_DENSE_SKINNY_ROWS=32 MINNOW_DENSE_SKINNY_WARPS=$W"
 export MINNOW_PTX_DIR=$H

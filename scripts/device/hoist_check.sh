@@ -6,12 +6,10 @@
 # two rounds (every digest must be equal between the two), and INT4 x16 on the branch's 32-row
 # tiles.
 #   Stage first (scripts/device/stage.sh debug; bin/xtask, bin/test-cuda_kernels and
-#   bin/test-cuda_quant in out/bin.tar.xz) and put the branch's changed PTX in out/hoist_ptx.tar.xz:
-#     for f in moe.ptx moe.sm90.ptx; do git show
-#     codes-hoist:crates/minnow-runtime/src/cuda/ptx/$f > DIR/$f; done
-#     tar cf - -C DIR . | xz > out/hoist_ptx.tar.xz
-#   carry ["out/bin.tar.xz", "out/hoist_ptx.tar.xz"]. Env: BUDGET (seconds this script may
-#   take, default 560).
+#   bin/test-cuda_quant in out/bin.tar.xz); carry ["out/bin.tar.xz"], and
+#   out/codes_hoist_ptx.tar.xz if it was made (suites.sh's branch_ptx: else the branch's PTX is
+#   compiled here from scripts/device/patches/codes-hoist.patch). Env: BUDGET (seconds this
+#   script may take, default 560).
 exec > >(tee "$OUT/${LOG:-hoist.txt}") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
@@ -19,8 +17,7 @@ source scripts/device/suites.sh
 device_prelude
 budget=${BUDGET:-560}
 H=/tmp/hoist_ptx
-mkdir -p $H && cp "$T"/*.ptx $H/ && tar xJf out/hoist_ptx.tar.xz -C $H
-cmp -s $H/moe.sm90.ptx "$T/moe.sm90.ptx" && echo "!! the branch's moe PTX is the tree's"
+branch_ptx codes-hoist $H
 # Main's default since session thirty-two, whatever the staged binaries were built with.
 export MINNOW_SHARED_IN_CODES=0 MINNOW_PTX_DIR=$H
 KERNEL_FILTER=grouped_gemm_over_codes run_suites "cuda_kernels cuda_quant"

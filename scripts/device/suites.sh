@@ -26,6 +26,25 @@ bench_table() {
     grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)"
 }
 
+# A PTX directory for a kernel branch: the tree's PTX with the branch's moe module, from
+# out/NAME_ptx.tar.xz when it was carried (the branch's compiled PTX, hyphens as underscores),
+# else compiled here from scripts/device/patches/NAME.patch (the branch's kernels/moe.cu against
+# main's, kept in the tree so a candidate outlives its branch; sm_90 only, the module this card
+# loads; ~40 s).
+#   branch_ptx codes-hoist /tmp/hoist_ptx
+branch_ptx() {
+  local name=$1 dir=$2 tarball=out/${1//-/_}_ptx.tar.xz
+  mkdir -p "$dir" && cp "$T"/*.ptx "$dir"/
+  if [ -f "$tarball" ]; then
+    tar xJf "$tarball" -C "$dir"
+  else
+    patch -s -o kernels/moe_$name.cu kernels/moe.cu scripts/device/patches/$name.patch &&
+      nvcc -ptx -arch=sm_90 -std=c++17 kernels/moe_$name.cu -o "$dir"/moe.sm90.ptx || echo "!! $name: the patch did not build"
+    echo "-- $name: moe.sm90.ptx compiled from its patch t=$SECONDS"
+  fi
+  cmp -s "$dir"/moe.sm90.ptx "$T/moe.sm90.ptx" && echo "!! $name: its moe PTX is the tree's"
+}
+
 # The start of a one-call script, run from the repository root: unpack the staged binaries
 # (out/bin.tar.xz), let the test binaries find their fixtures through the path they were built
 # at, put nvcc and ptxas on PATH, name the GPU, and set T to the tree's PTX directory.
