@@ -10,7 +10,7 @@
 #      suite (alone, batched, beside prefills, warm and cold);
 #   4. a second round of those benches, then INT4 on the branch's PTX with the skinny kernel and
 #      with the 32-row tiles for batches (MINNOW_CODES32_BELOW=64: their registers fell 111 ->
-#      80 on the branch), INT8 on each PTX, and the fixtures against their goldens.
+#      80 on the branch), INT8 and FP8 on each PTX, and the fixtures against their goldens.
 # Every request-0 digest must be the same within an encoding and PTX.
 # Stage first (scripts/device/stage.sh debug, then bin/xtask and bin/test-{cuda_kernels,
 # cuda_quant, cuda_fixtures, gpu_invariance} into out/bin.tar.xz); carry ["out/bin.tar.xz"], and
@@ -43,7 +43,7 @@ bench_variant() {
 for v in "int4 tree" "int4 hoisted" "bf16 off" "bf16 skinny"; do bench_variant $v; done
 MINNOW_DENSE_SKINNY_ROWS=32 MINNOW_DENSE_SKINNY_WARPS=$W SUITES_END=$((budget * 70 / 100)) run_suites gpu_invariance
 for v in "int4 hoisted" "int4 tree" "bf16 skinny" "bf16 off" "int4 hoisted+skinny" "int4 hoisted+r32" \
-  "int8 tree" "int8 hoisted"; do
+  "int8 tree" "int8 hoisted" "fp8 tree" "fp8 hoisted"; do
   [ $SECONDS -gt $((budget - 60)) ] && { echo "stop (time)"; break; }
   bench_variant $v
 done

@@ -1,8 +1,8 @@
 # Sourced by the one-call device scripts: run_suites runs the ignored GPU test binaries that
 # stage.sh copied into bin/ (test-NAME), one test at a time, against whatever PTX the caller
-# exported in MINNOW_PTX_DIR, each with the time the call has left (585 s in all), and prints
-# their verdict lines (and each failure's message and seed), until SUITES_END seconds into the
-# script (default 585); bench_table runs one bench;
+# exported in MINNOW_PTX_DIR, each with the time left until SUITES_END seconds into the script
+# (default 585), and prints their verdict lines (and each failure's message and seed);
+# bench_table runs one bench; branch_ptx makes a kernel candidate's PTX directory;
 # device_prelude (at the end) is how each such script starts.
 #   run_suites "cuda_kernels cuda_quant ..."    (KERNEL_FILTER: a name filter for cuda_kernels)
 run_suites() {
@@ -38,8 +38,10 @@ branch_ptx() {
   if [ -f "$tarball" ]; then
     tar xJf "$tarball" -C "$dir"
   else
-    patch -s -o kernels/moe_$name.cu kernels/moe.cu scripts/device/patches/$name.patch &&
-      nvcc -ptx -arch=sm_90 -std=c++17 kernels/moe_$name.cu -o "$dir"/moe.sm90.ptx || echo "!! $name: the patch did not build"
+    # The patched source outside kernels/ (where xtask would take it for a module of its own).
+    patch -s -o "$dir/moe_$name.cu" kernels/moe.cu "scripts/device/patches/$name.patch" &&
+      nvcc -ptx -arch=sm_90 -std=c++17 -I kernels "$dir/moe_$name.cu" -o "$dir/moe.sm90.ptx" ||
+      echo "!! $name: the patch did not build"
     echo "-- $name: moe.sm90.ptx compiled from its patch t=$SECONDS"
   fi
   cmp -s "$dir"/moe.sm90.ptx "$T/moe.sm90.ptx" && echo "!! $name: its moe PTX is the tree's"
