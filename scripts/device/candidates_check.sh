@@ -41,11 +41,11 @@ bench_variant() {
 }
 # The deciding pairs first, then the engine-level suite, then the rest while there is time.
 for v in "int4 tree" "int4 hoisted" "bf16 off" "bf16 skinny"; do bench_variant $v; done
-MINNOW_DENSE_SKINNY_ROWS=32 MINNOW_DENSE_SKINNY_WARPS=$W SUITES_END=$((budget * 70 / 100)) run_suites gpu_invariance
+(export $SKINNY SUITES_END=$((budget * 70 / 100)); run_suites gpu_invariance)
 for v in "int4 hoisted" "int4 tree" "bf16 skinny" "bf16 off" "int4 hoisted+skinny" "int4 hoisted+r32" \
   "int8 tree" "int8 hoisted" "fp8 tree" "fp8 hoisted"; do
   [ $SECONDS -gt $((budget - 60)) ] && { echo "stop (time)"; break; }
   bench_variant $v
 done
-MINNOW_DENSE_SKINNY_ROWS=32 MINNOW_DENSE_SKINNY_WARPS=$W run_suites cuda_fixtures
+(export $SKINNY; run_suites cuda_fixtures)
 echo "end t=$SECONDS"
