@@ -233,8 +233,10 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
 // n0..n0 + 128 of expert e, or, `gated`, silu_mul of the gate and up columns n0 / 2 .. n0 / 2 +
 // 64 (band_of_slot; Y's row pitch N / 2). NT: token groups of 8 in the tile (2: 16-row tiles, 8:
 // 64-row tiles); ACTIVE: the groups computed (at least those with a row; the others' products
-// are never stored, so computing them changes no output).
-template <int BITS, int ENC, int NT, int STAGES, int ACTIVE>
+// are never stored, so computing them changes no output); GS: the group's 16-column steps when
+// known at compile time (where each group's sum is scaled is then fixed in the unrolled steps,
+// no test and branch per step), 0 when read from `group`.
+template <int BITS, int ENC, int NT, int STAGES, int ACTIVE, int GS>
 __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ row_token,
                            const unsigned char* __restrict__ codes, const __half* __restrict__ scales, int group,
                            const float* __restrict__ band_scale, bf16* __restrict__ Y, int e, int p0, int rows,
@@ -249,10 +251,34 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
     constexpr int SK = S::SK, LDX = S::LDX;
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int k_tiles = K / 16, groups = K / group, gsteps = group / 16;  // gsteps: a power of two
+    // group and gsteps are powers of two: their quotients are shifts.
+    const int gshift = __ffs(group) - 1 - 4, k_tiles = K / 16, groups = K >> (gshift + 4);
+    const int gsteps = 1 << gshift;
     const size_t expert_band0 = (size_t)e * (N / 8);
     const int stages_k = (k_tiles + SK - 1) / SK;
     const bool warp_live = n0 + warp * 16 < N;
+
+    // Every copy this thread makes per stage, addressed once for the whole tile: the stages only
+    // add their own offset (the 64-bit products and the band arithmetic are not redone per stage).
+    // Codes: per band, the stage's SK tiles lie side by side in memory; tiles past K are zeros.
+    // Copy i takes band band0 + i * COPY_BANDS at the same place within it (COPY_BANDS: bands per
+    // THREADS copies); band_of_slot steps those by a fixed number of the expert's bands (half as
+    // many when gated), and slot_live holds for a prefix of them.
+    constexpr int CODE_COPIES = S::code_bytes / 16 / THREADS, COPY_BANDS = THREADS * 16 / (SK * TB);
+    static_assert(CODE_COPIES * 16 * THREADS == S::code_bytes, "codes: whole copies");
+    static_assert(COPY_BANDS % 2 == 0 || CODE_COPIES == 1, "gated copies step whole gate/up pairs");
+    const int band0 = tid * 16 / (SK * TB), within = tid * 16 % (SK * TB), code_step = within / TB;
+    const unsigned char* code_src = codes + (expert_band0 + band_of_slot(band0, n0, N, gated)) * k_tiles * TB + within;
+    const int code_stride = (gated ? COPY_BANDS / 2 : COPY_BANDS) * k_tiles * TB;
+    int code_live = 0;  // copies 0 .. code_live - 1 read inside the matrix
+#pragma unroll
+    for (int i = 0; i < CODE_COPIES; ++i) code_live += slot_live(band0 + i * COPY_BANDS, n0, N, gated);
+    // Scales of the groups a stage's columns fall in: thread tid < BANDS * SK copies [band][j] =
+    // group kt0 / gsteps + j of band tid / SK, j = tid % SK.
+    const int scale_j = tid % SK;
+    const bool scale_live = BITS != 16 && tid < BANDS * SK && slot_live(tid / SK, n0, N, gated);
+    const __half* scale_src =
+        scales + ((expert_band0 + (scale_live ? band_of_slot(tid / SK, n0, N, gated) : 0)) * groups + scale_j) * 8;
 
     // The activation copies of this thread: ROWS x 16 copies of 16 bytes per stage; rows past
     // `rows` are never copied (their columns of the products are never stored).
@@ -270,24 +296,14 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
     auto load_stage = [&](int buf, int st) {
         unsigned char* base = smem + buf * S::bytes;
         const int kt0 = st * SK;
-        // Codes: per band, the stage's SK tiles lie side by side in memory; tiles past K are zeros.
-        constexpr int CODE_COPIES = S::code_bytes / 16 / THREADS;
-        static_assert(CODE_COPIES * 16 * THREADS == S::code_bytes, "codes: whole copies");
 #pragma unroll
-        for (int i = 0; i < CODE_COPIES; ++i) {
-            const int byte = (tid + i * THREADS) * 16;
-            const int band = byte / (SK * TB), within = byte % (SK * TB);
-            cp_async16(base + byte,
-                       codes + ((expert_band0 + band_of_slot(band, n0, N, gated)) * k_tiles + kt0) * TB + within,
-                       slot_live(band, n0, N, gated) && kt0 + within / TB < k_tiles);
-        }
-        // Scales of the groups the stage's columns fall in: [band][j] = group kt0 / gsteps + j.
-        const int g_first = kt0 / gsteps, g_last = (min(kt0 + SK, k_tiles) * 16 - 1) / group;
+        for (int i = 0; i < CODE_COPIES; ++i)
+            cp_async16(base + (tid + i * THREADS) * 16, code_src + i * code_stride + kt0 * TB,
+                       i < code_live && kt0 + code_step < k_tiles);
         if (BITS != 16 && tid < BANDS * SK) {
-            const int band = tid / SK, g = g_first + tid % SK;
-            cp_async16(base + S::code_bytes + tid * 16,
-                       scales + ((expert_band0 + band_of_slot(band, n0, N, gated)) * groups + g) * 8,
-                       slot_live(band, n0, N, gated) && g <= g_last);
+            const int g_first = kt0 >> gshift, g_last = ((min(kt0 + SK, k_tiles) * 16 - 1) >> (gshift + 4));
+            cp_async16(base + S::code_bytes + tid * 16, scale_src + g_first * 8,
+                       scale_live && g_first + scale_j <= g_last);
         }
         bf16* sx = reinterpret_cast<bf16*>(base + S::code_bytes + S::scale_bytes);
 #pragma unroll
@@ -325,7 +341,6 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
         // then tokens 8-15 of the same: the B fragments of two token groups.
         const bf16* xrow = reinterpret_cast<const bf16*>(base + S::code_bytes + S::scale_bytes) +
                            ((lane & 7) + ((lane >> 4) << 3)) * LDX + ((lane >> 3) & 1) * 8;
-        const int kt0 = st * SK, g_first = kt0 / gsteps;
         // Every step of the stage, also past K in the last one: there codes, scales and the
         // activations of the tile's rows are zeros, which leave acc unchanged. A warp past N
         // (the CTA's last 128 columns cut short) only helps copy.
@@ -353,10 +368,12 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
                 mma16816(part[t], a, b[0], b[1]);
                 if (t + 1 < ACTIVE) mma16816(part[t + 1], a, b[2], b[3]);
             }
-            const int kt = kt0 + s;
-            // BF16 weights and E2M1 codes: their sum is part alone.
-            if (SCALED_SUMS && ((kt + 1) & (gsteps - 1)) == 0) {  // the group's last step (group divides K)
-                const int g = kt / gsteps - g_first;
+            // BF16 weights and E2M1 codes: their sum is part alone. A stage starts a group (SK
+            // is a multiple of every scaled group's steps), so step s ends one when s + 1 is a
+            // multiple of the group's steps, and g, the stage's s / gsteps, is its scale slot.
+            const bool group_end = GS ? (s + 1) % GS == 0 : ((s + 1) & (gsteps - 1)) == 0;
+            if (SCALED_SUMS && group_end) {
+                const int g = GS ? s / GS : s >> gshift;
                 float s0, s1;
                 if constexpr (ENC == E4M3) {  // the 128 x 128 block's F32 scale, first of four
                     const float* f0 = reinterpret_cast<const float*>(base + S::code_bytes) + (2 * warp) * SK * 4;
@@ -433,13 +450,30 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
     }
 }
 
+// The tile with the group's steps known at compile time for groups of 128 columns (the usual INT4
+// and INT8 group, and every E4M3 group of a 128-wide block).
+template <int BITS, int ENC, int NT, int STAGES, int ACTIVE>
+__device__ __forceinline__ void codes_tile_group(const bf16* X, const int* row_token, const unsigned char* codes,
+                                                 const __half* scales, int group, const float* band_scale, bf16* Y,
+                                                 int e, int p0, int rows, int n0, int N, int K, int gated) {
+    if constexpr (BITS != 16 && ENC != E2M1) {
+        if (group == 8 * 16) {
+            codes_tile<BITS, ENC, NT, STAGES, ACTIVE, 8>(X, row_token, codes, scales, group, band_scale, Y, e, p0,
+                                                         rows, n0, N, K, gated);
+            return;
+        }
+    }
+    codes_tile<BITS, ENC, NT, STAGES, ACTIVE, 0>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0,
+                                                 N, K, gated);
+}
+
 // The tile with as many token groups computed as it has rows for.
 template <int BITS, int ENC, int NT, int STAGES>
 __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,
                                 int group, const float* band_scale, bf16* Y, int e, int p0, int rows, int n0, int N,
                                 int K, int gated) {
 #define MINNOW_CODES_TILE(A) \
-    codes_tile<BITS, ENC, NT, STAGES, A>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0, N, K, gated)
+    codes_tile_group<BITS, ENC, NT, STAGES, A>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0, N, K, gated)
     if constexpr (NT == 2) {
         if (rows <= 8)
             MINNOW_CODES_TILE(1);
@@ -784,24 +818,28 @@ __host__ __device__ constexpr int slot_stages_in(int bytes) {
                                                                   band_scale, Y, t.x, t.y, t.z - t.y, n0, \
                                                                   N, K, gated);                          \
     }
-GROUPED_CODES_ENTRY(grouped_gemm_i8_r16, 8, minnow_codes::INT, 2, 3)
-// INT4's 16-row tiles held to 64 registers: four CTAs per SM instead of three (registers and
-// shared memory both allowed three), so a refinement's gate/up launch (~400 CTAs) runs in one
-// wave (H100: refinement 2.64 -> 2.57 ms). Not the others: INT8's spills at 64, and a minimum
-// of one CTA on the 32- and 64-row tiles let them take one CTA per SM (batched steps ~24 % slower).
+// The 16-row tiles held to 64 registers: four CTAs per SM instead of three (registers and shared
+// memory both allowed three), so a refinement's gate/up launch (~400 CTAs) runs in one wave
+// (H100, INT4: refinement 2.64 -> 2.57 ms). INT8 and E4M3 fit 64 without a spill once the copies
+// are addressed per tile rather than per stage. Not the larger tiles: a minimum of one CTA let
+// them take one CTA per SM (batched steps ~24 % slower).
+GROUPED_CODES_ENTRY_BOUNDS(grouped_gemm_i8_r16, 8, minnow_codes::INT, 2, 3, (minnow_codes::THREADS, 4))
 GROUPED_CODES_ENTRY_BOUNDS(grouped_gemm_i4_r16, 4, minnow_codes::INT, 2, 3, (minnow_codes::THREADS, 4))
 GROUPED_CODES_ENTRY(grouped_gemm_f4_r16, 4, minnow_codes::E2M1, 2, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_f8_r16, 8, minnow_codes::E4M3, 2, 3)
+GROUPED_CODES_ENTRY_BOUNDS(grouped_gemm_f8_r16, 8, minnow_codes::E4M3, 2, 3, (minnow_codes::THREADS, 4))
 // 32-row tiles for batches whose experts get fewer rows than a 64-row tile holds: a third of the
-// 64-row stage's activation room, so three stages fit where the 64-row tiles keep two.
-GROUPED_CODES_ENTRY(grouped_gemm_i8_r32, 8, minnow_codes::INT, 4, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_i4_r32, 4, minnow_codes::INT, 4, 3)
+// 64-row stage's activation room, so three stages fit where the 64-row tiles keep two. The scaled
+// encodings' 32- and 64-row tiles are held to three and two CTAs per SM (80 and 128 registers):
+// what they take without a bound for groups read at run time, which the compile-time groups of
+// 128 columns would otherwise raise (95 and 155).
+GROUPED_CODES_ENTRY_BOUNDS(grouped_gemm_i8_r32, 8, minnow_codes::INT, 4, 3, (minnow_codes::THREADS, 3))
+GROUPED_CODES_ENTRY_BOUNDS(grouped_gemm_i4_r32, 4, minnow_codes::INT, 4, 3, (minnow_codes::THREADS, 3))
 GROUPED_CODES_ENTRY(grouped_gemm_f4_r32, 4, minnow_codes::E2M1, 4, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_f8_r32, 8, minnow_codes::E4M3, 4, 3)
-GROUPED_CODES_ENTRY(grouped_gemm_i8_r64, 8, minnow_codes::INT, 8, 2)
-GROUPED_CODES_ENTRY(grouped_gemm_i4_r64, 4, minnow_codes::INT, 8, 2)
+GROUPED_CODES_ENTRY_BOUNDS(grouped_gemm_f8_r32, 8, minnow_codes::E4M3, 4, 3, (minnow_codes::THREADS, 3))
+GROUPED_CODES_ENTRY_BOUNDS(grouped_gemm_i8_r64, 8, minnow_codes::INT, 8, 2, (minnow_codes::THREADS, 2))
+GROUPED_CODES_ENTRY_BOUNDS(grouped_gemm_i4_r64, 4, minnow_codes::INT, 8, 2, (minnow_codes::THREADS, 2))
 GROUPED_CODES_ENTRY(grouped_gemm_f4_r64, 4, minnow_codes::E2M1, 8, 2)
-GROUPED_CODES_ENTRY(grouped_gemm_f8_r64, 8, minnow_codes::E4M3, 8, 2)
+GROUPED_CODES_ENTRY_BOUNDS(grouped_gemm_f8_r64, 8, minnow_codes::E4M3, 8, 2, (minnow_codes::THREADS, 2))
 
 // W8A8: E4M3 codes times the rows quantized by quantize_rows_e4m3 (Q, S); the grid as the f8
 // kernels', dynamic shared memory = W8A8_STAGES x StageQ<8 NT>::bytes (w8a8_stage_bytes in

@@ -31,7 +31,7 @@ bench_table() {
 # else compiled here from scripts/device/patches/NAME.patch (the branch's kernels/moe.cu against
 # main's, kept in the tree so a candidate outlives its branch; sm_90 only, the module this card
 # loads; ~40 s).
-#   branch_ptx codes-hoist /tmp/hoist_ptx
+#   branch_ptx NAME /tmp/NAME_ptx
 branch_ptx() {
   local name=$1 dir=$2 tarball=out/${1//-/_}_ptx.tar.xz
   mkdir -p "$dir" && cp "$T"/*.ptx "$dir"/
