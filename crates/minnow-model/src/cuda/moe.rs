@@ -172,27 +172,6 @@ pub(super) fn runs_w8a8(gpu: &Gpu, c: &Config, weights: &Weights) -> bool {
     })
 }
 
-/// Rows per expert, on average over the forward, from which FP8 and INT8 experts take the wgmma
-/// kernel by default: prefill and batches of 64 denoising blocks (64 rows or more per expert)
-/// measured faster there than on the mma.sync tiles, 16 blocks (about 20 rows) slower
-/// (docs/performance.md).
-const CODES_WGMMA_MIN_ROWS: usize = 32;
-
-/// Whether quantized experts of `kind` run the wgmma kernel in a forward of `assignments` rows
-/// over `busy` experts that can get them (one whose dispatch would cut 64-row tiles): the knob
-/// when set (`Tuning::codes_wgmma`), else FP8 or INT8 experts averaging
-/// [`CODES_WGMMA_MIN_ROWS`] rows or more. (INT4 and NVFP4 measured slower on it at every batch
-/// size; NVFP4 at x16 15.1 ms against 8.8 ms.)
-fn codes_wgmma_wanted(
-    kind: ops::CodeKind,
-    assignments: usize,
-    busy: usize,
-    knob: Option<bool>,
-) -> bool {
-    let wins = matches!(kind, ops::CodeKind::E4m3 | ops::CodeKind::Int8);
-    knob.unwrap_or(wins && assignments >= CODES_WGMMA_MIN_ROWS * busy.max(1))
-}
-
 /// The tile rows of quantized experts' mma.sync kernels in a forward of `assignments` rows over
 /// `busy` experts whose dispatch would cut `tile_rows`: 32 instead of 64 while the experts
 /// average fewer than `below` rows (`Tuning::codes32_below`; 0: never). A 64-row stage's
@@ -277,10 +256,10 @@ pub(super) fn queue_grouped_experts(
                 && ops::grouped_wgmma_supported(gpu, d, iw)
         } else {
             // Quantized experts likewise on their wgmma kernels (BF16 activations: not with
-            // W8A8), by default only FP8 codes with 32 or more rows per expert.
-            let kind = moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d);
-            w8a8.is_none()
-                && kind.is_some_and(|kind| codes_wgmma_wanted(kind, a, busy, tuning().codes_wgmma))
+            // W8A8) when `Tuning::codes_wgmma` asks (off by default: slower than the tiles).
+            tuning().codes_wgmma
+                && w8a8.is_none()
+                && moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d).is_some()
                 && moe.experts_down.codes_wgmma(gpu, d, iw).is_some()
         };
     let tile_rows = if wgmma {
@@ -485,41 +464,14 @@ mod tests {
     const BUSY: usize = 257;
 
     #[test]
-    fn fp8_and_int8_prefill_and_64_block_batches_take_the_wgmma_kernel_by_default() {
-        let (prefill, x64) = (4096 * 9, 64 * 32 * 9);
-        for kind in [ops::CodeKind::E4m3, ops::CodeKind::Int8] {
-            assert!(codes_wgmma_wanted(kind, prefill, BUSY, None), "{kind:?}");
-            assert!(codes_wgmma_wanted(kind, x64, BUSY, None), "{kind:?}");
-        }
-    }
-
-    #[test]
-    fn sixteen_block_batches_int4_and_nvfp4_keep_the_mma_sync_tiles_by_default() {
-        let (prefill, x16) = (4096 * 9, 16 * 32 * 9);
-        for kind in [ops::CodeKind::E4m3, ops::CodeKind::Int8] {
-            assert!(!codes_wgmma_wanted(kind, x16, BUSY, None), "{kind:?}");
-        }
-        for kind in [ops::CodeKind::Int4, ops::CodeKind::E2m1] {
-            assert!(!codes_wgmma_wanted(kind, prefill, BUSY, None), "{kind:?}");
-        }
-    }
-
-    #[test]
     fn sixteen_block_batches_take_32_row_codes_tiles_and_larger_ones_keep_64() {
         let (x16, x64, prefill) = (16 * 32 * 9, 64 * 32 * 9, 4096 * 9);
-        assert_eq!(codes_tile_rows(64, x16, BUSY, 32), 32);
-        assert_eq!(codes_tile_rows(64, x64, BUSY, 32), 64);
-        assert_eq!(codes_tile_rows(64, prefill, BUSY, 32), 64);
+        let below = minnow_runtime::cuda::tuning::Tuning::default().codes32_below;
+        assert_eq!(codes_tile_rows(64, x16, BUSY, below), 32);
+        assert_eq!(codes_tile_rows(64, x64, BUSY, below), 64);
+        assert_eq!(codes_tile_rows(64, prefill, BUSY, below), 64);
         // 16-row tiles (a denoising step, x4) stay; 0 turns the 32-row tiles off.
-        assert_eq!(codes_tile_rows(16, 4 * 32 * 9, BUSY, 32), 16);
+        assert_eq!(codes_tile_rows(16, 4 * 32 * 9, BUSY, below), 16);
         assert_eq!(codes_tile_rows(64, x16, BUSY, 0), 64);
-    }
-
-    #[test]
-    fn the_knob_decides_for_every_encoding_when_set() {
-        for kind in [ops::CodeKind::Int4, ops::CodeKind::E4m3] {
-            assert!(codes_wgmma_wanted(kind, 9, BUSY, Some(true)));
-            assert!(!codes_wgmma_wanted(kind, 4096 * 9, BUSY, Some(false)));
-        }
     }
 }

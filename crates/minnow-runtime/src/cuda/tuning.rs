@@ -67,19 +67,22 @@ pub struct Tuning {
     /// behind and hang the launch (docs/performance.md, sessions thirty-one and thirty-two).
     pub grouped_wgmma: bool,
     /// Quantized experts of such forwards on their wgmma kernel (128-row tiles, the same bits as
-    /// the mma.sync codes tiles): by default (`None`) for FP8 and INT8 experts averaging at least
-    /// 32 rows each (prefill, large batches), where it measured faster; INT4 measured slower on
-    /// it, NVFP4 is not measured yet (docs/performance.md). `MINNOW_CODES_WGMMA=1`:
-    /// every encoding wherever 64-row tiles would be cut; `=0`: never.
-    pub codes_wgmma: Option<bool>,
+    /// the mma.sync codes tiles; `MINNOW_CODES_WGMMA=1`). Off by default: since the codes tiles
+    /// compute their copy addresses once per tile, the mma.sync tiles are faster for every
+    /// encoding at every batch size (FP8 and INT8, which took the wgmma kernel from 32 rows per
+    /// expert, measured 14-20 % faster at x64 and in prefill on them; docs/performance.md,
+    /// session thirty-four).
+    pub codes_wgmma: bool,
     /// The quantized experts' gate/up kernels write silu_mul's result themselves (the gate and
     /// up bands of the same columns side by side in a CTA) instead of the products for a
     /// separate `silu_mul` launch. `MINNOW_CODES_GATED=0`: two launches. Same bits either way.
     pub codes_gated: bool,
     /// Rows per busy expert, on average, below which quantized experts' mma.sync kernels cut
-    /// 32-row tiles where 64-row ones would be cut (`MINNOW_CODES32_BELOW=N`; 0, the default:
-    /// never). Same bits. Off because it measured slower on the H200: INT4 x16 8.44 -> 9.00 ms,
-    /// NVFP4 x16 no faster (docs/performance.md, session twenty-five).
+    /// 32-row tiles where 64-row ones would be cut (`MINNOW_CODES32_BELOW=N`; 0: never). Same
+    /// bits. 64 by default: with the tiles' addressing hoisted, a batch of 16 denoising blocks
+    /// (about 18 rows per expert) measured 4-6 % faster on 32-row tiles for INT4, INT8 and FP8,
+    /// and 128 (which also moves 64-block batches) slower (docs/performance.md, session
+    /// thirty-four).
     pub codes32_below: usize,
     /// A shared expert that runs on its own (not inside the grouped expert GEMM) is queued on
     /// the side stream (`Gpu::beside`), beside the router and the routed experts, and joined
@@ -168,9 +171,9 @@ impl Default for Tuning {
             grouped_tma: true,
             grouped_pair: true,
             grouped_wgmma: true,
-            codes_wgmma: None,
+            codes_wgmma: false,
             codes_gated: true,
-            codes32_below: 0,
+            codes32_below: 64,
             shared_beside: true,
             shared_in_codes: false,
             invariant: true,
@@ -225,7 +228,7 @@ pub fn tuning() -> &'static Tuning {
             grouped_wgmma: env_usize("MINNOW_GROUPED_WGMMA", |v| v <= 1)
                 .map_or(d.grouped_wgmma, |v| v == 1),
             codes_wgmma: env_usize("MINNOW_CODES_WGMMA", |v| v <= 1)
-                .map_or(d.codes_wgmma, |v| Some(v == 1)),
+                .map_or(d.codes_wgmma, |v| v == 1),
             codes_gated: env_usize("MINNOW_CODES_GATED", |v| v <= 1)
                 .map_or(d.codes_gated, |v| v == 1),
             codes32_below: env_usize("MINNOW_CODES32_BELOW", |v| v <= 1024)
