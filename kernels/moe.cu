@@ -151,6 +151,16 @@ __device__ __forceinline__ bool grouped_tile(const int4* __restrict__ tiles, con
     tile = tiles[blockIdx.y];
     return true;
 }
+// grouped_tile for a launch whose tile list was written before the kernel queued just before it
+// (a down projection: the dispatch, then gate/up): read before pdl_enter, from L2 (ld.global.cg),
+// where the dispatch's writes are, since that kernel started only once every CTA of the one
+// before it had waited for the dispatch to finish.
+__device__ __forceinline__ bool grouped_tile_settled(const int4* __restrict__ tiles, const int* __restrict__ num_tiles,
+                                                     int4& tile) {
+    if ((int)blockIdx.y >= __ldcg(num_tiles)) return false;
+    tile = __ldcg(tiles + blockIdx.y);
+    return true;
+}
 
 // grid = (N / 64, max_tiles), block = 128, dynamic shared memory = GroupedTile<BM, STAGES>::smem_bytes
 // (mirrored by grouped_gemm_smem_bytes in crates/minnow-runtime/src/cuda/ops.rs).
@@ -240,7 +250,7 @@ template <int BITS, int ENC, int NT, int STAGES, int ACTIVE, int GS>
 __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ row_token,
                            const unsigned char* __restrict__ codes, const __half* __restrict__ scales, int group,
                            const float* __restrict__ band_scale, bf16* __restrict__ Y, int e, int p0, int rows,
-                           int n0, int N, int K, int gated) {
+                           int n0, int N, int K, int gated, bool settled) {
     static_assert(ENC != E2M1 || BITS == 4, "E2M1 codes are 4 bits");
     static_assert(ENC != E4M3 || BITS == 8, "E4M3 codes are 8 bits");
     // Integer and E4M3 codes scale each group's F32 sum; BF16 weights have no scales; E2M1 codes
@@ -280,6 +290,30 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
     const __half* scale_src =
         scales + ((expert_band0 + (scale_live ? band_of_slot(tid / SK, n0, N, gated) : 0)) * groups + scale_j) * 8;
 
+    // A stage's copies: the weights (codes and scales), then the activation rows.
+    auto load_weights = [&](int buf, int st) {
+        unsigned char* base = smem + buf * S::bytes;
+        const int kt0 = st * SK;
+#pragma unroll
+        for (int i = 0; i < CODE_COPIES; ++i)
+            cp_async16(base + (tid + i * THREADS) * 16, code_src + i * code_stride + kt0 * TB,
+                       i < code_live && kt0 + code_step < k_tiles);
+        if (BITS != 16 && tid < BANDS * SK) {
+            const int g_first = kt0 >> gshift, g_last = ((min(kt0 + SK, k_tiles) * 16 - 1) >> (gshift + 4));
+            cp_async16(base + S::code_bytes + tid * 16, scale_src + g_first * 8,
+                       scale_live && g_first + scale_j <= g_last);
+        }
+    };
+    // `settled`: the tile came before pdl_enter (grouped_tile_settled), so the first stages'
+    // weights, which no kernel writes, start streaming while the kernel before (gate/up, whose
+    // output is this launch's rows) finishes; the rows wait for it. Same copies, same products.
+    if (settled) {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s)
+            if (s < stages_k) load_weights(s, s);
+        pdl_enter();
+    }
+
     // The activation copies of this thread: ROWS x 16 copies of 16 bytes per stage; rows past
     // `rows` are never copied (their columns of the products are never stored).
     constexpr int X_COPIES = (ROWS * SK * 2 + THREADS - 1) / THREADS;
@@ -293,19 +327,9 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
         x_src[i] = X + (size_t)(x_ok[i] ? (row_token ? row_token[p0 + r] : p0 + r) : 0) * K +
                    ((tid + i * THREADS) % (SK * 2)) * 8;
     }
-    auto load_stage = [&](int buf, int st) {
-        unsigned char* base = smem + buf * S::bytes;
+    auto load_rows = [&](int buf, int st) {
+        bf16* sx = reinterpret_cast<bf16*>(smem + buf * S::bytes + S::code_bytes + S::scale_bytes);
         const int kt0 = st * SK;
-#pragma unroll
-        for (int i = 0; i < CODE_COPIES; ++i)
-            cp_async16(base + (tid + i * THREADS) * 16, code_src + i * code_stride + kt0 * TB,
-                       i < code_live && kt0 + code_step < k_tiles);
-        if (BITS != 16 && tid < BANDS * SK) {
-            const int g_first = kt0 >> gshift, g_last = ((min(kt0 + SK, k_tiles) * 16 - 1) >> (gshift + 4));
-            cp_async16(base + S::code_bytes + tid * 16, scale_src + g_first * 8,
-                       scale_live && g_first + scale_j <= g_last);
-        }
-        bf16* sx = reinterpret_cast<bf16*>(base + S::code_bytes + S::scale_bytes);
 #pragma unroll
         for (int i = 0; i < X_COPIES; ++i) {
             const int c = tid + i * THREADS, r = c / (SK * 2), col = (c % (SK * 2)) * 8;
@@ -320,16 +344,24 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[t][i] = part[t][i] = 0.f;
 
+    // (Settled: the weights of the first stages joined the first commit group, so each stage is
+    // still whole when its own group completes.)
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < stages_k) load_stage(s, s);
+        if (s < stages_k) {
+            if (!settled) load_weights(s, s);
+            load_rows(s, s);
+        }
         cp_async_commit();
     }
     for (int st = 0; st < stages_k; ++st) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         const int next = st + STAGES - 1;
-        if (next < stages_k) load_stage(next % STAGES, next);
+        if (next < stages_k) {
+            load_weights(next % STAGES, next);
+            load_rows(next % STAGES, next);
+        }
         cp_async_commit();
 
         const unsigned char* base = smem + (st % STAGES) * S::bytes;
@@ -455,25 +487,27 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
 template <int BITS, int ENC, int NT, int STAGES, int ACTIVE>
 __device__ __forceinline__ void codes_tile_group(const bf16* X, const int* row_token, const unsigned char* codes,
                                                  const __half* scales, int group, const float* band_scale, bf16* Y,
-                                                 int e, int p0, int rows, int n0, int N, int K, int gated) {
+                                                 int e, int p0, int rows, int n0, int N, int K, int gated,
+                                                 bool settled) {
     if constexpr (BITS != 16 && ENC != E2M1) {
         if (group == 8 * 16) {
             codes_tile<BITS, ENC, NT, STAGES, ACTIVE, 8>(X, row_token, codes, scales, group, band_scale, Y, e, p0,
-                                                         rows, n0, N, K, gated);
+                                                         rows, n0, N, K, gated, settled);
             return;
         }
     }
     codes_tile<BITS, ENC, NT, STAGES, ACTIVE, 0>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0,
-                                                 N, K, gated);
+                                                 N, K, gated, settled);
 }
 
 // The tile with as many token groups computed as it has rows for.
 template <int BITS, int ENC, int NT, int STAGES>
 __device__ void codes_tile_rows(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,
                                 int group, const float* band_scale, bf16* Y, int e, int p0, int rows, int n0, int N,
-                                int K, int gated) {
+                                int K, int gated, bool settled) {
 #define MINNOW_CODES_TILE(A) \
-    codes_tile_group<BITS, ENC, NT, STAGES, A>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0, N, K, gated)
+    codes_tile_group<BITS, ENC, NT, STAGES, A>(X, row_token, codes, scales, group, band_scale, Y, e, p0, rows, n0, N, K, \
+                                               gated, settled)
     if constexpr (NT == 2) {
         if (rows <= 8)
             MINNOW_CODES_TILE(1);
@@ -797,26 +831,33 @@ __host__ __device__ constexpr int slot_stages_in(int bytes) {
 // N % 16 == 0, K % 16 == 0, group 16, 32, 64 or 128 (E2M1: 16). Tiles of expert `shared_slot`
 // (-1: none) read `shared`, one BF16 matrix in the codes' fragment order (a packed shared
 // expert). `band_scale`: E2M1's F32 factor per 8-row band of the codes (unused otherwise).
-// `gated`: W[e] = [gate; up] (N % 16 == 0), and Y gets silu_mul's N / 2 columns (band_of_slot).
+// `flags`: CODES_GATED, W[e] = [gate; up] (N % 16 == 0), and Y gets silu_mul's N / 2 columns
+// (band_of_slot); CODES_SETTLED, the tile list was written before the kernel queued just before
+// this one (grouped_tile_settled), so the first stages' weights are copied before pdl_enter.
+#define CODES_GATED 1
+#define CODES_SETTLED 2
 #define GROUPED_CODES_ENTRY(NAME, BITS, ENC, NT, STAGES) GROUPED_CODES_ENTRY_BOUNDS(NAME, BITS, ENC, NT, STAGES, (minnow_codes::THREADS))
 // BOUNDS: the kernel's __launch_bounds__ arguments (a minimum of CTAs per SM caps its registers).
 #define GROUPED_CODES_ENTRY_BOUNDS(NAME, BITS, ENC, NT, STAGES, BOUNDS)                                  \
     extern "C" __global__ void __launch_bounds__ BOUNDS                                                  \
         NAME(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,       \
              const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y,           \
-             const int4* tiles, const int* num_tiles, int N, int K, int gated) {                         \
-        pdl_enter();                                                                                     \
+             const int4* tiles, const int* num_tiles, int N, int K, int flags) {                         \
+        const int gated = flags & CODES_GATED;                                                           \
+        const bool settled = flags & CODES_SETTLED;                                                      \
+        if (!settled) pdl_enter();                                                                       \
         int4 t;                                                                                          \
-        if (!grouped_tile(tiles, num_tiles, t)) return;                                                  \
+        if (!(settled ? grouped_tile_settled(tiles, num_tiles, t) : grouped_tile(tiles, num_tiles, t)))  \
+            return;                                                                                      \
         const int n0 = blockIdx.x * minnow_codes::FEATURES;                                              \
         if (t.x == shared_slot)                                                                          \
             minnow_codes::codes_tile_rows<16, minnow_codes::INT, NT, minnow_codes::bf16_slot_stages<BITS, NT, STAGES>()>( \
                 X, row_token, reinterpret_cast<const unsigned char*>(shared), nullptr, 16, nullptr, Y, 0,  \
-                t.y, t.z - t.y, n0, N, K, gated);                                                        \
+                t.y, t.z - t.y, n0, N, K, gated, settled);                                               \
         else                                                                                             \
             minnow_codes::codes_tile_rows<BITS, ENC, NT, STAGES>(X, row_token, codes, scales, group,     \
                                                                   band_scale, Y, t.x, t.y, t.z - t.y, n0, \
-                                                                  N, K, gated);                          \
+                                                                  N, K, gated, settled);                 \
     }
 // The 16-row tiles held to 64 registers: four CTAs per SM instead of three (registers and shared
 // memory both allowed three), so a refinement's gate/up launch (~400 CTAs) runs in one wave
@@ -858,7 +899,7 @@ GROUPED_CODES_ENTRY_BOUNDS(grouped_gemm_f8_r64, 8, minnow_codes::E4M3, 8, 2, (mi
         if (t.x == shared_slot)                                                                          \
             minnow_codes::codes_tile_rows<16, minnow_codes::INT, NT, SLOT>(                              \
                 X, row_token, reinterpret_cast<const unsigned char*>(shared), nullptr, 16, nullptr, Y, 0,  \
-                t.y, t.z - t.y, n0, N, K, 0);                                                            \
+                t.y, t.z - t.y, n0, N, K, 0, false);                                                     \
         else                                                                                             \
             minnow_codes::w8a8_tile_rows<NT, W8A8_STAGES>(Q, S, row_token, codes, scales, group, Y, t.x,  \
                                                           t.y, t.z - t.y, n0, N, K);                     \

@@ -902,6 +902,7 @@ impl Dispatched {
             num_tiles: self.num_tiles.ptr(),
             max_tiles: self.max_tiles,
             rows: self.tile_rows,
+            settled: false,
         }
     }
 
@@ -931,6 +932,7 @@ impl Dispatched {
             num_tiles: num.ptr(),
             max_tiles: n,
             rows,
+            settled: false,
         };
         (tiles, num, expert_tiles)
     }
@@ -1305,11 +1307,14 @@ fn grouped_gemm_over_codes_matches_reference() {
                 };
                 // `gated`: the tile's gate/up form (each expert's first n / 2 rows the gate, the
                 // rest the up rows), silu_mul's n / 2 columns per row.
+                // `settled`: the tiles read before the launch waits for the kernel before it (a
+                // down projection's), after a synchronize so that the dispatch is done.
                 let run_as = |idx: &[i32],
                               t: usize,
                               x: &[bf16],
                               tile_rows: usize,
-                              gated: bool|
+                              gated: bool,
+                              settled: bool|
                  -> (Vec<f32>, Vec<i32>) {
                     let (dx, didx) = (g.upload(x).unwrap(), g.upload(idx).unwrap());
                     let dispatched = Dispatched::new(&g, &didx, t, k, e, tile_rows, None);
@@ -1329,6 +1334,9 @@ fn grouped_gemm_over_codes_matches_reference() {
                             gated,
                         )
                     } else {
+                        if settled {
+                            g.synchronize().unwrap();
+                        }
                         ops::grouped_gemm_codes(
                             &g,
                             dx.ptr(),
@@ -1336,7 +1344,10 @@ fn grouped_gemm_over_codes_matches_reference() {
                             dispatched.row_token.ptr(),
                             &w,
                             y.ptr(),
-                            &dispatched.expert_tiles(),
+                            &ops::ExpertTiles {
+                                settled,
+                                ..dispatched.expert_tiles()
+                            },
                             n,
                             kd,
                             gated,
@@ -1346,7 +1357,7 @@ fn grouped_gemm_over_codes_matches_reference() {
                     (read_bf16(&g, &y), read(&g, &dispatched.slot))
                 };
                 let run = |idx: &[i32], t: usize, x: &[bf16], tile_rows: usize| {
-                    run_as(idx, t, x, tile_rows, false)
+                    run_as(idx, t, x, tile_rows, false, false)
                 };
                 let (gy, slots) = run(&idx, t, &x, tile_rows);
                 let x_bf16: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
@@ -1419,6 +1430,21 @@ fn grouped_gemm_over_codes_matches_reference() {
                         );
                     }
                 }
+                // Tiles read before the wait (a down projection's settled list): the same bits
+                // on every height.
+                for rows in [16, 32, 64] {
+                    if rows == 32 && w8a8 {
+                        continue;
+                    }
+                    let (early, early_slots) = run_as(&idx, t, &x, rows, false, true);
+                    for (i, (&p, &q)) in slots.iter().zip(&early_slots).enumerate() {
+                        let (p, q) = (p as usize, q as usize);
+                        assert!(
+                            gy[p * n..(p + 1) * n] == early[q * n..(q + 1) * n],
+                            "{name}: pick {i} differs with its tiles read before the wait ({rows} rows)"
+                        );
+                    }
+                }
                 // Tiles of 128 rows on the wgmma kernels (Hopper, BF16 activations), where they
                 // take the shape: every pick's row bit-identical to the mma.sync tiles'.
                 if !w8a8 && ops::codes_wgmma_supported(&g, &w, n, kd) {
@@ -1446,7 +1472,7 @@ fn grouped_gemm_over_codes_matches_reference() {
                         heights.push(ops::GROUPED_WGMMA_ROWS);
                     }
                     for rows in heights {
-                        let (gated, gated_slots) = run_as(&idx, t, &x, rows, true);
+                        let (gated, gated_slots) = run_as(&idx, t, &x, rows, true, false);
                         for (i, (&p, &q)) in slots.iter().zip(&gated_slots).enumerate() {
                             let (p, q) = (p as usize, q as usize);
                             assert!(

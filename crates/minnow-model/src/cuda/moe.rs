@@ -305,6 +305,7 @@ pub(super) fn queue_grouped_experts(
         num_tiles: ws.num_tiles.ptr(),
         max_tiles: ops::moe_max_tiles(a, busy, tile_rows),
         rows: tile_rows,
+        settled: false,
     };
     // BF16 experts whose weights stream through TMA, SiLU in the gate/up epilogue (the same bits
     // as the 4-warp tiles below): the wgmma kernel for 128-row tiles, else on Hopper the TMA-fed
@@ -397,8 +398,23 @@ pub(super) fn queue_grouped_experts(
                 .map(|(b, g)| quantize_input(gpu, &b[1], act, a, iw, g.1, mark))
                 .transpose()?;
             let out = ws.expert_out.ptr();
-            moe.experts_down
-                .grouped_gemm(gpu, act, actq.as_ref(), 0, out, &tiles, d, iw, false)?;
+            // Gate/up (and silu_mul or the quantization) came between the dispatch and this
+            // launch, so it may read the tile list before waiting for the kernel before it.
+            let settled = ops::ExpertTiles {
+                settled: tuning().codes_settled,
+                ..tiles
+            };
+            moe.experts_down.grouped_gemm(
+                gpu,
+                act,
+                actq.as_ref(),
+                0,
+                out,
+                &settled,
+                d,
+                iw,
+                false,
+            )?;
             mark("experts down")?;
         }
     }

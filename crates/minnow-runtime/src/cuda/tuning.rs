@@ -32,7 +32,7 @@
 //!   docs/performance.md).
 //!
 //! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_CODES_GATED`,
-//! `MINNOW_CODES32_BELOW`, `MINNOW_SHARED_BESIDE`, `MINNOW_DENSE16_ROWS`, `MINNOW_DENSE128_ROWS`,
+//! `MINNOW_CODES32_BELOW`, `MINNOW_CODES_SETTLED`, `MINNOW_SHARED_BESIDE`, `MINNOW_DENSE16_ROWS`, `MINNOW_DENSE128_ROWS`,
 //! `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`) are described on the fields of
 //! [`Tuning`] they set.
 
@@ -84,6 +84,13 @@ pub struct Tuning {
     /// and 128 (which also moves 64-block batches) slower (docs/performance.md, session
     /// thirty-four).
     pub codes32_below: usize,
+    /// A quantized down projection's codes tiles read their tile list, and copy their first
+    /// stages' weights, before waiting for the gate/up kernel before them
+    /// (`ExpertTiles::settled`; `MINNOW_CODES_SETTLED=0`: after). Same bits. On: a refinement
+    /// step's down projection has four 128-column stages, half of them then in flight before
+    /// gate/up ends (H100: INT4 refinement median 2.25 -> 2.17 ms, INT8 2.76 -> 2.57 ms; batched
+    /// steps and prefill unchanged; docs/performance.md, session thirty-four).
+    pub codes_settled: bool,
     /// A shared expert that runs on its own (not inside the grouped expert GEMM) is queued on
     /// the side stream (`Gpu::beside`), beside the router and the routed experts, and joined
     /// before the combine: its three small launches overlap theirs. Batch-invariant mode only
@@ -174,6 +181,7 @@ impl Default for Tuning {
             codes_wgmma: false,
             codes_gated: true,
             codes32_below: 64,
+            codes_settled: true,
             shared_beside: true,
             shared_in_codes: false,
             invariant: true,
@@ -233,6 +241,8 @@ pub fn tuning() -> &'static Tuning {
                 .map_or(d.codes_gated, |v| v == 1),
             codes32_below: env_usize("MINNOW_CODES32_BELOW", |v| v <= 1024)
                 .unwrap_or(d.codes32_below),
+            codes_settled: env_usize("MINNOW_CODES_SETTLED", |v| v <= 1)
+                .map_or(d.codes_settled, |v| v == 1),
             shared_beside: env_usize("MINNOW_SHARED_BESIDE", |v| v <= 1)
                 .map_or(d.shared_beside, |v| v == 1),
             shared_in_codes: env_usize("MINNOW_SHARED_IN_CODES", |v| v <= 1)

@@ -150,6 +150,11 @@ pub struct ExpertTiles {
     /// The rows a tile holds at most: 16 or 64 (the dispatch's cut), or
     /// [`GROUPED_WGMMA_ROWS`](super::GROUPED_WGMMA_ROWS) for the wgmma kernel.
     pub rows: usize,
+    /// The list was written before the kernel queued just before this launch (a down
+    /// projection's: the dispatch, then gate/up), so the codes tiles may read it, and start
+    /// their first weights, before waiting for that kernel. False when the dispatch may be the
+    /// launch just before.
+    pub settled: bool,
 }
 
 /// Grouped GEMM over the dispatched tiles: `Y[p] = X[row_token[p] or p] . W[e]^T` with
@@ -646,11 +651,17 @@ pub fn grouped_gemm_codes(
             return unsupported(format!("{:?} expert codes of {n} x {k}", w.kind));
         }
     };
-    launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k, gated)
+    // (Only the tiled kernels read their tiles before waiting.)
+    let settled = tiled && t.settled;
+    launch_codes(
+        kernel, gpu, cfg, x, row_token, w, y, t, n, k, gated, settled,
+    )
 }
 
 /// Launches a kernel of the codes family (the mma.sync tiles and their wgmma siblings share
-/// the parameters) over codes `w` and the dispatched tiles `t`.
+/// the parameters) over codes `w` and the dispatched tiles `t`. `settled` (the mma.sync tiles
+/// only, where [`ExpertTiles::settled`]): the kernel reads its tile before waiting for the
+/// kernel before it.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn launch_codes(
     kernel: kernels::moe::CodesGemm,
@@ -664,7 +675,11 @@ pub(super) fn launch_codes(
     n: usize,
     k: usize,
     gated: bool,
+    settled: bool,
 ) -> CudaResult<()> {
+    // The tiled kernels' `flags` (CODES_GATED, CODES_SETTLED in kernels/moe.cu); the others read
+    // bit 0 as `gated`.
+    let flags = i32::from(gated) | (i32::from(settled) << 1);
     kernel(
         gpu,
         cfg,
@@ -681,7 +696,7 @@ pub(super) fn launch_codes(
         t.num_tiles,
         n as i32,
         k as i32,
-        i32::from(gated),
+        flags,
     )
 }
 

@@ -135,7 +135,7 @@ pub fn grouped_gemm_codes_wgmma(
         CodeKind::E4m3 => grouped_gemm_f8_wgmma,
     };
     match persistent_grid(gpu, t, n, 384, codes_wgmma_smem_bytes()) {
-        Some(cfg) => launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k, gated),
+        Some(cfg) => launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k, gated, false),
         None => Ok(()),
     }
 }
