@@ -426,13 +426,6 @@ kernel_table! {
             gated: i32,
         );
     }
-    /// `kernels/dense.cu`.
-    dense (max_dynamic_shared: 96 * 1024) {
-        /// The dense GEMM of at most 32 rows, 16, 32 or 64 output columns per CTA.
-        dense_gemm_skinny_w1,
-        dense_gemm_skinny_w2,
-        dense_gemm_skinny_w4 as SkinnyGemm (x: u64, w: u64, y: u64, m: i32, n: i32, k: i32);
-    }
     /// `kernels/moe.cu`.
     moe (max_dynamic_shared: 112 * 1024) {
         /// BF16 experts over the dispatched tiles.

@@ -127,7 +127,6 @@ mod tests {
             kernels::router::PARAMS,
             kernels::pool_gemm::PARAMS,
             kernels::expert_wgmma::PARAMS,
-            kernels::dense::PARAMS,
             kernels::moe::PARAMS,
             kernels::sample::PARAMS,
         ];

@@ -14,9 +14,6 @@
 //! - `MINNOW_ROUTER_TILED_ROWS`: rows from which BF16 router logits take the shared-memory tiled
 //!   kernel.
 //! - `MINNOW_DENSE_LT_MIN_ROWS`: dense GEMMs of fewer rows skip their cuBLASLt plan.
-//! - `MINNOW_DENSE_SKINNY_ROWS` (0..=32, 0 off: the default until measured) and
-//!   `MINNOW_DENSE_SKINNY_WARPS` (1, 2 or 4): dense GEMMs of at most that many rows on the
-//!   streaming kernel of `kernels/dense.cu`.
 //! - `MINNOW_MOE64_ROWS` (1..=1024): rows per busy expert from which the grouped expert GEMM
 //!   takes 64-row tiles.
 //! - `MINNOW_MOE_POOLED=0` turns off the batched experts of 2.2 denoising steps, and
@@ -153,14 +150,6 @@ pub struct Tuning {
     /// Planned cuBLASLt algorithms run dense GEMMs of at least this many rows; fewer rows take
     /// minnow's kernel (same bits either way): `MINNOW_DENSE_LT_MIN_ROWS`.
     pub dense_lt_min_rows: usize,
-    /// Dense GEMMs of at most this many rows (at most 32; 0: none) run the kernel of
-    /// `kernels/dense.cu`, which streams the weights with many copies in flight (same bits as
-    /// minnow's tiles and the planned cuBLASLt algorithms): `MINNOW_DENSE_SKINNY_ROWS`. Off by
-    /// default until it is measured on a GPU.
-    pub dense_skinny_rows: usize,
-    /// Warps per CTA of that kernel (16 output columns each; 1, 2 or 4): more CTAs over the
-    /// weights against fewer copies of the rows. `MINNOW_DENSE_SKINNY_WARPS`.
-    pub dense_skinny_warps: usize,
     /// FP8 (`fp8_e4m3_b128`) experts multiply E4M3 activations on FP8 tensor cores
     /// (`MINNOW_FP8_ACTIVATIONS=1`, Hopper): every row's expert inputs are quantized per group
     /// of columns first, which changes the bits (for every row alike, so invariance holds).
@@ -197,8 +186,6 @@ impl Default for Tuning {
             route_shared: true,
             router_staged: true,
             dense_lt_min_rows: 0,
-            dense_skinny_rows: 0,
-            dense_skinny_warps: 2,
             fp8_activations: false,
         }
     }
@@ -272,10 +259,6 @@ pub fn tuning() -> &'static Tuning {
                 .map_or(d.router_staged, |v| v == 1),
             dense_lt_min_rows: env_usize("MINNOW_DENSE_LT_MIN_ROWS", |_| true)
                 .unwrap_or(d.dense_lt_min_rows),
-            dense_skinny_rows: env_usize("MINNOW_DENSE_SKINNY_ROWS", |v| v <= 32)
-                .unwrap_or(d.dense_skinny_rows),
-            dense_skinny_warps: env_usize("MINNOW_DENSE_SKINNY_WARPS", |v| matches!(v, 1 | 2 | 4))
-                .unwrap_or(d.dense_skinny_warps),
             fp8_activations: env_usize("MINNOW_FP8_ACTIVATIONS", |v| v <= 1)
                 .map_or(d.fp8_activations, |v| v == 1),
         }
