@@ -444,7 +444,8 @@ kernel_table! {
         );
         /// Experts stored as INT8/INT4 `*_mma` codes with FP16 group scales, as E2M1 codes
         /// (NVFP4 repacked at load) with BF16 block scales and a factor per 8-row band, or as
-        /// E4M3 codes (our FP8, repacked at load) with F32 block scales.
+        /// E4M3 codes (our FP8, repacked at load) with F32 block scales. `flags`: bit 0 gated,
+        /// bit 1 (the tiled kernels only) a settled tile list (`ops::launch_codes`).
         grouped_gemm_i8_r16,
         grouped_gemm_i8_r32,
         grouped_gemm_i8_r64,
@@ -472,7 +473,7 @@ kernel_table! {
             num_tiles: u64,
             n: i32,
             k: i32,
-            gated: i32,
+            flags: i32,
         );
         /// E4M3 experts times E4M3 activation rows (W8A8; the sm_90 PTX only: the sm_80 build
         /// traps).
