@@ -40,6 +40,7 @@ MINNOW_SHIM_VEC4(float, float)
 void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);
 void __threadfence();
+template <class T> T __ldcg(const T* p);  // a load that skips L1 (ld.global.cg)
 void __trap();
 void __nanosleep(unsigned ns);
 template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32);
