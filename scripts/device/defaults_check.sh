@@ -24,13 +24,7 @@ i4_r64_x64 grouped_gemm_i4_r64 64 2"}
 while read -r name regex n count; do
   [ -z "$name" ] && continue
   left=$((budget - 120 - SECONDS)); [ $left -lt 40 ] && { echo "skip ncu $name (time)"; continue; }
-  echo "== ncu $name ($regex, N=$n) t=$SECONDS"
-  MINNOW_PDL=0 timeout $((left < 150 ? left : 150)) ncu --profile-from-start off -k "regex:$regex" -c "$count" \
-    --set full --print-units base bin/xtask bench --quick --experts int4 --profile-one --prefix 1024 \
-    --concurrency "$n" > "$OUT/ncu_$name.txt" 2>&1
-  echo "rc=$?"
-  grep -E "^  [a-z_0-9]+ \(|^\s+(Duration|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|Issue Slots Busy|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Local Memory Spilling Requests|Block Limit Registers|Block Limit Shared Mem) " \
-    "$OUT/ncu_$name.txt" | awk '{$1=$1; print}'
+  ncu_kernel "ncu_$name" "$regex" "$n" "$count" int4 $((left < 150 ? left : 150))
 done <<< "$KERNELS"
 run_suites cuda_kernels
 echo "end t=$SECONDS"

@@ -20,12 +20,6 @@ attention_combine attention_combine 1 1"}
 while read -r name regex n count; do
   [ -z "$name" ] && continue
   left=$((580 - SECONDS)); [ $left -lt 20 ] && { echo "skip $name (time)"; continue; }
-  echo "== $name ($regex, N=$n) t=$SECONDS"
-  MINNOW_PDL=0 timeout $((left < 150 ? left : 150)) ncu --profile-from-start off -k "regex:$regex" -c "$count" \
-    --set full --print-units base bin/xtask bench --quick --experts "${EXPERTS:-int4}" --profile-one \
-    --prefix 1024 --concurrency "$n" > "$OUT/$name.txt" 2>&1
-  echo "rc=$?"
-  grep -E "^  [a-z_0-9]+ \(|^\s+(Duration|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Compute \(SM\) Throughput|Local Memory Spilling Requests) " \
-    "$OUT/$name.txt" | awk '{$1=$1; print}'
+  ncu_kernel "$name" "$regex" "$n" "$count" "${EXPERTS:-int4}" $((left < 150 ? left : 150))
 done <<< "$KERNELS"
 echo "end t=$SECONDS"

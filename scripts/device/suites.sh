@@ -26,6 +26,23 @@ bench_table() {
     grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)"
 }
 
+# Nsight Compute's full section set on the first COUNT launches of kernels matching REGEX in one
+# bench forward (`--profile-one`: the refinement for N = 1, else a batched step of N requests),
+# PDL off, at most LIMIT seconds; the whole report goes to $OUT/NAME.txt and its throughput,
+# occupancy and spill lines are printed. Extra arguments: environment assignments.
+#   ncu_kernel NAME REGEX N COUNT ENCODING LIMIT [VAR=VALUE ...]
+ncu_kernel() {
+  local name=$1 regex=$2 n=$3 count=$4 enc=$5 limit=$6
+  shift 6
+  echo "== ncu $name ($regex, N=$n) t=$SECONDS"
+  env "$@" MINNOW_PDL=0 timeout "$limit" ncu --profile-from-start off -k "regex:$regex" -c "$count" \
+    --set full --print-units base bin/xtask bench --quick --experts "$enc" --profile-one \
+    --prefix 1024 --concurrency "$n" > "$OUT/$name.txt" 2>&1
+  echo "rc=$?"
+  grep -E "^  [a-z_0-9]+ \(|^\s+(Duration|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|Issue Slots Busy|L1/TEX Cache Throughput|L2 Cache Throughput|DRAM Throughput|Compute \(SM\) Throughput|Local Memory Spilling Requests|Block Limit Registers|Block Limit Shared Mem) " \
+    "$OUT/$name.txt" | awk '{$1=$1; print}'
+}
+
 # A PTX directory for a kernel branch: the tree's PTX with the branch's moe module, from
 # out/NAME_ptx.tar.xz when it was carried (the branch's compiled PTX, hyphens as underscores),
 # else compiled here from scripts/device/patches/NAME.patch (the branch's kernels/moe.cu against

@@ -137,14 +137,11 @@ impl ExpertMatrix {
         }
     }
 
-    /// The kind of this `n` x `k` projection's codes when the wgmma kernels take them here
-    /// (tiles of `ops::GROUPED_WGMMA_ROWS`, BF16 activations: `ops::codes_wgmma_supported`);
-    /// `None` for BF16 rows, whose streamed kernels moe.rs picks itself.
-    pub fn codes_wgmma(&self, gpu: &Gpu, n: usize, k: usize) -> Option<ops::CodeKind> {
-        match self.kernel_view() {
-            KernelView::Codes(w) if ops::codes_wgmma_supported(gpu, &w, n, k) => Some(w.kind),
-            _ => None,
-        }
+    /// Whether this `n` x `k` projection is codes that the wgmma kernels take here (tiles of
+    /// `ops::GROUPED_WGMMA_ROWS`, BF16 activations: `ops::codes_wgmma_supported`); false for
+    /// BF16 rows, whose streamed kernels moe.rs picks itself.
+    pub fn codes_wgmma(&self, gpu: &Gpu, n: usize, k: usize) -> bool {
+        matches!(self.kernel_view(), KernelView::Codes(w) if ops::codes_wgmma_supported(gpu, &w, n, k))
     }
 
     /// Whether [`Self::grouped_gemm`] of this gate/up projection (`n` rows `[gate; up]` per

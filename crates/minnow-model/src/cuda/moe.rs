@@ -259,8 +259,8 @@ pub(super) fn queue_grouped_experts(
             // W8A8) when `Tuning::codes_wgmma` asks (off by default: slower than the tiles).
             tuning().codes_wgmma
                 && w8a8.is_none()
-                && moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d).is_some()
-                && moe.experts_down.codes_wgmma(gpu, d, iw).is_some()
+                && moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d)
+                && moe.experts_down.codes_wgmma(gpu, d, iw)
         };
     let tile_rows = if wgmma {
         ops::GROUPED_WGMMA_ROWS
