@@ -29,43 +29,64 @@ __device__ __forceinline__ __nv_bfloat162 bf162_of(unsigned v) { return *reinter
 constexpr unsigned E2M1_HI_0 = 0x3F3F3F00u, E2M1_HI_1 = 0x40404040u;
 constexpr unsigned E2M1_LO_0 = 0xC0800000u, E2M1_LO_1 = 0xC0804000u;
 
-// A lane's four E2M1 codes of one band (the INT4 positions: columns c0, c0 + 1, c0 + 8, c0 + 9)
-// times `scale2` (the block scale in both halves) as two BF16 pairs: `lo` = (c0, c0 + 1), `hi` =
-// (c0 + 8, c0 + 9). Code j sits in bits 4j..4j+3 of the 16 bits, its sign in the top bit.
-__device__ __forceinline__ void decode_e2m1(const unsigned char* p, unsigned scale2, unsigned& lo, unsigned& hi) {
-    const unsigned v = *reinterpret_cast<const unsigned short*>(p);
-    const unsigned mag = v & 0x7777u;  // a selector's top bit would replicate a sign: cleared
-    const unsigned h = __byte_perm(E2M1_HI_0, E2M1_HI_1, mag);
-    const unsigned l = __byte_perm(E2M1_LO_0, E2M1_LO_1, mag);
-    // Signs: code 0's bit 3 and code 1's bit 7 go to bits 15 and 31 of `lo` (u << 12), codes
-    // 2 and 3 (bits 11, 15) to those of `hi` (u << 4).
-    const unsigned u = v | (v << 12);
-    const unsigned a = lop3_and_xor(u << 12, 0x80008000u, __byte_perm(l, h, 0x5140));
-    const unsigned b = lop3_and_xor(u << 4, 0x80008000u, __byte_perm(l, h, 0x7362));
-    lo = bits_of(__hmul2(bf162_of(a), bf162_of(scale2)));
-    hi = bits_of(__hmul2(bf162_of(b), bf162_of(scale2)));
+// 4-bit codes on the device (INT4 and E2M1 alike) are in the word order: the `*_mma` tiles of a
+// band taken two 16-column steps at a time, lane-major, so that a lane reads its codes of two
+// steps as one 32-bit word. For steps 2p and 2p + 1 of band b, lane l's word is at byte
+// ((b * K / 32 + p) * 32 + l) * 4, and its nibbles are, from bit 0: (c0, c0 + 8) of step 2p,
+// (c0, c0 + 8) of step 2p + 1, (c0 + 1, c0 + 9) of step 2p, (c0 + 1, c0 + 9) of step 2p + 1, where
+// the lane's columns of a step are c0 = 2 (l % 4), c0 + 1, c0 + 8 and c0 + 9 (row l / 4). So
+// each BF16 pair a lane feeds the tensor cores, (c0, c0 + 1) or (c0 + 8, c0 + 9) of one step,
+// is two nibbles 16 bits apart, at the word shifted right by 0, 4, 8 or 12 bits. The loader
+// turns the files' `*_mma` order into it in place (codes4_word_order in moe.cu); it needs K %
+// 32 == 0.
+constexpr int WORD_STEPS = 2;  // 16-column steps per word
+constexpr int WORD_BYTES = 32 * 4;  // one word per lane: the bytes of a band's two steps
+
+// A lane's word of two steps (s, t = s + 1) of E2M1 codes times their block scales (`scale_s`,
+// `scale_t`: a BF16 scale in both halves) as BF16 pairs: `lo` = (c0, c0 + 1), `hi` = (c0 + 8,
+// c0 + 9) of each step. A code's top bit is its sign.
+__device__ __forceinline__ void decode_e2m1_word(unsigned w, unsigned scale_s, unsigned scale_t, unsigned& lo_s,
+                                                 unsigned& hi_s, unsigned& lo_t, unsigned& hi_t) {
+    // A selector's top bit would replicate a sign: cleared. Bytes 0 and 2 hold step s's
+    // magnitudes (c0, c0 + 8, c0 + 1, c0 + 9), bytes 1 and 3 step t's.
+    const unsigned mag = w & 0x77777777u;
+    const unsigned sel_s = __byte_perm(mag, 0, 0x0020), sel_t = __byte_perm(mag, 0, 0x0031);
+    const unsigned hs = __byte_perm(E2M1_HI_0, E2M1_HI_1, sel_s), ls = __byte_perm(E2M1_LO_0, E2M1_LO_1, sel_s);
+    const unsigned ht = __byte_perm(E2M1_HI_0, E2M1_HI_1, sel_t), lt = __byte_perm(E2M1_LO_0, E2M1_LO_1, sel_t);
+    // Values (low byte, high byte) of c0 and c0 + 1 are bytes 0 and 2 of l and h, those of c0 + 8
+    // and c0 + 9 bytes 1 and 3. Signs (bit 3 of each nibble) to bits 15 and 31 of their pair:
+    // (c0, c0 + 1) of step s sit at bits 3 and 19 (w << 12), of c0 + 8, c0 + 9 at 7 and 23 (w << 8);
+    // step t's at 11 and 27 (w << 4), 15 and 31 (w).
+    lo_s = bits_of(__hmul2(bf162_of(lop3_and_xor(w << 12, 0x80008000u, __byte_perm(ls, hs, 0x6240))), bf162_of(scale_s)));
+    hi_s = bits_of(__hmul2(bf162_of(lop3_and_xor(w << 8, 0x80008000u, __byte_perm(ls, hs, 0x7351))), bf162_of(scale_s)));
+    lo_t = bits_of(__hmul2(bf162_of(lop3_and_xor(w << 4, 0x80008000u, __byte_perm(lt, ht, 0x6240))), bf162_of(scale_t)));
+    hi_t = bits_of(__hmul2(bf162_of(lop3_and_xor(w, 0x80008000u, __byte_perm(lt, ht, 0x7351))), bf162_of(scale_t)));
 }
 
-// A lane's four codes of one band (columns c0, c0 + 1, c0 + 8, c0 + 9) as two BF16 pairs of the
-// exact integer codes: `lo` = (c0, c0 + 1), `hi` = (c0 + 8, c0 + 9).
+// A lane's word of two steps of INT4 codes (two's complement) as BF16 pairs of the exact
+// integers, `lo` = (c0, c0 + 1), `hi` = (c0 + 8, c0 + 9) of each step. With a pair's nibbles at
+// bits 0-3 and 16-19, (u & 0x000F000F) ^ 0x43084308 is the BF16 pair 128 + (code + 8), since
+// flipping a nibble's top bit adds 8 to its signed value and 0x4300 is 128.0; subtracting 136.0
+// (0x4308) leaves the code, exactly.
+__device__ __forceinline__ void decode_int4_word(unsigned w, unsigned& lo_s, unsigned& hi_s, unsigned& lo_t,
+                                                 unsigned& hi_t) {
+    const __nv_bfloat162 bias = __halves2bfloat162(__ushort_as_bfloat16(0x4308), __ushort_as_bfloat16(0x4308));
+    lo_s = bits_of(__hsub2(bf162_of(lop3_and_xor(w, 0x000F000Fu, 0x43084308u)), bias));
+    hi_s = bits_of(__hsub2(bf162_of(lop3_and_xor(w >> 4, 0x000F000Fu, 0x43084308u)), bias));
+    lo_t = bits_of(__hsub2(bf162_of(lop3_and_xor(w >> 8, 0x000F000Fu, 0x43084308u)), bias));
+    hi_t = bits_of(__hsub2(bf162_of(lop3_and_xor(w >> 12, 0x000F000Fu, 0x43084308u)), bias));
+}
+
+// A lane's four codes of one band and step (columns c0, c0 + 1, c0 + 8, c0 + 9; 8-bit codes, or
+// BF16 weights in the same fragment order) as two BF16 pairs of the exact values: `lo` = (c0,
+// c0 + 1), `hi` = (c0 + 8, c0 + 9). (4-bit codes decode two steps at a time, from a word.)
 template <int BITS>
 __device__ __forceinline__ void decode_pairs(const unsigned char* p, unsigned& lo, unsigned& hi) {
+    static_assert(BITS == 8 || BITS == 16, "4-bit codes decode from words");
     if constexpr (BITS == 16) {
         const uint2 v = *reinterpret_cast<const uint2*>(p);
         lo = v.x;
         hi = v.y;
-    } else if constexpr (BITS == 4) {
-        // Nibbles 0..3 (two's complement). u holds nibble 0 at bits 0-3 and nibble 1 at bits
-        // 16-19 (and nibbles 2, 3 eight bits higher); (u & 0x000F000F) ^ 0x43084308 is the BF16
-        // pair 128 + (code + 8), since flipping a nibble's top bit adds 8 to its signed value and
-        // 0x4300 is 128.0; subtracting 136.0 (0x4308) leaves the code, exactly.
-        const unsigned v = *reinterpret_cast<const unsigned short*>(p);
-        const unsigned u = v | (v << 12);
-        const __nv_bfloat162 bias = __halves2bfloat162(__ushort_as_bfloat16(0x4308), __ushort_as_bfloat16(0x4308));
-        const unsigned l = lop3_and_xor(u, 0x000F000Fu, 0x43084308u);
-        const unsigned h = lop3_and_xor(u >> 8, 0x000F000Fu, 0x43084308u);
-        lo = bits_of(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&l), bias));
-        hi = bits_of(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&h), bias));
     } else {
         // Bytes 0..3. Each byte + 128 placed in the low mantissa of 2^23 is the F32 value
         // 2^23 + 128 + code; subtracting 2^23 + 128 leaves the code, exact in BF16.

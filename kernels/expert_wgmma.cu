@@ -319,21 +319,36 @@ __device__ __forceinline__ void consume_item(Ring& ring, int k_steps, int rows, 
         fence_async_proxy_shared();  // the rows cp.async wrote, for wgmma's reads
         ++ring.it;
         const unsigned char* base = ring.ptr + s * STAGE_BYTES;
-        const unsigned char* code0 = base + X_BYTES + band * STEPS * TB + lane * (BITS / 2);
+        // (4-bit codes: the lane's word of steps kk, kk + 1 at kk * TB, kk even; codes.cuh.)
+        const unsigned char* code0 = base + X_BYTES + band * STEPS * TB + lane * (BITS == 4 ? 4 : BITS / 2);
         const unsigned char* code1 = code0 + STEPS * TB;
         const unsigned char* scale0 = base + X_BYTES + CODE_BYTES + band * STEPS * 16;
         const unsigned char* scale1 = scale0 + STEPS * 16;
+        static_assert(STEPS % WORD_STEPS == 0, "4-bit stages hold whole words");
 #pragma unroll
         for (int kk = 0; kk < STEPS; ++kk) {
             unsigned(&f)[4] = a[kk];
-            if constexpr (BITS == 16 || ENC == INT) {
+            if constexpr (BITS == 4) {
+                if (kk % 2 == 0) {
+                    unsigned(&f_next)[4] = a[kk + 1];
+                    const unsigned w0 = *reinterpret_cast<const unsigned*>(code0 + kk * TB);
+                    const unsigned w1 = *reinterpret_cast<const unsigned*>(code1 + kk * TB);
+                    if constexpr (ENC == E2M1) {
+                        auto scale = [&](const unsigned char* band_scales, int step) {
+                            return reinterpret_cast<const unsigned short*>(band_scales + step * 16)[g] * 0x10001u;
+                        };
+                        decode_e2m1_word(w0, scale(scale0, kk), scale(scale0, kk + 1), f[0], f[2], f_next[0],
+                                         f_next[2]);
+                        decode_e2m1_word(w1, scale(scale1, kk), scale(scale1, kk + 1), f[1], f[3], f_next[1],
+                                         f_next[3]);
+                    } else {
+                        decode_int4_word(w0, f[0], f[2], f_next[0], f_next[2]);
+                        decode_int4_word(w1, f[1], f[3], f_next[1], f_next[3]);
+                    }
+                }
+            } else if constexpr (BITS == 16 || ENC == INT) {
                 decode_pairs<BITS>(code0 + kk * TB, f[0], f[2]);
                 decode_pairs<BITS>(code1 + kk * TB, f[1], f[3]);
-            } else if constexpr (ENC == E2M1) {
-                const unsigned b0 = reinterpret_cast<const unsigned short*>(scale0 + kk * 16)[g];
-                const unsigned b1 = reinterpret_cast<const unsigned short*>(scale1 + kk * 16)[g];
-                decode_e2m1(code0 + kk * TB, b0 * 0x10001u, f[0], f[2]);
-                decode_e2m1(code1 + kk * TB, b1 * 0x10001u, f[1], f[3]);
             } else {
                 decode_e4m3(code0 + kk * TB, f[0], f[2]);
                 decode_e4m3(code1 + kk * TB, f[1], f[3]);

@@ -365,7 +365,8 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
         cp_async_commit();
 
         const unsigned char* base = smem + (st % STAGES) * S::bytes;
-        const unsigned char* code0 = base + (2 * warp) * SK * TB + lane * (BITS / 2);
+        // (4-bit codes: the lane's word of steps s, s + 1 at s * TB, s even; codes.cuh.)
+        const unsigned char* code0 = base + (2 * warp) * SK * TB + lane * (BITS == 4 ? 4 : BITS / 2);
         const unsigned char* code1 = code0 + SK * TB;
         const __half* scale0 = reinterpret_cast<const __half*>(base + S::code_bytes) + (2 * warp) * SK * 8 + lane / 4;
         const __half* scale1 = scale0 + SK * 8;
@@ -377,15 +378,31 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
         // activations of the tile's rows are zeros, which leave acc unchanged. A warp past N
         // (the CTA's last 128 columns cut short) only helps copy.
         if (!warp_live) continue;
+        static_assert(BITS != 4 || SK % WORD_STEPS == 0, "4-bit stages hold whole words");
+        unsigned a[4], a_next[4];  // 4-bit codes: step s + 1's fragment, decoded with step s's
 #pragma unroll
         for (int s = 0; s < SK; ++s) {
-            unsigned a[4];
-            if constexpr (ENC == E2M1) {
-                // Groups of 16: step s's block scales (BF16 bits), one per band, in both halves.
-                const unsigned short* sc0 = reinterpret_cast<const unsigned short*>(scale0);
-                const unsigned short* sc1 = reinterpret_cast<const unsigned short*>(scale1);
-                decode_e2m1(code0 + s * TB, sc0[s * 8] * 0x10001u, a[0], a[2]);
-                decode_e2m1(code1 + s * TB, sc1[s * 8] * 0x10001u, a[1], a[3]);
+            if constexpr (BITS == 4) {
+                if (s % 2 == 0) {
+                    const unsigned w0 = *reinterpret_cast<const unsigned*>(code0 + s * TB);
+                    const unsigned w1 = *reinterpret_cast<const unsigned*>(code1 + s * TB);
+                    if constexpr (ENC == E2M1) {
+                        // Groups of 16: each step's block scales (BF16 bits), one per band, in
+                        // both halves.
+                        const unsigned short* sc0 = reinterpret_cast<const unsigned short*>(scale0);
+                        const unsigned short* sc1 = reinterpret_cast<const unsigned short*>(scale1);
+                        decode_e2m1_word(w0, sc0[s * 8] * 0x10001u, sc0[(s + 1) * 8] * 0x10001u, a[0], a[2],
+                                         a_next[0], a_next[2]);
+                        decode_e2m1_word(w1, sc1[s * 8] * 0x10001u, sc1[(s + 1) * 8] * 0x10001u, a[1], a[3],
+                                         a_next[1], a_next[3]);
+                    } else {
+                        decode_int4_word(w0, a[0], a[2], a_next[0], a_next[2]);
+                        decode_int4_word(w1, a[1], a[3], a_next[1], a_next[3]);
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) a[i] = a_next[i];
+                }
             } else if constexpr (ENC == E4M3) {
                 decode_e4m3(code0 + s * TB, a[0], a[2]);
                 decode_e4m3(code1 + s * TB, a[1], a[3]);
@@ -914,6 +931,27 @@ extern "C" __global__ void quantize_rows_e4m3(const bf16* X, int rows, int K, in
     minnow_codes::quantize_rows_e4m3_body(X, rows, K, group, Q, S);
 }
 
+// 4-bit codes from the files' `*_mma` order (per band, each step's 32 lanes of 16 bits, nibbles
+// c0, c0 + 1, c0 + 8, c0 + 9) to the word order the kernels read (codes.cuh), in place, run once
+// at load: one warp per 128 bytes (a band's two steps), which it reads whole before writing.
+// `chunks` = bytes / 128 (K % 32 == 0, so no band ends inside one). grid-stride, block = 256.
+extern "C" __global__ void codes4_word_order(unsigned char* codes, long long chunks) {
+    pdl_enter();
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (blockDim.x / 32);
+    for (long long c = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; c < chunks; c += warps) {
+        unsigned short* steps = reinterpret_cast<unsigned short*>(codes + c * minnow_codes::WORD_BYTES);
+        const unsigned s = steps[lane], t = steps[32 + lane];
+        __syncwarp();
+        auto nib = [](unsigned v, int j) { return (v >> (4 * j)) & 0xFu; };
+        // From bit 0: (c0, c0 + 8) of s, the same of t, (c0 + 1, c0 + 9) of s, the same of t.
+        const unsigned w = nib(s, 0) | nib(s, 2) << 4 | nib(t, 0) << 8 | nib(t, 2) << 12 | nib(s, 1) << 16 |
+                           nib(s, 3) << 20 | nib(t, 1) << 24 | nib(t, 3) << 28;
+        reinterpret_cast<unsigned*>(steps)[lane] = w;
+        __syncwarp();
+    }
+}
+
 // Host mirrors (codes_tile_smem_bytes).
 static_assert(3 * minnow_codes::Stage<4, 16>::bytes == 43776, "host mirror");
 static_assert(3 * minnow_codes::Stage<8, 16>::bytes == 68352, "host mirror");
@@ -997,13 +1035,16 @@ template <int BITS>
 __device__ __forceinline__ int code_at(const unsigned char* __restrict__ codes, size_t row, int k, int K) {
     const size_t band = row / 8;
     const int r = (int)(row % 8), kt = k / 16, c = k % 16;
-    const int lane = r * 4 + (c % 8) / 2, slot = (c % 2) + (c >= 8 ? 2 : 0);
-    const size_t index = ((band * (K / 16) + kt) * 32 + lane) * 4 + slot;  // in codes
+    const int lane = r * 4 + (c % 8) / 2;
     if constexpr (BITS == 8) {
-        return (int)(signed char)codes[index];
+        const int slot = (c % 2) + (c >= 8 ? 2 : 0);
+        return (int)(signed char)codes[((band * (K / 16) + kt) * 32 + lane) * 4 + slot];
     } else {
-        const unsigned b = codes[index / 2];
-        return (int)((b >> (index % 2 ? 4 : 0)) << 28) >> 28;
+        // The word order (codes.cuh): the nibble of column c of step kt in the lane's word.
+        const int nibble = (c % 2) * 4 + (c >= 8 ? 1 : 0) + (kt % 2) * 2;
+        const unsigned w =
+            *reinterpret_cast<const unsigned*>(codes + ((band * (K / 32) + kt / 2) * 32 + lane) * 4);
+        return (int)((w >> (4 * nibble)) << 28) >> 28;
     }
 }
 template <int BITS>

@@ -1156,7 +1156,8 @@ fn grouped_gemm_over_codes_matches_reference() {
         (300, 4, 17, 128, 192, 64, 64),
         (40, 2, 5, 64, 96, 16, 32),
         (9, 3, 4, 64, 32, 64, 16),
-        // A partial last stage (K = 2,064) and tokens past the first 8 of a 16-row tile.
+        // A partial last stage (K = 2,064; not for 4-bit codes, whose K is whole pairs of
+        // steps) and tokens past the first 8 of a 16-row tile.
         (24, 6, 8, 128, 2064, 16, 16),
         // A CTA's last 128 columns cut short (n = 80: five of its eight warps).
         (20, 3, 6, 80, 128, 16, 32),
@@ -1192,6 +1193,11 @@ fn grouped_gemm_over_codes_matches_reference() {
             let nvfp4 = encoding == QuantEncoding::Nvfp4;
             let fp8 = encoding == QuantEncoding::Fp8Block;
             if (nvfp4 || fp8) && ops::repacked_bytes(encoding, n, kd).is_none() {
+                continue;
+            }
+            // 4-bit codes take whole pairs of 16-column steps (the loader widens others).
+            let four_bit = matches!(kind, ops::CodeKind::Int4 | ops::CodeKind::E2m1);
+            if four_bit && !ops::codes4_cols_ok(kd) {
                 continue;
             }
             // (FP8: the file's blocks are 128 x 128; the kernel's groups, `fp8_group`, lie
@@ -1261,6 +1267,10 @@ fn grouped_gemm_over_codes_matches_reference() {
                 idx.extend(chosen);
             }
             let (dcodes, dscales) = (g.upload(&codes).unwrap(), g.upload(&scales).unwrap());
+            if four_bit {
+                // As the loader does: the files' order, then the kernels' word order.
+                ops::codes4_word_order(&g, dcodes.ptr(), e, n, kd).unwrap();
+            }
             // (Integer codes have no band scales: one unused value keeps the upload non-empty.)
             band_scale.push(1.0);
             let dband = g.upload(&band_scale).unwrap();

@@ -3,7 +3,9 @@
 //! `[E (+1), D, I]` for down. Each projection is either BF16 rows or, for a quantized checkpoint,
 //! the integer codes and FP16 scales exactly as the file stores them (`i8_mma` / `i4_mma`; the
 //! row-major `i8_sym` / `i4_sym` are repacked into that order once, at load), which the
-//! quantized grouped GEMM reads directly: the weights are never widened on the device. NVFP4 is
+//! quantized grouped GEMM reads directly: the weights are never widened on the device (4-bit
+//! codes are then put in the kernels' word order in place, `ops::codes4_word_order`: the same
+//! bytes, each lane's codes of two 16-column steps side by side). NVFP4 is
 //! repacked once at load (`ops::nvfp4_fragment_order`): its E2M1 codes move to the INT4
 //! positions unchanged and each E4M3 block scale becomes its exact BF16 value, so a weight takes
 //! 5 bits on the device against the file's 4.5 (the scale's second byte buys a kernel that
@@ -244,10 +246,12 @@ pub(crate) fn stored_codes(
         ops::repacked_bytes(encoding, p.rows, p.cols).is_some()
             && (encoding != QuantEncoding::Nvfp4 || group == 16)
     } else {
-        p.rows.is_multiple_of(8)
-            && p.cols.is_multiple_of(16)
-            && group > 0
-            && p.cols.is_multiple_of(group)
+        // (4-bit codes go to the device in the word order: pairs of 16-column steps.)
+        let cols_ok = match encoding {
+            QuantEncoding::I4Mma | QuantEncoding::I4Sym => ops::codes4_cols_ok(p.cols),
+            _ => p.cols.is_multiple_of(16),
+        };
+        p.rows.is_multiple_of(8) && cols_ok && group > 0 && p.cols.is_multiple_of(group)
     };
     shapes_ok.then_some((encoding, group))
 }
@@ -366,6 +370,9 @@ fn load_codes(
                 .map_err(device_err)?;
         }
     }
+    if encoding == QuantEncoding::I4Mma {
+        ops::codes4_word_order(gpu, codes.ptr(), p.names.len(), rows, cols).map_err(device_err)?;
+    }
     Ok(ExpertMatrix::Codes {
         encoding,
         group,
@@ -396,6 +403,7 @@ fn load_nvfp4(gpu: &Gpu, source: &dyn TensorSource, p: &Projection<'_>) -> Resul
             ops::nvfp4_fragment_order(rows, cols, data, q.scales)
         },
     )?;
+    ops::codes4_word_order(gpu, codes.ptr(), p.names.len(), rows, cols).map_err(device_err)?;
     Ok(ExpertMatrix::Codes {
         encoding: QuantEncoding::Nvfp4,
         group: 16,

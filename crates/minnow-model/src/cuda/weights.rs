@@ -653,7 +653,8 @@ impl RandomCodes {
             let bytes = encoding.codes_bytes(rows, cols).expect("small shape");
             let mut codes = vec![0u8; bytes];
             for chunk in codes.chunks_mut(8) {
-                // xorshift64: fast enough for gigabytes; any byte is a valid code.
+                // xorshift64: fast enough for gigabytes; any byte is a valid code, in any order
+                // (so 4-bit codes need no word order, ops::codes4_word_order).
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;

@@ -496,6 +496,8 @@ kernel_table! {
         );
         /// BF16 rows to E4M3 codes and an F32 scale per group of columns.
         quantize_rows_e4m3(x: u64, rows: i32, k: i32, group: i32, q: u64, s: u64);
+        /// 4-bit codes from the files' `*_mma` order to the kernels' word order, in place.
+        codes4_word_order(codes: u64, chunks: i64);
         /// The batch-invariant dense GEMM over one weight matrix.
         dense_gemm_m16,
         dense_gemm_m64,

@@ -452,6 +452,39 @@ pub fn quantize_rows_e4m3(
     )
 }
 
+/// Puts 4-bit codes ([`CodeKind::Int4`], [`CodeKind::E2m1`]) of `matrices` matrices of `[rows,
+/// cols]` (`codes`: their `i4_mma`-ordered bytes on the device, as files store them and
+/// [`nvfp4_fragment_order`] writes them) into the word order the kernels read, in place: each
+/// lane's codes of a band's two 16-column steps become one 32-bit word, so a lane loads one
+/// word per two steps and each BF16 pair it decodes is a shift and a mask away (see
+/// kernels/codes.cuh). Run once per matrix set, at load. Needs `rows % 8 == 0` and
+/// `cols % 32 == 0` ([`codes4_cols_ok`]).
+pub fn codes4_word_order(
+    gpu: &Gpu,
+    codes: u64,
+    matrices: usize,
+    rows: usize,
+    cols: usize,
+) -> CudaResult<()> {
+    if !rows.is_multiple_of(8) || !codes4_cols_ok(cols) {
+        return unsupported(format!("4-bit expert codes of {rows} x {cols}"));
+    }
+    // 128 bytes (a band's two steps) per warp.
+    let chunks = matrices * rows * cols / 2 / 128;
+    if chunks == 0 {
+        return Ok(());
+    }
+    let blocks = chunks.div_ceil(8).min(65_535) as u32;
+    let cfg = LaunchConfig::new((blocks, 1, 1), 256, 0);
+    kernels::moe::codes4_word_order(gpu, cfg, codes, chunks as i64)
+}
+
+/// Whether 4-bit expert codes of `cols` columns (the K of their GEMM) fit the word order: whole
+/// pairs of 16-column steps.
+pub fn codes4_cols_ok(cols: usize) -> bool {
+    cols.is_multiple_of(32)
+}
+
 /// Whether the tiled quantized kernels (not the general one) take an `n`-row projection with
 /// groups of `group` columns: the condition for a packed shared expert beside codes.
 pub fn codes_tiled(n: usize, group: usize) -> bool {
@@ -612,7 +645,12 @@ pub fn grouped_gemm_codes(
             w.group
         ));
     }
-    if !n.is_multiple_of(8) || !k.is_multiple_of(16) || w.group == 0 || !k.is_multiple_of(w.group) {
+    let k_ok = if w.kind.bits() == 4 {
+        codes4_cols_ok(k)
+    } else {
+        k.is_multiple_of(16)
+    };
+    if !n.is_multiple_of(8) || !k_ok || w.group == 0 || !k.is_multiple_of(w.group) {
         return unsupported(format!(
             "quantized experts of {n} x {k} with groups of {}",
             w.group
