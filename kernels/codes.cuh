@@ -77,6 +77,23 @@ __device__ __forceinline__ void decode_int4_word(unsigned w, unsigned& lo_s, uns
     hi_t = bits_of(__hsub2(bf162_of(lop3_and_xor(w >> 12, 0x000F000Fu, 0x43084308u)), bias));
 }
 
+// The warp's two bands' words of steps s and s + 1 (w0: its first band, w1: its second) as the
+// A fragments of both steps (`f`: step s, `f_next`: s + 1), in mma.m16n8k16's register order.
+// E2M1 multiplies each step by its block scale: `scales0` / `scales1` point at the lane's BF16
+// scale of step s in each band, step s + 1's 8 entries later. INT4's group scales apply to the
+// products' sums, so it reads none.
+template <int ENC>
+__device__ __forceinline__ void decode_words(unsigned w0, unsigned w1, const unsigned short* scales0,
+                                             const unsigned short* scales1, unsigned (&f)[4], unsigned (&f_next)[4]) {
+    if constexpr (ENC == E2M1) {
+        decode_e2m1_word(w0, scales0[0] * 0x10001u, scales0[8] * 0x10001u, f[0], f[2], f_next[0], f_next[2]);
+        decode_e2m1_word(w1, scales1[0] * 0x10001u, scales1[8] * 0x10001u, f[1], f[3], f_next[1], f_next[3]);
+    } else {
+        decode_int4_word(w0, f[0], f[2], f_next[0], f_next[2]);
+        decode_int4_word(w1, f[1], f[3], f_next[1], f_next[3]);
+    }
+}
+
 // A lane's four codes of one band and step (columns c0, c0 + 1, c0 + 8, c0 + 9; 8-bit codes, or
 // BF16 weights in the same fragment order) as two BF16 pairs of the exact values: `lo` = (c0,
 // c0 + 1), `hi` = (c0 + 8, c0 + 9). (4-bit codes decode two steps at a time, from a word.)

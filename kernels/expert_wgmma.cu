@@ -333,18 +333,9 @@ __device__ __forceinline__ void consume_item(Ring& ring, int k_steps, int rows, 
                     unsigned(&f_next)[4] = a[kk + 1];
                     const unsigned w0 = *reinterpret_cast<const unsigned*>(code0 + kk * TB);
                     const unsigned w1 = *reinterpret_cast<const unsigned*>(code1 + kk * TB);
-                    if constexpr (ENC == E2M1) {
-                        auto scale = [&](const unsigned char* band_scales, int step) {
-                            return reinterpret_cast<const unsigned short*>(band_scales + step * 16)[g] * 0x10001u;
-                        };
-                        decode_e2m1_word(w0, scale(scale0, kk), scale(scale0, kk + 1), f[0], f[2], f_next[0],
-                                         f_next[2]);
-                        decode_e2m1_word(w1, scale(scale1, kk), scale(scale1, kk + 1), f[1], f[3], f_next[1],
-                                         f_next[3]);
-                    } else {
-                        decode_int4_word(w0, f[0], f[2], f_next[0], f_next[2]);
-                        decode_int4_word(w1, f[1], f[3], f_next[1], f_next[3]);
-                    }
+                    // E2M1: a 16-byte row of block scales per band and step.
+                    decode_words<ENC>(w0, w1, reinterpret_cast<const unsigned short*>(scale0 + kk * 16) + g,
+                                      reinterpret_cast<const unsigned short*>(scale1 + kk * 16) + g, f, f_next);
                 }
             } else if constexpr (BITS == 16 || ENC == INT) {
                 decode_pairs<BITS>(code0 + kk * TB, f[0], f[2]);

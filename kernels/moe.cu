@@ -386,19 +386,9 @@ __device__ void codes_tile(const bf16* __restrict__ X, const int* __restrict__ r
                 if (s % 2 == 0) {
                     const unsigned w0 = *reinterpret_cast<const unsigned*>(code0 + s * TB);
                     const unsigned w1 = *reinterpret_cast<const unsigned*>(code1 + s * TB);
-                    if constexpr (ENC == E2M1) {
-                        // Groups of 16: each step's block scales (BF16 bits), one per band, in
-                        // both halves.
-                        const unsigned short* sc0 = reinterpret_cast<const unsigned short*>(scale0);
-                        const unsigned short* sc1 = reinterpret_cast<const unsigned short*>(scale1);
-                        decode_e2m1_word(w0, sc0[s * 8] * 0x10001u, sc0[(s + 1) * 8] * 0x10001u, a[0], a[2],
-                                         a_next[0], a_next[2]);
-                        decode_e2m1_word(w1, sc1[s * 8] * 0x10001u, sc1[(s + 1) * 8] * 0x10001u, a[1], a[3],
-                                         a_next[1], a_next[3]);
-                    } else {
-                        decode_int4_word(w0, a[0], a[2], a_next[0], a_next[2]);
-                        decode_int4_word(w1, a[1], a[3], a_next[1], a_next[3]);
-                    }
+                    // E2M1's groups of 16: each step's block scale (BF16 bits) per band.
+                    decode_words<ENC>(w0, w1, reinterpret_cast<const unsigned short*>(scale0) + s * 8,
+                                      reinterpret_cast<const unsigned short*>(scale1) + s * 8, a, a_next);
                 } else {
 #pragma unroll
                     for (int i = 0; i < 4; ++i) a[i] = a_next[i];
