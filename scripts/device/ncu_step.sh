@@ -6,7 +6,7 @@
 # memory with the default K/V pool, then no kernel profiled in 300 s), and without programmatic
 # dependent launch (MINNOW_PDL=0), whose overlap a kernel-by-kernel profile cannot show anyway.
 #   Stage first (scripts/device/stage.sh), carry ["out/bin.tar.xz"]. Env: N (default 64; 1: the
-#   refinement at a 1,024 prefix), EXPERTS (default bf16).
+#   refinement at a 1,024 prefix), EXPERTS (default bf16), NCU_LIMIT (seconds, default 500).
 exec > >(tee "$OUT/log.txt") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
@@ -14,7 +14,7 @@ source scripts/device/suites.sh
 device_prelude
 N=${N:-64}
 M=gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__occupancy_limit_blocks,launch__waves_per_multiprocessor,launch__grid_size,launch__block_size,sm__warps_active.avg.pct_of_peak_sustained_active
-MINNOW_PDL=0 timeout 500 ncu --profile-from-start off --metrics $M --csv --page raw --print-units base \
+MINNOW_PDL=0 timeout "${NCU_LIMIT:-500}" ncu --profile-from-start off --metrics $M --csv --page raw --print-units base \
   bin/xtask bench --quick --experts "${EXPERTS:-bf16}" --profile-one --prefix 1024 --concurrency "$N" > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
 echo "ncu rc=$? lines=$(wc -l < "$OUT/ncu.csv")"
 tail -5 "$OUT/ncu.err"
