@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use super::constrained::Constrained;
 use super::{
     has_control_tokens, BlockAlgorithm, BlockLogits, ControlTokens, DrawPlan, DrawnScores, ReadRow,
-    RowReader, RunnerRows, ScoreKind, StepOutcome, StepScores,
+    RowReader, RunnerRows, ScoreKind, StepOutcome, StepScores, Top1Rows,
 };
 use crate::sampling::Candidate;
 
@@ -168,6 +168,22 @@ impl BlockRun {
             });
         }
         Some(self.algorithm.scores_needed(self.cleanup_pending))
+    }
+
+    /// The block slots the next step reads ([`BlockAlgorithm::rows_needed`]): what a forward
+    /// must return at least. Every slot for the forced cleanup and under a grammar (whose layer
+    /// may read any slot the step touched).
+    pub fn score_rows(&self) -> std::ops::Range<usize> {
+        let all = 0..self.block.len();
+        if self.cleanup_pending || self.constraint.is_some() {
+            return all;
+        }
+        let rows = self.algorithm.rows_needed(&self.block);
+        if rows.is_empty() || rows.end > all.end {
+            all
+        } else {
+            rows
+        }
     }
 
     /// Applies the scores of the forward [`BlockRun::plan`] asked for (a forward of the ids
@@ -376,7 +392,7 @@ impl BlockRun {
             ScoreKind::Top1 => {
                 let pairs = runner.forward_top1(seq, &self.block, LogitsRows::All)?;
                 check_scores(pairs.len(), self.block.len())?;
-                self.apply(StepScores::Top1(&pairs), &mut no_rows, rng)
+                self.apply(StepScores::Top1(Top1Rows::new(&pairs)), &mut no_rows, rng)
             }
             ScoreKind::TopK => {
                 let n = self.block.len();

@@ -63,6 +63,16 @@ impl BlockAlgorithm for LowConfidence {
         official_scores_needed(&self.sampler, forced)
     }
 
+    /// From the first to the last masked slot: `step` reads candidates of masked slots only
+    /// (committed and prompt slots never change).
+    fn rows_needed(&self, block: &[u32]) -> std::ops::Range<usize> {
+        let masked = self.masked_slots(block);
+        match (masked.first(), masked.last()) {
+            (Some(&a), Some(&b)) => a..b + 1,
+            _ => 0..block.len(),
+        }
+    }
+
     fn step(
         &mut self,
         block: &mut Vec<u32>,
@@ -179,6 +189,16 @@ mod tests {
         );
         assert_eq!(block, vec![1, 2, 3, 4]);
         assert_eq!(forwards, 2);
+    }
+
+    #[test]
+    fn a_step_needs_the_rows_from_its_first_to_its_last_mask() {
+        let a = algo(2, 0.9, schedule(6, 6, 64));
+        // Prompt ids in slots 0-1, a committed token between the masks, one after the last.
+        assert_eq!(a.rows_needed(&[5, 6, M, 1, M, 2]), 2..5);
+        assert_eq!(a.rows_needed(&[5, 6, M, M, M, M]), 2..6);
+        // A mask id inside the prompt is not the step's to fill.
+        assert_eq!(a.rows_needed(&[M, 6, 1, M, 2, 3]), 3..4);
     }
 
     #[test]

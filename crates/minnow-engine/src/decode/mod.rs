@@ -72,17 +72,53 @@ impl ControlTokens {
 pub struct BlockLogits<'a> {
     pub data: &'a [f32],
     pub vocab: usize,
+    /// The block slot of `data`'s first row: a forward may return only the rows from the first
+    /// slot the step reads ([`BlockAlgorithm::rows_needed`]).
+    pub first: usize,
 }
 
 impl<'a> BlockLogits<'a> {
+    /// Every slot's rows, from slot 0.
     pub fn new(data: &'a [f32], vocab: usize) -> Self {
-        debug_assert!(vocab > 0 && data.len().is_multiple_of(vocab));
-        Self { data, vocab }
+        Self::from_slot(data, vocab, 0)
     }
 
-    /// Logits of block slot `p` (predicting the token at that slot).
+    /// Rows of the slots from `first` on.
+    pub fn from_slot(data: &'a [f32], vocab: usize, first: usize) -> Self {
+        debug_assert!(vocab > 0 && data.len().is_multiple_of(vocab));
+        Self { data, vocab, first }
+    }
+
+    /// Logits of block slot `p` (predicting the token at that slot). A slot outside the rows the
+    /// forward returned is a bug of the step that asked for them (it read a slot it did not
+    /// declare): it panics, naming the slot.
     pub fn row(&self, p: usize) -> &'a [f32] {
-        &self.data[p * self.vocab..(p + 1) * self.vocab]
+        let r = p
+            .checked_sub(self.first)
+            .filter(|r| (r + 1) * self.vocab <= self.data.len())
+            .unwrap_or_else(|| panic!("slot {p} is outside the rows the forward returned"));
+        &self.data[r * self.vocab..(r + 1) * self.vocab]
+    }
+}
+
+/// Top-1 pairs of the slots from `first` on (see [`BlockLogits::first`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Top1Rows<'a> {
+    pub pairs: &'a [(u32, f32)],
+    pub first: usize,
+}
+
+impl<'a> Top1Rows<'a> {
+    /// Every slot's pair, from slot 0.
+    pub fn new(pairs: &'a [(u32, f32)]) -> Self {
+        Self { pairs, first: 0 }
+    }
+
+    /// Slot `p`'s (argmax, probability); panics, naming the slot, outside the rows returned.
+    pub fn get(&self, p: usize) -> (u32, f32) {
+        p.checked_sub(self.first)
+            .and_then(|r| self.pairs.get(r).copied())
+            .unwrap_or_else(|| panic!("slot {p} is outside the rows the forward returned"))
     }
 }
 
@@ -138,7 +174,7 @@ impl ScoreKind {
 pub enum StepScores<'a> {
     Logits(BlockLogits<'a>),
     /// Per slot `(argmax token, its full-vocabulary softmax probability)`.
-    Top1(&'a [(u32, f32)]),
+    Top1(Top1Rows<'a>),
     /// Per slot the top-1 pair and the best ids.
     TopK(&'a TopK),
     /// Best ids and the candidates the runner drew on its device.
@@ -380,7 +416,7 @@ impl<'a> StepScores<'a> {
                     sampler.0.is_greedy(),
                     "top-1 scores cannot answer a sampling step"
                 );
-                let (token, confidence) = pairs[p];
+                let (token, confidence) = pairs.get(p);
                 Candidate { token, confidence }
             }
             StepScores::TopK(top) if sampler.0.is_greedy() => {
@@ -450,7 +486,7 @@ impl<'a> StepScores<'a> {
     pub fn greedy(&self, p: usize) -> Candidate {
         let (token, confidence) = match self {
             StepScores::Logits(logits) => minnow_model::runner::top1(logits.row(p)),
-            StepScores::Top1(pairs) => pairs[p],
+            StepScores::Top1(pairs) => pairs.get(p),
             StepScores::TopK(top) | StepScores::Drawn(DrawnScores { top, .. }) => top.top1[p],
         };
         Candidate { token, confidence }
@@ -541,6 +577,13 @@ pub trait BlockAlgorithm: Send {
     /// as in `step`). Full logits unless the algorithm overrides it.
     fn scores_needed(&self, _forced: bool) -> ScoreKind {
         ScoreKind::Logits
+    }
+
+    /// The slots of `block` whose scores the next (unforced) `step` reads, as one range: a
+    /// forward may return only these rows, which saves the lm_head of the others where it runs
+    /// per row (the CPU). Every slot unless the algorithm overrides it.
+    fn rows_needed(&self, block: &[u32]) -> std::ops::Range<usize> {
+        0..block.len()
     }
 
     /// Applies one forward's scores (of the kind `scores_needed` asked for) to `block` (which is
@@ -769,7 +812,8 @@ mod tests {
         let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(0);
         for p in 0..3 {
             let from_logits = full_scores(&logits).official_candidate(p, &greedy, &mut rng);
-            let from_top1 = StepScores::Top1(&pairs).official_candidate(p, &greedy, &mut rng);
+            let from_top1 =
+                StepScores::Top1(Top1Rows::new(&pairs)).official_candidate(p, &greedy, &mut rng);
             assert_eq!(from_top1, from_logits);
         }
         assert_eq!(pairs[1].0, M);

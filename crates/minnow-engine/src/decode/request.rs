@@ -19,7 +19,9 @@ use super::layout::Layout;
 use super::low_confidence::{schedule, LowConfidence};
 use super::params::ResolvedParams;
 use super::stop_tokens::StopTokens;
-use super::{BlockAlgorithm, BlockLogits, ControlTokens, OffsetRows, ReadRow, StepScores};
+use super::{
+    BlockAlgorithm, BlockLogits, ControlTokens, OffsetRows, ReadRow, StepScores, Top1Rows,
+};
 use crate::api::{Algorithm, BlockStats, FinishReason, GenerationStats};
 
 /// Prefill chunk size in tokens (rounded down to whole blocks). Bounds the time one request holds
@@ -68,7 +70,8 @@ pub struct DecoderContext {
     pub stops: StopTokens,
     pub vocab_size: usize,
     /// The runner's `ModelRunner::full_logits_cheap`: which scores a step asks for
-    /// ([`super::ScoreKind::to_ask`]).
+    /// ([`super::ScoreKind::to_ask`]), and whether a step asks only for the rows it reads
+    /// ([`DecoderContext::rows_to_ask`]).
     pub full_logits_cheap: bool,
     /// The runner's `ModelRunner::draws_rows`: whether a sampling step's candidates are drawn
     /// on its device.
@@ -115,6 +118,22 @@ impl PlannedForward {
     /// refresh alone.
     fn steps(&self) -> bool {
         self.want != Want::Nothing
+    }
+}
+
+impl DecoderContext {
+    /// The rows of a block whose step asks for `asked` scores: the slots the step reads
+    /// ([`BlockRun::score_rows`]) on a runner whose logits are cheap (the CPU, whose lm_head
+    /// runs on the wanted rows only), every slot elsewhere. A GPU runner keys its captured
+    /// graphs by the rows a forward wants, so a range per step would capture a graph per step;
+    /// best ids and device draws index their rows from slot 0.
+    fn rows_to_ask(&self, run: &BlockRun, asked: super::ScoreKind) -> std::ops::Range<usize> {
+        use super::ScoreKind::{Logits, Top1};
+        if self.full_logits_cheap && matches!(asked, Logits | Top1) {
+            run.score_rows()
+        } else {
+            0..run.tokens().len()
+        }
     }
 }
 
@@ -531,13 +550,12 @@ impl RequestDecoder {
                 }
                 Phase::Block { index, mut run } => match run.plan() {
                     Some(kind) => {
-                        let rows = 0..run.tokens().len();
+                        let asked = kind.to_ask(self.ctx.full_logits_cheap, self.ctx.draws_rows);
+                        let rows = self.ctx.rows_to_ask(&run, asked);
                         let forward = PlannedForward {
                             start: run.start(),
                             ids: run.tokens().to_vec(),
-                            want: kind
-                                .to_ask(self.ctx.full_logits_cheap, self.ctx.draws_rows)
-                                .want(rows),
+                            want: asked.want(rows),
                         };
                         self.phase = Phase::Block { index, run };
                         return Ok(Next::Forward(self.planned(forward)));
@@ -557,10 +575,12 @@ impl RequestDecoder {
                     let mut ids = run.tokens().to_vec();
                     let want = match self.ctx.merge_commits.then(|| next.plan()).flatten() {
                         Some(kind) => {
-                            let rows = ids.len()..ids.len() + next.tokens().len();
+                            let asked =
+                                kind.to_ask(self.ctx.full_logits_cheap, self.ctx.draws_rows);
+                            let slots = self.ctx.rows_to_ask(&next, asked);
+                            let rows = ids.len() + slots.start..ids.len() + slots.end;
                             ids.extend_from_slice(next.tokens());
-                            kind.to_ask(self.ctx.full_logits_cheap, self.ctx.draws_rows)
-                                .want(rows)
+                            asked.want(rows)
                         }
                         None => Want::Nothing,
                     };
@@ -619,8 +639,7 @@ impl RequestDecoder {
             }
             Phase::Block { index, mut run } => {
                 self.decode_time += elapsed;
-                let state =
-                    self.apply_step(&mut run, output, planned.want.rows().len(), read_row)?;
+                let state = self.apply_step(&mut run, output, planned.want.rows(), read_row)?;
                 if state == BlockState::Refining {
                     self.phase = Phase::Block { index, run };
                     return Ok(Update::Refining);
@@ -641,13 +660,15 @@ impl RequestDecoder {
                 if !planned.steps() {
                     self.stats.commit_forwards += 1;
                 } else {
-                    // The next block's rows follow the final ids in the forward's segment.
+                    // The next block's slots follow the final ids in the forward's segment.
+                    let offset = run.tokens().len();
                     let rows = planned.want.rows();
+                    let slots = rows.start - offset..rows.end - offset;
                     let mut shifted = OffsetRows {
                         inner: read_row,
-                        offset: rows.start,
+                        offset,
                     };
-                    self.apply_step(&mut next, output, rows.len(), &mut shifted)?;
+                    self.apply_step(&mut next, output, slots, &mut shifted)?;
                     self.stats.merged_commits += 1;
                 }
                 finished.stats.forwards += 1;
@@ -663,30 +684,38 @@ impl RequestDecoder {
         }
     }
 
-    /// Hands a denoising forward's scores for `run`'s `n` rows to it; returns its state after.
+    /// Hands a denoising forward's scores of `run`'s `slots` (the rows it asked for, as block
+    /// slots) to it; returns its state after.
     fn apply_step(
         &mut self,
         run: &mut BlockRun,
         output: SegmentOutput,
-        n: usize,
+        slots: std::ops::Range<usize>,
         read_row: &mut ReadRow<'_>,
     ) -> Result<BlockState, DecodeError> {
+        let (n, first) = (slots.len(), slots.start);
         let state = match output {
             SegmentOutput::Logits(data) => {
                 let vocab = self.ctx.vocab_size;
                 check_scores(data.len(), n * vocab)
                     .map_err(|e| DecodeError::BadOutput(e.to_string()))?;
                 run.apply(
-                    StepScores::Logits(BlockLogits::new(&data, vocab)),
+                    StepScores::Logits(BlockLogits::from_slot(&data, vocab, first)),
                     read_row,
                     &mut self.rng,
                 )
             }
             SegmentOutput::Top1(pairs) => {
                 check_scores(pairs.len(), n).map_err(|e| DecodeError::BadOutput(e.to_string()))?;
-                run.apply(StepScores::Top1(&pairs), read_row, &mut self.rng)
+                let pairs = Top1Rows {
+                    pairs: &pairs,
+                    first,
+                };
+                run.apply(StepScores::Top1(pairs), read_row, &mut self.rng)
             }
             SegmentOutput::TopK(top) => {
+                // Best ids are asked for every slot (`DecoderContext::rows_to_ask`).
+                debug_assert_eq!(first, 0, "best ids of a narrowed range of slots");
                 check_scores(top.rows(), n).map_err(|e| DecodeError::BadOutput(e.to_string()))?;
                 run.apply(StepScores::TopK(&top), read_row, &mut self.rng)
             }

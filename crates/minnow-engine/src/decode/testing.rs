@@ -7,7 +7,7 @@ use minnow_model::{Config, Family, LogitsRows, ModelRunner, Segment, SegmentOutp
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::{BlockAlgorithm, BlockLogits, ScoreKind, StepOutcome, StepScores};
+use super::{BlockAlgorithm, BlockLogits, ScoreKind, StepOutcome, StepScores, Top1Rows};
 
 /// Toy vocabulary of decoding doc §12: MASK = 7, DELETE = 8, SPLIT = 9.
 pub const VOCAB: usize = 10;
@@ -81,7 +81,7 @@ pub fn run_block(
             ScoreKind::Logits | ScoreKind::Sampled => full_scores(logits),
             ScoreKind::Top1 => {
                 pairs = top1_pairs(logits);
-                StepScores::Top1(&pairs)
+                StepScores::Top1(Top1Rows::new(&pairs))
             }
             ScoreKind::TopK => {
                 top = top_k_of_rows(logits, VOCAB);

@@ -1,0 +1,126 @@
+//! A 2.0 step reads the scores of its masked slots only, so on a runner whose logits are cheap
+//! (the CPU, whose lm_head runs on the wanted rows alone) each forward asks for the rows from
+//! the block's first to its last mask. Checked through the engine with requests batched
+//! together (greedy and sampled, prompts that end inside a block, merged commits): they decode
+//! exactly the tokens that whole-block forwards give, with fewer rows.
+
+#[path = "support/finished.rs"]
+mod finished;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use minnow_engine::{Algorithm, DecodeParams, Engine, EngineOptions, GenerateRequest};
+use minnow_model::cpu::CpuRunner;
+use minnow_model::{Config, ModelRunner, Segment, SegmentOutput};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+/// The CPU runner, saying its full logits are cheap (as it is) or not (then the engine asks for
+/// whole blocks, as it does of a GPU), counting the rows its forwards were asked for.
+struct RowCounting {
+    cpu: CpuRunner,
+    cheap: bool,
+    rows: Arc<AtomicUsize>,
+}
+
+impl ModelRunner for RowCounting {
+    fn config(&self) -> &Config {
+        self.cpu.config()
+    }
+    fn device_name(&self) -> String {
+        self.cpu.device_name()
+    }
+    fn kv_pages(&self) -> usize {
+        self.cpu.kv_pages()
+    }
+    fn kv_page_bytes(&self) -> usize {
+        self.cpu.kv_page_bytes()
+    }
+    fn forward_batch(
+        &mut self,
+        segments: &[Segment<'_>],
+    ) -> minnow_model::Result<Vec<SegmentOutput>> {
+        let rows: usize = segments.iter().map(|s| s.want.rows().len()).sum();
+        self.rows.fetch_add(rows, Ordering::Relaxed);
+        self.cpu.forward_batch(segments)
+    }
+    fn logits_row(&mut self, segment: usize, row: usize) -> minnow_model::Result<Vec<f32>> {
+        self.cpu.logits_row(segment, row)
+    }
+    fn full_logits_cheap(&self) -> bool {
+        self.cheap
+    }
+}
+
+/// Every request's output ids and finish reason, submitted together to an engine of four
+/// parallel requests over the fixture, and the rows its forwards asked for.
+fn decode(
+    dir: &Path,
+    cheap: bool,
+    requests: &[GenerateRequest],
+) -> (Vec<(Vec<u32>, String)>, usize) {
+    let rows = Arc::new(AtomicUsize::new(0));
+    let runner = RowCounting {
+        cpu: CpuRunner::load(dir).unwrap(),
+        cheap,
+        rows: rows.clone(),
+    };
+    let options = EngineOptions {
+        parallel: 4,
+        ..Default::default()
+    };
+    let engine = Engine::with_runner(dir, Box::new(runner), options).unwrap();
+    let out = finished::run_all(&engine, requests)
+        .into_iter()
+        .map(|f| (f.ids, f.reason))
+        .collect();
+    (out, rows.load(Ordering::Relaxed))
+}
+
+/// 2.0 requests: greedy at two thresholds, and sampled; prompts of 3 to 38 tokens, so most end
+/// inside a block whose first slots are prompt ids.
+fn requests() -> Vec<GenerateRequest> {
+    let settings: [(Option<f32>, Option<f32>); 3] = [
+        (Some(0.95), None),
+        (Some(0.5), None),
+        (Some(0.7), Some(0.8)),
+    ];
+    (0..8u32)
+        .map(|i| {
+            let (threshold, temperature) = settings[i as usize % 3];
+            GenerateRequest {
+                prompt_ids: (0..3 + i * 5).map(|j| (i * 41 + j * 13) % 400).collect(),
+                max_tokens: Some(96),
+                params: DecodeParams {
+                    algorithm: Some(Algorithm::LowConfidence),
+                    threshold,
+                    temperature,
+                    seed: Some(u64::from(i)),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn low_confidence_steps_ask_for_their_masked_span_and_decode_the_same_tokens() {
+    let dir = fixture("llada2-tiny-v20");
+    let requests = requests();
+    let (whole, whole_rows) = decode(&dir, false, &requests);
+    let (narrow, narrow_rows) = decode(&dir, true, &requests);
+    println!("rows asked for: whole blocks {whole_rows}, masked spans {narrow_rows}");
+    assert!(whole.iter().all(|(ids, _)| !ids.is_empty()));
+    assert_eq!(narrow, whole);
+    assert!(
+        narrow_rows < whole_rows,
+        "narrowed forwards asked for {narrow_rows} rows, whole blocks {whole_rows}"
+    );
+}
