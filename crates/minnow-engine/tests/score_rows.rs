@@ -4,16 +4,16 @@
 //! together (greedy and sampled, prompts that end inside a block, merged commits): they decode
 //! exactly the tokens that whole-block forwards give, with fewer rows.
 
+#[path = "support/best_ids_runner.rs"]
+mod best_ids_runner;
 #[path = "support/finished.rs"]
 mod finished;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
+use best_ids_runner::BestIdsRunner;
 use minnow_engine::{Algorithm, DecodeParams, Engine, EngineOptions, GenerateRequest};
 use minnow_model::cpu::CpuRunner;
-use minnow_model::{Config, ModelRunner, Segment, SegmentOutput};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -21,56 +21,22 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The CPU runner, saying its full logits are cheap (as it is) or not (then the engine asks for
-/// whole blocks, as it does of a GPU), counting the rows its forwards were asked for.
-struct RowCounting {
-    cpu: CpuRunner,
-    cheap: bool,
-    rows: Arc<AtomicUsize>,
-}
-
-impl ModelRunner for RowCounting {
-    fn config(&self) -> &Config {
-        self.cpu.config()
-    }
-    fn device_name(&self) -> String {
-        self.cpu.device_name()
-    }
-    fn kv_pages(&self) -> usize {
-        self.cpu.kv_pages()
-    }
-    fn kv_page_bytes(&self) -> usize {
-        self.cpu.kv_page_bytes()
-    }
-    fn forward_batch(
-        &mut self,
-        segments: &[Segment<'_>],
-    ) -> minnow_model::Result<Vec<SegmentOutput>> {
-        let rows: usize = segments.iter().map(|s| s.want.rows().len()).sum();
-        self.rows.fetch_add(rows, Ordering::Relaxed);
-        self.cpu.forward_batch(segments)
-    }
-    fn logits_row(&mut self, segment: usize, row: usize) -> minnow_model::Result<Vec<f32>> {
-        self.cpu.logits_row(segment, row)
-    }
-    fn full_logits_cheap(&self) -> bool {
-        self.cheap
-    }
-}
-
 /// Every request's output ids and finish reason, submitted together to an engine of four
-/// parallel requests over the fixture, and the rows its forwards asked for.
+/// parallel requests over the fixture on the CPU runner saying its full logits are cheap (as it
+/// is) or not (then the engine asks for whole blocks, as it does of a GPU), and the rows its
+/// forwards asked for.
 fn decode(
     dir: &Path,
     cheap: bool,
     requests: &[GenerateRequest],
 ) -> (Vec<(Vec<u32>, String)>, usize) {
-    let rows = Arc::new(AtomicUsize::new(0));
-    let runner = RowCounting {
-        cpu: CpuRunner::load(dir).unwrap(),
-        cheap,
-        rows: rows.clone(),
+    let cpu = CpuRunner::load(dir).unwrap();
+    let runner = if cheap {
+        BestIdsRunner::cheap(cpu)
+    } else {
+        BestIdsRunner::new(cpu)
     };
+    let counts = runner.counts.clone();
     let options = EngineOptions {
         parallel: 4,
         ..Default::default()
@@ -80,7 +46,7 @@ fn decode(
         .into_iter()
         .map(|f| (f.ids, f.reason))
         .collect();
-    (out, rows.load(Ordering::Relaxed))
+    (out, counts.wanted_rows())
 }
 
 /// 2.0 requests: greedy at two thresholds, and sampled; prompts of 3 to 38 tokens, so most end

@@ -1,9 +1,10 @@
 #![allow(dead_code)] // each test file that includes this module uses a part of it
 //! A CPU runner that says its full logits are not cheap, as the GPU's are not: steps that can
 //! then read each row's best ids (`Want::TopK`) ask for those instead of full logits, as they do
-//! on the GPU. Made to draw rows (`BestIdsRunner::drawing`), it answers sampling steps' device
-//! draws as the GPU does, with the host samplers. It counts which kinds of scores its forwards
-//! returned.
+//! on the GPU, and ask for whole blocks. Made to draw rows (`BestIdsRunner::drawing`), it answers
+//! sampling steps' device draws as the GPU does, with the host samplers; made cheap
+//! (`BestIdsRunner::cheap`), it says what the plain CPU runner says. It counts which kinds of
+//! scores its forwards returned, and their rows.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,6 +24,8 @@ pub struct WantCounts {
     pub draw_calls: AtomicUsize,
     /// Forwards (`forward_batch` calls).
     pub forwards: AtomicUsize,
+    /// Rows the forwards' segments asked for, of every kind.
+    pub wanted_rows: AtomicUsize,
 }
 
 impl WantCounts {
@@ -44,6 +47,9 @@ impl WantCounts {
     pub fn forwards(&self) -> usize {
         self.forwards.load(Ordering::Relaxed)
     }
+    pub fn wanted_rows(&self) -> usize {
+        self.wanted_rows.load(Ordering::Relaxed)
+    }
 }
 
 pub struct BestIdsRunner {
@@ -51,6 +57,8 @@ pub struct BestIdsRunner {
     pub counts: Arc<WantCounts>,
     /// Whether it answers `draw_rows`.
     pub draws: bool,
+    /// What `full_logits_cheap` says.
+    pub cheap: bool,
 }
 
 impl BestIdsRunner {
@@ -59,6 +67,15 @@ impl BestIdsRunner {
             cpu,
             counts: Arc::default(),
             draws: false,
+            cheap: false,
+        }
+    }
+
+    /// The runner that says its full logits are cheap, as the plain CPU runner does.
+    pub fn cheap(cpu: CpuRunner) -> Self {
+        Self {
+            cheap: true,
+            ..Self::new(cpu)
         }
     }
 
@@ -90,6 +107,9 @@ impl ModelRunner for BestIdsRunner {
     ) -> minnow_model::Result<Vec<SegmentOutput>> {
         self.counts.forwards.fetch_add(1, Ordering::Relaxed);
         for segment in segments {
+            self.counts
+                .wanted_rows
+                .fetch_add(segment.want.rows().len(), Ordering::Relaxed);
             match segment.want {
                 Want::Logits(_) => &self.counts.logits,
                 Want::TopK(_) => &self.counts.best_ids,
@@ -104,7 +124,7 @@ impl ModelRunner for BestIdsRunner {
         self.cpu.logits_row(segment, row)
     }
     fn full_logits_cheap(&self) -> bool {
-        false
+        self.cheap
     }
     fn draws_rows(&self) -> bool {
         self.draws
