@@ -89,16 +89,21 @@ impl<'a> BlockLogits<'a> {
         Self { data, vocab, first }
     }
 
-    /// Logits of block slot `p` (predicting the token at that slot). A slot outside the rows the
-    /// forward returned is a bug of the step that asked for them (it read a slot it did not
-    /// declare): it panics, naming the slot.
+    /// Logits of block slot `p` (predicting the token at that slot); panics, naming the slot,
+    /// outside the rows returned.
     pub fn row(&self, p: usize) -> &'a [f32] {
-        let r = p
-            .checked_sub(self.first)
-            .filter(|r| (r + 1) * self.vocab <= self.data.len())
-            .unwrap_or_else(|| panic!("slot {p} is outside the rows the forward returned"));
+        let r = returned_row(p, self.first, self.data.len() / self.vocab);
         &self.data[r * self.vocab..(r + 1) * self.vocab]
     }
+}
+
+/// Which of a forward's `rows` returned rows, the first of them block slot `first`, holds slot
+/// `p`; a slot outside them is a bug of the step that read it (it did not declare it in
+/// [`BlockAlgorithm::rows_needed`]): panics, naming the slot.
+fn returned_row(p: usize, first: usize, rows: usize) -> usize {
+    p.checked_sub(first)
+        .filter(|&r| r < rows)
+        .unwrap_or_else(|| panic!("slot {p} is outside the rows the forward returned"))
 }
 
 /// Top-1 pairs of the slots from `first` on (see [`BlockLogits::first`]).
@@ -116,9 +121,7 @@ impl<'a> Top1Rows<'a> {
 
     /// Slot `p`'s (argmax, probability); panics, naming the slot, outside the rows returned.
     pub fn get(&self, p: usize) -> (u32, f32) {
-        p.checked_sub(self.first)
-            .and_then(|r| self.pairs.get(r).copied())
-            .unwrap_or_else(|| panic!("slot {p} is outside the rows the forward returned"))
+        self.pairs[returned_row(p, self.first, self.pairs.len())]
     }
 }
 
@@ -708,6 +711,26 @@ pub fn select_transfers(slots: &[(usize, f32)], threshold: f32, quota: usize) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scores_from_a_later_slot_answer_their_slots_and_refuse_the_others() {
+        let data = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0];
+        let logits = BlockLogits::from_slot(&data, 2, 3);
+        assert_eq!(logits.row(3), &[0.0, 1.0]);
+        assert_eq!(logits.row(5), &[4.0, 5.0]);
+        let pairs = [(7, 0.5), (8, 0.25)];
+        let top1 = Top1Rows {
+            pairs: &pairs,
+            first: 1,
+        };
+        assert_eq!(top1.get(2), (8, 0.25));
+        for p in [0, 6] {
+            let read = std::panic::catch_unwind(|| logits.row(p));
+            assert!(read.is_err(), "slot {p} read a row it was not given");
+        }
+        assert!(std::panic::catch_unwind(|| top1.get(0)).is_err());
+        assert!(std::panic::catch_unwind(|| top1.get(3)).is_err());
+    }
 
     #[test]
     fn a_row_read_once_answers_its_logits_and_another_slot_reads_again() {
