@@ -311,6 +311,9 @@ fn qk_norm_rope_matches_reference() {
         (32, 4, 128, 64, 100, 3),
         (8, 2, 64, 32, 7, 4),
         (4, 2, 256, 128, 50, 3),
+        // A prefill chunk's worth of rows at mini's shape and at head dim 64.
+        (16, 4, 128, 64, 900, 259),
+        (8, 2, 64, 32, 7, 258),
     ] {
         let shape = AttentionShape {
             heads,
@@ -345,6 +348,8 @@ fn qk_norm_rope_matches_reference() {
             .upload(&(pos0..pos0 + t).map(|p| slot(p) as i32).collect::<Vec<_>>())
             .unwrap();
         let theta = 600000.0;
+        let cos_sin = g.alloc::<u32>(ops::rope_cos_sin_len(&shape, t)).unwrap();
+        ops::rope_cos_sin(&g, &shape, dpos.ptr(), cos_sin.ptr(), t, theta).unwrap();
         ops::qk_norm_rope(
             &g,
             &shape,
@@ -354,10 +359,9 @@ fn qk_norm_rope_matches_reference() {
             q.ptr(),
             kc.ptr(),
             vc.ptr(),
-            dpos.ptr(),
+            cos_sin.ptr(),
             dslot.ptr(),
             t,
-            theta,
             1e-6,
         )
         .unwrap();

@@ -61,6 +61,8 @@ pub(crate) fn queue_forward(
 
     ops::embed_rows(gpu, m.ids, w.embed.ptr(), ws.h.ptr(), t, d)?;
     mark("embed")?;
+    ops::rope_cos_sin(gpu, &shape, m.pos, ws.rope_cos_sin.ptr(), t, c.rope_theta)?;
+    mark("qk-norm + rope")?;
     // True when the previous layer's MoE combine already added its output to `h` and wrote the
     // next RMSNorm (this layer's input norm, or the final norm) into `a`: one launch fewer.
     let mut normed = false;
@@ -101,10 +103,9 @@ pub(crate) fn queue_forward(
             ws.q.ptr(),
             pool.k(l),
             pool.v(l),
-            m.pos,
+            ws.rope_cos_sin.ptr(),
             m.slot,
             t,
-            c.rope_theta,
             eps,
         )?;
         mark("qk-norm + rope")?;

@@ -22,6 +22,8 @@ pub(crate) struct Workspace {
     pub(super) delta: DeviceBuffer<bf16>,
     pub(super) qkv: DeviceBuffer<bf16>,
     pub(super) q: DeviceBuffer<bf16>,
+    /// Every row's rotary cosines and sines (`ops::rope_cos_sin`), made once per forward.
+    pub(super) rope_cos_sin: DeviceBuffer<u32>,
     pub(super) attn: DeviceBuffer<bf16>,
     pub(super) part_o: DeviceBuffer<f32>,
     pub(super) part_ml: DeviceBuffer<f32>,
@@ -160,6 +162,7 @@ impl Workspace {
             delta: gpu.alloc(t * d)?,
             qkv: gpu.alloc(t * qkv)?,
             q: gpu.alloc(t * heads * hd)?,
+            rope_cos_sin: gpu.alloc(ops::rope_cos_sin_len(&shape, t).max(1))?,
             attn: gpu.alloc(t * heads * hd)?,
             part_o: gpu.alloc(po)?,
             part_ml: gpu.alloc(pml)?,

@@ -165,6 +165,8 @@ kernel_table! {
     }
     /// `kernels/rope.cu`.
     rope (max_dynamic_shared: 0) {
+        /// Every row's BF16 cosines and sines, once per forward.
+        rope_cos_sin(tok_pos: u64, cos_sin: u64, tokens: i32, rot: i32, theta: f32);
         /// Head dim <= 256, and <= 128 (fewer registers, more CTAs per SM; the same bits).
         qk_norm_rope,
         qk_norm_rope_d128 as QkNormRope (
@@ -174,13 +176,12 @@ kernel_table! {
             q_out: u64,
             k_cache: u64,
             v_cache: u64,
-            tok_pos: u64,
+            cos_sin: u64,
             tok_slot: u64,
             n_heads: i32,
             n_kv_heads: i32,
             d: i32,
             rot: i32,
-            theta: f32,
             eps: f32,
         );
     }

@@ -49,8 +49,42 @@ impl AttentionShape {
     }
 }
 
-/// QK-norm + partial RoPE of `tokens` rows of fused QKV, row `t` at absolute position
-/// `tok_pos[t]` (i32, device); writes Q and the K/V of row `t` into row `tok_slot[t]` (= page *
+/// Words of [`rope_cos_sin`]'s table for `tokens` rows: one (cos, sin) BF16 pair per row and
+/// rotary frequency.
+pub fn rope_cos_sin_len(shape: &AttentionShape, tokens: usize) -> usize {
+    tokens * (shape.rotary_dim / 2)
+}
+
+/// The BF16 cosines and sines of the rotary angles of `tokens` rows, row `t` at absolute position
+/// `tok_pos[t]` (i32, device), into `cos_sin` ([`rope_cos_sin_len`] u32 words): computed once per
+/// forward for every layer's [`qk_norm_rope`].
+pub fn rope_cos_sin(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    tok_pos: u64,
+    cos_sin: u64,
+    tokens: usize,
+    theta: f32,
+) -> CudaResult<()> {
+    shape.check()?;
+    let n = rope_cos_sin_len(shape, tokens);
+    if n == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig::new((n.div_ceil(256) as u32, 1, 1), 256, 0);
+    kernels::rope::rope_cos_sin(
+        gpu,
+        cfg,
+        tok_pos,
+        cos_sin,
+        tokens as i32,
+        shape.rotary_dim as i32,
+        theta,
+    )
+}
+
+/// QK-norm + partial RoPE of `tokens` rows of fused QKV, row `t`'s angles in row `t` of
+/// `cos_sin` ([`rope_cos_sin`]); writes Q and the K/V of row `t` into row `tok_slot[t]` (= page *
 /// page size + position within the page) of the layer's pools `k_pool`/`v_pool`
 /// (`[pages * page size, G, d]`).
 #[allow(clippy::too_many_arguments)]
@@ -63,10 +97,9 @@ pub fn qk_norm_rope(
     q_out: u64,
     k_pool: u64,
     v_pool: u64,
-    tok_pos: u64,
+    cos_sin: u64,
     tok_slot: u64,
     tokens: usize,
-    theta: f32,
     eps: f32,
 ) -> CudaResult<()> {
     shape.check()?;
@@ -78,8 +111,8 @@ pub fn qk_norm_rope(
         32 * ROPE_WARPS as u32,
         0,
     );
-    // Up to 4 elements per lane where the head dim allows: 32 registers a thread instead of 40,
-    // so 8 CTAs fit an SM instead of 6 (kernels/rope.cu); the same arithmetic.
+    // Up to 4 elements per lane where the head dim allows: fewer registers a thread, so more
+    // CTAs fit an SM (kernels/rope.cu); the same arithmetic.
     let launch: kernels::rope::QkNormRope = if shape.head_dim <= 128 {
         kernels::rope::qk_norm_rope_d128
     } else {
@@ -94,13 +127,12 @@ pub fn qk_norm_rope(
         q_out,
         k_pool,
         v_pool,
-        tok_pos,
+        cos_sin,
         tok_slot,
         shape.heads as i32,
         shape.kv_heads as i32,
         shape.head_dim as i32,
         shape.rotary_dim as i32,
-        theta,
         eps,
     )
 }
