@@ -885,3 +885,156 @@ extern "C" __global__ void __launch_bounds__(128)
                 if (e + 1 < E) logits[(size_t)t * E + e + 1] = total[i][j][2 * h + 1];
             }
 }
+
+// router_logits_mma_tiled_bf16w with its eight summation ranges on eight CTAs at once: a cluster
+// of ROUTER_MMA_WARPS CTAs per 64-row x 64-expert tile, CTA r (its rank in the cluster) summing
+// range r alone. One CTA walking all eight ranges in turn left 128 CTAs of 4 warps for a batched
+// step's 2,048 rows (a quarter of a wave of latency-bound slices, docs/performance.md, session
+// thirty-six); here each CTA streams an eighth of K. The ranges meet in distributed shared memory:
+// every CTA leaves its range's partial tile in its own shared memory, and CTA r then folds rows
+// 8r .. 8r + 7 of the tile over the eight partials in range order (part 0, + part 1, ...). Each
+// range's sum is the same chain of mma.m16n8k16 steps from zero in column order, and the fold the
+// same additions in the same order, so every output has the tiled kernel's bits.
+// grid = (8 ceil(T / 64), ceil(E / 64)), clusters of (8, 1, 1), block = 128; K % 16 == 0. sm_90+.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define ROUTER_CLUSTER_DIMS __cluster_dims__(ROUTER_MMA_WARPS, 1, 1)
+#else
+#define ROUTER_CLUSTER_DIMS
+#endif
+extern "C" __global__ void __launch_bounds__(128) ROUTER_CLUSTER_DIMS
+    router_logits_mma_cluster_bf16w(const bf16* __restrict__ X, const bf16* __restrict__ W,
+                                    float* __restrict__ logits, int T, int E, int K) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int BM = ROUTER_TILED_ROWS, BN = ROUTER_TILED_COLS, STAGES = ROUTER_TILED_STAGES;
+    constexpr int PITCH = BN + 4;  // floats per row of the partial tile (rows 16-byte aligned)
+    // The stages, then (once the range is summed) the partial tile in the same bytes.
+    __shared__ __align__(128) unsigned char stage_bytes[STAGES][(BM + BN) * 128];
+    static_assert(BM * PITCH * 4 <= sizeof(stage_bytes), "the partial tile fits in the stages");
+    float* part = reinterpret_cast<float*>(stage_bytes);
+    unsigned range;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(range));
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int t0 = (blockIdx.x / ROUTER_MMA_WARPS) * BM, e0 = blockIdx.y * BN;
+    const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
+    const int steps = K / 16;
+    const int s_begin = range * steps / ROUTER_MMA_WARPS, s_end = (range + 1) * steps / ROUTER_MMA_WARPS;
+    const int k_begin = s_begin * 16, k_end = s_end * 16, n_steps = s_end - s_begin;
+    const int slices = (k_end - k_begin + 63) / 64;
+    using minnow_smem::ldmatrix_x4, minnow_smem::smem_addr, minnow_smem::swizzled;
+    // One 64-column slice of the range: 64 rows x 8 chunks of W (rows BM.. of the stage) or of X
+    // (rows 0..), 4 per thread; columns past the range are zero-filled (and never multiplied).
+    auto load = [&](int slice, int stage, bool weights) {
+        const int k = k_begin + slice * 64;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int c = tid + i * 128, row = c >> 3, chunk = c & 7;
+            const bool col_ok = k + chunk * 8 < k_end;
+            if (weights) {
+                const bool ok = col_ok && e0 + row < E;
+                cp_async16(stage_bytes[stage] + BM * 128 + swizzled(row, chunk),
+                           ok ? W + (size_t)(e0 + row) * K + k + chunk * 8 : W, ok);
+            } else {
+                const bool ok = col_ok && t0 + row < T;
+                cp_async16(stage_bytes[stage] + swizzled(row, chunk), ok ? X + (size_t)(t0 + row) * K + k + chunk * 8 : X,
+                           ok);
+            }
+        }
+    };
+    // The weights of the first stages before the wait for the previous kernel (they are not its
+    // output); each stage's commit group then holds its X slice (and, for the first, those weights).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s)
+        if (s < slices) load(s, s, true);
+    pdl_enter();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < slices) load(s, s, false);
+        cp_async_commit();
+    }
+    float c[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) c[i][j][v] = 0.f;
+    for (int slice = 0; slice < slices; ++slice) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (slice + STAGES - 1 < slices) {
+            load(slice + STAGES - 1, (slice + STAGES - 1) % STAGES, true);
+            load(slice + STAGES - 1, (slice + STAGES - 1) % STAGES, false);
+        }
+        cp_async_commit();
+        const unsigned xb = smem_addr(stage_bytes[slice % STAGES]), wb = xb + BM * 128;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            if (slice * 4 + kk >= n_steps) break;
+            unsigned a[2][4], b[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+                ldmatrix_x4(a[i], xb + swizzled(wm + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                ldmatrix_x4(b[j], wb + swizzled(wn + j * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) mma16816(c[i][j], a[i], b[j >> 1][(j & 1) * 2], b[j >> 1][(j & 1) * 2 + 1]);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the stages: the partial tile takes their place
+    // c[i][j][0..1]: row wm + 16 i + g, experts wn + 8 j + 2 t4 + {0, 1}; [2..3]: row + 8.
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<float2*>(part + (wm + i * 16 + g + h * 8) * PITCH + wn + j * 8 + 2 * t4) =
+                    make_float2(c[i][j][2 * h], c[i][j][2 * h + 1]);
+    // Every CTA's partial tile is written (release) and visible to the cluster (acquire).
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    // Thread tid folds 4 adjacent outputs of row 8 range + tid / 16: the eight partials' values
+    // are all requested before the first addition (a remote load is a round trip to another SM;
+    // one at a time, they were most of the kernel's time).
+    static_assert(BM == 8 * ROUTER_MMA_WARPS && BN == 64, "one float4 of the fold per thread");
+    const int r = range * (BM / ROUTER_MMA_WARPS) + tid / 16, col = (tid % 16) * 4;
+    const unsigned local = smem_addr(part + r * PITCH + col);
+    float4 x[ROUTER_MMA_WARPS];
+#pragma unroll
+    for (int p = 0; p < ROUTER_MMA_WARPS; ++p) {
+        unsigned remote;
+        asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(p));
+        asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(x[p].x), "=f"(x[p].y), "=f"(x[p].z), "=f"(x[p].w)
+                     : "r"(remote)
+                     : "memory");
+    }
+    float4 v = x[0];
+#pragma unroll
+    for (int p = 1; p < ROUTER_MMA_WARPS; ++p) {
+        v.x += x[p].x;
+        v.y += x[p].y;
+        v.z += x[p].z;
+        v.w += x[p].w;
+    }
+    if (t0 + r < T) {
+        float* out = logits + (size_t)(t0 + r) * E + e0 + col;
+        if (E % 4 == 0 && e0 + col + 4 <= E) {
+            *reinterpret_cast<float4*>(out) = v;  // rows of E % 4 == 0 floats are 16-byte aligned
+        } else {
+            const float vals[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (e0 + col + u < E) out[u] = vals[u];
+        }
+    }
+    // No CTA leaves while another may still read its partial tile.
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+    __trap();  // launched only where the sm_90 build is loaded
+#endif
+}

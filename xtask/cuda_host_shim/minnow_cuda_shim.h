@@ -15,6 +15,7 @@
 #define __shared__
 #define __constant__
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __noinline__
 

@@ -1926,7 +1926,9 @@ fn pool_gemm_matches_reference() {
 /// 16-expert router (fewer experts than one wide CTA covers), K = 72 (columns past the last whole
 /// 256-column group take the scalar path; BF16 weights take the F32 kernels), 40 experts over
 /// 64 columns (experts past the last whole 32 of a CTA; four column steps for eight warps, as
-/// for the fixtures' hidden size) and flash's 4,096 columns.
+/// for the fixtures' hidden size) and flash's 4,096 columns. The many rows take the cluster
+/// kernel on Hopper (`router_cluster_rows`); run again with `MINNOW_ROUTER_CLUSTER_ROWS=100000`
+/// for the one-CTA tiled kernel.
 #[test]
 #[ignore]
 fn router_logits_are_the_same_bits_for_few_and_many_rows() {

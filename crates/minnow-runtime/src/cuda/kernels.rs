@@ -329,11 +329,14 @@ kernel_table! {
         );
         /// F32 or BF16 router weights; the wide kernels share each loaded row among 4 experts
         /// per warp; `mma`: BF16 weights on tensor cores (`_e8`: 8 experts per CTA, not 32;
-        /// `_e8s`: the same, its operands staged in `ROUTER_STAGED_SHARED` bytes of shared memory).
+        /// `_e8s`: the same, its operands staged in `ROUTER_STAGED_SHARED` bytes of shared memory;
+        /// `_tiled`: 64 x 64 tiles through shared memory; `_cluster`: those tiles' eight
+        /// summation ranges on a cluster of eight CTAs, sm_90 and newer).
         router_logits_mma_bf16w,
         router_logits_mma_bf16w_e8,
         router_logits_mma_bf16w_e8s,
         router_logits_mma_tiled_bf16w,
+        router_logits_mma_cluster_bf16w,
         router_logits_f32w,
         router_logits_bf16w,
         router_logits_f32w_r4,

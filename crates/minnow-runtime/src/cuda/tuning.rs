@@ -30,7 +30,8 @@
 //!
 //! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_CODES_GATED`,
 //! `MINNOW_CODES32_BELOW`, `MINNOW_CODES_SETTLED`, `MINNOW_SHARED_BESIDE`, `MINNOW_DENSE16_ROWS`, `MINNOW_DENSE128_ROWS`,
-//! `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`) are described on the fields of
+//! `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`, `MINNOW_ROUTER_CLUSTER_ROWS`,
+//! `MINNOW_ROUTER_CLUSTER_BELOW`) are described on the fields of
 //! [`Tuning`] they set.
 
 use std::sync::OnceLock;
@@ -139,6 +140,13 @@ pub struct Tuning {
     /// kernel (same bits as the untiled one, see kernels/router.cu): `MINNOW_ROUTER_TILED_ROWS`
     /// (a value above any forward's rows keeps the untiled kernel).
     pub router_tiled_rows: usize,
+    /// BF16 router logits of at least `router_cluster_rows` and fewer than
+    /// `router_cluster_below` rows run on Hopper and newer as clusters of eight CTAs per tile,
+    /// one per summation range (same bits as the tiled kernel): `MINNOW_ROUTER_CLUSTER_ROWS`,
+    /// `MINNOW_ROUTER_CLUSTER_BELOW`. Below 4,096 rows the tiled kernel's CTAs leave SMs idle;
+    /// from there it was faster (docs/performance.md, session thirty-seven).
+    pub router_cluster_rows: usize,
+    pub router_cluster_below: usize,
     /// A denoising step's `route_block` CTAs run on 1,024 threads, each expert's admission loops
     /// shared by several threads (exact maxima and counts: the same choices either way):
     /// `MINNOW_ROUTE_SHARED=0` launches one thread per expert.
@@ -183,6 +191,8 @@ impl Default for Tuning {
             attention_wgmma: true,
             router_mma: true,
             router_tiled_rows: 1024,
+            router_cluster_rows: 256,
+            router_cluster_below: 4096,
             route_shared: true,
             router_staged: true,
             dense_lt_min_rows: 0,
@@ -253,6 +263,10 @@ pub fn tuning() -> &'static Tuning {
             router_mma: env_usize("MINNOW_ROUTER_MMA", |v| v <= 1).map_or(d.router_mma, |v| v == 1),
             router_tiled_rows: env_usize("MINNOW_ROUTER_TILED_ROWS", |_| true)
                 .unwrap_or(d.router_tiled_rows),
+            router_cluster_rows: env_usize("MINNOW_ROUTER_CLUSTER_ROWS", |_| true)
+                .unwrap_or(d.router_cluster_rows),
+            router_cluster_below: env_usize("MINNOW_ROUTER_CLUSTER_BELOW", |_| true)
+                .unwrap_or(d.router_cluster_below),
             route_shared: env_usize("MINNOW_ROUTE_SHARED", |v| v <= 1)
                 .map_or(d.route_shared, |v| v == 1),
             router_staged: env_usize("MINNOW_ROUTER_STAGED", |v| v <= 1)

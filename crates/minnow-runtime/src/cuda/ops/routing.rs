@@ -59,6 +59,9 @@ impl RouterShape {
 
 /// Most tokens one `route_block` CTA routes and the largest top-k it takes (ROUTE_MAX_TOKENS and
 /// ROUTE_MAX_K in kernels/router.cu).
+/// The fixed K ranges every tensor-core router logit is summed over, folded in order
+/// (ROUTER_MMA_WARPS in kernels/router.cu): CTAs per tile of the cluster kernel.
+const ROUTER_SUM_RANGES: usize = 8;
 const ROUTE_MAX_TOKENS: usize = 32;
 pub const ROUTE_MAX_K: usize = 32;
 
@@ -294,6 +297,30 @@ pub fn router_logits(
         // alone (kernels/router.cu), so a row's bits do not depend on the batch, nor on how
         // many experts a CTA covers: 32, or 8 when CTAs of 32 would leave SMs idle (a
         // denoising step's 32 rows make 16 CTAs of 32 experts, 64 of 8).
+        if (tuning.router_cluster_rows..tuning.router_cluster_below).contains(&t)
+            && gpu.uses_sm90_ptx()
+        {
+            // Hopper, batched steps and short prefills: the tiled kernel's 64 x 64 tiles with each
+            // of the eight summation ranges on a CTA of its own (a cluster of eight per tile,
+            // folding through distributed shared memory; kernels/router.cu): eight times the
+            // CTAs, the same sums. From 4,096 rows the tiled kernel fills the GPU itself and is
+            // faster.
+            let grid = (
+                (t.div_ceil(64) * ROUTER_SUM_RANGES) as u32,
+                e.div_ceil(64) as u32,
+                1,
+            );
+            return kernels::router::router_logits_mma_cluster_bf16w(
+                gpu,
+                LaunchConfig::new(grid, 128, 0),
+                x,
+                w,
+                logits,
+                t as i32,
+                e as i32,
+                k as i32,
+            );
+        }
         if t >= tuning.router_tiled_rows {
             // Many rows (prefill, large batches): 64 rows x 64 experts per CTA through shared
             // memory (ROUTER_TILED_ROWS / _COLS in kernels/router.cu; the same sums).
