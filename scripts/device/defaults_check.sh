@@ -5,7 +5,8 @@
 #   Stage first (scripts/device/stage.sh debug; bin/xtask and the test binaries into
 #   out/bin.tar.xz); carry ["out/bin.tar.xz"]. Env: BUDGET (seconds, default 560), ENCODINGS
 #   (default "int4 int8 fp8 nvfp4 bf16"), KERNELS (lines "NAME REGEX N COUNT" as in
-#   ncu_kernel.sh; default: INT4's batched-step tiles, 32 rows at x16 and 64 rows at x64).
+#   ncu_kernel.sh; default: INT4's batched-step tiles, 32 rows at x16 and 64 rows at x64; a blank
+#   line: none), SUITES (the suites run first; default the engine-level and fixture ones).
 exec > >(tee "$OUT/${LOG:-defaults.txt}") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
@@ -13,7 +14,7 @@ source scripts/device/suites.sh
 device_prelude
 budget=${BUDGET:-560}
 export SUITES_END=$((budget - 10)) MINNOW_PTX_DIR=$T
-run_suites "cuda_quant gpu_invariance cuda_fixtures cuda_routing cuda_invariance"
+run_suites "${SUITES:-cuda_quant gpu_invariance cuda_fixtures cuda_routing cuda_invariance}"
 for enc in ${ENCODINGS:-int4 int8 fp8 nvfp4 bf16}; do
   [ $SECONDS -gt $((budget - 60)) ] && { echo "stop (time)"; break; }
   echo "== $enc t=$SECONDS"
