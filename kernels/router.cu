@@ -793,6 +793,25 @@ extern "C" __global__ void __launch_bounds__(32 * ROUTER_MMA_WARPS)
 #define ROUTER_TILED_COLS 64
 #define ROUTER_TILED_STAGES 3
 
+// One 16-column step of a warp's 32-row x 32-expert part of a 64 x 64 router tile staged in shared
+// memory (X rows at `xb`, W rows at `wb`, 128-byte swizzled rows of a 64-column slice; column
+// step kk of the slice): c[i][j] += rows wm + 16 i.. times experts wn + 8 j.. with mma.m16n8k16.
+// The tiled and the cluster kernels take the same steps with it.
+__device__ __forceinline__ void router_tile_step(float (&c)[2][4][4], unsigned xb, unsigned wb, int kk, int wm,
+                                                 int wn, int lane) {
+    using minnow_smem::ldmatrix_x4, minnow_smem::swizzled;
+    unsigned a[2][4], b[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) ldmatrix_x4(a[i], xb + swizzled(wm + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+        ldmatrix_x4(b[j], wb + swizzled(wn + j * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mma16816(c[i][j], a[i], b[j >> 1][(j & 1) * 2], b[j >> 1][(j & 1) * 2 + 1]);
+}
+
 extern "C" __global__ void __launch_bounds__(128)
     router_logits_mma_tiled_bf16w(const bf16* __restrict__ X, const bf16* __restrict__ W,
                                   float* __restrict__ logits, int T, int E, int K) {
@@ -856,18 +875,7 @@ extern "C" __global__ void __launch_bounds__(128)
             const int s = slice * 4 + kk;
             if (s >= steps) break;
             while (range < ROUTER_MMA_WARPS && s >= (range + 1) * steps / ROUTER_MMA_WARPS) fold();
-            unsigned a[2][4], b[2][4];
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-                ldmatrix_x4(a[i], xb + swizzled(wm + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-                ldmatrix_x4(b[j], wb + swizzled(wn + j * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                kk * 2 + ((lane >> 3) & 1)));
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) mma16816(c[i][j], a[i], b[j >> 1][(j & 1) * 2], b[j >> 1][(j & 1) * 2 + 1]);
+            router_tile_step(c, xb, wb, kk, wm, wn, lane);
         }
     }
     cp_async_wait<0>();
@@ -970,18 +978,7 @@ extern "C" __global__ void __launch_bounds__(128) ROUTER_CLUSTER_DIMS
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
             if (slice * 4 + kk >= n_steps) break;
-            unsigned a[2][4], b[2][4];
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-                ldmatrix_x4(a[i], xb + swizzled(wm + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-                ldmatrix_x4(b[j], wb + swizzled(wn + j * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                kk * 2 + ((lane >> 3) & 1)));
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) mma16816(c[i][j], a[i], b[j >> 1][(j & 1) * 2], b[j >> 1][(j & 1) * 2 + 1]);
+            router_tile_step(c, xb, wb, kk, wm, wn, lane);
         }
     }
     cp_async_wait<0>();

@@ -21,16 +21,7 @@ xz -dc out/xtask_old.xz > bin/xtask-old && chmod +x bin/xtask-old
 SUITES_END=90 KERNEL_FILTER="qk_norm_rope router_logits_are router_matches pooled_experts_route" run_suites cuda_kernels
 (export MINNOW_ROUTER_CLUSTER_ROWS=100000; echo "(tiled router)"; SUITES_END=110 KERNEL_FILTER=router_logits_are run_suites cuda_kernels)
 SUITES_END=170 run_suites "cuda_invariance cuda_routing"
-rows() { grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0|decode of)|^profile"; }
-ARGS="--quick --prefill 4096,8192 --prefix 1024 --concurrency 16,64"
-for round in 1 2; do
-  for enc in bf16 int4; do
-    echo "== old $enc round $round t=$SECONDS"
-    timeout 70 bin/xtask-old bench --experts $enc $ARGS 2>&1 | rows
-    echo "== new $enc round $round t=$SECONDS"
-    timeout 70 bin/xtask bench --experts $enc $ARGS 2>&1 | rows
-  done
-done
+EXTRA='^profile' bench_ab old bin/xtask-old new bin/xtask --quick --prefill 4096,8192 --prefix 1024 --concurrency 16,64
 SUITES_END=${TESTS_END:-430} run_suites "gpu_invariance cuda_fixtures"
 [ $SECONDS -lt 450 ] && ncu_kernel route_block route_block 1 2 int4 50
 [ $SECONDS -lt 490 ] && N=64 EXPERTS=bf16 NCU_LIMIT=70 bash scripts/device/ncu_step.sh

@@ -19,16 +19,7 @@ source scripts/device/suites.sh
 device_prelude
 xz -dc out/xtask_prev.xz > bin/xtask-prev && chmod +x bin/xtask-prev
 SUITES_END=130 run_suites "cuda_invariance gpu_invariance cuda_fixtures cuda_routing"
-rows() { grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0|decode)|^decode"; }
-ARGS="--quick --prefill 4096 --prefix 1024 --concurrency 16,64"
-for round in $(seq ${ROUNDS:-2}); do
-  for enc in bf16 int4; do
-    echo "== prev $enc round $round t=$SECONDS"
-    timeout 60 bin/xtask-prev bench --experts $enc $ARGS 2>&1 | rows
-    echo "== new $enc round $round t=$SECONDS"
-    timeout 60 bin/xtask bench --experts $enc $ARGS 2>&1 | rows
-  done
-done
+EXTRA='^decode' bench_ab prev bin/xtask-prev new bin/xtask --quick --prefill 4096 --prefix 1024 --concurrency 16,64
 [ -n "${QUICK:-}" ] && { echo "end t=$SECONDS"; exit 0; }
 SUITES_END=330 run_suites "cuda_quant cuda_other_shapes"
 SUITES_END=480 run_suites cuda_kernels

@@ -2,7 +2,7 @@
 # stage.sh copied into bin/ (test-NAME), one test at a time, against whatever PTX the caller
 # exported in MINNOW_PTX_DIR, each with the time left until SUITES_END seconds into the script
 # (default 585), and prints their verdict lines (and each failure's message and seed);
-# bench_table runs one bench; branch_ptx makes a kernel candidate's PTX directory;
+# bench_table runs one bench, bench_ab two binaries alternately; branch_ptx makes a kernel candidate's PTX directory;
 # device_prelude (at the end) is how each such script starts.
 #   run_suites "cuda_kernels cuda_quant ..."    (KERNEL_FILTER: a name filter for cuda_kernels)
 run_suites() {
@@ -24,6 +24,25 @@ bench_table() {
   shift
   env "$@" timeout 60 bin/xtask bench --experts "$enc" --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
     grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)"
+}
+
+# Two xtask binaries benched alternately, round after round, each encoding of ENCS (default
+# "bf16 int4") with the same arguments, under "== LABEL ENCODING round N" lines; prints the table
+# rows and the lines matching EXTRA (a regex: e.g. ^profile for the stage profiles, ^decode for
+# the decodes' digests).
+#   ROUNDS=2 EXTRA='^profile' bench_ab old bin/xtask-old new bin/xtask --quick --prefill 4096 ...
+bench_ab() {
+  local a=$1 abin=$2 b=$3 bbin=$4 round enc side
+  shift 4
+  for round in $(seq "${ROUNDS:-2}"); do
+    for enc in ${ENCS:-bf16 int4}; do
+      for side in "$a $abin" "$b $bbin"; do
+        echo "== ${side%% *} $enc round $round t=$SECONDS"
+        timeout 80 ${side#* } bench --experts "$enc" "$@" 2>&1 |
+          grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0|decode)${EXTRA:+|$EXTRA}"
+      done
+    done
+  done
 }
 
 # Nsight Compute's full section set on the first COUNT launches of kernels matching REGEX in one
