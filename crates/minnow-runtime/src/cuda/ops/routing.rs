@@ -57,11 +57,11 @@ impl RouterShape {
     }
 }
 
-/// Most tokens one `route_block` CTA routes and the largest top-k it takes (ROUTE_MAX_TOKENS and
-/// ROUTE_MAX_K in kernels/router.cu).
 /// The fixed K ranges every tensor-core router logit is summed over, folded in order
 /// (ROUTER_MMA_WARPS in kernels/router.cu): CTAs per tile of the cluster kernel.
 const ROUTER_SUM_RANGES: usize = 8;
+/// Most tokens one `route_block` CTA routes and the largest top-k it takes (ROUTE_MAX_TOKENS and
+/// ROUTE_MAX_K in kernels/router.cu).
 const ROUTE_MAX_TOKENS: usize = 32;
 pub const ROUTE_MAX_K: usize = 32;
 
