@@ -9,19 +9,16 @@
 mod best_ids_runner;
 #[path = "support/finished.rs"]
 mod finished;
+#[path = "support/fixtures.rs"]
+mod fixtures;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use best_ids_runner::{BestIdsRunner, WantCounts};
+use fixtures::fixture;
 use minnow_engine::{Algorithm, DecodeParams, Engine, EngineOptions, GenerateRequest};
 use minnow_runtime::device::DeviceRequest;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
 
 /// The output ids and finish reason of every request, submitted all at once.
 fn run_all(engine: &Engine, requests: &[GenerateRequest]) -> Vec<(Vec<u32>, String)> {

@@ -5,18 +5,15 @@
 
 #[path = "support/finished.rs"]
 mod finished;
+#[path = "support/fixtures.rs"]
+mod fixtures;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use finished::run_all;
+use fixtures::fixture;
 use minnow_engine::{DecodeParams, Engine, EngineOptions, GenerateRequest};
 use minnow_runtime::device::DeviceRequest;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
 
 fn engine(dir: &Path, separate_commits: bool) -> Engine {
     let options = EngineOptions {

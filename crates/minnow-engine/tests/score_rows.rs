@@ -8,18 +8,15 @@
 mod best_ids_runner;
 #[path = "support/finished.rs"]
 mod finished;
+#[path = "support/fixtures.rs"]
+mod fixtures;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use best_ids_runner::BestIdsRunner;
+use fixtures::fixture;
 use minnow_engine::{Algorithm, DecodeParams, Engine, EngineOptions, GenerateRequest};
 use minnow_model::cpu::CpuRunner;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
 
 /// Every request's output ids and finish reason, submitted together to an engine of four
 /// parallel requests over the fixture on the CPU runner saying its full logits are cheap (as it

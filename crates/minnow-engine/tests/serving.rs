@@ -2,20 +2,16 @@
 //! (prefix-cached) requests and requests squeezed by a tiny K/V budget all produce exactly the
 //! tokens each request produces alone and cold.
 
-use std::path::PathBuf;
+#[path = "support/fixtures.rs"]
+mod fixtures;
 
+use fixtures::fixture;
 use minnow_engine::{
     Algorithm, DecodeParams, Engine, EngineError, EngineOptions, Event, FinishReason,
     GenerateRequest, GenerationStats,
 };
 use minnow_runtime::device::DeviceRequest;
 use rand::{Rng, SeedableRng};
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
 
 fn engine(name: &str, parallel: usize, kv_cache_bytes: Option<usize>) -> Engine {
     engine_with(

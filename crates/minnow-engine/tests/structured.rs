@@ -9,11 +9,12 @@
 
 #[path = "support/best_ids_runner.rs"]
 mod best_ids_runner;
-
-use std::path::PathBuf;
+#[path = "support/fixtures.rs"]
+mod fixtures;
 
 use best_ids_runner::BestIdsRunner;
 
+use fixtures::fixture;
 use minnow_engine::constraint::OutputConstraint;
 use minnow_engine::{
     Algorithm, DecodeParams, Engine, EngineError, EngineOptions, Event, FinishReason,
@@ -21,12 +22,6 @@ use minnow_engine::{
 };
 use minnow_runtime::device::DeviceRequest;
 use serde_json::{json, Value};
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
 
 fn engine(name: &str, parallel: usize) -> Engine {
     Engine::load(
