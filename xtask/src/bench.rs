@@ -487,10 +487,13 @@ fn step_input(
     step: usize,
     separate: bool,
 ) -> (usize, Vec<u32>, std::ops::Range<usize>) {
+    // Step `step` fixes slots 4 step .. 4 step + 3, so its masked span (the rows a 2.0 step asks
+    // for, as the engine does) starts at slot 4 step.
+    let first = 4 * step;
     if step == 0 && b > 0 && !separate {
-        (pos - 32, [previous, block].concat(), 32..64)
+        (pos - 32, [previous, block].concat(), 32 + first..64)
     } else {
-        (pos, block.to_vec(), 0..32)
+        (pos, block.to_vec(), first..32)
     }
 }
 
@@ -504,8 +507,9 @@ fn schedule_label(separate: bool) -> &'static str {
 }
 
 /// The fixed-schedule decode of requests `members` (indices into `tables`, each prefilled to
-/// `prefix`) in lockstep, one batch per step: 8 blocks of 8 top-1 steps (each fixing 4 positions
-/// with the model's choice), each block's K/V committed as the engine does (see
+/// `prefix`) in lockstep, one batch per step: 8 blocks of 8 top-1 steps (each fixing the next 4
+/// positions with the model's choice, and asking, as the engine asks a 2.0 step, for the rows
+/// from its first masked slot to the block's end), each block's K/V committed as the engine does (see
 /// [`schedule_label`]). Returns each member's 256 generated ids; the
 /// starting blocks depend on the request's index only, so a request decodes the same work alone
 /// as in any batch.
@@ -544,9 +548,10 @@ fn lockstep_decode(
                 .forward_batch(&step(&tables, &segments, start, Want::Top1(rows)))
                 .map_err(err)?;
             for (blk, o) in blocks.iter_mut().zip(out) {
+                // The rows returned start at the step's first masked slot, 4 s.
                 let top = o.into_top1().unwrap_or_default();
-                for (i, (tok, _)) in top.iter().enumerate().skip(s * 4).take(4) {
-                    blk[i] = (*tok).min(149_999);
+                for (i, (tok, _)) in top.iter().enumerate().take(4) {
+                    blk[s * 4 + i] = (*tok).min(149_999);
                 }
             }
         }
@@ -830,9 +835,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     .forward_top1(seq, &input, LogitsRows::Range(rows))
                     .map_err(err)?;
                 forwards += 1;
-                // Fill 4 positions per step with the model's choice (fixed schedule).
-                for (i, (tok, _)) in top.iter().enumerate().skip(step * 4).take(4) {
-                    block[i] = (*tok).min(149_999);
+                // Fill 4 positions per step with the model's choice (fixed schedule; the rows
+                // returned start at the step's first masked slot).
+                for (i, (tok, _)) in top.iter().enumerate().take(4) {
+                    block[step * 4 + i] = (*tok).min(149_999);
                 }
             }
             if o.separate_commits && b + 1 < 8 {

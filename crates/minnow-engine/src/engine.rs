@@ -420,6 +420,7 @@ impl Engine {
             stops: StopTokens::from_ids(tokenizer.stop_token_ids()),
             vocab_size: config.vocab_size,
             full_logits_cheap: runner.full_logits_cheap(),
+            narrow_rows: runner.narrow_rows_pay(),
             draws_rows: runner.draws_rows(),
             merge_commits: !(options.separate_commits
                 || std::env::var("MINNOW_SEPARATE_COMMITS").is_ok_and(|v| v == "1")),

@@ -1,8 +1,9 @@
-//! A 2.0 step reads the scores of its masked slots only, so on a runner whose logits are cheap
-//! (the CPU, whose lm_head runs on the wanted rows alone) each forward asks for the rows from
-//! the block's first to its last mask. Checked through the engine with requests batched
-//! together (greedy and sampled, prompts that end inside a block, merged commits): they decode
-//! exactly the tokens that whole-block forwards give, with fewer rows.
+//! A 2.0 step reads the scores of its masked slots only, so on a runner where fewer rows cost
+//! less (the CPU, whose lm_head runs on the wanted rows alone, and the GPU, whose graphs are keyed
+//! by how many rows a forward wants) each forward asks for the rows from the block's first to its
+//! last mask. Checked through the engine with requests batched together (greedy and sampled,
+//! prompts that end inside a block, merged commits) on a CPU runner that answers as the GPU
+//! runner does: they decode exactly the tokens that whole-block forwards give, with fewer rows.
 
 #[path = "support/best_ids_runner.rs"]
 mod best_ids_runner;
@@ -19,17 +20,17 @@ use minnow_engine::{Algorithm, DecodeParams, Engine, EngineOptions, GenerateRequ
 use minnow_model::cpu::CpuRunner;
 
 /// Every request's output ids and finish reason, submitted together to an engine of four
-/// parallel requests over the fixture on the CPU runner saying its full logits are cheap (as it
-/// is) or not (then the engine asks for whole blocks, as it does of a GPU), and the rows its
-/// forwards asked for.
+/// parallel requests over the fixture on a CPU runner that answers as the GPU runner does,
+/// saying fewer rows cost less (`narrow`) or not (then the engine asks for whole blocks), and
+/// the rows its forwards asked for.
 fn decode(
     dir: &Path,
-    cheap: bool,
+    narrow: bool,
     requests: &[GenerateRequest],
 ) -> (Vec<(Vec<u32>, String)>, usize) {
     let cpu = CpuRunner::load(dir).unwrap();
-    let runner = if cheap {
-        BestIdsRunner::cheap(cpu)
+    let runner = if narrow {
+        BestIdsRunner::narrowing(cpu)
     } else {
         BestIdsRunner::new(cpu)
     };

@@ -39,6 +39,13 @@ pub trait ModelRunner: Send {
     fn full_logits_cheap(&self) -> bool {
         false
     }
+    /// Whether asking a segment for fewer of its rows saves the work of the rows left out (the
+    /// final norm, the lm_head and the scores): true for the CPU, which computes only the rows
+    /// asked for, and for the GPU, whose captured graphs depend on how many rows a forward
+    /// wants, not which. A denoising step then asks only for the slots it reads.
+    fn narrow_rows_pay(&self) -> bool {
+        false
+    }
     /// Whether [`ModelRunner::draw_rows`] draws on the runner's device. When it does not, a
     /// sampling step reads its rows and samples on the host.
     fn draws_rows(&self) -> bool {
@@ -108,6 +115,9 @@ impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
     }
     fn full_logits_cheap(&self) -> bool {
         (**self).full_logits_cheap()
+    }
+    fn narrow_rows_pay(&self) -> bool {
+        (**self).narrow_rows_pay()
     }
     fn draws_rows(&self) -> bool {
         (**self).draws_rows()

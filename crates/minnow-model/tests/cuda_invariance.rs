@@ -8,6 +8,8 @@
 
 mod common;
 
+use std::ops::Range;
+
 use common::{assert_bit_identical, random_checkpoint, Rng};
 use minnow_model::cuda::CudaRunner;
 use minnow_model::{ModelRunner, PageId, Segment, SegmentOutput, Want};
@@ -127,8 +129,9 @@ fn logits(out: SegmentOutput) -> Vec<f32> {
 }
 
 /// A 32-row denoising segment over a 1,024-token prefix gives the same logit bits alone and
-/// inside forwards of 2, 4, 16 and 64 segments mixing denoising blocks at other prefixes,
-/// prefill chunks and K/V-only commits.
+/// inside forwards of 2, 4, 16 and 64 segments mixing denoising blocks at other prefixes (some
+/// asking for a span of their rows, as 2.0 steps do), prefill chunks and K/V-only commits; and
+/// asking for a span of its own rows gives those rows' bits.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_segment_gets_the_same_bits_in_any_batch() {
@@ -141,12 +144,12 @@ fn a_segment_gets_the_same_bits_in_any_batch() {
         let probe_ids = ids(prefix + BLOCK, vocab, &mut rng);
         let probe_pages = pages.take((prefix + BLOCK).div_ceil(BLOCK));
         prefill(&mut runner, &probe_pages, &probe_ids[..prefix], 512);
-        let probe = |runner: &mut CudaRunner, others: &[Segment<'_>]| {
+        let probe = |runner: &mut CudaRunner, others: &[Segment<'_>], rows: Range<usize>| {
             let mut batch = vec![Segment {
                 pages: &probe_pages,
                 start: prefix,
                 ids: &probe_ids[prefix..],
-                want: Want::Logits(0..BLOCK),
+                want: Want::Logits(rows),
             }];
             batch.extend(others.iter().cloned());
             // The probe goes in the middle of the batch, not always first.
@@ -155,7 +158,10 @@ fn a_segment_gets_the_same_bits_in_any_batch() {
             let mut out = runner.forward_batch(&batch).unwrap();
             logits(out.swap_remove(at))
         };
-        let alone = probe(&mut runner, &[]);
+        let alone = probe(&mut runner, &[], 0..BLOCK);
+        // The rows from slot 7 on, as a 2.0 step whose first masked slot is 7 asks for them.
+        let span_start = 7;
+        let span = &alone[span_start * vocab as usize..];
         for others in [1usize, 3, 15, 63] {
             // Other sequences: each with its own prefix already prefilled.
             let mut seqs = Vec::new();
@@ -173,7 +179,8 @@ fn a_segment_gets_the_same_bits_in_any_batch() {
                 let want = match i % 3 {
                     0 => Want::Logits(0..len),
                     1 => Want::Nothing,
-                    _ => Want::Top1(0..len),
+                    // Spans of other lengths: other counts of rows in the lm_head.
+                    _ => Want::Top1((i * 5) % len..len),
                 };
                 seqs.push((seq_pages, pre, seq_ids, want));
             }
@@ -186,11 +193,17 @@ fn a_segment_gets_the_same_bits_in_any_batch() {
                     want: want.clone(),
                 })
                 .collect();
-            let got = probe(&mut runner, &segments);
+            let got = probe(&mut runner, &segments, 0..BLOCK);
             assert_bit_identical(
                 &format!("{name}: probe among {others} others (MINNOW_TEST_SEED={seed})"),
                 &got,
                 &alone,
+            );
+            let got = probe(&mut runner, &segments, span_start..BLOCK);
+            assert_bit_identical(
+                &format!("{name}: probe's span among {others} others (MINNOW_TEST_SEED={seed})"),
+                &got,
+                span,
             );
             println!("{name}: probe among {others} others: bit-identical");
         }

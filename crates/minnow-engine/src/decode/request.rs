@@ -70,9 +70,11 @@ pub struct DecoderContext {
     pub stops: StopTokens,
     pub vocab_size: usize,
     /// The runner's `ModelRunner::full_logits_cheap`: which scores a step asks for
-    /// ([`super::ScoreKind::to_ask`]), and whether a step asks only for the rows it reads
-    /// ([`DecoderContext::rows_to_ask`]).
+    /// ([`super::ScoreKind::to_ask`]).
     pub full_logits_cheap: bool,
+    /// The runner's `ModelRunner::narrow_rows_pay`: whether a step asks only for the rows it
+    /// reads ([`DecoderContext::rows_to_ask`]).
+    pub narrow_rows: bool,
     /// The runner's `ModelRunner::draws_rows`: whether a sampling step's candidates are drawn
     /// on its device.
     pub draws_rows: bool,
@@ -123,13 +125,11 @@ impl PlannedForward {
 
 impl DecoderContext {
     /// The rows of a block whose step asks for `asked` scores: the slots the step reads
-    /// ([`BlockRun::score_rows`]) on a runner whose logits are cheap (the CPU, whose lm_head
-    /// runs on the wanted rows only), every slot elsewhere. A GPU runner keys its captured
-    /// graphs by the rows a forward wants, so a range per step would capture a graph per step;
-    /// best ids and device draws index their rows from slot 0.
+    /// ([`BlockRun::score_rows`]) on a runner where fewer rows cost less (`narrow_rows`), every
+    /// slot elsewhere; best ids and device draws index their rows from slot 0.
     fn rows_to_ask(&self, run: &BlockRun, asked: super::ScoreKind) -> std::ops::Range<usize> {
         use super::ScoreKind::{Logits, Top1};
-        if self.full_logits_cheap && matches!(asked, Logits | Top1) {
+        if self.narrow_rows && matches!(asked, Logits | Top1) {
             run.score_rows()
         } else {
             0..run.tokens().len()
@@ -853,6 +853,7 @@ mod tests {
             stops: StopTokens::new(EOS, Some(5)),
             vocab_size: crate::decode::testing::VOCAB,
             full_logits_cheap: false,
+            narrow_rows: false,
             draws_rows: false,
             merge_commits: true,
         }

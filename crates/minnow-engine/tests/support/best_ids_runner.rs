@@ -2,9 +2,9 @@
 //! A CPU runner that says its full logits are not cheap, as the GPU's are not: steps that can
 //! then read each row's best ids (`Want::TopK`) ask for those instead of full logits, as they do
 //! on the GPU, and ask for whole blocks. Made to draw rows (`BestIdsRunner::drawing`), it answers
-//! sampling steps' device draws as the GPU does, with the host samplers; made cheap
-//! (`BestIdsRunner::cheap`), it says what the plain CPU runner says. It counts which kinds of
-//! scores its forwards returned, and their rows.
+//! sampling steps' device draws as the GPU does, with the host samplers; made narrowing
+//! (`BestIdsRunner::narrowing`), it says fewer rows cost less, as the GPU does, and steps ask for
+//! the rows they read. It counts which kinds of scores its forwards returned, and their rows.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -57,8 +57,8 @@ pub struct BestIdsRunner {
     pub counts: Arc<WantCounts>,
     /// Whether it answers `draw_rows`.
     pub draws: bool,
-    /// What `full_logits_cheap` says.
-    pub cheap: bool,
+    /// What `narrow_rows_pay` says.
+    pub narrow: bool,
 }
 
 impl BestIdsRunner {
@@ -67,14 +67,14 @@ impl BestIdsRunner {
             cpu,
             counts: Arc::default(),
             draws: false,
-            cheap: false,
+            narrow: false,
         }
     }
 
-    /// The runner that says its full logits are cheap, as the plain CPU runner does.
-    pub fn cheap(cpu: CpuRunner) -> Self {
+    /// The runner that says fewer rows cost less, as the GPU runner does.
+    pub fn narrowing(cpu: CpuRunner) -> Self {
         Self {
-            cheap: true,
+            narrow: true,
             ..Self::new(cpu)
         }
     }
@@ -123,8 +123,8 @@ impl ModelRunner for BestIdsRunner {
         self.counts.rows.fetch_add(1, Ordering::Relaxed);
         self.cpu.logits_row(segment, row)
     }
-    fn full_logits_cheap(&self) -> bool {
-        self.cheap
+    fn narrow_rows_pay(&self) -> bool {
+        self.narrow
     }
     fn draws_rows(&self) -> bool {
         self.draws

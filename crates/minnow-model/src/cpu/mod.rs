@@ -317,4 +317,9 @@ impl ModelRunner for CpuRunner {
     fn full_logits_cheap(&self) -> bool {
         true
     }
+
+    /// The final norm and the lm_head run on the wanted rows only.
+    fn narrow_rows_pay(&self) -> bool {
+        true
+    }
 }

@@ -17,33 +17,82 @@ pub(crate) enum WantKind {
     TopK,
 }
 
-/// The shape of a batched forward: every segment's length and wanted rows. Everything the queued
-/// launches depend on (grids, offsets into the metadata buffer) follows from it, so it is the key
-/// of a captured graph; positions, block tables and ids travel in the metadata buffer.
+/// The shape of a batched forward: every segment's length and what it wants, and how many rows
+/// the lm_head runs on. Everything the queued launches depend on (grids, offsets into the
+/// metadata buffer) follows from it, so it is the key of a captured graph; positions, block
+/// tables, ids and which rows the lm_head reads travel in the metadata buffer. So a denoising
+/// step that asks for a span of its block (the slots still masked) shares its graph with every
+/// step whose spans add up to the same [`head_bucket`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct BatchShape {
-    /// (tokens, wanted rows, what they want) per segment.
-    pub segments: Vec<(usize, std::ops::Range<usize>, WantKind)>,
+    /// (tokens, what its wanted rows want) per segment.
+    pub segments: Vec<(usize, WantKind)>,
+    /// The batch rows the lm_head reads when they are whole segments one after another (no
+    /// gather).
+    pub head_run: Option<std::ops::Range<usize>>,
+    /// Rows the lm_head runs on: the run's, else the wanted rows of every segment rounded up
+    /// by [`head_bucket`] (the extra rows repeat row 0 and are never read).
+    pub head_rows: usize,
     /// Fixed-position attention splits the longest key range needs (batch-invariant mode; the
     /// launch grid depends on it, so it is part of a captured graph's key).
     pub key_chunks: usize,
 }
 
+/// Rows the lm_head runs on for `wanted` gathered rows: 32 up to 32, 64 up to 64, else the next
+/// multiple of 64. A batch of denoising steps at different points of their blocks asks for a
+/// different number of rows at nearly every step; without the rounding each count would capture
+/// a graph of its own. Below 64 rows the lm_head streams its weights in the same time whatever the
+/// count, so one request's shrinking span keeps one graph. A row's logits do not depend on the
+/// rows beside it (the planned lm_head sums each row in one order), so the padding changes no
+/// bits.
+pub(crate) fn head_bucket(wanted: usize) -> usize {
+    wanted.next_multiple_of(if wanted <= 32 { 32 } else { 64 })
+}
+
 impl BatchShape {
     pub fn of(segments: &[Segment<'_>]) -> Self {
+        let mut run: Option<std::ops::Range<usize>> = None;
+        let mut contiguous = true;
+        let (mut row0, mut wanted) = (0, 0);
+        let kinds = segments
+            .iter()
+            .map(|s| {
+                let rows = s.want.rows();
+                let at = row0 + rows.start..row0 + rows.end;
+                row0 += s.ids.len();
+                if rows.is_empty() {
+                    // A segment asking for no rows asks the forward for nothing.
+                    return (s.ids.len(), WantKind::Nothing);
+                }
+                wanted += rows.len();
+                // Only whole segments make a run: a span of a segment is gathered, so that its
+                // graph depends on its row count alone (a run's range is part of the key).
+                run = match run.take() {
+                    _ if rows.len() != s.ids.len() => {
+                        contiguous = false;
+                        None
+                    }
+                    None => Some(at),
+                    Some(r) if r.end == at.start => Some(r.start..at.end),
+                    Some(_) => {
+                        contiguous = false;
+                        None
+                    }
+                };
+                let kind = match s.want {
+                    Want::Nothing => WantKind::Nothing,
+                    Want::Logits(_) => WantKind::Logits,
+                    Want::Top1(_) => WantKind::Top1,
+                    Want::TopK(_) => WantKind::TopK,
+                };
+                (s.ids.len(), kind)
+            })
+            .collect();
+        let head_run = run.filter(|_| contiguous);
         Self {
-            segments: segments
-                .iter()
-                .map(|s| {
-                    let kind = match s.want {
-                        Want::Nothing => WantKind::Nothing,
-                        Want::Logits(_) => WantKind::Logits,
-                        Want::Top1(_) => WantKind::Top1,
-                        Want::TopK(_) => WantKind::TopK,
-                    };
-                    (s.ids.len(), s.want.rows(), kind)
-                })
-                .collect(),
+            segments: kinds,
+            head_rows: head_run.as_ref().map_or(head_bucket(wanted), |r| r.len()),
+            head_run,
             key_chunks: segments
                 .iter()
                 .map(|s| (s.start + s.ids.len()).div_ceil(ops::attention_chunk_keys()))
@@ -65,9 +114,10 @@ impl BatchShape {
 #[derive(Clone, Debug)]
 pub(crate) struct Layout {
     pub tokens: usize,
-    /// Batch rows that need the lm_head, in batch order (segment by segment).
-    pub head_rows: Vec<u32>,
-    /// The same rows when they are one contiguous run (no gather needed).
+    /// Rows the lm_head runs on ([`BatchShape::head_rows`]); which batch rows they are is in the
+    /// metadata ([`Layout::fill`]).
+    pub head_rows: usize,
+    /// Those rows when they are one contiguous run of the batch (no gather needed).
     pub head_range: Option<std::ops::Range<usize>>,
     pub logits: bool,
     pub top1: bool,
@@ -99,37 +149,29 @@ impl Layout {
     pub fn new(c: &Config, shape: &BatchShape) -> Self {
         let lens: Vec<usize> = shape.segments.iter().map(|s| s.0).collect();
         let tokens: usize = lens.iter().sum();
-        let mut head_rows = Vec::new();
         let (mut logits, mut top1, mut topk) = (false, false, false);
         let mut row0 = 0;
         let mut blocks = Vec::new();
-        for (n, rows, kind) in &shape.segments {
+        for &(n, kind) in &shape.segments {
             match kind {
                 WantKind::Nothing => {}
-                WantKind::Logits => logits |= !rows.is_empty(),
-                WantKind::Top1 => top1 |= !rows.is_empty(),
-                WantKind::TopK => topk |= !rows.is_empty(),
+                WantKind::Logits => logits = true,
+                WantKind::Top1 => top1 = true,
+                WantKind::TopK => topk = true,
             }
-            if *kind != WantKind::Nothing {
-                head_rows.extend(rows.clone().map(|r| (row0 + r) as u32));
-            }
-            for b0 in (0..*n).step_by(c.block_size.max(1)) {
+            for b0 in (0..n).step_by(c.block_size.max(1)) {
                 blocks.push([(row0 + b0) as i32, (c.block_size.min(n - b0)) as i32]);
             }
             row0 += n;
         }
-        let head_range = match (head_rows.first(), head_rows.last()) {
-            (Some(&a), Some(&b)) if (b - a) as usize + 1 == head_rows.len() => {
-                Some(a as usize..b as usize + 1)
-            }
-            _ => None,
-        };
+        let head_rows = shape.head_rows;
+        let head_range = shape.head_run.clone();
         let tiles = ops::attention_tiles(&attention_shape(c), &lens);
         let wide_tiles = ops::attention_wide_tiles(&attention_shape(c), &lens);
         let off_pos = align4(tokens);
         let off_slot = off_pos + align4(tokens);
         let off_head = off_slot + align4(tokens);
-        let off_segs = off_head + align4(head_rows.len());
+        let off_segs = off_head + align4(head_rows);
         let off_tiles = off_segs + 4 * lens.len();
         let off_wide_tiles = off_tiles + align4(2 * tiles.len());
         let off_blocks = off_wide_tiles + align4(2 * wide_tiles.len());
@@ -184,7 +226,20 @@ impl Layout {
             table_off += pages.len();
             row += s.ids.len();
         }
-        m[self.off_head..self.off_head + self.head_rows.len()].copy_from_slice(&self.head_rows);
+        // The wanted rows, segment by segment; the rows the bucket adds repeat row 0.
+        let mut at = self.off_head;
+        let mut row0 = 0;
+        for s in segments {
+            for r in s.want.rows() {
+                m[at] = (row0 + r) as u32;
+                at += 1;
+            }
+            row0 += s.ids.len();
+        }
+        debug_assert!(
+            at <= self.off_head + self.head_rows,
+            "the bucket holds the wanted rows"
+        );
         for (off, tiles) in [
             (self.off_tiles, &self.tiles),
             (self.off_wide_tiles, &self.wide_tiles),
@@ -233,5 +288,122 @@ impl Meta {
                 count: l.blocks.len(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        let text = include_str!("../../../../tests/fixtures/llada2-tiny-v20/config.json");
+        Config::from_json_str(text, std::path::Path::new("config.json")).unwrap()
+    }
+
+    const PAGES: [u32; 4] = [3, 1, 2, 0];
+    const IDS: [u32; 64] = [7; 64];
+
+    /// A segment of `n` ids after a 32-token prefix, wanting `want`.
+    fn segment(n: usize, want: Want) -> Segment<'static> {
+        Segment {
+            pages: &PAGES,
+            start: 32,
+            ids: &IDS[..n],
+            want,
+        }
+    }
+
+    #[test]
+    fn gathered_rows_round_up_to_32_then_64_then_multiples_of_64() {
+        let buckets: Vec<usize> = [0, 1, 27, 32, 33, 64, 65, 128, 129]
+            .into_iter()
+            .map(head_bucket)
+            .collect();
+        assert_eq!(buckets, [0, 32, 32, 32, 64, 64, 128, 128, 192]);
+    }
+
+    #[test]
+    fn denoising_steps_whose_spans_fill_the_same_bucket_share_a_graph() {
+        // 28 + 22 + 32 = 82 and 32 + 32 + 12 = 76 wanted rows: both 128 lm_head rows.
+        let a = BatchShape::of(&[
+            segment(32, Want::Top1(4..32)),
+            segment(32, Want::Top1(10..32)),
+            segment(32, Want::Top1(0..32)),
+        ]);
+        let b = BatchShape::of(&[
+            segment(32, Want::Top1(0..32)),
+            segment(32, Want::Top1(0..32)),
+            segment(32, Want::Top1(20..32)),
+        ]);
+        assert_eq!(a, b);
+        assert_eq!(a.head_rows, 128);
+        assert_eq!(a.head_run, None);
+        // One segment's span is gathered too, into 32 rows whatever its count.
+        let alone = BatchShape::of(&[segment(32, Want::Top1(5..32))]);
+        assert_eq!((alone.head_run.clone(), alone.head_rows), (None, 32));
+        assert_eq!(alone, BatchShape::of(&[segment(32, Want::Top1(30..32))]));
+        // Spans of one count share a graph wherever they start.
+        assert_eq!(
+            BatchShape::of(&[segment(32, Want::Top1(5..28))]),
+            BatchShape::of(&[segment(32, Want::Top1(9..32))])
+        );
+    }
+
+    #[test]
+    fn wanted_rows_next_to_each_other_are_one_run_without_padding() {
+        let shape = BatchShape::of(&[
+            segment(32, Want::Nothing),
+            segment(32, Want::Top1(0..32)),
+            segment(32, Want::Top1(0..32)),
+            segment(32, Want::Top1(0..32)),
+        ]);
+        assert_eq!(shape.head_run, Some(32..128));
+        assert_eq!(shape.head_rows, 96);
+        let layout = Layout::new(&config(), &shape);
+        assert_eq!(layout.head_range, Some(32..128));
+        // A segment asking for nothing between two whole ones breaks the run.
+        let broken = BatchShape::of(&[
+            segment(32, Want::Top1(0..32)),
+            segment(32, Want::Nothing),
+            segment(32, Want::Top1(0..32)),
+        ]);
+        assert_eq!(broken.head_run, None);
+        assert_eq!(broken.head_rows, head_bucket(64));
+    }
+
+    #[test]
+    fn a_segment_asking_for_no_rows_asks_the_forward_for_nothing() {
+        let shape = BatchShape::of(&[
+            segment(32, Want::Logits(5..5)),
+            segment(32, Want::Top1(0..32)),
+        ]);
+        assert_eq!(shape.segments[0].1, WantKind::Nothing);
+        let layout = Layout::new(&config(), &shape);
+        assert!(!layout.logits && layout.top1);
+        assert_eq!(layout.head_range, Some(32..64));
+    }
+
+    #[test]
+    fn the_metadata_lists_the_wanted_rows_in_batch_order_and_pads_with_row_zero() {
+        let c = config();
+        let segments = [
+            segment(64, Want::Top1(36..64)),
+            segment(32, Want::Top1(4..32)),
+            segment(32, Want::Top1(30..32)),
+            segment(32, Want::Top1(20..32)),
+        ];
+        let shape = BatchShape::of(&segments);
+        // 28 + 28 + 2 + 12 = 70 wanted rows: 128 lm_head rows.
+        assert_eq!(shape.head_rows, 128);
+        let layout = Layout::new(&c, &shape);
+        let meta = layout.fill(&c, &segments);
+        let head = &meta[layout.off_head..layout.off_head + layout.head_rows];
+        let want: Vec<u32> = (36..64)
+            .chain(64 + 4..64 + 32)
+            .chain(96 + 30..96 + 32)
+            .chain(128 + 20..128 + 32)
+            .collect();
+        assert_eq!(&head[..70], &want[..]);
+        assert!(head[70..].iter().all(|&r| r == 0));
     }
 }

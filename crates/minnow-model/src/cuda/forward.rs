@@ -33,7 +33,7 @@ pub(crate) fn queue_forward(
 ) -> CudaResult<()> {
     let t = layout.tokens;
     let m = Meta::new(meta, layout);
-    let wants_head = !layout.head_rows.is_empty();
+    let wants_head = layout.head_rows > 0;
     let profiling = prof.is_some();
     let mut mark = |label: &'static str| -> CudaResult<()> {
         match prof.as_deref_mut() {
@@ -311,7 +311,7 @@ pub(crate) fn queue_forward(
     if !wants_head {
         return Ok(());
     }
-    let rows = layout.head_rows.len();
+    let rows = layout.head_rows;
     // The final-normed rows that need logits: one contiguous run of `a`, or gathered.
     let (start, normed_rows) = match &layout.head_range {
         Some(r) => (r.start, r.len()),

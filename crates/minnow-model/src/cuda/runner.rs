@@ -60,6 +60,10 @@ pub struct CudaRunner {
     use_graphs: bool,
     /// Where the latest forward's `Want::TopK` rows are in the workspace's logits.
     topk_rows: TopKRows,
+    /// The latest forward's lm_head rows (`Layout::head_rows`: its wanted rows, rounded up to
+    /// the graph's bucket when gathered): the row pitch of its top-1 and best-ids outputs, which
+    /// store ids first and then the scores, `head_rows` apart.
+    head_rows: usize,
     gpu: Gpu,
 }
 
@@ -200,6 +204,7 @@ impl CudaRunner {
             config,
             use_graphs,
             topk_rows: TopKRows::default(),
+            head_rows: 0,
             gpu,
         })
     }
@@ -277,7 +282,8 @@ impl CudaRunner {
         let layout = Layout::new(&self.config, &shape);
         let meta = layout.fill(&self.config, segments);
         let t = layout.tokens;
-        let rows = layout.head_rows.len();
+        let rows = layout.head_rows;
+        self.head_rows = rows;
         let gpu = &self.gpu;
         // Batch-invariant attention keeps a partial per (token, fixed-position key split) when it
         // runs a CTA per chunk; one CTA per tile keeps none.
@@ -360,7 +366,7 @@ impl CudaRunner {
         layout: &Layout,
     ) -> Result<Vec<SegmentOutput>> {
         let ws = &self.workspace;
-        let rows = layout.head_rows.len();
+        let rows = layout.head_rows;
         let v = self.config.vocab_size;
         let (mut tokens, mut conf) = (Vec::new(), Vec::new());
         if layout.top1 || layout.topk {
@@ -482,6 +488,12 @@ impl ModelRunner for CudaRunner {
         self.run_batch(segments, None, None)
     }
 
+    /// The lm_head runs on the wanted rows only, and a graph is keyed by how many there are
+    /// (`BatchShape::head_rows`), not which.
+    fn narrow_rows_pay(&self) -> bool {
+        true
+    }
+
     fn draws_rows(&self) -> bool {
         self.config.vocab_size <= ops::DRAW_MAX_VOCAB
     }
@@ -493,7 +505,10 @@ impl ModelRunner for CudaRunner {
         if draws.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = self.topk_rows.total();
+        // The forward wrote its best ids and their logits, and its top-1 ids and confidences,
+        // `head_rows` apart: the padded count, which exceeds the wanted rows when a gathered
+        // batch is rounded up to its bucket.
+        let rows = self.head_rows;
         let mut params = Vec::with_capacity(draws.len() * ops::DRAW_PARAM_WORDS);
         for d in draws {
             let at = self.topk_rows.index(d.segment, d.row)?;
@@ -514,7 +529,7 @@ impl ModelRunner for CudaRunner {
         let ws = &self.workspace;
         if draws.len() > ws.draw_out.len() / 2 {
             return Err(ModelError::InvalidInput(format!(
-                "{} draws from a forward of {rows} wanted rows",
+                "{} draws from a forward of {rows} lm_head rows",
                 draws.len()
             )));
         }

@@ -48,6 +48,7 @@ fn sequence(id: u64, prompt_len: usize, max_new: usize) -> NewSequence {
             stops: StopTokens::new(6, Some(5)),
             vocab_size: VOCAB,
             full_logits_cheap: false,
+            narrow_rows: false,
             draws_rows: false,
             merge_commits: true,
         },
