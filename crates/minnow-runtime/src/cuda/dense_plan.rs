@@ -74,7 +74,7 @@ const L2_FLUSH_BYTES: usize = 256 << 20;
 const COMPARED_ROWS: usize = 64;
 
 /// Plans the dense GEMMs of `shapes` for every row bucket up to `max_rows`: for each bucket the
-/// fastest of minnow's own kernel and up to four cuBLASLt algorithms that sum K in one pass,
+/// fastest of minnow's own kernel and the first few cuBLASLt algorithms (`Tuning::lt_candidates`) that sum K in one pass,
 /// keeping a cuBLASLt algorithm only when its output on a random probe of the bucket's height is
 /// bit-identical to minnow's kernel (so a row's bits never depend on which one ran). Returns
 /// one line per shape for the load log. Must run outside graph capture (it synchronizes).
@@ -93,6 +93,7 @@ pub fn plan_dense_gemms(
         .copied()
         .take_while(|&b| b < max_rows.max(1) * 2)
         .collect();
+    let candidates = super::tuning::tuning().lt_candidates;
     let mut report = Vec::new();
     let l2_flush = gpu.alloc::<half::bf16>(L2_FLUSH_BYTES / 2)?;
     for shape in shapes {
@@ -143,7 +144,7 @@ pub fn plan_dense_gemms(
             let own_ms = time(&|| ops::own_dense_gemm(gpu, x.ptr(), shape.w, y.ptr(), m, n, k))?;
             let want = ends(m)?;
             let mut best: (f32, Option<LtAlgo>) = (own_ms, None);
-            for algo in lt.candidates(m, n, k, 4)? {
+            for algo in lt.candidates(m, n, k, candidates)? {
                 if !algo.config.sums_k_in_one_pass() {
                     continue;
                 }
@@ -162,10 +163,10 @@ pub fn plan_dense_gemms(
                     best = (ms, Some(algo));
                 }
             }
-            summary.push(format!(
-                "{m}:{}",
-                if best.1.is_some() { "lt" } else { "own" }
-            ));
+            summary.push(match &best.1 {
+                Some(algo) => format!("{m}:lt(tile {})", algo.config.tile),
+                None => format!("{m}:own"),
+            });
             plans.push(best.1);
         }
         lt.set_plans(n, k, plans);

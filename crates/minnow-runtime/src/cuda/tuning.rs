@@ -158,6 +158,10 @@ pub struct Tuning {
     /// Planned cuBLASLt algorithms run dense GEMMs of at least this many rows; fewer rows take
     /// minnow's kernel (same bits either way): `MINNOW_DENSE_LT_MIN_ROWS`.
     pub dense_lt_min_rows: usize,
+    /// cuBLASLt algorithms the dense GEMM planner times per row bucket, of those its heuristic
+    /// offers, fastest first (`MINNOW_LT_CANDIDATES`, 1 to 32): more finds a faster algorithm
+    /// that sums in minnow's order where the first few tile the output badly, at a longer load.
+    pub lt_candidates: usize,
     /// FP8 (`fp8_e4m3_b128`) experts multiply E4M3 activations on FP8 tensor cores
     /// (`MINNOW_FP8_ACTIVATIONS=1`, Hopper): every row's expert inputs are quantized per group
     /// of columns first, which changes the bits (for every row alike, so invariance holds).
@@ -196,6 +200,7 @@ impl Default for Tuning {
             route_shared: true,
             router_staged: true,
             dense_lt_min_rows: 0,
+            lt_candidates: 4,
             fp8_activations: false,
         }
     }
@@ -273,6 +278,8 @@ pub fn tuning() -> &'static Tuning {
                 .map_or(d.router_staged, |v| v == 1),
             dense_lt_min_rows: env_usize("MINNOW_DENSE_LT_MIN_ROWS", |_| true)
                 .unwrap_or(d.dense_lt_min_rows),
+            lt_candidates: env_usize("MINNOW_LT_CANDIDATES", |v| (1..=32).contains(&v))
+                .unwrap_or(d.lt_candidates),
             fp8_activations: env_usize("MINNOW_FP8_ACTIVATIONS", |v| v <= 1)
                 .map_or(d.fp8_activations, |v| v == 1),
         }
