@@ -14,8 +14,8 @@ use rand::rngs::StdRng;
 
 use super::constrained::Constrained;
 use super::{
-    has_control_tokens, BlockAlgorithm, BlockLogits, ControlTokens, DrawPlan, DrawnScores, ReadRow,
-    RowReader, RunnerRows, ScoreKind, StepOutcome, StepScores, Top1Rows,
+    has_control_tokens, BestIds, BlockAlgorithm, BlockLogits, ControlTokens, DrawPlan, DrawnScores,
+    ReadRow, RowReader, RunnerRows, ScoreKind, StepOutcome, StepScores, Top1Rows,
 };
 use crate::sampling::Candidate;
 
@@ -208,14 +208,16 @@ impl BlockRun {
                         return self.apply_drawn(top, &plan, &draws, read_row, rng);
                     }
                 }
-                match (0..top.rows())
+                // The rows the forward returned: a step's masked span, or the whole block.
+                match top
+                    .slots()
                     .map(|p| read_row.row(p))
                     .collect::<Result<Vec<_>, _>>()
                 {
                     Ok(rows) => {
                         let vocab = rows.first().map_or(0, Vec::len);
                         full_rows = rows.concat();
-                        StepScores::Logits(BlockLogits::new(&full_rows, vocab))
+                        StepScores::Logits(BlockLogits::from_slot(&full_rows, vocab, top.first))
                     }
                     Err(e) => return self.fail(format!("reading a row's full logits: {e}")),
                 }
@@ -248,7 +250,7 @@ impl BlockRun {
     /// device (the block is final, constrained, greedy, or its best ids answer it).
     pub fn take_device_draws(
         &mut self,
-        top: &minnow_model::TopK,
+        top: BestIds<'_>,
         rng: &mut StdRng,
     ) -> Option<Vec<RowDraw>> {
         if self.state == BlockState::Final
@@ -275,7 +277,7 @@ impl BlockRun {
     /// reading a row in full only for a re-pick.
     fn apply_drawn(
         &mut self,
-        top: &minnow_model::TopK,
+        top: BestIds<'_>,
         plan: &DrawPlan,
         draws: &[RowDraw],
         read_row: &mut ReadRow<'_>,
@@ -405,7 +407,7 @@ impl BlockRun {
                 };
                 check_scores(top.rows(), n)?;
                 let mut rows = RunnerRows::new(runner.runner_mut(), 0);
-                self.apply(StepScores::TopK(&top), &mut rows, rng)
+                self.apply(StepScores::TopK(BestIds::new(&top)), &mut rows, rng)
             }
         })
     }
@@ -533,7 +535,7 @@ mod tests {
         fn samples(&self) -> bool {
             self.0.samples()
         }
-        fn best_ids_answer(&self, top: &minnow_model::TopK) -> bool {
+        fn best_ids_answer(&self, top: BestIds<'_>) -> bool {
             self.0.best_ids_answer(top)
         }
     }
@@ -720,7 +722,7 @@ mod tests {
                 Ok(rows[r].clone())
             };
             let scores = if best {
-                StepScores::TopK(&top)
+                StepScores::TopK(BestIds::new(&top))
             } else {
                 StepScores::Logits(BlockLogits::new(&flat, 100))
             };

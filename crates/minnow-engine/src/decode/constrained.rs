@@ -387,7 +387,7 @@ mod tests {
         let top = top_k_of_rows(l, V);
         let mut from_top = new.to_vec();
         let mut read_row = |p: usize| Ok(l[p * V..(p + 1) * V].to_vec());
-        let scores = StepScores::TopK(&top);
+        let scores = StepScores::TopK(crate::decode::BestIds::new(&top));
         twin.enforce(old, &mut from_top, scores, &mut read_row, &mut rng, forced)
             .unwrap();
         assert_eq!(

@@ -210,7 +210,7 @@ impl BlockAlgorithm for Indel {
     }
 
     /// Best ids answer a greedy step only: a sampling one draws from whole rows.
-    fn best_ids_answer(&self, _top: &minnow_model::TopK) -> bool {
+    fn best_ids_answer(&self, _top: super::BestIds<'_>) -> bool {
         self.greedy()
     }
 

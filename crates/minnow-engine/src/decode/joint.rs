@@ -122,7 +122,7 @@ impl BlockAlgorithm for Joint {
         !self.sampler.0.is_greedy()
     }
 
-    fn best_ids_answer(&self, top: &minnow_model::TopK) -> bool {
+    fn best_ids_answer(&self, top: super::BestIds<'_>) -> bool {
         super::official_best_ids_answer(&self.sampler, top)
     }
 

@@ -125,6 +125,48 @@ impl<'a> Top1Rows<'a> {
     }
 }
 
+/// A forward's best ids ([`Want::TopK`]: each row's top-1 pair and its best ids with their
+/// logits) for the block slots from `first` on (see [`BlockLogits::first`]).
+#[derive(Clone, Copy, Debug)]
+pub struct BestIds<'a> {
+    pub top: &'a TopK,
+    pub first: usize,
+}
+
+impl<'a> BestIds<'a> {
+    /// Every slot's best ids, from slot 0.
+    pub fn new(top: &'a TopK) -> Self {
+        Self::from_slot(top, 0)
+    }
+
+    /// The best ids of the slots from `first` on.
+    pub fn from_slot(top: &'a TopK, first: usize) -> Self {
+        Self { top, first }
+    }
+
+    /// The block slots whose rows the forward returned.
+    pub fn slots(&self) -> std::ops::Range<usize> {
+        self.first..self.first + self.top.rows()
+    }
+
+    /// Whether each row holds fewer ids than the whole vocabulary's `TOP_K` (so a sampler's
+    /// filters may keep ids it does not hold).
+    pub fn cut_short(&self) -> bool {
+        self.top.k < TOP_K
+    }
+
+    /// Slot `p`'s best ids, largest logit first; panics, naming the slot, outside the rows
+    /// returned.
+    pub fn row(&self, p: usize) -> &'a [(u32, f32)] {
+        self.top.row(returned_row(p, self.first, self.top.rows()))
+    }
+
+    /// Slot `p`'s (argmax, probability); panics, naming the slot, outside the rows returned.
+    pub fn top1(&self, p: usize) -> (u32, f32) {
+        self.top.top1[returned_row(p, self.first, self.top.rows())]
+    }
+}
+
 /// What a denoising forward must return for the algorithm's next step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScoreKind {
@@ -179,7 +221,7 @@ pub enum StepScores<'a> {
     /// Per slot `(argmax token, its full-vocabulary softmax probability)`.
     Top1(Top1Rows<'a>),
     /// Per slot the top-1 pair and the best ids.
-    TopK(&'a TopK),
+    TopK(BestIds<'a>),
     /// Best ids and the candidates the runner drew on its device.
     Drawn(DrawnScores<'a>),
 }
@@ -189,7 +231,7 @@ pub enum StepScores<'a> {
 /// rows in full on demand (a 2.2 re-pick with banned ids reads its row).
 #[derive(Clone, Copy)]
 pub struct DrawnScores<'a> {
-    pub top: &'a TopK,
+    pub top: BestIds<'a>,
     /// Per block slot.
     pub candidates: &'a [Option<Candidate>],
     pub rows: &'a dyn LazyRows,
@@ -198,7 +240,7 @@ pub struct DrawnScores<'a> {
 impl std::fmt::Debug for DrawnScores<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DrawnScores")
-            .field("top", self.top)
+            .field("top", &self.top)
             .field("candidates", &self.candidates)
             .finish_non_exhaustive()
     }
@@ -423,7 +465,7 @@ impl<'a> StepScores<'a> {
                 Candidate { token, confidence }
             }
             StepScores::TopK(top) if sampler.0.is_greedy() => {
-                let (token, confidence) = top.top1[p];
+                let (token, confidence) = top.top1(p);
                 Candidate { token, confidence }
             }
             StepScores::Drawn(drawn) => drawn.candidates[p]
@@ -442,7 +484,7 @@ impl<'a> StepScores<'a> {
     /// other scores.
     pub fn official_from_best(&self, p: usize, sampler: &OfficialSampler) -> Option<OfficialRow> {
         match self {
-            StepScores::TopK(top) => sampler.prepare_best(top.row(p), top.k < TOP_K),
+            StepScores::TopK(top) => sampler.prepare_best(top.row(p), top.cut_short()),
             _ => None,
         }
     }
@@ -490,7 +532,7 @@ impl<'a> StepScores<'a> {
         let (token, confidence) = match self {
             StepScores::Logits(logits) => minnow_model::runner::top1(logits.row(p)),
             StepScores::Top1(pairs) => pairs.get(p),
-            StepScores::TopK(top) | StepScores::Drawn(DrawnScores { top, .. }) => top.top1[p],
+            StepScores::TopK(top) | StepScores::Drawn(DrawnScores { top, .. }) => top.top1(p),
         };
         Candidate { token, confidence }
     }
@@ -511,7 +553,7 @@ impl<'a> StepScores<'a> {
                 let row = top.row(p);
                 let logit = row.iter().find(|(id, _)| *id == token).map(|&(_, z)| z);
                 // The best ids come largest first: the first is the argmax.
-                (logit, row.first().map_or(0.0, |&(_, z)| z), top.top1[p].1)
+                (logit, row.first().map_or(0.0, |&(_, z)| z), top.top1(p).1)
             }
             StepScores::Drawn(DrawnScores { top, rows, .. }) => {
                 // A drawn token need not be a best id: its logit then comes from the row.
@@ -521,7 +563,7 @@ impl<'a> StepScores<'a> {
                     .find(|(id, _)| *id == token)
                     .map(|&(_, z)| z)
                     .or_else(|| rows.logit(p, token));
-                (logit, best.first().map_or(0.0, |&(_, z)| z), top.top1[p].1)
+                (logit, best.first().map_or(0.0, |&(_, z)| z), top.top1(p).1)
             }
             StepScores::Top1(_) => panic!("top-1 pairs hold no other token's probability"),
         };
@@ -609,7 +651,7 @@ pub trait BlockAlgorithm: Send {
 
     /// Whether best ids the step asked for ([`ScoreKind::TopK`]) answer it; if not, the block
     /// loop reads the rows in full and hands the step full logits instead.
-    fn best_ids_answer(&self, _top: &TopK) -> bool {
+    fn best_ids_answer(&self, _top: BestIds<'_>) -> bool {
         true
     }
 
@@ -660,12 +702,14 @@ pub fn official_device_draws(sampler: &OfficialSampler, slots: Vec<usize>) -> Op
     })
 }
 
-/// Whether a step's best ids answer the official sampler at every row (2.0 and 2.1's
+/// Whether a step's best ids answer the official sampler at every row returned (2.0 and 2.1's
 /// [`BlockAlgorithm::best_ids_answer`]): always when it is greedy (it reads the top-1 pairs),
 /// else when each row's best ids hold its filters' survivors.
-pub fn official_best_ids_answer(sampler: &OfficialSampler, top: &TopK) -> bool {
+pub fn official_best_ids_answer(sampler: &OfficialSampler, top: BestIds<'_>) -> bool {
     sampler.0.is_greedy()
-        || (0..top.rows()).all(|p| sampler.best_ids_answer(top.row(p), top.k < TOP_K))
+        || top
+            .slots()
+            .all(|p| sampler.best_ids_answer(top.row(p), top.cut_short()))
 }
 
 /// The forced cleanup shared by 2.0 and 2.1 (they have no cleanup round of their own): every
@@ -730,6 +774,20 @@ mod tests {
         }
         assert!(std::panic::catch_unwind(|| top1.get(0)).is_err());
         assert!(std::panic::catch_unwind(|| top1.get(3)).is_err());
+        // Best ids of slots 2 and 3 (two ids a row).
+        let top = TopK {
+            k: 2,
+            entries: vec![(4, 3.0), (1, 2.0), (6, 1.5), (0, 1.0)],
+            top1: vec![(4, 0.6), (6, 0.4)],
+        };
+        let best = BestIds::from_slot(&top, 2);
+        assert_eq!(best.slots(), 2..4);
+        assert_eq!(best.row(3), &[(6, 1.5), (0, 1.0)]);
+        assert_eq!(best.top1(2), (4, 0.6));
+        for p in [1, 4] {
+            assert!(std::panic::catch_unwind(|| best.row(p)).is_err());
+            assert!(std::panic::catch_unwind(|| best.top1(p)).is_err());
+        }
     }
 
     #[test]
@@ -857,12 +915,12 @@ mod tests {
             let full = full_scores(&logits);
             for p in 0..3 {
                 assert_eq!(
-                    StepScores::TopK(&top).best_excluding(p, &banned),
+                    StepScores::TopK(BestIds::new(&top)).best_excluding(p, &banned),
                     full.best_excluding(p, &banned)
                 );
                 let greedy = OfficialSampler(SamplerSettings::GREEDY);
                 assert_eq!(
-                    StepScores::TopK(&top).official_candidate(p, &greedy, &mut rng),
+                    StepScores::TopK(BestIds::new(&top)).official_candidate(p, &greedy, &mut rng),
                     full.official_candidate(p, &greedy, &mut rng)
                 );
             }
@@ -882,9 +940,13 @@ mod tests {
                 let top = minnow_model::runner::top_k_of_rows(&logits, vocab);
                 let full = StepScores::Logits(BlockLogits::new(&logits, vocab));
                 for p in 0..4 {
-                    assert_eq!(StepScores::TopK(&top).greedy(p), full.greedy(p));
+                    assert_eq!(
+                        StepScores::TopK(BestIds::new(&top)).greedy(p),
+                        full.greedy(p)
+                    );
                     for &(id, _) in &top.row(p)[..top.k.min(8)] {
-                        let from_best = StepScores::TopK(&top).full_probability(p, id);
+                        let from_best =
+                            StepScores::TopK(BestIds::new(&top)).full_probability(p, id);
                         assert_eq!(from_best.to_bits(), full.full_probability(p, id).to_bits());
                         let row = &logits[p * vocab..(p + 1) * vocab];
                         let exact = crate::sampling::probability_excluding(row, id, &[]);

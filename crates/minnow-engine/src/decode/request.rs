@@ -20,7 +20,7 @@ use super::low_confidence::{schedule, LowConfidence};
 use super::params::ResolvedParams;
 use super::stop_tokens::StopTokens;
 use super::{
-    BlockAlgorithm, BlockLogits, ControlTokens, OffsetRows, ReadRow, StepScores, Top1Rows,
+    BestIds, BlockAlgorithm, BlockLogits, ControlTokens, OffsetRows, ReadRow, StepScores, Top1Rows,
 };
 use crate::api::{Algorithm, BlockStats, FinishReason, GenerationStats};
 
@@ -124,12 +124,12 @@ impl PlannedForward {
 }
 
 impl DecoderContext {
-    /// The rows of a block whose step asks for `asked` scores: the slots the step reads
+    /// The rows a block's next step asks its forward for: the slots the step reads
     /// ([`BlockRun::score_rows`]) on a runner where fewer rows cost less (`narrow_rows`), every
-    /// slot elsewhere; best ids and device draws index their rows from slot 0.
-    fn rows_to_ask(&self, run: &BlockRun, asked: super::ScoreKind) -> std::ops::Range<usize> {
-        use super::ScoreKind::{Logits, Top1};
-        if self.narrow_rows && matches!(asked, Logits | Top1) {
+    /// slot elsewhere. Whatever the scores (full logits, top-1, best ids with device draws), the
+    /// step reads them by block slot from the first row returned ([`super::BestIds::first`]).
+    fn rows_to_ask(&self, run: &BlockRun) -> std::ops::Range<usize> {
+        if self.narrow_rows {
             run.score_rows()
         } else {
             0..run.tokens().len()
@@ -359,14 +359,22 @@ impl RequestDecoder {
         let SegmentOutput::TopK(top) = output else {
             return None;
         };
-        let offset = self.pending.as_ref().map_or(0, |f| f.want.rows().start);
-        let draws = match &mut self.phase {
-            Phase::Block { run, .. } => run.take_device_draws(top, &mut self.rng),
-            Phase::Commit { next, .. } => next.take_device_draws(top, &mut self.rng),
-            _ => None,
-        }?;
+        let rows = self.pending.as_ref().map_or(0..0, |f| f.want.rows());
         // Rows are counted in the forward's segment: a merged commit's block follows the final
-        // ids of the block before.
+        // ids of the block before, `offset` rows in.
+        let (draws, offset) = match &mut self.phase {
+            Phase::Block { run, .. } => {
+                let best = BestIds::from_slot(top, rows.start);
+                (run.take_device_draws(best, &mut self.rng), 0)
+            }
+            Phase::Commit { run, next, .. } => {
+                let offset = run.tokens().len();
+                let best = BestIds::from_slot(top, rows.start - offset);
+                (next.take_device_draws(best, &mut self.rng), offset)
+            }
+            _ => (None, 0),
+        };
+        let draws = draws?;
         Some(
             draws
                 .into_iter()
@@ -551,7 +559,7 @@ impl RequestDecoder {
                 Phase::Block { index, mut run } => match run.plan() {
                     Some(kind) => {
                         let asked = kind.to_ask(self.ctx.full_logits_cheap, self.ctx.draws_rows);
-                        let rows = self.ctx.rows_to_ask(&run, asked);
+                        let rows = self.ctx.rows_to_ask(&run);
                         let forward = PlannedForward {
                             start: run.start(),
                             ids: run.tokens().to_vec(),
@@ -577,7 +585,7 @@ impl RequestDecoder {
                         Some(kind) => {
                             let asked =
                                 kind.to_ask(self.ctx.full_logits_cheap, self.ctx.draws_rows);
-                            let slots = self.ctx.rows_to_ask(&next, asked);
+                            let slots = self.ctx.rows_to_ask(&next);
                             let rows = ids.len() + slots.start..ids.len() + slots.end;
                             ids.extend_from_slice(next.tokens());
                             asked.want(rows)
@@ -714,10 +722,9 @@ impl RequestDecoder {
                 run.apply(StepScores::Top1(pairs), read_row, &mut self.rng)
             }
             SegmentOutput::TopK(top) => {
-                // Best ids are asked for every slot (`DecoderContext::rows_to_ask`).
-                debug_assert_eq!(first, 0, "best ids of a narrowed range of slots");
                 check_scores(top.rows(), n).map_err(|e| DecodeError::BadOutput(e.to_string()))?;
-                run.apply(StepScores::TopK(&top), read_row, &mut self.rng)
+                let best = BestIds::from_slot(&top, first);
+                run.apply(StepScores::TopK(best), read_row, &mut self.rng)
             }
             SegmentOutput::Nothing => {
                 return Err(DecodeError::BadOutput(

@@ -85,7 +85,7 @@ pub fn run_block(
             }
             ScoreKind::TopK => {
                 top = top_k_of_rows(logits, VOCAB);
-                StepScores::TopK(&top)
+                StepScores::TopK(super::BestIds::new(&top))
             }
         };
         if algorithm.step(&mut block, scores, &mut rng, false) == StepOutcome::Converged {
