@@ -17,13 +17,14 @@ run_suites() {
 }
 
 # One bench run of the standard shapes (prefill 4,096, refinement over a 1,024 prefix, x16 and
-# x64) with experts in ENCODING and the given environment assignments; prints its table rows.
+# x64) with experts in ENCODING and the given environment assignments; prints its table rows
+# (and those starting with ROWS, a regex: e.g. decode for the decodes and their aggregate rates).
 #   bench_table int4 MINNOW_PTX_DIR=/tmp/x MINNOW_CODES32_BELOW=64
 bench_table() {
   local enc=$1
   shift
   env "$@" timeout 60 bin/xtask bench --experts "$enc" --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
-    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)"
+    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0${ROWS:+|$ROWS})"
 }
 
 # Two xtask binaries benched alternately, round after round, each encoding of ENCS (default
