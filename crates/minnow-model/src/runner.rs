@@ -135,8 +135,6 @@ impl<R: ModelRunner + ?Sized> ModelRunner for Box<R> {
 #[derive(Debug, Default)]
 pub struct TopKRows {
     segments: Vec<Option<(std::ops::Range<usize>, usize)>>,
-    /// The forward's wanted rows, every segment's.
-    total: usize,
 }
 
 impl TopKRows {
@@ -151,15 +149,7 @@ impl TopKRows {
                 matches!(seg.want, crate::batch::Want::TopK(_)).then_some((rows, first))
             })
             .collect();
-        TopKRows {
-            segments,
-            total: at,
-        }
-    }
-
-    /// The forward's wanted rows, every segment's (the workspace's rows of logits).
-    pub fn total(&self) -> usize {
-        self.total
+        TopKRows { segments }
     }
 
     /// The index among the forward's wanted rows of row `row` of segment `segment`; an error

@@ -74,10 +74,11 @@ const L2_FLUSH_BYTES: usize = 256 << 20;
 const COMPARED_ROWS: usize = 64;
 
 /// Plans the dense GEMMs of `shapes` for every row bucket up to `max_rows`: for each bucket the
-/// fastest of minnow's own kernel and the first few cuBLASLt algorithms (`Tuning::lt_candidates`) that sum K in one pass,
-/// keeping a cuBLASLt algorithm only when its output on a random probe of the bucket's height is
-/// bit-identical to minnow's kernel (so a row's bits never depend on which one ran). Returns
-/// one line per shape for the load log. Must run outside graph capture (it synchronizes).
+/// fastest of minnow's own kernel and the first few cuBLASLt algorithms (`Tuning::lt_candidates`)
+/// that sum K in one pass, keeping a cuBLASLt algorithm only when its output on a random probe
+/// of the bucket's height is bit-identical to minnow's kernel (so a row's bits never depend on
+/// which one ran). Returns one line per shape for the load log, naming each bucket's tile. Must
+/// run outside graph capture (it synchronizes).
 pub fn plan_dense_gemms(
     gpu: &Gpu,
     shapes: &[DenseShape],
