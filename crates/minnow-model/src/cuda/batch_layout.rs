@@ -51,9 +51,9 @@ pub(crate) fn head_bucket(wanted: usize) -> usize {
 
 impl BatchShape {
     pub fn of(segments: &[Segment<'_>]) -> Self {
-        let mut run: Option<std::ops::Range<usize>> = None;
-        let mut contiguous = true;
-        let (mut row0, mut wanted) = (0, 0);
+        // Each wanting segment's rows in the batch, and whether they are the whole segment.
+        let mut wanted_rows = Vec::new();
+        let mut row0 = 0;
         let kinds = segments
             .iter()
             .map(|s| {
@@ -64,21 +64,7 @@ impl BatchShape {
                     // A segment asking for no rows asks the forward for nothing.
                     return (s.ids.len(), WantKind::Nothing);
                 }
-                wanted += rows.len();
-                // Only whole segments make a run: a span of a segment is gathered, so that its
-                // graph depends on its row count alone (a run's range is part of the key).
-                run = match run.take() {
-                    _ if rows.len() != s.ids.len() => {
-                        contiguous = false;
-                        None
-                    }
-                    None => Some(at),
-                    Some(r) if r.end == at.start => Some(r.start..at.end),
-                    Some(_) => {
-                        contiguous = false;
-                        None
-                    }
-                };
+                wanted_rows.push((at, rows.len() == s.ids.len()));
                 let kind = match s.want {
                     Want::Nothing => WantKind::Nothing,
                     Want::Logits(_) => WantKind::Logits,
@@ -88,7 +74,15 @@ impl BatchShape {
                 (s.ids.len(), kind)
             })
             .collect();
-        let head_run = run.filter(|_| contiguous);
+        let wanted: usize = wanted_rows.iter().map(|(r, _)| r.len()).sum();
+        // Only whole segments one after another make a run: a span of a segment is gathered, so
+        // that its graph depends on its row count alone (a run's range is part of the key).
+        let is_run = wanted_rows.iter().all(|(_, whole)| *whole)
+            && wanted_rows.windows(2).all(|w| w[0].0.end == w[1].0.start);
+        let head_run = match (wanted_rows.first(), wanted_rows.last()) {
+            (Some((a, _)), Some((b, _))) if is_run => Some(a.start..b.end),
+            _ => None,
+        };
         Self {
             segments: kinds,
             head_rows: head_run.as_ref().map_or(head_bucket(wanted), |r| r.len()),
