@@ -17,6 +17,19 @@ pub(crate) enum WantKind {
     TopK,
 }
 
+impl WantKind {
+    /// What `s` asks for: [`WantKind::Nothing`] when it asks for no rows.
+    fn of(s: &Segment<'_>) -> Self {
+        match s.want {
+            _ if s.want.rows().is_empty() => WantKind::Nothing,
+            Want::Nothing => WantKind::Nothing,
+            Want::Logits(_) => WantKind::Logits,
+            Want::Top1(_) => WantKind::Top1,
+            Want::TopK(_) => WantKind::TopK,
+        }
+    }
+}
+
 /// The shape of a batched forward: every segment's length and what it wants, and how many rows
 /// the lm_head runs on. Everything the queued launches depend on (grids, offsets into the
 /// metadata buffer) follows from it, so it is the key of a captured graph; positions, block
@@ -60,17 +73,10 @@ impl BatchShape {
                 let rows = s.want.rows();
                 let at = row0 + rows.start..row0 + rows.end;
                 row0 += s.ids.len();
-                if rows.is_empty() {
-                    // A segment asking for no rows asks the forward for nothing.
-                    return (s.ids.len(), WantKind::Nothing);
+                let kind = WantKind::of(s);
+                if kind != WantKind::Nothing {
+                    wanted_rows.push((at, rows.len() == s.ids.len()));
                 }
-                wanted_rows.push((at, rows.len() == s.ids.len()));
-                let kind = match s.want {
-                    Want::Nothing => WantKind::Nothing,
-                    Want::Logits(_) => WantKind::Logits,
-                    Want::Top1(_) => WantKind::Top1,
-                    Want::TopK(_) => WantKind::TopK,
-                };
                 (s.ids.len(), kind)
             })
             .collect();
