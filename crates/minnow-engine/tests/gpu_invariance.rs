@@ -206,7 +206,16 @@ fn every_request_decodes_the_same_alone_together_beside_prefills_and_warm() {
         let repeat = differing(&again, &expected);
 
         let batched = engine(dir.path(), 16);
+        let graphs_before = minnow_model::cuda::CudaRunner::graph_counts();
         let cold = together(&batched, &requests, &[]);
+        let graphs = minnow_model::cuda::CudaRunner::graph_counts();
+        // How often the batched forwards found their shape's graph (informational: the
+        // segments' order in a forward decides whether the same shapes meet again).
+        println!(
+            "{name}: 16 at once: {} graphs captured for {} graph launches",
+            graphs.0 - graphs_before.0,
+            graphs.1 - graphs_before.1
+        );
         let together_diff = differing(&cold, &expected);
         // The same requests again on the same engine: their prompts' blocks are cached now.
         let warm = together(&batched, &requests, &[]);

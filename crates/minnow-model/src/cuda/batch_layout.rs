@@ -9,7 +9,7 @@ use crate::batch::{pages_for, Segment, Want};
 use crate::config::Config;
 
 /// What one segment of a batch asks for, as far as the queued work depends on it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum WantKind {
     Nothing,
     Logits,
@@ -60,6 +60,31 @@ pub(crate) struct BatchShape {
 /// bits.
 pub(crate) fn head_bucket(wanted: usize) -> usize {
     wanted.next_multiple_of(if wanted <= 32 { 32 } else { 64 })
+}
+
+/// The order a forward runs a batch's segments in, as indices into `segments`: the ones that
+/// want rows first, then those that want only their K/V; within each, longest first, then by
+/// what they want, whole segments before spans; ties keep the caller's order.
+///
+/// A captured graph is keyed by the batch's shape, which lists its segments in order. A server's
+/// requests are at different points of their blocks, so which of them commit a block (a longer
+/// segment) or prefill changes from step to step, and in the caller's order nearly every step
+/// would be a shape of its own, captured and never replayed. In this order the shape depends on
+/// how many segments of each length and kind there are. No row's bits depend on the segments
+/// beside it or on its place in the batch (batch invariance), so the order changes no output.
+pub(crate) fn canonical_order(segments: &[Segment<'_>]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..segments.len()).collect();
+    order.sort_by_key(|&i| {
+        let s = &segments[i];
+        let rows = s.want.rows();
+        (
+            rows.is_empty(),
+            std::cmp::Reverse(s.ids.len()),
+            WantKind::of(s),
+            rows.len() != s.ids.len(),
+        )
+    });
+    order
 }
 
 impl BatchShape {
@@ -311,6 +336,34 @@ mod tests {
             ids: &IDS[..n],
             want,
         }
+    }
+
+    #[test]
+    fn batches_of_the_same_segments_in_any_order_run_as_one_shape() {
+        let a = [
+            segment(32, Want::Top1(4..32)),
+            segment(64, Want::Nothing),
+            segment(64, Want::Top1(32..64)),
+            segment(32, Want::TopK(0..32)),
+            segment(32, Want::Top1(9..32)),
+        ];
+        let b = [
+            a[4].clone(),
+            a[3].clone(),
+            a[2].clone(),
+            a[0].clone(),
+            a[1].clone(),
+        ];
+        let run = |batch: &[Segment<'static>]| -> BatchShape {
+            let order = canonical_order(batch);
+            let ordered: Vec<Segment<'static>> = order.iter().map(|&i| batch[i].clone()).collect();
+            BatchShape::of(&ordered)
+        };
+        assert_eq!(run(&a), run(&b));
+        // Wanting rows first, longest first, best ids after top-1, the K/V-only segment last;
+        // equal segments keep the caller's order.
+        assert_eq!(canonical_order(&a), [2, 0, 4, 3, 1]);
+        assert_eq!(canonical_order(&b), [2, 0, 3, 1, 4]);
     }
 
     #[test]

@@ -6,11 +6,12 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use minnow_format::TensorSource;
 use minnow_runtime::cuda::{ops, DeviceBuffer, Gpu, Graph, Profile};
 
-use super::batch_layout::{BatchShape, Layout};
+use super::batch_layout::{canonical_order, BatchShape, Layout};
 use super::device_error::device_err;
 use super::forward::queue_forward;
 use super::kv_pool::KvPool;
@@ -29,6 +30,10 @@ const GRAPH_MAX_SEGMENT_TOKENS: usize = 128;
 const GRAPH_MAX_TOKENS: usize = 4096;
 /// Captured graphs kept at once (all are dropped when the cache is full).
 const GRAPH_CACHE: usize = 256;
+
+/// Graphs captured and graph launches by every runner of the process ([`CudaRunner::graph_counts`]).
+static GRAPHS_CAPTURED: AtomicUsize = AtomicUsize::new(0);
+static GRAPHS_LAUNCHED: AtomicUsize = AtomicUsize::new(0);
 
 /// The workspace allocated at construction: forwards of up to this many rows (prefill chunks of
 /// 8K tokens, or 64 denoising blocks at once plus prefill) and this many rows of logits (64
@@ -64,6 +69,12 @@ pub struct CudaRunner {
     /// the graph's bucket when gathered): the row pitch of its top-1 and best-ids outputs, which
     /// store ids first and then the scores, `head_rows` apart.
     head_rows: usize,
+    /// Whether `forward_batch` runs the segments in [`canonical_order`] (default; the
+    /// environment variable `MINNOW_CANONICAL_ORDER=0` keeps the caller's order).
+    reorder: bool,
+    /// The latest forward's place of each of the caller's segments (empty: the caller's order),
+    /// for the rows `draw_rows` and `logits_row` name by the caller's segment index.
+    forward_place: Vec<usize>,
     gpu: Gpu,
 }
 
@@ -205,6 +216,8 @@ impl CudaRunner {
             use_graphs,
             topk_rows: TopKRows::default(),
             head_rows: 0,
+            reorder: std::env::var("MINNOW_CANONICAL_ORDER").map_or(true, |v| v != "0"),
+            forward_place: Vec::new(),
             gpu,
         })
     }
@@ -221,6 +234,15 @@ impl CudaRunner {
     /// Bytes of the K/V pool in device memory.
     pub fn kv_pool_bytes(&self) -> usize {
         self.pool.bytes()
+    }
+
+    /// Graphs captured and graph launches (replays and first runs) so far by every runner of
+    /// the process: how often a workload's forwards found their shape's graph.
+    pub fn graph_counts() -> (usize, usize) {
+        (
+            GRAPHS_CAPTURED.load(Ordering::Relaxed),
+            GRAPHS_LAUNCHED.load(Ordering::Relaxed),
+        )
     }
 
     /// Turns CUDA-graph replay of short forwards on or off (on by default; the environment
@@ -264,6 +286,11 @@ impl CudaRunner {
         prof.report().map_err(device_err)
     }
 
+    /// Where the caller's segment `segment` ran in the latest forward.
+    fn place_of(&self, segment: usize) -> usize {
+        self.forward_place.get(segment).copied().unwrap_or(segment)
+    }
+
     /// Validates, queues (or replays) and reads back one batched forward.
     fn run_batch(
         &mut self,
@@ -273,6 +300,7 @@ impl CudaRunner {
     ) -> Result<Vec<SegmentOutput>> {
         crate::batch::validate(&self.config, self.pool.pages(), segments)?;
         self.topk_rows = TopKRows::new(segments);
+        self.forward_place.clear();
         if segments.is_empty() {
             return Ok(Vec::new());
         }
@@ -340,8 +368,10 @@ impl CudaRunner {
                 })
                 .map_err(device_err)?;
                 self.graphs.insert(shape.clone(), graph);
+                GRAPHS_CAPTURED.fetch_add(1, Ordering::Relaxed);
             }
             self.graphs[&shape].launch(gpu).map_err(device_err)?;
+            GRAPHS_LAUNCHED.fetch_add(1, Ordering::Relaxed);
         } else {
             queue_forward(
                 gpu,
@@ -484,8 +514,28 @@ impl ModelRunner for CudaRunner {
         KvPool::page_bytes(&self.config)
     }
 
+    /// Runs the segments in [`canonical_order`], so that batches holding the same segment
+    /// shapes in another order replay one captured graph, and returns the outputs in the caller's
+    /// order. A batch the validation refuses names the caller's segment.
     fn forward_batch(&mut self, segments: &[Segment<'_>]) -> Result<Vec<SegmentOutput>> {
-        self.run_batch(segments, None, None)
+        let order = canonical_order(segments);
+        if !self.reorder || order.iter().enumerate().all(|(place, &i)| place == i) {
+            return self.run_batch(segments, None, None);
+        }
+        crate::batch::validate(&self.config, self.pool.pages(), segments)?;
+        let ordered: Vec<Segment<'_>> = order.iter().map(|&i| segments[i].clone()).collect();
+        let outputs = self.run_batch(&ordered, None, None)?;
+        let mut place = vec![0; segments.len()];
+        for (p, &i) in order.iter().enumerate() {
+            place[i] = p;
+        }
+        let mut outputs: Vec<Option<SegmentOutput>> = outputs.into_iter().map(Some).collect();
+        let in_callers_order = place
+            .iter()
+            .map(|&p| outputs[p].take().expect("one output per segment"))
+            .collect();
+        self.forward_place = place;
+        Ok(in_callers_order)
     }
 
     /// The lm_head runs on the wanted rows only, and a graph is keyed by how many there are
@@ -511,7 +561,7 @@ impl ModelRunner for CudaRunner {
         let rows = self.head_rows;
         let mut params = Vec::with_capacity(draws.len() * ops::DRAW_PARAM_WORDS);
         for d in draws {
-            let at = self.topk_rows.index(d.segment, d.row)?;
+            let at = self.topk_rows.index(self.place_of(d.segment), d.row)?;
             let rule = match d.rule {
                 DrawRule::Official => ops::DrawRuleCode::Official,
                 DrawRule::Port => ops::DrawRuleCode::Port,
@@ -566,7 +616,7 @@ impl ModelRunner for CudaRunner {
     /// Read from the BF16 logits the forward left in the workspace (the values its best ids
     /// were chosen from), widened exactly.
     fn logits_row(&mut self, segment: usize, row: usize) -> Result<Vec<f32>> {
-        let at = self.topk_rows.index(segment, row)?;
+        let at = self.topk_rows.index(self.place_of(segment), row)?;
         let v = self.config.vocab_size;
         self.gpu.bind().map_err(device_err)?;
         let mut data = vec![half::bf16::ZERO; v];
