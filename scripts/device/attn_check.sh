@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One device call for attention kernel candidates over the tree's PTX (out/attn_diet_ptx.tar.xz
+# and out/attn_pp_ptx.tar.xz, each an attention_wgmma.sm90.ptx): the bench with the tree's PTX and
+# each candidate's alternating (stage profiles included, two rounds), then each candidate's bits
+# against a CTA per chunk (cuda_kernels), then Nsight Compute's full set on the tree's x64
+# attention launch if time is left.
+#   Stage (stage.sh debug; xtask and test-cuda_kernels as out/bin.tar.xz); carry
+#   ["out/bin.tar.xz", "out/attn_diet_ptx.tar.xz", "out/attn_pp_ptx.tar.xz"].
+exec > >(tee "$OUT/log") 2>&1
+cd "$(dirname "$0")/../.."
+set -u
+source scripts/device/suites.sh
+device_prelude
+A=/tmp/attn_ptx P=/tmp/attn_pp
+for d in $A:attn_diet $P:attn_pp; do
+  mkdir -p ${d%%:*} && cp "$T"/*.ptx ${d%%:*}/ && tar xJf out/${d#*:}_ptx.tar.xz -C ${d%%:*}
+  cmp -s ${d%%:*}/attention_wgmma.sm90.ptx "$T/attention_wgmma.sm90.ptx" && echo "!! ${d#*:}: the tree's PTX"
+done
+bench() {  # label, then environment assignments
+  local label=$1
+  shift
+  echo "== $label bf16 t=$SECONDS"
+  env "$@" timeout 80 bin/xtask bench --experts bf16 --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
+    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)|^profile"
+}
+for round in 1 2; do
+  bench tree
+  bench new MINNOW_PTX_DIR=$A
+  bench turns MINNOW_PTX_DIR=$P
+done
+echo "-- new"
+MINNOW_PTX_DIR=$A KERNEL_FILTER=attention_in_one SUITES_END=250 run_suites cuda_kernels
+echo "-- turns"
+MINNOW_PTX_DIR=$P KERNEL_FILTER=attention_in_one SUITES_END=380 run_suites cuda_kernels
+left=$((580 - SECONDS))
+[ $left -gt 60 ] && ncu_kernel attention attention_wgmma 64 1 int4 $left
+echo "end t=$SECONDS"

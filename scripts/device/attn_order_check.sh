@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One device call for two candidates: the canonical segment order (cuda/batch_layout.rs
+# canonical_order; gpu_invariance with it on and off, and how many graphs the 16-at-once decodes
+# captured for how many launches) and an attention kernel whose consumers issue tile t's P.V and
+# tile t + 1's scores together (out/attn_diet_ptx.tar.xz: its attention_wgmma.sm90.ptx over the
+# tree's PTX): its bits test against a CTA per chunk, gpu_invariance on it, and the bench with
+# the tree's PTX and the new one alternating (stage profiles included); the same kernel with
+# its two consumer warpgroups taking turns on the tensor cores (out/attn_pp_ptx.tar.xz) too.
+#   Stage (stage.sh debug; xtask and test-{cuda_kernels,gpu_invariance,cuda_fixtures,
+#   cuda_invariance} as out/bin.tar.xz); carry ["out/bin.tar.xz", "out/attn_diet_ptx.tar.xz",
+#   "out/attn_pp_ptx.tar.xz"].
+exec > >(tee "$OUT/log") 2>&1
+cd "$(dirname "$0")/../.."
+set -u
+source scripts/device/suites.sh
+device_prelude
+A=/tmp/attn_ptx P=/tmp/attn_pp
+for d in $A:attn_diet $P:attn_pp; do
+  mkdir -p ${d%%:*} && cp "$T"/*.ptx ${d%%:*}/ && tar xJf out/${d#*:}_ptx.tar.xz -C ${d%%:*}
+  cmp -s ${d%%:*}/attention_wgmma.sm90.ptx "$T/attention_wgmma.sm90.ptx" && echo "!! ${d#*:}: the tree's PTX"
+done
+invariance() {  # label, then environment assignments
+  local label=$1
+  shift
+  [ $SECONDS -gt 480 ] && { echo "skip gpu_invariance $label (time)"; return; }
+  echo "== gpu_invariance $label t=$SECONDS"
+  env "$@" timeout 150 bin/test-gpu_invariance --ignored --nocapture 2>&1 |
+    grep -E "graphs captured|differing|test result|panicked" -A1
+}
+bench() {  # label, then environment assignments
+  local label=$1
+  shift
+  [ $SECONDS -gt 520 ] && { echo "skip bench $label (time)"; return; }
+  echo "== $label bf16 t=$SECONDS"
+  env "$@" timeout 80 bin/xtask bench --experts bf16 --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
+    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0|decode)|^profile"
+}
+echo "-- new attention"
+MINNOW_PTX_DIR=$A KERNEL_FILTER=attention_in_one SUITES_END=110 run_suites cuda_kernels
+invariance "canonical order on" MINNOW_CANONICAL_ORDER=1
+bench tree
+bench new MINNOW_PTX_DIR=$A
+bench turns MINNOW_PTX_DIR=$P
+invariance "new attention" MINNOW_PTX_DIR=$A
+invariance "canonical order off" MINNOW_CANONICAL_ORDER=0
+bench tree
+bench new MINNOW_PTX_DIR=$A
+bench turns MINNOW_PTX_DIR=$P
+SUITES_END=590 run_suites "cuda_fixtures cuda_invariance"
+echo "end t=$SECONDS"
