@@ -8,7 +8,8 @@
 # can be, and the tree's suites that had not run since its canonical segment order landed.
 #   Stage (stage.sh debug; xtask and test-{cuda_kernels,gpu_draws,cuda_quant,cuda_routing,
 #   cuda_other_shapes} as out/bin.tar.xz); carry
-#   ["out/bin.tar.xz", "out/codes_ws_ptx.tar.xz"].
+#   ["out/bin.tar.xz", "out/codes_ws_ptx.tar.xz"]. ROUNDS (default 2), SUITES= (empty: skip the
+#   suites after the bench).
 exec > >(tee "$OUT/log") 2>&1
 cd "$(dirname "$0")/../.."
 set -u
@@ -27,7 +28,7 @@ bench() {  # label, encoding, then environment assignments
     grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)|^profile (prefill|batched step x64)"
 }
 bench tree bf16
-for round in 1 2; do
+for round in $(seq "${ROUNDS:-2}"); do
   for enc in fp8 int4 int8 nvfp4; do
     [ $round = 2 ] && [ $enc != fp8 ] && [ $enc != int4 ] && continue
     bench tree $enc
@@ -35,6 +36,7 @@ for round in 1 2; do
     bench producer-decode $enc MINNOW_CODES_WGMMA=1 MINNOW_PTX_DIR=$W
   done
 done
+[ -z "${SUITES-1}" ] && { echo "end t=$SECONDS"; exit 0; }
 echo "-- cuda_quant, producer decode"
 MINNOW_CODES_WGMMA=1 MINNOW_PTX_DIR=$W SUITES_END=590 run_suites cuda_quant
 echo "-- the tree"
