@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Session thirty-nine: the canonical order landed; the attention candidates were measured and
+# dropped, docs/performance.md; their PTX came from a branch that is gone.)
 # One device call for attention kernel candidates over the tree's PTX (out/attn_diet_ptx.tar.xz
 # and out/attn_pp_ptx.tar.xz, each an attention_wgmma.sm90.ptx): the bench with the tree's PTX and
 # each candidate's alternating (stage profiles included, two rounds), then each candidate's bits

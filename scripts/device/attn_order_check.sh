@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Session thirty-nine: the canonical order landed; the attention candidates were measured and
+# dropped, docs/performance.md; their PTX came from a branch that is gone.)
 # One device call for two candidates: the canonical segment order (cuda/batch_layout.rs
 # canonical_order; gpu_invariance with it on and off, and how many graphs the 16-at-once decodes
 # captured for how many launches) and an attention kernel whose consumers issue tile t's P.V and

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call for the quantized wgmma kernel with the codes decoded by its producer
+# One device call (session thirty-nine; its candidate, measured and dropped, is in docs/performance.md)
+# for the quantized wgmma kernel with the codes decoded by its producer
 # warpgroup (out/codes_ws_ptx.tar.xz: expert_wgmma.sm90.ptx built with -DCODES_WS, over the
 # tree's PTX): its bits against the mma.sync codes tiles (cuda_kernels), then the bench per
 # encoding with the tree's defaults (mma.sync tiles), MINNOW_CODES_WGMMA=1 on the tree's PTX
