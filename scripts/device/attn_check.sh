@@ -14,17 +14,9 @@ set -u
 source scripts/device/suites.sh
 device_prelude
 A=/tmp/attn_ptx P=/tmp/attn_pp
-for d in $A:attn_diet $P:attn_pp; do
-  mkdir -p ${d%%:*} && cp "$T"/*.ptx ${d%%:*}/ && tar xJf out/${d#*:}_ptx.tar.xz -C ${d%%:*}
-  cmp -s ${d%%:*}/attention_wgmma.sm90.ptx "$T/attention_wgmma.sm90.ptx" && echo "!! ${d#*:}: the tree's PTX"
-done
-bench() {  # label, then environment assignments
-  local label=$1
-  shift
-  echo "== $label bf16 t=$SECONDS"
-  env "$@" timeout 80 bin/xtask bench --experts bf16 --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
-    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)|^profile"
-}
+candidate_ptx attn_diet $A
+candidate_ptx attn_pp $P
+bench() { bench_labelled "$1" bf16 "${@:2}"; }  # label, then environment assignments
 for round in 1 2; do
   bench tree
   bench new MINNOW_PTX_DIR=$A

@@ -17,10 +17,8 @@ set -u
 source scripts/device/suites.sh
 device_prelude
 A=/tmp/attn_ptx P=/tmp/attn_pp
-for d in $A:attn_diet $P:attn_pp; do
-  mkdir -p ${d%%:*} && cp "$T"/*.ptx ${d%%:*}/ && tar xJf out/${d#*:}_ptx.tar.xz -C ${d%%:*}
-  cmp -s ${d%%:*}/attention_wgmma.sm90.ptx "$T/attention_wgmma.sm90.ptx" && echo "!! ${d#*:}: the tree's PTX"
-done
+candidate_ptx attn_diet $A
+candidate_ptx attn_pp $P
 invariance() {  # label, then environment assignments
   local label=$1
   shift
@@ -29,14 +27,8 @@ invariance() {  # label, then environment assignments
   env "$@" timeout 150 bin/test-gpu_invariance --ignored --nocapture 2>&1 |
     grep -E "graphs captured|differing|test result|panicked" -A1
 }
-bench() {  # label, then environment assignments
-  local label=$1
-  shift
-  [ $SECONDS -gt 520 ] && { echo "skip bench $label (time)"; return; }
-  echo "== $label bf16 t=$SECONDS"
-  env "$@" timeout 80 bin/xtask bench --experts bf16 --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
-    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0|decode)|^profile"
-}
+export BENCH_END=520 ROWS=decode
+bench() { bench_labelled "$1" bf16 "${@:2}"; }  # label, then environment assignments
 echo "-- new attention"
 MINNOW_PTX_DIR=$A KERNEL_FILTER=attention_in_one SUITES_END=110 run_suites cuda_kernels
 invariance "canonical order on" MINNOW_CANONICAL_ORDER=1

@@ -17,17 +17,10 @@ set -u
 source scripts/device/suites.sh
 device_prelude
 W=/tmp/ws_ptx
-mkdir -p $W && cp "$T"/*.ptx $W/ && tar xJf out/codes_ws_ptx.tar.xz -C $W
-cmp -s $W/expert_wgmma.sm90.ptx "$T/expert_wgmma.sm90.ptx" && echo "!! the tree's PTX"
+candidate_ptx codes_ws $W
 MINNOW_PTX_DIR=$W KERNEL_FILTER=grouped_gemm_over_codes SUITES_END=200 run_suites cuda_kernels
-bench() {  # label, encoding, then environment assignments
-  local label=$1 enc=$2
-  shift 2
-  [ $SECONDS -gt 330 ] && { echo "skip $label $enc (time)"; return; }
-  echo "== $label $enc t=$SECONDS"
-  env "$@" timeout 60 bin/xtask bench --experts "$enc" --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
-    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0)|^profile (prefill|batched step x64)"
-}
+export BENCH_END=330
+bench() { bench_labelled "$@"; }  # label, encoding, then environment assignments
 bench tree bf16
 for round in $(seq "${ROUNDS:-2}"); do
   for enc in fp8 int4 int8 nvfp4; do

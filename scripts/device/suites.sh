@@ -2,7 +2,8 @@
 # stage.sh copied into bin/ (test-NAME), one test at a time, against whatever PTX the caller
 # exported in MINNOW_PTX_DIR, each with the time left until SUITES_END seconds into the script
 # (default 585), and prints their verdict lines (and each failure's message and seed);
-# bench_table runs one bench, bench_ab two binaries alternately; branch_ptx makes a kernel candidate's PTX directory;
+# bench_table runs one bench, bench_labelled one under a label with an environment, bench_ab two
+# binaries alternately; branch_ptx and candidate_ptx make a kernel candidate's PTX directory;
 # device_prelude (at the end) is how each such script starts.
 #   run_suites "cuda_kernels cuda_quant ..."    (KERNEL_FILTER: a name filter for cuda_kernels)
 run_suites() {
@@ -25,6 +26,32 @@ bench_table() {
   shift
   env "$@" timeout 60 bin/xtask bench --experts "$enc" --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
     grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0${ROWS:+|$ROWS})"
+}
+
+# One bench run under "== LABEL ENCODING" with experts in ENCODING and the given environment
+# assignments (e.g. MINNOW_PTX_DIR=DIR for a candidate's kernels), skipped once BENCH_END seconds
+# (default 560) of the script have passed; prints the table rows (and those matching ROWS, a
+# regex) and the stage profiles.
+#   bench_labelled tree bf16; bench_labelled new int4 MINNOW_PTX_DIR=/tmp/x
+bench_labelled() {
+  local label=$1 enc=$2
+  shift 2
+  [ $SECONDS -gt "${BENCH_END:-560}" ] && { echo "skip $label $enc (time)"; return; }
+  echo "== $label $enc t=$SECONDS"
+  env "$@" timeout 80 bin/xtask bench --experts "$enc" --quick --prefill 4096 --prefix 1024 --concurrency 16,64 2>&1 |
+    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0${ROWS:+|$ROWS})|^profile"
+}
+
+# A PTX directory for a kernel candidate carried as out/NAME_ptx.tar.xz (its modules' PTX
+# files, built on the development host): the tree's PTX with the candidate's files over it.
+# Warns when a carried file is the tree's.
+#   candidate_ptx attn_diet /tmp/attn_ptx
+candidate_ptx() {
+  local name=$1 dir=$2 f
+  mkdir -p "$dir" && cp "$T"/*.ptx "$dir"/ && tar xJf "out/${name}_ptx.tar.xz" -C "$dir"
+  for f in $(tar tJf "out/${name}_ptx.tar.xz"); do
+    cmp -s "$dir/$f" "$T/$f" && echo "!! $name: $f is the tree's"
+  done
 }
 
 # Two xtask binaries benched alternately, round after round, each encoding of ENCS (default
