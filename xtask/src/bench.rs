@@ -354,8 +354,10 @@ fn step<'a>(
 /// aggregate generated tokens/s of a fixed-schedule decode (8 blocks of 8 steps, see
 /// [`schedule_label`]) of
 /// that many requests in lockstep, against `single_rate` (the single-sequence decode of the same
-/// schedule measured before). Each decode's first and last request are decoded again alone and
-/// must generate the same ids: a mismatch is reported in its row and returned as an error once
+/// schedule measured before), and of the same requests staggered ([`decode_schedule`]: every
+/// forward mixes the steps of a block, with the graphs it captured). Each lockstep decode's first
+/// and last request are decoded again alone and must generate the same ids, and every staggered
+/// request its lockstep ids: a mismatch is reported in its row and returned as an error once
 /// every concurrency has run.
 fn batched_benchmarks(
     runner: &mut CudaRunner,
@@ -451,6 +453,45 @@ fn batched_benchmarks(
             secs * 1e3,
             rate / base
         ));
+        if n > 1 && !o.separate_commits {
+            // The same requests staggered, request r starting r mod 8 steps late: every forward
+            // mixes 64-token merged commits and 32-token steps, in an order that rotates, as a
+            // server's would. Each request must generate what it did in lockstep; the graphs
+            // captured say how often the forwards met a shape they had run before.
+            let offsets: Vec<usize> = (0..n).map(|r| r % 8).collect();
+            let forwards = decode_schedule(&offsets).len();
+            let (captured0, launched0) = CudaRunner::graph_counts();
+            runner.gpu().synchronize().map_err(err)?;
+            let start = Instant::now();
+            let staggered = scheduled_decode(runner, &tables, &everyone, &offsets, prefix, false)?;
+            runner.gpu().synchronize().map_err(err)?;
+            let secs = start.elapsed().as_secs_f64();
+            let (captured, launched) = CudaRunner::graph_counts();
+            let differ: Vec<usize> = (0..n).filter(|&r| staggered[r] != together[r]).collect();
+            let outputs = if differ.is_empty() {
+                "every request generates its lockstep ids".to_string()
+            } else {
+                format!("OUTPUTS DIFFER: requests {differ:?} generate other ids than in lockstep")
+            };
+            let rate = (n * 8 * 32) as f64 / secs;
+            println!(
+                "decode x{n} staggered ({forwards} forwards): {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request); {} graphs captured, {} graph launches; {outputs}",
+                secs * 1e3,
+                rate / single_rate,
+                captured - captured0,
+                launched - launched0
+            );
+            rows.push(format!(
+                "| decode of {n} staggered requests (request r starts r mod 8 steps late; {forwards} forwards), 1024 prompts | {:.2} ms | {rate:.0} generated tok/s aggregate | {:.2}x one request; {} graphs captured for {} launches; {outputs} |",
+                secs * 1e3,
+                rate / single_rate,
+                captured - captured0,
+                launched - launched0
+            ));
+            if !differ.is_empty() {
+                mismatches.push(format!("x{n} staggered: {outputs}"));
+            }
+        }
         match first_digest {
             None => first_digest = Some((n, digest0)),
             Some((n0, d0)) => {
@@ -506,13 +547,104 @@ fn schedule_label(separate: bool) -> &'static str {
     }
 }
 
+/// Which requests step in each forward of a decode whose request `i` starts `offsets[i]`
+/// forwards late and then runs the 64 steps of its 8 blocks: entry `g` lists the (member, block,
+/// step) of forward `g`. All offsets 0 is lockstep; offsets `r mod 8` put the requests at
+/// different steps of their blocks in every forward, as a server's requests are (a block's
+/// first step, which also commits the block before, is a 64-token segment, the others 32).
+fn decode_schedule(offsets: &[usize]) -> Vec<Vec<(usize, usize, usize)>> {
+    let forwards = offsets.iter().max().map_or(0, |last| last + 64);
+    (0..forwards)
+        .map(|g| {
+            offsets
+                .iter()
+                .enumerate()
+                .filter(|&(_, &o)| (o..o + 64).contains(&g))
+                .map(|(i, &o)| (i, (g - o) / 8, (g - o) % 8))
+                .collect()
+        })
+        .collect()
+}
+
 /// The fixed-schedule decode of requests `members` (indices into `tables`, each prefilled to
-/// `prefix`) in lockstep, one batch per step: 8 blocks of 8 top-1 steps (each fixing the next 4
-/// positions with the model's choice, and asking, as the engine asks a 2.0 step, for the rows
-/// from its first masked slot to the block's end), each block's K/V committed as the engine does (see
-/// [`schedule_label`]). Returns each member's 256 generated ids; the
-/// starting blocks depend on the request's index only, so a request decodes the same work alone
-/// as in any batch.
+/// `prefix`) on [`decode_schedule`]'s forwards for `offsets` (one per member): 8 blocks of 8
+/// top-1 steps (each fixing the next 4 positions with the model's choice, and asking, as the
+/// engine asks a 2.0 step, for the rows from its first masked slot to the block's end), each
+/// block's K/V committed as the engine does (see [`schedule_label`]; `separate` commit forwards
+/// need lockstep). Returns each member's 256 generated ids; the starting blocks depend on the
+/// request's index only, so a request decodes the same work alone as in any batch, in lockstep
+/// or staggered.
+fn scheduled_decode(
+    runner: &mut CudaRunner,
+    tables: &[Vec<PageId>],
+    members: &[usize],
+    offsets: &[usize],
+    prefix: usize,
+    separate: bool,
+) -> Result<Vec<Vec<u32>>, String> {
+    if separate && offsets.iter().any(|&o| o != offsets[0]) {
+        return Err("separate commit forwards need the requests in lockstep".into());
+    }
+    let tables: Vec<Vec<PageId>> = members.iter().map(|&r| tables[r].clone()).collect();
+    let mut generated = vec![Vec::with_capacity(8 * 32); members.len()];
+    let mut blocks = vec![Vec::new(); members.len()];
+    let mut previous = vec![Vec::new(); members.len()];
+    for forward in decode_schedule(offsets) {
+        for &(i, b, s) in &forward {
+            if s == 0 {
+                let next = ids(32, 1000 + b as u64 + 97 * members[i] as u64);
+                previous[i] = std::mem::replace(&mut blocks[i], next);
+            }
+        }
+        // The engine's schedule: a block's first step also commits the block before (its final
+        // ids ahead of this block in one forward), unless `separate` asks for the refresh
+        // forwards on their own.
+        let inputs: Vec<_> = forward
+            .iter()
+            .map(|&(i, b, s)| step_input(&previous[i], &blocks[i], prefix + 32 * b, b, s, separate))
+            .collect();
+        let segments: Vec<Segment> = forward
+            .iter()
+            .zip(&inputs)
+            .map(|(&(i, _, _), (start, ids, rows))| Segment {
+                pages: &tables[i],
+                start: *start,
+                ids,
+                want: Want::Top1(rows.clone()),
+            })
+            .collect();
+        let out = runner.forward_batch(&segments).map_err(err)?;
+        for (&(i, _, s), o) in forward.iter().zip(out) {
+            // The rows returned start at the step's first masked slot, 4 s.
+            let top = o.into_top1().unwrap_or_default();
+            for (j, (tok, _)) in top.iter().enumerate().take(4) {
+                blocks[i][s * 4 + j] = (*tok).min(149_999);
+            }
+            if s == 7 {
+                generated[i].extend_from_slice(&blocks[i]);
+            }
+        }
+        // In lockstep every member ends its block in the same forward.
+        if let Some(&(_, b, 7)) = forward.first() {
+            if separate && b + 1 < 8 {
+                let pos = prefix + 32 * b;
+                let commits: Vec<Segment> = forward
+                    .iter()
+                    .map(|&(i, _, _)| Segment {
+                        pages: &tables[i],
+                        start: pos,
+                        ids: &blocks[i],
+                        want: Want::Nothing,
+                    })
+                    .collect();
+                runner.forward_batch(&commits).map_err(err)?;
+            }
+        }
+    }
+    Ok(generated)
+}
+
+/// [`scheduled_decode`] in lockstep.
 fn lockstep_decode(
     runner: &mut CudaRunner,
     tables: &[Vec<PageId>],
@@ -520,51 +652,14 @@ fn lockstep_decode(
     prefix: usize,
     separate: bool,
 ) -> Result<Vec<Vec<u32>>, String> {
-    let tables: Vec<Vec<PageId>> = members.iter().map(|&r| tables[r].clone()).collect();
-    let mut generated = vec![Vec::with_capacity(8 * 32); members.len()];
-    let mut blocks = vec![Vec::new(); members.len()];
-    for b in 0..8usize {
-        let pos = prefix + 32 * b;
-        let previous = std::mem::take(&mut blocks);
-        blocks = members
-            .iter()
-            .map(|&r| ids(32, 1000 + b as u64 + 97 * r as u64))
-            .collect();
-        for s in 0..8 {
-            // The engine's schedule: a block's first step also commits the block before (its
-            // final ids ahead of this block in one forward), unless `separate` asks for the
-            // refresh forwards on their own.
-            let inputs: Vec<_> = blocks
-                .iter()
-                .enumerate()
-                .map(|(i, blk)| {
-                    let before = previous.get(i).map_or(&[][..], Vec::as_slice);
-                    step_input(before, blk, pos, b, s, separate)
-                })
-                .collect();
-            let (start, rows) = (inputs[0].0, inputs[0].2.clone());
-            let segments: Vec<Vec<u32>> = inputs.into_iter().map(|(_, ids, _)| ids).collect();
-            let out = runner
-                .forward_batch(&step(&tables, &segments, start, Want::Top1(rows)))
-                .map_err(err)?;
-            for (blk, o) in blocks.iter_mut().zip(out) {
-                // The rows returned start at the step's first masked slot, 4 s.
-                let top = o.into_top1().unwrap_or_default();
-                for (i, (tok, _)) in top.iter().enumerate().take(4) {
-                    blk[s * 4 + i] = (*tok).min(149_999);
-                }
-            }
-        }
-        if separate && b + 1 < 8 {
-            runner
-                .forward_batch(&step(&tables, &blocks, pos, Want::Nothing))
-                .map_err(err)?;
-        }
-        for (out, blk) in generated.iter_mut().zip(&blocks) {
-            out.extend_from_slice(blk);
-        }
-    }
-    Ok(generated)
+    scheduled_decode(
+        runner,
+        tables,
+        members,
+        &vec![0; members.len()],
+        prefix,
+        separate,
+    )
 }
 
 /// FNV-1a over token ids: a short fingerprint of what a decode generated.
@@ -898,6 +993,33 @@ pub fn run(args: &[String]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_staggered_schedule_runs_every_step_of_every_request_once_in_order() {
+        let offsets = [0, 1, 7, 3];
+        let forwards = decode_schedule(&offsets);
+        assert_eq!(forwards.len(), 7 + 64);
+        for (i, &o) in offsets.iter().enumerate() {
+            let steps: Vec<(usize, usize, usize)> = forwards
+                .iter()
+                .enumerate()
+                .filter_map(|(g, f)| f.iter().find(|e| e.0 == i).map(|&(_, b, s)| (g, b, s)))
+                .collect();
+            let expected: Vec<(usize, usize, usize)> =
+                (0..64).map(|k| (o + k, k / 8, k % 8)).collect();
+            assert_eq!(steps, expected, "request {i}");
+        }
+        // In lockstep every forward holds every request at the same step.
+        let lockstep = decode_schedule(&[0; 5]);
+        assert_eq!(lockstep.len(), 64);
+        assert!(lockstep
+            .iter()
+            .all(|f| f.len() == 5 && f.iter().all(|e| e.1 == f[0].1 && e.2 == f[0].2)));
+        // Staggered by r mod 8, a full forward mixes every step of a block.
+        let mixed = decode_schedule(&(0..16).map(|r| r % 8).collect::<Vec<_>>());
+        let steps: std::collections::BTreeSet<usize> = mixed[10].iter().map(|e| e.2).collect();
+        assert_eq!(steps.len(), 8);
+    }
 
     #[test]
     fn the_flash_preset_is_mini_at_flash_widths() {
