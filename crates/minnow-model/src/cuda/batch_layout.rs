@@ -76,12 +76,12 @@ pub(crate) fn canonical_order(segments: &[Segment<'_>]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..segments.len()).collect();
     order.sort_by_key(|&i| {
         let s = &segments[i];
-        let rows = s.want.rows();
+        let kind = WantKind::of(s);
         (
-            rows.is_empty(),
+            kind == WantKind::Nothing,
             std::cmp::Reverse(s.ids.len()),
-            WantKind::of(s),
-            rows.len() != s.ids.len(),
+            kind,
+            s.want.rows().len() != s.ids.len(),
         )
     });
     order

@@ -299,6 +299,16 @@ impl CudaRunner {
         routing: Option<&mut Vec<Vec<i32>>>,
     ) -> Result<Vec<SegmentOutput>> {
         crate::batch::validate(&self.config, self.pool.pages(), segments)?;
+        self.run_validated(segments, prof, routing)
+    }
+
+    /// [`Self::run_batch`] for segments the caller has validated.
+    fn run_validated(
+        &mut self,
+        segments: &[Segment<'_>],
+        prof: Option<&mut Profile>,
+        routing: Option<&mut Vec<Vec<i32>>>,
+    ) -> Result<Vec<SegmentOutput>> {
         self.topk_rows = TopKRows::new(segments);
         self.forward_place.clear();
         if segments.is_empty() {
@@ -516,26 +526,25 @@ impl ModelRunner for CudaRunner {
 
     /// Runs the segments in [`canonical_order`], so that batches holding the same segment
     /// shapes in another order replay one captured graph, and returns the outputs in the caller's
-    /// order. A batch the validation refuses names the caller's segment.
+    /// order. The batch is validated once, as the caller gave it, so a refusal names the
+    /// caller's segment.
     fn forward_batch(&mut self, segments: &[Segment<'_>]) -> Result<Vec<SegmentOutput>> {
+        crate::batch::validate(&self.config, self.pool.pages(), segments)?;
         let order = canonical_order(segments);
         if !self.reorder || order.iter().enumerate().all(|(place, &i)| place == i) {
-            return self.run_batch(segments, None, None);
+            return self.run_validated(segments, None, None);
         }
-        crate::batch::validate(&self.config, self.pool.pages(), segments)?;
         let ordered: Vec<Segment<'_>> = order.iter().map(|&i| segments[i].clone()).collect();
-        let outputs = self.run_batch(&ordered, None, None)?;
+        let outputs = self.run_validated(&ordered, None, None)?;
         let mut place = vec![0; segments.len()];
         for (p, &i) in order.iter().enumerate() {
             place[i] = p;
         }
-        let mut outputs: Vec<Option<SegmentOutput>> = outputs.into_iter().map(Some).collect();
-        let in_callers_order = place
-            .iter()
-            .map(|&p| outputs[p].take().expect("one output per segment"))
-            .collect();
+        // Each output with its caller's index, back in the caller's order.
+        let mut outputs: Vec<(usize, SegmentOutput)> = order.into_iter().zip(outputs).collect();
+        outputs.sort_by_key(|&(i, _)| i);
         self.forward_place = place;
-        Ok(in_callers_order)
+        Ok(outputs.into_iter().map(|(_, out)| out).collect())
     }
 
     /// The lm_head runs on the wanted rows only, and a graph is keyed by how many there are
