@@ -108,7 +108,9 @@ __device__ __forceinline__ void for_assignments(const int* __restrict__ topk_idx
 #pragma unroll
         for (int u = 0; u < DISPATCH_UNROLL; ++u) {
             const int a = b + u * blockDim.x;
-            ex[u] = a < a_end ? topk_idx[a] : -1;
+            // Through L2 (ld.global.cg): route_block_dispatch's last CTA reads what other CTAs of
+            // its own launch wrote, which this SM's L1 cannot be trusted to hold.
+            ex[u] = a < a_end ? __ldcg(topk_idx + a) : -1;
         }
 #pragma unroll
         for (int u = 0; u < DISPATCH_UNROLL; ++u)
@@ -167,10 +169,10 @@ __device__ __forceinline__ int plan_tiles(int c, int E, int tile_rows, int* scra
 // Rows of a routed expert are in no particular order (atomics); each row's result does not depend
 // on it. The shared expert's rows are its tokens in order, counted and placed without atomics (all
 // T of them on one counter would serialise).
-extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows,
-                                        int shared_expert, int* __restrict__ slot_pos, int* __restrict__ row_token,
-                                        int4* __restrict__ tiles, int* __restrict__ num_tiles) {
-    pdl_enter();
+__device__ __forceinline__ void dispatch_one_cta(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows,
+                                                 int shared_expert, int* __restrict__ slot_pos,
+                                                 int* __restrict__ row_token, int4* __restrict__ tiles,
+                                                 int* __restrict__ num_tiles) {
     extern __shared__ int cnt[];  // E counts, then E cursors
     int* cursor = cnt + E;
     __shared__ int scratch[32];
@@ -187,6 +189,12 @@ extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A,
     place_assignments(topk_idx, 0, A, k, cursor, slot_pos, row_token);
     // No routed assignment moves the shared expert's cursor.
     if (shared_expert >= 0) place_shared(cursor[shared_expert], A, T, threadIdx.x, blockDim.x, slot_pos, row_token);
+}
+extern "C" __global__ void moe_dispatch(const int* __restrict__ topk_idx, int A, int k, int E, int tile_rows,
+                                        int shared_expert, int* __restrict__ slot_pos, int* __restrict__ row_token,
+                                        int4* __restrict__ tiles, int* __restrict__ num_tiles) {
+    pdl_enter();
+    dispatch_one_cta(topk_idx, A, k, E, tile_rows, shared_expert, slot_pos, row_token, tiles, num_tiles);
 }
 
 // The same dispatch over several CTAs, for forwards with many assignments (a single CTA's
@@ -282,17 +290,18 @@ extern "C" __global__ void moe_dispatch_scatter(const int* __restrict__ topk_idx
 // q = capacity (the packed shared expert E), the addresses of its gate/up and down weights, and
 // for every assignment its row q * pool_row_stride + token in the pooled outputs
 // (pool_slot_pos[T * k + t]: token t's shared-expert row).
-extern "C" __global__ void __launch_bounds__(1024)
-    route_block(const float* __restrict__ logits, const float* __restrict__ bias, const int2* __restrict__ blocks,
-                int T, int E, int block,
-                int capacity, int k, float scale, int tpc, int* __restrict__ topk_idx, float* __restrict__ topk_w,
-                const bf16* __restrict__ pool_wgu, long long pool_wgu_stride, const bf16* __restrict__ pool_wd,
-                long long pool_wd_stride, unsigned long long* __restrict__ pool_wgu_ptrs,
-                unsigned long long* __restrict__ pool_wd_ptrs, int* __restrict__ pool_slot_pos,
-                int pool_row_stride) {
-    extern __shared__ float sh[];
-    float* tok_biased = sh;        // tpc x E biased scores of this CTA's tokens
-    float* tok_score = sh + tpc * E;  // tpc x E unbiased scores
+__device__ __forceinline__ void route_block_body(const float* __restrict__ logits, const float* __restrict__ bias,
+                                                 const int2* __restrict__ blocks, int T, int E, int block,
+                                                 int capacity, int k, float scale, int tpc,
+                                                 int* __restrict__ topk_idx, float* __restrict__ topk_w,
+                                                 const bf16* __restrict__ pool_wgu, long long pool_wgu_stride,
+                                                 const bf16* __restrict__ pool_wd, long long pool_wd_stride,
+                                                 unsigned long long* __restrict__ pool_wgu_ptrs,
+                                                 unsigned long long* __restrict__ pool_wd_ptrs,
+                                                 int* __restrict__ pool_slot_pos, int pool_row_stride) {
+    extern __shared__ float route_scores[];
+    float* tok_biased = route_scores;             // tpc x E biased scores of this CTA's tokens
+    float* tok_score = route_scores + tpc * E;  // tpc x E unbiased scores
     __shared__ float g[1024];
     __shared__ int pool[1024];
     __shared__ float share_max[1024];  // [p * E32 + j]: share p's maximum for expert j
@@ -423,6 +432,45 @@ extern "C" __global__ void __launch_bounds__(1024)
         const int t = r0 + u0 + tid;
         for (int i = 0; i < k; ++i) topk_w[t * k + i] = k > 1 ? c[i] / (sum + 1e-20f) * scale : c[i] * scale;
     }
+}
+
+#define ROUTE_BLOCK_PARAMS                                                                                          \
+    const float *__restrict__ logits, const float *__restrict__ bias, const int2 *__restrict__ blocks, int T, int E, \
+        int block, int capacity, int k, float scale, int tpc, int *__restrict__ topk_idx, float *__restrict__ topk_w, \
+        const bf16 *__restrict__ pool_wgu, long long pool_wgu_stride, const bf16 *__restrict__ pool_wd,             \
+        long long pool_wd_stride, unsigned long long *__restrict__ pool_wgu_ptrs,                                   \
+        unsigned long long *__restrict__ pool_wd_ptrs, int *__restrict__ pool_slot_pos, int pool_row_stride
+#define ROUTE_BLOCK_ARGS                                                                                       \
+    logits, bias, blocks, T, E, block, capacity, k, scale, tpc, topk_idx, topk_w, pool_wgu, pool_wgu_stride, \
+        pool_wd, pool_wd_stride, pool_wgu_ptrs, pool_wd_ptrs, pool_slot_pos, pool_row_stride
+
+extern "C" __global__ void __launch_bounds__(1024) route_block(ROUTE_BLOCK_PARAMS) {
+    route_block_body(ROUTE_BLOCK_ARGS);
+}
+
+// route_block, then moe_dispatch (one CTA) over its choices in the same launch: the last of the
+// launch's CTAs to finish its tokens runs the dispatch over every token's, so a forward with few
+// assignments does not wait for a second kernel to start (a denoising step's routing is a chain of
+// short launches). Which CTA is last does not matter: the dispatch reads only the finished
+// `topk_idx`, so its outputs mean what moe_dispatch's do. `arrivals` is a counter that is 0
+// between launches: every CTA adds 1 once its choices are written and fenced; the CTA that
+// brings it to gridDim.x dispatches and puts it back to 0. `slots` counts the experts with the
+// packed shared one (`shared_expert` >= 0). blockDim >= slots; dynamic shared memory at least
+// route_block's and 2 * slots ints.
+extern "C" __global__ void __launch_bounds__(1024)
+    route_block_dispatch(ROUTE_BLOCK_PARAMS, int slots, int tile_rows, int shared_expert, int* __restrict__ slot_pos,
+                         int* __restrict__ row_token, int4* __restrict__ tiles, int* __restrict__ num_tiles,
+                         int* __restrict__ arrivals) {
+    route_block_body(ROUTE_BLOCK_ARGS);
+    __shared__ int is_last;
+    __threadfence();  // this thread's choices reach L2 before the CTA is counted
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(arrivals, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();  // the other CTAs' choices, fenced before their arrivals, are read after ours
+    dispatch_one_cta(topk_idx, T * k, k, slots, tile_rows, shared_expert, slot_pos, row_token, tiles, num_tiles);
+    if (threadIdx.x == 0) *arrivals = 0;
 }
 
 // Router logits in F32, batch-invariant: logits[t, e] = sum_k F32(X[t, k]) * F32(W[e, k]), each a

@@ -846,6 +846,152 @@ fn router_matches_reference() {
     }
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn routing_that_dispatches_in_the_same_launch_gives_what_two_launches_give() {
+    let g = gpu();
+    let mut rng = rng();
+    let wide = RouterShape {
+        experts: 256,
+        top_k: 8,
+        groups: None,
+        capacity: Some(48),
+        block: 32,
+        scale: 2.5,
+    };
+    let narrow = RouterShape {
+        experts: 16,
+        top_k: 4,
+        groups: None,
+        capacity: Some(6),
+        block: 32,
+        scale: 2.5,
+    };
+    // (shape, tokens, listed blocks (first row, rows), tile rows, packed shared expert): a
+    // denoising step; a partial last block (CTAs with no token of their own still arrive); a
+    // batch of 16 blocks at 32 tokens a CTA; few experts. Each runs three times on one counter,
+    // the cases one after another, so a counter left anywhere but 0 would show.
+    let x16: Vec<[i32; 2]> = (0..16).map(|b| [32 * b, 32]).collect();
+    type Case = (RouterShape, usize, Option<Vec<[i32; 2]>>, usize, bool);
+    let cases: Vec<Case> = vec![
+        (wide, 32, None, 16, true),
+        (wide, 32, None, 16, false),
+        (wide, 77, None, 16, true),
+        (wide, 512, Some(x16), 16, true),
+        (narrow, 45, Some(vec![[0, 32], [32, 13]]), 64, false),
+    ];
+    let arrivals = g.upload(&[0i32]).unwrap();
+    for round in 0..3 {
+        for (s, t, listed, tile_rows, packed) in &cases {
+            let (s, t, tile_rows, packed) = (*s, *t, *tile_rows, *packed);
+            let (e, k) = (s.experts, s.top_k);
+            let slots = e + usize::from(packed);
+            let shared = packed.then_some(e);
+            let logits = randn(&mut rng, t * e, 3.0);
+            let bias = randn(&mut rng, e, 0.1);
+            let (dl, db) = (g.upload(&logits).unwrap(), g.upload(&bias).unwrap());
+            let dblocks = listed.as_ref().map(|b| {
+                g.upload(&b.iter().flatten().copied().collect::<Vec<i32>>())
+                    .unwrap()
+            });
+            let blocks = match (&dblocks, listed) {
+                (Some(d), Some(b)) => ops::RoutingBlocks::Listed {
+                    ptr: d.ptr(),
+                    count: b.len(),
+                },
+                _ => ops::RoutingBlocks::Uniform,
+            };
+            // Two launches: route, then moe_dispatch.
+            let (idx2, w2) = (
+                g.upload(&vec![-1i32; t * k]).unwrap(),
+                poisoned_f32(&g, t * k),
+            );
+            ops::route(&g, &s, dl.ptr(), db.ptr(), idx2.ptr(), w2.ptr(), t, blocks).unwrap();
+            let two = Dispatched::new(&g, &idx2, t, k, slots, tile_rows, shared);
+            // One launch.
+            let a = t * k + shared.map_or(0, |_| t);
+            let one = Dispatched {
+                slot: g.upload(&vec![-1i32; a]).unwrap(),
+                row_token: g.upload(&vec![-1i32; a]).unwrap(),
+                tiles: g.alloc::<i32>(4 * two.max_tiles).unwrap(),
+                num_tiles: g.upload(&[-1i32]).unwrap(),
+                scratch: g
+                    .alloc::<i32>(ops::moe_dispatch_scratch_len(slots))
+                    .unwrap(),
+                max_tiles: two.max_tiles,
+                tile_rows,
+            };
+            let (idx1, w1) = (
+                g.upload(&vec![-1i32; t * k]).unwrap(),
+                poisoned_f32(&g, t * k),
+            );
+            let after = ops::DispatchAfter {
+                experts: slots,
+                tile_rows,
+                shared_expert: shared,
+                slot_pos: one.slot.ptr(),
+                row_token: one.row_token.ptr(),
+                tiles: one.tiles.ptr(),
+                num_tiles: one.num_tiles.ptr(),
+                scratch: one.scratch.ptr(),
+                arrivals: arrivals.ptr(),
+            };
+            ops::route_and_dispatch(
+                &g,
+                &s,
+                dl.ptr(),
+                db.ptr(),
+                idx1.ptr(),
+                w1.ptr(),
+                t,
+                blocks,
+                &after,
+            )
+            .unwrap();
+            let what = format!("round {round}: {t} tokens of {s:?}, packed {packed}");
+            assert_eq!(read(&g, &idx1), read(&g, &idx2), "choices: {what}");
+            let bits =
+                |b: &DeviceBuffer<f32>| read(&g, b).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&w1), bits(&w2), "weights: {what}");
+            let n = read(&g, &two.num_tiles)[0] as usize;
+            assert_eq!(
+                read(&g, &one.num_tiles)[0] as usize,
+                n,
+                "tile count: {what}"
+            );
+            let tiles = read(&g, &two.tiles)[..4 * n].to_vec();
+            assert_eq!(read(&g, &one.tiles)[..4 * n], tiles[..], "tiles: {what}");
+            // Rows within an expert are in no particular order: every assignment has a row of its
+            // expert's range that reads its token, and no row is taken twice.
+            let (idx, slot, row_token) = (
+                read(&g, &idx1),
+                read(&g, &one.slot),
+                read(&g, &one.row_token),
+            );
+            let mut taken = vec![false; a];
+            for (i, &p) in slot.iter().enumerate() {
+                let (expert, token) = if i < t * k {
+                    (idx[i], i / k)
+                } else {
+                    (e as i32, i - t * k)
+                };
+                let p = usize::try_from(p)
+                    .unwrap_or_else(|_| panic!("assignment {i} has no row: {what}"));
+                assert!(p < a && !taken[p], "row {p} of assignment {i}: {what}");
+                taken[p] = true;
+                assert_eq!(row_token[p] as usize, token, "row {p}'s token: {what}");
+                let tile = tiles.chunks(4).find(|c| (c[1]..c[2]).contains(&(p as i32)));
+                assert_eq!(tile.map(|c| c[0]), Some(expert), "row {p}'s expert: {what}");
+            }
+        }
+    }
+    assert_eq!(
+        read(&g, &arrivals),
+        vec![0],
+        "the counter is 0 between launches"
+    );
+}
+
 /// One `moe_dispatch` over the device routing `idx` (t tokens x k picks among e experts, and
 /// one more assignment per token to the packed expert `shared` when given): each assignment's
 /// row, each row's token and the tiles of at most `tile_rows` rows.

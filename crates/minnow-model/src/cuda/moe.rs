@@ -274,7 +274,20 @@ pub(super) fn queue_grouped_experts(
     } else {
         grouping.tile_rows
     };
-    ops::route(
+    // One launch for both where the assignments are few (a denoising step's routing is a chain
+    // of short launches): the stage profile then counts the dispatch in "router".
+    let dispatch = ops::DispatchAfter {
+        experts: slots,
+        tile_rows,
+        shared_expert: packed.then_some(e),
+        slot_pos: ws.slot_pos.ptr(),
+        row_token: ws.row_token.ptr(),
+        tiles: ws.tiles.ptr(),
+        num_tiles: ws.num_tiles.ptr(),
+        scratch: ws.dispatch_scratch.ptr(),
+        arrivals: ws.route_arrivals.ptr(),
+    };
+    ops::route_and_dispatch(
         gpu,
         router,
         ws.router_logits.ptr(),
@@ -283,23 +296,9 @@ pub(super) fn queue_grouped_experts(
         ws.topk_w.ptr(),
         t,
         grouping.blocks,
+        &dispatch,
     )?;
     mark("router")?;
-    ops::moe_dispatch(
-        gpu,
-        ws.topk_idx.ptr(),
-        t,
-        k,
-        slots,
-        tile_rows,
-        packed.then_some(e),
-        ws.slot_pos.ptr(),
-        ws.row_token.ptr(),
-        ws.tiles.ptr(),
-        ws.num_tiles.ptr(),
-        ws.dispatch_scratch.ptr(),
-    )?;
-    mark("dispatch")?;
     let tiles = ops::ExpertTiles {
         tiles: ws.tiles.ptr(),
         num_tiles: ws.num_tiles.ptr(),

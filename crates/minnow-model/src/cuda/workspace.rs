@@ -40,6 +40,9 @@ pub(crate) struct Workspace {
     pub(super) num_tiles: DeviceBuffer<i32>,
     /// Per-CTA expert counts of the multi-CTA dispatch.
     pub(super) dispatch_scratch: DeviceBuffer<i32>,
+    /// The zeroed counter of a routing that dispatches in the same launch
+    /// (`ops::DispatchAfter::arrivals`).
+    pub(super) route_arrivals: DeviceBuffer<i32>,
     /// The zeroed counters of the TMA expert GEMM's gate/up + down launch
     /// (`ops::DownProjection::ready`).
     pub(super) tile_ready: DeviceBuffer<i32>,
@@ -178,6 +181,7 @@ impl Workspace {
             tiles: gpu.alloc(4 * max_tiles)?,
             num_tiles: gpu.alloc(1)?,
             dispatch_scratch: gpu.alloc(ops::moe_dispatch_scratch_len(e))?,
+            route_arrivals: gpu.upload(&[0i32])?,
             tile_ready: gpu.upload(&vec![0i32; ops::grouped_tma_ready_len(max_tiles)])?,
             expert_gu,
             pool_entries,

@@ -294,6 +294,38 @@ kernel_table! {
             pool_slot_pos: u64,
             pool_row_stride: i32,
         );
+        /// `route_block`, then (the launch's last CTA) `moe_dispatch` over its choices;
+        /// `arrivals` is a counter that is 0 between launches.
+        route_block_dispatch(
+            logits: u64,
+            bias: u64,
+            blocks: u64,
+            tokens: i32,
+            experts: i32,
+            block: i32,
+            capacity: i32,
+            k: i32,
+            scale: f32,
+            tokens_per_cta: i32,
+            topk_idx: u64,
+            topk_w: u64,
+            pool_gate_up: u64,
+            pool_gate_up_stride: i64,
+            pool_down: u64,
+            pool_down_stride: i64,
+            pool_gate_up_ptrs: u64,
+            pool_down_ptrs: u64,
+            pool_slot_pos: u64,
+            pool_row_stride: i32,
+            slots: i32,
+            tile_rows: i32,
+            shared_expert: i32,
+            slot_pos: u64,
+            row_token: u64,
+            tiles: u64,
+            num_tiles: u64,
+            arrivals: u64,
+        );
         moe_dispatch(
             topk_idx: u64,
             assignments: i32,

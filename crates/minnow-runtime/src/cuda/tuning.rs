@@ -31,7 +31,7 @@
 //! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_CODES_GATED`,
 //! `MINNOW_CODES32_BELOW`, `MINNOW_CODES_SETTLED`, `MINNOW_SHARED_BESIDE`, `MINNOW_DENSE16_ROWS`, `MINNOW_DENSE128_ROWS`,
 //! `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`, `MINNOW_ROUTER_CLUSTER_ROWS`,
-//! `MINNOW_ROUTER_CLUSTER_BELOW`) are described on the fields of
+//! `MINNOW_ROUTER_CLUSTER_BELOW`, `MINNOW_ROUTE_DISPATCH`) are described on the fields of
 //! [`Tuning`] they set.
 
 use std::sync::OnceLock;
@@ -151,6 +151,9 @@ pub struct Tuning {
     /// shared by several threads (exact maxima and counts: the same choices either way):
     /// `MINNOW_ROUTE_SHARED=0` launches one thread per expert.
     pub route_shared: bool,
+    /// A 2.2 routing with few assignments dispatches them in the same launch (its last CTA runs
+    /// the one-CTA dispatch; the same outputs): `MINNOW_ROUTE_DISPATCH=0`: two launches.
+    pub route_dispatch: bool,
     /// A denoising step's router logits stage their operands in shared memory with 16-byte
     /// copies (same fragments and products: the same bits): `MINNOW_ROUTER_STAGED=0` reads the
     /// mma fragments straight from global memory.
@@ -198,6 +201,7 @@ impl Default for Tuning {
             router_cluster_rows: 256,
             router_cluster_below: 4096,
             route_shared: true,
+            route_dispatch: true,
             router_staged: true,
             dense_lt_min_rows: 0,
             lt_candidates: 4,
@@ -274,6 +278,8 @@ pub fn tuning() -> &'static Tuning {
                 .unwrap_or(d.router_cluster_below),
             route_shared: env_usize("MINNOW_ROUTE_SHARED", |v| v <= 1)
                 .map_or(d.route_shared, |v| v == 1),
+            route_dispatch: env_usize("MINNOW_ROUTE_DISPATCH", |v| v <= 1)
+                .map_or(d.route_dispatch, |v| v == 1),
             router_staged: env_usize("MINNOW_ROUTER_STAGED", |v| v <= 1)
                 .map_or(d.router_staged, |v| v == 1),
             dense_lt_min_rows: env_usize("MINNOW_DENSE_LT_MIN_ROWS", |_| true)

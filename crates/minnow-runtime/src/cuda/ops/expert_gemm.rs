@@ -34,7 +34,7 @@ const DISPATCH_MAX_CTAS: usize = 64;
 const DISPATCH_PER_CTA: usize = 2048;
 /// The fewest routed assignments for which the multi-CTA dispatch replaces the single-CTA kernel
 /// (whose scattered writes from one SM cost ~40 µs per layer at 32,768).
-const DISPATCH_MULTI_MIN: usize = 8192;
+pub(super) const DISPATCH_MULTI_MIN: usize = 8192;
 
 /// The `i32`s of scratch [`moe_dispatch`] needs for `experts` experts (per-CTA counts).
 pub fn moe_dispatch_scratch_len(experts: usize) -> usize {

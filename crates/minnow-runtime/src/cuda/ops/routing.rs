@@ -113,6 +113,119 @@ pub fn route(
     )
 }
 
+/// The [`super::moe_dispatch`] that follows a routing: its arguments but the routing's own, and
+/// the counter that lets [`route_and_dispatch`] run both in one launch.
+#[derive(Clone, Copy, Debug)]
+pub struct DispatchAfter {
+    /// Experts, the packed shared one (`shared_expert`) included.
+    pub experts: usize,
+    pub tile_rows: usize,
+    pub shared_expert: Option<usize>,
+    pub slot_pos: u64,
+    pub row_token: u64,
+    pub tiles: u64,
+    pub num_tiles: u64,
+    /// [`super::moe_dispatch_scratch_len`] i32s.
+    pub scratch: u64,
+    /// One i32 that is 0 (and is 0 again after every launch that uses it): the fused launch's
+    /// count of CTAs done routing. Never used by two launches at once.
+    pub arrivals: u64,
+}
+
+/// [`route`], then [`super::moe_dispatch`] of its choices as `dispatch` says. A 2.2 routing with
+/// few assignments (a denoising step, a few batched ones) does both in one launch
+/// (`route_block_dispatch`: the last routing CTA to finish dispatches), saving a kernel boundary
+/// per MoE layer in a chain of short launches; the outputs mean the same either way (rows of a
+/// routed expert are in no particular order in both). `MINNOW_ROUTE_DISPATCH=0`: two launches.
+#[allow(clippy::too_many_arguments)]
+pub fn route_and_dispatch(
+    gpu: &Gpu,
+    shape: &RouterShape,
+    logits: u64,
+    bias: u64,
+    topk_idx: u64,
+    topk_w: u64,
+    tokens: usize,
+    blocks: RoutingBlocks,
+    dispatch: &DispatchAfter,
+) -> CudaResult<()> {
+    shape.check()?;
+    let d = dispatch;
+    let assignments = tokens * shape.top_k;
+    let (tpc, threads) = route_launch_shape(
+        tokens,
+        shape.experts,
+        shape.block,
+        super::super::tuning::tuning().route_shared,
+    );
+    let fused = shape.capacity.is_some()
+        && super::super::tuning::tuning().route_dispatch
+        && assignments < super::expert_gemm::DISPATCH_MULTI_MIN
+        && d.experts <= threads as usize
+        && d.shared_expert.is_none_or(|s| s < d.experts);
+    if !fused {
+        route(gpu, shape, logits, bias, topk_idx, topk_w, tokens, blocks)?;
+        return super::moe_dispatch(
+            gpu,
+            topk_idx,
+            tokens,
+            shape.top_k,
+            d.experts,
+            d.tile_rows,
+            d.shared_expert,
+            d.slot_pos,
+            d.row_token,
+            d.tiles,
+            d.num_tiles,
+            d.scratch,
+        );
+    }
+    let (e, capacity) = (shape.experts, shape.capacity.unwrap_or(0));
+    let (blocks_ptr, n_blocks) = match blocks {
+        RoutingBlocks::Uniform => (0, tokens.div_ceil(shape.block)),
+        RoutingBlocks::Listed { ptr, count } => (ptr, count),
+    };
+    let ctas = n_blocks * shape.block.div_ceil(tpc);
+    if ctas == 0 {
+        return Ok(());
+    }
+    // route_block's scores of its tokens, then the dispatch's counts and cursors.
+    let shared = (2 * tpc * e * 4).max(8 * d.experts);
+    let cfg = LaunchConfig::new((ctas as u32, 1, 1), threads, shared as u32);
+    kernels::router::route_block_dispatch(
+        gpu,
+        cfg,
+        logits,
+        bias,
+        blocks_ptr,
+        tokens as i32,
+        e as i32,
+        shape.block as i32,
+        capacity as i32,
+        shape.top_k as i32,
+        shape.scale,
+        tpc as i32,
+        topk_idx,
+        topk_w,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        d.experts as i32,
+        d.tile_rows as i32,
+        d.shared_expert.map_or(-1, |s| s as i32),
+        d.slot_pos,
+        d.row_token,
+        d.tiles,
+        d.num_tiles,
+        d.arrivals,
+    )
+}
+
 /// The experts of a 2.2 forward of one routing block (a denoising step) run as batched GEMMs over
 /// the block's admitted pool: entry `q < capacity` is the q-th admitted expert, entry `capacity`
 /// the packed shared expert. Every entry multiplies all the block's tokens (the pool is at most
