@@ -936,7 +936,7 @@ fn routing_that_dispatches_in_the_same_launch_gives_what_two_launches_give() {
                 scratch: one.scratch.ptr(),
                 arrivals: arrivals.ptr(),
             };
-            ops::route_and_dispatch(
+            ops::route_and_dispatch_in_one_launch(
                 &g,
                 &s,
                 dl.ptr(),

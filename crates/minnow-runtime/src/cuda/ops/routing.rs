@@ -136,7 +136,8 @@ pub struct DispatchAfter {
 /// few assignments (a denoising step, a few batched ones) does both in one launch
 /// (`route_block_dispatch`: the last routing CTA to finish dispatches), saving a kernel boundary
 /// per MoE layer in a chain of short launches; the outputs mean the same either way (rows of a
-/// routed expert are in no particular order in both). `MINNOW_ROUTE_DISPATCH=0`: two launches.
+/// routed expert are in no particular order in both). Only with `MINNOW_ROUTE_DISPATCH=1` (off by
+/// default until measured on a GPU; `Tuning::route_dispatch`).
 #[allow(clippy::too_many_arguments)]
 pub fn route_and_dispatch(
     gpu: &Gpu,
@@ -151,35 +152,77 @@ pub fn route_and_dispatch(
 ) -> CudaResult<()> {
     shape.check()?;
     let d = dispatch;
-    let assignments = tokens * shape.top_k;
+    if super::super::tuning::tuning().route_dispatch
+        && routes_and_dispatches_in_one_launch(shape, tokens, d)
+    {
+        return route_and_dispatch_in_one_launch(
+            gpu, shape, logits, bias, topk_idx, topk_w, tokens, blocks, d,
+        );
+    }
+    route(gpu, shape, logits, bias, topk_idx, topk_w, tokens, blocks)?;
+    super::moe_dispatch(
+        gpu,
+        topk_idx,
+        tokens,
+        shape.top_k,
+        d.experts,
+        d.tile_rows,
+        d.shared_expert,
+        d.slot_pos,
+        d.row_token,
+        d.tiles,
+        d.num_tiles,
+        d.scratch,
+    )
+}
+
+/// Whether [`route_and_dispatch_in_one_launch`] takes this routing: 2.2 block routing, fewer
+/// assignments than the multi-CTA dispatch takes, and a CTA with a thread per expert slot.
+pub fn routes_and_dispatches_in_one_launch(
+    shape: &RouterShape,
+    tokens: usize,
+    dispatch: &DispatchAfter,
+) -> bool {
+    let (_, threads) = route_launch_shape(
+        tokens,
+        shape.experts,
+        shape.block,
+        super::super::tuning::tuning().route_shared,
+    );
+    shape.check().is_ok()
+        && shape.capacity.is_some()
+        && tokens * shape.top_k < super::expert_gemm::DISPATCH_MULTI_MIN
+        && dispatch.experts <= threads as usize
+        && dispatch.shared_expert.is_none_or(|s| s < dispatch.experts)
+}
+
+/// `route_block_dispatch`: [`route_and_dispatch`] in one launch whatever the tuning says (an
+/// error where [`routes_and_dispatches_in_one_launch`] refuses).
+#[allow(clippy::too_many_arguments)]
+pub fn route_and_dispatch_in_one_launch(
+    gpu: &Gpu,
+    shape: &RouterShape,
+    logits: u64,
+    bias: u64,
+    topk_idx: u64,
+    topk_w: u64,
+    tokens: usize,
+    blocks: RoutingBlocks,
+    dispatch: &DispatchAfter,
+) -> CudaResult<()> {
+    let d = dispatch;
+    if !routes_and_dispatches_in_one_launch(shape, tokens, d) {
+        return unsupported(format!(
+            "routing {tokens} tokens under {shape:?} and dispatching to {} experts in one launch",
+            d.experts
+        ));
+    }
     let (tpc, threads) = route_launch_shape(
         tokens,
         shape.experts,
         shape.block,
         super::super::tuning::tuning().route_shared,
     );
-    let fused = shape.capacity.is_some()
-        && super::super::tuning::tuning().route_dispatch
-        && assignments < super::expert_gemm::DISPATCH_MULTI_MIN
-        && d.experts <= threads as usize
-        && d.shared_expert.is_none_or(|s| s < d.experts);
-    if !fused {
-        route(gpu, shape, logits, bias, topk_idx, topk_w, tokens, blocks)?;
-        return super::moe_dispatch(
-            gpu,
-            topk_idx,
-            tokens,
-            shape.top_k,
-            d.experts,
-            d.tile_rows,
-            d.shared_expert,
-            d.slot_pos,
-            d.row_token,
-            d.tiles,
-            d.num_tiles,
-            d.scratch,
-        );
-    }
     let (e, capacity) = (shape.experts, shape.capacity.unwrap_or(0));
     let (blocks_ptr, n_blocks) = match blocks {
         RoutingBlocks::Uniform => (0, tokens.div_ceil(shape.block)),
