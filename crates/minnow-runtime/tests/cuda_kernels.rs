@@ -737,6 +737,18 @@ fn router_ref(logits: &[f32], bias: &[f32], t: usize, s: &RouterShape) -> (Vec<u
     (ids, ws)
 }
 
+/// 2.2 block routing over 32-token blocks: top-`k` of `experts`, `capacity` admitted per block.
+fn block_routing(experts: usize, top_k: usize, capacity: usize) -> RouterShape {
+    RouterShape {
+        experts,
+        top_k,
+        groups: None,
+        capacity: Some(capacity),
+        block: 32,
+        scale: 2.5,
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn router_matches_reference() {
@@ -751,14 +763,7 @@ fn router_matches_reference() {
             block: 32,
             scale: 2.5,
         },
-        RouterShape {
-            experts: 256,
-            top_k: 8,
-            groups: None,
-            capacity: Some(48),
-            block: 32,
-            scale: 2.5,
-        },
+        block_routing(256, 8, 48),
         RouterShape {
             experts: 16,
             top_k: 4,
@@ -767,14 +772,7 @@ fn router_matches_reference() {
             block: 32,
             scale: 2.5,
         },
-        RouterShape {
-            experts: 16,
-            top_k: 4,
-            groups: None,
-            capacity: Some(6),
-            block: 32,
-            scale: 2.5,
-        },
+        block_routing(16, 4, 6),
     ];
     // 77 tokens: two full routing blocks and a partial one, one token per route_block CTA;
     // 2,100 tokens: eight tokens per CTA and a partial last block.
@@ -851,22 +849,7 @@ fn router_matches_reference() {
 fn routing_that_dispatches_in_the_same_launch_gives_what_two_launches_give() {
     let g = gpu();
     let mut rng = rng();
-    let wide = RouterShape {
-        experts: 256,
-        top_k: 8,
-        groups: None,
-        capacity: Some(48),
-        block: 32,
-        scale: 2.5,
-    };
-    let narrow = RouterShape {
-        experts: 16,
-        top_k: 4,
-        groups: None,
-        capacity: Some(6),
-        block: 32,
-        scale: 2.5,
-    };
+    let (wide, narrow) = (block_routing(256, 8, 48), block_routing(16, 4, 6));
     // (shape, tokens, listed blocks (first row, rows), tile rows, packed shared expert): a
     // denoising step; a partial last block (CTAs with no token of their own still arrive); a
     // batch of 16 blocks at 32 tokens a CTA; few experts. Each runs three times on one counter,

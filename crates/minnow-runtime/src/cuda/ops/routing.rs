@@ -91,7 +91,7 @@ pub fn route(
     shape.check()?;
     if shape.capacity.is_some() {
         return launch_route_block(
-            gpu, shape, logits, bias, topk_idx, topk_w, tokens, blocks, None,
+            gpu, shape, logits, bias, topk_idx, topk_w, tokens, blocks, None, None,
         );
     }
     let e = shape.experts;
@@ -217,55 +217,17 @@ pub fn route_and_dispatch_in_one_launch(
             d.experts
         ));
     }
-    let (tpc, threads) = route_launch_shape(
-        tokens,
-        shape.experts,
-        shape.block,
-        super::super::tuning::tuning().route_shared,
-    );
-    let (e, capacity) = (shape.experts, shape.capacity.unwrap_or(0));
-    let (blocks_ptr, n_blocks) = match blocks {
-        RoutingBlocks::Uniform => (0, tokens.div_ceil(shape.block)),
-        RoutingBlocks::Listed { ptr, count } => (ptr, count),
-    };
-    let ctas = n_blocks * shape.block.div_ceil(tpc);
-    if ctas == 0 {
-        return Ok(());
-    }
-    // route_block's scores of its tokens, then the dispatch's counts and cursors.
-    let shared = (2 * tpc * e * 4).max(8 * d.experts);
-    let cfg = LaunchConfig::new((ctas as u32, 1, 1), threads, shared as u32);
-    kernels::router::route_block_dispatch(
+    launch_route_block(
         gpu,
-        cfg,
+        shape,
         logits,
         bias,
-        blocks_ptr,
-        tokens as i32,
-        e as i32,
-        shape.block as i32,
-        capacity as i32,
-        shape.top_k as i32,
-        shape.scale,
-        tpc as i32,
         topk_idx,
         topk_w,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        d.experts as i32,
-        d.tile_rows as i32,
-        d.shared_expert.map_or(-1, |s| s as i32),
-        d.slot_pos,
-        d.row_token,
-        d.tiles,
-        d.num_tiles,
-        d.arrivals,
+        tokens,
+        blocks,
+        None,
+        Some(d),
     )
 }
 
@@ -328,6 +290,7 @@ pub fn route_pooled(
         tokens,
         RoutingBlocks::Uniform,
         Some(pool),
+        None,
     )
 }
 
@@ -359,7 +322,8 @@ fn route_launch_shape(tokens: usize, experts: usize, block: usize, shared: bool)
 }
 
 /// `route_block` (kernels/router.cu): 2.2 admission and top-k, a few tokens per CTA; with a pool
-/// it also lays out the admitted pool (one routing block only).
+/// it also lays out the admitted pool (one routing block only); with a dispatch,
+/// `route_block_dispatch` (no pool) also dispatches the choices in the same launch.
 #[allow(clippy::too_many_arguments)]
 fn launch_route_block(
     gpu: &Gpu,
@@ -371,6 +335,7 @@ fn launch_route_block(
     tokens: usize,
     blocks: RoutingBlocks,
     pool: Option<&ExpertPool>,
+    dispatch: Option<&DispatchAfter>,
 ) -> CudaResult<()> {
     let (e, capacity) = (shape.experts, shape.capacity.unwrap_or(0));
     let shared = super::super::tuning::tuning().route_shared;
@@ -383,9 +348,50 @@ fn launch_route_block(
         return Ok(());
     }
     let ctas = n_blocks * shape.block.div_ceil(tpc);
-    let cfg = LaunchConfig::new((ctas as u32, 1, 1), threads, (2 * tpc * e * 4) as u32);
+    // The block's scores of the CTA's tokens (then the dispatch's counts and cursors).
+    let scores = 2 * tpc * e * 4;
     // No pool: null address arrays tell the kernel to skip the pool outputs.
     let p = pool.copied().unwrap_or_default();
+    if let Some(d) = dispatch {
+        let cfg = LaunchConfig::new(
+            (ctas as u32, 1, 1),
+            threads,
+            scores.max(8 * d.experts) as u32,
+        );
+        return kernels::router::route_block_dispatch(
+            gpu,
+            cfg,
+            logits,
+            bias,
+            blocks_ptr,
+            tokens as i32,
+            e as i32,
+            shape.block as i32,
+            capacity as i32,
+            shape.top_k as i32,
+            shape.scale,
+            tpc as i32,
+            topk_idx,
+            topk_w,
+            p.gate_up,
+            p.gate_up_stride as i64,
+            p.down,
+            p.down_stride as i64,
+            p.gate_up_ptrs,
+            p.down_ptrs,
+            p.slot_pos,
+            p.row_stride as i32,
+            d.experts as i32,
+            d.tile_rows as i32,
+            d.shared_expert.map_or(-1, |s| s as i32),
+            d.slot_pos,
+            d.row_token,
+            d.tiles,
+            d.num_tiles,
+            d.arrivals,
+        );
+    }
+    let cfg = LaunchConfig::new((ctas as u32, 1, 1), threads, scores as u32);
     kernels::router::route_block(
         gpu,
         cfg,
@@ -554,6 +560,51 @@ mod tests {
             block: 32,
             scale: 2.5,
         }
+    }
+
+    fn dispatch_to(experts: usize, shared_expert: Option<usize>) -> DispatchAfter {
+        DispatchAfter {
+            experts,
+            tile_rows: 16,
+            shared_expert,
+            slot_pos: 0,
+            row_token: 0,
+            tiles: 0,
+            num_tiles: 0,
+            scratch: 0,
+            arrivals: 0,
+        }
+    }
+
+    #[test]
+    fn one_launch_routes_and_dispatches_steps_of_few_blocks_under_block_routing_only() {
+        let (mini, packed) = (router(256, 8, None, Some(48)), dispatch_to(257, Some(256)));
+        // A refinement step, 16 blocks, the largest forward under the multi-CTA dispatch's
+        // threshold (1,023 x 8 assignments).
+        for tokens in [32, 512, 1023] {
+            assert!(
+                routes_and_dispatches_in_one_launch(&mini, tokens, &packed),
+                "{tokens} tokens"
+            );
+        }
+        // 64 blocks' 16,384 assignments take the three-launch dispatch.
+        assert!(!routes_and_dispatches_in_one_launch(&mini, 2048, &packed));
+        assert!(
+            !routes_and_dispatches_in_one_launch(&router(256, 8, Some((8, 4)), None), 32, &packed),
+            "2.0 / 2.1 group routing has its own kernel"
+        );
+        assert!(
+            !routes_and_dispatches_in_one_launch(&mini, 32, &dispatch_to(257, Some(257))),
+            "the shared expert's slot must be one of the dispatch's"
+        );
+        assert!(
+            !routes_and_dispatches_in_one_launch(&mini, 32, &dispatch_to(2000, None)),
+            "more expert slots than a CTA's threads"
+        );
+        assert!(
+            !routes_and_dispatches_in_one_launch(&router(0, 8, None, Some(48)), 32, &packed),
+            "an invalid shape"
+        );
     }
 
     #[test]
