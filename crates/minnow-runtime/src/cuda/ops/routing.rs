@@ -150,7 +150,6 @@ pub fn route_and_dispatch(
     blocks: RoutingBlocks,
     dispatch: &DispatchAfter,
 ) -> CudaResult<()> {
-    shape.check()?;
     let d = dispatch;
     if super::super::tuning::tuning().route_dispatch
         && routes_and_dispatches_in_one_launch(shape, tokens, d)
@@ -216,6 +215,9 @@ pub fn route_and_dispatch_in_one_launch(
             "routing {tokens} tokens under {shape:?} and dispatching to {} experts in one launch",
             d.experts
         ));
+    }
+    if d.arrivals == 0 {
+        return unsupported("routing and dispatch in one launch without its counter".into());
     }
     launch_route_block(
         gpu,
