@@ -113,8 +113,8 @@ pub fn route(
     )
 }
 
-/// The [`super::moe_dispatch`] that follows a routing: its arguments but the routing's own, and
-/// the counter that lets [`route_and_dispatch`] run both in one launch.
+/// The [`super::expert_gemm::moe_dispatch`] that follows a routing: its arguments but the
+/// routing's own, and the counter that lets [`route_and_dispatch`] run both in one launch.
 #[derive(Clone, Copy, Debug)]
 pub struct DispatchAfter {
     /// Experts, the packed shared one (`shared_expert`) included.
@@ -125,15 +125,15 @@ pub struct DispatchAfter {
     pub row_token: u64,
     pub tiles: u64,
     pub num_tiles: u64,
-    /// [`super::moe_dispatch_scratch_len`] i32s.
+    /// [`super::expert_gemm::moe_dispatch_scratch_len`] i32s.
     pub scratch: u64,
     /// One i32 that is 0 (and is 0 again after every launch that uses it): the fused launch's
     /// count of CTAs done routing. Never used by two launches at once.
     pub arrivals: u64,
 }
 
-/// [`route`], then [`super::moe_dispatch`] of its choices as `dispatch` says. A 2.2 routing with
-/// few assignments (a denoising step, a few batched ones) does both in one launch
+/// [`route`], then [`super::expert_gemm::moe_dispatch`] of its choices as `dispatch` says. A 2.2
+/// routing with few assignments (a denoising step, a few batched ones) does both in one launch
 /// (`route_block_dispatch`: the last routing CTA to finish dispatches), saving a kernel boundary
 /// per MoE layer in a chain of short launches; the outputs mean the same either way (rows of a
 /// routed expert are in no particular order in both). Only with `MINNOW_ROUTE_DISPATCH=1` (off by
@@ -159,7 +159,7 @@ pub fn route_and_dispatch(
         );
     }
     route(gpu, shape, logits, bias, topk_idx, topk_w, tokens, blocks)?;
-    super::moe_dispatch(
+    super::expert_gemm::moe_dispatch(
         gpu,
         topk_idx,
         tokens,
