@@ -916,7 +916,6 @@ fn routing_that_dispatches_in_the_same_launch_gives_what_two_launches_give() {
                 row_token: one.row_token.ptr(),
                 tiles: one.tiles.ptr(),
                 num_tiles: one.num_tiles.ptr(),
-                scratch: one.scratch.ptr(),
                 arrivals: arrivals.ptr(),
             };
             ops::route_and_dispatch_in_one_launch(

@@ -274,8 +274,6 @@ pub(super) fn queue_grouped_experts(
     } else {
         grouping.tile_rows
     };
-    // One launch for both where the assignments are few (a denoising step's routing is a chain
-    // of short launches): the stage profile then counts the dispatch in "router".
     let dispatch = ops::DispatchAfter {
         experts: slots,
         tile_rows,
@@ -284,21 +282,51 @@ pub(super) fn queue_grouped_experts(
         row_token: ws.row_token.ptr(),
         tiles: ws.tiles.ptr(),
         num_tiles: ws.num_tiles.ptr(),
-        scratch: ws.dispatch_scratch.ptr(),
         arrivals: ws.route_arrivals.ptr(),
     };
-    ops::route_and_dispatch(
-        gpu,
-        router,
-        ws.router_logits.ptr(),
-        moe.bias.ptr(),
-        ws.topk_idx.ptr(),
-        ws.topk_w.ptr(),
-        t,
-        grouping.blocks,
-        &dispatch,
-    )?;
-    mark("router")?;
+    if tuning().route_dispatch && ops::routes_and_dispatches_in_one_launch(router, t, &dispatch) {
+        // A denoising step's few assignments dispatched by the routing's own launch
+        // (`MINNOW_ROUTE_DISPATCH=1`): one kernel boundary fewer in its chain of short launches.
+        ops::route_and_dispatch_in_one_launch(
+            gpu,
+            router,
+            ws.router_logits.ptr(),
+            moe.bias.ptr(),
+            ws.topk_idx.ptr(),
+            ws.topk_w.ptr(),
+            t,
+            grouping.blocks,
+            &dispatch,
+        )?;
+        mark("router + dispatch")?;
+    } else {
+        ops::route(
+            gpu,
+            router,
+            ws.router_logits.ptr(),
+            moe.bias.ptr(),
+            ws.topk_idx.ptr(),
+            ws.topk_w.ptr(),
+            t,
+            grouping.blocks,
+        )?;
+        mark("router")?;
+        ops::moe_dispatch(
+            gpu,
+            ws.topk_idx.ptr(),
+            t,
+            k,
+            slots,
+            tile_rows,
+            packed.then_some(e),
+            ws.slot_pos.ptr(),
+            ws.row_token.ptr(),
+            ws.tiles.ptr(),
+            ws.num_tiles.ptr(),
+            ws.dispatch_scratch.ptr(),
+        )?;
+        mark("dispatch")?;
+    }
     let tiles = ops::ExpertTiles {
         tiles: ws.tiles.ptr(),
         num_tiles: ws.num_tiles.ptr(),

@@ -113,8 +113,9 @@ pub fn route(
     )
 }
 
-/// The [`super::expert_gemm::moe_dispatch`] that follows a routing: its arguments but the
-/// routing's own, and the counter that lets [`route_and_dispatch`] run both in one launch.
+/// Where a routing's [`super::expert_gemm::moe_dispatch`] puts its outputs (that function's
+/// arguments but the routing's own), and the counter that lets
+/// [`route_and_dispatch_in_one_launch`] run both in one launch.
 #[derive(Clone, Copy, Debug)]
 pub struct DispatchAfter {
     /// Experts, the packed shared one (`shared_expert`) included.
@@ -125,54 +126,9 @@ pub struct DispatchAfter {
     pub row_token: u64,
     pub tiles: u64,
     pub num_tiles: u64,
-    /// [`super::expert_gemm::moe_dispatch_scratch_len`] i32s.
-    pub scratch: u64,
-    /// One i32 that is 0 (and is 0 again after every launch that uses it): the fused launch's
-    /// count of CTAs done routing. Never used by two launches at once.
+    /// One i32 that is 0 (and is 0 again after every launch that uses it): the launch's count
+    /// of CTAs done routing. Never used by two launches at once.
     pub arrivals: u64,
-}
-
-/// [`route`], then [`super::expert_gemm::moe_dispatch`] of its choices as `dispatch` says. A 2.2
-/// routing with few assignments (a denoising step, a few batched ones) does both in one launch
-/// (`route_block_dispatch`: the last routing CTA to finish dispatches), saving a kernel boundary
-/// per MoE layer in a chain of short launches; the outputs mean the same either way (rows of a
-/// routed expert are in no particular order in both). Only with `MINNOW_ROUTE_DISPATCH=1` (off by
-/// default until measured on a GPU; `Tuning::route_dispatch`).
-#[allow(clippy::too_many_arguments)]
-pub fn route_and_dispatch(
-    gpu: &Gpu,
-    shape: &RouterShape,
-    logits: u64,
-    bias: u64,
-    topk_idx: u64,
-    topk_w: u64,
-    tokens: usize,
-    blocks: RoutingBlocks,
-    dispatch: &DispatchAfter,
-) -> CudaResult<()> {
-    let d = dispatch;
-    if super::super::tuning::tuning().route_dispatch
-        && routes_and_dispatches_in_one_launch(shape, tokens, d)
-    {
-        return route_and_dispatch_in_one_launch(
-            gpu, shape, logits, bias, topk_idx, topk_w, tokens, blocks, d,
-        );
-    }
-    route(gpu, shape, logits, bias, topk_idx, topk_w, tokens, blocks)?;
-    super::expert_gemm::moe_dispatch(
-        gpu,
-        topk_idx,
-        tokens,
-        shape.top_k,
-        d.experts,
-        d.tile_rows,
-        d.shared_expert,
-        d.slot_pos,
-        d.row_token,
-        d.tiles,
-        d.num_tiles,
-        d.scratch,
-    )
 }
 
 /// Whether [`route_and_dispatch_in_one_launch`] takes this routing: 2.2 block routing, fewer
@@ -195,8 +151,12 @@ pub fn routes_and_dispatches_in_one_launch(
         && dispatch.shared_expert.is_none_or(|s| s < dispatch.experts)
 }
 
-/// `route_block_dispatch`: [`route_and_dispatch`] in one launch whatever the tuning says (an
-/// error where [`routes_and_dispatches_in_one_launch`] refuses).
+/// [`route`], then the one-CTA [`super::expert_gemm::moe_dispatch`] of its choices, in one
+/// launch (`route_block_dispatch`: the last routing CTA to finish dispatches), saving a kernel
+/// boundary per MoE layer in a denoising step's chain of short launches. The outputs mean what
+/// the two launches' do (rows of a routed expert are in no particular order in both). An error
+/// where [`routes_and_dispatches_in_one_launch`] refuses. The forward takes it only with
+/// `MINNOW_ROUTE_DISPATCH=1` (off by default until measured on a GPU; `Tuning::route_dispatch`).
 #[allow(clippy::too_many_arguments)]
 pub fn route_and_dispatch_in_one_launch(
     gpu: &Gpu,
@@ -573,7 +533,6 @@ mod tests {
             row_token: 0,
             tiles: 0,
             num_tiles: 0,
-            scratch: 0,
             arrivals: 0,
         }
     }
