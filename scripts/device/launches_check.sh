@@ -31,6 +31,9 @@ bench() {  # label, encoding, then environment assignments
 }
 bench tree bf16
 bench both bf16 MINNOW_ROUTE_DISPATCH=1 MINNOW_ATTN_CLUSTER_FOLD=1
+# Batched steps walk a tile's chunks in one CTA because a CTA per chunk paid for its partials'
+# round trip through memory (84 MB a layer at x64); folded in a cluster they stay on chip.
+bench "fold, no one-CTA tiles" bf16 MINNOW_ATTN_CLUSTER_FOLD=1 MINNOW_ATTN_ONE_CTA_PERCENT=100000
 bench tree int4
 bench both int4 MINNOW_ROUTE_DISPATCH=1 MINNOW_ATTN_CLUSTER_FOLD=1
 bench fold-only int4 MINNOW_ATTN_CLUSTER_FOLD=1
