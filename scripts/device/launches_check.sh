@@ -21,7 +21,7 @@ timeout 120 bin/test-cuda_kernels --ignored --test-threads 1 routing_that_dispat
   attention_folded_in_a_cluster attention_in_one_cta 2>&1 |
   awk '/^test .*(FAILED|ok)$|test result|replay with/ {print} /panicked/ {print; getline; print}' | tail -14
 echo "== gpu_invariance (both launches saved) t=$SECONDS"
-MINNOW_ROUTE_DISPATCH=1 MINNOW_ATTN_CLUSTER_FOLD=1 timeout 170 bin/test-gpu_invariance --ignored --nocapture 2>&1 |
+MINNOW_ROUTE_DISPATCH=1 MINNOW_ATTN_CLUSTER_FOLD=1 timeout $(( END - SECONDS < 170 ? END - SECONDS : 170 )) bin/test-gpu_invariance --ignored --nocapture 2>&1 |
   grep -E "graphs captured|differing|test result|panicked" -A1
 bench() {  # label, encoding, then environment assignments
   [ $SECONDS -gt $((END - 80)) ] && { echo "skip $1 $2 (time)"; return; }
