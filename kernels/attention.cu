@@ -259,42 +259,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const bf16* 
                  : "r"(s));
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// The float at `local` in the shared memory of the cluster's CTA `rank`.
-__device__ __forceinline__ float load_in_cluster(const float* local, unsigned rank) {
-    unsigned remote;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(local)), "r"(rank));
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
-#endif
-
-// CTAs of one tile that fold their chunks through distributed shared memory (attention_fa_cluster_d*):
-// the cluster spans gridDim.z, so forwards of at most this many chunks take it.
-constexpr int CLUSTER_SPLITS = 8;
-
-// MODE_SPLIT: the CTA takes key split blockIdx.z (one fixed chunk, or an even share) and writes
-// its unnormalised partial (O, m, l) for attention_combine. MODE_SEQ (chunk_tiles > 0, gridDim.z
+// SEQ = false: the CTA takes key split blockIdx.z (one fixed chunk, or an even share) and writes
+// its unnormalised partial (O, m, l) for attention_combine. SEQ = true (chunk_tiles > 0, gridDim.z
 // = 1): the CTA walks every chunk of its rows' keys in order, computing each chunk exactly as a
 // split CTA would (fresh online-softmax state, the same instructions), folds it into a running
 // state with the combine's functions, and writes the BF16 output itself: no partials in memory,
 // no combine launch, the same bits. Tiles are taken last first, so a prefill's longest rows start
-// first. MODE_CLUSTER (chunk_tiles > 0, gridDim.z = CLUSTER_SPLITS, one cluster per tile): each CTA
-// computes chunk blockIdx.z as a split CTA does and leaves its partial in its own shared memory;
-// after a cluster barrier CTA z folds rows z, z + 8, ... of the tile over the eight partials in
-// chunk order with the combine's functions and writes them: the combine's bits without its
-// launch or the partials' round trip through memory (sm_90 and newer).
-enum FaMode { MODE_SPLIT, MODE_SEQ, MODE_CLUSTER };
-template <int D, int MODE>
+// first.
+template <int D, bool SEQ>
 __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
                         float* __restrict__ part_o, float* __restrict__ part_ml, bf16* __restrict__ out,
                         const int4* __restrict__ segs, const int2* __restrict__ tiles, const int* __restrict__ tables,
                         int T, int n_heads, int n_kv, int block, float scale, int chunk_tiles) {
-    constexpr bool SEQ = MODE == MODE_SEQ;
     using L = FaSmem<D>;
     constexpr int LD = L::LD, CH = D / 8, KS = D / 16, ND = D / 8;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -509,82 +485,6 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
         la += __shfl_xor_sync(0xffffffffu, la, off);
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
-    if constexpr (MODE == MODE_CLUSTER) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        // This chunk's partial in the K stages' bytes (free since the loop's last barrier): O of
-        // the tile's 64 rows, then their (m, l). Every row is written, those without a key in the
-        // chunk (m = -inf) too: the fold skips them by their m, so what their O holds is never used.
-        constexpr int P = D + 4;  // floats per partial row
-        static_assert(ROWS * P * 4 + ROWS * 8 <= 2 * KT * LD * 2, "the partial fits in the K stages");
-        float* part = reinterpret_cast<float*>(smem + L::k);
-        float* part_ml_s = part + ROWS * P;
-#pragma unroll
-        for (int n = 0; n < ND; ++n) {
-            *reinterpret_cast<float2*>(part + ra * P + n * 8 + 2 * t4) = make_float2(o[n][0], o[n][1]);
-            *reinterpret_cast<float2*>(part + rb * P + n * 8 + 2 * t4) = make_float2(o[n][2], o[n][3]);
-        }
-        if (t4 == 0) {
-            part_ml_s[ra * 2] = ma;
-            part_ml_s[ra * 2 + 1] = la;
-            part_ml_s[rb * 2] = mb;
-            part_ml_s[rb * 2 + 1] = lb;
-        }
-        cluster_sync_all();  // every chunk's partial is written and visible to the cluster
-        unsigned rank;
-        asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-        constexpr int MINE = ROWS / CLUSTER_SPLITS;  // rows this CTA folds: rank, rank + 8, ...
-        // The fold's scales of each of those rows, as the combine's first thread computes them
-        // (chunk order, chunks with m = -inf skipped), in the Q tile's bytes (Q is in registers).
-        float* scale_a = reinterpret_cast<float*>(smem + L::q);
-        float* scale_b = scale_a + MINE * CLUSTER_SPLITS;
-        float* total_l = scale_b + MINE * CLUSTER_SPLITS;
-        unsigned* kept = reinterpret_cast<unsigned*>(total_l + MINE);  // bit c: chunk c has keys
-        if (tid < MINE) {
-            const int r = rank + tid * CLUSTER_SPLITS;
-            float m_s[CLUSTER_SPLITS], l_s[CLUSTER_SPLITS];
-#pragma unroll
-            for (int c = 0; c < CLUSTER_SPLITS; ++c) {
-                m_s[c] = load_in_cluster(part_ml_s + r * 2, c);
-                l_s[c] = load_in_cluster(part_ml_s + r * 2 + 1, c);
-            }
-            float m = -INFINITY, l = 0.f;
-            unsigned bits = 0;
-#pragma unroll
-            for (int c = 0; c < CLUSTER_SPLITS; ++c) {
-                if (m_s[c] == -INFINITY) continue;
-                const FoldScale f = fold_scale(m, m_s[c]);
-                l = fold(l, l_s[c], f);
-                scale_a[tid * CLUSTER_SPLITS + c] = f.a;
-                scale_b[tid * CLUSTER_SPLITS + c] = f.b;
-                bits |= 1u << c;
-            }
-            total_l[tid] = l;
-            kept[tid] = bits;
-        }
-        __syncthreads();
-        // Each output element folds its row's chunks in order; the eight remote loads are all
-        // requested before the first step (each is a round trip to another SM).
-        for (int i = tid; i < MINE * D; i += THREADS) {
-            const int mine = i / D, e = i % D, r = rank + mine * CLUSTER_SPLITS;
-            const int tok = tok0 + r % tq, head = kvh * group + r / tq;
-            float v[CLUSTER_SPLITS];
-#pragma unroll
-            for (int c = 0; c < CLUSTER_SPLITS; ++c) v[c] = load_in_cluster(part + r * P + e, c);
-            const unsigned bits = kept[mine];
-            float acc = 0.f;
-#pragma unroll
-            for (int c = 0; c < CLUSTER_SPLITS; ++c)
-                if (bits >> c & 1u)
-                    acc = fold(acc, v[c], FoldScale{scale_a[mine * CLUSTER_SPLITS + c], scale_b[mine * CLUSTER_SPLITS + c]});
-            if (r < used && tok < len)
-                out[((size_t)(row0 + tok) * n_heads + head) * D + e] = to_bf16(fold_result(acc, total_l[mine]));
-        }
-        cluster_sync_all();  // no CTA leaves while another may still read its partial
-#else
-        __trap();  // launched only where the sm_90 build is loaded
-#endif
-        return;
-    }
     float* oa = part_o + (((size_t)blockIdx.z * T + row0 + toka) * n_heads + heada) * D;
     float* ob = part_o + (((size_t)blockIdx.z * T + row0 + tokb) * n_heads + headb) * D;
 #pragma unroll
@@ -613,37 +513,21 @@ __device__ void fa_tile(const bf16* __restrict__ q, const bf16* __restrict__ k_c
 // kernel itself (after starting the first key tile's copy when it can).
 // attention_fa_seq_d{D}: grid = (tiles, G, 1), chunk_tiles > 0, output straight into `out`
 // [T, H, D] BF16 (no partials, no combine).
-// attention_fa_cluster_d{D}: grid = (tiles, G, CLUSTER_SPLITS), clusters of (1, 1, CLUSTER_SPLITS),
-// chunk_tiles > 0, forwards of at most CLUSTER_SPLITS chunks; output straight into `out` as
-// attention_fa_seq's (sm_90 and newer; elsewhere a trap).
 #define FA_ENTRY(D)                                                                                      \
     extern "C" __global__ void __launch_bounds__(minnow_fa::THREADS) attention_fa_d##D(                 \
         const bf16* q, const bf16* k_cache, const bf16* v_cache, float* part_o, float* part_ml,          \
         const int4* segs, const int2* tiles, const int* tables, int T, int n_heads, int n_kv, int block, \
         float scale, int chunk_tiles) {                                                                  \
-        minnow_fa::fa_tile<D, minnow_fa::MODE_SPLIT>(q, k_cache, v_cache, part_o, part_ml, nullptr, segs, tiles, tables, \
+        minnow_fa::fa_tile<D, false>(q, k_cache, v_cache, part_o, part_ml, nullptr, segs, tiles, tables, \
                                      T, n_heads, n_kv, block, scale, chunk_tiles);                       \
     }                                                                                                    \
     extern "C" __global__ void __launch_bounds__(minnow_fa::THREADS) attention_fa_seq_d##D(             \
         const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const int4* segs,           \
         const int2* tiles, const int* tables, int T, int n_heads, int n_kv, int block, float scale,      \
         int chunk_tiles) {                                                                               \
-        minnow_fa::fa_tile<D, minnow_fa::MODE_SEQ>(q, k_cache, v_cache, nullptr, nullptr, out, segs, tiles, tables, T,  \
+        minnow_fa::fa_tile<D, true>(q, k_cache, v_cache, nullptr, nullptr, out, segs, tiles, tables, T,  \
                                     n_heads, n_kv, block, scale, chunk_tiles);                           \
-    }                                                                                                    \
-    extern "C" __global__ void __launch_bounds__(minnow_fa::THREADS) FA_CLUSTER_DIMS                    \
-        attention_fa_cluster_d##D(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out,    \
-                                  const int4* segs, const int2* tiles, const int* tables, int T,         \
-                                  int n_heads, int n_kv, int block, float scale, int chunk_tiles) {      \
-        minnow_fa::fa_tile<D, minnow_fa::MODE_CLUSTER>(q, k_cache, v_cache, nullptr, nullptr, out, segs, \
-                                                       tiles, tables, T, n_heads, n_kv, block, scale,   \
-                                                       chunk_tiles);                                     \
     }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define FA_CLUSTER_DIMS __cluster_dims__(1, 1, minnow_fa::CLUSTER_SPLITS)
-#else
-#define FA_CLUSTER_DIMS
-#endif
 FA_ENTRY(64)
 FA_ENTRY(128)
 static_assert(minnow_fa::FaSmem<128>::total == 64 * 136 * 2 * 5, "host mirror");

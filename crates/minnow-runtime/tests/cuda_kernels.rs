@@ -672,67 +672,6 @@ fn attention_in_one_cta_per_tile_gives_the_bits_of_a_cta_per_chunk() {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn attention_folded_in_a_cluster_gives_the_bits_of_the_combine() {
-    let g = gpu();
-    // Refinement-like forwards (32 rows over a prefix of a few chunks), a prefix ending inside a
-    // chunk, rows whose keys span fewer chunks than the forward's longest (their cluster CTAs past
-    // their keys find none), partial tiles, exactly eight chunks, GQA groups that do not divide 64,
-    // head dim 64.
-    let cases: Vec<AttentionShapeCase> = vec![
-        (16, 4, 128, vec![(1024, 32)]),
-        (16, 4, 128, vec![(1000, 45)]),
-        (16, 4, 128, vec![(1024, 32), (0, 32), (300, 7), (1800, 248)]),
-        (16, 4, 128, vec![(0, 13)]),
-        (8, 8, 64, vec![(200, 333)]),
-        (48, 2, 128, vec![(700, 40), (64, 3)]),
-    ];
-    if !ops::attention_cluster_fold_supported(&g, &test_attention_shape(16, 4, 128), 8) {
-        eprintln!("no clusters on this GPU (sm_90 build not loaded): nothing to compare");
-        return;
-    }
-    for (heads, kv, d, segments) in cases {
-        let shape = test_attention_shape(heads, kv, d);
-        let chunks = segments
-            .iter()
-            .map(|&(p, t)| (p + t).div_ceil(ops::attention_chunk_keys()))
-            .max()
-            .unwrap();
-        assert!(
-            chunks <= ops::ATTENTION_CLUSTER_SPLITS,
-            "case {segments:?} needs {chunks} chunks"
-        );
-        // FixedChunks(n) is the split kernel plus the combine unless MINNOW_ATTN_CLUSTER_FOLD=1
-        // routes it to the cluster too; one CTA per tile folds the same chunks in the same order
-        // in registers either way, so the cluster is checked against two independent forms.
-        let outputs = check_attention_batch(
-            &g,
-            &shape,
-            &segments,
-            &[
-                ops::AttentionSplits::FixedChunksFoldedInCluster(chunks),
-                ops::AttentionSplits::FixedChunks(chunks),
-                ops::AttentionSplits::FixedChunksInOneCta,
-            ],
-        );
-        for (other, name) in [(1, "a CTA per chunk"), (2, "one CTA per tile")] {
-            let differ = outputs[0]
-                .iter()
-                .zip(&outputs[other])
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            assert_eq!(
-                differ,
-                0,
-                "h{heads} g{kv} d{d} {segments:?}: {differ} of {} outputs differ between the \
-                 cluster fold and {name}",
-                outputs[0].len()
-            );
-        }
-    }
-}
-
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }

@@ -211,14 +211,10 @@ kernel_table! {
             scale: f32,
             chunk_tiles: i32,
         );
-        /// The tensor-core kernels writing the output without partials in memory or the
-        /// combine: `seq` walks all of a tile's fixed key chunks in one CTA; `cluster` runs one
-        /// CTA per chunk in a cluster of eight per tile that folds them through distributed
-        /// shared memory (sm_90 and newer).
+        /// The tensor-core kernels walking all of a tile's fixed key chunks in one CTA and
+        /// writing the output (no partials, no combine).
         attention_fa_seq_d64,
-        attention_fa_seq_d128,
-        attention_fa_cluster_d64,
-        attention_fa_cluster_d128 as AttentionOneCta (
+        attention_fa_seq_d128 as AttentionOneCta (
             q: u64,
             k_cache: u64,
             v_cache: u64,

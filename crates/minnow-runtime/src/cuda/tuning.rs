@@ -28,7 +28,7 @@
 //!   (W8A8: other bits, still invariant; measured slower than the default, see
 //!   docs/performance.md).
 //!
-//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_ATTN_CLUSTER_FOLD`, `MINNOW_CODES_WGMMA`, `MINNOW_CODES_GATED`,
+//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_CODES_GATED`,
 //! `MINNOW_CODES32_BELOW`, `MINNOW_CODES_SETTLED`, `MINNOW_SHARED_BESIDE`, `MINNOW_DENSE16_ROWS`, `MINNOW_DENSE128_ROWS`,
 //! `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`, `MINNOW_ROUTER_CLUSTER_ROWS`,
 //! `MINNOW_ROUTER_CLUSTER_BELOW`, `MINNOW_ROUTE_DISPATCH`) are described on the fields of
@@ -133,12 +133,6 @@ pub struct Tuning {
     /// That one-CTA-per-tile attention runs on the wgmma kernel on compute capability 9.0
     /// (head dim 128; same bits as the mma.sync kernel): `MINNOW_ATTN_WGMMA`.
     pub attention_wgmma: bool,
-    /// Batch-invariant attention of at most eight fixed chunks per row (a refinement step or a
-    /// few requests) runs a cluster of eight CTAs per tile, one per chunk, that fold their
-    /// partials through distributed shared memory instead of writing them for
-    /// `attention_combine` (same bits, one launch fewer a layer; sm_90 and newer):
-    /// `MINNOW_ATTN_CLUSTER_FOLD`, off until measured on a GPU.
-    pub attn_cluster_fold: bool,
     /// BF16 router weights multiply on tensor cores (`MINNOW_ROUTER_MMA=0`: the F32 CUDA-core
     /// kernels, whose sums round differently, so the two settings give different bits).
     pub router_mma: bool,
@@ -204,7 +198,6 @@ impl Default for Tuning {
             attn_one_cta_percent: 75,
             attn_chunk_keys: 256,
             attention_wgmma: true,
-            attn_cluster_fold: false,
             router_mma: true,
             router_tiled_rows: 1024,
             router_cluster_rows: 256,
@@ -278,8 +271,6 @@ pub fn tuning() -> &'static Tuning {
             .unwrap_or(d.attn_chunk_keys),
             attention_wgmma: env_usize("MINNOW_ATTN_WGMMA", |v| v <= 1)
                 .map_or(d.attention_wgmma, |v| v == 1),
-            attn_cluster_fold: env_usize("MINNOW_ATTN_CLUSTER_FOLD", |v| v <= 1)
-                .map_or(d.attn_cluster_fold, |v| v == 1),
             router_mma: env_usize("MINNOW_ROUTER_MMA", |v| v <= 1).map_or(d.router_mma, |v| v == 1),
             router_tiled_rows: env_usize("MINNOW_ROUTER_TILED_ROWS", |_| true)
                 .unwrap_or(d.router_tiled_rows),

@@ -245,21 +245,12 @@ pub enum AttentionSplits {
     /// Head dims of the tensor-core kernel only ([`attention_uses_fa`]); on Hopper, head dim
     /// 128 runs the wgmma kernel over wide tiles ([`attention_wgmma_supported`]), same bits.
     FixedChunksInOneCta,
-    /// This many fixed chunks (at most [`ATTENTION_CLUSTER_SPLITS`]), one CTA each, in a cluster
-    /// per tile that folds them through distributed shared memory as the combine would: the bits
-    /// of [`AttentionSplits::FixedChunks`] without the partials in memory or the combine's
-    /// launch. Head dims of the tensor-core kernel on sm_90 and newer
-    /// ([`attention_cluster_fold_supported`]). [`attention`] takes it for `FixedChunks(n)` by
-    /// itself when `Tuning::attn_cluster_fold` is on and it applies.
-    FixedChunksFoldedInCluster(usize),
 }
 
 impl AttentionSplits {
     pub fn count(self) -> usize {
         match self {
-            AttentionSplits::Even(n)
-            | AttentionSplits::FixedChunks(n)
-            | AttentionSplits::FixedChunksFoldedInCluster(n) => n.max(1),
+            AttentionSplits::Even(n) | AttentionSplits::FixedChunks(n) => n.max(1),
             AttentionSplits::FixedChunksInOneCta => 1,
         }
     }
@@ -268,8 +259,7 @@ impl AttentionSplits {
     /// none when one CTA per tile folds the chunks itself (the scratch [`attention`] needs).
     pub fn partials_per_row(self) -> usize {
         match self {
-            AttentionSplits::FixedChunksInOneCta
-            | AttentionSplits::FixedChunksFoldedInCluster(_) => 0,
+            AttentionSplits::FixedChunksInOneCta => 0,
             other => other.count(),
         }
     }
@@ -303,71 +293,6 @@ pub fn attention_wgmma_supported(gpu: &Gpu, shape: &AttentionShape) -> bool {
         && gpu.uses_sm90a_ptx()
         && gpu.max_shared_optin() as usize >= attention_wgmma_smem_bytes()
         && super::super::tuning::tuning().attention_wgmma
-}
-
-/// CTAs of a tile's cluster in [`AttentionSplits::FixedChunksFoldedInCluster`]
-/// (CLUSTER_SPLITS in kernels/attention.cu): forwards of at most this many chunks per row.
-pub const ATTENTION_CLUSTER_SPLITS: usize = 8;
-
-/// Whether [`AttentionSplits::FixedChunksFoldedInCluster`] can run `chunks` chunks: the
-/// tensor-core kernel's head dims, the sm_90 build loaded (clusters), at most
-/// [`ATTENTION_CLUSTER_SPLITS`] chunks.
-pub fn attention_cluster_fold_supported(gpu: &Gpu, shape: &AttentionShape, chunks: usize) -> bool {
-    attention_uses_fa(shape.head_dim)
-        && gpu.uses_sm90_ptx()
-        && (1..=ATTENTION_CLUSTER_SPLITS).contains(&chunks)
-}
-
-/// [`attention`] with [`AttentionSplits::FixedChunksFoldedInCluster`]: a cluster of
-/// [`ATTENTION_CLUSTER_SPLITS`] CTAs per tile, CTA z computing chunk z (those past the row's
-/// keys find none), folded in the cluster and written to `out`.
-#[allow(clippy::too_many_arguments)]
-fn attention_folded_in_cluster(
-    gpu: &Gpu,
-    shape: &AttentionShape,
-    q: u64,
-    k_pool: u64,
-    v_pool: u64,
-    out: u64,
-    batch: &AttentionBatch,
-    tokens: usize,
-    chunks: usize,
-) -> CudaResult<()> {
-    use kernels::attention::{
-        attention_fa_cluster_d128, attention_fa_cluster_d64, AttentionOneCta,
-    };
-    let d = shape.head_dim;
-    if !attention_cluster_fold_supported(gpu, shape, chunks) {
-        return unsupported(format!(
-            "attention folded in a cluster for head_dim {d} over {chunks} chunks (head dim 64 or \
-             128, at most {ATTENTION_CLUSTER_SPLITS} chunks, sm_90 or newer)"
-        ));
-    }
-    let kernel: AttentionOneCta = if d == 64 {
-        attention_fa_cluster_d64
-    } else {
-        attention_fa_cluster_d128
-    };
-    if batch.tiles_count == 0 || tokens == 0 {
-        return Ok(());
-    }
-    kernel(
-        gpu,
-        attention_grid(shape, batch, ATTENTION_CLUSTER_SPLITS),
-        q,
-        k_pool,
-        v_pool,
-        out,
-        batch.segs,
-        batch.tiles,
-        batch.tables,
-        tokens as i32,
-        shape.heads as i32,
-        shape.kv_heads as i32,
-        shape.block as i32,
-        1.0 / (d as f32).sqrt(),
-        (attention_chunk_keys() / 64) as i32,
-    )
 }
 
 /// [`attention`] with [`AttentionSplits::FixedChunksInOneCta`]: one CTA per tile walks its fixed
@@ -463,30 +388,9 @@ pub fn attention(
     let scale = 1.0 / (d as f32).sqrt();
     let (splits, chunk_tiles) = match splits {
         AttentionSplits::Even(n) => (n.max(1), 0),
-        AttentionSplits::FixedChunks(n)
-            if super::super::tuning::tuning().attn_cluster_fold
-                && attention_cluster_fold_supported(gpu, shape, n.max(1)) =>
-        {
-            return attention_folded_in_cluster(
-                gpu,
-                shape,
-                q,
-                k_pool,
-                v_pool,
-                out,
-                batch,
-                tokens,
-                n.max(1),
-            );
-        }
         AttentionSplits::FixedChunks(n) => (n.max(1), attention_chunk_keys() / 64),
         AttentionSplits::FixedChunksInOneCta => {
             return attention_in_one_cta(gpu, shape, q, k_pool, v_pool, out, batch, tokens)
-        }
-        AttentionSplits::FixedChunksFoldedInCluster(n) => {
-            return attention_folded_in_cluster(
-                gpu, shape, q, k_pool, v_pool, out, batch, tokens, n,
-            )
         }
     };
     if splits > ATTENTION_MAX_SPLITS {
