@@ -152,9 +152,9 @@ pub struct Tuning {
     /// `MINNOW_ROUTE_SHARED=0` launches one thread per expert.
     pub route_shared: bool,
     /// A 2.2 routing with few assignments dispatches them in the same launch (its last CTA runs
-    /// the one-CTA dispatch; the same outputs): `MINNOW_ROUTE_DISPATCH=1`. Off by default until
-    /// a GPU has run its kernel test and the engine's invariance suite on it (written in
-    /// session forty, when no device machine could be started).
+    /// the one-CTA dispatch; the same outputs): `MINNOW_ROUTE_DISPATCH=0` keeps two launches.
+    /// On by default: on the H100 it took 0.8 % (BF16) and 1.2 % (INT4) off a 16-request step
+    /// and left the refinement step as it was (docs/performance.md, session forty-one).
     pub route_dispatch: bool,
     /// A denoising step's router logits stage their operands in shared memory with 16-byte
     /// copies (same fragments and products: the same bits): `MINNOW_ROUTER_STAGED=0` reads the
@@ -203,7 +203,7 @@ impl Default for Tuning {
             router_cluster_rows: 256,
             router_cluster_below: 4096,
             route_shared: true,
-            route_dispatch: false,
+            route_dispatch: true,
             router_staged: true,
             dense_lt_min_rows: 0,
             lt_candidates: 4,

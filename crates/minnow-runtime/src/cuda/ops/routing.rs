@@ -155,8 +155,8 @@ pub fn routes_and_dispatches_in_one_launch(
 /// launch (`route_block_dispatch`: the last routing CTA to finish dispatches), saving a kernel
 /// boundary per MoE layer in a denoising step's chain of short launches. The outputs mean what
 /// the two launches' do (rows of a routed expert are in no particular order in both). An error
-/// where [`routes_and_dispatches_in_one_launch`] refuses. The forward takes it only with
-/// `MINNOW_ROUTE_DISPATCH=1` (off by default until measured on a GPU; `Tuning::route_dispatch`).
+/// where [`routes_and_dispatches_in_one_launch`] refuses. The forward takes it wherever that
+/// accepts, unless `Tuning::route_dispatch` is off (`MINNOW_ROUTE_DISPATCH=0`: two launches).
 #[allow(clippy::too_many_arguments)]
 pub fn route_and_dispatch_in_one_launch(
     gpu: &Gpu,
