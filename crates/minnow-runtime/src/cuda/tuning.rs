@@ -153,7 +153,7 @@ pub struct Tuning {
     pub route_shared: bool,
     /// A 2.2 routing with few assignments dispatches them in the same launch (its last CTA runs
     /// the one-CTA dispatch; the same outputs): `MINNOW_ROUTE_DISPATCH=0` keeps two launches.
-    /// On by default: on the H100 it took 0.8 % (BF16) and 1.2 % (INT4) off a 16-request step
+    /// On by default: on the H100 it took 0.9 % (BF16) and 1.1 % (INT4) off a 16-request step
     /// and left the refinement step as it was (docs/performance.md, session forty-one).
     pub route_dispatch: bool,
     /// A denoising step's router logits stage their operands in shared memory with 16-byte
