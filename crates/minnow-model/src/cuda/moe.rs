@@ -285,8 +285,8 @@ pub(super) fn queue_grouped_experts(
         arrivals: ws.route_arrivals.ptr(),
     };
     if tuning().route_dispatch && ops::routes_and_dispatches_in_one_launch(router, t, &dispatch) {
-        // A denoising step's few assignments dispatched by the routing's own launch
-        // (on unless `MINNOW_ROUTE_DISPATCH=0`): one kernel boundary fewer in its chain of short launches.
+        // A denoising step's few assignments dispatched by the routing's own launch (on unless
+        // `MINNOW_ROUTE_DISPATCH=0`): one kernel boundary fewer in its chain of short launches.
         ops::route_and_dispatch_in_one_launch(
             gpu,
             router,
