@@ -311,18 +311,19 @@ pub(super) fn queue_grouped_experts(
             grouping.blocks,
         )?;
         mark("router")?;
+        // The same outputs as the one launch's, from the same description.
         ops::moe_dispatch(
             gpu,
             ws.topk_idx.ptr(),
             t,
             k,
-            slots,
-            tile_rows,
-            packed.then_some(e),
-            ws.slot_pos.ptr(),
-            ws.row_token.ptr(),
-            ws.tiles.ptr(),
-            ws.num_tiles.ptr(),
+            dispatch.experts,
+            dispatch.tile_rows,
+            dispatch.shared_expert,
+            dispatch.slot_pos,
+            dispatch.row_token,
+            dispatch.tiles,
+            dispatch.num_tiles,
             ws.dispatch_scratch.ptr(),
         )?;
         mark("dispatch")?;
