@@ -2,7 +2,9 @@
 // SiLU-multiply, the F32 MoE mix, conversions, the argmax/softmax confidence of logits rows and
 // their top-k ids.
 // Numerics follow the reference order of docs/model.md §7 (RMSNorm rounds to BF16 before
-// the weight; SiLU in F32 rounded to BF16, then a BF16 product).
+// the weight; SiLU in F32 rounded to BF16, then a BF16 product). The residual stream `h` is F32:
+// every layer's output joins it without a rounding (the F32 reference's stream), and only the
+// normed rows that feed the GEMMs are BF16.
 #include "common.cuh"
 
 // out[t, :] = table[ids[t], :]. One CTA per row; `d` is a multiple of 8 (16-byte copies).
@@ -15,13 +17,29 @@ extern "C" __global__ void embed_rows(const unsigned* __restrict__ ids, const bf
     for (int i = threadIdx.x; i < d / 8; i += blockDim.x) dst[i] = src[i];
 }
 
+// out[t, :] = F32(table[ids[t], :]): the residual stream's first value (exact). One CTA per row;
+// `d` is a multiple of 8.
+extern "C" __global__ void embed_rows_f32(const unsigned* __restrict__ ids, const bf16* __restrict__ table,
+                                          float* __restrict__ out, int d) {
+    pdl_enter();
+    const int t = blockIdx.x;
+    const uint4* src = reinterpret_cast<const uint4*>(table + (size_t)ids[t] * d);
+    float4* dst = reinterpret_cast<float4*>(out + (size_t)t * d);
+    for (int i = threadIdx.x; i < d / 8; i += blockDim.x) {
+        const uint4 v = src[i];
+        const bf16* b = reinterpret_cast<const bf16*>(&v);
+        dst[2 * i] = make_float4(to_f32(b[0]), to_f32(b[1]), to_f32(b[2]), to_f32(b[3]));
+        dst[2 * i + 1] = make_float4(to_f32(b[4]), to_f32(b[5]), to_f32(b[6]), to_f32(b[7]));
+    }
+}
+
 // Fused residual add and RMSNorm over rows of length d (one CTA per row):
-//   if delta != null: h = BF16(h + delta)        (the residual stream, updated in place)
-//   out = BF16(weight * BF16(F32(h) * rsqrt(mean(F32(h)^2) + eps)))
-// add_rmsnorm and moe_combine_add_rmsnorm move 16 bytes (8 BF16 columns) per load: thread `tid`
-// owns the column groups 8 * (tid + n * blockDim) .. + 8 (d % 8 == 0), sums its squares in that
-// order and feeds block_sum the same partial sums in both kernels, so the fused combine + norm
-// stays bit-identical to moe_combine followed by add_rmsnorm.
+//   if delta != null: h = h + F32(delta)        (the F32 residual stream, updated in place)
+//   out = BF16(weight * BF16(h * rsqrt(mean(h^2) + eps)))
+// add_rmsnorm and moe_combine_add_rmsnorm move 8 columns per load (16 bytes of BF16, 32 of F32):
+// thread `tid` owns the column groups 8 * (tid + n * blockDim) .. + 8 (d % 8 == 0), sums its
+// squares in that order and feeds block_sum the same partial sums in both kernels, so the fused
+// combine + norm stays bit-identical to moe_combine followed by add_rmsnorm.
 __device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
     const bf16* b = reinterpret_cast<const bf16*>(&v);
 #pragma unroll
@@ -34,13 +52,22 @@ __device__ __forceinline__ uint4 pack8(const bf16 (&b)[8]) {
     for (int c = 0; c < 8; ++c) o[c] = b[c];
     return v;
 }
+// The 8 F32 columns of group `v` of a residual row, and their store.
+__device__ __forceinline__ void load8(const float* row, int v, float (&f)[8]) {
+    const float4 a = reinterpret_cast<const float4*>(row)[2 * v], b = reinterpret_cast<const float4*>(row)[2 * v + 1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+__device__ __forceinline__ void store8(float* row, int v, const float (&f)[8]) {
+    reinterpret_cast<float4*>(row)[2 * v] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(row)[2 * v + 1] = make_float4(f[4], f[5], f[6], f[7]);
+}
 
-// The second half of both kernels: out = BF16(weight * BF16(F32(h) * inv)) over the row `row`
-// that this thread wrote itself (same column groups).
-__device__ __forceinline__ void write_normed(const uint4* row, const uint4* weight, uint4* out, int nvec, float inv) {
+// The second half of both kernels: out = BF16(weight * BF16(h * inv)) over the row `row` that
+// this thread wrote itself (same column groups).
+__device__ __forceinline__ void write_normed(const float* row, const uint4* weight, uint4* out, int nvec, float inv) {
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
         float hv[8], wv[8];
-        unpack8(row[v], hv);
+        load8(row, v, hv);
         unpack8(weight[v], wv);
         bf16 o[8];
 #pragma unroll
@@ -49,28 +76,24 @@ __device__ __forceinline__ void write_normed(const uint4* row, const uint4* weig
     }
 }
 
-extern "C" __global__ void add_rmsnorm(bf16* __restrict__ h, const bf16* __restrict__ delta,
+extern "C" __global__ void add_rmsnorm(float* __restrict__ h, const bf16* __restrict__ delta,
                                        const bf16* __restrict__ weight, bf16* __restrict__ out, int d,
                                        float eps) {
     pdl_enter();
     __shared__ float scratch[32];
     const int nvec = d / 8;
-    uint4* row = reinterpret_cast<uint4*>(h + (size_t)blockIdx.x * d);
+    float* row = h + (size_t)blockIdx.x * d;
     const uint4* drow = delta ? reinterpret_cast<const uint4*>(delta + (size_t)blockIdx.x * d) : nullptr;
     float ss = 0.f;
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
         float hv[8];
-        unpack8(row[v], hv);
+        load8(row, v, hv);
         if (drow) {
             float dv[8];
             unpack8(drow[v], dv);
-            bf16 o[8];
 #pragma unroll
-            for (int c = 0; c < 8; ++c) {
-                o[c] = to_bf16(hv[c] + dv[c]);
-                hv[c] = to_f32(o[c]);
-            }
-            row[v] = pack8(o);
+            for (int c = 0; c < 8; ++c) hv[c] += dv[c];
+            store8(row, v, hv);
         }
 #pragma unroll
         for (int c = 0; c < 8; ++c) ss += hv[c] * hv[c];
@@ -135,15 +158,15 @@ extern "C" __global__ void moe_combine(const bf16* __restrict__ y, const int* __
 #define COMBINE_ROWS_IN_FLIGHT 8
 
 // The end of an MoE layer fused with the next RMSNorm (the next layer's input norm, or the final
-// norm): moe_combine into a delta that is never stored, then add_rmsnorm's arithmetic
-//   h = BF16(h + mix)    out = BF16(weight * BF16(F32(h) * rsqrt(mean(F32(h)^2) + eps)))
+// norm): moe_combine into a BF16 delta that is never stored, then add_rmsnorm's arithmetic
+//   h = h + F32(delta)    out = BF16(weight * BF16(h * rsqrt(mean(h^2) + eps)))
 // One CTA per token, k <= COMBINE_NORM_MAX_K, launched with add_rmsnorm's blockDim. Bit-identical
 // to moe_combine then add_rmsnorm: the mix of each column is expert by expert in F32 and the
 // squares are summed over the same column groups in the same order. A thread issues the 16-byte
 // loads of its column group in every expert row together (one memory round trip per pass).
 extern "C" __global__ void moe_combine_add_rmsnorm(const bf16* __restrict__ y, const int* __restrict__ slot_pos,
                                                    const float* __restrict__ w, const bf16* __restrict__ shared,
-                                                   const int* __restrict__ shared_rows, bf16* __restrict__ h,
+                                                   const int* __restrict__ shared_rows, float* __restrict__ h,
                                                    const bf16* __restrict__ weight, bf16* __restrict__ out, int k,
                                                    int d, float eps) {
     pdl_enter();
@@ -157,11 +180,11 @@ extern "C" __global__ void moe_combine_add_rmsnorm(const bf16* __restrict__ y, c
     }
     __syncthreads();
     const bf16* srow = shared_rows ? y + (size_t)shared_rows[t] * d : shared ? shared + (size_t)t * d : nullptr;
-    uint4* row = reinterpret_cast<uint4*>(h + (size_t)t * d);
+    float* row = h + (size_t)t * d;
     float ss = 0.f;
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
         float hv[8], sv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        unpack8(row[v], hv);
+        load8(row, v, hv);
         if (srow) unpack8(reinterpret_cast<const uint4*>(srow)[v], sv);
         for (int j0 = 0; j0 < k; j0 += COMBINE_ROWS_IN_FLIGHT) {
             uint4 yv[COMBINE_ROWS_IN_FLIGHT];
@@ -178,16 +201,14 @@ extern "C" __global__ void moe_combine_add_rmsnorm(const bf16* __restrict__ y, c
                 for (int c = 0; c < 8; ++c) acc[c] += wj * f[c];
             }
         }
-        bf16 o[8];
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
             bf16 delta = to_bf16(acc[c]);
             if (srow) delta = to_bf16(to_f32(delta) + sv[c]);
-            o[c] = to_bf16(hv[c] + to_f32(delta));
-            const float u = to_f32(o[c]);
-            ss += u * u;
+            hv[c] += to_f32(delta);
+            ss += hv[c] * hv[c];
         }
-        row[v] = pack8(o);
+        store8(row, v, hv);
     }
     ss = block_sum(ss, scratch);
     const float inv = rsqrtf(ss / (float)d + eps);

@@ -19,8 +19,8 @@ What it emulates (one forward over the golden 96-token sequence of golden.safete
 * ``minnow``: minnow's CUDA forward (crates/minnow-model/src/cuda/forward.rs, kernels/*.cu) in
   its batch-invariant mode: the same rounding points as ``torch`` except the attention kernel
   (kernels/attention.cu: keys in tiles of 64 with an online max, P rounded to BF16 relative to
-  the running max, the normaliser summed from the rounded P), ``expert_bias`` kept in F32 and
-  ``inv_freq`` in F32.
+  the running max, the normaliser summed from the rounded P), ``expert_bias`` kept in F32,
+  ``inv_freq`` in F32, and the residual stream in F32 (layers' outputs join it unrounded).
 
 A variant is a preset with some rounding points moved: ``preset:point=value,point=value``
 (``--list`` shows the points and each preset's values). GEMMs multiply BF16 values (exact
@@ -101,7 +101,7 @@ POINTS = {
     "attn_l": ("softmax normaliser from: f32 exps | rounded P (flash/tiled only)", "f32", "f32", "rounded"),
     "attn_tile": ("keys per online-softmax tile (tiled only)", 64, 64, 64),
     "attn_out": ("attention output rounded to BF16", 0, 1, 1),
-    "residual": ("residual adds rounded to BF16", 0, 1, 1),
+    "residual": ("residual adds rounded to BF16", 0, 1, 0),
     "silu": ("SiLU output rounded to BF16, SwiGLU product rounded", 0, 1, 1),
     "bias_bf16": ("expert_bias rounded to BF16", 0, 1, 0),
     "mix_out": ("routed mix (F32) rounded to BF16 before the shared expert is added", 0, 1, 1),

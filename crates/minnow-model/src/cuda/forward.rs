@@ -59,7 +59,7 @@ pub(crate) fn queue_forward(
         )
     };
 
-    ops::embed_rows(gpu, m.ids, w.embed.ptr(), ws.h.ptr(), t, d)?;
+    ops::embed_rows_f32(gpu, m.ids, w.embed.ptr(), ws.h.ptr(), t, d)?;
     mark("embed")?;
     ops::rope_cos_sin(gpu, &shape, m.pos, ws.rope_cos_sin.ptr(), t, c.rope_theta)?;
     mark("qk-norm + rope")?;

@@ -15,7 +15,8 @@ pub(crate) struct Workspace {
     pub logit_rows: usize,
     /// Capacity of the attention partials in (token x split) rows.
     pub attn_rows: usize,
-    pub(super) h: DeviceBuffer<bf16>,
+    /// The residual stream, in F32: layers' outputs join it without a rounding.
+    pub(super) h: DeviceBuffer<f32>,
     /// The rows that need the lm_head, gathered when they are not one contiguous run.
     pub(super) head: DeviceBuffer<bf16>,
     pub(super) a: DeviceBuffer<bf16>,

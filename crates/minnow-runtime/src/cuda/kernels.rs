@@ -130,7 +130,9 @@ kernel_table! {
     elementwise (max_dynamic_shared: 0) {
         /// One CTA per id.
         embed_rows(ids: u64, table: u64, out: u64, d: i32);
-        /// One CTA per row; `delta` 0 skips the add.
+        /// One CTA per id; `out` is F32.
+        embed_rows_f32(ids: u64, table: u64, out: u64, d: i32);
+        /// One CTA per row; `h` is F32; `delta` 0 skips the add.
         add_rmsnorm(h: u64, delta: u64, weight: u64, out: u64, d: i32, eps: f32);
         silu_mul(gu: u64, out: u64, width: i32, rows_per_group: i32, group_stride: i32);
         moe_combine(

@@ -42,7 +42,25 @@ pub fn embed_rows(
     kernels::elementwise::embed_rows(gpu, cfg, ids, table, out, d as i32)
 }
 
-/// `h = BF16(h + delta)` (when `delta` is non-zero) then `out = RMSNorm(h) * weight`, per row.
+/// The embedding rows of `ids` widened to F32 into `out` (`[rows, d]` F32): the residual
+/// stream's first value, exact.
+pub fn embed_rows_f32(
+    gpu: &Gpu,
+    ids: u64,
+    table: u64,
+    out: u64,
+    rows: usize,
+    d: usize,
+) -> CudaResult<()> {
+    if !d.is_multiple_of(8) {
+        return unsupported(format!("embedding width {d} is not a multiple of 8"));
+    }
+    let cfg = LaunchConfig::new((rows as u32, 1, 1), row_threads(d / 8), 0);
+    kernels::elementwise::embed_rows_f32(gpu, cfg, ids, table, out, d as i32)
+}
+
+/// `h = h + F32(delta)` (when `delta` is non-zero) then `out = RMSNorm(h) * weight`, per row. The
+/// residual stream `h` is F32 (`[rows, d]`); `delta`, `weight` and `out` are BF16.
 #[allow(clippy::too_many_arguments)]
 pub fn add_rmsnorm(
     gpu: &Gpu,
@@ -120,7 +138,7 @@ pub fn moe_combine(
     )
 }
 
-/// Where an MoE layer's output goes in [`moe_combine_add_rmsnorm`]: the residual stream `h`
+/// Where an MoE layer's output goes in [`moe_combine_add_rmsnorm`]: the F32 residual stream `h`
 /// (`[tokens, d]`, updated in place) and the RMSNorm that follows it (`weight`, `eps`), whose
 /// BF16 result is written to `out`.
 #[derive(Clone, Copy, Debug)]
@@ -135,7 +153,7 @@ pub struct ResidualNorm {
 /// `kernels/elementwise.cu`).
 pub const COMBINE_NORM_MAX_K: usize = 32;
 
-/// [`moe_combine`] fused with the [`add_rmsnorm`] that follows it: `h[t] = BF16(h[t] + mix[t])`,
+/// [`moe_combine`] fused with the [`add_rmsnorm`] that follows it: `h[t] += F32(mix[t])`,
 /// `out[t] = RMSNorm(h[t]) * weight`, one launch instead of two and bit-identical to them (the
 /// mix is never stored). `k` must be at most [`COMBINE_NORM_MAX_K`].
 #[allow(clippy::too_many_arguments)]
