@@ -91,7 +91,9 @@ def load_safetensors(path):
 POINTS = {
     "norm_inner": ("RMSNorm: F32(h) * rsqrt(..) rounded to BF16 before the weight", 0, 1, 1),
     "norm_out": ("RMSNorm: weight * normed rounded to BF16", 0, 1, 1),
-    "linear_out": ("QKV / attention output / MLP / lm_head GEMM outputs rounded to BF16", 0, 1, 1),
+    "linear_out": ("QKV and gate/up GEMM outputs rounded to BF16", 0, 1, 1),
+    "o_out": ("attention output projection (O) rounded to BF16", 0, 1, 1),
+    "down_out": ("down projections (dense MLP, experts, shared expert) rounded to BF16", 0, 1, 1),
     "qknorm": ("QK-norm rounds like the layer norms (inner and out)", 0, 1, 1),
     "rope_cs": ("RoPE cos/sin rounded to BF16", 0, 1, 1),
     "rope_ops": ("RoPE x*cos, rot(x)*sin and their sum each rounded to BF16", 0, 1, 1),
@@ -200,7 +202,7 @@ class Arith:
         return self.r("silu", self.r("silu", s) * u)
 
     def swiglu(self, x, gate, up, down):
-        return self.linear(self.silu_mul(self.linear(x, gate), self.linear(x, up)), down)
+        return self.r("down_out", self.mm(self.silu_mul(self.linear(x, gate), self.linear(x, up)), down))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,7 +360,7 @@ def forward(fx, ar, record=None):
         q = apply_rope(ar, q, rot, cos, sin)
         k = apply_rope(ar, k, rot, cos, sin)
         o = attention(ar, q, k, v, limits, scale).reshape(T, H * d)
-        o = ar.linear(o, W[p + "attention.dense.weight"])
+        o = ar.r("o_out", ar.mm(o, W[p + "attention.dense.weight"]))
         h = ar.r("residual", h + o)
         m = ar.rmsnorm(h, W[p + "post_attention_layernorm.weight"], eps)
         if li < c["first_k_dense_replace"]:
