@@ -4,14 +4,28 @@
 # agreement with the CPU path, every engine- and model-level GPU suite, then the bench against the
 # tree before it (out/xtask-old.xz: the xtask of a07a78e, whose kernels with
 # MINNOW_ROUTE_DISPATCH=1 are 314bf9e's: a BF16 residual stream), alternating, two rounds.
-# Everything goes to $OUT/log.txt too. WHAT: all (default), tests, or bench (ROUNDS rounds, default 2).
-#   bash scripts/device/residual_check.sh [all|tests|bench]
-exec > >(tee "$OUT/log.txt") 2>&1
-set -uo pipefail
+# WHAT: all (default), tests, bench (ROUNDS rounds, default 2), or sanitize (compute-sanitizer's
+# memcheck over the changed kernels' tests and one fixture). Everything goes to $OUT/log-WHAT.txt too.
+#   bash scripts/device/residual_check.sh [all|tests|bench|sanitize]
 what=${1:-all}
+exec > >(tee "$OUT/log-$what.txt") 2>&1
+set -uo pipefail
 source scripts/device/suites.sh
 device_prelude
 xz -dc out/xtask-old.xz > bin/xtask-old && chmod +x bin/xtask-old
+if [ "$what" = sanitize ]; then
+  # The tree's PTX (newer than the staged binaries' when a kernel changed since staging).
+  export MINNOW_PTX_DIR=$T
+  for t in "cuda_kernels embed_rows_gathers add_rmsnorm_matches_reference graph_replay_reads_new_inputs moe_dispatch_grouped_gemm_and_combine_match_reference" \
+           "cuda_fixtures v20_fixture_matches_golden"; do
+    echo "-- memcheck $t t=$SECONDS"
+    set -- $t
+    bin=$1; shift
+    timeout 240 compute-sanitizer --tool memcheck --print-limit 20 bin/test-$bin --ignored --test-threads 1 "$@" 2>&1 |
+      grep -E "ERROR SUMMARY|^test .*(ok|FAILED)$|test result|=========  (Invalid|Program hit)" | head -20
+  done
+  exit 0
+fi
 if [ "$what" != bench ]; then
 echo "-- kernels t=$SECONDS"
 timeout 200 bin/test-cuda_kernels --ignored --test-threads 1 embed_rows_gathers add_rmsnorm_matches_reference \

@@ -35,15 +35,12 @@ pub fn embed_rows(
     rows: usize,
     d: usize,
 ) -> CudaResult<()> {
-    if !d.is_multiple_of(8) {
-        return unsupported(format!("embedding width {d} is not a multiple of 8"));
-    }
-    let cfg = LaunchConfig::new((rows as u32, 1, 1), row_threads(d / 8), 0);
+    let cfg = embed_launch(rows, d)?;
     kernels::elementwise::embed_rows(gpu, cfg, ids, table, out, d as i32)
 }
 
-/// The embedding rows of `ids` widened to F32 into `out` (`[rows, d]` F32): the residual
-/// stream's first value, exact.
+/// [`embed_rows`] widened to F32 into `out` (`[rows, d]` F32): the residual stream's first
+/// value, exact.
 pub fn embed_rows_f32(
     gpu: &Gpu,
     ids: u64,
@@ -52,11 +49,20 @@ pub fn embed_rows_f32(
     rows: usize,
     d: usize,
 ) -> CudaResult<()> {
+    let cfg = embed_launch(rows, d)?;
+    kernels::elementwise::embed_rows_f32(gpu, cfg, ids, table, out, d as i32)
+}
+
+/// One CTA per gathered row, 8 columns per thread.
+fn embed_launch(rows: usize, d: usize) -> CudaResult<LaunchConfig> {
     if !d.is_multiple_of(8) {
         return unsupported(format!("embedding width {d} is not a multiple of 8"));
     }
-    let cfg = LaunchConfig::new((rows as u32, 1, 1), row_threads(d / 8), 0);
-    kernels::elementwise::embed_rows_f32(gpu, cfg, ids, table, out, d as i32)
+    Ok(LaunchConfig::new(
+        (rows as u32, 1, 1),
+        row_threads(d / 8),
+        0,
+    ))
 }
 
 /// `h = h + F32(delta)` (when `delta` is non-zero) then `out = RMSNorm(h) * weight`, per row. The
