@@ -7,32 +7,30 @@
 // normed rows that feed the GEMMs are BF16.
 #include "common.cuh"
 
-// The 8 columns of a gathered row at 16-byte group `i` of `dst`: copied as they are (BF16) or
-// widened (F32, exact).
-__device__ __forceinline__ void put8(bf16* dst, int i, uint4 v) { reinterpret_cast<uint4*>(dst)[i] = v; }
-__device__ __forceinline__ void put8(float* dst, int i, uint4 v) {
-    const bf16* b = reinterpret_cast<const bf16*>(&v);
-    reinterpret_cast<float4*>(dst)[2 * i] = make_float4(to_f32(b[0]), to_f32(b[1]), to_f32(b[2]), to_f32(b[3]));
-    reinterpret_cast<float4*>(dst)[2 * i + 1] = make_float4(to_f32(b[4]), to_f32(b[5]), to_f32(b[6]), to_f32(b[7]));
-}
-// out[t, :] = table[ids[t], :]. One CTA per row; `d` is a multiple of 8 (16-byte loads).
-template <typename Out>
-__device__ __forceinline__ void gather_row(const unsigned* __restrict__ ids, const bf16* __restrict__ table,
-                                           Out* __restrict__ out, int d) {
-    const int t = blockIdx.x;
-    const uint4* src = reinterpret_cast<const uint4*>(table + (size_t)ids[t] * d);
-    for (int i = threadIdx.x; i < d / 8; i += blockDim.x) put8(out + (size_t)t * d, i, src[i]);
-}
+// out[t, :] = table[ids[t], :]. One CTA per row; `d` is a multiple of 8 (16-byte copies).
 extern "C" __global__ void embed_rows(const unsigned* __restrict__ ids, const bf16* __restrict__ table,
                                       bf16* __restrict__ out, int d) {
     pdl_enter();
-    gather_row(ids, table, out, d);
+    const int t = blockIdx.x;
+    const uint4* src = reinterpret_cast<const uint4*>(table + (size_t)ids[t] * d);
+    uint4* dst = reinterpret_cast<uint4*>(out + (size_t)t * d);
+    for (int i = threadIdx.x; i < d / 8; i += blockDim.x) dst[i] = src[i];
 }
-// The same rows widened to F32: the residual stream's first value.
+
+// out[t, :] = F32(table[ids[t], :]): the residual stream's first value (exact). One CTA per row;
+// `d` is a multiple of 8.
 extern "C" __global__ void embed_rows_f32(const unsigned* __restrict__ ids, const bf16* __restrict__ table,
                                           float* __restrict__ out, int d) {
     pdl_enter();
-    gather_row(ids, table, out, d);
+    const int t = blockIdx.x;
+    const uint4* src = reinterpret_cast<const uint4*>(table + (size_t)ids[t] * d);
+    float4* dst = reinterpret_cast<float4*>(out + (size_t)t * d);
+    for (int i = threadIdx.x; i < d / 8; i += blockDim.x) {
+        const uint4 v = src[i];
+        const bf16* b = reinterpret_cast<const bf16*>(&v);
+        dst[2 * i] = make_float4(to_f32(b[0]), to_f32(b[1]), to_f32(b[2]), to_f32(b[3]));
+        dst[2 * i + 1] = make_float4(to_f32(b[4]), to_f32(b[5]), to_f32(b[6]), to_f32(b[7]));
+    }
 }
 
 // Fused residual add and RMSNorm over rows of length d (one CTA per row):

@@ -21,7 +21,7 @@ if [ "$what" = sanitize ]; then
     echo "-- memcheck $t t=$SECONDS"
     set -- $t
     bin=$1; shift
-    timeout 240 compute-sanitizer --tool memcheck --print-limit 20 bin/test-$bin --ignored --test-threads 1 "$@" 2>&1 |
+    timeout 100 compute-sanitizer --tool memcheck --print-limit 20 bin/test-$bin --ignored --test-threads 1 "$@" 2>&1 |
       grep -E "ERROR SUMMARY|^test .*(ok|FAILED)$|test result|=========  (Invalid|Program hit)" | head -20
   done
   exit 0
