@@ -354,8 +354,9 @@ fn step<'a>(
 /// aggregate generated tokens/s of a fixed-schedule decode (8 blocks of 8 steps, see
 /// [`schedule_label`]) of
 /// that many requests in lockstep, against `single_rate` (the single-sequence decode of the same
-/// schedule measured before), and of the same requests staggered ([`decode_schedule`]: every
-/// forward mixes the steps of a block, with the graphs it captured). Each lockstep decode's first
+/// schedule measured before: its first run and its warm run), and of the same requests staggered
+/// ([`decode_schedule`]: every forward mixes the steps of a block, with the graphs it captured);
+/// each decode twice, the first run (new shapes: graph captures and plan timing) and warm. Each lockstep decode's first
 /// and last request are decoded again alone and must generate the same ids, and every staggered
 /// request its lockstep ids: a mismatch is reported in its row and returned as an error once
 /// every concurrency has run.
@@ -364,7 +365,7 @@ fn batched_benchmarks(
     o: &Opts,
     bw: f64,
     peak: f64,
-    single_rate: f64,
+    single_rate: (f64, f64),
     rows: &mut Vec<String>,
 ) -> Result<(), String> {
     let config = runner.config().clone();
@@ -414,13 +415,13 @@ fn batched_benchmarks(
                 runner.profile_batch(&segs).map_err(err)?,
             );
         }
-        // Fixed-schedule decode of all n requests in lockstep.
+        // Fixed-schedule decode of all n requests in lockstep, twice (first run, then warm:
+        // see `run`'s single-request decode).
         let everyone: Vec<usize> = (0..n).collect();
-        runner.gpu().synchronize().map_err(err)?;
-        let start = Instant::now();
-        let together = lockstep_decode(runner, &tables, &everyone, prefix, o.separate_commits)?;
-        runner.gpu().synchronize().map_err(err)?;
-        let secs = start.elapsed().as_secs_f64();
+        let lockstep = twice(runner, |runner| {
+            lockstep_decode(runner, &tables, &everyone, prefix, o.separate_commits)
+        })?;
+        let together = lockstep[0].2.clone();
         let digest = fnv1a(together.iter().flatten());
         let digest0 = fnv1a(&together[0]);
         // A speed-up over one request only counts if batching leaves what each request generates
@@ -434,25 +435,36 @@ fn batched_benchmarks(
                 differing.push(r);
             }
         }
-        let outputs = if differing.is_empty() {
+        let mut outputs = if differing.is_empty() {
             format!("requests {checked:?} generate the same ids alone")
         } else {
             format!("OUTPUTS DIFFER: requests {differing:?} generate other ids alone")
         };
-        let rate = (n * 8 * 32) as f64 / secs;
-        let base = single_rate;
-        println!(
-            "decode x{n} ({}, lockstep): {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request; digest {digest:016x}); {outputs}",
-            schedule_label(o.separate_commits),
-            secs * 1e3,
-            rate / base
-        );
-        rows.push(format!(
-            "| decode of {n} concurrent requests, {}, 1024 prompts | {:.2} ms | {rate:.0} generated tok/s aggregate | {:.2}x one request; {outputs} |",
-            schedule_label(o.separate_commits),
-            secs * 1e3,
-            rate / base
-        ));
+        if lockstep[1].2 != together {
+            outputs.push_str("; OUTPUTS DIFFER between the first and the warm run");
+            differing.push(usize::MAX);
+        }
+        for (run, (secs, captured, _)) in lockstep.iter().enumerate() {
+            let label = decode_run_label(run, *captured);
+            let rate = (n * 8 * 32) as f64 / secs;
+            let base = if run == 0 {
+                single_rate.0
+            } else {
+                single_rate.1
+            };
+            println!(
+                "decode x{n} ({}, lockstep), {label}: {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request's {label}; digest {digest:016x}); {outputs}",
+                schedule_label(o.separate_commits),
+                secs * 1e3,
+                rate / base
+            );
+            rows.push(format!(
+                "| decode of {n} concurrent requests, {}, 1024 prompts, {label} | {:.2} ms | {rate:.0} generated tok/s aggregate | {:.2}x one request's {label}; {outputs} |",
+                schedule_label(o.separate_commits),
+                secs * 1e3,
+                rate / base
+            ));
+        }
         if n > 1 && !o.separate_commits {
             // The same requests staggered, request r starting r mod 8 steps late: every forward
             // mixes 64-token merged commits and 32-token steps, in an order that rotates, as a
@@ -460,34 +472,38 @@ fn batched_benchmarks(
             // captured say how often the forwards met a shape they had run before.
             let offsets: Vec<usize> = (0..n).map(|r| r % 8).collect();
             let forwards = decode_schedule(&offsets).len();
-            let (captured0, launched0) = CudaRunner::graph_counts();
-            runner.gpu().synchronize().map_err(err)?;
-            let start = Instant::now();
-            let staggered = scheduled_decode(runner, &tables, &everyone, &offsets, prefix, false)?;
-            runner.gpu().synchronize().map_err(err)?;
-            let secs = start.elapsed().as_secs_f64();
-            let (captured, launched) = CudaRunner::graph_counts();
-            let differ: Vec<usize> = (0..n).filter(|&r| staggered[r] != together[r]).collect();
+            let (_, launched0) = CudaRunner::graph_counts();
+            let staggered = twice(runner, |runner| {
+                scheduled_decode(runner, &tables, &everyone, &offsets, prefix, false)
+            })?;
+            let launched = (CudaRunner::graph_counts().1 - launched0) / 2;
+            let differ: Vec<usize> = (0..n)
+                .filter(|&r| staggered.iter().any(|run| run.2[r] != together[r]))
+                .collect();
             let outputs = if differ.is_empty() {
                 "every request generates its lockstep ids".to_string()
             } else {
                 format!("OUTPUTS DIFFER: requests {differ:?} generate other ids than in lockstep")
             };
-            let rate = (n * 8 * 32) as f64 / secs;
-            println!(
-                "decode x{n} staggered ({forwards} forwards): {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request); {} graphs captured, {} graph launches; {outputs}",
-                secs * 1e3,
-                rate / single_rate,
-                captured - captured0,
-                launched - launched0
-            );
-            rows.push(format!(
-                "| decode of {n} staggered requests (request r starts r mod 8 steps late; {forwards} forwards), 1024 prompts | {:.2} ms | {rate:.0} generated tok/s aggregate | {:.2}x one request; {} graphs captured for {} launches; {outputs} |",
-                secs * 1e3,
-                rate / single_rate,
-                captured - captured0,
-                launched - launched0
-            ));
+            for (run, (secs, captured, _)) in staggered.iter().enumerate() {
+                let label = decode_run_label(run, *captured);
+                let rate = (n * 8 * 32) as f64 / secs;
+                let base = if run == 0 {
+                    single_rate.0
+                } else {
+                    single_rate.1
+                };
+                println!(
+                    "decode x{n} staggered ({forwards} forwards), {label}: {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request's {label}); {launched} graph launches; {outputs}",
+                    secs * 1e3,
+                    rate / base,
+                );
+                rows.push(format!(
+                    "| decode of {n} staggered requests (request r starts r mod 8 steps late; {forwards} forwards), 1024 prompts, {label} | {:.2} ms | {rate:.0} generated tok/s aggregate | {:.2}x one request's {label}; {launched} graph launches; {outputs} |",
+                    secs * 1e3,
+                    rate / base,
+                ));
+            }
             if !differ.is_empty() {
                 mismatches.push(format!("x{n} staggered: {outputs}"));
             }
@@ -515,6 +531,34 @@ fn batched_benchmarks(
         ));
     }
     Ok(())
+}
+
+/// Runs a decode twice, each timed between device synchronisations: (seconds, graphs captured,
+/// what it generated) of the first run and of the second.
+fn twice<T>(
+    runner: &mut CudaRunner,
+    mut decode: impl FnMut(&mut CudaRunner) -> Result<T, String>,
+) -> Result<Vec<(f64, usize, T)>, String> {
+    let mut runs = Vec::with_capacity(2);
+    for _ in 0..2 {
+        runner.gpu().synchronize().map_err(err)?;
+        let (captured0, _) = CudaRunner::graph_counts();
+        let start = Instant::now();
+        let out = decode(runner)?;
+        runner.gpu().synchronize().map_err(err)?;
+        let secs = start.elapsed().as_secs_f64();
+        runs.push((secs, CudaRunner::graph_counts().0 - captured0, out));
+    }
+    Ok(runs)
+}
+
+/// How a decode's row names its run: the first meets new shapes (graph captures, cuBLASLt plans
+/// timed for new row counts: once per process), the second is the steady state.
+fn decode_run_label(run: usize, captured: usize) -> String {
+    match run {
+        0 => format!("first run ({captured} graphs captured)"),
+        _ => format!("warm ({captured} graphs captured)"),
+    }
 }
 
 /// What step `step` of block `b` (at position `pos`) forwards under the decodes' schedule: the
@@ -907,61 +951,80 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     // Decode 8 blocks after a 1024-token prompt with a fixed schedule: 8 refinement forwards
     // (top-1 readback) per block, each block's commit as the engine runs it (schedule_label).
+    // Twice: the first run meets shapes no forward had (it captures their graphs and times
+    // cuBLASLt plans for new row counts, once per process, as a server does in its first
+    // minutes); the second is the steady state a serving process runs at. Both must generate
+    // the same ids (a graph replays the launches it captured).
     let single_rate = {
         let seq = runner.create_sequence();
         runner
             .forward(seq, &ids(1024, 3), LogitsRows::None)
             .map_err(err)?;
-        runner.gpu().synchronize().map_err(err)?;
-        let start = Instant::now();
-        // FNV-1a over the committed blocks: A/B runs of kernels that should agree (e.g.
-        // MINNOW_POOL_GEMM=0/1) can compare what the model generated, not only how fast.
-        let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut forwards = 0;
-        let mut previous: Vec<u32> = Vec::new();
-        for b in 0..8 {
-            let pos = 1024 + 32 * b as usize;
-            let mut block = ids(32, 1000 + b);
-            for step in 0..8 {
-                let (start, input, rows) =
-                    step_input(&previous, &block, pos, b as usize, step, o.separate_commits);
-                runner.truncate_sequence(seq, start).map_err(err)?;
-                let top = runner
-                    .forward_top1(seq, &input, LogitsRows::Range(rows))
-                    .map_err(err)?;
-                forwards += 1;
-                // Fill 4 positions per step with the model's choice (fixed schedule; the rows
-                // returned start at the step's first masked slot).
-                for (i, (tok, _)) in top.iter().enumerate().take(4) {
-                    block[step * 4 + i] = (*tok).min(149_999);
+        let mut runs: Vec<(f64, u64, usize, usize)> = Vec::new();
+        for _ in 0..2 {
+            runner.truncate_sequence(seq, 1024).map_err(err)?;
+            runner.gpu().synchronize().map_err(err)?;
+            let (captured0, _) = CudaRunner::graph_counts();
+            let start = Instant::now();
+            // FNV-1a over the committed blocks: A/B runs of kernels that should agree (e.g.
+            // MINNOW_POOL_GEMM=0/1) can compare what the model generated, not only how fast.
+            let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
+            let mut forwards = 0;
+            let mut previous: Vec<u32> = Vec::new();
+            for b in 0..8 {
+                let pos = 1024 + 32 * b as usize;
+                let mut block = ids(32, 1000 + b);
+                for step in 0..8 {
+                    let (start, input, rows) =
+                        step_input(&previous, &block, pos, b as usize, step, o.separate_commits);
+                    runner.truncate_sequence(seq, start).map_err(err)?;
+                    let top = runner
+                        .forward_top1(seq, &input, LogitsRows::Range(rows))
+                        .map_err(err)?;
+                    forwards += 1;
+                    // Fill 4 positions per step with the model's choice (fixed schedule; the
+                    // rows returned start at the step's first masked slot).
+                    for (i, (tok, _)) in top.iter().enumerate().take(4) {
+                        block[step * 4 + i] = (*tok).min(149_999);
+                    }
                 }
+                if o.separate_commits && b + 1 < 8 {
+                    runner.truncate_sequence(seq, pos).map_err(err)?;
+                    runner.forward(seq, &block, LogitsRows::None).map_err(err)?;
+                    forwards += 1;
+                }
+                for &tok in &block {
+                    digest = (digest ^ tok as u64).wrapping_mul(0x0100_0000_01b3);
+                }
+                previous = block;
             }
-            if o.separate_commits && b + 1 < 8 {
-                runner.truncate_sequence(seq, pos).map_err(err)?;
-                runner.forward(seq, &block, LogitsRows::None).map_err(err)?;
-                forwards += 1;
-            }
-            for &tok in &block {
-                digest = (digest ^ tok as u64).wrapping_mul(0x0100_0000_01b3);
-            }
-            previous = block;
+            runner.gpu().synchronize().map_err(err)?;
+            let captured = CudaRunner::graph_counts().0 - captured0;
+            runs.push((start.elapsed().as_secs_f64(), digest, forwards, captured));
         }
-        runner.gpu().synchronize().map_err(err)?;
-        let s = start.elapsed().as_secs_f64();
-        println!(
-            "decode ({}) after 1024 prompt: {:.2} ms, {:.0} tok/s (tokens digest {digest:016x})",
-            schedule_label(o.separate_commits),
-            s * 1e3,
-            256.0 / s
-        );
-        rows.push(format!(
-            "| decode {}, 1024 prompt | {:.2} ms | {:.0} generated tok/s | {:.3} ms per forward |",
-            schedule_label(o.separate_commits),
-            s * 1e3,
-            256.0 / s,
-            s * 1e3 / forwards as f64
-        ));
-        256.0 / s
+        for (run, &(s, digest, forwards, captured)) in runs.iter().enumerate() {
+            let label = decode_run_label(run, captured);
+            println!(
+                "decode ({}) after 1024 prompt, {label}: {:.2} ms, {:.0} tok/s (tokens digest {digest:016x})",
+                schedule_label(o.separate_commits),
+                s * 1e3,
+                256.0 / s
+            );
+            rows.push(format!(
+                "| decode {}, 1024 prompt, {label} | {:.2} ms | {:.0} generated tok/s | {:.3} ms per forward |",
+                schedule_label(o.separate_commits),
+                s * 1e3,
+                256.0 / s,
+                s * 1e3 / forwards as f64
+            ));
+        }
+        if runs[0].1 != runs[1].1 {
+            return Err(format!(
+                "one request's decode generated other ids when run again (digests {:016x} / {:016x})",
+                runs[0].1, runs[1].1
+            ));
+        }
+        (256.0 / runs[0].0, 256.0 / runs[1].0)
     };
 
     // Printed before any mismatch fails the command, so the numbers are never lost.
