@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One device call: the bench's decodes first run and warm (BF16 and INT4, the standard shapes),
+# the user-level invariance check over HTTP (`minnow serve --device cuda --parallel 16` on the
+# three bundled fixtures), then compute-sanitizer's memcheck over the F32 residual stream's
+# kernels and one fixture, then the engine-level GPU suites with the time left. Every part
+# writes its whole output under $OUT (the call's returned tail keeps only the end).
+#   Stage first (scripts/device/stage.sh debug, plus bin/minnow), carry ["out/bin.tar.xz"].
+#   WHAT: all (default), bench, http, sanitize, suites.
+what=${1:-all}
+exec > >(tee "$OUT/log-$what.txt") 2>&1
+set -uo pipefail
+source scripts/device/suites.sh
+device_prelude
+part() { [ "$what" = all ] || [ "$what" = "$1" ]; }
+
+if part bench; then
+  for enc in bf16 int4; do
+    echo "== bench $enc t=$SECONDS"
+    timeout 150 bin/xtask bench --experts $enc --quick --prefill 4096 --prefix 1024 --concurrency 16,64 \
+      > "$OUT/bench-$enc.txt" 2>&1
+    echo "rc=$?"
+    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0|decode)" "$OUT/bench-$enc.txt"
+  done
+fi
+
+if part http; then
+  echo "== http t=$SECONDS"
+  timeout 240 python3 scripts/device/http_invariance.py --minnow bin/minnow --device cuda --parallel 16 \
+    --log "$OUT/http-server.log" tests/fixtures/llada2-tiny-v20 tests/fixtures/llada2-tiny-v21 \
+    tests/fixtures/llada2-tiny-v22
+  echo "http rc=$?"
+fi
+
+if part sanitize; then
+  for t in "cuda_kernels embed_rows_gathers add_rmsnorm_matches_reference graph_replay_reads_new_inputs moe_dispatch_grouped_gemm_and_combine_match_reference" \
+           "cuda_fixtures v20_fixture_matches_golden"; do
+    echo "-- memcheck $t t=$SECONDS"
+    set -- $t
+    bin=$1; shift
+    timeout 150 compute-sanitizer --tool memcheck --print-limit 20 bin/test-$bin --ignored --test-threads 1 "$@" \
+      > "$OUT/memcheck-$bin.txt" 2>&1
+    grep -E "ERROR SUMMARY|^test .*(ok|FAILED)$|test result|=========  (Invalid|Program hit)" "$OUT/memcheck-$bin.txt" | head -20
+  done
+fi
+
+if part suites; then
+  SUITES_END=${SUITES_END:-570} run_suites "gpu_invariance cuda_invariance cuda_fixtures cuda_other_shapes gpu_draws cuda_quant cuda_routing"
+fi
+echo "done t=$SECONDS"
