@@ -356,7 +356,7 @@ fn step<'a>(
 /// that many requests in lockstep, against `single_rate` (the single-sequence decode of the same
 /// schedule measured before: its first run and its warm run), and of the same requests staggered
 /// ([`decode_schedule`]: every forward mixes the steps of a block, with the graphs it captured);
-/// each decode twice, the first run (new shapes: graph captures and plan timing) and warm. Each lockstep decode's first
+/// each decode twice, the first run (new batch shapes: their graph captures) and warm. Each lockstep decode's first
 /// and last request are decoded again alone and must generate the same ids, and every staggered
 /// request its lockstep ids: a mismatch is reported in its row and returned as an error once
 /// every concurrency has run.
@@ -552,8 +552,8 @@ fn twice<T>(
     Ok(runs)
 }
 
-/// How a decode's row names its run: the first meets new shapes (graph captures, cuBLASLt plans
-/// timed for new row counts: once per process), the second is the steady state.
+/// How a decode's row names its run: the first meets new batch shapes (it captures their graphs,
+/// once per process; the cuBLASLt plans were all made at load), the second is the steady state.
 fn decode_run_label(run: usize, captured: usize) -> String {
     match run {
         0 => format!("first run ({captured} graphs captured)"),
@@ -951,10 +951,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     // Decode 8 blocks after a 1024-token prompt with a fixed schedule: 8 refinement forwards
     // (top-1 readback) per block, each block's commit as the engine runs it (schedule_label).
-    // Twice: the first run meets shapes no forward had (it captures their graphs and times
-    // cuBLASLt plans for new row counts, once per process, as a server does in its first
-    // minutes); the second is the steady state a serving process runs at. Both must generate
-    // the same ids (a graph replays the launches it captured).
+    // Twice: the first run meets batch shapes no forward had (it captures their graphs, once
+    // per process, as a server does in its first minutes; the cuBLASLt plans were all made at
+    // load); the second is the steady state a serving process runs at. Both must generate the
+    // same ids (a graph replays the launches it captured).
     let single_rate = {
         let seq = runner.create_sequence();
         runner
