@@ -440,29 +440,24 @@ fn batched_benchmarks(
         } else {
             format!("OUTPUTS DIFFER: requests {differing:?} generate other ids alone")
         };
-        if lockstep[1].2 != together {
+        let warm_differs = lockstep[1].2 != together;
+        if warm_differs {
             outputs.push_str("; OUTPUTS DIFFER between the first and the warm run");
-            differing.push(usize::MAX);
         }
         for (run, (secs, captured, _)) in lockstep.iter().enumerate() {
             let label = decode_run_label(run, *captured);
-            let rate = (n * 8 * 32) as f64 / secs;
-            let base = if run == 0 {
-                single_rate.0
-            } else {
-                single_rate.1
-            };
+            let (rate, ratio) = aggregate_rate(n, run, *secs, single_rate);
             println!(
                 "decode x{n} ({}, lockstep), {label}: {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request's {label}; digest {digest:016x}); {outputs}",
                 schedule_label(o.separate_commits),
                 secs * 1e3,
-                rate / base
+                ratio
             );
             rows.push(format!(
                 "| decode of {n} concurrent requests, {}, 1024 prompts, {label} | {:.2} ms | {rate:.0} generated tok/s aggregate | {:.2}x one request's {label}; {outputs} |",
                 schedule_label(o.separate_commits),
                 secs * 1e3,
-                rate / base
+                ratio
             ));
         }
         if n > 1 && !o.separate_commits {
@@ -487,21 +482,16 @@ fn batched_benchmarks(
             };
             for (run, (secs, captured, _)) in staggered.iter().enumerate() {
                 let label = decode_run_label(run, *captured);
-                let rate = (n * 8 * 32) as f64 / secs;
-                let base = if run == 0 {
-                    single_rate.0
-                } else {
-                    single_rate.1
-                };
+                let (rate, ratio) = aggregate_rate(n, run, *secs, single_rate);
                 println!(
                     "decode x{n} staggered ({forwards} forwards), {label}: {:.2} ms, {rate:.0} generated tok/s aggregate ({:.2}x one request's {label}); {launched} graph launches; {outputs}",
                     secs * 1e3,
-                    rate / base,
+                    ratio,
                 );
                 rows.push(format!(
                     "| decode of {n} staggered requests (request r starts r mod 8 steps late; {forwards} forwards), 1024 prompts, {label} | {:.2} ms | {rate:.0} generated tok/s aggregate | {:.2}x one request's {label}; {launched} graph launches; {outputs} |",
                     secs * 1e3,
-                    rate / base,
+                    ratio,
                 ));
             }
             if !differ.is_empty() {
@@ -520,7 +510,7 @@ fn batched_benchmarks(
                 ));
             }
         }
-        if !differing.is_empty() {
+        if !differing.is_empty() || warm_differs {
             mismatches.push(format!("x{n}: {outputs}"));
         }
     }
@@ -550,6 +540,18 @@ fn twice<T>(
         runs.push((secs, CudaRunner::graph_counts().0 - captured0, out));
     }
     Ok(runs)
+}
+
+/// Generated tokens/s of `n` requests' decode (8 blocks of 32 each) that took `secs`, and its
+/// ratio to one request's decode rate of the same run kind (`single_rate`: first run, warm).
+fn aggregate_rate(n: usize, run: usize, secs: f64, single_rate: (f64, f64)) -> (f64, f64) {
+    let rate = (n * 8 * 32) as f64 / secs;
+    let base = if run == 0 {
+        single_rate.0
+    } else {
+        single_rate.1
+    };
+    (rate, rate / base)
 }
 
 /// How a decode's row names its run: the first meets new batch shapes (it captures their graphs,
