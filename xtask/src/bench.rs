@@ -246,48 +246,112 @@ fn matmul_rate(gpu: &Gpu) -> Result<f64, String> {
     Ok(2.0 * (n as f64).powi(3) / (median(times) * 1e-3))
 }
 
+/// What one phase of a forward must move and compute at least: bytes from device memory and
+/// FLOPs on the tensor cores.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Cost {
+    bytes: f64,
+    flops: f64,
+}
+
+impl Cost {
+    /// The phase alone at `bw` bytes/s and `peak` FLOP/s: its bytes and its products overlap.
+    fn seconds(&self, bw: f64, peak: f64) -> f64 {
+        (self.bytes / bw).max(self.flops / peak)
+    }
+}
+
+/// The least one batched denoising step must read and compute, in the three phases every MoE
+/// layer passes through one after the other.
+#[derive(Clone, Copy, Debug)]
+struct StepCost {
+    /// The routed experts of the step (the union its tokens use per layer) and the shared expert
+    /// beside them (it may run on a side stream, overlapping them).
+    experts: Cost,
+    /// Every other weight once: attention projections, the dense MLP, the routers, the lm_head;
+    /// every row through them.
+    dense: Cost,
+    /// Each request's K/V, and every query row against its request's keys.
+    attention: Cost,
+}
+
+impl StepCost {
+    fn bytes(&self) -> f64 {
+        self.experts.bytes + self.dense.bytes + self.attention.bytes
+    }
+
+    fn flops(&self) -> f64 {
+        self.experts.flops + self.dense.flops + self.attention.flops
+    }
+
+    /// The floor of docs/performance.md: the step's bytes over the copy rate or its FLOPs over
+    /// the matrix rate, whichever is longer, as if every phase overlapped every other.
+    fn floor(&self, bw: f64, peak: f64) -> f64 {
+        (self.bytes() / bw).max(self.flops() / peak)
+    }
+
+    /// The phases one after the other, each at its own floor. A layer's experts wait for its
+    /// attention, which waits for the layer before; the lm_head waits for the last layer. So no
+    /// compute-bound GEMM of one phase can hide under another phase's weight stream, and a step
+    /// of one batch cannot run faster than this (it leaves out the activations each kernel
+    /// writes and the next reads, and every launch gap).
+    fn serial_floor(&self, bw: f64, peak: f64) -> f64 {
+        self.experts.seconds(bw, peak)
+            + self.dense.seconds(bw, peak)
+            + self.attention.seconds(bw, peak)
+    }
+}
+
 /// What one batched denoising step of `n` requests (32 tokens each over its own `prefix`) must
-/// read and compute at least: every dense weight once (attention projections, the dense MLP,
-/// routers, shared experts, the lm_head: every row wants its top-1), the union of the experts
-/// its tokens use in each MoE layer (`experts_used`, measured on the device), and each request's
-/// K/V; FLOPs of every row through its weights plus each request's attention over its keys.
+/// read and compute at least, by phase: every dense weight once (attention projections, the
+/// dense MLP, routers, shared experts, the lm_head: every row wants its top-1), the union of the
+/// experts its tokens use in each MoE layer (`experts_used`, measured on the device), and each
+/// request's K/V; FLOPs of every row through its weights plus each request's attention over its
+/// keys.
 fn batched_step_cost(
     c: &Config,
     n: usize,
     prefix: usize,
     experts_used: &[usize],
     expert_weight_bytes: f64,
-) -> (f64, f64) {
+) -> StepCost {
     let d = c.hidden_size as f64;
     let bf = 2.0;
     let t = (32 * n) as f64;
     let attn_params = c.qkv_rows() as f64 * d + d * (c.num_attention_heads * c.head_dim) as f64;
     let expert_params = 3.0 * c.moe_intermediate_size as f64 * d;
     let shared_params = c.shared_intermediate_size() as f64 * 3.0 * d;
-    let moe_layers = c.num_hidden_layers - c.first_k_dense_replace;
+    let moe_layers = (c.num_hidden_layers - c.first_k_dense_replace) as f64;
     let dense_params = c.first_k_dense_replace as f64 * 3.0 * c.intermediate_size as f64 * d;
-    let router_params = moe_layers as f64 * c.num_experts as f64 * d;
+    let router_params = moe_layers * c.num_experts as f64 * d;
     let lm_head = c.vocab_size as f64 * d;
     let used: f64 = experts_used.iter().map(|&u| u as f64).sum();
     let keys = (prefix + 32) as f64;
     let kv_row = (2 * c.num_key_value_heads * c.head_dim) as f64 * bf;
-    let bytes = (c.num_hidden_layers as f64 * attn_params
-        + dense_params
-        + router_params
-        + moe_layers as f64 * shared_params
-        + lm_head)
-        * bf
-        + used * expert_params * expert_weight_bytes
-        + n as f64 * c.num_hidden_layers as f64 * keys * kv_row;
-    let per_token = c.num_hidden_layers as f64 * attn_params
-        + dense_params
-        + router_params
-        + moe_layers as f64 * (shared_params + c.num_experts_per_tok as f64 * expert_params)
-        + lm_head;
-    // Q.K and P.V of every query row over its request's keys (the block-causal mask ignored).
-    let attention = 4.0 * (c.num_attention_heads * c.head_dim) as f64 * keys;
-    let flops = t * (2.0 * per_token + c.num_hidden_layers as f64 * attention);
-    (bytes, flops)
+    let other_params =
+        c.num_hidden_layers as f64 * attn_params + dense_params + router_params + lm_head;
+    StepCost {
+        experts: Cost {
+            bytes: used * expert_params * expert_weight_bytes + moe_layers * shared_params * bf,
+            flops: t
+                * 2.0
+                * moe_layers
+                * (shared_params + c.num_experts_per_tok as f64 * expert_params),
+        },
+        dense: Cost {
+            bytes: other_params * bf,
+            flops: t * 2.0 * other_params,
+        },
+        // Q.K and P.V of every query row over its request's keys (the block-causal mask ignored).
+        attention: Cost {
+            bytes: n as f64 * c.num_hidden_layers as f64 * keys * kv_row,
+            flops: t
+                * c.num_hidden_layers as f64
+                * 4.0
+                * (c.num_attention_heads * c.head_dim) as f64
+                * keys,
+        },
+    }
 }
 
 /// Pages `first..first + n` of the pool (the batched benchmarks manage their own pages, from the
@@ -379,9 +443,10 @@ fn batched_benchmarks(
         let blocks: Vec<Vec<u32>> = (0..n).map(|r| ids(32, 5000 + r as u64)).collect();
         let segs = step(&tables, &blocks, prefix, Want::Top1(0..32));
         let used = runner.experts_used(&segs).map_err(err)?;
-        let (bytes, flops) =
-            batched_step_cost(&config, n, prefix, &used, o.expert_bytes_per_weight());
-        let floor = (bytes / bw).max(flops / peak);
+        let cost = batched_step_cost(&config, n, prefix, &used, o.expert_bytes_per_weight());
+        let (bytes, flops) = (cost.bytes(), cost.flops());
+        let floor = cost.floor(bw, peak);
+        let serial = cost.serial_floor(bw, peak);
         let mut times = vec![];
         for rep in 0..o.reps + 3 {
             let start = Instant::now();
@@ -393,21 +458,28 @@ fn batched_benchmarks(
         let s = median(times);
         let mean_used = used.iter().sum::<usize>() as f64 / used.len().max(1) as f64;
         println!(
-            "batched step x{n} (32 tokens each @ {prefix} prefix): {:.3} ms; reads >= {:.2} GB ({mean_used:.1} experts per MoE layer), {:.2} TFLOP; floor {:.3} ms ({}), ratio {:.2}",
+            "batched step x{n} (32 tokens each @ {prefix} prefix): {:.3} ms; reads >= {:.2} GB ({mean_used:.1} experts per MoE layer), {:.2} TFLOP; floor {:.3} ms ({}), ratio {:.2}; serial floor {:.3} ms (experts {:.3}, dense GEMMs {:.3}, attention {:.3}), ratio {:.2}",
             s * 1e3,
             bytes / 1e9,
             flops / 1e12,
             floor * 1e3,
             if bytes / bw >= flops / peak { "bandwidth" } else { "compute" },
-            s / floor
+            s / floor,
+            serial * 1e3,
+            cost.experts.seconds(bw, peak) * 1e3,
+            cost.dense.seconds(bw, peak) * 1e3,
+            cost.attention.seconds(bw, peak) * 1e3,
+            s / serial
         );
         rows.push(format!(
-            "| batched denoising step, {n} x 32 tokens @ {prefix} prefix (graph, top-1) | {:.3} ms | floor {:.3} ms ({:.2} GB, {:.2} TFLOP; {mean_used:.1} experts/layer) | {:.2}x floor |",
+            "| batched denoising step, {n} x 32 tokens @ {prefix} prefix (graph, top-1) | {:.3} ms | floor {:.3} ms ({:.2} GB, {:.2} TFLOP; {mean_used:.1} experts/layer); serial floor {:.3} ms | {:.2}x floor, {:.2}x serial floor |",
             s * 1e3,
             floor * 1e3,
             bytes / 1e9,
             flops / 1e12,
-            s / floor
+            serial * 1e3,
+            s / floor,
+            s / serial
         ));
         if n > 1 {
             print_profile(
@@ -1058,6 +1130,30 @@ pub fn run(args: &[String]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_steps_serial_floor_adds_its_phases_and_is_never_below_the_floor() {
+        let c = Config::from_json_str(MINI_22, std::path::Path::new("mini")).unwrap();
+        // Every one of the 19 MoE layers uses all 256 experts (a batch of 64 blocks).
+        let cost = batched_step_cost(&c, 64, 1024, &[256; 19], 2.0);
+        let (bw, peak) = (4.17e12, 798e12);
+        // The H200's figures: the experts stream ~30 GB; the lm_head alone is 1.32 TFLOP.
+        assert!((cost.experts.bytes / 1e9 - 30.7).abs() < 0.1, "{cost:?}");
+        assert!(cost.dense.flops > 2.048e3 * 2.0 * 157_184.0 * 2048.0);
+        let phases = cost.experts.seconds(bw, peak)
+            + cost.dense.seconds(bw, peak)
+            + cost.attention.seconds(bw, peak);
+        assert_eq!(cost.serial_floor(bw, peak), phases);
+        assert!(cost.serial_floor(bw, peak) > cost.floor(bw, peak));
+        // The experts are bound by their bytes, the dense GEMMs by their products.
+        assert!(cost.experts.bytes / bw > cost.experts.flops / peak);
+        assert!(cost.dense.flops / peak > cost.dense.bytes / bw);
+        // One request alone: the floor and the serial floor are the same bytes, phase by phase.
+        let one = batched_step_cost(&c, 1, 1024, &[48; 19], 2.0);
+        let bytes_only = one.experts.bytes / bw + one.dense.bytes / bw + one.attention.bytes / bw;
+        assert!((one.serial_floor(bw, peak) - bytes_only).abs() < 1e-12);
+        assert!((one.floor(bw, peak) - bytes_only).abs() < 1e-12);
+    }
 
     #[test]
     fn a_staggered_schedule_runs_every_step_of_every_request_once_in_order() {
