@@ -531,3 +531,322 @@ GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_i8_wgmma, 8, minnow_codes::INT)
 GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_i4_wgmma, 4, minnow_codes::INT)
 GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f4_wgmma, 4, minnow_codes::E2M1)
 GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f8_wgmma, 8, minnow_codes::E4M3)
+
+// ---------------------------------------------------------------------------------------------
+// INT4 experts on wgmma with the weights decoded into shared memory (`grouped_gemm_i4_wgmma_ss`,
+// opt-in: `MINNOW_CODES_WGMMA=1 MINNOW_CODES_SS=1`; not yet run on a GPU, see
+// docs/performance.md, session forty-three).
+//
+// Why: at x64 an INT4 expert gets ~67 rows, and the mma.sync codes tiles spend most of their
+// issue slots on decoding, addressing and small products (the batched step ran at ~2.9x its
+// floor while BF16's wgmma kernel streams its 4x larger weights near the copy rate). The kernel
+// above with A decoded into registers serialised decoding and products in the same warps. Here
+// the step is split as in the BF16 kernel: the producer warpgroup copies each stage's INT4 words,
+// scales and activation rows with cp.async, and LOOKAHEAD fills later turns the words into BF16
+// weights in the 128-byte-swizzled layout a TMA box would have written, so the two consumer
+// warpgroups run exactly the BF16 kernel's m64n128k16 products (tokens the M side, weights the
+// N side) on them.
+//
+// Batch invariance, the codes tiles' bits: each group of columns is summed into a fresh F32
+// partial in ascending 16-deep steps, then acc = fma(part, scale, acc) in ascending groups (the
+// same products in the same order as codes_tile, as the BF16 kernels match their mma.sync
+// tiles); gated gate/up writes silu_mul of the BF16-rounded sums. A packed shared expert's BF16
+// tiles are not read here: the launcher keeps such launches on the kernels above.
+namespace minnow_i4ss {
+constexpr int ROWS = 128;   // weight rows (output columns) per item: 16 bands of 8
+constexpr int TOKENS = 128;
+constexpr int BK = 64;      // K per stage: one 128-byte swizzled row of BF16
+constexpr int STEPS = BK / 16;
+constexpr int STAGES = 5;
+constexpr int LOOKAHEAD = 2;  // fills whose copies are in flight while the producer decodes one
+constexpr int W_BYTES = ROWS * BK * 2;      // 16 KB: the decoded weights, two 64-row boxes
+constexpr int X_BYTES = TOKENS * BK * 2;    // 16 KB: the activation rows
+constexpr int CODE_BYTES = ROWS * BK / 2;   // 4 KB: the INT4 words as stored ([slot][pair][lane])
+constexpr int SCALE_BYTES = 16 * STEPS * 16;  // [slot][group of the stage, <= STEPS][8 FP16]
+constexpr int STAGE_BYTES = W_BYTES + X_BYTES + CODE_BYTES + SCALE_BYTES;
+static_assert(STAGE_BYTES % 1024 == 0, "stages stay aligned to the swizzle atom");
+static_assert(STAGES >= LOOKAHEAD + 2, "a stage is released one fill after the next is read");
+constexpr int CONSUMERS = 2;
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+static_assert(SMEM_BYTES == 5 * 37888 + 1024 + 80, "host mirror: codes_ss_smem_bytes in ops");
+constexpr int COPIES = TOKENS * (BK / 8) / 128;  // a producer thread's 16-byte row copies per stage
+}  // namespace minnow_i4ss
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace minnow_i4ss {
+using namespace minnow_tma;
+using minnow_codes::decode_int4_word;
+using minnow_wgmma::fence_floats;
+using minnow_wgmma::sw128_desc;
+using minnow_wgmma::wgmma_commit;
+using minnow_wgmma::wgmma_fence;
+using minnow_wgmma::wgmma_m64n128k16;
+using minnow_wgmma::wgmma_wait;
+
+__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned ld_shared_u32(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+// The expert's band (8 weight rows) that slot `slot` (0..15) of an item at column n0 holds. Gated
+// (N = [gate; up], N / 2 rows each): slots 0-7 the gate bands of intermediate columns n0 / 2 ..
+// n0 / 2 + 63, slots 8-15 the up bands of the same columns, so slice rows 0-63 are gate and 64-127
+// up, as in the BF16 kernel's epilogue.
+__device__ __forceinline__ int band_of(int slot, int n0, int N, int gated) {
+    return gated ? (slot < 8 ? n0 / 16 + slot : N / 16 + n0 / 16 + slot - 8) : n0 / 8 + slot;
+}
+
+// The producer's decode of one filled stage: its 1,024 INT4 words (8 per thread) into the BF16
+// weight boxes. Word `i` = slot * 64 + pair * 32 + lane holds row 8 slot + lane / 4 of the slot's
+// band, columns c0 = 2 (lane % 4), c0 + 1, c0 + 8, c0 + 9 of the pair's two 16-column steps
+// (codes.cuh): four BF16 pairs, each four bytes of one 16-byte chunk of the row. A warp writes
+// 8 rows x 4 words per store, on 32 distinct banks through the swizzle.
+__device__ __forceinline__ void decode_stage(unsigned stage, const unsigned char* stage_ptr, int tid) {
+    const unsigned* words = reinterpret_cast<const unsigned*>(stage_ptr + W_BYTES + X_BYTES);
+    const int lane = tid & 31, pair = (tid >> 5) & 1;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int slot = (tid >> 6) + 2 * j, row = 8 * slot + (lane >> 2), brow = row & 63;
+        unsigned v[4];  // chunks 4 pair + 0..3: (c0, c0 + 1) and (c0 + 8, c0 + 9) of both steps
+        decode_int4_word(words[tid + 128 * j], v[0], v[1], v[2], v[3]);
+        const unsigned base = stage + (row >> 6) * (W_BYTES / 2) + brow * 128 + 4 * (lane & 3);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) st_shared_u32(base + (((4 * pair + c) ^ (brow & 7)) << 4), v[c]);
+    }
+}
+
+// One item for one consumer warpgroup (the tile's rows 64 wg ..; the caller checked it has some):
+// k_steps stages of products into `part`, folded into `acc` with the group's scales at the end of
+// each group of GSTEPS 16-column steps, then the epilogue. `it` counts the stages read.
+template <int GSTEPS>
+__device__ __forceinline__ void consume_item(unsigned stages, unsigned full0, unsigned empty0, int& it, int wg,
+                                             int tid, int k_steps, int rows, bf16* __restrict__ Y, int p0, int n0,
+                                             int N, int gated) {
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    float acc[64], part[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.f;
+    // A group longer than a stage spans SPAN stages, unrolled, so where it ends is known at
+    // compile time (a wait in a branch would serialise the products: ptxas C7520).
+    constexpr int SPAN = GSTEPS > STEPS ? GSTEPS / STEPS : 1;
+    int pending = -1;  // the stage whose products are still in flight
+    for (int ks0 = 0; ks0 < k_steps; ks0 += SPAN) {
+#pragma unroll
+        for (int sp = 0; sp < SPAN; ++sp, ++it) {
+            const int s = it % STAGES;
+            mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+            fence_async_proxy_shared();  // the rows cp.async and the decoded weights, for wgmma's reads
+            const unsigned w = stages + s * STAGE_BYTES, x = w + W_BYTES + wg * (64 * 128);
+            const unsigned sc = w + W_BYTES + X_BYTES + CODE_BYTES;
+            fence_floats(part);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < STEPS; ++kk) {
+                wgmma_m64n128k16(part, sw128_desc(x + 32 * kk), sw128_desc(w + 32 * kk));
+                const bool group_end = GSTEPS <= STEPS ? (kk + 1) % GSTEPS == 0 : sp == SPAN - 1 && kk == STEPS - 1;
+                if (group_end) {
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    fence_floats(part);
+                    // d[4j + q] is slice row 8j + 2 t4 + (q & 1): the FP16 scales of rows 2 t4
+                    // and 2 t4 + 1 of slot j's band, one word.
+                    const int gi = GSTEPS <= STEPS ? kk / GSTEPS : 0;
+#pragma unroll
+                    for (int j = 0; j < 16; ++j) {
+                        const unsigned h = ld_shared_u32(sc + (j * STEPS + gi) * 16 + 4 * t4);
+                        const float s0 = __half2float(__ushort_as_half((unsigned short)(h & 0xFFFFu)));
+                        const float s1 = __half2float(__ushort_as_half((unsigned short)(h >> 16)));
+                        acc[4 * j] = fmaf(part[4 * j], s0, acc[4 * j]);
+                        acc[4 * j + 1] = fmaf(part[4 * j + 1], s1, acc[4 * j + 1]);
+                        acc[4 * j + 2] = fmaf(part[4 * j + 2], s0, acc[4 * j + 2]);
+                        acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+                    }
+#pragma unroll
+                    for (int i = 0; i < 64; ++i) part[i] = 0.f;
+                    fence_floats(part);
+                    if (kk < STEPS - 1) wgmma_fence();
+                }
+            }
+            // A stage whose last step ended a group has every product done: it and the one
+            // before are released; otherwise the one before is, once its products are.
+            constexpr bool ends_group_last = GSTEPS <= STEPS;
+            if (ends_group_last || sp == SPAN - 1) {
+                if (tid == 0) {
+                    if (pending >= 0) mbar_arrive(empty0 + 8 * pending);
+                    mbar_arrive(empty0 + 8 * s);
+                }
+                pending = -1;
+            } else {
+                wgmma_commit();
+                wgmma_wait<1>();
+                fence_floats(part);
+                if (pending >= 0 && tid == 0) mbar_arrive(empty0 + 8 * pending);
+                pending = s;
+            }
+        }
+    }
+    if (pending >= 0) {  // (K ends inside a group only for groups longer than K: not launched)
+        wgmma_wait<0>();
+        fence_floats(part);
+        if (tid == 0) mbar_arrive(empty0 + 8 * pending);
+    }
+    // acc[4j + q]: tile row 64 wg + 16 warp + g + 8 (q >> 1), slice row 8j + 2 t4 + (q & 1).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = 64 * wg + 16 * warp + g + 8 * h;
+        if (row >= rows) continue;
+        if (gated) {
+            bf16* y = Y + (size_t)(p0 + row) * (N / 2) + n0 / 2 + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                __nv_bfloat162 v;
+                v.x = silu_mul_bf16(to_f32(to_bf16(acc[4 * j + 2 * h])), to_f32(to_bf16(acc[4 * (j + 8) + 2 * h])));
+                v.y = silu_mul_bf16(to_f32(to_bf16(acc[4 * j + 2 * h + 1])),
+                                    to_f32(to_bf16(acc[4 * (j + 8) + 2 * h + 1])));
+                *reinterpret_cast<__nv_bfloat162*>(y + 8 * j) = v;
+            }
+        } else {
+            bf16* y = Y + (size_t)(p0 + row) * N + n0 + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+                *reinterpret_cast<__nv_bfloat162*>(y + 8 * j) =
+                    __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+    }
+}
+
+__device__ void grouped_i4_ss(const bf16* __restrict__ X, const int* __restrict__ row_token,
+                              const unsigned char* __restrict__ codes, const __half* __restrict__ scales, int group,
+                              bf16* __restrict__ Y, const int4* __restrict__ tiles, const int* __restrict__ num_tiles,
+                              int N, int K, int gated) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned stages = (raw + 1023) & ~1023u;
+    const unsigned char* stage_ptr = smem_raw + (stages - raw);
+    const unsigned full0 = stages + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
+    const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+    // Full: each producer thread once its share of the stage is decoded; empty: each consumer
+    // warpgroup.
+    init_stage_barriers(full0, empty0, STAGES, 128, CONSUMERS);
+    pdl_enter();  // the tile list and X come from the kernels before
+    const int slices = N / ROWS, k_steps = K / BK;
+    const int groups = K / group, gsteps = group / 16;  // gsteps: 1, 2, 4 or 8
+    const int stage_groups = gsteps < STEPS ? STEPS / gsteps : 1;
+    const int items = num_tiles[0] * slices;
+
+    if (wg == CONSUMERS) {  // producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 104;\n" ::: "memory");
+        const int chunk = tid & 7, row0 = tid >> 3;
+        int it = 0;
+        // Decodes fill `f` once this thread's copies of it have landed and every producer
+        // thread has seen its own land (so all of the fill's words are there), then releases
+        // it to the consumers.
+        auto finish = [&](int f) {
+            named_barrier_sync(3, 128);
+            decode_stage(stages + (f % STAGES) * STAGE_BYTES, stage_ptr + (f % STAGES) * STAGE_BYTES, tid);
+            fence_async_proxy_shared();  // the stores above, for wgmma's reads
+            mbar_arrive(full0 + 8 * (f % STAGES));
+        };
+        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+            const int4 t = tiles[item / slices];
+            const int n0 = (item % slices) * ROWS, rows = t.z - t.y;
+            const size_t expert_band0 = (size_t)t.x * (N / 8);
+            const bf16* src[COPIES];
+#pragma unroll
+            for (int j = 0; j < COPIES; ++j) {
+                const int r = row0 + 16 * j, p = t.y + (r < rows ? r : 0);
+                src[j] = X + (size_t)(row_token ? row_token[p] : p) * K + chunk * 8;
+            }
+            // This thread's two 16-byte copies of the words: slot c / 16, bytes 16 (c % 16) of
+            // the slot's 256 (its band's two word pairs of the stage, contiguous; a band's words
+            // take 4 K bytes, 256 per stage).
+            const unsigned char* code_src[2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int c = tid + 128 * j;
+                code_src[j] = codes + (expert_band0 + band_of(c / 16, n0, N, gated)) * (size_t)K * 4 + (c % 16) * 16;
+            }
+            const bool scale_copier = tid < 16 * stage_groups;
+            const int scale_slot = tid / stage_groups, scale_j = tid % stage_groups;
+            const __half* scale_src =
+                scales + ((expert_band0 + band_of(scale_copier ? scale_slot : 0, n0, N, gated)) * groups + scale_j) * 8;
+            for (int ks = 0; ks < k_steps; ++ks, ++it) {
+                const int s = it % STAGES;
+                const unsigned dst = stages + s * STAGE_BYTES;
+                unsigned char* dst_ptr = const_cast<unsigned char*>(stage_ptr) + s * STAGE_BYTES;
+                mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+                // Rows past the tile are not copied: their products land in outputs never written.
+#pragma unroll
+                for (int j = 0; j < COPIES; ++j) {
+                    const int r = row0 + 16 * j;
+                    if (r < rows)
+                        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + W_BYTES + swizzled(r, chunk)),
+                                     "l"(src[j] + ks * BK)
+                                     : "memory");
+                }
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                    cp_async16(dst_ptr + W_BYTES + X_BYTES + (tid + 128 * j) * 16, code_src[j] + ks * 2 * 128, true);
+                if (scale_copier)
+                    cp_async16(dst_ptr + W_BYTES + X_BYTES + CODE_BYTES + (scale_slot * STEPS + scale_j) * 16,
+                               scale_src + (size_t)(ks * STEPS / gsteps) * 8, true);
+                cp_async_commit();
+                if (it >= LOOKAHEAD) {
+                    cp_async_wait<LOOKAHEAD>();
+                    finish(it - LOOKAHEAD);
+                }
+            }
+        }
+        // The last fills' copies, then their decoding.
+        cp_async_wait<0>();
+        for (int f = it - LOOKAHEAD > 0 ? it - LOOKAHEAD : 0; f < it; ++f) finish(f);
+        return;
+    }
+
+    // Consumer warpgroup wg: rows 64 wg .. 64 wg + 63 of each tile.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 200;\n" ::: "memory");
+    int it = 0;
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        const int4 t = tiles[item / slices];
+        const int n0 = (item % slices) * ROWS, rows = t.z - t.y;
+        if (rows <= 64 * wg) {  // no rows for this warpgroup: it only releases the stages (as the
+                                // BF16 kernel's, with its barrier, for the same reason)
+            for (int ks = 0; ks < k_steps; ++ks, ++it) {
+                const int s = it % STAGES;
+                mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+                named_barrier_sync(1 + wg, 128);
+                if (tid == 0) mbar_arrive(empty0 + 8 * s);
+            }
+            continue;
+        }
+        switch (gsteps) {
+            case 1: consume_item<1>(stages, full0, empty0, it, wg, tid, k_steps, rows, Y, t.y, n0, N, gated); break;
+            case 2: consume_item<2>(stages, full0, empty0, it, wg, tid, k_steps, rows, Y, t.y, n0, N, gated); break;
+            case 4: consume_item<4>(stages, full0, empty0, it, wg, tid, k_steps, rows, Y, t.y, n0, N, gated); break;
+            default: consume_item<8>(stages, full0, empty0, it, wg, tid, k_steps, rows, Y, t.y, n0, N, gated); break;
+        }
+    }
+}
+}  // namespace minnow_i4ss
+#endif
+
+// grid = min(items, SMs) with items = max_tiles * N / 128, block = minnow_i4ss::THREADS (384),
+// dynamic shared memory = minnow_i4ss::SMEM_BYTES (codes_ss_smem_bytes in ops). The parameters of
+// the codes kernels (`shared` and `shared_slot` unused: launched without a packed shared expert);
+// requires INT4 codes in the word order, N % 128 == 0, K % 64 == 0, a group of 16, 32, 64 or 128
+// columns dividing K, and tiles cut at <= 128 rows.
+extern "C" __global__ void __launch_bounds__(minnow_i4ss::THREADS, 1)
+    grouped_gemm_i4_wgmma_ss(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,
+                             const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y,
+                             const int4* tiles, const int* num_tiles, int N, int K, int gated) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    minnow_i4ss::grouped_i4_ss(X, row_token, codes, scales, group, Y, tiles, num_tiles, N, K, gated & 1);
+#else
+    __trap();  // launched only where the sm_90a build is loaded
+#endif
+}

@@ -1313,6 +1313,10 @@ fn grouped_gemm_over_codes_matches_reference() {
     // `MINNOW_TEST_ENCODING=NAME` keeps one encoding (e.g. under compute-sanitizer, which is slow).
     let only = std::env::var("MINNOW_TEST_ENCODING").ok();
     let mut wgmma_cases = 0;
+    // A tile height no kernel has: `run_as` takes it for 128-row tiles on the INT4 kernel that
+    // decodes into shared memory (`grouped_gemm_i4_wgmma_ss`).
+    const SS_ROWS: usize = ops::GROUPED_WGMMA_ROWS + 1;
+    let mut ss_cases = 0;
     for encoding in [
         QuantEncoding::I8Mma,
         QuantEncoding::I4Mma,
@@ -1438,6 +1442,10 @@ fn grouped_gemm_over_codes_matches_reference() {
                 band_scale: if nvfp4 { dband.ptr() } else { 0 },
                 shared: shared_slot.map(|slot| (dshared.ptr(), slot)),
             };
+            // The same codes with the last slot's own codes instead of the packed shared expert:
+            // what the INT4 shared-memory kernel takes (its picks of that slot are not compared).
+            let w_codes = ops::CodeMatrices { shared: None, ..w };
+            let is_shared_pick = |i: usize| shared_slot == Some(idx[i] as usize);
             // FP8 also as W8A8 (E4M3 activations on FP8 tensor cores) where the GPU has them.
             let modes: &[bool] = if fp8 { &[false, true] } else { &[false] };
             for &w8a8 in modes {
@@ -1472,6 +1480,23 @@ fn grouped_gemm_over_codes_matches_reference() {
                     let y = poisoned_bf16(&g, t * k * n);
                     // W8A8: the rows quantized on the device (checked against the CPU below).
                     let xq_buffers = w8a8.then(|| quantize_on_device(&dx, t));
+                    if tile_rows == SS_ROWS {
+                        let dispatched =
+                            Dispatched::new(&g, &didx, t, k, e, ops::GROUPED_WGMMA_ROWS, None);
+                        ops::grouped_gemm_i4_wgmma_ss(
+                            &g,
+                            dx.ptr(),
+                            dispatched.row_token.ptr(),
+                            &w_codes,
+                            y.ptr(),
+                            &dispatched.expert_tiles(),
+                            n,
+                            kd,
+                            gated,
+                        )
+                        .unwrap();
+                        return (read_bf16(&g, &y), read(&g, &dispatched.slot));
+                    }
                     if tile_rows == ops::GROUPED_WGMMA_ROWS {
                         ops::grouped_gemm_codes_wgmma(
                             &g,
@@ -1609,6 +1634,21 @@ fn grouped_gemm_over_codes_matches_reference() {
                     }
                     wgmma_cases += 1;
                 }
+                // INT4 on the kernel that decodes into shared memory (128-row tiles): the same.
+                if !w8a8 && ops::codes_ss_supported(&g, &w_codes, n, kd) {
+                    let (wide, wide_slots) = run(&idx, t, &x, SS_ROWS);
+                    for (i, (&p, &q)) in slots.iter().zip(&wide_slots).enumerate() {
+                        if is_shared_pick(i) {
+                            continue;
+                        }
+                        let (p, q) = (p as usize, q as usize);
+                        assert!(
+                            gy[p * n..(p + 1) * n] == wide[q * n..(q + 1) * n],
+                            "{name}: pick {i} differs between the INT4 shared-memory wgmma kernel and tiles of {tile_rows} rows"
+                        );
+                    }
+                    ss_cases += 1;
+                }
                 // Gated: every pick's row is silu_mul of its two launches' row, bit for bit, on
                 // each tile height and on the wgmma kernel where it takes the shape.
                 if !w8a8 && ops::codes_tiled(n, group) {
@@ -1622,9 +1662,15 @@ fn grouped_gemm_over_codes_matches_reference() {
                     if ops::codes_wgmma_supported(&g, &w, n, kd) {
                         heights.push(ops::GROUPED_WGMMA_ROWS);
                     }
+                    if ops::codes_ss_supported(&g, &w_codes, n, kd) {
+                        heights.push(SS_ROWS);
+                    }
                     for rows in heights {
                         let (gated, gated_slots) = run_as(&idx, t, &x, rows, true, false);
                         for (i, (&p, &q)) in slots.iter().zip(&gated_slots).enumerate() {
+                            if rows == SS_ROWS && is_shared_pick(i) {
+                                continue;
+                            }
                             let (p, q) = (p as usize, q as usize);
                             assert!(
                                 silu[p * half..(p + 1) * half] == gated[q * half..(q + 1) * half],
@@ -1645,7 +1691,16 @@ fn grouped_gemm_over_codes_matches_reference() {
             "only {wgmma_cases} cases ran on the wgmma kernels"
         );
     }
-    eprintln!("codes: {wgmma_cases} cases compared with the wgmma kernels");
+    eprintln!(
+        "codes: {wgmma_cases} cases compared with the wgmma kernels, {ss_cases} with the INT4 \
+         shared-memory one"
+    );
+    if g.uses_sm90a_ptx() && only.is_none() {
+        assert!(
+            ss_cases >= 2,
+            "only {ss_cases} cases ran on the INT4 shared-memory kernel"
+        );
+    }
 }
 
 #[test]

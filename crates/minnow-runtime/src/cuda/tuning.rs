@@ -28,7 +28,7 @@
 //!   (W8A8: other bits, still invariant; measured slower than the default, see
 //!   docs/performance.md).
 //!
-//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_CODES_GATED`,
+//! The rest (`MINNOW_ATTN_WGMMA`, `MINNOW_CODES_WGMMA`, `MINNOW_CODES_SS`, `MINNOW_CODES_GATED`,
 //! `MINNOW_CODES32_BELOW`, `MINNOW_CODES_SETTLED`, `MINNOW_SHARED_BESIDE`, `MINNOW_DENSE16_ROWS`, `MINNOW_DENSE128_ROWS`,
 //! `MINNOW_ROUTER_WIDE_ROWS`, `MINNOW_ROUTER_FEW_ROWS`, `MINNOW_ROUTER_CLUSTER_ROWS`,
 //! `MINNOW_ROUTER_CLUSTER_BELOW`, `MINNOW_ROUTE_DISPATCH`) are described on the fields of
@@ -71,6 +71,11 @@ pub struct Tuning {
     /// expert, measured 14-20 % faster at x64 and in prefill on them; docs/performance.md,
     /// session thirty-four).
     pub codes_wgmma: bool,
+    /// With [`Tuning::codes_wgmma`], INT4 experts (without a packed shared expert) take the
+    /// wgmma kernel that decodes their codes into shared memory for the BF16 kernel's products
+    /// (`MINNOW_CODES_SS=1`; same bits). Off until it is measured: written in session forty-three
+    /// without a GPU.
+    pub codes_ss: bool,
     /// The quantized experts' gate/up kernels write silu_mul's result themselves (the gate and
     /// up bands of the same columns side by side in a CTA) instead of the products for a
     /// separate `silu_mul` launch. `MINNOW_CODES_GATED=0`: two launches. Same bits either way.
@@ -185,6 +190,7 @@ impl Default for Tuning {
             grouped_pair: true,
             grouped_wgmma: true,
             codes_wgmma: false,
+            codes_ss: false,
             codes_gated: true,
             codes32_below: 64,
             codes_settled: true,
@@ -245,6 +251,7 @@ pub fn tuning() -> &'static Tuning {
                 .map_or(d.grouped_wgmma, |v| v == 1),
             codes_wgmma: env_usize("MINNOW_CODES_WGMMA", |v| v <= 1)
                 .map_or(d.codes_wgmma, |v| v == 1),
+            codes_ss: env_usize("MINNOW_CODES_SS", |v| v <= 1).map_or(d.codes_ss, |v| v == 1),
             codes_gated: env_usize("MINNOW_CODES_GATED", |v| v <= 1)
                 .map_or(d.codes_gated, |v| v == 1),
             codes32_below: env_usize("MINNOW_CODES32_BELOW", |v| v <= 1024)

@@ -124,6 +124,11 @@ pub fn grouped_gemm_codes_wgmma(
             w.kind, w.group, t.rows
         ));
     }
+    // INT4 without a packed shared expert on the kernel that decodes into shared memory, where
+    // `MINNOW_CODES_SS=1` asks (opt-in until measured).
+    if crate::cuda::tuning::tuning().codes_ss && codes_ss_supported(gpu, w, n, k) {
+        return grouped_gemm_i4_wgmma_ss(gpu, x, row_token, w, y, t, n, k, gated);
+    }
     use kernels::expert_wgmma::{
         grouped_gemm_f4_wgmma, grouped_gemm_f8_wgmma, grouped_gemm_i4_wgmma, grouped_gemm_i8_wgmma,
     };
@@ -136,6 +141,65 @@ pub fn grouped_gemm_codes_wgmma(
     };
     match persistent_grid(gpu, t, n, 384, codes_wgmma_smem_bytes()) {
         Some(cfg) => launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k, gated, false),
+        None => Ok(()),
+    }
+}
+
+/// Dynamic shared memory of `grouped_gemm_i4_wgmma_ss`: 5 stages of 37 KB (the decoded BF16
+/// weights of 128 rows and the 128 activation rows, 64 columns each, the stage's INT4 words and
+/// scale rows), 1 KB to align them to the swizzle atom, then 10 mbarriers (minnow_i4ss::SMEM_BYTES
+/// in kernels/expert_wgmma.cu).
+pub const fn codes_ss_smem_bytes() -> usize {
+    5 * (2 * 128 * 64 * 2 + 128 * 64 / 2 + 16 * 4 * 16) + 1024 + 2 * 5 * 8
+}
+
+/// Whether [`grouped_gemm_i4_wgmma_ss`] takes these codes: INT4 without a packed shared expert
+/// (its BF16 tiles are not read there), and what [`grouped_gemm_codes_wgmma`] needs.
+pub fn codes_ss_supported(gpu: &Gpu, w: &CodeMatrices, n: usize, k: usize) -> bool {
+    w.kind == CodeKind::Int4
+        && w.shared.is_none()
+        && wgmma_fits(gpu, codes_ss_smem_bytes(), n, k)
+        && codes_tiled(n, w.group)
+        && k.is_multiple_of(w.group)
+}
+
+/// [`grouped_gemm_codes_wgmma`] over INT4 codes with the weights decoded into shared memory by
+/// the producer warpgroup, so the consumers run the BF16 kernel's products (tokens the M side):
+/// the same bits as the codes tiles. Check [`codes_ss_supported`] first. Not yet run on a GPU
+/// (docs/performance.md, session forty-three).
+#[allow(clippy::too_many_arguments)]
+pub fn grouped_gemm_i4_wgmma_ss(
+    gpu: &Gpu,
+    x: u64,
+    row_token: u64,
+    w: &CodeMatrices,
+    y: u64,
+    t: &ExpertTiles,
+    n: usize,
+    k: usize,
+    gated: bool,
+) -> CudaResult<()> {
+    if t.rows > GROUPED_WGMMA_ROWS || !codes_ss_supported(gpu, w, n, k) {
+        return unsupported(format!(
+            "INT4 decoded into shared memory for {:?} experts of {n} x {k} with groups of {} in tiles of {} rows",
+            w.kind, w.group, t.rows
+        ));
+    }
+    match persistent_grid(gpu, t, n, 384, codes_ss_smem_bytes()) {
+        Some(cfg) => launch_codes(
+            kernels::expert_wgmma::grouped_gemm_i4_wgmma_ss,
+            gpu,
+            cfg,
+            x,
+            row_token,
+            w,
+            y,
+            t,
+            n,
+            k,
+            gated,
+            false,
+        ),
         None => Ok(()),
     }
 }
@@ -158,5 +222,8 @@ mod tests {
         // minnow_codes_wgmma::SMEM_BYTES, the same module.
         assert_eq!(codes_wgmma_smem_bytes(), 6 * 33792 + 1024 + 96);
         assert!(codes_wgmma_smem_bytes() <= module.max_dynamic_shared as usize);
+        // minnow_i4ss::SMEM_BYTES.
+        assert_eq!(codes_ss_smem_bytes(), 5 * 37888 + 1024 + 80);
+        assert!(codes_ss_smem_bytes() <= module.max_dynamic_shared as usize);
     }
 }
