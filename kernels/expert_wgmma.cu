@@ -57,6 +57,56 @@ constexpr int COPIES = TOKENS * (BK / 8) / 128;
 namespace minnow_wgmma {
 using namespace minnow_tma;
 
+// A consumer warpgroup with no rows in an item (the tile has at most 64 wg): it only releases
+// the item's k_steps stages, outside any product loop (a branch around wgmmas serialises them,
+// C7518). All four warps have seen each stage full before thread 0 releases it. Without that,
+// thread 0's warp could run stages ahead of its siblings: once a stage is filled again after the
+// fill a sibling waits for, before that sibling looks, the barrier shows it its parity as
+// pending, so it waits for a later fill (one that may never come), and the warpgroup's next
+// wgmma waits for it: the launch hung (docs/performance.md, session thirty-one). In the product
+// loop the warpgroup-wide wgmma keeps the warps together instead.
+template <int STAGES>
+__device__ __forceinline__ void release_without_rows(unsigned full0, unsigned empty0, int& it, int k_steps, int wg,
+                                                     int tid) {
+    for (int ks = 0; ks < k_steps; ++ks, ++it) {
+        const int s = it % STAGES;
+        minnow_tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+        named_barrier_sync(1 + wg, 128);
+        if (tid == 0) minnow_tma::mbar_arrive(empty0 + 8 * s);
+    }
+}
+
+// The epilogue of a consumer warpgroup's m64n128 block: acc[4j + q] is tile row 64 wg + 16 warp
+// + g + 8 (q >> 1), slice row 8j + 2 t4 + (q & 1) (weight rows n0 ..). Gated: slice rows 0-63 are
+// the gate columns n0 / 2 + c, rows 64-127 the up rows of the same c, and Y gets silu_mul of the
+// two BF16-rounded sums (row pitch N / 2); else the sums rounded to BF16 (row pitch N).
+__device__ __forceinline__ void store_rows(const float (&acc)[64], bf16* __restrict__ Y, int p0, int rows, int wg,
+                                           int tid, int n0, int N, int gated) {
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = 64 * wg + 16 * warp + g + 8 * h;
+        if (row >= rows) continue;
+        if (gated) {
+            bf16* y = Y + (size_t)(p0 + row) * (N / 2) + n0 / 2 + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                __nv_bfloat162 v;
+                v.x = silu_mul_bf16(to_f32(to_bf16(acc[4 * j + 2 * h])), to_f32(to_bf16(acc[4 * (j + 8) + 2 * h])));
+                v.y = silu_mul_bf16(to_f32(to_bf16(acc[4 * j + 2 * h + 1])),
+                                    to_f32(to_bf16(acc[4 * (j + 8) + 2 * h + 1])));
+                *reinterpret_cast<__nv_bfloat162*>(y + 8 * j) = v;
+            }
+        } else {
+            bf16* y = Y + (size_t)(p0 + row) * N + n0 + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+                *reinterpret_cast<__nv_bfloat162*>(y + 8 * j) =
+                    __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+    }
+}
+
 __device__ void grouped_wgmma(const void* __restrict__ w_map, unsigned long long w_base, unsigned long long w_ptr,
                               const bf16* __restrict__ X, const int* __restrict__ row_token, bf16* __restrict__ Y,
                               const int4* __restrict__ tiles, const int* __restrict__ num_tiles, int N, int K,
@@ -118,26 +168,12 @@ __device__ void grouped_wgmma(const void* __restrict__ w_map, unsigned long long
 
     // Consumer warpgroup wg: rows 64 wg .. 64 wg + 63 of each tile. Thread 0 of the warpgroup
     // releases a stage once the products reading it are complete.
-    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     int it = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
         const int4 t = tiles[item / slices];
         const int n0 = (item % slices) * ROWS, rows = t.z - t.y, p0 = t.y;
-        if (rows <= 64 * wg) {  // a warpgroup with no rows only releases the stages (outside
-                                // the product loop: a branch around wgmmas serialises them, C7518)
-            for (int ks = 0; ks < k_steps; ++ks, ++it) {
-                const int s = it % STAGES;
-                mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
-                // All four warps have seen the stage full before thread 0 releases it. Without
-                // this, thread 0's warp could run stages ahead of its siblings: once a stage is
-                // filled again after the fill a sibling waits for, before that sibling looks,
-                // the barrier shows it its parity as pending, so it waits for a later fill (one
-                // that may never come), and the warpgroup's next wgmma waits for it: the launch
-                // hung (docs/performance.md, session thirty-one). In the product loop the
-                // warpgroup-wide wgmma keeps the warps together instead.
-                named_barrier_sync(1 + wg, 128);
-                if (tid == 0) mbar_arrive(empty0 + 8 * s);
-            }
+        if (rows <= 64 * wg) {
+            release_without_rows<STAGES>(full0, empty0, it, k_steps, wg, tid);
             continue;
         }
         float acc[64];
@@ -162,30 +198,7 @@ __device__ void grouped_wgmma(const void* __restrict__ w_map, unsigned long long
         wgmma_wait<0>();
         fence_operands(acc);
         if (tid == 0) mbar_arrive(empty0 + 8 * pending);
-        // acc[4j + q]: tile row 64 wg + 16 warp + g + 8 (q >> 1), slice row 8j + 2 t4 + (q & 1).
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = 64 * wg + 16 * warp + g + 8 * h;
-            if (row >= rows) continue;
-            if (gated) {
-                // Slice rows 0-63 are gate columns n0/2 + c, rows 64-127 the up rows of the same c.
-                bf16* y = Y + (size_t)(p0 + row) * (N / 2) + n0 / 2 + 2 * t4;
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    __nv_bfloat162 v;
-                    v.x = silu_mul_bf16(to_f32(to_bf16(acc[4 * j + 2 * h])), to_f32(to_bf16(acc[4 * (j + 8) + 2 * h])));
-                    v.y = silu_mul_bf16(to_f32(to_bf16(acc[4 * j + 2 * h + 1])),
-                                        to_f32(to_bf16(acc[4 * (j + 8) + 2 * h + 1])));
-                    *reinterpret_cast<__nv_bfloat162*>(y + 8 * j) = v;
-                }
-            } else {
-                bf16* y = Y + (size_t)(p0 + row) * N + n0 + 2 * t4;
-#pragma unroll
-                for (int j = 0; j < 16; ++j)
-                    *reinterpret_cast<__nv_bfloat162*>(y + 8 * j) =
-                        __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-            }
-        }
+        store_rows(acc, Y, p0, rows, wg, tid, n0, N, gated);
     }
 }
 }  // namespace minnow_wgmma
@@ -578,6 +591,7 @@ namespace minnow_i4ss {
 using namespace minnow_tma;
 using minnow_codes::decode_int4_word;
 using minnow_wgmma::fence_floats;
+using minnow_wgmma::store_rows;
 using minnow_wgmma::sw128_desc;
 using minnow_wgmma::wgmma_commit;
 using minnow_wgmma::wgmma_fence;
@@ -627,7 +641,7 @@ template <int GSTEPS>
 __device__ __forceinline__ void consume_item(unsigned stages, unsigned full0, unsigned empty0, int& it, int wg,
                                              int tid, int k_steps, int rows, bf16* __restrict__ Y, int p0, int n0,
                                              int N, int gated) {
-    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int t4 = tid & 3;  // the accumulators' column pair (store_rows: the D fragment's layout)
     float acc[64], part[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = part[i] = 0.f;
@@ -695,29 +709,7 @@ __device__ __forceinline__ void consume_item(unsigned stages, unsigned full0, un
         fence_floats(part);
         if (tid == 0) mbar_arrive(empty0 + 8 * pending);
     }
-    // acc[4j + q]: tile row 64 wg + 16 warp + g + 8 (q >> 1), slice row 8j + 2 t4 + (q & 1).
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = 64 * wg + 16 * warp + g + 8 * h;
-        if (row >= rows) continue;
-        if (gated) {
-            bf16* y = Y + (size_t)(p0 + row) * (N / 2) + n0 / 2 + 2 * t4;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                __nv_bfloat162 v;
-                v.x = silu_mul_bf16(to_f32(to_bf16(acc[4 * j + 2 * h])), to_f32(to_bf16(acc[4 * (j + 8) + 2 * h])));
-                v.y = silu_mul_bf16(to_f32(to_bf16(acc[4 * j + 2 * h + 1])),
-                                    to_f32(to_bf16(acc[4 * (j + 8) + 2 * h + 1])));
-                *reinterpret_cast<__nv_bfloat162*>(y + 8 * j) = v;
-            }
-        } else {
-            bf16* y = Y + (size_t)(p0 + row) * N + n0 + 2 * t4;
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-                *reinterpret_cast<__nv_bfloat162*>(y + 8 * j) =
-                    __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
-    }
+    store_rows(acc, Y, p0, rows, wg, tid, n0, N, gated);
 }
 
 __device__ void grouped_i4_ss(const bf16* __restrict__ X, const int* __restrict__ row_token,
@@ -814,14 +806,8 @@ __device__ void grouped_i4_ss(const bf16* __restrict__ X, const int* __restrict_
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
         const int4 t = tiles[item / slices];
         const int n0 = (item % slices) * ROWS, rows = t.z - t.y;
-        if (rows <= 64 * wg) {  // no rows for this warpgroup: it only releases the stages (as the
-                                // BF16 kernel's, with its barrier, for the same reason)
-            for (int ks = 0; ks < k_steps; ++ks, ++it) {
-                const int s = it % STAGES;
-                mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
-                named_barrier_sync(1 + wg, 128);
-                if (tid == 0) mbar_arrive(empty0 + 8 * s);
-            }
+        if (rows <= 64 * wg) {
+            minnow_wgmma::release_without_rows<STAGES>(full0, empty0, it, k_steps, wg, tid);
             continue;
         }
         switch (gsteps) {
