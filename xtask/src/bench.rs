@@ -414,16 +414,16 @@ fn step<'a>(
 }
 
 /// One batched denoising step at each concurrency (every request a 32-token block over its own
-/// 1,024-token prefix, top-1 of every row read back, CUDA graph), against its floor; then the
-/// aggregate generated tokens/s of a fixed-schedule decode (8 blocks of 8 steps, see
-/// [`schedule_label`]) of
-/// that many requests in lockstep, against `single_rate` (the single-sequence decode of the same
-/// schedule measured before: its first run and its warm run), and of the same requests staggered
-/// ([`decode_schedule`]: every forward mixes the steps of a block, with the graphs it captured);
-/// each decode twice, the first run (new batch shapes: their graph captures) and warm. Each lockstep decode's first
-/// and last request are decoded again alone and must generate the same ids, and every staggered
-/// request its lockstep ids: a mismatch is reported in its row and returned as an error once
-/// every concurrency has run.
+/// 1,024-token prefix, top-1 of every row read back, CUDA graph), against its floor and its
+/// serial floor ([`StepCost`]); then the aggregate generated tokens/s of a fixed-schedule decode
+/// (8 blocks of 8 steps, see [`schedule_label`]) of that many requests in lockstep, against
+/// `single_rate` (the single-sequence decode of the same schedule measured before: its first
+/// run and its warm run), and of the same requests staggered ([`decode_schedule`]: every forward
+/// mixes the steps of a block, with the graphs it captured); each decode twice, the first run
+/// (new batch shapes: their graph captures) and warm. Each lockstep decode's first and last
+/// request are decoded again alone and must generate the same ids, the warm run the first run's,
+/// and every staggered request its lockstep ids: a mismatch is reported in its row and returned
+/// as an error once every concurrency has run.
 fn batched_benchmarks(
     runner: &mut CudaRunner,
     o: &Opts,
