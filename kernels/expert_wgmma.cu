@@ -547,7 +547,7 @@ GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f8_wgmma, 8, minnow_codes::E4M3)
 
 // ---------------------------------------------------------------------------------------------
 // INT4 experts on wgmma with the weights decoded into shared memory (`grouped_gemm_i4_wgmma_ss`,
-// opt-in: `MINNOW_CODES_WGMMA=1 MINNOW_CODES_SS=1`; not yet run on a GPU, see
+// opt-in: `MINNOW_CODES_SS=1`; not yet run on a GPU, see
 // docs/performance.md, session forty-three).
 //
 // Why: at x64 an INT4 expert gets ~67 rows, and the mma.sync codes tiles spend most of their

@@ -4,7 +4,7 @@
 # the mma.sync codes tiles (the codes kernel test calls it directly), compute-sanitizer's memcheck
 # of that test over INT4 alone, then the INT4 bench with the default kernels, with the
 # register-decoding wgmma kernel (MINNOW_CODES_WGMMA=1) and with the new one
-# (MINNOW_CODES_WGMMA=1 MINNOW_CODES_SS=1), alternating. The new kernel gives the tiles' bits,
+# (MINNOW_CODES_SS=1), alternating. The new kernel gives the tiles' bits,
 # so every decode digest must be the default's. Every part writes its output under $OUT.
 #   Stage first (scripts/device/stage.sh debug), carry ["out/bin.tar.xz"].
 exec > >(tee "$OUT/log-ss.txt") 2>&1
@@ -21,7 +21,7 @@ MINNOW_TEST_ENCODING=i4_mma timeout 150 compute-sanitizer --tool memcheck --prin
   --ignored --test-threads 1 grouped_gemm_over_codes_matches_reference > "$OUT/codes-memcheck.txt" 2>&1
 grep -E "ERROR SUMMARY|^test .*(ok|FAILED)$|=========  (Invalid|Program hit)" "$OUT/codes-memcheck.txt" | head -12
 for round in 1 2; do
-  for v in "default" "rs MINNOW_CODES_WGMMA=1" "ss MINNOW_CODES_WGMMA=1 MINNOW_CODES_SS=1"; do
+  for v in "default" "rs MINNOW_CODES_WGMMA=1" "ss MINNOW_CODES_SS=1"; do
     set -- $v
     label=$1; shift
     [ $SECONDS -gt 540 ] && { echo "skip $label round $round (time)"; continue; }

@@ -146,6 +146,12 @@ impl ExpertMatrix {
         matches!(self.kernel_view(), KernelView::Codes(w) if ops::codes_wgmma_supported(gpu, &w, n, k))
     }
 
+    /// Whether the INT4 kernel that decodes into shared memory (`ops::grouped_gemm_i4_wgmma_ss`)
+    /// takes this projection: INT4 codes without a packed shared expert.
+    pub fn codes_ss(&self, gpu: &Gpu, n: usize, k: usize) -> bool {
+        matches!(self.kernel_view(), KernelView::Codes(w) if ops::codes_ss_supported(gpu, &w, n, k))
+    }
+
     /// Whether [`Self::grouped_gemm`] of this gate/up projection (`n` rows `[gate; up]` per
     /// expert) can write silu_mul's result itself (`gated`): quantized codes times BF16
     /// activations (not W8A8, `w8a8`) at the tiled kernels' shapes, unless `MINNOW_CODES_GATED=0`.
@@ -177,7 +183,8 @@ impl ExpertMatrix {
                 "a gated grouped GEMM over BF16 expert rows (their streamed kernels gate)".into(),
             )),
             KernelView::Bf16(w) => ops::grouped_gemm(gpu, x, row_token, w.ptr(), y, tiles, n, k),
-            // Tiles of 128 rows: moe.rs chose the wgmma kernels (`Self::codes_wgmma`).
+            // Tiles of 128 rows: moe.rs chose the wgmma kernels (`Self::codes_wgmma`, or
+            // `Self::codes_ss` for INT4).
             KernelView::Codes(w) if tiles.rows == ops::GROUPED_WGMMA_ROWS && xq.is_none() => {
                 ops::grouped_gemm_codes_wgmma(gpu, x, row_token, &w, y, tiles, n, k, gated)
             }

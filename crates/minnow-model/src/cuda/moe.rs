@@ -256,11 +256,16 @@ pub(super) fn queue_grouped_experts(
                 && ops::grouped_wgmma_supported(gpu, d, iw)
         } else {
             // Quantized experts likewise on their wgmma kernels (BF16 activations: not with
-            // W8A8) when `Tuning::codes_wgmma` asks (off by default: slower than the tiles).
-            tuning().codes_wgmma
-                && w8a8.is_none()
-                && moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d)
-                && moe.experts_down.codes_wgmma(gpu, d, iw)
+            // W8A8) when `Tuning::codes_wgmma` asks (off by default: slower than the tiles), and
+            // INT4 ones on the kernel that decodes into shared memory when `Tuning::codes_ss`
+            // asks (off until measured; `ops::grouped_gemm_codes_wgmma` picks it).
+            w8a8.is_none()
+                && ((tuning().codes_wgmma
+                    && moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d)
+                    && moe.experts_down.codes_wgmma(gpu, d, iw))
+                    || (tuning().codes_ss
+                        && moe.experts_gate_up.codes_ss(gpu, 2 * iw, d)
+                        && moe.experts_down.codes_ss(gpu, d, iw)))
         };
     let tile_rows = if wgmma {
         ops::GROUPED_WGMMA_ROWS

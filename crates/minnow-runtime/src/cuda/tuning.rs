@@ -71,9 +71,10 @@ pub struct Tuning {
     /// expert, measured 14-20 % faster at x64 and in prefill on them; docs/performance.md,
     /// session thirty-four).
     pub codes_wgmma: bool,
-    /// With [`Tuning::codes_wgmma`], INT4 experts (without a packed shared expert) take the
-    /// wgmma kernel that decodes their codes into shared memory for the BF16 kernel's products
-    /// (`MINNOW_CODES_SS=1`; same bits). Off until it is measured: written in session forty-three
+    /// INT4 experts (without a packed shared expert) of forwards whose experts get many rows
+    /// each take the wgmma kernel that decodes their codes into shared memory for the BF16
+    /// kernel's products (`MINNOW_CODES_SS=1`; same bits), whether or not
+    /// [`Tuning::codes_wgmma`] is on. Off until it is measured: written in session forty-three
     /// without a GPU.
     pub codes_ss: bool,
     /// The quantized experts' gate/up kernels write silu_mul's result themselves (the gate and

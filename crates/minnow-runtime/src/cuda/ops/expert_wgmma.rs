@@ -105,7 +105,8 @@ pub fn codes_wgmma_supported(gpu: &Gpu, w: &CodeMatrices, n: usize, k: usize) ->
 /// The quantized grouped GEMM (`expert_gemm`'s `grouped_gemm_codes`, BF16 activations) over
 /// tiles of up to [`GROUPED_WGMMA_ROWS`] rows, one persistent CTA per multiprocessor walking
 /// (tile, 128-column) items: exactly the bits of the mma.sync codes kernels, `gated` as there.
-/// Check [`codes_wgmma_supported`] first.
+/// INT4 takes [`grouped_gemm_i4_wgmma_ss`] instead where `MINNOW_CODES_SS=1` asks and it
+/// applies. Check [`codes_wgmma_supported`] (or [`codes_ss_supported`]) first.
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm_codes_wgmma(
     gpu: &Gpu,
@@ -118,16 +119,16 @@ pub fn grouped_gemm_codes_wgmma(
     k: usize,
     gated: bool,
 ) -> CudaResult<()> {
+    // INT4 without a packed shared expert on the kernel that decodes into shared memory, where
+    // `MINNOW_CODES_SS=1` asks (opt-in until measured).
+    if crate::cuda::tuning::tuning().codes_ss && codes_ss_supported(gpu, w, n, k) {
+        return grouped_gemm_i4_wgmma_ss(gpu, x, row_token, w, y, t, n, k, gated);
+    }
     if t.rows > GROUPED_WGMMA_ROWS || !codes_wgmma_supported(gpu, w, n, k) {
         return unsupported(format!(
             "wgmma over {:?} experts of {n} x {k} with groups of {} in tiles of {} rows",
             w.kind, w.group, t.rows
         ));
-    }
-    // INT4 without a packed shared expert on the kernel that decodes into shared memory, where
-    // `MINNOW_CODES_SS=1` asks (opt-in until measured).
-    if crate::cuda::tuning::tuning().codes_ss && codes_ss_supported(gpu, w, n, k) {
-        return grouped_gemm_i4_wgmma_ss(gpu, x, row_token, w, y, t, n, k, gated);
     }
     use kernels::expert_wgmma::{
         grouped_gemm_f4_wgmma, grouped_gemm_f8_wgmma, grouped_gemm_i4_wgmma, grouped_gemm_i8_wgmma,
