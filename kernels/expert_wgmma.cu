@@ -546,16 +546,16 @@ GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f4_wgmma, 4, minnow_codes::E2M1)
 GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f8_wgmma, 8, minnow_codes::E4M3)
 
 // ---------------------------------------------------------------------------------------------
-// INT4 experts on wgmma with the weights decoded into shared memory (`grouped_gemm_i4_wgmma_ss`,
-// opt-in: `MINNOW_CODES_SS=1`; not yet run on a GPU, see
+// Integer and E4M3 experts on wgmma with the weights decoded into shared memory
+// (`grouped_gemm_{i4,i8,f8}_wgmma_ss`, opt-in: `MINNOW_CODES_SS=1`; not yet run on a GPU, see
 // docs/performance.md, session forty-three).
 //
 // Why: at x64 an INT4 expert gets ~67 rows, and the mma.sync codes tiles spend most of their
 // issue slots on decoding, addressing and small products (the batched step ran at ~2.9x its
 // floor while BF16's wgmma kernel streams its 4x larger weights near the copy rate). The kernel
 // above with A decoded into registers serialised decoding and products in the same warps. Here
-// the step is split as in the BF16 kernel: the producer warpgroup copies each stage's INT4 words,
-// scales and activation rows with cp.async, and LOOKAHEAD fills later turns the words into BF16
+// the step is split as in the BF16 kernel: the producer warpgroup copies each stage's codes,
+// scales and activation rows with cp.async, and LOOKAHEAD fills later turns the codes into BF16
 // weights in the 128-byte-swizzled layout a TMA box would have written, so the two consumer
 // warpgroups run exactly the BF16 kernel's m64n128k16 products (tokens the M side, weights the
 // N side) on them.
@@ -564,32 +564,45 @@ GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f8_wgmma, 8, minnow_codes::E4M3)
 // partial in ascending 16-deep steps, then acc = fma(part, scale, acc) in ascending groups (the
 // same products in the same order as codes_tile, as the BF16 kernels match their mma.sync
 // tiles); gated gate/up writes silu_mul of the BF16-rounded sums. A packed shared expert's BF16
-// tiles are not read here: the launcher keeps such launches on the kernels above.
-namespace minnow_i4ss {
+// tiles are not read here, nor NVFP4's block-scaled codes: the launcher keeps such launches on
+// the kernels above.
+namespace minnow_codes_ss {
 constexpr int ROWS = 128;   // weight rows (output columns) per item: 16 bands of 8
 constexpr int TOKENS = 128;
 constexpr int BK = 64;      // K per stage: one 128-byte swizzled row of BF16
 constexpr int STEPS = BK / 16;
-constexpr int STAGES = 5;
 constexpr int LOOKAHEAD = 2;  // fills whose copies are in flight while the producer decodes one
 constexpr int W_BYTES = ROWS * BK * 2;      // 16 KB: the decoded weights, two 64-row boxes
 constexpr int X_BYTES = TOKENS * BK * 2;    // 16 KB: the activation rows
-constexpr int CODE_BYTES = ROWS * BK / 2;   // 4 KB: the INT4 words as stored ([slot][pair][lane])
-constexpr int SCALE_BYTES = 16 * STEPS * 16;  // [slot][group of the stage, <= STEPS][8 FP16]
-constexpr int STAGE_BYTES = W_BYTES + X_BYTES + CODE_BYTES + SCALE_BYTES;
-static_assert(STAGE_BYTES % 1024 == 0, "stages stay aligned to the swizzle atom");
-static_assert(STAGES >= LOOKAHEAD + 2, "a stage is released one fill after the next is read");
+constexpr int SCALE_BYTES = 16 * STEPS * 16;  // [slot][group of the stage, <= STEPS][16 bytes]
+// The codes of a stage as stored ([slot][64 BITS / 8 bytes of its band]): 4 KB of INT4 words,
+// 8 KB of 8-bit tiles.
+template <int BITS>
+__host__ __device__ constexpr int code_bytes() { return ROWS * BK * BITS / 8; }
+template <int BITS>
+__host__ __device__ constexpr int stage_bytes() { return W_BYTES + X_BYTES + code_bytes<BITS>() + SCALE_BYTES; }
+// As many stages as the module's 200 KB hold: 5 of 37 KB (INT4), 4 of 41 KB (8-bit).
+template <int BITS>
+__host__ __device__ constexpr int stages() { return BITS == 4 ? 5 : 4; }
+template <int BITS>
+__host__ __device__ constexpr int smem_bytes() { return stages<BITS>() * stage_bytes<BITS>() + 1024 + 2 * stages<BITS>() * 8; }
+static_assert(stage_bytes<4>() % 1024 == 0 && stage_bytes<8>() % 1024 == 0, "stages stay aligned to the swizzle atom");
+static_assert(stages<4>() >= LOOKAHEAD + 2 && stages<8>() >= LOOKAHEAD + 2,
+              "a stage is released one fill after the next is read");
+static_assert(smem_bytes<4>() == 5 * 37888 + 1024 + 80, "host mirror: codes_ss_smem_bytes in ops");
+static_assert(smem_bytes<8>() == 4 * 41984 + 1024 + 64, "host mirror: codes_ss_smem_bytes in ops");
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
-constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
-static_assert(SMEM_BYTES == 5 * 37888 + 1024 + 80, "host mirror: codes_ss_smem_bytes in ops");
 constexpr int COPIES = TOKENS * (BK / 8) / 128;  // a producer thread's 16-byte row copies per stage
-}  // namespace minnow_i4ss
+}  // namespace minnow_codes_ss
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-namespace minnow_i4ss {
+namespace minnow_codes_ss {
 using namespace minnow_tma;
+using minnow_codes::decode_e4m3;
 using minnow_codes::decode_int4_word;
+using minnow_codes::decode_pairs;
+using minnow_codes::E4M3;
 using minnow_wgmma::fence_floats;
 using minnow_wgmma::store_rows;
 using minnow_wgmma::sw128_desc;
@@ -615,32 +628,59 @@ __device__ __forceinline__ int band_of(int slot, int n0, int N, int gated) {
     return gated ? (slot < 8 ? n0 / 16 + slot : N / 16 + n0 / 16 + slot - 8) : n0 / 8 + slot;
 }
 
-// The producer's decode of one filled stage: its 1,024 INT4 words (8 per thread) into the BF16
-// weight boxes. Word `i` = slot * 64 + pair * 32 + lane holds row 8 slot + lane / 4 of the slot's
-// band, columns c0 = 2 (lane % 4), c0 + 1, c0 + 8, c0 + 9 of the pair's two 16-column steps
-// (codes.cuh): four BF16 pairs, each four bytes of one 16-byte chunk of the row. A warp writes
-// 8 rows x 4 words per store, on 32 distinct banks through the swizzle.
+// Stores BF16 pair `v` at column c (even) of slice row `row` in the stage's weight boxes (rows
+// 0-63 the first box, 64-127 the second; 128 bytes a row, 16-byte chunks XORed with row % 8).
+__device__ __forceinline__ void store_pair(unsigned stage, int row, int c, unsigned v) {
+    const int brow = row & 63;
+    st_shared_u32(stage + (row >> 6) * (W_BYTES / 2) + brow * 128 + ((((c >> 3) ^ (brow & 7))) << 4) + (c & 7) * 2, v);
+}
+
+// The producer's decode of one filled stage into the BF16 weight boxes, each thread its share.
+// A warp's stores cover 8 rows x 4 words of one chunk column, on 32 distinct banks through the
+// swizzle. Lane l of a code word holds row l / 4 of its band, columns c0 = 2 (l % 4), c0 + 1,
+// c0 + 8, c0 + 9 of a 16-column step (codes.cuh):
+//   4-bit: word i = slot * 64 + pair * 32 + lane covers the pair's two steps (8 words a thread);
+//   8-bit: word i = slot * 128 + step * 32 + lane, one step (16 words a thread).
+template <int BITS, int ENC>
 __device__ __forceinline__ void decode_stage(unsigned stage, const unsigned char* stage_ptr, int tid) {
-    const unsigned* words = reinterpret_cast<const unsigned*>(stage_ptr + W_BYTES + X_BYTES);
-    const int lane = tid & 31, pair = (tid >> 5) & 1;
+    const unsigned char* words = stage_ptr + W_BYTES + X_BYTES;
+    const int lane = tid & 31, c0 = 2 * (lane & 3);
+    if constexpr (BITS == 4) {
+        const int pair = (tid >> 5) & 1;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int slot = (tid >> 6) + 2 * j, row = 8 * slot + (lane >> 2), brow = row & 63;
-        unsigned v[4];  // chunks 4 pair + 0..3: (c0, c0 + 1) and (c0 + 8, c0 + 9) of both steps
-        decode_int4_word(words[tid + 128 * j], v[0], v[1], v[2], v[3]);
-        const unsigned base = stage + (row >> 6) * (W_BYTES / 2) + brow * 128 + 4 * (lane & 3);
+        for (int j = 0; j < 8; ++j) {
+            const int slot = (tid >> 6) + 2 * j, row = 8 * slot + (lane >> 2);
+            unsigned v[4];  // (c0, c0 + 1) and (c0 + 8, c0 + 9) of step 2 pair, then of 2 pair + 1
+            decode_int4_word(reinterpret_cast<const unsigned*>(words)[tid + 128 * j], v[0], v[1], v[2], v[3]);
 #pragma unroll
-        for (int c = 0; c < 4; ++c) st_shared_u32(base + (((4 * pair + c) ^ (brow & 7)) << 4), v[c]);
+            for (int c = 0; c < 4; ++c) store_pair(stage, row, 32 * pair + 8 * c + c0, v[c]);
+        }
+    } else {
+        const int step = tid >> 5;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const int row = 8 * j + (lane >> 2);
+            unsigned lo, hi;  // (c0, c0 + 1), (c0 + 8, c0 + 9)
+            const unsigned char* p = words + (j * 128 + tid) * 4;
+            if constexpr (ENC == E4M3) {
+                decode_e4m3(p, lo, hi);
+            } else {
+                decode_pairs<8>(p, lo, hi);
+            }
+            store_pair(stage, row, 16 * step + c0, lo);
+            store_pair(stage, row, 16 * step + c0 + 8, hi);
+        }
     }
 }
 
 // One item for one consumer warpgroup (the tile's rows 64 wg ..; the caller checked it has some):
 // k_steps stages of products into `part`, folded into `acc` with the group's scales at the end of
 // each group of GSTEPS 16-column steps, then the epilogue. `it` counts the stages read.
-template <int GSTEPS>
-__device__ __forceinline__ void consume_item(unsigned stages, unsigned full0, unsigned empty0, int& it, int wg,
+template <int BITS, int ENC, int GSTEPS>
+__device__ __forceinline__ void consume_item(unsigned stages_at, unsigned full0, unsigned empty0, int& it, int wg,
                                              int tid, int k_steps, int rows, bf16* __restrict__ Y, int p0, int n0,
                                              int N, int gated) {
+    constexpr int S = stages<BITS>(), SB = stage_bytes<BITS>();
     const int t4 = tid & 3;  // the accumulators' column pair (store_rows: the D fragment's layout)
     float acc[64], part[64];
 #pragma unroll
@@ -652,11 +692,11 @@ __device__ __forceinline__ void consume_item(unsigned stages, unsigned full0, un
     for (int ks0 = 0; ks0 < k_steps; ks0 += SPAN) {
 #pragma unroll
         for (int sp = 0; sp < SPAN; ++sp, ++it) {
-            const int s = it % STAGES;
-            mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+            const int s = it % S;
+            mbar_wait(full0 + 8 * s, (it / S) & 1);
             fence_async_proxy_shared();  // the rows cp.async and the decoded weights, for wgmma's reads
-            const unsigned w = stages + s * STAGE_BYTES, x = w + W_BYTES + wg * (64 * 128);
-            const unsigned sc = w + W_BYTES + X_BYTES + CODE_BYTES;
+            const unsigned w = stages_at + s * SB, x = w + W_BYTES + wg * (64 * 128);
+            const unsigned sc = w + W_BYTES + X_BYTES + code_bytes<BITS>();
             fence_floats(part);
             wgmma_fence();
 #pragma unroll
@@ -667,14 +707,20 @@ __device__ __forceinline__ void consume_item(unsigned stages, unsigned full0, un
                     wgmma_commit();
                     wgmma_wait<0>();
                     fence_floats(part);
-                    // d[4j + q] is slice row 8j + 2 t4 + (q & 1): the FP16 scales of rows 2 t4
-                    // and 2 t4 + 1 of slot j's band, one word.
+                    // d[4j + q] is slice row 8j + 2 t4 + (q & 1), in slot j's band. Integer codes:
+                    // the FP16 scales of its rows 2 t4 and 2 t4 + 1, one word; E4M3: the group's
+                    // block scale (F32, first of four copies), one for the band.
                     const int gi = GSTEPS <= STEPS ? kk / GSTEPS : 0;
 #pragma unroll
                     for (int j = 0; j < 16; ++j) {
-                        const unsigned h = ld_shared_u32(sc + (j * STEPS + gi) * 16 + 4 * t4);
-                        const float s0 = __half2float(__ushort_as_half((unsigned short)(h & 0xFFFFu)));
-                        const float s1 = __half2float(__ushort_as_half((unsigned short)(h >> 16)));
+                        float s0, s1;
+                        if constexpr (ENC == E4M3) {
+                            s0 = s1 = __uint_as_float(ld_shared_u32(sc + (j * STEPS + gi) * 16));
+                        } else {
+                            const unsigned h = ld_shared_u32(sc + (j * STEPS + gi) * 16 + 4 * t4);
+                            s0 = __half2float(__ushort_as_half((unsigned short)(h & 0xFFFFu)));
+                            s1 = __half2float(__ushort_as_half((unsigned short)(h >> 16)));
+                        }
                         acc[4 * j] = fmaf(part[4 * j], s0, acc[4 * j]);
                         acc[4 * j + 1] = fmaf(part[4 * j + 1], s1, acc[4 * j + 1]);
                         acc[4 * j + 2] = fmaf(part[4 * j + 2], s0, acc[4 * j + 2]);
@@ -712,19 +758,24 @@ __device__ __forceinline__ void consume_item(unsigned stages, unsigned full0, un
     store_rows(acc, Y, p0, rows, wg, tid, n0, N, gated);
 }
 
-__device__ void grouped_i4_ss(const bf16* __restrict__ X, const int* __restrict__ row_token,
-                              const unsigned char* __restrict__ codes, const __half* __restrict__ scales, int group,
-                              bf16* __restrict__ Y, const int4* __restrict__ tiles, const int* __restrict__ num_tiles,
-                              int N, int K, int gated) {
+template <int BITS, int ENC>
+__device__ void grouped_ss(const bf16* __restrict__ X, const int* __restrict__ row_token,
+                           const unsigned char* __restrict__ codes, const __half* __restrict__ scales, int group,
+                           bf16* __restrict__ Y, const int4* __restrict__ tiles, const int* __restrict__ num_tiles,
+                           int N, int K, int gated) {
+    constexpr int S = stages<BITS>(), SB = stage_bytes<BITS>(), CB = code_bytes<BITS>();
+    // A band's codes of one stage: 64 columns of 8 rows, contiguous (4-bit words of two steps
+    // after each other, 8-bit tiles of one step after each other); a band takes K BITS bytes.
+    constexpr int BAND_STAGE_BYTES = 64 * BITS, CODE_COPIES = CB / 16 / 128;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw = smem_addr(smem_raw);
-    const unsigned stages = (raw + 1023) & ~1023u;
-    const unsigned char* stage_ptr = smem_raw + (stages - raw);
-    const unsigned full0 = stages + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
+    const unsigned stages_at = (raw + 1023) & ~1023u;
+    const unsigned char* stage_ptr = smem_raw + (stages_at - raw);
+    const unsigned full0 = stages_at + S * SB, empty0 = full0 + 8 * S;
     const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
     // Full: each producer thread once its share of the stage is decoded; empty: each consumer
     // warpgroup.
-    init_stage_barriers(full0, empty0, STAGES, 128, CONSUMERS);
+    init_stage_barriers(full0, empty0, S, 128, CONSUMERS);
     pdl_enter();  // the tile list and X come from the kernels before
     const int slices = N / ROWS, k_steps = K / BK;
     const int groups = K / group, gsteps = group / 16;  // gsteps: 1, 2, 4 or 8
@@ -732,17 +783,19 @@ __device__ void grouped_i4_ss(const bf16* __restrict__ X, const int* __restrict_
     const int items = num_tiles[0] * slices;
 
     if (wg == CONSUMERS) {  // producer
+        // 128 x 104 + 256 x 200 registers: the launch's 384 x 168, so the consumers' raise
+        // never waits; with fewer the producer spills.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 104;\n" ::: "memory");
         const int chunk = tid & 7, row0 = tid >> 3;
         int it = 0;
         // Decodes fill `f` once this thread's copies of it have landed and every producer
-        // thread has seen its own land (so all of the fill's words are there), then releases
+        // thread has seen its own land (so all of the fill's codes are there), then releases
         // it to the consumers.
         auto finish = [&](int f) {
             named_barrier_sync(3, 128);
-            decode_stage(stages + (f % STAGES) * STAGE_BYTES, stage_ptr + (f % STAGES) * STAGE_BYTES, tid);
+            decode_stage<BITS, ENC>(stages_at + (f % S) * SB, stage_ptr + (f % S) * SB, tid);
             fence_async_proxy_shared();  // the stores above, for wgmma's reads
-            mbar_arrive(full0 + 8 * (f % STAGES));
+            mbar_arrive(full0 + 8 * (f % S));
         };
         for (int item = blockIdx.x; item < items; item += gridDim.x) {
             const int4 t = tiles[item / slices];
@@ -754,24 +807,25 @@ __device__ void grouped_i4_ss(const bf16* __restrict__ X, const int* __restrict_
                 const int r = row0 + 16 * j, p = t.y + (r < rows ? r : 0);
                 src[j] = X + (size_t)(row_token ? row_token[p] : p) * K + chunk * 8;
             }
-            // This thread's two 16-byte copies of the words: slot c / 16, bytes 16 (c % 16) of
-            // the slot's 256 (its band's two word pairs of the stage, contiguous; a band's words
-            // take 4 K bytes, 256 per stage).
-            const unsigned char* code_src[2];
+            // This thread's 16-byte copies of the codes: copy c takes bytes 16 (c % per_band) of
+            // slot c / per_band's band in the stage.
+            const unsigned char* code_src[CODE_COPIES];
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
+            for (int j = 0; j < CODE_COPIES; ++j) {
+                constexpr int per_band = BAND_STAGE_BYTES / 16;
                 const int c = tid + 128 * j;
-                code_src[j] = codes + (expert_band0 + band_of(c / 16, n0, N, gated)) * (size_t)K * 4 + (c % 16) * 16;
+                code_src[j] = codes + (expert_band0 + band_of(c / per_band, n0, N, gated)) * (size_t)K * BITS +
+                              (c % per_band) * 16;
             }
             const bool scale_copier = tid < 16 * stage_groups;
             const int scale_slot = tid / stage_groups, scale_j = tid % stage_groups;
             const __half* scale_src =
                 scales + ((expert_band0 + band_of(scale_copier ? scale_slot : 0, n0, N, gated)) * groups + scale_j) * 8;
             for (int ks = 0; ks < k_steps; ++ks, ++it) {
-                const int s = it % STAGES;
-                const unsigned dst = stages + s * STAGE_BYTES;
-                unsigned char* dst_ptr = const_cast<unsigned char*>(stage_ptr) + s * STAGE_BYTES;
-                mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+                const int s = it % S;
+                const unsigned dst = stages_at + s * SB;
+                unsigned char* dst_ptr = const_cast<unsigned char*>(stage_ptr) + s * SB;
+                mbar_wait(empty0 + 8 * s, ((it / S) & 1) ^ 1);
                 // Rows past the tile are not copied: their products land in outputs never written.
 #pragma unroll
                 for (int j = 0; j < COPIES; ++j) {
@@ -782,10 +836,11 @@ __device__ void grouped_i4_ss(const bf16* __restrict__ X, const int* __restrict_
                                      : "memory");
                 }
 #pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    cp_async16(dst_ptr + W_BYTES + X_BYTES + (tid + 128 * j) * 16, code_src[j] + ks * 2 * 128, true);
+                for (int j = 0; j < CODE_COPIES; ++j)
+                    cp_async16(dst_ptr + W_BYTES + X_BYTES + (tid + 128 * j) * 16, code_src[j] + ks * BAND_STAGE_BYTES,
+                               true);
                 if (scale_copier)
-                    cp_async16(dst_ptr + W_BYTES + X_BYTES + CODE_BYTES + (scale_slot * STEPS + scale_j) * 16,
+                    cp_async16(dst_ptr + W_BYTES + X_BYTES + CB + (scale_slot * STEPS + scale_j) * 16,
                                scale_src + (size_t)(ks * STEPS / gsteps) * 8, true);
                 cp_async_commit();
                 if (it >= LOOKAHEAD) {
@@ -807,32 +862,46 @@ __device__ void grouped_i4_ss(const bf16* __restrict__ X, const int* __restrict_
         const int4 t = tiles[item / slices];
         const int n0 = (item % slices) * ROWS, rows = t.z - t.y;
         if (rows <= 64 * wg) {
-            minnow_wgmma::release_without_rows<STAGES>(full0, empty0, it, k_steps, wg, tid);
+            minnow_wgmma::release_without_rows<S>(full0, empty0, it, k_steps, wg, tid);
             continue;
         }
         switch (gsteps) {
-            case 1: consume_item<1>(stages, full0, empty0, it, wg, tid, k_steps, rows, Y, t.y, n0, N, gated); break;
-            case 2: consume_item<2>(stages, full0, empty0, it, wg, tid, k_steps, rows, Y, t.y, n0, N, gated); break;
-            case 4: consume_item<4>(stages, full0, empty0, it, wg, tid, k_steps, rows, Y, t.y, n0, N, gated); break;
-            default: consume_item<8>(stages, full0, empty0, it, wg, tid, k_steps, rows, Y, t.y, n0, N, gated); break;
+            case 1:
+                consume_item<BITS, ENC, 1>(stages_at, full0, empty0, it, wg, tid, k_steps, rows, Y, t.y, n0, N, gated);
+                break;
+            case 2:
+                consume_item<BITS, ENC, 2>(stages_at, full0, empty0, it, wg, tid, k_steps, rows, Y, t.y, n0, N, gated);
+                break;
+            case 4:
+                consume_item<BITS, ENC, 4>(stages_at, full0, empty0, it, wg, tid, k_steps, rows, Y, t.y, n0, N, gated);
+                break;
+            default:
+                consume_item<BITS, ENC, 8>(stages_at, full0, empty0, it, wg, tid, k_steps, rows, Y, t.y, n0, N, gated);
+                break;
         }
     }
 }
-}  // namespace minnow_i4ss
+}  // namespace minnow_codes_ss
 #endif
 
-// grid = min(items, SMs) with items = max_tiles * N / 128, block = minnow_i4ss::THREADS (384),
-// dynamic shared memory = minnow_i4ss::SMEM_BYTES (codes_ss_smem_bytes in ops). The parameters of
-// the codes kernels (`shared` and `shared_slot` unused: launched without a packed shared expert);
-// requires INT4 codes in the word order, N % 128 == 0, K % 64 == 0, a group of 16, 32, 64 or 128
-// columns dividing K, and tiles cut at <= 128 rows.
-extern "C" __global__ void __launch_bounds__(minnow_i4ss::THREADS, 1)
-    grouped_gemm_i4_wgmma_ss(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,
-                             const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y,
-                             const int4* tiles, const int* num_tiles, int N, int K, int gated) {
+// grid = min(items, SMs) with items = max_tiles * N / 128, block = minnow_codes_ss::THREADS (384),
+// dynamic shared memory = minnow_codes_ss::smem_bytes<BITS>() (codes_ss_smem_bytes in ops). The
+// parameters of the codes kernels (`band_scale`, `shared` and `shared_slot` unused: launched
+// without a packed shared expert); requires N % 128 == 0, K % 64 == 0 (4-bit codes in the word
+// order), a group of 16, 32, 64 or 128 columns dividing K, and tiles cut at <= 128 rows.
+#define GROUPED_CODES_SS_ENTRY(NAME, BITS, ENC)                                                                  \
+    extern "C" __global__ void __launch_bounds__(minnow_codes_ss::THREADS, 1)                                    \
+        NAME(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,              \
+             const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y, const int4* tiles, \
+             const int* num_tiles, int N, int K, int gated) {                                                   \
+        MINNOW_CODES_SS_BODY(BITS, ENC)                                                                         \
+    }
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    minnow_i4ss::grouped_i4_ss(X, row_token, codes, scales, group, Y, tiles, num_tiles, N, K, gated & 1);
+#define MINNOW_CODES_SS_BODY(BITS, ENC) \
+    minnow_codes_ss::grouped_ss<BITS, ENC>(X, row_token, codes, scales, group, Y, tiles, num_tiles, N, K, gated & 1);
 #else
-    __trap();  // launched only where the sm_90a build is loaded
+#define MINNOW_CODES_SS_BODY(BITS, ENC) __trap();  // launched only where the sm_90a build is loaded
 #endif
-}
+GROUPED_CODES_SS_ENTRY(grouped_gemm_i4_wgmma_ss, 4, minnow_codes::INT)
+GROUPED_CODES_SS_ENTRY(grouped_gemm_i8_wgmma_ss, 8, minnow_codes::INT)
+GROUPED_CODES_SS_ENTRY(grouped_gemm_f8_wgmma_ss, 8, minnow_codes::E4M3)

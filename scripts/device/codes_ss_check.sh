@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One device call for the INT4 kernel that decodes its codes into shared memory
-# (`grouped_gemm_i4_wgmma_ss`, written in session forty-three without a GPU): its bits against
-# the mma.sync codes tiles (the codes kernel test calls it directly), compute-sanitizer's memcheck
-# of that test over INT4 alone, then the INT4 bench with the default kernels, with the
-# register-decoding wgmma kernel (MINNOW_CODES_WGMMA=1) and with the new one
-# (MINNOW_CODES_SS=1), alternating. The new kernel gives the tiles' bits,
-# so every decode digest must be the default's. Every part writes its output under $OUT.
+# One device call for the codes kernels that decode into shared memory
+# (`grouped_gemm_{i4,i8,f8}_wgmma_ss`, written in session forty-three without a GPU): their bits
+# against the mma.sync codes tiles (the codes kernel test calls them directly), then the bench
+# of each encoding with the default kernels and with MINNOW_CODES_SS=1, alternating (INT4 also
+# with the register-decoding wgmma kernel, MINNOW_CODES_WGMMA=1), then compute-sanitizer's
+# memcheck of the codes test over INT4 with the time left. The new kernels give the tiles'
+# bits, so every decode digest must be the default's. Every part writes its output under $OUT.
 #   Stage first (scripts/device/stage.sh debug), carry ["out/bin.tar.xz"].
 exec > >(tee "$OUT/log-ss.txt") 2>&1
 set -uo pipefail
@@ -16,21 +16,30 @@ timeout 150 bin/test-cuda_kernels --ignored --nocapture --test-threads 1 grouped
   > "$OUT/codes-test.txt" 2>&1
 echo "rc=$?"
 grep -E "cases compared|^test .*(ok|FAILED)$|test result|panicked" -A1 "$OUT/codes-test.txt" | head -20
-echo "-- memcheck t=$SECONDS"
-MINNOW_TEST_ENCODING=i4_mma timeout 150 compute-sanitizer --tool memcheck --print-limit 20 bin/test-cuda_kernels \
-  --ignored --test-threads 1 grouped_gemm_over_codes_matches_reference > "$OUT/codes-memcheck.txt" 2>&1
-grep -E "ERROR SUMMARY|^test .*(ok|FAILED)$|=========  (Invalid|Program hit)" "$OUT/codes-memcheck.txt" | head -12
-for round in 1 2; do
-  for v in "default" "rs MINNOW_CODES_WGMMA=1" "ss MINNOW_CODES_SS=1"; do
-    set -- $v
-    label=$1; shift
-    [ $SECONDS -gt 540 ] && { echo "skip $label round $round (time)"; continue; }
-    echo "== $label int4 round $round t=$SECONDS"
-    env "$@" timeout 90 bin/xtask bench --experts int4 --quick --prefill 4096 --prefix 1024 --concurrency 16,64 \
-      > "$OUT/bench-$label-$round.txt" 2>&1
-    echo "rc=$?"
-    grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0|decode of (16|64) concurrent)" \
-      "$OUT/bench-$label-$round.txt"
-  done
-done
+bench() {  # label encoding env...
+  local label=$1 enc=$2
+  shift 2
+  [ $SECONDS -gt 520 ] && { echo "skip $label $enc (time)"; return; }
+  echo "== $label $enc t=$SECONDS"
+  env "$@" timeout 90 bin/xtask bench --experts "$enc" --quick --prefill 4096 --prefix 1024 --concurrency 16,64 \
+    > "$OUT/bench-$label-$enc.txt" 2>&1
+  echo "rc=$?"
+  grep -E "^\| (prefill|refinement 32 tokens @ 1024 prefix \(graph, top-1|batched|request 0|decode of (16|64) concurrent)" \
+    "$OUT/bench-$label-$enc.txt"
+}
+bench default int4
+bench ss int4 MINNOW_CODES_SS=1
+bench default8 int8
+bench ss8 int8 MINNOW_CODES_SS=1
+bench defaultf fp8
+bench ssf fp8 MINNOW_CODES_SS=1
+bench rs int4 MINNOW_CODES_WGMMA=1
+bench ss2 int4 MINNOW_CODES_SS=1
+left=$((590 - SECONDS))
+if [ $left -gt 60 ]; then
+  echo "-- memcheck (${left} s) t=$SECONDS"
+  MINNOW_TEST_ENCODING=i4_mma timeout $left compute-sanitizer --tool memcheck --print-limit 20 bin/test-cuda_kernels \
+    --ignored --test-threads 1 grouped_gemm_over_codes_matches_reference > "$OUT/codes-memcheck.txt" 2>&1
+  grep -E "ERROR SUMMARY|^test .*(ok|FAILED)$|=========  (Invalid|Program hit)" "$OUT/codes-memcheck.txt" | head -12
+fi
 echo "done t=$SECONDS"

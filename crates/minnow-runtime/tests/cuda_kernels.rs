@@ -1313,8 +1313,8 @@ fn grouped_gemm_over_codes_matches_reference() {
     // `MINNOW_TEST_ENCODING=NAME` keeps one encoding (e.g. under compute-sanitizer, which is slow).
     let only = std::env::var("MINNOW_TEST_ENCODING").ok();
     let mut wgmma_cases = 0;
-    // A tile height no kernel has: `run_as` takes it for 128-row tiles on the INT4 kernel that
-    // decodes into shared memory (`grouped_gemm_i4_wgmma_ss`).
+    // A tile height no kernel has: `run_as` takes it for 128-row tiles on the kernel that
+    // decodes the codes into shared memory (`grouped_gemm_codes_ss`).
     const SS_ROWS: usize = ops::GROUPED_WGMMA_ROWS + 1;
     let mut ss_cases = 0;
     for encoding in [
@@ -1443,7 +1443,7 @@ fn grouped_gemm_over_codes_matches_reference() {
                 shared: shared_slot.map(|slot| (dshared.ptr(), slot)),
             };
             // The same codes with the last slot's own codes instead of the packed shared expert:
-            // what the INT4 shared-memory kernel takes (its picks of that slot are not compared).
+            // what the shared-memory kernel takes (its picks of that slot are not compared).
             let w_codes = ops::CodeMatrices { shared: None, ..w };
             let is_shared_pick = |i: usize| shared_slot == Some(idx[i] as usize);
             // FP8 also as W8A8 (E4M3 activations on FP8 tensor cores) where the GPU has them.
@@ -1483,7 +1483,7 @@ fn grouped_gemm_over_codes_matches_reference() {
                     if tile_rows == SS_ROWS {
                         let dispatched =
                             Dispatched::new(&g, &didx, t, k, e, ops::GROUPED_WGMMA_ROWS, None);
-                        ops::grouped_gemm_i4_wgmma_ss(
+                        ops::grouped_gemm_codes_ss(
                             &g,
                             dx.ptr(),
                             dispatched.row_token.ptr(),
@@ -1634,7 +1634,8 @@ fn grouped_gemm_over_codes_matches_reference() {
                     }
                     wgmma_cases += 1;
                 }
-                // INT4 on the kernel that decodes into shared memory (128-row tiles): the same.
+                // INT4, INT8 and E4M3 on the kernel that decodes into shared memory (128-row
+                // tiles): the same.
                 if !w8a8 && ops::codes_ss_supported(&g, &w_codes, n, kd) {
                     let (wide, wide_slots) = run(&idx, t, &x, SS_ROWS);
                     for (i, (&p, &q)) in slots.iter().zip(&wide_slots).enumerate() {
@@ -1644,7 +1645,7 @@ fn grouped_gemm_over_codes_matches_reference() {
                         let (p, q) = (p as usize, q as usize);
                         assert!(
                             gy[p * n..(p + 1) * n] == wide[q * n..(q + 1) * n],
-                            "{name}: pick {i} differs between the INT4 shared-memory wgmma kernel and tiles of {tile_rows} rows"
+                            "{name}: pick {i} differs between the shared-memory wgmma kernel and tiles of {tile_rows} rows"
                         );
                     }
                     ss_cases += 1;
@@ -1692,13 +1693,13 @@ fn grouped_gemm_over_codes_matches_reference() {
         );
     }
     eprintln!(
-        "codes: {wgmma_cases} cases compared with the wgmma kernels, {ss_cases} with the INT4 \
-         shared-memory one"
+        "codes: {wgmma_cases} cases compared with the wgmma kernels, {ss_cases} with the \
+         shared-memory ones"
     );
     if g.uses_sm90a_ptx() && only.is_none() {
         assert!(
-            ss_cases >= 2,
-            "only {ss_cases} cases ran on the INT4 shared-memory kernel"
+            ss_cases >= 6,
+            "only {ss_cases} cases ran on the shared-memory kernels"
         );
     }
 }

@@ -146,8 +146,8 @@ impl ExpertMatrix {
         matches!(self.kernel_view(), KernelView::Codes(w) if ops::codes_wgmma_supported(gpu, &w, n, k))
     }
 
-    /// Whether the INT4 kernel that decodes into shared memory (`ops::grouped_gemm_i4_wgmma_ss`)
-    /// takes this projection: INT4 codes without a packed shared expert.
+    /// Whether the kernel that decodes codes into shared memory (`ops::grouped_gemm_codes_ss`)
+    /// takes this projection: INT4, INT8 or E4M3 codes without a packed shared expert.
     pub fn codes_ss(&self, gpu: &Gpu, n: usize, k: usize) -> bool {
         matches!(self.kernel_view(), KernelView::Codes(w) if ops::codes_ss_supported(gpu, &w, n, k))
     }
@@ -184,7 +184,7 @@ impl ExpertMatrix {
             )),
             KernelView::Bf16(w) => ops::grouped_gemm(gpu, x, row_token, w.ptr(), y, tiles, n, k),
             // Tiles of 128 rows: moe.rs chose the wgmma kernels (`Self::codes_wgmma`, or
-            // `Self::codes_ss` for INT4).
+            // `Self::codes_ss`).
             KernelView::Codes(w) if tiles.rows == ops::GROUPED_WGMMA_ROWS && xq.is_none() => {
                 ops::grouped_gemm_codes_wgmma(gpu, x, row_token, &w, y, tiles, n, k, gated)
             }

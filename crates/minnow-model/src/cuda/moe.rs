@@ -257,8 +257,9 @@ pub(super) fn queue_grouped_experts(
         } else {
             // Quantized experts likewise on their wgmma kernels (BF16 activations: not with
             // W8A8) when `Tuning::codes_wgmma` asks (off by default: slower than the tiles), and
-            // INT4 ones on the kernel that decodes into shared memory when `Tuning::codes_ss`
-            // asks (off until measured; `ops::grouped_gemm_codes_wgmma` picks it).
+            // INT4, INT8 and E4M3 ones on the kernel that decodes into shared memory when
+            // `Tuning::codes_ss` asks (off until measured; `ops::grouped_gemm_codes_wgmma` picks
+            // it).
             w8a8.is_none()
                 && ((tuning().codes_wgmma
                     && moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d)

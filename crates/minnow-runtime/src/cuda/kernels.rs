@@ -443,11 +443,13 @@ kernel_table! {
             gated: i32,
         );
         /// The same over quantized experts (the parameters of `moe`'s codes kernels, so their
-        /// launchers are `moe::CodesGemm`s too); `_ss`: INT4 codes decoded into shared memory.
+        /// launchers are `moe::CodesGemm`s too); `_ss`: the codes decoded into shared memory.
         grouped_gemm_i8_wgmma,
         grouped_gemm_i4_wgmma,
         grouped_gemm_f4_wgmma,
         grouped_gemm_i4_wgmma_ss,
+        grouped_gemm_i8_wgmma_ss,
+        grouped_gemm_f8_wgmma_ss,
         grouped_gemm_f8_wgmma (
             x: u64,
             row_token: u64,

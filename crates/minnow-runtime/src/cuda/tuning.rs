@@ -71,11 +71,11 @@ pub struct Tuning {
     /// expert, measured 14-20 % faster at x64 and in prefill on them; docs/performance.md,
     /// session thirty-four).
     pub codes_wgmma: bool,
-    /// INT4 experts (without a packed shared expert) of forwards whose experts get many rows
-    /// each take the wgmma kernel that decodes their codes into shared memory for the BF16
-    /// kernel's products (`MINNOW_CODES_SS=1`; same bits), whether or not
-    /// [`Tuning::codes_wgmma`] is on. Off until it is measured: written in session forty-three
-    /// without a GPU.
+    /// INT4, INT8 and E4M3 experts (without a packed shared expert) of forwards whose experts
+    /// get many rows each take the wgmma kernels that decode their codes into shared memory for
+    /// the BF16 kernel's products (`MINNOW_CODES_SS=1`; same bits), whether or not
+    /// [`Tuning::codes_wgmma`] is on. Off until measured: written in session forty-three without
+    /// a GPU.
     pub codes_ss: bool,
     /// The quantized experts' gate/up kernels write silu_mul's result themselves (the gate and
     /// up bands of the same columns side by side in a CTA) instead of the products for a

@@ -105,8 +105,8 @@ pub fn codes_wgmma_supported(gpu: &Gpu, w: &CodeMatrices, n: usize, k: usize) ->
 /// The quantized grouped GEMM (`expert_gemm`'s `grouped_gemm_codes`, BF16 activations) over
 /// tiles of up to [`GROUPED_WGMMA_ROWS`] rows, one persistent CTA per multiprocessor walking
 /// (tile, 128-column) items: exactly the bits of the mma.sync codes kernels, `gated` as there.
-/// INT4 takes [`grouped_gemm_i4_wgmma_ss`] instead where `MINNOW_CODES_SS=1` asks and it
-/// applies. Check [`codes_wgmma_supported`] (or [`codes_ss_supported`]) first.
+/// Codes take [`grouped_gemm_codes_ss`] instead where `MINNOW_CODES_SS=1` asks and it applies.
+/// Check [`codes_wgmma_supported`] (or [`codes_ss_supported`]) first.
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm_codes_wgmma(
     gpu: &Gpu,
@@ -119,10 +119,10 @@ pub fn grouped_gemm_codes_wgmma(
     k: usize,
     gated: bool,
 ) -> CudaResult<()> {
-    // INT4 without a packed shared expert on the kernel that decodes into shared memory, where
-    // `MINNOW_CODES_SS=1` asks (opt-in until measured).
+    // Codes that the kernel decoding into shared memory takes go there where `MINNOW_CODES_SS=1`
+    // asks (opt-in until measured).
     if crate::cuda::tuning::tuning().codes_ss && codes_ss_supported(gpu, w, n, k) {
-        return grouped_gemm_i4_wgmma_ss(gpu, x, row_token, w, y, t, n, k, gated);
+        return grouped_gemm_codes_ss(gpu, x, row_token, w, y, t, n, k, gated);
     }
     if t.rows > GROUPED_WGMMA_ROWS || !codes_wgmma_supported(gpu, w, n, k) {
         return unsupported(format!(
@@ -146,30 +146,38 @@ pub fn grouped_gemm_codes_wgmma(
     }
 }
 
-/// Dynamic shared memory of `grouped_gemm_i4_wgmma_ss`: 5 stages of 37 KB (the decoded BF16
-/// weights of 128 rows and the 128 activation rows, 64 columns each, the stage's INT4 words and
-/// scale rows), 1 KB to align them to the swizzle atom, then 10 mbarriers (minnow_i4ss::SMEM_BYTES
-/// in kernels/expert_wgmma.cu).
-pub const fn codes_ss_smem_bytes() -> usize {
-    5 * (2 * 128 * 64 * 2 + 128 * 64 / 2 + 16 * 4 * 16) + 1024 + 2 * 5 * 8
+/// Dynamic shared memory of the shared-memory codes kernels (`grouped_gemm_*_wgmma_ss`) for codes
+/// of `bits` bits: 5 (4-bit) or 4 (8-bit) stages of the decoded BF16 weights of 128 rows and the
+/// 128 activation rows, 64 columns each, the stage's codes and scale rows; 1 KB to align them to
+/// the swizzle atom, then the stages' mbarriers (minnow_codes_ss::smem_bytes in
+/// kernels/expert_wgmma.cu).
+pub const fn codes_ss_smem_bytes(bits: usize) -> usize {
+    let stages = if bits == 4 { 5 } else { 4 };
+    let stage = 2 * 128 * 64 * 2 + 128 * 64 * bits / 8 + 16 * 4 * 16;
+    stages * stage + 1024 + 2 * stages * 8
 }
 
-/// Whether [`grouped_gemm_i4_wgmma_ss`] takes these codes: INT4 without a packed shared expert
-/// (its BF16 tiles are not read there), and what [`grouped_gemm_codes_wgmma`] needs.
+/// Whether [`grouped_gemm_codes_ss`] takes these codes: INT4, INT8 or E4M3 (NVFP4's block scales
+/// multiply the weights there, not the sums) without a packed shared expert (its BF16 tiles are
+/// not read there), and what [`grouped_gemm_codes_wgmma`] needs.
 pub fn codes_ss_supported(gpu: &Gpu, w: &CodeMatrices, n: usize, k: usize) -> bool {
-    w.kind == CodeKind::Int4
-        && w.shared.is_none()
-        && wgmma_fits(gpu, codes_ss_smem_bytes(), n, k)
+    let bits = match w.kind {
+        CodeKind::Int4 => 4,
+        CodeKind::Int8 | CodeKind::E4m3 => 8,
+        CodeKind::E2m1 => return false,
+    };
+    w.shared.is_none()
+        && wgmma_fits(gpu, codes_ss_smem_bytes(bits), n, k)
         && codes_tiled(n, w.group)
         && k.is_multiple_of(w.group)
 }
 
-/// [`grouped_gemm_codes_wgmma`] over INT4 codes with the weights decoded into shared memory by
-/// the producer warpgroup, so the consumers run the BF16 kernel's products (tokens the M side):
-/// the same bits as the codes tiles. Check [`codes_ss_supported`] first. Not yet run on a GPU
+/// [`grouped_gemm_codes_wgmma`] with the weights decoded into shared memory by the producer
+/// warpgroup, so the consumers run the BF16 kernel's products (tokens the M side): the same
+/// bits as the codes tiles. Check [`codes_ss_supported`] first. Not yet run on a GPU
 /// (docs/performance.md, session forty-three).
 #[allow(clippy::too_many_arguments)]
-pub fn grouped_gemm_i4_wgmma_ss(
+pub fn grouped_gemm_codes_ss(
     gpu: &Gpu,
     x: u64,
     row_token: u64,
@@ -182,25 +190,20 @@ pub fn grouped_gemm_i4_wgmma_ss(
 ) -> CudaResult<()> {
     if t.rows > GROUPED_WGMMA_ROWS || !codes_ss_supported(gpu, w, n, k) {
         return unsupported(format!(
-            "INT4 decoded into shared memory for {:?} experts of {n} x {k} with groups of {} in tiles of {} rows",
+            "{:?} codes decoded into shared memory for experts of {n} x {k} with groups of {} in tiles of {} rows",
             w.kind, w.group, t.rows
         ));
     }
-    match persistent_grid(gpu, t, n, 384, codes_ss_smem_bytes()) {
-        Some(cfg) => launch_codes(
-            kernels::expert_wgmma::grouped_gemm_i4_wgmma_ss,
-            gpu,
-            cfg,
-            x,
-            row_token,
-            w,
-            y,
-            t,
-            n,
-            k,
-            gated,
-            false,
-        ),
+    use kernels::expert_wgmma::{
+        grouped_gemm_f8_wgmma_ss, grouped_gemm_i4_wgmma_ss, grouped_gemm_i8_wgmma_ss,
+    };
+    let (kernel, bits): (kernels::moe::CodesGemm, usize) = match w.kind {
+        CodeKind::Int4 => (grouped_gemm_i4_wgmma_ss, 4),
+        CodeKind::Int8 => (grouped_gemm_i8_wgmma_ss, 8),
+        _ => (grouped_gemm_f8_wgmma_ss, 8),
+    };
+    match persistent_grid(gpu, t, n, 384, codes_ss_smem_bytes(bits)) {
+        Some(cfg) => launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k, gated, false),
         None => Ok(()),
     }
 }
@@ -223,8 +226,10 @@ mod tests {
         // minnow_codes_wgmma::SMEM_BYTES, the same module.
         assert_eq!(codes_wgmma_smem_bytes(), 6 * 33792 + 1024 + 96);
         assert!(codes_wgmma_smem_bytes() <= module.max_dynamic_shared as usize);
-        // minnow_i4ss::SMEM_BYTES.
-        assert_eq!(codes_ss_smem_bytes(), 5 * 37888 + 1024 + 80);
-        assert!(codes_ss_smem_bytes() <= module.max_dynamic_shared as usize);
+        // minnow_codes_ss::smem_bytes<4> and <8>.
+        assert_eq!(codes_ss_smem_bytes(4), 5 * 37888 + 1024 + 80);
+        assert_eq!(codes_ss_smem_bytes(8), 4 * 41984 + 1024 + 64);
+        assert!(codes_ss_smem_bytes(4) <= module.max_dynamic_shared as usize);
+        assert!(codes_ss_smem_bytes(8) <= module.max_dynamic_shared as usize);
     }
 }
