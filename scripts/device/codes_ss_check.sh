@@ -2,8 +2,9 @@
 # One device call for the codes kernels that decode into shared memory
 # (`grouped_gemm_{i4,i8,f8}_wgmma_ss`, written in session forty-three without a GPU): their bits
 # against the mma.sync codes tiles (the codes kernel test calls them directly), then the bench
-# of each encoding with the default kernels and with MINNOW_CODES_SS=1, alternating (INT4 also
-# with the register-decoding wgmma kernel, MINNOW_CODES_WGMMA=1), then compute-sanitizer's
+# of each encoding with the default kernels and with MINNOW_CODES_SS=1 (INT4 also with =2, the
+# refinement's experts on them too, and with the register-decoding wgmma kernel,
+# MINNOW_CODES_WGMMA=1, as time allows), then compute-sanitizer's
 # memcheck of the codes test over INT4 with the time left. The new kernels give the tiles'
 # bits, so every decode digest must be the default's. Every part writes its output under $OUT.
 #   Stage first (scripts/device/stage.sh debug), carry ["out/bin.tar.xz"].
@@ -29,12 +30,12 @@ bench() {  # label encoding env...
 }
 bench default int4
 bench ss int4 MINNOW_CODES_SS=1
-bench default8 int8
-bench ss8 int8 MINNOW_CODES_SS=1
-bench defaultf fp8
-bench ssf fp8 MINNOW_CODES_SS=1
+bench ss-all int4 MINNOW_CODES_SS=2
+bench default int8
+bench ss int8 MINNOW_CODES_SS=1
+bench default fp8
+bench ss fp8 MINNOW_CODES_SS=1
 bench rs int4 MINNOW_CODES_WGMMA=1
-bench ss2 int4 MINNOW_CODES_SS=1
 left=$((590 - SECONDS))
 if [ $left -gt 60 ]; then
   echo "-- memcheck (${left} s) t=$SECONDS"

@@ -249,25 +249,32 @@ pub(super) fn queue_grouped_experts(
     // off): the wgmma kernel over 128-row tiles, so an expert's weights stream once for up to
     // 128 rows.
     let bf16_maps = moe.expert_maps.as_ref().zip(moe.bf16_experts());
-    let wgmma = grouping.tile_rows == 64
-        && if bf16_maps.is_some() {
-            tuning().grouped_wgmma
-                && ops::grouped_wgmma_supported(gpu, 2 * iw, d)
-                && ops::grouped_wgmma_supported(gpu, d, iw)
-        } else {
-            // Quantized experts likewise on their wgmma kernels (BF16 activations: not with
-            // W8A8) when `Tuning::codes_wgmma` asks (off by default: slower than the tiles), and
-            // INT4, INT8 and E4M3 ones on the kernel that decodes into shared memory when
-            // `Tuning::codes_ss` asks (off until measured; `ops::grouped_gemm_codes_wgmma` picks
-            // it).
-            w8a8.is_none()
-                && ((tuning().codes_wgmma
-                    && moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d)
-                    && moe.experts_down.codes_wgmma(gpu, d, iw))
-                    || (tuning().codes_ss
-                        && moe.experts_gate_up.codes_ss(gpu, 2 * iw, d)
-                        && moe.experts_down.codes_ss(gpu, d, iw)))
+    let many_rows = grouping.tile_rows == 64;
+    let wgmma = if bf16_maps.is_some() {
+        many_rows
+            && tuning().grouped_wgmma
+            && ops::grouped_wgmma_supported(gpu, 2 * iw, d)
+            && ops::grouped_wgmma_supported(gpu, d, iw)
+    } else {
+        // Quantized experts likewise on their wgmma kernels (BF16 activations: not with W8A8)
+        // when `Tuning::codes_wgmma` asks (off by default: slower than the tiles), and INT4,
+        // INT8 and E4M3 ones on the kernels that decode into shared memory when
+        // `Tuning::codes_ss` asks (1: these forwards; 2: every forward, the denoising steps of
+        // few rows too; off until measured; `ops::grouped_gemm_codes_wgmma` picks them).
+        let ss = match tuning().codes_ss {
+            0 => false,
+            1 => many_rows,
+            _ => true,
         };
+        w8a8.is_none()
+            && ((many_rows
+                && tuning().codes_wgmma
+                && moe.experts_gate_up.codes_wgmma(gpu, 2 * iw, d)
+                && moe.experts_down.codes_wgmma(gpu, d, iw))
+                || (ss
+                    && moe.experts_gate_up.codes_ss(gpu, 2 * iw, d)
+                    && moe.experts_down.codes_ss(gpu, d, iw)))
+    };
     let tile_rows = if wgmma {
         ops::GROUPED_WGMMA_ROWS
     } else if moe.experts_gate_up.bf16().is_none()

@@ -71,12 +71,13 @@ pub struct Tuning {
     /// expert, measured 14-20 % faster at x64 and in prefill on them; docs/performance.md,
     /// session thirty-four).
     pub codes_wgmma: bool,
-    /// INT4, INT8 and E4M3 experts (without a packed shared expert) of forwards whose experts
-    /// get many rows each take the wgmma kernels that decode their codes into shared memory for
-    /// the BF16 kernel's products (`MINNOW_CODES_SS=1`; same bits), whether or not
-    /// [`Tuning::codes_wgmma`] is on. Off until measured: written in session forty-three without
-    /// a GPU.
-    pub codes_ss: bool,
+    /// INT4, INT8 and E4M3 experts (without a packed shared expert) take the wgmma kernels that
+    /// decode their codes into shared memory for the BF16 kernel's products (same bits), whether
+    /// or not [`Tuning::codes_wgmma`] is on: `MINNOW_CODES_SS=1` in forwards whose experts get
+    /// many rows each (batched steps, prefill), `=2` in every forward (a lone request's
+    /// denoising steps too). 0, off, until measured: written in session forty-three without a
+    /// GPU.
+    pub codes_ss: usize,
     /// The quantized experts' gate/up kernels write silu_mul's result themselves (the gate and
     /// up bands of the same columns side by side in a CTA) instead of the products for a
     /// separate `silu_mul` launch. `MINNOW_CODES_GATED=0`: two launches. Same bits either way.
@@ -191,7 +192,7 @@ impl Default for Tuning {
             grouped_pair: true,
             grouped_wgmma: true,
             codes_wgmma: false,
-            codes_ss: false,
+            codes_ss: 0,
             codes_gated: true,
             codes32_below: 64,
             codes_settled: true,
@@ -252,7 +253,7 @@ pub fn tuning() -> &'static Tuning {
                 .map_or(d.grouped_wgmma, |v| v == 1),
             codes_wgmma: env_usize("MINNOW_CODES_WGMMA", |v| v <= 1)
                 .map_or(d.codes_wgmma, |v| v == 1),
-            codes_ss: env_usize("MINNOW_CODES_SS", |v| v <= 1).map_or(d.codes_ss, |v| v == 1),
+            codes_ss: env_usize("MINNOW_CODES_SS", |v| v <= 2).unwrap_or(d.codes_ss),
             codes_gated: env_usize("MINNOW_CODES_GATED", |v| v <= 1)
                 .map_or(d.codes_gated, |v| v == 1),
             codes32_below: env_usize("MINNOW_CODES32_BELOW", |v| v <= 1024)

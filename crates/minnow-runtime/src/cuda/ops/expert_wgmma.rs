@@ -105,7 +105,7 @@ pub fn codes_wgmma_supported(gpu: &Gpu, w: &CodeMatrices, n: usize, k: usize) ->
 /// The quantized grouped GEMM (`expert_gemm`'s `grouped_gemm_codes`, BF16 activations) over
 /// tiles of up to [`GROUPED_WGMMA_ROWS`] rows, one persistent CTA per multiprocessor walking
 /// (tile, 128-column) items: exactly the bits of the mma.sync codes kernels, `gated` as there.
-/// Codes take [`grouped_gemm_codes_ss`] instead where `MINNOW_CODES_SS=1` asks and it applies.
+/// Codes take [`grouped_gemm_codes_ss`] instead where `MINNOW_CODES_SS` asks and it applies.
 /// Check [`codes_wgmma_supported`] (or [`codes_ss_supported`]) first.
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm_codes_wgmma(
@@ -119,9 +119,9 @@ pub fn grouped_gemm_codes_wgmma(
     k: usize,
     gated: bool,
 ) -> CudaResult<()> {
-    // Codes that the kernel decoding into shared memory takes go there where `MINNOW_CODES_SS=1`
+    // Codes that the kernel decoding into shared memory takes go there where `MINNOW_CODES_SS`
     // asks (opt-in until measured).
-    if crate::cuda::tuning::tuning().codes_ss && codes_ss_supported(gpu, w, n, k) {
+    if crate::cuda::tuning::tuning().codes_ss > 0 && codes_ss_supported(gpu, w, n, k) {
         return grouped_gemm_codes_ss(gpu, x, row_token, w, y, t, n, k, gated);
     }
     if t.rows > GROUPED_WGMMA_ROWS || !codes_wgmma_supported(gpu, w, n, k) {
