@@ -140,7 +140,38 @@ pub fn grouped_gemm_codes_wgmma(
         CodeKind::E2m1 => grouped_gemm_f4_wgmma,
         CodeKind::E4m3 => grouped_gemm_f8_wgmma,
     };
-    match persistent_grid(gpu, t, n, 384, codes_wgmma_smem_bytes()) {
+    launch_persistent(
+        kernel,
+        codes_wgmma_smem_bytes(),
+        gpu,
+        x,
+        row_token,
+        w,
+        y,
+        t,
+        n,
+        k,
+        gated,
+    )
+}
+
+/// One of the module's codes kernels on one persistent CTA per multiprocessor (or per item when
+/// there are fewer), with `smem` bytes of dynamic shared memory.
+#[allow(clippy::too_many_arguments)]
+fn launch_persistent(
+    kernel: kernels::moe::CodesGemm,
+    smem: usize,
+    gpu: &Gpu,
+    x: u64,
+    row_token: u64,
+    w: &CodeMatrices,
+    y: u64,
+    t: &ExpertTiles,
+    n: usize,
+    k: usize,
+    gated: bool,
+) -> CudaResult<()> {
+    match persistent_grid(gpu, t, n, 384, smem) {
         Some(cfg) => launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k, gated, false),
         None => Ok(()),
     }
@@ -161,15 +192,25 @@ pub const fn codes_ss_smem_bytes(bits: usize) -> usize {
 /// multiply the weights there, not the sums) without a packed shared expert (its BF16 tiles are
 /// not read there), and what [`grouped_gemm_codes_wgmma`] needs.
 pub fn codes_ss_supported(gpu: &Gpu, w: &CodeMatrices, n: usize, k: usize) -> bool {
-    let bits = match w.kind {
-        CodeKind::Int4 => 4,
-        CodeKind::Int8 | CodeKind::E4m3 => 8,
-        CodeKind::E2m1 => return false,
+    codes_ss_kernel(w.kind).is_some_and(|(_, smem)| {
+        w.shared.is_none()
+            && wgmma_fits(gpu, smem, n, k)
+            && codes_tiled(n, w.group)
+            && k.is_multiple_of(w.group)
+    })
+}
+
+/// The shared-memory kernel of a kind of codes and its dynamic shared memory; none for E2M1.
+fn codes_ss_kernel(kind: CodeKind) -> Option<(kernels::moe::CodesGemm, usize)> {
+    use kernels::expert_wgmma::{
+        grouped_gemm_f8_wgmma_ss, grouped_gemm_i4_wgmma_ss, grouped_gemm_i8_wgmma_ss,
     };
-    w.shared.is_none()
-        && wgmma_fits(gpu, codes_ss_smem_bytes(bits), n, k)
-        && codes_tiled(n, w.group)
-        && k.is_multiple_of(w.group)
+    match kind {
+        CodeKind::Int4 => Some((grouped_gemm_i4_wgmma_ss, codes_ss_smem_bytes(4))),
+        CodeKind::Int8 => Some((grouped_gemm_i8_wgmma_ss, codes_ss_smem_bytes(8))),
+        CodeKind::E4m3 => Some((grouped_gemm_f8_wgmma_ss, codes_ss_smem_bytes(8))),
+        CodeKind::E2m1 => None,
+    }
 }
 
 /// [`grouped_gemm_codes_wgmma`] with the weights decoded into shared memory by the producer
@@ -188,23 +229,14 @@ pub fn grouped_gemm_codes_ss(
     k: usize,
     gated: bool,
 ) -> CudaResult<()> {
-    if t.rows > GROUPED_WGMMA_ROWS || !codes_ss_supported(gpu, w, n, k) {
-        return unsupported(format!(
+    match codes_ss_kernel(w.kind) {
+        Some((kernel, smem)) if t.rows <= GROUPED_WGMMA_ROWS && codes_ss_supported(gpu, w, n, k) => {
+            launch_persistent(kernel, smem, gpu, x, row_token, w, y, t, n, k, gated)
+        }
+        _ => unsupported(format!(
             "{:?} codes decoded into shared memory for experts of {n} x {k} with groups of {} in tiles of {} rows",
             w.kind, w.group, t.rows
-        ));
-    }
-    use kernels::expert_wgmma::{
-        grouped_gemm_f8_wgmma_ss, grouped_gemm_i4_wgmma_ss, grouped_gemm_i8_wgmma_ss,
-    };
-    let (kernel, bits): (kernels::moe::CodesGemm, usize) = match w.kind {
-        CodeKind::Int4 => (grouped_gemm_i4_wgmma_ss, 4),
-        CodeKind::Int8 => (grouped_gemm_i8_wgmma_ss, 8),
-        _ => (grouped_gemm_f8_wgmma_ss, 8),
-    };
-    match persistent_grid(gpu, t, n, 384, codes_ss_smem_bytes(bits)) {
-        Some(cfg) => launch_codes(kernel, gpu, cfg, x, row_token, w, y, t, n, k, gated, false),
-        None => Ok(()),
+        )),
     }
 }
 
