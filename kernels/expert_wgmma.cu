@@ -526,12 +526,14 @@ __device__ void grouped_codes(const bf16* __restrict__ X, const int* __restrict_
 // The parameters of moe.cu's codes kernels (GROUPED_CODES_ENTRY, `gated` included); requires
 // N % 128 == 0, K % 64 == 0, a group of 16, 32, 64 or 128 columns dividing K, and tiles cut at
 // <= 128 rows.
-#define GROUPED_CODES_WGMMA_ENTRY(NAME, BITS, ENC)                                                              \
-    extern "C" __global__ void __launch_bounds__(minnow_codes_wgmma::THREADS, 1)                                \
+// Every wgmma codes kernel's entry (this family's and the shared-memory one's below): `BODY`, a
+// macro of (BITS, ENC), is the call on the sm_90a build and a trap elsewhere.
+#define GROUPED_CODES_WGMMA_ENTRY(NAME, THREADS, BODY, BITS, ENC)                                              \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                    \
         NAME(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,              \
              const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y, const int4* tiles, \
              const int* num_tiles, int N, int K, int gated) {                                                   \
-        MINNOW_CODES_WGMMA_BODY(BITS, ENC)                                                                      \
+        BODY(BITS, ENC)                                                                                         \
     }
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MINNOW_CODES_WGMMA_BODY(BITS, ENC)                                                                \
@@ -540,10 +542,14 @@ __device__ void grouped_codes(const bf16* __restrict__ X, const int* __restrict_
 #else
 #define MINNOW_CODES_WGMMA_BODY(BITS, ENC) __trap();  // launched only where the sm_90a build is loaded
 #endif
-GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_i8_wgmma, 8, minnow_codes::INT)
-GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_i4_wgmma, 4, minnow_codes::INT)
-GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f4_wgmma, 4, minnow_codes::E2M1)
-GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f8_wgmma, 8, minnow_codes::E4M3)
+GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_i8_wgmma, minnow_codes_wgmma::THREADS, MINNOW_CODES_WGMMA_BODY, 8,
+                          minnow_codes::INT)
+GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_i4_wgmma, minnow_codes_wgmma::THREADS, MINNOW_CODES_WGMMA_BODY, 4,
+                          minnow_codes::INT)
+GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f4_wgmma, minnow_codes_wgmma::THREADS, MINNOW_CODES_WGMMA_BODY, 4,
+                          minnow_codes::E2M1)
+GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f8_wgmma, minnow_codes_wgmma::THREADS, MINNOW_CODES_WGMMA_BODY, 8,
+                          minnow_codes::E4M3)
 
 // ---------------------------------------------------------------------------------------------
 // Integer and E4M3 experts on wgmma with the weights decoded into shared memory
@@ -889,19 +895,15 @@ __device__ void grouped_ss(const bf16* __restrict__ X, const int* __restrict__ r
 // parameters of the codes kernels (`band_scale`, `shared` and `shared_slot` unused: launched
 // without a packed shared expert); requires N % 128 == 0, K % 64 == 0 (4-bit codes in the word
 // order), a group of 16, 32, 64 or 128 columns dividing K, and tiles cut at <= 128 rows.
-#define GROUPED_CODES_SS_ENTRY(NAME, BITS, ENC)                                                                  \
-    extern "C" __global__ void __launch_bounds__(minnow_codes_ss::THREADS, 1)                                    \
-        NAME(const bf16* X, const int* row_token, const unsigned char* codes, const __half* scales,              \
-             const float* band_scale, int group, const bf16* shared, int shared_slot, bf16* Y, const int4* tiles, \
-             const int* num_tiles, int N, int K, int gated) {                                                   \
-        MINNOW_CODES_SS_BODY(BITS, ENC)                                                                         \
-    }
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MINNOW_CODES_SS_BODY(BITS, ENC) \
     minnow_codes_ss::grouped_ss<BITS, ENC>(X, row_token, codes, scales, group, Y, tiles, num_tiles, N, K, gated & 1);
 #else
 #define MINNOW_CODES_SS_BODY(BITS, ENC) __trap();  // launched only where the sm_90a build is loaded
 #endif
-GROUPED_CODES_SS_ENTRY(grouped_gemm_i4_wgmma_ss, 4, minnow_codes::INT)
-GROUPED_CODES_SS_ENTRY(grouped_gemm_i8_wgmma_ss, 8, minnow_codes::INT)
-GROUPED_CODES_SS_ENTRY(grouped_gemm_f8_wgmma_ss, 8, minnow_codes::E4M3)
+GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_i4_wgmma_ss, minnow_codes_ss::THREADS, MINNOW_CODES_SS_BODY, 4,
+                          minnow_codes::INT)
+GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_i8_wgmma_ss, minnow_codes_ss::THREADS, MINNOW_CODES_SS_BODY, 8,
+                          minnow_codes::INT)
+GROUPED_CODES_WGMMA_ENTRY(grouped_gemm_f8_wgmma_ss, minnow_codes_ss::THREADS, MINNOW_CODES_SS_BODY, 8,
+                          minnow_codes::E4M3)
