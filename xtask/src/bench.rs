@@ -595,19 +595,36 @@ fn batched_benchmarks(
     Ok(())
 }
 
+/// What a decode runs on: the runner, or the single-sequence wrapper around it.
+trait OnDevice {
+    fn device(&self) -> &Gpu;
+}
+
+impl OnDevice for CudaRunner {
+    fn device(&self) -> &Gpu {
+        self.gpu()
+    }
+}
+
+impl OnDevice for SingleSequence<CudaRunner> {
+    fn device(&self) -> &Gpu {
+        self.gpu()
+    }
+}
+
 /// Runs a decode twice, each timed between device synchronisations: (seconds, graphs captured,
 /// what it generated) of the first run and of the second.
-fn twice<T>(
-    runner: &mut CudaRunner,
-    mut decode: impl FnMut(&mut CudaRunner) -> Result<T, String>,
+fn twice<R: OnDevice, T>(
+    runner: &mut R,
+    mut decode: impl FnMut(&mut R) -> Result<T, String>,
 ) -> Result<Vec<(f64, usize, T)>, String> {
     let mut runs = Vec::with_capacity(2);
     for _ in 0..2 {
-        runner.gpu().synchronize().map_err(err)?;
+        runner.device().synchronize().map_err(err)?;
         let (captured0, _) = CudaRunner::graph_counts();
         let start = Instant::now();
         let out = decode(runner)?;
-        runner.gpu().synchronize().map_err(err)?;
+        runner.device().synchronize().map_err(err)?;
         let secs = start.elapsed().as_secs_f64();
         runs.push((secs, CudaRunner::graph_counts().0 - captured0, out));
     }
@@ -1034,12 +1051,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         runner
             .forward(seq, &ids(1024, 3), LogitsRows::None)
             .map_err(err)?;
-        let mut runs: Vec<(f64, u64, usize, usize)> = Vec::new();
-        for _ in 0..2 {
+        let runs = twice(&mut runner, |runner| {
             runner.truncate_sequence(seq, 1024).map_err(err)?;
-            runner.gpu().synchronize().map_err(err)?;
-            let (captured0, _) = CudaRunner::graph_counts();
-            let start = Instant::now();
             // FNV-1a over the committed blocks: A/B runs of kernels that should agree (e.g.
             // MINNOW_POOL_GEMM=0/1) can compare what the model generated, not only how fast.
             let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
@@ -1072,11 +1085,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 }
                 previous = block;
             }
-            runner.gpu().synchronize().map_err(err)?;
-            let captured = CudaRunner::graph_counts().0 - captured0;
-            runs.push((start.elapsed().as_secs_f64(), digest, forwards, captured));
-        }
-        for (run, &(s, digest, forwards, captured)) in runs.iter().enumerate() {
+            Ok((digest, forwards))
+        })?;
+        for (run, &(s, captured, (digest, forwards))) in runs.iter().enumerate() {
             let label = decode_run_label(run, captured);
             println!(
                 "decode ({}) after 1024 prompt, {label}: {:.2} ms, {:.0} tok/s (tokens digest {digest:016x})",
@@ -1092,10 +1103,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 s * 1e3 / forwards as f64
             ));
         }
-        if runs[0].1 != runs[1].1 {
+        let (first, warm) = (runs[0].2 .0, runs[1].2 .0);
+        if first != warm {
             return Err(format!(
-                "one request's decode generated other ids when run again (digests {:016x} / {:016x})",
-                runs[0].1, runs[1].1
+                "one request's decode generated other ids when run again (digests {first:016x} / {warm:016x})"
             ));
         }
         (256.0 / runs[0].0, 256.0 / runs[1].0)
