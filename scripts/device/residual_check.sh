@@ -12,7 +12,6 @@ exec > >(tee "$OUT/log-$what.txt") 2>&1
 set -uo pipefail
 source scripts/device/suites.sh
 device_prelude
-xz -dc out/xtask-old.xz > bin/xtask-old && chmod +x bin/xtask-old
 if [ "$what" = sanitize ]; then
   # The tree's PTX (newer than the staged binaries' when a kernel changed since staging).
   export MINNOW_PTX_DIR=$T
@@ -45,6 +44,7 @@ SUITES_END=420 run_suites "gpu_invariance cuda_invariance cuda_other_shapes gpu_
 fi
 [ "$what" = tests ] && exit 0
 echo "-- bench t=$SECONDS"
+xz -dc out/xtask-old.xz > bin/xtask-old && chmod +x bin/xtask-old
 export MINNOW_ROUTE_DISPATCH=1
 ROUNDS=${ROUNDS:-2} EXTRA='^profile' bench_ab old bin/xtask-old new bin/xtask --quick --prefill 4096 --prefix 1024 --concurrency 16,64
 echo "done t=$SECONDS"

@@ -32,15 +32,8 @@ if part http; then
 fi
 
 if part sanitize; then
-  for t in "cuda_kernels embed_rows_gathers add_rmsnorm_matches_reference graph_replay_reads_new_inputs moe_dispatch_grouped_gemm_and_combine_match_reference" \
-           "cuda_fixtures v20_fixture_matches_golden"; do
-    echo "-- memcheck $t t=$SECONDS"
-    set -- $t
-    bin=$1; shift
-    timeout 150 compute-sanitizer --tool memcheck --print-limit 20 bin/test-$bin --ignored --test-threads 1 "$@" \
-      > "$OUT/memcheck-$bin.txt" 2>&1
-    grep -E "ERROR SUMMARY|^test .*(ok|FAILED)$|test result|=========  (Invalid|Program hit)" "$OUT/memcheck-$bin.txt" | head -20
-  done
+  # Session forty-two's call has this mode: memcheck over the F32 stream's kernel tests and a fixture.
+  bash scripts/device/residual_check.sh sanitize
 fi
 
 if part suites; then
