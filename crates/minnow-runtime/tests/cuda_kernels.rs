@@ -1476,13 +1476,16 @@ fn grouped_gemm_over_codes_matches_reference() {
                               settled: bool|
                  -> (Vec<f32>, Vec<i32>) {
                     let (dx, didx) = (g.upload(x).unwrap(), g.upload(idx).unwrap());
-                    let dispatched = Dispatched::new(&g, &didx, t, k, e, tile_rows, None);
+                    let dispatch_rows = if tile_rows == SS_ROWS {
+                        ops::GROUPED_WGMMA_ROWS
+                    } else {
+                        tile_rows
+                    };
+                    let dispatched = Dispatched::new(&g, &didx, t, k, e, dispatch_rows, None);
                     let y = poisoned_bf16(&g, t * k * n);
                     // W8A8: the rows quantized on the device (checked against the CPU below).
                     let xq_buffers = w8a8.then(|| quantize_on_device(&dx, t));
                     if tile_rows == SS_ROWS {
-                        let dispatched =
-                            Dispatched::new(&g, &didx, t, k, e, ops::GROUPED_WGMMA_ROWS, None);
                         ops::grouped_gemm_codes_ss(
                             &g,
                             dx.ptr(),
